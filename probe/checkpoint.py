@@ -1,0 +1,257 @@
+"""Saving and loading models: the toolkit's own run directories and Garg et al.'s layout.
+
+Own layout (what `icl-probe train` writes):
+    config.json        the resolved RunConfig plus provenance
+    model.safetensors  the model's state dict
+    train_state.pt     optimizer state and step, for --resume (tensors and plain containers only)
+
+Garg et al.'s layout (REFERENCE.md §1): config.yaml with `model:` / `training:` blocks and
+state.pt {model_state_dict, optimizer_state_dict, train_step} or bare model_<step>.pt.
+
+Nothing here unpickles arbitrary objects: safetensors, or torch.load(weights_only=True).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .config import ModelConfig, RunConfig, TaskConfig, from_dict
+from .errors import CheckpointError, ConfigError
+from .models import build_model
+
+GARG_VOCAB = 50257  # GPT-2's vocabulary: Garg's state dicts carry an unused wte of this size
+IGNORED_LEGACY = re.compile(r"^_backbone\.(wte\.weight|h\.\d+\.attn\.(bias|masked_bias))$")
+
+
+@dataclass
+class LoadedCheckpoint:
+    model: nn.Module
+    config: RunConfig
+    format: str  # "native" or "garg"
+    path: Path
+    weights_file: Path
+    meta: dict[str, Any]
+
+
+# ---------------------------------------------------------------------------- file helpers
+
+def atomic_write(path: Path, write) -> None:
+    """Write through a temporary file in the same directory, then rename: never half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def safe_torch_load(path: Path) -> Any:
+    """torch.load restricted to tensors and plain containers; refuses pickled code."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"{path}: refused to load: the file holds pickled Python objects other than tensors "
+            f"({first}). Only plain state dicts are accepted; re-save it with "
+            f"torch.save(model.state_dict(), ...)."
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: not a readable PyTorch file (corrupt or truncated?): {first}") from None
+
+
+def read_safetensors(path: Path) -> dict[str, Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a readable safetensors file (corrupt or truncated?): {err}") from None
+
+
+def strip_prefixes(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Remove DataParallel `module.` and torch.compile `_orig_mod.` prefixes."""
+    out = {}
+    for key, value in state.items():
+        while key.startswith(("module.", "_orig_mod.")):
+            key = key.split(".", 1)[1]
+        out[key] = value
+    return out
+
+
+def load_weights(model: nn.Module, state: dict[str, Tensor], source: Path) -> None:
+    """Load `state` into `model`, failing with one message listing every key problem."""
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise CheckpointError(f"{source}: expected a state dict of tensors")
+    state = {k: v for k, v in strip_prefixes(state).items() if not IGNORED_LEGACY.match(k)}
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [f"{k}: file {tuple(state[k].shape)} vs config {tuple(expected[k].shape)}"
+             for k in sorted(set(state) & set(expected)) if state[k].shape != expected[k].shape]
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {_short(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys {_short(unexpected)}")
+        if wrong:
+            parts.append(f"shape mismatches {_short(wrong)}")
+        raise CheckpointError(
+            f"{source}: weights do not match the model its config describes: " + "; ".join(parts)
+            + ". Check that the config file belongs to these weights."
+        )
+    model.load_state_dict(state)
+
+
+def _short(items: list[str], limit: int = 6) -> str:
+    shown = ", ".join(items[:limit])
+    return f"[{shown}{', ...' if len(items) > limit else ''}] ({len(items)})"
+
+
+# ---------------------------------------------------------------------------- own layout
+
+def save_model(model: nn.Module, config: RunConfig, directory: Path, meta: dict[str, Any] | None = None) -> None:
+    """Write config.json and model.safetensors atomically."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    atomic_write(directory / "model.safetensors", lambda p: save_file(state, str(p)))
+    payload = {"format": "icl-probe", "config": config.to_dict(), "meta": meta or {}}
+    atomic_write(directory / "config.json", lambda p: p.write_text(json.dumps(payload, indent=2) + "\n"))
+
+
+def load_native(directory: Path) -> LoadedCheckpoint:
+    config_file = directory / "config.json"
+    try:
+        payload = json.loads(config_file.read_text())
+        config = RunConfig.from_dict(payload["config"])
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{config_file}: not a valid icl-probe config ({err})") from None
+    except ConfigError as err:
+        raise CheckpointError(f"{config_file}: invalid config: {err}") from None
+    weights = directory / "model.safetensors"
+    if not weights.is_file():
+        raise CheckpointError(f"{directory}: config.json found but model.safetensors is missing")
+    model = build_model(config.model)
+    load_weights(model, read_safetensors(weights), weights)
+    return LoadedCheckpoint(model.eval(), config, "native", directory, weights, payload.get("meta", {}))
+
+
+# ---------------------------------------------------------------------------- Garg et al.'s layout
+
+def garg_config_to_run(raw: dict[str, Any], source: Path) -> RunConfig:
+    """Translate Garg et al.'s config.yaml (model + training blocks) into a RunConfig."""
+    model = raw.get("model") if isinstance(raw, dict) else None
+    if not isinstance(model, dict):
+        raise CheckpointError(f"{source}: no `model:` block (expected Garg et al.'s config.yaml)")
+    if model.get("family", "gpt2") != "gpt2":
+        raise CheckpointError(f"{source}: model.family {model.get('family')!r} is not supported; "
+                              "only Garg et al.'s gpt2 family loads")
+    try:
+        mc = ModelConfig(family="gpt2", **{k: model[k] for k in ("n_dims", "n_positions", "n_embd", "n_layer", "n_head")})
+    except KeyError as err:
+        raise CheckpointError(f"{source}: model block lacks {err}") from None
+    except ConfigError as err:
+        raise CheckpointError(f"{source}: {err}") from None
+    training = raw.get("training") or {}
+    task_name = {"linear_regression": "linear_regression", "sparse_linear_regression": "sparse_linear_regression",
+                 "noisy_linear_regression": "linear_regression", "relu_2nn_regression": "relu_network"}.get(
+        training.get("task", "linear_regression"), "linear_regression")
+    task = TaskConfig(name=task_name, n_dims=mc.n_dims, n_points=mc.n_positions)
+    return RunConfig(model=mc, task=task)
+
+
+def garg_weights_file(directory: Path) -> Path:
+    if (directory / "state.pt").is_file():
+        return directory / "state.pt"
+    steps = sorted(directory.glob("model_*.pt"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    if steps:
+        return steps[-1]
+    raise CheckpointError(f"{directory}: config.yaml found but neither state.pt nor model_<step>.pt")
+
+
+def load_garg(directory: Path) -> LoadedCheckpoint:
+    import yaml
+
+    config_file = directory / "config.yaml"
+    try:
+        raw = yaml.safe_load(config_file.read_text())
+    except yaml.YAMLError as err:
+        raise CheckpointError(f"{config_file}: not valid YAML: {err}") from None
+    config = garg_config_to_run(raw, config_file)
+    weights = garg_weights_file(directory)
+    blob = safe_torch_load(weights)
+    state = blob.get("model_state_dict", blob) if isinstance(blob, dict) else blob
+    model = build_model(config.model)
+    load_weights(model, state, weights)
+    meta = {"train_step": int(blob["train_step"])} if isinstance(blob, dict) and "train_step" in blob else {}
+    return LoadedCheckpoint(model.eval(), config, "garg", directory, weights, meta)
+
+
+def export_garg(model: nn.Module, config: RunConfig, directory: Path, train_step: int = 0) -> None:
+    """Write a run directory Garg et al.'s code loads: config.yaml + state.pt with their key names.
+
+    The unused token embedding `_backbone.wte.weight` (50257 x D) is added as zeros.
+    """
+    import yaml
+
+    if config.model.family != "gpt2" or config.model.encoding != "garg":
+        raise ConfigError("Only GPT-2 models with Garg's token encoding can be exported to their layout")
+    directory = Path(directory)
+    state = {}
+    for key, value in model.state_dict().items():
+        state[key] = value.detach().cpu()
+        if key == "_backbone.wpe.weight":
+            state["_backbone.wte.weight"] = torch.zeros(GARG_VOCAB, value.shape[1])
+    m = config.model
+    raw = {
+        "model": {"family": "gpt2", "n_dims": m.n_dims, "n_embd": m.n_embd, "n_head": m.n_head,
+                  "n_layer": m.n_layer, "n_positions": m.n_positions},
+        "training": {"task": "linear_regression", "data": "gaussian", "batch_size": config.train.batch_size,
+                     "learning_rate": config.train.lr, "train_steps": config.train.steps},
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(directory / "config.yaml", lambda p: p.write_text(yaml.safe_dump(raw, sort_keys=False)))
+    blob = {"model_state_dict": state, "optimizer_state_dict": {}, "train_step": train_step}
+    atomic_write(directory / "state.pt", lambda p: torch.save(blob, p))
+
+
+# ---------------------------------------------------------------------------- detection
+
+def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
+    """Load a model from a run directory, detecting its layout."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"Checkpoint not found: {path}. Pass a run directory "
+                              "(containing config.json + model.safetensors, or Garg et al.'s config.yaml + state.pt).")
+    directory = path if path.is_dir() else path.parent
+    if (directory / "config.json").is_file() and (directory / "model.safetensors").is_file():
+        return load_native(directory)
+    if (directory / "config.yaml").is_file():
+        return load_garg(directory)
+    if (directory / "config.json").is_file():
+        return load_native(directory)
+    raise CheckpointError(
+        f"{path}: not a checkpoint directory. Tried: icl-probe (needs config.json + model.safetensors), "
+        f"Garg et al. (needs config.yaml + state.pt or model_<step>.pt); found "
+        f"{sorted(p.name for p in directory.iterdir())[:10]}."
+    )

@@ -1,0 +1,51 @@
+"""`icl-probe`: a thin command line; each subcommand lives in its own module.
+
+Heavy libraries (torch, transformer_lens) are imported inside the commands, so `--help` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from ..errors import ProbeError
+
+COMMANDS = {
+    "train": "Train an in-context regression model from a recipe",
+    "evaluate": "Error vs number of in-context examples, beside baselines",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="icl-probe",
+        description="Mechanistic interpretability for transformers that learn in context.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  icl-probe train --recipe recipes/tiny.toml --out runs/tiny\n"
+               "  icl-probe evaluate checkpoints/gpt2-default --out reports/eval",
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text in COMMANDS.items():
+        module = importlib.import_module(f".{name}", __name__)
+        module.add_parser(sub.add_parser(name, help=help_text, description=module.__doc__,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    module = importlib.import_module(f".{args.command}", __name__)
+    try:
+        return module.run(args) or 0
+    except ProbeError as err:
+        print(f"icl-probe {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,52 @@
+"""Train a model from a TOML recipe; `--set section.key=value` overrides single values.
+
+examples:
+  icl-probe train --recipe recipes/gpt2-default.toml --out checkpoints/gpt2-default
+  icl-probe train --recipe recipes/tiny.toml --set train.steps=50 --out /tmp/run
+  icl-probe train --out /tmp/run --resume        # continue a killed run
+  torchrun --nproc_per_node 2 -m probe train --recipe recipes/tiny.toml --out /tmp/ddp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .common import add_device, check_device
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipe", help="TOML recipe with [model] [task] [train] [curriculum] tables")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one recipe value, e.g. train.steps=500 (repeatable)")
+    p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    add_device(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import RunConfig, load_recipe, merge, parse_override
+    from ..errors import ConfigError
+
+    out = Path(args.out)
+    if args.resume and not args.recipe and (out / "config.json").is_file():
+        data = json.loads((out / "config.json").read_text())["config"]
+    elif args.recipe:
+        data = load_recipe(args.recipe)
+    else:
+        data = {}
+    for text in args.set:
+        data = merge(data, parse_override(text))
+    cfg = RunConfig.from_dict(data)
+    if args.resume and (out / "config.json").is_file():
+        saved = json.loads((out / "config.json").read_text())["config"]
+        if saved != cfg.to_dict():
+            raise ConfigError(f"--resume: the config given differs from the one {out} was trained with; "
+                              "drop --recipe/--set to resume with the saved config")
+    from ..train import train
+
+    device = check_device(args.device)
+    train(cfg, out, resume=args.resume, device=device, progress=not args.quiet)
+    print(f"trained model written to {out}")
+    return 0

@@ -1,0 +1,13 @@
+"""User-facing errors: the CLI prints their message and exits non-zero, without a traceback."""
+
+
+class ProbeError(Exception):
+    """An error caused by the user's input (a path, a config value, a checkpoint)."""
+
+
+class ConfigError(ProbeError, ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+class CheckpointError(ProbeError):
+    """A checkpoint could not be found, read, or matched to its config."""

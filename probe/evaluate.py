@@ -1,0 +1,84 @@
+"""In-context error of a model against the number of examples, beside baselines (Garg et al.).
+
+The metric is squared error divided by d (1.0 is the trivial zero predictor on isotropic
+linear regression), averaged over prompts, with a bootstrap 5%-95% band for the model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from .config import TaskConfig
+from .learners import run_learner
+from .stats import bootstrap_mean
+from .tasks import Prompts, generator_for, sample_prompts
+
+EVAL_STREAM = 7_777_777  # keeps evaluation prompts apart from the training stream
+
+
+def eval_prompts(task: TaskConfig, n_prompts: int, seed: int, n_points: int | None = None) -> Prompts:
+    """The fixed evaluation prompts for (task, seed): the same on every call and machine."""
+    return sample_prompts(task, n_prompts, n_points, generator=generator_for(seed, EVAL_STREAM))
+
+
+@torch.no_grad()
+def predict(model: nn.Module, prompts: Prompts, batch_size: int = 256, device: str = "cpu",
+            progress: bool = False) -> torch.Tensor:
+    """Model predictions (P, n) in batches, on `device`, returned on the CPU."""
+    from tqdm.auto import tqdm
+
+    model = model.to(device).eval()
+    out = []
+    starts = range(0, prompts.xs.shape[0], batch_size)
+    for s in tqdm(starts, desc="predict", disable=not progress, leave=False):
+        out.append(model(prompts.xs[s : s + batch_size].to(device), prompts.ys[s : s + batch_size].to(device)).float().cpu())
+    return torch.cat(out)
+
+
+def error_curve(model: nn.Module, task: TaskConfig, n_prompts: int = 1280, seed: int = 0,
+                n_points: int | None = None, device: str = "cpu", n_boot: int = 1000,
+                progress: bool = False) -> pd.DataFrame:
+    """One row per number of in-context examples t = 0..n-1: model error/d with its band and baselines."""
+    prompts = eval_prompts(task, n_prompts, seed, n_points)
+    d = task.n_dims
+    sq = lambda pred: ((pred.double() - prompts.ys.double()) ** 2) / d  # (P, n)
+    model_err = sq(predict(model, prompts, device=device, progress=progress))
+    lo, hi = bootstrap_mean(model_err, n_boot=n_boot, seed=seed)
+    baselines = {
+        "least_squares": run_learner("least_squares", prompts.xs, prompts.ys).preds[0],
+        "knn3": run_learner("knn", prompts.xs, prompts.ys, k=(3,)).preds[0],
+        "averaging": run_learner("averaging", prompts.xs, prompts.ys).preds[0],
+    }
+    frame = pd.DataFrame({
+        "n_examples": np.arange(prompts.xs.shape[1]),
+        "model": model_err.mean(0).numpy(),
+        "model_lo": lo.numpy(),
+        "model_hi": hi.numpy(),
+    })
+    for name, pred in baselines.items():
+        frame[name] = sq(pred).mean(0).numpy()
+    return frame
+
+
+def plot_error_curve(frame: pd.DataFrame, path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ax.plot(frame.n_examples, frame.model, label="model", color="C0", lw=2)
+    ax.fill_between(frame.n_examples, frame.model_lo, frame.model_hi, color="C0", alpha=0.25)
+    for i, name in enumerate(["least_squares", "knn3", "averaging"]):
+        ax.plot(frame.n_examples, frame[name], label=name.replace("_", " "), ls="--", color=f"C{i + 1}")
+    ax.set_xlabel("in-context examples")
+    ax.set_ylabel("squared error / d")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

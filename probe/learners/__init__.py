@@ -1,0 +1,25 @@
+"""Reference learning algorithms, batched over prompts, prefixes and hyper-parameter grids.
+
+    result = run_learner("newton", xs, ys, iterations=range(25))
+    result.preds  # (K, B, n)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from . import closed_form, nonparametric  # noqa: F401  (registration)
+from .base import LearnerResult, check_prompts, prefix_moments
+from .registry import LEARNERS, LearnerSpec
+
+
+def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None, **grid: Any) -> LearnerResult:
+    """Run learner `name` on prompts xs (B, n, d), ys (B, n) over its hyper-parameter grid."""
+    spec = LEARNERS.get(name)
+    check_prompts(xs, ys, queries)
+    return spec.fn(xs, ys, queries, **grid)
+
+
+__all__ = ["LEARNERS", "LearnerResult", "LearnerSpec", "run_learner", "prefix_moments"]

@@ -1,0 +1,39 @@
+"""An L-layer unidirectional LSTM over the same token sequence (seed 003 §3.3).
+
+Read-in Linear(d, D) -> L single-layer LSTMs stacked (kept separate so every layer's hidden
+states are exposed) -> read-out Linear(D, 1) at the x tokens, exactly as the transformer.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .base import ModelOutput
+from .encoding import interleave, x_positions
+
+
+class LSTMICL(nn.Module):
+    family = "lstm"
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self._read_in = nn.Linear(cfg.token_dim, cfg.n_embd)
+        self._layers = nn.ModuleList(
+            nn.LSTM(cfg.n_embd, cfg.n_embd, batch_first=True) for _ in range(cfg.n_layer)
+        )
+        self._read_out = nn.Linear(cfg.n_embd, 1)
+
+    def run(self, xs: Tensor, ys: Tensor) -> ModelOutput:
+        n = xs.shape[1]
+        h = self._read_in(interleave(xs, ys, self.config.encoding))  # (B, 2n, D)
+        resid = [h]
+        for layer in self._layers:
+            h, _ = layer(h)
+            resid.append(h)
+        pred = self._read_out(h)[:, x_positions(n), 0]
+        return ModelOutput(pred=pred, resid=resid, final=h)
+
+    def forward(self, xs: Tensor, ys: Tensor) -> Tensor:
+        return self.run(xs, ys).pred

@@ -1,0 +1,40 @@
+"""What produced an output: package versions, git commit, time."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("icl-probe", "torch", "transformer-lens", "transformers", "numpy", "scikit-learn", "pandas")
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def git_commit(cwd: Path | None = None) -> str:
+    """HEAD of the repository holding this package (suffix '-dirty' if it has changes), or 'unknown'."""
+    cwd = cwd or Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def stamp() -> dict[str, object]:
+    return {"versions": versions(), "git_commit": git_commit(),
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}

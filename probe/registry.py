@@ -1,0 +1,48 @@
+"""Name -> object registries with close-match suggestions (learners, tasks, formats, ...)."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Generic, Iterator, TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+
+def unknown_name_message(kind: str, name: str, known: list[str]) -> str:
+    """'Unknown learner 'newtn'. Did you mean: newton? Known: ...'"""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    hint = f" Did you mean: {close[0]}?" if close else ""
+    return f"Unknown {kind} '{name}'.{hint} Known: {', '.join(sorted(known))}."
+
+
+class Registry(Generic[T]):
+    """A named collection; registering a name twice is an error, a typo gets a suggestion."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def decorator(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} '{name}' is already registered")
+            self._items[name] = obj
+            return obj
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        if name not in self._items:
+            raise ConfigError(unknown_name_message(self.kind, name, list(self._items)))
+        return self._items[name]
+
+    def names(self) -> list[str]:
+        return list(self._items)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)

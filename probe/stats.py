@@ -1,0 +1,25 @@
+"""Bootstrap intervals shared by evaluation and the similarity metrics."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def bootstrap_mean(values: Tensor, n_boot: int = 1000, level: float = 0.90, seed: int = 0,
+                   chunk: int = 100) -> tuple[Tensor, Tensor]:
+    """Percentile bootstrap interval of the mean over dim 0 (prompts).
+
+    values (P, ...) -> (lo, hi) each (...), the (1-level)/2 and (1+level)/2 quantiles of the
+    means of `n_boot` resamples of the P prompts (level 0.90 gives Garg et al.'s 5%-95% band).
+    """
+    p = values.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    means = []
+    for start in range(0, n_boot, chunk):
+        idx = torch.randint(0, p, (min(chunk, n_boot - start), p), generator=g).to(values.device)
+        means.append(values[idx].mean(dim=1))
+    means = torch.cat(means)  # (n_boot, ...)
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=means.dtype, device=means.device)
+    lo, hi = torch.quantile(means, q, dim=0)
+    return lo, hi

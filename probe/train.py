@@ -1,0 +1,200 @@
+"""Training in-context regression models (Garg et al.'s recipe, with a modern optimizer).
+
+Every step draws fresh prompts from a generator seeded by (seed, step, rank), so the data
+stream does not depend on where a run was interrupted: `--resume` reloads the model,
+the AdamW state and the step, and continues with exactly the batches an uninterrupted run
+would have seen. Under `torchrun` the model is wrapped in DistributedDataParallel and each
+rank draws its own share of the batch.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .checkpoint import atomic_write, load_weights, read_safetensors, safe_torch_load, save_model
+from .config import RunConfig
+from .errors import CheckpointError, ConfigError
+from .evaluate import eval_prompts
+from .models import build_model
+from .provenance import stamp
+from .tasks import generator_for, sample_prompts
+
+log = logging.getLogger(__name__)
+
+TRAIN_LOG = "train_log.csv"
+EVAL_LOG = "eval_log.csv"
+TRAIN_LOG_FIELDS = ["step", "loss", "lr", "dims", "points", "elapsed_s"]
+EVAL_LOG_FIELDS = ["step", "error_mean", "error_at_2d1"]
+
+
+def learning_rate(cfg: RunConfig, step: int) -> float:
+    """Linear warm-up to cfg.train.lr, then cosine / linear decay to min_lr_ratio * lr, or constant."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    if t.schedule == "constant":
+        return t.lr
+    frac = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+    shape = 0.5 * (1 + math.cos(math.pi * frac)) if t.schedule == "cosine" else 1 - frac
+    return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * shape)
+
+
+def curriculum_at(cfg: RunConfig, step: int) -> tuple[int, int]:
+    c = cfg.curriculum
+    dims = c.dims.at(step) if c.dims else cfg.task.n_dims
+    points = c.points.at(step) if c.points else cfg.task.n_points
+    return dims, points
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> DistInfo:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    return DistInfo(rank=dist.get_rank(), world=dist.get_world_size())
+
+
+def _append_rows(path: Path, fields: list[str], rows: list[dict]) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+
+
+def _truncate_log(path: Path, last_step: int) -> None:
+    """Drop rows logged after the checkpoint we resume from (they will be recomputed)."""
+    if not path.exists():
+        return
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        fields = list(reader.fieldnames or [])
+        rows = [r for r in reader if int(r["step"]) <= last_step]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@torch.no_grad()
+def held_out_error(model: nn.Module, cfg: RunConfig, device: str) -> dict[str, float]:
+    """Error/d on the fixed evaluation prompts: mean over positions and at 2d+1 examples."""
+    prompts = eval_prompts(cfg.task, cfg.train.eval_prompts, cfg.train.seed).to(device)
+    model.eval()
+    err = ((model(prompts.xs, prompts.ys) - prompts.ys) ** 2).mean(0) / cfg.task.n_dims  # (n,)
+    model.train()
+    k = 2 * cfg.task.n_dims + 1
+    return {"error_mean": float(err.mean()), "error_at_2d1": float(err[k]) if k < err.numel() else float("nan")}
+
+
+def save_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: RunConfig, out: Path,
+                        step: int, elapsed: float) -> None:
+    meta = {**stamp(), "train_step": step, "train_seconds": round(elapsed, 1)}
+    save_model(model, cfg, out, meta)
+    state = {"optimizer": optimizer.state_dict(), "step": step, "elapsed": elapsed}
+    atomic_write(out / "train_state.pt", lambda p: torch.save(state, p))
+
+
+def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str = "cpu",
+          progress: bool = True) -> nn.Module:
+    """Train `cfg` into run directory `out`; returns the trained (unwrapped) model."""
+    out = Path(out)
+    dist_info = init_distributed(device)
+    if device.startswith("cuda") and dist_info.world > 1:
+        device = f"cuda:{dist_info.rank % torch.cuda.device_count()}"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but torch sees no GPU; use --device cpu")
+    if cfg.train.batch_size % dist_info.world:
+        raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must divide evenly over "
+                          f"{dist_info.world} processes")
+    if (out / "train_state.pt").exists() and not resume:
+        raise ConfigError(f"{out} already holds a training run; pass --resume to continue it or choose another --out")
+
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    start, elapsed = 0, 0.0
+    if resume:
+        if not (out / "train_state.pt").exists():
+            raise CheckpointError(f"--resume: {out} has no train_state.pt to resume from")
+        load_weights(model, read_safetensors(out / "model.safetensors"), out / "model.safetensors")
+        state = safe_torch_load(out / "train_state.pt")
+        optimizer.load_state_dict(state["optimizer"])
+        start, elapsed = int(state["step"]), float(state["elapsed"])
+        for name in (TRAIN_LOG, EVAL_LOG):
+            if dist_info.main:
+                _truncate_log(out / name, start - 1)
+        log.info("resuming %s at step %d", out, start)
+    model.to(device)
+    # Optimizer state follows the parameters onto the device.
+    for st in optimizer.state.values():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and k != "step":
+                st[k] = v.to(device)
+    net = model
+    if dist_info.world > 1:
+        net = nn.parallel.DistributedDataParallel(model)
+    out.mkdir(parents=True, exist_ok=True)
+
+    from tqdm.auto import tqdm
+
+    local_batch = cfg.train.batch_size // dist_info.world
+    rows: list[dict] = []
+    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps,
+               disable=not (progress and dist_info.main), desc="train", dynamic_ncols=True)
+    t0 = time.perf_counter() - elapsed
+    model.train()
+    for step in bar:
+        dims, points = curriculum_at(cfg, step)
+        prompts = sample_prompts(cfg.task, local_batch, points, generator=generator_for(cfg.train.seed, step, dist_info.rank),
+                                 active_dims=dims).to(device)
+        lr = learning_rate(cfg, step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = ((net(prompts.xs, prompts.ys) - prompts.ys) ** 2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.train.grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        optimizer.step()
+        done = step + 1
+        if dist_info.main and (step % cfg.train.log_every == 0 or done == cfg.train.steps):
+            rows.append({"step": step, "loss": f"{loss.item():.6g}", "lr": f"{lr:.4g}", "dims": dims,
+                         "points": points, "elapsed_s": f"{time.perf_counter() - t0:.1f}"})
+            bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.1e}")
+        if dist_info.main and (done % cfg.train.eval_every == 0 or done == cfg.train.steps):
+            ev = held_out_error(model, cfg, device)
+            _append_rows(out / EVAL_LOG, EVAL_LOG_FIELDS, [{"step": step, **{k: f"{v:.6g}" for k, v in ev.items()}}])
+            log.info("step %d: held-out error/d %.4f, at 2d+1 %.4f", done, ev["error_mean"], ev["error_at_2d1"])
+        if dist_info.main and (done % cfg.train.save_every == 0 or done == cfg.train.steps):
+            _append_rows(out / TRAIN_LOG, TRAIN_LOG_FIELDS, rows)
+            rows = []
+            save_training_state(model, optimizer, cfg, out, done, time.perf_counter() - t0)
+    if dist_info.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    return model.eval()
