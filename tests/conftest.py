@@ -1,0 +1,83 @@
+"""Shared builders: tiny configs and models so that every test runs in seconds."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from probe.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_cfg(family: str = "gpt2", d: int = 3, points: int = 8, width: int = 16, layers: int = 2,
+              heads: int = 2, **train) -> RunConfig:
+    """A tiny RunConfig; keyword arguments override TrainConfig fields."""
+    defaults = dict(steps=30, batch_size=16, lr=3e-3, warmup_steps=5, log_every=5, eval_every=10,
+                    eval_prompts=32, save_every=10)
+    return RunConfig(
+        model=ModelConfig(family=family, n_dims=d, n_positions=points, n_embd=width, n_layer=layers, n_head=heads),
+        task=TaskConfig(n_dims=d, n_points=points),
+        train=TrainConfig(**{**defaults, **train}),
+    )
+
+
+class GargTransformerModel(torch.nn.Module):
+    """Garg et al.'s `TransformerModel` rebuilt from REFERENCE.md §1 with Hugging Face GPT-2."""
+
+    def __init__(self, n_dims: int, n_positions: int, n_embd: int, n_layer: int, n_head: int):
+        super().__init__()
+        from transformers import GPT2Config, GPT2Model
+
+        cfg = GPT2Config(n_positions=2 * n_positions, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+        self._read_in = torch.nn.Linear(n_dims, n_embd)
+        self._backbone = GPT2Model(cfg)
+        self._read_out = torch.nn.Linear(n_embd, 1)
+
+    @staticmethod
+    def _combine(xs, ys):
+        b, n, d = xs.shape
+        ys_wide = torch.cat((ys.view(b, n, 1), torch.zeros(b, n, d - 1)), dim=2)
+        return torch.stack((xs, ys_wide), dim=2).view(b, 2 * n, d)
+
+    def forward(self, xs, ys):
+        embeds = self._read_in(self._combine(xs, ys))
+        out = self._backbone(inputs_embeds=embeds).last_hidden_state
+        return self._read_out(out)[:, ::2, 0]
+
+
+def write_garg_run(directory: Path, model: GargTransformerModel, d: int, points: int, width: int, layers: int,
+                   heads: int, prefix: str = "", extra: dict | None = None, name: str = "state.pt") -> Path:
+    """A run directory as Garg et al.'s train.py leaves it."""
+    import yaml
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.yaml").write_text(yaml.safe_dump({
+        "model": {"family": "gpt2", "n_dims": d, "n_embd": width, "n_head": heads, "n_layer": layers, "n_positions": points},
+        "training": {"task": "linear_regression", "data": "gaussian", "batch_size": 64, "learning_rate": 1e-4,
+                     "train_steps": 10, "curriculum": {"dims": {"start": d, "end": d, "inc": 1, "interval": 2000},
+                                                       "points": {"start": points, "end": points, "inc": 2, "interval": 2000}}},
+    }))
+    state = {prefix + k: v for k, v in model.state_dict().items()}
+    state.update(extra or {})
+    opt = torch.optim.Adam(model.parameters())
+    if name == "state.pt":
+        torch.save({"model_state_dict": state, "optimizer_state_dict": opt.state_dict(), "train_step": 10}, directory / name)
+    else:
+        torch.save(state, directory / name)
+    return directory
+
+
+@pytest.fixture
+def cli():
+    """Run the CLI in-process: returns (exit code, stdout, stderr)."""
+    from probe.cli import main
+
+    def run(*args: str, capsys=None):
+        return main([str(a) for a in args])
+
+    return run

@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+from probe.config import ModelConfig
+from probe.models import build_model
+from probe.models.encoding import interleave
+
+
+@pytest.mark.parametrize("family", ["gpt2", "lstm"])
+@pytest.mark.parametrize("encoding", ["garg", "akyurek"])
+def test_causality(family, encoding):
+    """Changing example t+1 or later never changes the prediction at x_t."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(family=family, n_dims=3, n_positions=6, n_embd=16, n_layer=2, n_head=2,
+                                    encoding=encoding)).eval()
+    xs, ys = torch.randn(2, 6, 3), torch.randn(2, 6)
+    base = model(xs, ys)
+    for t in range(6):
+        xs2, ys2 = xs.clone(), ys.clone()
+        xs2[:, t + 1 :] += 1.0
+        ys2[:, t:] += 1.0  # y_t itself comes after x_t in the sequence
+        pred = model(xs2, ys2)
+        torch.testing.assert_close(pred[:, : t + 1], base[:, : t + 1], rtol=0, atol=1e-6)
+        if t + 1 < 6:
+            assert not torch.allclose(pred[:, t + 1 :], base[:, t + 1 :])
+
+
+def test_encodings():
+    xs = torch.arange(12.0).view(1, 2, 6)[:, :, :3].reshape(1, 2, 3)
+    ys = torch.tensor([[10.0, 20.0]])
+    garg = interleave(xs, ys, "garg")
+    assert garg.tolist() == [[[0, 1, 2], [10, 0, 0], [6, 7, 8], [20, 0, 0]]]
+    aky = interleave(xs, ys, "akyurek")
+    assert aky.tolist() == [[[0, 0, 1, 2], [10, 0, 0, 0], [0, 6, 7, 8], [20, 0, 0, 0]]]
+
+
+def test_hidden_states_match_hugging_face_conventions():
+    """resid[l] equals HF hidden_states[l] for l < L; HF's last entry is after ln_f = our `final`."""
+    from conftest import GargTransformerModel
+
+    torch.manual_seed(0)
+    ours = build_model(ModelConfig(n_dims=3, n_positions=6, n_embd=16, n_layer=3, n_head=2)).eval()
+    ref = GargTransformerModel(3, 6, 16, 3, 2).eval()
+    sd = dict(ours.state_dict())
+    sd["_backbone.wte.weight"] = torch.zeros(50257, 16)
+    ref.load_state_dict(sd)
+    xs, ys = torch.randn(4, 6, 3), torch.randn(4, 6)
+    out = ours.run(xs, ys)
+    hf = ref._backbone(inputs_embeds=ref._read_in(ref._combine(xs, ys)), output_hidden_states=True)
+    for layer in range(3):
+        torch.testing.assert_close(out.resid[layer], hf.hidden_states[layer], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.final, hf.hidden_states[3], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.pred, ref(xs, ys), rtol=0, atol=1e-5)
+    assert len(out.resid) == 4  # embeddings + one per block, raw (before ln_f)
