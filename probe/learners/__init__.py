@@ -10,7 +10,9 @@ from typing import Any
 
 from torch import Tensor
 
-from . import closed_form, nonparametric  # noqa: F401  (registration)
+from ..errors import ConfigError
+
+from . import closed_form, iterative, krylov, nonparametric, online, stochastic  # noqa: F401  (registration)
 from .base import LearnerResult, check_prompts, prefix_moments
 from .registry import LEARNERS, LearnerSpec
 
@@ -19,7 +21,14 @@ def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None
     """Run learner `name` on prompts xs (B, n, d), ys (B, n) over its hyper-parameter grid."""
     spec = LEARNERS.get(name)
     check_prompts(xs, ys, queries)
-    return spec.fn(xs, ys, queries, **grid)
+    unknown = set(grid) - set(spec.defaults)
+    if unknown:
+        raise ConfigError(f"learner '{name}' has no hyper-parameter {sorted(unknown)}; "
+                          f"it takes {sorted(spec.defaults) or 'none'}")
+    try:
+        return spec.fn(xs, ys, queries, **grid)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 __all__ = ["LEARNERS", "LearnerResult", "LearnerSpec", "run_learner", "prefix_moments"]

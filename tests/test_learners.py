@@ -1,0 +1,276 @@
+"""Reference learners against independent references (numpy, scipy, scikit-learn, plain loops)."""
+
+import numpy as np
+import pytest
+import scipy.optimize
+import scipy.sparse.linalg
+import torch
+from sklearn.linear_model import Ridge
+from sklearn.neighbors import KNeighborsRegressor
+
+from probe.config import TaskConfig
+from probe.errors import ConfigError
+from probe.learners import LEARNERS, run_learner
+from probe.tasks import generator_for, sample_prompts
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    p = sample_prompts(TaskConfig(n_dims=4, n_points=10), 6, generator=generator_for(11))
+    return p.xs.double(), p.ys.double()
+
+
+def _prefixes(xs, ys):
+    for b in range(xs.shape[0]):
+        for t in range(xs.shape[1]):
+            yield b, t, xs[b, :t].numpy(), ys[b, :t].numpy()
+
+
+def test_least_squares_matches_numpy_lstsq(prompts):
+    xs, ys = prompts
+    w = run_learner("least_squares", xs, ys).weights[0]
+    for b, t, x, y in _prefixes(xs, ys):
+        ref = np.linalg.lstsq(x, y, rcond=None)[0] if t else np.zeros(4)
+        np.testing.assert_allclose(w[b, t].numpy(), ref, atol=1e-8)
+
+
+def test_ridge_matches_sklearn(prompts):
+    xs, ys = prompts
+    res = run_learner("ridge", xs, ys, lam=(0.1, 2.0))
+    for k, lam in enumerate((0.1, 2.0)):
+        for b, t, x, y in _prefixes(xs, ys):
+            if t == 0:
+                continue
+            ref = Ridge(alpha=lam, fit_intercept=False).fit(x, y).coef_
+            np.testing.assert_allclose(res.weights[k, b, t].numpy(), ref, atol=1e-8)
+
+
+def test_online_least_squares_equals_ridge(prompts):
+    xs, ys = prompts
+    rls = run_learner("online_least_squares", xs, ys, lam=(0.5,)).weights
+    ridge = run_learner("ridge", xs, ys, lam=(0.5,)).weights
+    torch.testing.assert_close(rls, ridge, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("convention", ["paper", "code"])
+def test_gd_iterates_match_a_plain_loop(prompts, convention):
+    xs, ys = prompts
+    steps = [0, 1, 2, 5, 17]
+    res = run_learner("gd", xs, ys, eta=(0.05, "auto"), steps=steps, convention=(convention,))
+    for b, t, x, y in _prefixes(xs, ys):
+        if t == 0:
+            continue
+        s = x.T @ x
+        eta_auto = 1 / np.linalg.eigvalsh(s / t if convention == "paper" else s).max()
+        for e_i, eta in enumerate((0.05, eta_auto)):
+            w = np.zeros(4)
+            for k in range(max(steps) + 1):
+                if k in steps:
+                    row = e_i * len(steps) + steps.index(k)
+                    np.testing.assert_allclose(res.weights[row, b, t].numpy(), w, rtol=1e-7, atol=1e-9)
+                grad = (s @ w - x.T @ y) / (t if convention == "paper" else 1)
+                w = w - eta * grad
+
+
+def test_gd_step_conventions_convert_by_t(prompts):
+    xs, ys = prompts
+    t = 7
+    paper = run_learner("gd", xs[:, :t + 1], ys[:, :t + 1], eta=(0.7,), steps=(3,), convention=("paper",))
+    code = run_learner("gd", xs[:, :t + 1], ys[:, :t + 1], eta=(0.1,), steps=(3,), convention=("code",))
+    torch.testing.assert_close(paper.weights[0, :, t], code.weights[0, :, t])  # code eta = paper eta / t
+
+
+def newton_loop(x, y, iterations, alpha):
+    s = x.T @ x
+    m = alpha * s
+    out = []
+    for _ in range(iterations + 1):
+        out.append(m @ x.T @ y)
+        m = 2 * m - m @ s @ m
+    return out
+
+
+def test_newton_matches_matrix_loop_and_hand_worked_2x2():
+    # Hand-worked: X = I_2 so S = I; alpha = 1/||S S^T||_2 = 1; M_0 = I = S^+ already.
+    xs = torch.eye(2, dtype=torch.float64).unsqueeze(0)
+    xs = torch.cat([xs, torch.zeros(1, 1, 2, dtype=torch.float64)], dim=1)  # 3 points, the last is the query
+    ys = torch.tensor([[3.0, -1.0, 0.0]], dtype=torch.float64)
+    w = run_learner("newton", xs, ys, iterations=(0, 1)).weights
+    torch.testing.assert_close(w[0, 0, 2], torch.tensor([3.0, -1.0], dtype=torch.float64))
+    # S = diag(4, 1) (X = diag(2, 1)): alpha = 1/16, M_0 = diag(1/4, 1/16), M_1 = 2M_0 - M_0 S M_0 = diag(1/4, 31/256)
+    xs = torch.tensor([[[2.0, 0.0], [0.0, 1.0], [0.0, 0.0]]], dtype=torch.float64)
+    ys = torch.tensor([[2.0, 1.0, 0.0]], dtype=torch.float64)  # X^T y = (4, 1)
+    w = run_learner("newton", xs, ys, iterations=(0, 1)).weights
+    torch.testing.assert_close(w[0, 0, 2], torch.tensor([1.0, 1 / 16], dtype=torch.float64))
+    torch.testing.assert_close(w[1, 0, 2], torch.tensor([1.0, 31 / 256], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("rule", ["spectral", "frobenius"])
+def test_newton_matches_loop_and_converges_to_pinv(prompts, rule):
+    xs, ys = prompts
+    res = run_learner("newton", xs, ys, iterations=range(31), alpha=(rule,))
+    for b, t, x, y in _prefixes(xs, ys):
+        if t == 0:
+            continue
+        s = x.T @ x
+        ev = np.linalg.eigvalsh(s @ s.T)
+        alpha = 1 / ev.max() if rule == "spectral" else 1 / np.sqrt((ev**2).sum())
+        ref = newton_loop(x, y, 8, alpha)
+        for k in range(9):
+            np.testing.assert_allclose(res.weights[k, b, t].numpy(), ref[k], rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(res.weights[30, b, t].numpy(), np.linalg.pinv(s) @ x.T @ y, atol=1e-7)
+
+
+def test_newton_paper_alpha_stalls_spectral_alpha_converges():
+    """alpha = 2/||SS^T||_2 (seed 003 eq. 8 as printed) leaves the top direction's error at -1."""
+    g = np.random.default_rng(0)
+    x = torch.tensor(g.standard_normal((1, 10, 4)))
+    y = torch.tensor(g.standard_normal((1, 10)))
+    t = 9
+    target = np.linalg.lstsq(x[0, :t].numpy(), y[0, :t].numpy(), rcond=None)[0]
+    rel = lambda rule: np.linalg.norm(run_learner("newton", x, y, iterations=(30,), alpha=(rule,)).weights[0, 0, t].numpy()
+                                      - target) / np.linalg.norm(target)
+    assert rel("spectral") < 1e-12
+    assert rel("paper") > 0.05
+
+
+def test_newton_log_kappa_vs_gd_kappa_on_ill_conditioned_data():
+    task = TaskConfig(n_dims=6, n_points=61, covariance="ill_conditioned", kappa=100.0)
+    p = sample_prompts(task, 8, generator=generator_for(3))
+    xs, ys = p.xs.double(), p.ys.double()
+    ls = run_learner("least_squares", xs, ys).weights[0, :, -1]
+    rel = lambda w: ((w - ls).norm(dim=-1) / ls.norm(dim=-1)).max().item()
+    newton = run_learner("newton", xs, ys, iterations=range(40)).weights[:, :, -1]
+    k_newton = next(k for k in range(40) if rel(newton[k]) < 1e-6)
+    steps = [2**k for k in range(20)]
+    gd = run_learner("gd", xs, ys, steps=steps).weights[:, :, -1]
+    k_gd = next(s for i, s in enumerate(steps) if rel(gd[i]) < 1e-6)
+    kappa_s = max(float(torch.linalg.cond(xs[b, :-1].T @ xs[b, :-1])) for b in range(8))
+    # M_0 S has smallest eigenvalue 1/kappa^2, so ~2 log2(kappa) doublings, then quadratic convergence
+    assert k_newton <= 2 * np.log2(kappa_s) + 8
+    assert k_gd >= kappa_s  # O(kappa log 1/eps) steps with the stable step 1/lambda_max
+    assert k_gd > 50 * k_newton
+
+
+def test_ogd_normalized_fits_last_example_and_matches_loop(prompts):
+    xs, ys = prompts
+    res = run_learner("ogd", xs, ys, eta=("normalized", 0.1))
+    for b in range(xs.shape[0]):
+        w = np.zeros(4)
+        for k in range(xs.shape[1] - 1):
+            x, y = xs[b, k].numpy(), ys[b, k].item()
+            w = w - 0.1 * (w @ x - y) * x
+            np.testing.assert_allclose(res.weights[1, b, k + 1].numpy(), w, atol=1e-10)
+            np.testing.assert_allclose(res.weights[0, b, k + 1].numpy() @ x, y, atol=1e-10)
+
+
+def _torch_optim_reference(xs, ys, b, t, idx, make_opt, steps):
+    w = torch.zeros(4, dtype=torch.float64, requires_grad=True)
+    opt = make_opt([w])
+    out = [w.detach().clone()]
+    for k in range(steps):
+        batch = idx[k, b, t]
+        loss = 0.5 * ((xs[b, batch] @ w - ys[b, batch]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(w.detach().clone())
+    return out
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_stochastic_learners_match_torch_optim_on_same_minibatches(prompts, name):
+    from probe.learners.stochastic import minibatch_indices
+
+    xs, ys = prompts
+    steps = 6
+    kwargs = dict(eta=(0.05,), batch_size=(3,), steps=range(steps + 1), seed=4)
+    if name == "adam":
+        kwargs["eps_placement"] = "torch"
+        make = lambda p: torch.optim.Adam(p, lr=0.05, betas=(0.9, 0.999), eps=1e-8)
+    else:
+        make = lambda p: torch.optim.SGD(p, lr=0.05)
+    res = run_learner(name, xs, ys, **kwargs)
+    idx = minibatch_indices(xs.shape[1], xs.shape[0], steps, 3, 4, "cpu")
+    for b in (0, 3):
+        for t in (1, 5, 9):
+            ref = _torch_optim_reference(xs, ys, b, t, idx, make, steps)
+            for k in range(steps + 1):
+                torch.testing.assert_close(res.weights[k, b, t], ref[k], rtol=1e-9, atol=1e-12)
+
+
+def test_sgd_is_seeded(prompts):
+    xs, ys = prompts
+    a = run_learner("sgd", xs, ys, seed=1, steps=(5,)).weights
+    b = run_learner("sgd", xs, ys, seed=1, steps=(5,)).weights
+    c = run_learner("sgd", xs, ys, seed=2, steps=(5,)).weights
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_cg_matches_scipy_iterates(prompts):
+    xs, ys = prompts
+    res = run_learner("cg", xs, ys, iterations=range(5))
+    for b, t, x, y in _prefixes(xs, ys):
+        if t < 5:
+            continue
+        s, rhs = x.T @ x, x.T @ y
+        seen = []
+        scipy.sparse.linalg.cg(s, rhs, x0=np.zeros(4), rtol=1e-30, atol=0, maxiter=4, callback=lambda v: seen.append(v.copy()))
+        for k, ref in enumerate(seen, start=1):
+            np.testing.assert_allclose(res.weights[k, b, t].numpy(), ref, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["bfgs", "lbfgs"])
+def test_quasi_newton_reach_scipy_minimiser_and_track_cg(prompts, name):
+    """On a quadratic with exact line search, BFGS and L-BFGS iterates equal CG's (Nocedal & Wright
+    Thm 6.4 / §7.2); after d steps they are at scipy.optimize's minimiser."""
+    xs, ys = prompts
+    res = run_learner(name, xs, ys, iterations=range(6))
+    cgw = run_learner("cg", xs, ys, iterations=range(6)).weights
+    torch.testing.assert_close(res.weights[:3, :, 5:], cgw[:3, :, 5:], rtol=1e-6, atol=1e-8)
+    for b, t, x, y in _prefixes(xs, ys):
+        if t < 5:
+            continue
+        s, rhs = x.T @ x, x.T @ y
+        ref = scipy.optimize.minimize(lambda w: 0.5 * w @ s @ w - rhs @ w, np.zeros(4), jac=lambda w: s @ w - rhs,
+                                      method="BFGS" if name == "bfgs" else "L-BFGS-B", tol=1e-14).x
+        np.testing.assert_allclose(res.weights[5, b, t].numpy(), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "distance"])
+def test_knn_matches_sklearn(prompts, weighting):
+    xs, ys = prompts
+    queries = torch.randn(xs.shape[0], 3, 4, dtype=torch.float64)
+    res = run_learner("knn", xs, ys, queries, k=(3,), weighting=(weighting,))
+    for b, t, x, y in _prefixes(xs, ys):
+        if t < 3:
+            continue
+        ref = KNeighborsRegressor(n_neighbors=3, weights=weighting).fit(x, y)
+        np.testing.assert_allclose(res.preds[0, b, t].item(), ref.predict(xs[b, t][None].numpy())[0], rtol=1e-9)
+        np.testing.assert_allclose(res.query_preds[0, b, t].numpy(), ref.predict(queries[b].numpy()), rtol=1e-9)
+
+
+def test_averaging(prompts):
+    xs, ys = prompts
+    w = run_learner("averaging", xs, ys).weights[0]
+    np.testing.assert_allclose(w[2, 4].numpy(), (ys[2, :4, None] * xs[2, :4]).mean(0).numpy())
+
+
+def test_registry_errors(prompts):
+    xs, ys = prompts
+    with pytest.raises(ConfigError, match=r"Unknown learner 'newtn'\. Did you mean: newton\?"):
+        run_learner("newtn", xs, ys)
+    with pytest.raises(ConfigError, match=r"learner 'gd' has no hyper-parameter \['iters'\]"):
+        run_learner("gd", xs, ys, iters=(1,))
+    with pytest.raises(ConfigError, match="newton alpha must be one of"):
+        run_learner("newton", xs, ys, alpha=("huge",))
+    with pytest.raises(ConfigError, match=r"ys must have shape \(6, 10\)"):
+        run_learner("gd", xs, ys[:, :3])
+    assert {"least_squares", "ridge", "gd", "newton", "ogd", "sgd", "adam", "cg", "bfgs", "lbfgs",
+            "online_least_squares", "knn", "averaging"} <= set(LEARNERS.names())
+
+
+def test_learners_run_on_the_requested_device(prompts):
+    xs, ys = prompts
+    res = run_learner("newton", xs.to("cpu"), ys, iterations=(1,))
+    assert res.weights.device.type == "cpu"

@@ -1,0 +1,83 @@
+import numpy as np
+import pytest
+import torch
+
+from probe.config import TaskConfig
+from probe.learners import run_learner
+from probe.similarity import best_match, ilw, induced_weights, sime, similarity_frame, simw, spd
+from probe.tasks import generator_for, sample_prompts
+
+
+@pytest.fixture(scope="module")
+def data():
+    p = sample_prompts(TaskConfig(n_dims=3, n_points=9), 50, generator=generator_for(2))
+    queries = torch.randn(50, 40, 3, generator=generator_for(9)).double()
+    return p.xs.double(), p.ys.double(), queries
+
+
+def test_sime_identical_is_one_and_negated_residuals_minus_one(data):
+    xs, ys, _ = data
+    pred = run_learner("averaging", xs, ys).preds
+    mirrored = 2 * ys - pred  # residual -> -residual
+    assert torch.allclose(sime(pred, pred, ys), torch.ones(1, 1, 50, dtype=torch.float64))
+    assert torch.allclose(sime(pred, mirrored, ys), -torch.ones(1, 1, 50, dtype=torch.float64))
+
+
+def test_sime_matches_numpy_cosine_and_position_option(data):
+    xs, ys, _ = data
+    a = run_learner("averaging", xs, ys).preds
+    b = run_learner("newton", xs, ys, iterations=(0, 2)).preds
+    vals = sime(a, b, ys)
+    ra, rb = (a[0, 4] - ys[4])[1:].numpy(), (b[1, 4] - ys[4])[1:].numpy()
+    assert vals[0, 1, 4].item() == pytest.approx(ra @ rb / np.linalg.norm(ra) / np.linalg.norm(rb))
+    with_first = sime(a, b, ys, include_first=True)
+    ra, rb = (a[0, 4] - ys[4]).numpy(), (b[1, 4] - ys[4]).numpy()
+    assert with_first[0, 1, 4].item() == pytest.approx(ra @ rb / np.linalg.norm(ra) / np.linalg.norm(rb))
+
+
+def test_induced_weights_recover_linear_learners(data):
+    xs, ys, queries = data
+    res = run_learner("ridge", xs, ys, queries, lam=(0.3,))
+    torch.testing.assert_close(induced_weights(res.query_preds, queries), res.weights)
+
+
+def test_simw_identical_scaled_and_negated(data):
+    xs, ys, _ = data
+    w = run_learner("least_squares", xs, ys).weights
+    assert torch.allclose(simw(w, w), torch.ones(1, 1, 50, dtype=torch.float64))
+    assert torch.allclose(simw(w, 3 * w), torch.ones(1, 1, 50, dtype=torch.float64))
+    assert torch.allclose(simw(w, -w), -torch.ones(1, 1, 50, dtype=torch.float64))
+
+
+def test_spd_and_ilw_against_direct_formulas(data):
+    xs, ys, queries = data
+    a = run_learner("ridge", xs, ys, queries, lam=(0.1, 1.0))
+    b = run_learner("least_squares", xs, ys, queries)
+    direct_spd = ((a.query_preds[:, None, :, 1:] - b.query_preds[None, :, :, 1:]) ** 2).mean((-1, -2))
+    torch.testing.assert_close(spd(a.query_preds, b.query_preds), direct_spd)
+    direct_ilw = ((a.weights[:, None, :, 1:] - b.weights[None, :, :, 1:]) ** 2).sum(-1).mean(-1)
+    torch.testing.assert_close(ilw(a.weights, b.weights), direct_ilw)
+    assert torch.allclose(spd(b.query_preds, b.query_preds), torch.zeros(1, 1, 50, dtype=torch.float64), atol=1e-12)
+
+
+def test_best_match_recovers_planted_iteration_map(data):
+    """A family whose member a is exactly Newton with 2a iterations is matched at k = 2a."""
+    xs, ys, _ = data
+    grid = list(range(12))
+    newton = run_learner("newton", xs, ys, iterations=grid)
+    family = newton.preds[[0, 2, 4, 6]]
+    table = best_match(sime(family, newton.preds, ys), n_boot=200)
+    assert table.best_index.tolist() == [0, 2, 4, 6]
+    assert (table.similarity > 0.999999).all()
+    assert (table.best_index_low <= table.best_index).all() and (table.best_index <= table.best_index_high).all()
+    frame = similarity_frame(sime(family, newton.preds, ys), "sime", "family", "newton", newton.grid, n_boot=100)
+    assert set(frame.columns) >= {"a_index", "iterations", "metric", "value", "ci_low", "ci_high"}
+    assert len(frame) == 4 * 12
+    assert (frame.ci_low <= frame.value + 1e-12).all() and (frame.value <= frame.ci_high + 1e-12).all()
+
+
+def test_best_match_minimises_distances(data):
+    xs, ys, queries = data
+    newton = run_learner("newton", xs, ys, queries, iterations=range(8))
+    table = best_match(ilw(newton.weights[[3]], newton.weights), higher_is_better=False, n_boot=50)
+    assert table.best_index.tolist() == [3] and table.similarity[0] == pytest.approx(0, abs=1e-12)
