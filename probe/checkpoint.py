@@ -43,6 +43,20 @@ class LoadedCheckpoint:
     weights_file: Path
     meta: dict[str, Any]
 
+    @property
+    def sha256(self) -> str:
+        import hashlib
+
+        digest = hashlib.sha256()
+        with self.weights_file.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
 
 # ---------------------------------------------------------------------------- file helpers
 
@@ -153,7 +167,7 @@ def load_native(directory: Path) -> LoadedCheckpoint:
         raise CheckpointError(f"{directory}: config.json found but model.safetensors is missing")
     model = build_model(config.model)
     load_weights(model, read_safetensors(weights), weights)
-    return LoadedCheckpoint(model.eval(), config, "native", directory, weights, payload.get("meta", {}))
+    return LoadedCheckpoint(model.eval(), config, "icl-probe", directory, weights, payload.get("meta", {}))
 
 
 # ---------------------------------------------------------------------------- Garg et al.'s layout
@@ -235,23 +249,10 @@ def export_garg(model: nn.Module, config: RunConfig, directory: Path, train_step
     atomic_write(directory / "state.pt", lambda p: torch.save(blob, p))
 
 
-# ---------------------------------------------------------------------------- detection
+# ---------------------------------------------------------------------------- entry point
 
-def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
-    """Load a model from a run directory, detecting its layout."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"Checkpoint not found: {path}. Pass a run directory "
-                              "(containing config.json + model.safetensors, or Garg et al.'s config.yaml + state.pt).")
-    directory = path if path.is_dir() else path.parent
-    if (directory / "config.json").is_file() and (directory / "model.safetensors").is_file():
-        return load_native(directory)
-    if (directory / "config.yaml").is_file():
-        return load_garg(directory)
-    if (directory / "config.json").is_file():
-        return load_native(directory)
-    raise CheckpointError(
-        f"{path}: not a checkpoint directory. Tried: icl-probe (needs config.json + model.safetensors), "
-        f"Garg et al. (needs config.yaml + state.pt or model_<step>.pt); found "
-        f"{sorted(p.name for p in directory.iterdir())[:10]}."
-    )
+def load_checkpoint(path: str | Path, format: str | None = None) -> LoadedCheckpoint:
+    """Load a model from a run directory, detecting its format (see probe.formats.FORMATS)."""
+    from .formats import detect_and_load
+
+    return detect_and_load(Path(path), format)

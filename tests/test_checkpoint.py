@@ -17,7 +17,7 @@ def test_save_load_identical_outputs(tmp_path, family):
     model = build_model(cfg.model).eval()
     save_model(model, cfg, tmp_path / "run")
     loaded = load_checkpoint(tmp_path / "run")
-    assert loaded.format == "native" and loaded.config == cfg
+    assert loaded.format == "icl-probe" and loaded.config == cfg
     xs, ys = torch.randn(3, 8, 3), torch.randn(3, 8)
     assert torch.equal(model(xs, ys), loaded.model(xs, ys))
 
@@ -60,7 +60,7 @@ def test_missing_directory():
 
 def test_directory_without_checkpoint_lists_formats_tried(tmp_path):
     (tmp_path / "notes.txt").write_text("hi")
-    with pytest.raises(CheckpointError, match=r"Tried: icl-probe .*Garg et al\."):
+    with pytest.raises(CheckpointError, match=r"Tried icl-probe: no config.json; garg: no config.yaml; hf-gpt2"):
         load_checkpoint(tmp_path)
 
 

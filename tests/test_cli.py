@@ -35,3 +35,31 @@ def test_module_entry_point():
 
     proc = subprocess.run([sys.executable, "-m", "probe", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "evaluate" in proc.stdout
+
+
+def test_inspect_and_capture_cli(tmp_path, capsys):
+    import json
+
+    import numpy as np
+    import torch
+
+    from conftest import GargTransformerModel, write_garg_run
+
+    run = write_garg_run(tmp_path / "garg", GargTransformerModel(3, 8, 16, 2, 2), 3, 8, 16, 2, 2)
+    assert main(["inspect", str(run), "--json", "--prompts", "16"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format"] == "garg" and info["n_layer"] == 2 and info["n_points"] == 8
+    np.savez(tmp_path / "p.npz", xs=np.random.randn(5, 8, 3).astype(np.float32),
+             ys=np.random.randn(5, 8).astype(np.float32), other=np.zeros(2))
+    assert main(["-q", "capture", str(run), "--prompts", str(tmp_path / "p.npz"), "--out", str(tmp_path / "a.npz"),
+                 "--hooks", "ln_final.hook_normalized"]) == 0
+    out = np.load(tmp_path / "a.npz")
+    assert out["pred"].shape == (5, 8) and out["resid"].shape == (3, 5, 16, 16)
+    assert out["ln_final.hook_normalized"].shape == (5, 16, 16)
+    np.savez(tmp_path / "bad.npz", xs=np.random.randn(5, 8, 4).astype(np.float32), ys=np.zeros((5, 8), np.float32))
+    assert main(["capture", str(run), "--prompts", str(tmp_path / "bad.npz"), "--out", str(tmp_path / "b.npz")]) == 2
+    assert "d=4 but the model takes d=3" in capsys.readouterr().err
+    assert not (tmp_path / "b.npz").exists()
+    np.savez(tmp_path / "noys.npz", xs=np.zeros((5, 8, 3), np.float32))
+    assert main(["capture", str(run), "--prompts", str(tmp_path / "noys.npz"), "--out", str(tmp_path / "b.npz")]) == 2
+    assert "missing arrays ['ys']" in capsys.readouterr().err

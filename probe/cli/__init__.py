@@ -15,6 +15,8 @@ from ..errors import ProbeError
 COMMANDS = {
     "train": "Train an in-context regression model from a recipe",
     "evaluate": "Error vs number of in-context examples, beside baselines",
+    "inspect": "Format, shape and a quick error of a checkpoint",
+    "capture": "Save predictions and activations for prompts in an .npz",
 }
 
 

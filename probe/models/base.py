@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -12,3 +13,27 @@ class ModelOutput:
     pred: Tensor  # (B, n): prediction for y_i read at the x_i token
     resid: list[Tensor]  # L+1 tensors (B, 2n, D): embedding output, then the raw stream after each layer
     final: Tensor  # (B, 2n, D): the stream the read-out sees (after ln_f for GPT-2; = resid[-1] for LSTM)
+
+
+@runtime_checkable
+class ICLModel(Protocol):
+    """The model protocol: what every analysis needs, and all a new architecture must provide.
+
+    Any torch module with these members can be analysed (see README, "Bring your own model"):
+
+        n_dims: int        # d, the dimension of x
+        n_layers: int      # L: hidden states exist at boundaries 0..L
+        d_model: int       # width of the hidden states
+        n_points: int      # the most (x, y) examples a prompt may hold
+        run(xs, ys) -> ModelOutput   # pred (B, n), resid: L+1 x (B, 2n, D), final (B, 2n, D)
+        readout(final) -> Tensor     # the model's own read-out, (..., D) -> (...)
+    """
+
+    n_dims: int
+    n_layers: int
+    d_model: int
+    n_points: int
+
+    def run(self, xs: Tensor, ys: Tensor) -> ModelOutput: ...
+
+    def readout(self, final: Tensor) -> Tensor: ...

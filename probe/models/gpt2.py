@@ -100,6 +100,25 @@ class GPT2ICL(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
+    @property
+    def n_dims(self) -> int:
+        return self.config.n_dims
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.n_layer
+
+    @property
+    def d_model(self) -> int:
+        return self.config.n_embd
+
+    @property
+    def n_points(self) -> int:
+        return self.config.n_positions
+
+    def readout(self, final: Tensor) -> Tensor:
+        return self._read_out(final)[..., 0]
+
     def run(self, xs: Tensor, ys: Tensor) -> ModelOutput:
         """Predictions and every layer boundary's residual stream for prompts xs (B, n, d), ys (B, n)."""
         n = xs.shape[1]
@@ -110,7 +129,7 @@ class GPT2ICL(nn.Module):
             h = block(h)
             resid.append(h)
         final = self._backbone.ln_f(h)
-        pred = self._read_out(final)[:, x_positions(n), 0]  # (B, n)
+        pred = self.readout(final[:, x_positions(n)])  # (B, n)
         return ModelOutput(pred=pred, resid=resid, final=final)
 
     def forward(self, xs: Tensor, ys: Tensor) -> Tensor:

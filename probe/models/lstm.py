@@ -25,6 +25,25 @@ class LSTMICL(nn.Module):
         )
         self._read_out = nn.Linear(cfg.n_embd, 1)
 
+    @property
+    def n_dims(self) -> int:
+        return self.config.n_dims
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.n_layer
+
+    @property
+    def d_model(self) -> int:
+        return self.config.n_embd
+
+    @property
+    def n_points(self) -> int:
+        return self.config.n_positions
+
+    def readout(self, final: Tensor) -> Tensor:
+        return self._read_out(final)[..., 0]
+
     def run(self, xs: Tensor, ys: Tensor) -> ModelOutput:
         n = xs.shape[1]
         h = self._read_in(interleave(xs, ys, self.config.encoding))  # (B, 2n, D)
@@ -32,7 +51,7 @@ class LSTMICL(nn.Module):
         for layer in self._layers:
             h, _ = layer(h)
             resid.append(h)
-        pred = self._read_out(h)[:, x_positions(n), 0]
+        pred = self.readout(h[:, x_positions(n)])
         return ModelOutput(pred=pred, resid=resid, final=h)
 
     def forward(self, xs: Tensor, ys: Tensor) -> Tensor:

@@ -1,0 +1,71 @@
+"""Run Garg-layout GPT-2 models as TransformerLens 4.x `TransformerBridge`s.
+
+TransformerLens 4.x has no GPT-2 converter, so the weights are mapped here (REFERENCE.md §4):
+Hugging Face Conv1D weights are [in, out] and become nn.Linear [out, in]; `c_attn` splits
+into q, k, v. The read-out Linear(D, 1) becomes the unembedding (d_vocab = 1), so the bridge's
+logits at the x tokens are the model's predictions. The read-in stays outside: the bridge is
+fed input embeddings (a float tensor), to which it adds the positional embedding itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..models.encoding import interleave
+from ..models.gpt2 import LN_EPS, GPT2ICL
+
+
+def bridge_config(model: GPT2ICL):
+    from transformer_lens import TransformerBridgeConfig
+
+    c = model.config
+    return TransformerBridgeConfig(
+        n_layers=c.n_layer, d_model=c.n_embd, n_heads=c.n_head, d_head=c.n_embd // c.n_head, d_mlp=4 * c.n_embd,
+        n_ctx=2 * c.n_positions, act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
+        d_vocab=1, d_vocab_out=1, eps=LN_EPS, seed=0, model_name="icl-probe-gpt2",
+    )
+
+
+def bridge_state_dict(model: GPT2ICL) -> dict[str, Tensor]:
+    """Our (Hugging Face-named) GPT-2 weights under TransformerLens-native names."""
+    sd = model.state_dict()
+    d = model.config.n_embd
+    out = {
+        "embed.weight": torch.zeros(1, d),
+        "pos_embed.weight": sd["_backbone.wpe.weight"],
+        "ln_final.weight": sd["_backbone.ln_f.weight"],
+        "ln_final.bias": sd["_backbone.ln_f.bias"],
+        "unembed.weight": sd["_read_out.weight"],
+        "unembed.bias": sd["_read_out.bias"],
+    }
+    for i in range(model.config.n_layer):
+        h, b = f"_backbone.h.{i}.", f"blocks.{i}."
+        w_qkv, b_qkv = sd[h + "attn.c_attn.weight"], sd[h + "attn.c_attn.bias"]  # (D, 3D), (3D,)
+        for j, name in enumerate("qkv"):
+            out[b + f"attn.{name}.weight"] = w_qkv[:, j * d : (j + 1) * d].T
+            out[b + f"attn.{name}.bias"] = b_qkv[j * d : (j + 1) * d]
+        out[b + "attn.o.weight"] = sd[h + "attn.c_proj.weight"].T
+        out[b + "attn.o.bias"] = sd[h + "attn.c_proj.bias"]
+        out[b + "mlp.in.weight"] = sd[h + "mlp.c_fc.weight"].T
+        out[b + "mlp.in.bias"] = sd[h + "mlp.c_fc.bias"]
+        out[b + "mlp.out.weight"] = sd[h + "mlp.c_proj.weight"].T
+        out[b + "mlp.out.bias"] = sd[h + "mlp.c_proj.bias"]
+        for ours, theirs in (("ln_1", "ln1"), ("ln_2", "ln2")):
+            out[b + f"{theirs}.weight"] = sd[h + f"{ours}.weight"]
+            out[b + f"{theirs}.bias"] = sd[h + f"{ours}.bias"]
+    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+
+
+def to_bridge(model: GPT2ICL, device: str = "cpu"):
+    """A TransformerBridge computing exactly `model`'s backbone and read-out."""
+    from transformer_lens import TransformerBridge
+
+    bridge = TransformerBridge.boot_native(bridge_config(model), device=device)
+    bridge.load_state_dict(bridge_state_dict(model), strict=True)
+    return bridge.eval()
+
+
+def bridge_inputs(model: GPT2ICL, xs: Tensor, ys: Tensor) -> Tensor:
+    """The float input embeddings the bridge is fed: read-in of the token sequence (no positions)."""
+    return model._read_in(interleave(xs, ys, model.config.encoding))

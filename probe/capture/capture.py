@@ -1,0 +1,159 @@
+"""Capture activations for many prompts: one forward pass per batch, only what is asked for.
+
+Transformers (the GPT-2 family) run through a TransformerLens `TransformerBridge`, so any
+TransformerLens hook name can be asked for; other models (the LSTM, your own protocol class)
+provide the layer boundaries and the final stream through `run`. Results stay in memory, or
+stream into `.npy` memmaps under `out_dir` when they would exceed `max_bytes`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+from ..models.gpt2 import GPT2ICL
+from . import hooks as H
+
+log = logging.getLogger(__name__)
+RESID = "resid"  # shorthand: every layer boundary 0..L stacked, (L+1, B, P, D)
+
+
+@dataclass
+class Capture:
+    pred: np.ndarray  # (B, n)
+    acts: dict[str, np.ndarray] = field(default_factory=dict)  # hook name (or "resid") -> array
+    positions: np.ndarray | None = None  # token positions kept (None: all 2n)
+
+    def resid_at(self, boundary: int) -> np.ndarray:
+        return self.acts[RESID][boundary]
+
+
+def check_prompts_for(model, xs: Tensor, ys: Tensor) -> None:
+    """Clear errors for prompts the model cannot take."""
+    if not isinstance(xs, Tensor) or not isinstance(ys, Tensor):
+        raise ConfigError("xs and ys must be tensors (or numpy arrays converted with torch.as_tensor)")
+    if not (xs.is_floating_point() and ys.is_floating_point()):
+        raise ConfigError(f"xs and ys must hold floats, got {xs.dtype} and {ys.dtype}")
+    if xs.ndim != 3 or ys.shape != xs.shape[:2]:
+        raise ConfigError(f"expected xs (B, n, d) and ys (B, n), got {tuple(xs.shape)} and {tuple(ys.shape)}")
+    if xs.shape[2] != model.n_dims:
+        raise ConfigError(f"prompts have d={xs.shape[2]} but the model takes d={model.n_dims}")
+    if xs.shape[1] > model.n_points:
+        raise ConfigError(f"prompts have {xs.shape[1]} points but the model has positions for {model.n_points}")
+    if not (torch.isfinite(xs).all() and torch.isfinite(ys).all()):
+        raise ConfigError("prompts contain NaN or infinite values")
+
+
+def _select(t: Tensor, positions: Tensor | None) -> Tensor:
+    return t if positions is None else t[:, positions]
+
+
+class _Sink:
+    """Arrays filled batch by batch, in memory or as .npy memmaps."""
+
+    def __init__(self, out_dir: Path | None):
+        self.out_dir = out_dir
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def put(self, name: str, full_shape: tuple[int, ...], batch_axis: int, start: int, value: np.ndarray) -> None:
+        if name not in self.arrays:
+            if self.out_dir is not None:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                path = self.out_dir / f"{name.replace('/', '_')}.npy"
+                self.arrays[name] = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=full_shape)
+            else:
+                self.arrays[name] = np.empty(full_shape, dtype=np.float32)
+        index = [slice(None)] * len(full_shape)
+        index[batch_axis] = slice(start, start + value.shape[batch_axis])
+        self.arrays[name][tuple(index)] = value
+
+
+def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), positions: str | Sequence[int] = "all",
+            batch_size: int = 256, device: str = "cpu", progress: bool = False, backend: str = "auto",
+            out_dir: str | Path | None = None, max_bytes: int = 4 << 30) -> Capture:
+    """Predictions and the requested activations for prompts xs (B, n, d), ys (B, n).
+
+    hooks: "resid" (all layer boundaries, raw, before any final LayerNorm: (L+1, B, P, D)),
+    "final" (alias of "ln_final.hook_normalized": the stream the read-out sees, stored under
+    that hook name), or any TransformerLens
+    hook name for transformers (e.g. "blocks.3.attn.hook_pattern", stored (B, ...) as TL gives it).
+    positions: "all" (2n tokens), "x" (the x tokens, where predictions are read) or indices.
+    backend: "transformer_lens" (transformers only), "native" (the model's own `run`), or "auto".
+    """
+    check_prompts_for(model, xs, ys)
+    b, n, _ = xs.shape
+    if backend == "auto":
+        backend = "transformer_lens" if isinstance(model, GPT2ICL) else "native"
+    if backend not in ("transformer_lens", "native"):
+        raise ConfigError(f"backend must be 'auto', 'transformer_lens' or 'native', got {backend!r}")
+    if backend == "transformer_lens" and not isinstance(model, GPT2ICL):
+        raise ConfigError("the transformer_lens backend needs a GPT-2 family model; use backend='native'")
+    hooks = ["final" if h == H.FINAL else h for h in hooks]
+    named = [h for h in hooks if h not in (RESID, "final")]
+    if named and backend == "native":
+        raise ConfigError(f"hooks {named} need TransformerLens (a GPT-2 family model); this model offers only "
+                          "'resid' and 'final'")
+    if positions == "all":
+        pos = None
+    elif positions == "x":
+        pos = torch.arange(0, 2 * n, 2)
+    else:
+        pos = torch.as_tensor(list(positions), dtype=torch.long)
+        if pos.numel() == 0 or pos.min() < 0 or pos.max() >= 2 * n:
+            raise ConfigError(f"positions must lie in 0..{2 * n - 1}, got {list(positions)}")
+    n_pos = 2 * n if pos is None else len(pos)
+    per_prompt = (model.n_layers + 2) * n_pos * model.d_model * 4 if RESID in hooks else n_pos * model.d_model * 4
+    if out_dir is None and per_prompt * b > max_bytes:
+        raise ConfigError(f"capture would hold {per_prompt * b / 2**30:.1f} GiB in memory (max_bytes "
+                          f"{max_bytes / 2**30:.1f} GiB); pass out_dir to stream it to disk")
+    sink = _Sink(Path(out_dir) if out_dir is not None else None)
+    preds = np.empty((b, n), dtype=np.float32)
+    model = model.to(device).eval()
+    bridge = None
+    if backend == "transformer_lens":
+        from .bridge import to_bridge
+
+        bridge = to_bridge(model, device)
+    wanted = set(H.resid_names(model.n_layers)) if RESID in hooks else set()
+    wanted |= {H.FINAL} if "final" in hooks else set()
+    wanted |= set(named)
+
+    from tqdm.auto import tqdm
+
+    with torch.no_grad():
+        for start in tqdm(range(0, b, batch_size), desc="capture", disable=not progress, leave=False):
+            bx, by = xs[start : start + batch_size].to(device), ys[start : start + batch_size].to(device)
+            if bridge is not None:
+                from .bridge import bridge_inputs
+
+                logits, cache = bridge.run_with_cache(bridge_inputs(model, bx, by), names_filter=lambda name: name in wanted)
+                pred = logits[:, 0 : 2 * n : 2, 0]
+                resid = [cache[H.resid(i)] for i in range(model.n_layers + 1)] if RESID in hooks else []
+                final = cache[H.FINAL] if "final" in hooks else None
+                extra = {}
+                for name in named:
+                    if name not in cache:
+                        raise ConfigError(f"unknown hook '{name}'; examples: {H.resid(1)}, {H.attn_pattern(0)}, "
+                                          f"blocks.0.hook_mlp_out")
+                    extra[name] = cache[name]
+            else:
+                out = model.run(bx, by)
+                pred, resid, final, extra = out.pred, out.resid, out.final, {}
+            nb = bx.shape[0]
+            preds[start : start + nb] = pred.float().cpu().numpy()
+            if RESID in hooks:
+                stacked = torch.stack([_select(r, pos) for r in resid]).float().cpu().numpy()
+                sink.put(RESID, (model.n_layers + 1, b, n_pos, model.d_model), 1, start, stacked)
+            if "final" in hooks:
+                sink.put(H.FINAL, (b, n_pos, model.d_model), 0, start, _select(final, pos).float().cpu().numpy())
+            for name, value in extra.items():
+                value = value.float().cpu().numpy()
+                sink.put(name, (b, *value.shape[1:]), 0, start, value)
+    return Capture(pred=preds, acts=sink.arrays, positions=None if pos is None else pos.numpy())

@@ -1,0 +1,126 @@
+"""Checkpoint formats behind one registry: each knows how to recognise a path and load it.
+
+    icl-probe  config.json ("format": "icl-probe") + model.safetensors   (what `icl-probe train` writes)
+    garg       config.yaml + state.pt or model_<step>.pt                  (Garg et al. 2022 run directories)
+    hf-gpt2    config.json (model_type gpt2) + model.safetensors or pytorch_model.bin, with
+               icl_head.safetensors beside them holding read_in.{weight,bias}, read_out.{weight,bias}
+
+A path that matches none gets one message listing each format and why it did not match.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .checkpoint import (LoadedCheckpoint, load_garg, load_native, load_weights, read_safetensors,
+                         safe_torch_load, strip_prefixes)
+from .config import ModelConfig, RunConfig, TaskConfig
+from .errors import CheckpointError, ConfigError
+from .models import build_model
+from .registry import Registry
+
+HF_HEAD = "icl_head.safetensors"
+
+
+@dataclass(frozen=True)
+class CheckpointFormat:
+    name: str
+    detect: Callable[[Path], str | None]  # None when the directory is in this format, else why not
+    load: Callable[[Path], LoadedCheckpoint]
+
+
+FORMATS: Registry[CheckpointFormat] = Registry("checkpoint format")
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _detect_native(d: Path) -> str | None:
+    if not (d / "config.json").is_file():
+        return "no config.json"
+    data = _json(d / "config.json")
+    if data is None or data.get("format") != "icl-probe":
+        return 'config.json lacks "format": "icl-probe"'
+    return None
+
+
+def _detect_garg(d: Path) -> str | None:
+    if not (d / "config.yaml").is_file():
+        return "no config.yaml"
+    if not (d / "state.pt").is_file() and not any(d.glob("model_*.pt")):
+        return "config.yaml but neither state.pt nor model_<step>.pt"
+    return None
+
+
+def _detect_hf(d: Path) -> str | None:
+    data = _json(d / "config.json") if (d / "config.json").is_file() else None
+    if data is None or data.get("model_type") != "gpt2":
+        return 'no config.json with "model_type": "gpt2"'
+    if not ((d / "model.safetensors").is_file() or (d / "pytorch_model.bin").is_file()):
+        return "config.json but neither model.safetensors nor pytorch_model.bin"
+    if not (d / HF_HEAD).is_file():
+        return f"GPT-2 weights but no {HF_HEAD} (the read-in and read-out) beside them"
+    return None
+
+
+def load_hf_gpt2(d: Path) -> LoadedCheckpoint:
+    """A Hugging Face GPT-2 backbone plus a read-in/read-out head supplied beside it."""
+    hf = _json(d / "config.json")
+    if hf.get("activation_function", "gelu_new") != "gelu_new" or abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
+        raise CheckpointError(f"{d / 'config.json'}: only gelu_new activations and LayerNorm eps 1e-5 are supported")
+    head = read_safetensors(d / HF_HEAD)
+    missing = {"read_in.weight", "read_in.bias", "read_out.weight", "read_out.bias"} - set(head)
+    if missing:
+        raise CheckpointError(f"{d / HF_HEAD}: missing {sorted(missing)}")
+    n_ctx = int(hf.get("n_positions", hf.get("n_ctx", 1024)))
+    token_dim = head["read_in.weight"].shape[1]
+    encoding = hf.get("icl_encoding", "garg")
+    try:
+        mc = ModelConfig(family="gpt2", n_dims=token_dim - (encoding == "akyurek"), n_positions=n_ctx // 2,
+                         n_embd=int(hf["n_embd"]), n_layer=int(hf["n_layer"]), n_head=int(hf["n_head"]), encoding=encoding)
+    except (KeyError, ConfigError) as err:
+        raise CheckpointError(f"{d / 'config.json'}: {err}") from None
+    weights = d / "model.safetensors" if (d / "model.safetensors").is_file() else d / "pytorch_model.bin"
+    state = read_safetensors(weights) if weights.suffix == ".safetensors" else safe_torch_load(weights)
+    backbone = {}
+    for key, value in strip_prefixes(state).items():
+        if key.startswith("lm_head."):
+            continue
+        key = key[len("transformer."):] if key.startswith("transformer.") else key
+        backbone["_backbone." + key] = value
+    for part in ("read_in", "read_out"):
+        for p in ("weight", "bias"):
+            backbone[f"_{part}.{p}"] = head[f"{part}.{p}"]
+    model = build_model(mc)
+    load_weights(model, backbone, weights)
+    config = RunConfig(model=mc, task=TaskConfig(n_dims=mc.n_dims, n_points=mc.n_positions))
+    return LoadedCheckpoint(model.eval(), config, "hf-gpt2", d, weights, {})
+
+
+FORMATS.register("icl-probe")(CheckpointFormat("icl-probe", _detect_native, load_native))
+FORMATS.register("garg")(CheckpointFormat("garg", _detect_garg, load_garg))
+FORMATS.register("hf-gpt2")(CheckpointFormat("hf-gpt2", _detect_hf, load_hf_gpt2))
+
+
+def detect_and_load(path: Path, format: str | None = None) -> LoadedCheckpoint:
+    if not path.exists():
+        raise CheckpointError(f"Checkpoint not found: {path}. Pass a run directory (formats: "
+                              f"{', '.join(FORMATS.names())}; see README 'Checkpoint formats').")
+    directory = path if path.is_dir() else path.parent
+    if format is not None:
+        return FORMATS.get(format).load(directory)
+    reasons = []
+    for name in FORMATS:
+        why_not = FORMATS.get(name).detect(directory)
+        if why_not is None:
+            return FORMATS.get(name).load(directory)
+        reasons.append(f"{name}: {why_not}")
+    raise CheckpointError(f"{path}: not a checkpoint in any known format. Tried " + "; ".join(reasons) + ".")

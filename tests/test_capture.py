@@ -1,0 +1,114 @@
+"""Capture through TransformerLens equals the plain PyTorch / Hugging Face forward, for every format."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import GargTransformerModel, build_cfg, write_garg_run
+from probe.capture import FINAL, RESID, capture, resid
+from probe.checkpoint import load_checkpoint, save_model
+from probe.errors import ConfigError
+from probe.models import build_model
+
+TOL = 1e-5
+
+
+def _hf_reference(ref: GargTransformerModel, xs, ys):
+    with torch.no_grad():
+        out = ref._backbone(inputs_embeds=ref._read_in(ref._combine(xs, ys)), output_hidden_states=True)
+        return ref(xs, ys), out.hidden_states
+
+
+def _check_against_hf(model, ref, xs, ys):
+    cap = capture(model, xs, ys, hooks=[RESID, FINAL], batch_size=3, backend="transformer_lens")
+    pred, hidden = _hf_reference(ref, xs, ys)
+    layers = len(hidden) - 1
+    assert np.abs(cap.pred - pred.numpy()).max() < TOL
+    for b in range(layers):  # HF hidden_states[l] is the raw stream for l < L
+        assert np.abs(cap.acts[RESID][b] - hidden[b].numpy()).max() < TOL
+    assert np.abs(cap.acts[FINAL] - hidden[layers].numpy()).max() < TOL  # HF's last entry is after ln_f
+    # the raw stream after the last block is a different tensor from the normalised one
+    assert np.abs(cap.acts[RESID][layers] - cap.acts[FINAL]).max() > 1e-2
+
+
+@pytest.fixture
+def garg_run(tmp_path):
+    torch.manual_seed(3)
+    ref = GargTransformerModel(3, 8, 16, 2, 2).eval()
+    return write_garg_run(tmp_path / "garg", ref, 3, 8, 16, 2, 2, prefix="module."), ref
+
+
+def test_garg_directory_parity(garg_run):
+    run, ref = garg_run
+    xs, ys = torch.randn(7, 8, 3), torch.randn(7, 8)
+    _check_against_hf(load_checkpoint(run).model, ref, xs, ys)
+
+
+def test_hf_gpt2_directory_parity(tmp_path):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(4)
+    ref = GargTransformerModel(3, 8, 16, 2, 2).eval()
+    ref._backbone.save_pretrained(tmp_path / "hf")
+    save_file({"read_in.weight": ref._read_in.weight.detach().contiguous(), "read_in.bias": ref._read_in.bias.detach(),
+               "read_out.weight": ref._read_out.weight.detach().contiguous(), "read_out.bias": ref._read_out.bias.detach()},
+              str(tmp_path / "hf" / "icl_head.safetensors"))
+    loaded = load_checkpoint(tmp_path / "hf")
+    assert loaded.format == "hf-gpt2" and loaded.config.model.n_positions == 8
+    xs, ys = torch.randn(5, 8, 3), torch.randn(5, 8)
+    _check_against_hf(loaded.model, ref, xs, ys)
+
+
+def test_hf_directory_without_head_says_what_is_missing(tmp_path):
+    GargTransformerModel(3, 8, 16, 2, 2)._backbone.save_pretrained(tmp_path / "hf")
+    with pytest.raises(Exception, match=r"hf-gpt2: GPT-2 weights but no icl_head\.safetensors"):
+        load_checkpoint(tmp_path / "hf")
+
+
+def test_own_checkpoint_parity_and_hooks(tmp_path):
+    cfg = build_cfg(layers=3)
+    torch.manual_seed(0)
+    save_model(build_model(cfg.model), cfg, tmp_path / "own")
+    model = load_checkpoint(tmp_path / "own").model
+    xs, ys = torch.randn(6, 8, 3), torch.randn(6, 8)
+    cap = capture(model, xs, ys, hooks=[RESID, "blocks.1.attn.hook_pattern"], positions="x", batch_size=4)
+    out = model.run(xs, ys)
+    assert cap.acts[RESID].shape == (4, 6, 8, 16)
+    for b in range(4):
+        assert np.abs(cap.acts[RESID][b] - out.resid[b][:, ::2].detach().numpy()).max() < TOL
+    pattern = cap.acts["blocks.1.attn.hook_pattern"]
+    assert pattern.shape == (6, 2, 16, 16)
+    np.testing.assert_allclose(pattern.sum(-1), 1.0, atol=1e-5)
+    assert np.abs(np.triu(pattern, k=1)).max() == 0  # causal
+
+
+def test_lstm_native_capture_and_streaming(tmp_path):
+    cfg = build_cfg(family="lstm")
+    model = build_model(cfg.model).eval()
+    xs, ys = torch.randn(9, 8, 3), torch.randn(9, 8)
+    cap = capture(model, xs, ys, batch_size=4, out_dir=tmp_path / "acts")
+    assert isinstance(cap.acts[RESID], np.memmap) and (tmp_path / "acts" / "resid.npy").exists()
+    out = model.run(xs, ys)
+    assert np.abs(np.load(tmp_path / "acts" / "resid.npy")[2] - out.resid[2].detach().numpy()).max() < TOL
+    with pytest.raises(ConfigError, match="need TransformerLens"):
+        capture(model, xs, ys, hooks=["blocks.0.attn.hook_pattern"])
+
+
+def test_bad_prompts_are_rejected():
+    model = build_model(build_cfg().model)
+    with pytest.raises(ConfigError, match="prompts have d=4 but the model takes d=3"):
+        capture(model, torch.randn(2, 8, 4), torch.randn(2, 8))
+    with pytest.raises(ConfigError, match="prompts have 9 points but the model has positions for 8"):
+        capture(model, torch.randn(2, 9, 3), torch.randn(2, 9))
+    xs = torch.randn(2, 8, 3)
+    xs[0, 0, 0] = float("nan")
+    with pytest.raises(ConfigError, match="NaN"):
+        capture(model, xs, torch.randn(2, 8))
+    with pytest.raises(ConfigError, match="must hold floats"):
+        capture(model, torch.ones(2, 8, 3, dtype=torch.long), torch.randn(2, 8))
+    with pytest.raises(ConfigError, match="unknown hook 'blocks.9.nothing'"):
+        capture(model, torch.randn(2, 8, 3), torch.randn(2, 8), hooks=["blocks.9.nothing"])
+
+
+def test_hook_names():
+    assert resid(0) == "blocks.0.hook_resid_pre" and resid(3) == "blocks.2.hook_resid_post"
