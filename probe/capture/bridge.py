@@ -9,6 +9,8 @@ fed input embeddings (a float tensor), to which it adds the positional embedding
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -69,3 +71,15 @@ def to_bridge(model: GPT2ICL, device: str = "cpu"):
 def bridge_inputs(model: GPT2ICL, xs: Tensor, ys: Tensor) -> Tensor:
     """The float input embeddings the bridge is fed: read-in of the token sequence (no positions)."""
     return model._read_in(interleave(xs, ys, model.config.encoding))
+
+
+_BRIDGES: "weakref.WeakKeyDictionary[GPT2ICL, tuple[str, object]]" = weakref.WeakKeyDictionary()
+
+
+def cached_bridge(model: GPT2ICL, device: str = "cpu"):
+    """`to_bridge`, built once per model object and device (analyses never change weights)."""
+    hit = _BRIDGES.get(model)
+    if hit is None or hit[0] != str(device):
+        hit = (str(device), to_bridge(model, device))
+        _BRIDGES[model] = hit
+    return hit[1]

@@ -118,9 +118,9 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
     model = model.to(device).eval()
     bridge = None
     if backend == "transformer_lens":
-        from .bridge import to_bridge
+        from .bridge import cached_bridge
 
-        bridge = to_bridge(model, device)
+        bridge = cached_bridge(model, device)
     wanted = set(H.resid_names(model.n_layers)) if RESID in hooks else set()
     wanted |= {H.FINAL} if "final" in hooks else set()
     wanted |= set(named)

@@ -1,0 +1,115 @@
+"""Layer-vs-algorithm heatmaps (seed 003 Def. 4, Fig. 3): every layer predictor against every
+reference learner over its grid, by SimE and SimW, with best matches and a trend test."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..learners import LearnerResult, run_learner
+from ..learners.iterative import LOG_STEPS
+from ..similarity import best_match, induced_weights, sime, similarity_frame, simw
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One heatmap row family: a learner over a grid; `axis` is the hyper-parameter on the y axis."""
+
+    label: str
+    learner: str
+    grid: dict[str, Any] = field(default_factory=dict)
+    axis: str | None = None
+
+
+DEFAULT_SWEEPS = (
+    Sweep("newton", "newton", {"iterations": tuple(range(25))}, "iterations"),
+    Sweep("gd_linear", "gd", {"steps": tuple(range(0, 101, 5))}, "steps"),
+    Sweep("gd_log", "gd", {"steps": LOG_STEPS}, "steps"),
+    Sweep("ogd", "ogd", {}, None),
+    Sweep("least_squares", "least_squares", {}, None),
+)
+
+
+def sweep_from_dict(data: dict[str, Any]) -> Sweep:
+    grid = {k: tuple(v) if isinstance(v, list) else v for k, v in data.get("grid", {}).items()}
+    return Sweep(data["label"], data["learner"], grid, data.get("axis"))
+
+
+def run_sweep(sweep: Sweep, xs: torch.Tensor, ys: torch.Tensor, queries: torch.Tensor | None, device: str = "cpu") -> LearnerResult:
+    return run_learner(sweep.learner, xs.to(device), ys.to(device), None if queries is None else queries.to(device),
+                       **sweep.grid)
+
+
+def learner_weights(result: LearnerResult, queries: torch.Tensor) -> torch.Tensor:
+    """A learner's weights, induced from its query predictions when it has none (e.g. k-NN)."""
+    return result.weights if result.weights is not None else induced_weights(result.query_preds, queries.to(result.query_preds.device))
+
+
+def compare_layers(layer_preds: np.ndarray, layer_weights: np.ndarray | None, ys: torch.Tensor, sweep: Sweep,
+                   result: LearnerResult, queries: torch.Tensor | None, include_first: bool = False, n_boot: int = 1000,
+                   seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Heatmap cells and best matches of one sweep against all layers, for SimE (and SimW when
+    layer weights are given). Returns (cells, best) tidy tables."""
+    lp = torch.as_tensor(layer_preds, dtype=torch.float64)
+    ys = ys.to(torch.float64).cpu()
+    metrics = {"sime": sime(lp, result.preds.cpu(), ys, include_first)}
+    if layer_weights is not None:
+        metrics["simw"] = simw(torch.as_tensor(layer_weights, dtype=torch.float64), learner_weights(result, queries).cpu())
+    cells, best = [], []
+    for metric, values in metrics.items():
+        frame = similarity_frame(values, metric, "layer", sweep.label, result.grid, n_boot=n_boot, seed=seed)
+        cells.append(frame.rename(columns={"a_index": "layer"}))
+        table = best_match(values, n_boot=n_boot, seed=seed)
+        axis_values = [g.get(sweep.axis, i) if sweep.axis else i for i, g in enumerate(result.grid)]
+        best.append(pd.DataFrame({
+            "learner": sweep.label, "metric": metric, "layer": table.a_index,
+            "k": [axis_values[i] for i in table.best_index],
+            "k_low": [axis_values[i] for i in table.best_index_low],
+            "k_high": [axis_values[i] for i in table.best_index_high],
+            "similarity": table.similarity, "ci_low": table.ci_low, "ci_high": table.ci_high,
+            "at_grid_end": table.best_index == len(result.grid) - 1,
+        }))
+    return pd.concat(cells, ignore_index=True), pd.concat(best, ignore_index=True)
+
+
+def _r2(y: np.ndarray, fit: np.ndarray) -> float:
+    ss = ((y - y.mean()) ** 2).sum()
+    return float(1 - ((y - fit) ** 2).sum() / ss) if ss > 0 else float("nan")
+
+
+def trend(best: pd.DataFrame, learner: str, metric: str = "sime") -> dict[str, Any]:
+    """Linear and exponential fits of the best-matching k against the layer index, over layers
+    l >= 1 before convergence (best k neither at the start nor at the end of the grid).
+
+    Linear: k = a l + b. Exponential: log k = a l + b (k > 0), R^2 measured on k itself.
+    """
+    rows = best[(best.learner == learner) & (best.metric == metric) & (best.layer >= 1) & ~best.at_grid_end]
+    rows = rows[rows.k > 0]
+    layers, ks = rows.layer.to_numpy(float), rows.k.to_numpy(float)
+    out: dict[str, Any] = {"learner": learner, "metric": metric, "layers": rows.layer.tolist()}
+    if len(rows) < 3 or np.ptp(ks) == 0:
+        out.update(linear_r2=None, exponential_r2=None, slope=None, growth=None,
+                   verdict=f"{learner}: inconclusive (fewer than 3 layers with a varying, unconverged best match)")
+        return out
+    a, b = np.polyfit(layers, ks, 1)
+    ea, eb = np.polyfit(layers, np.log(ks), 1)
+    lin_r2, exp_r2 = _r2(ks, a * layers + b), _r2(ks, np.exp(ea * layers + eb))
+    if lin_r2 >= exp_r2:
+        verdict = f"{learner}: linear, about {a:.1f} {'iterations' if 'newton' in learner else 'steps'} per layer"
+    else:
+        verdict = f"{learner}: exponential, about x{np.exp(ea):.2f} per layer"
+    out.update(linear_r2=lin_r2, exponential_r2=exp_r2, slope=float(a), growth=float(np.exp(ea)),
+               verdict=verdict + f" (R^2 linear {lin_r2:.2f}, exponential {exp_r2:.2f})")
+    return out
+
+
+def table1(best: pd.DataFrame, last_layer: int, metric: str = "sime") -> pd.DataFrame:
+    """Seed 003 Table 1: the final layer's best similarity with each learner family."""
+    rows = best[(best.layer == last_layer) & (best.metric == metric)]
+    family = rows.learner.str.replace(r"_(linear|log)$", "", regex=True)
+    rows = rows.assign(family=family).sort_values("similarity", ascending=False).drop_duplicates("family")
+    return rows[["family", "learner", "k", "similarity", "ci_low", "ci_high"]].reset_index(drop=True)

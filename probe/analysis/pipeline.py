@@ -1,0 +1,151 @@
+"""The layer analyses end to end: prompts -> states -> read-outs -> heatmaps, trend, span.
+
+    settings = LayerSettings(n_eval=512)
+    result = analyse_layers(model, task, settings)
+    result.best   # one row per (learner, metric, layer): best-matching k with intervals
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..config import TaskConfig
+from ..errors import ConfigError
+from ..similarity import induced_weights
+from ..tasks import generator_for, sample_inputs, sample_prompts
+from .matching import DEFAULT_SWEEPS, Sweep, compare_layers, learner_weights, run_sweep, table1, trend
+from .readout import ALPHAS, LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
+from .span import span_table
+from .states import query_states, x_states
+
+log = logging.getLogger(__name__)
+STREAMS = {"train": 101, "val": 102, "eval": 103, "queries": 104}
+
+
+@dataclass
+class LayerSettings:
+    n_train: int = 2048  # prompts to fit read-outs
+    n_val: int = 512  # prompts to choose the ridge penalty
+    n_eval: int = 512  # held-out prompts for errors and SimE
+    n_simw: int = 128  # of those, prompts used for SimW and the span test
+    n_queries: int = 0  # fresh queries per prefix for SimW (0: 4 d)
+    seed: int = 0
+    alphas: tuple[float, ...] = ALPHAS
+    readout_method: str = "ridge"  # "ridge" (closed form) or "adam" (ridge, then fine-tuned)
+    finetune_steps: int = 500
+    include_first: bool = False  # SimE over positions 1..n (the paper's code) instead of 2..n
+    n_boot: int = 1000
+    sweeps: tuple[Sweep, ...] = DEFAULT_SWEEPS
+    simw: bool = True
+    batch_size: int = 256
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("n_train", "n_val", "n_eval", "n_simw", "n_boot", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_simw > self.n_eval:
+            raise ConfigError(f"n_simw ({self.n_simw}) cannot exceed n_eval ({self.n_eval})")
+        if self.readout_method not in ("ridge", "adam"):
+            raise ConfigError(f"readout_method must be 'ridge' or 'adam', got {self.readout_method!r}")
+
+
+@dataclass
+class LayerAnalysis:
+    readouts: LayerReadouts
+    readout: pd.DataFrame  # layer x n_examples error/d with bands
+    cells: pd.DataFrame  # heatmap cells: layer x learner grid x metric
+    best: pd.DataFrame  # best match per (learner, metric, layer)
+    trends: list[dict[str, Any]]
+    table1: pd.DataFrame
+    span: pd.DataFrame
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def analysis_prompts(task: TaskConfig, settings: LayerSettings, split: str, n: int):
+    return sample_prompts(task, n, generator=generator_for(settings.seed, STREAMS[split]))
+
+
+def fresh_queries(task: TaskConfig, prompts, n_queries: int, seed: int) -> torch.Tensor:
+    """T fresh queries per prompt from the prompt's own input distribution (seed 003 eq. 11)."""
+    g = generator_for(seed, STREAMS["queries"])
+    z = torch.randn(prompts.xs.shape[0], n_queries, task.n_dims, generator=g)
+    a = prompts.params.get("sigma_sqrt")
+    return z if a is None else z @ a
+
+
+def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: bool = False) -> LayerAnalysis:
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[name] = round(now - clock, 2)
+        clock = now
+
+    dev, bs = settings.device, settings.batch_size
+    train = analysis_prompts(task, settings, "train", settings.n_train)
+    val = analysis_prompts(task, settings, "val", settings.n_val)
+    ev = analysis_prompts(task, settings, "eval", settings.n_eval)
+    h_train, _ = x_states(model, train.xs, train.ys, dev, bs, progress)
+    h_val, _ = x_states(model, val.xs, val.ys, dev, bs, progress)
+    h_eval, _ = x_states(model, ev.xs, ev.ys, dev, bs, progress)
+    lap("capture")
+    readouts = fit_layer_readouts(h_train, train.ys.numpy(), h_val, val.ys.numpy(), settings.alphas)
+    if settings.readout_method == "adam":
+        readouts = finetune_layer_readouts(readouts, h_train, train.ys.numpy(), settings.finetune_steps, seed=settings.seed)
+    layer_preds = readouts.predict(h_eval)  # (L+1, B, n)
+    readout = readout_table(layer_preds, ev.ys.numpy(), task.n_dims, settings.n_boot, settings.seed)
+    lap("readout")
+
+    layer_weights, queries = None, None
+    m = settings.n_simw
+    if settings.simw:
+        sub = type(ev)(ev.xs[:m], ev.ys[:m], None if ev.w is None else ev.w[:m],
+                       {k: v[:m] for k, v in ev.params.items()})
+        queries = fresh_queries(task, sub, settings.n_queries or 4 * task.n_dims, settings.seed)
+        q_states = query_states(model, sub.xs, sub.ys, queries, dev, 4 * bs, progress)  # (L+1, m, n, Q, D)
+        q_preds = readouts.predict(q_states)  # (L+1, m, n, Q)
+        layer_weights = induced_weights(torch.as_tensor(q_preds), queries).numpy()
+        lap("query_states")
+
+    cells, best = [], []
+    span_parts = []
+    from tqdm.auto import tqdm
+
+    for sweep in tqdm(settings.sweeps, desc="learners", disable=not progress, leave=False):
+        result = run_sweep(sweep, ev.xs, ev.ys, None, dev)
+        c, b = compare_layers(layer_preds, None, ev.ys, sweep, result, None, settings.include_first,
+                              settings.n_boot, settings.seed)
+        cells.append(c)
+        best.append(b)
+        if layer_weights is not None:
+            sub_result = run_sweep(sweep, ev.xs[:m], ev.ys[:m], queries, dev)
+            c, b = compare_layers(layer_preds[:, :m], layer_weights, ev.ys[:m], sweep, sub_result, queries,
+                                  settings.include_first, settings.n_boot, settings.seed)
+            cells.append(c[c.metric == "simw"])
+            best.append(b[b.metric == "simw"])
+            w = learner_weights(sub_result, queries).cpu()
+            pick = sorted({0, w.shape[0] // 2, w.shape[0] - 1})
+            for i in pick:
+                label = f"{sweep.label}[{sweep.axis}={sub_result.grid[i].get(sweep.axis)}]" if sweep.axis else sweep.label
+                span_parts.append(span_table(w[i : i + 1], ev.xs[:m], label, "index").assign(kind="learner"))
+    lap("learners")
+    cells_df = pd.concat(cells, ignore_index=True)
+    best_df = pd.concat(best, ignore_index=True)
+    trends = [trend(best_df, s.label, metric) for s in settings.sweeps if s.axis for metric in best_df.metric.unique()]
+    t1 = table1(best_df, int(layer_preds.shape[0] - 1))
+    span = pd.DataFrame()
+    if layer_weights is not None:
+        layers = span_table(torch.as_tensor(layer_weights), ev.xs[:m], "layer", "index").assign(kind="layer")
+        span = pd.concat([layers, *span_parts], ignore_index=True)
+    lap("similarity")
+    return LayerAnalysis(readouts, readout, cells_df, best_df, trends, t1, span, timings)

@@ -1,0 +1,138 @@
+"""Per-layer readout retraining (seed 003 §4.1, Def. 3): a fresh u^T h + v on each frozen layer.
+
+`RidgeReadout` is a scikit-learn-style estimator for one layer; `fit_layer_readouts` fits every
+layer and every ridge penalty in one batched solve and keeps, per layer, the penalty with the
+lowest error on validation prompts. With a read-out each layer becomes a predictor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..stats import bootstrap_mean
+
+ALPHAS = (1e-6, 1e-4, 1e-2, 1.0)
+
+
+def _design(h: torch.Tensor) -> torch.Tensor:
+    """Append a constant column for the intercept v: (..., D) -> (..., D+1)."""
+    return torch.cat([h, torch.ones_like(h[..., :1])], dim=-1)
+
+
+def ridge_solve(gram: torch.Tensor, rhs: torch.Tensor, alphas: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """Solve (G + alpha*N I') beta = r for every alpha; the intercept is not penalised.
+
+    gram (L, D+1, D+1), rhs (L, D+1) -> (A, L, D+1). The penalty is scaled by the number of rows
+    so that alpha means the same at any sample size.
+    """
+    dim = gram.shape[-1]
+    pen = torch.eye(dim, dtype=gram.dtype)
+    pen[-1, -1] = 0
+    systems = gram.unsqueeze(0) + alphas.view(-1, 1, 1, 1) * n_rows * pen
+    return torch.linalg.solve(systems, rhs.unsqueeze(0).expand(len(alphas), *rhs.shape).unsqueeze(-1)).squeeze(-1)
+
+
+class RidgeReadout:
+    """Linear read-out y ~ u.h + v with an L2 penalty alpha * N * ||u||^2 (scikit-learn API)."""
+
+    def __init__(self, alpha: float = 1e-4):
+        self.alpha = alpha
+
+    def get_params(self, deep: bool = True) -> dict:
+        return {"alpha": self.alpha}
+
+    def set_params(self, **params) -> "RidgeReadout":
+        for key, value in params.items():
+            setattr(self, key, value)
+        return self
+
+    def fit(self, X, y) -> "RidgeReadout":
+        X = torch.as_tensor(np.asarray(X), dtype=torch.float64)
+        y = torch.as_tensor(np.asarray(y), dtype=torch.float64)
+        if X.ndim != 2 or y.shape != X.shape[:1]:
+            raise ValueError(f"RidgeReadout.fit expects X (N, D) and y (N,), got {tuple(X.shape)}, {tuple(y.shape)}")
+        a = _design(X)
+        beta = ridge_solve((a.T @ a)[None], (a.T @ y)[None], torch.tensor([float(self.alpha)], dtype=torch.float64), len(y))
+        self.coef_ = beta[0, 0, :-1].numpy()
+        self.intercept_ = float(beta[0, 0, -1])
+        return self
+
+    def predict(self, X) -> np.ndarray:
+        if not hasattr(self, "coef_"):
+            raise RuntimeError("RidgeReadout is not fitted yet; call fit(X, y) first")
+        return np.asarray(X, dtype=np.float64) @ self.coef_ + self.intercept_
+
+
+@dataclass
+class LayerReadouts:
+    coef: np.ndarray  # (L+1, D)
+    intercept: np.ndarray  # (L+1,)
+    alpha: np.ndarray  # (L+1,) chosen penalty per layer
+    val_error: np.ndarray  # (A, L+1) validation MSE of every penalty
+
+    def predict(self, states: np.ndarray) -> np.ndarray:
+        """states (L+1, ..., D) -> predictions (L+1, ...)."""
+        s = torch.as_tensor(np.asarray(states), dtype=torch.float64)
+        coef = torch.as_tensor(self.coef).view(s.shape[0], *([1] * (s.ndim - 2)), -1)
+        out = (s * coef).sum(-1) + torch.as_tensor(self.intercept).view(s.shape[0], *([1] * (s.ndim - 2)))
+        return out.numpy()
+
+
+def fit_layer_readouts(train_states: np.ndarray, train_ys: np.ndarray, val_states: np.ndarray, val_ys: np.ndarray,
+                       alphas: Sequence[float] = ALPHAS) -> LayerReadouts:
+    """Closed-form ridge read-outs for every layer, penalty chosen on validation prompts.
+
+    train_states (L+1, P, n, D) at the x tokens, train_ys (P, n); likewise for validation.
+    """
+    h = torch.as_tensor(np.asarray(train_states), dtype=torch.float64).flatten(1, 2)  # (L+1, P*n, D)
+    y = torch.as_tensor(np.asarray(train_ys), dtype=torch.float64).flatten()
+    a = _design(h)
+    gram = a.transpose(1, 2) @ a  # (L+1, D+1, D+1)
+    rhs = torch.einsum("lnd,n->ld", a, y)
+    alphas_t = torch.tensor(list(alphas), dtype=torch.float64)
+    beta = ridge_solve(gram, rhs, alphas_t, len(y))  # (A, L+1, D+1)
+    hv = _design(torch.as_tensor(np.asarray(val_states), dtype=torch.float64).flatten(1, 2))
+    yv = torch.as_tensor(np.asarray(val_ys), dtype=torch.float64).flatten()
+    val_err = ((torch.einsum("lnd,ald->aln", hv, beta) - yv) ** 2).mean(-1)  # (A, L+1)
+    pick = val_err.argmin(0)
+    chosen = beta[pick, torch.arange(beta.shape[1])]
+    return LayerReadouts(chosen[:, :-1].numpy(), chosen[:, -1].numpy(), alphas_t[pick].numpy(), val_err.numpy())
+
+
+def finetune_layer_readouts(readouts: LayerReadouts, train_states: np.ndarray, train_ys: np.ndarray, steps: int = 500,
+                            lr: float = 1e-3, batch_size: int = 64, seed: int = 0) -> LayerReadouts:
+    """Gradient fine-tuning of all layers' read-outs at once with Adam on minibatches of prompts
+    (the Iterative Newton paper's code trains read-outs this way)."""
+    h = torch.as_tensor(np.asarray(train_states), dtype=torch.float32)  # (L+1, P, n, D)
+    y = torch.as_tensor(np.asarray(train_ys), dtype=torch.float32)
+    coef = torch.tensor(readouts.coef, dtype=torch.float32, requires_grad=True)
+    bias = torch.tensor(readouts.intercept, dtype=torch.float32, requires_grad=True)
+    opt = torch.optim.Adam([coef, bias], lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randint(0, h.shape[1], (batch_size,), generator=g)
+        pred = torch.einsum("lpnd,ld->lpn", h[:, idx], coef) + bias.view(-1, 1, 1)
+        loss = ((pred - y[idx]) ** 2).mean(dim=(1, 2)).sum()  # independent per layer
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return LayerReadouts(coef.detach().double().numpy(), bias.detach().double().numpy(), readouts.alpha,
+                         readouts.val_error)
+
+
+def readout_table(layer_preds: np.ndarray, ys: np.ndarray, n_dims: int, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Error / d per layer and number of examples with bootstrap 5-95% bands over prompts.
+
+    layer_preds (L+1, B, n), ys (B, n) -> rows (layer, n_examples, error, ci_low, ci_high)."""
+    err = (torch.as_tensor(layer_preds, dtype=torch.float64) - torch.as_tensor(ys, dtype=torch.float64)) ** 2 / n_dims
+    err = err.permute(1, 0, 2)  # (B, L+1, n)
+    lo, hi = bootstrap_mean(err, n_boot=n_boot, seed=seed)
+    mean = err.mean(0)
+    rows = [{"layer": l, "n_examples": t, "error": float(mean[l, t]), "ci_low": float(lo[l, t]), "ci_high": float(hi[l, t])}
+            for l in range(mean.shape[0]) for t in range(mean.shape[1])]
+    return pd.DataFrame(rows)
