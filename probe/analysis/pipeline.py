@@ -38,7 +38,7 @@ class LayerSettings:
     n_queries: int = 0  # fresh queries per prefix for SimW (0: 4 d)
     seed: int = 0
     alphas: tuple[float, ...] = ALPHAS
-    readout_method: str = "ridge"  # "ridge" (closed form) or "adam" (ridge, then fine-tuned)
+    readout_method: str = "ridge"  # "ridge" (closed form), "adam" (ridge, then fine-tuned) or "model" (own read-out)
     finetune_steps: int = 500
     include_first: bool = False  # SimE over positions 1..n (the paper's code) instead of 2..n
     n_boot: int = 1000
@@ -53,13 +53,28 @@ class LayerSettings:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.n_simw > self.n_eval:
             raise ConfigError(f"n_simw ({self.n_simw}) cannot exceed n_eval ({self.n_eval})")
-        if self.readout_method not in ("ridge", "adam"):
-            raise ConfigError(f"readout_method must be 'ridge' or 'adam', got {self.readout_method!r}")
+        if self.readout_method not in ("ridge", "adam", "model"):
+            raise ConfigError(f"readout_method must be 'ridge', 'adam' or 'model', got {self.readout_method!r}")
+
+
+class ModelLens:
+    """The model's own read-out at every layer (`model.lens`), instead of retrained ones."""
+
+    def __init__(self, model):
+        if not hasattr(model, "lens"):
+            raise ConfigError("readout_method 'model' needs a model with a lens(resid) method")
+        self.model = model
+
+    @torch.no_grad()
+    def predict(self, states: np.ndarray) -> np.ndarray:
+        s = torch.as_tensor(np.asarray(states), dtype=torch.float32)
+        device = next(iter(self.model.parameters()), torch.empty(0)).device
+        return self.model.lens(s.to(device)).double().cpu().numpy()
 
 
 @dataclass
 class LayerAnalysis:
-    readouts: LayerReadouts
+    readouts: LayerReadouts | ModelLens
     readout: pd.DataFrame  # layer x n_examples error/d with bands
     cells: pd.DataFrame  # heatmap cells: layer x learner grid x metric
     best: pd.DataFrame  # best match per (learner, metric, layer)
@@ -99,7 +114,10 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
     h_val, _ = x_states(model, val.xs, val.ys, dev, bs, progress)
     h_eval, _ = x_states(model, ev.xs, ev.ys, dev, bs, progress)
     lap("capture")
-    readouts = fit_layer_readouts(h_train, train.ys.numpy(), h_val, val.ys.numpy(), settings.alphas)
+    if settings.readout_method == "model":
+        readouts = ModelLens(model)
+    else:
+        readouts = fit_layer_readouts(h_train, train.ys.numpy(), h_val, val.ys.numpy(), settings.alphas)
     if settings.readout_method == "adam":
         readouts = finetune_layer_readouts(readouts, h_train, train.ys.numpy(), settings.finetune_steps, seed=settings.seed)
     layer_preds = readouts.predict(h_eval)  # (L+1, B, n)
@@ -139,10 +157,11 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
                 label = f"{sweep.label}[{sweep.axis}={sub_result.grid[i].get(sweep.axis)}]" if sweep.axis else sweep.label
                 span_parts.append(span_table(w[i : i + 1], ev.xs[:m], label, "index").assign(kind="learner"))
     lap("learners")
-    cells_df = pd.concat(cells, ignore_index=True)
-    best_df = pd.concat(best, ignore_index=True)
-    trends = [trend(best_df, s.label, metric) for s in settings.sweeps if s.axis for metric in best_df.metric.unique()]
-    t1 = table1(best_df, int(layer_preds.shape[0] - 1))
+    cells_df = pd.concat(cells, ignore_index=True) if cells else pd.DataFrame()
+    best_df = pd.concat(best, ignore_index=True) if best else pd.DataFrame()
+    trends = [trend(best_df, s.label, metric) for s in settings.sweeps if s.axis
+              for metric in sorted(best_df.metric.unique())] if best else []
+    t1 = table1(best_df, int(layer_preds.shape[0] - 1)) if best else pd.DataFrame()
     span = pd.DataFrame()
     if layer_weights is not None:
         layers = span_table(torch.as_tensor(layer_weights), ev.xs[:m], "layer", "index").assign(kind="layer")

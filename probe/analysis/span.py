@@ -31,10 +31,14 @@ def span_residuals(weights: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
 
 
 def span_table(weights: torch.Tensor, xs: torch.Tensor, label: str, index_name: str = "layer") -> pd.DataFrame:
-    """Tidy rows (predictor, index, n_examples, residual, null) for t = 1..n-1."""
+    """Tidy rows (predictor, index, n_examples, residual, null) for t = 1..n-1.
+
+    `residual` is the root mean square over prompts of the relative residual, the statistic
+    whose value for a uniformly random direction is exactly sqrt((d - t)/d).
+    """
     r = span_residuals(weights, xs)  # (A, B, n)
     d = xs.shape[-1]
-    mean = r.mean(1).numpy()
+    mean = r.pow(2).mean(1).sqrt().numpy()
     rows = []
     for a in range(r.shape[0]):
         for t in range(1, r.shape[2]):

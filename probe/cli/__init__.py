@@ -17,6 +17,9 @@ COMMANDS = {
     "evaluate": "Error vs number of in-context examples, beside baselines",
     "inspect": "Format, shape and a quick error of a checkpoint",
     "capture": "Save predictions and activations for prompts in an .npz",
+    "readout": "Per-layer readout retraining: error / d per layer",
+    "heatmap": "Layer-vs-learner SimE/SimW heatmaps, best matches, trend verdicts",
+    "span": "Span-of-examples test of each layer's induced weights",
 }
 
 

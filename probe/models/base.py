@@ -27,6 +27,9 @@ class ICLModel(Protocol):
         n_points: int      # the most (x, y) examples a prompt may hold
         run(xs, ys) -> ModelOutput   # pred (B, n), resid: L+1 x (B, 2n, D), final (B, 2n, D)
         readout(final) -> Tensor     # the model's own read-out, (..., D) -> (...)
+
+    Optionally `lens(resid) -> Tensor`, the model's own read-out applied to any layer's raw
+    stream (GPT-2: read_out(ln_f(h))), enables `readout_method = "model"` in the analyses.
     """
 
     n_dims: int

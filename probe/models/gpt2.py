@@ -119,6 +119,10 @@ class GPT2ICL(nn.Module):
     def readout(self, final: Tensor) -> Tensor:
         return self._read_out(final)[..., 0]
 
+    def lens(self, resid: Tensor) -> Tensor:
+        """The model's own read-out applied to any layer's raw stream: read_out(ln_f(h))."""
+        return self.readout(self._backbone.ln_f(resid))
+
     def run(self, xs: Tensor, ys: Tensor) -> ModelOutput:
         """Predictions and every layer boundary's residual stream for prompts xs (B, n, d), ys (B, n)."""
         n = xs.shape[1]

@@ -44,6 +44,10 @@ class LSTMICL(nn.Module):
     def readout(self, final: Tensor) -> Tensor:
         return self._read_out(final)[..., 0]
 
+    def lens(self, resid: Tensor) -> Tensor:
+        """The model's own read-out applied to any layer's hidden state."""
+        return self.readout(resid)
+
     def run(self, xs: Tensor, ys: Tensor) -> ModelOutput:
         n = xs.shape[1]
         h = self._read_in(interleave(xs, ys, self.config.encoding))  # (B, 2n, D)

@@ -1,0 +1,64 @@
+"""Layer-vs-algorithm heatmaps (seed 003 Def. 4, Fig. 3): SimE and SimW between every layer
+(with a retrained read-out) and every reference learner over its grid, best matches with
+bootstrap intervals, trend verdicts, and the final layer's "Table 1" similarities.
+
+examples:
+  icl-probe heatmap checkpoints/gpt2-default --out reports/heatmap
+  icl-probe heatmap checkpoints/gpt2-default --out /tmp/h --learners newton gd_log --no-simw
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .layers import add_layer_args, settings_from_args, write_tables
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    add_layer_args(p)
+    p.add_argument("--learners", nargs="*", default=None,
+                   help="sweeps to run (default: newton gd_linear gd_log ogd least_squares)")
+    p.add_argument("--no-simw", action="store_true", help="SimE only (skips the query forward passes)")
+    p.add_argument("--include-first", action="store_true", help="SimE over positions 1..n as the paper's code")
+
+
+def select_sweeps(names):
+    from ..analysis.matching import DEFAULT_SWEEPS
+    from ..errors import ConfigError
+    from ..registry import unknown_name_message
+
+    known = {s.label: s for s in DEFAULT_SWEEPS}
+    if names is None:
+        return DEFAULT_SWEEPS
+    for name in names:
+        if name not in known:
+            raise ConfigError(unknown_name_message("learner sweep", name, list(known)))
+    return tuple(known[n] for n in names)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis.pipeline import analyse_layers
+    from ..checkpoint import load_checkpoint
+    from ..report import figures
+
+    sweeps = select_sweeps(args.learners)
+    ckpt = load_checkpoint(args.checkpoint)
+    settings = settings_from_args(args, sweeps=sweeps, simw=not args.no_simw, include_first=args.include_first)
+    result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
+    out = Path(args.out)
+    write_tables(out, {"heatmap_cells": result.cells, "best_match": result.best, "table1": result.table1,
+                       "readout": result.readout},
+                 {"command": "heatmap", "checkpoint": str(ckpt.path), "settings": settings.__dict__})
+    (out / "trends.json").write_text(json.dumps(result.trends, indent=2) + "\n")
+    for sweep in sweeps:
+        for metric in sorted(result.best.metric.unique()):
+            figures.heatmap(result.cells, result.best, sweep.label, metric, sweep.axis, out / f"heatmap_{sweep.label}_{metric}")
+    print(result.best.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    for t in result.trends:
+        print(t["verdict"], f"[{t['metric']}]")
+    print("final layer (Table 1, SimE):")
+    print(result.table1.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,39 @@
+"""Span-of-examples test (seed 003 App. B.4, eq. 41-42): how far each layer's induced weight
+vector lies outside span{x_1..x_t}, beside a random vector's sqrt((d-t)/d) and the learners.
+
+examples:
+  icl-probe span checkpoints/gpt2-default --out reports/span
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .layers import add_layer_args, settings_from_args, write_tables
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    add_layer_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis.matching import DEFAULT_SWEEPS
+    from ..analysis.pipeline import analyse_layers
+    from ..checkpoint import load_checkpoint
+    from ..report import figures
+
+    ckpt = load_checkpoint(args.checkpoint)
+    sweeps = tuple(s for s in DEFAULT_SWEEPS if s.label in ("newton", "gd_log", "least_squares"))
+    settings = settings_from_args(args, sweeps=sweeps)
+    result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
+    out = Path(args.out)
+    write_tables(out, {"span": result.span}, {"command": "span", "checkpoint": str(ckpt.path), "settings": settings.__dict__})
+    figures.span(result.span, out / "span")
+    d = ckpt.config.task.n_dims
+    view = result.span[(result.span.kind == "layer") & (result.span.n_examples < d)]
+    print(view.pivot_table(index="index", columns="n_examples", values="residual").rename_axis("layer").to_string(
+        float_format=lambda v: f"{v:.3f}"))
+    print("random-vector null:", {t: round(((d - t) / d) ** 0.5, 3) for t in range(1, d)})
+    print(f"wrote {out}")
+    return 0

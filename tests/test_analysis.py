@@ -1,0 +1,90 @@
+"""Layer analyses on models whose answer is known by construction."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from sklearn.linear_model import Ridge
+
+from probe.analysis.matching import Sweep, trend
+from probe.analysis.pipeline import LayerSettings, analyse_layers
+from probe.analysis.readout import RidgeReadout, fit_layer_readouts
+from probe.analysis.span import span_residuals
+from probe.config import TaskConfig
+from probe.models.oracle import LearnerOracle
+
+TASK = TaskConfig(n_dims=4, n_points=14)
+SMALL = dict(n_train=64, n_val=32, n_eval=96, n_simw=24, n_queries=12, n_boot=100)
+
+
+def test_newton_oracle_is_matched_at_3l_with_a_linear_verdict():
+    oracle = LearnerOracle("newton", "iterations", lambda l: 3 * l, n_layers=5, n_dims=4, n_points=14)
+    sweeps = (Sweep("newton", "newton", {"iterations": tuple(range(19))}, "iterations"),
+              Sweep("gd_log", "gd", {"steps": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)}, "steps"))
+    # SimW is invariant to the rescaling a retrained read-out applies, so it recovers 3l exactly
+    res = analyse_layers(oracle, TASK, LayerSettings(sweeps=sweeps, **SMALL))
+    rows = res.best[(res.best.learner == "newton") & (res.best.metric == "simw")].sort_values("layer")
+    assert rows.k.tolist() == [0, 3, 6, 9, 12, 15]
+    assert (rows.similarity[rows.layer >= 1] > 0.99).all()  # the read-out's intercept costs a little
+    # SimE compares errors; with the model's own read-out the layer predictor is Newton itself
+    res = analyse_layers(oracle, TASK, LayerSettings(sweeps=sweeps, readout_method="model", **SMALL))
+    for metric in ("sime", "simw"):
+        rows = res.best[(res.best.learner == "newton") & (res.best.metric == metric)].sort_values("layer")
+        assert rows.k.tolist() == [0, 3, 6, 9, 12, 15], metric
+        assert (rows.similarity[rows.layer >= 1] > 0.999).all()
+    verdict = next(t for t in res.trends if t["learner"] == "newton" and t["metric"] == "sime")
+    assert verdict["verdict"].startswith("newton: linear, about 3.0 iterations per layer")
+    assert verdict["linear_r2"] == pytest.approx(1.0)
+    # the readout recovers the planted predictions: layer error equals Newton's own error
+    assert res.readout.error.notna().all()
+
+
+def test_gd_oracle_is_matched_at_l_steps():
+    oracle = LearnerOracle("gd", "steps", lambda l: l, n_layers=6, n_dims=4, n_points=14, noise=0.1)
+    sweeps = (Sweep("gd_linear", "gd", {"steps": tuple(range(12))}, "steps"),
+              Sweep("newton", "newton", {"iterations": tuple(range(10))}, "iterations"))
+    res = analyse_layers(oracle, TASK, LayerSettings(sweeps=sweeps, readout_method="model", **SMALL))
+    rows = res.best[(res.best.learner == "gd_linear") & (res.best.metric == "sime")].sort_values("layer")
+    assert rows.k.tolist() == list(range(7))
+    assert (rows.similarity[rows.layer >= 1] > 0.999).all()
+    newton_sim = res.best[(res.best.learner == "newton") & (res.best.metric == "sime") & (res.best.layer >= 1)]
+    assert (newton_sim.similarity.to_numpy() < rows.similarity[rows.layer >= 1].to_numpy()).all()
+    assert "linear, about 1.0 steps per layer" in next(t for t in res.trends if t["learner"] == "gd_linear"
+                                                        and t["metric"] == "sime")["verdict"]
+
+
+def test_trend_prefers_exponential_for_doubling():
+    best = pd.DataFrame({"learner": "gd", "metric": "sime", "layer": range(7), "k": [0, 2, 4, 8, 16, 32, 64],
+                         "at_grid_end": False})
+    out = trend(best, "gd")
+    assert out["verdict"].startswith("gd: exponential, about x2.00 per layer")
+    assert out["exponential_r2"] == pytest.approx(1.0) and out["linear_r2"] < 0.95
+
+
+def test_readout_recovers_linear_target_and_matches_sklearn():
+    g = np.random.default_rng(0)
+    feats = g.standard_normal((3, 50, 6, 5))
+    ys = 2.0 * feats[2, ..., 1] - feats[2, ..., 3] + 0.5  # linear in layer 2's features
+    fit = fit_layer_readouts(feats, ys, feats[:, :10], ys[:10], alphas=(1e-8, 1.0))
+    np.testing.assert_allclose(fit.coef[2], [0, 2, 0, -1, 0], atol=1e-6)
+    assert fit.intercept[2] == pytest.approx(0.5)
+    est = RidgeReadout(alpha=0.3).fit(feats[0].reshape(-1, 5), ys.reshape(-1))
+    ref = Ridge(alpha=0.3 * 300).fit(feats[0].reshape(-1, 5), ys.reshape(-1))
+    np.testing.assert_allclose(est.coef_, ref.coef_, rtol=1e-6)
+    assert est.intercept_ == pytest.approx(ref.intercept_)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        RidgeReadout().predict(feats[0, 0])
+
+
+def test_span_residual_zero_in_span_and_null_for_random():
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(400, 6, 8, generator=g, dtype=torch.float64)
+    coeffs = torch.randn(400, 6, 6, generator=g, dtype=torch.float64)
+    mask = torch.tril(torch.ones(6, 6, dtype=torch.float64), -1)  # weight t mixes x_1..x_t
+    in_span = torch.einsum("bti,bid->btd", coeffs * mask, xs)
+    r = span_residuals(in_span[None], xs)[0]
+    assert r[:, 1:].max() < 1e-10
+    rand = torch.randn(1, 400, 6, 8, generator=g, dtype=torch.float64)
+    null = span_residuals(rand, xs)[0].pow(2).mean(0).sqrt()  # RMS, as span_table reports
+    for t in range(1, 6):
+        assert null[t].item() == pytest.approx(np.sqrt((8 - t) / 8), abs=0.03)
