@@ -208,6 +208,10 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     args = typing.get_args(hint)
     if value is None:
         return None
+    if typing.get_origin(hint) is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return [_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)] if args else value
     nested = [a for a in (args or (hint,)) if dataclasses.is_dataclass(a)]
     if nested:
         return from_dict(nested[0], value, where)
@@ -217,6 +221,8 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         raise ConfigError(f"{where} must be an integer, got {value!r}")
     if hint is str and not isinstance(value, str):
         raise ConfigError(f"{where} must be a string, got {value!r}")
+    if hint is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
     if typing.get_origin(hint) is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where} must be a list, got {value!r}")

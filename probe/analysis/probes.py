@@ -1,0 +1,241 @@
+"""Attention-pooled probes (seed 002 §5, eq. 20-22, App. C.8), fitted as one batched model.
+
+A probe for (layer l, prefix t, target) reads the hidden states h_1..h_P of the first t
+examples' tokens (P = 2t), pools them with learned position weights alpha = softmax(s), maps
+them with W_v, and regresses the target with a linear head or a 2-layer GELU MLP:
+
+    target ~ FF( W_v sum_p alpha_p h_p ).
+
+Targets: the moment vector X^T y and the least-squares weights w_OLS of the prefix. Each
+target coordinate is standardised with the training prompts' mean and standard deviation per
+(prefix, coordinate); R^2 is scikit-learn's r2_score (uniform average over coordinates).
+Every (layer, prefix, target) probe trains at once: parameters carry a leading probe axis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor, nn
+
+from ..learners import prefix_moments
+from ..learners.closed_form import least_squares_weights
+
+
+def probe_targets(xs: Tensor, ys: Tensor, name: str) -> Tensor:
+    """(B, n, d): the target after each prefix t (t examples seen), for 'xty' or 'w_ols'."""
+    xs, ys = xs.double(), ys.double()
+    if name == "xty":
+        return prefix_moments(xs, ys)[1]
+    if name == "w_ols":
+        return least_squares_weights(xs, ys)
+    raise ValueError(f"unknown probe target {name!r} (xty, w_ols)")
+
+
+class ProbeGrid(nn.Module):
+    """L x M independent attention-pooled probes: M probes (prefix, target) on each of L layers,
+    over P positions of width D, outputs of width d. Parameters carry the flat probe axis G = L*M."""
+
+    def __init__(self, n_layers: int, n_per_layer: int, n_positions: int, width: int, out_dim: int, kind: str,
+                 value_dim: int = 64, hidden: int = 128, seed: int = 0):
+        super().__init__()
+        self.n_layers, self.n_per_layer = n_layers, n_per_layer
+        n_probes = n_layers * n_per_layer
+        g = torch.Generator().manual_seed(seed)
+        init = lambda *shape, fan: (torch.randn(*shape, generator=g) / math.sqrt(fan))
+        self.kind = kind
+        self.scores = nn.Parameter(torch.zeros(n_probes, n_positions))  # s, uniform attention at start
+        self.w_v = nn.Parameter(init(n_probes, width, value_dim, fan=width))
+        if kind == "linear":
+            self.head = nn.ParameterList([nn.Parameter(init(n_probes, value_dim, out_dim, fan=value_dim)),
+                                          nn.Parameter(torch.zeros(n_probes, 1, out_dim))])
+        elif kind == "mlp":
+            self.head = nn.ParameterList([nn.Parameter(init(n_probes, value_dim, hidden, fan=value_dim)),
+                                          nn.Parameter(torch.zeros(n_probes, 1, hidden)),
+                                          nn.Parameter(init(n_probes, hidden, out_dim, fan=hidden)),
+                                          nn.Parameter(torch.zeros(n_probes, 1, out_dim))])
+        else:
+            raise ValueError(f"unknown probe kind {kind!r} (linear, mlp)")
+
+    def attention(self, mask: Tensor) -> Tensor:
+        """alpha (G, P): softmax of the scores over each probe's allowed positions (mask (G, P))."""
+        return torch.softmax(self.scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+    def forward(self, states: Tensor, mask: Tensor) -> Tensor:
+        """states (L, N, P, D), shared by the layer's M probes -> predictions (G, N, d)."""
+        alpha = self.attention(mask).view(self.n_layers, self.n_per_layer, -1)
+        pooled = torch.einsum("lmp,lnpd->lmnd", alpha, states).flatten(0, 1)  # (G, N, D), no per-probe copies
+        v = torch.bmm(pooled, self.w_v)  # (G, N, H)
+        if self.kind == "linear":
+            return torch.bmm(v, self.head[0]) + self.head[1]
+        hidden = nn.functional.gelu(torch.bmm(v, self.head[0]) + self.head[1])
+        return torch.bmm(hidden, self.head[2]) + self.head[3]
+
+
+def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_states: Tensor,
+               test_targets: dict[str, Tensor], combos: Sequence[tuple[int, str]], kind: str, steps: int = 300,
+               lr: float = 1e-3, batch_size: int = 128, seed: int = 0, device: str = "cpu") -> pd.DataFrame:
+    """Train a probe for every layer x (prefix, target) combination at once; score on held-out prompts.
+
+    states (L+1, N, 2n, D) at all token positions; targets name -> (N, n, d); combos [(t, target)].
+    Returns one row per probe: layer, prefix, target, kind, r2, nmse, y_mass (attention on y tokens),
+    last_example_mass (on the last example's two tokens), peak_position.
+    """
+    from sklearn.metrics import r2_score
+
+    n_layers, _, n_pos, width = train_states.shape
+    d = next(iter(train_targets.values())).shape[-1]
+    m = len(combos)
+    # standardise targets per (prefix, coordinate) with training statistics
+    stats = {k: (v.mean(0, keepdim=True), v.std(0, keepdim=True).clamp_min(1e-8)) for k, v in train_targets.items()}
+    norm = lambda k, v: (v - stats[k][0]) / stats[k][1]
+    y_train = torch.stack([norm(tg, train_targets[tg])[:, t] for t, tg in combos]).float()  # (M, N, d)
+    y_test = torch.stack([norm(tg, test_targets[tg])[:, t] for t, tg in combos]).float()
+    prefixes = torch.tensor([t for t, _ in combos]).repeat(n_layers)  # (G,)
+    mask = (torch.arange(n_pos).view(1, -1) < (2 * prefixes).view(-1, 1)).to(device)  # first t examples' tokens
+    grid = ProbeGrid(n_layers, m, n_pos, width, d, kind, seed=seed).to(device)
+    opt = torch.optim.Adam(grid.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    train_states = train_states.float()
+    n_train = train_states.shape[1]
+    for _ in range(steps):
+        idx = torch.randint(0, n_train, (min(batch_size, n_train),), generator=g)
+        pred = grid(train_states[:, idx].to(device), mask).view(n_layers, m, len(idx), d)
+        loss = ((pred - y_train[:, idx].to(device)) ** 2).mean(dim=(2, 3)).sum()  # independent probes
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        pred = grid(test_states.float().to(device), mask).cpu().double().view(n_layers, m, -1, d)
+        alpha = grid.attention(mask).cpu().view(n_layers, m, -1)
+    is_y = (torch.arange(n_pos) % 2 == 1).float()
+    rows = []
+    for layer in range(n_layers):
+        for i, (t, target) in enumerate(combos):
+            truth, guess, a = y_test[i].double(), pred[layer, i], alpha[layer, i]
+            last = slice(2 * t - 2, 2 * t)
+            rows.append({"layer": layer, "prefix": t, "target": target, "kind": kind,
+                         "r2": float(r2_score(truth.numpy(), guess.numpy())),
+                         "nmse": float(((guess - truth) ** 2).mean() / truth.var().clamp_min(1e-12)),
+                         "y_mass": float((a * is_y).sum()), "last_example_mass": float(a[last].sum()),
+                         "peak_position": int(a.argmax())})
+    return pd.DataFrame(rows)
+
+
+class AttentionPoolProbe:
+    """One attention-pooled probe with a scikit-learn interface: fit(H (N, P, D), Y (N, d))."""
+
+    def __init__(self, kind: str = "linear", steps: int = 300, lr: float = 1e-3, batch_size: int = 128, random_state: int = 0):
+        self.kind, self.steps, self.lr, self.batch_size, self.random_state = kind, steps, lr, batch_size, random_state
+
+    def get_params(self, deep: bool = True) -> dict:
+        return {k: getattr(self, k) for k in ("kind", "steps", "lr", "batch_size", "random_state")}
+
+    def fit(self, H, Y) -> "AttentionPoolProbe":
+        h = torch.as_tensor(np.asarray(H), dtype=torch.float32)
+        y = torch.as_tensor(np.asarray(Y), dtype=torch.float32)
+        if h.ndim != 3 or y.ndim != 2 or len(h) != len(y):
+            raise ValueError(f"fit expects H (N, P, D) and Y (N, d), got {tuple(h.shape)} and {tuple(y.shape)}")
+        self.mean_, self.std_ = y.mean(0), y.std(0).clamp_min(1e-8)
+        torch.manual_seed(self.random_state)
+        self.grid_ = ProbeGrid(1, 1, h.shape[1], h.shape[2], y.shape[1], self.kind, seed=self.random_state)
+        opt = torch.optim.Adam(self.grid_.parameters(), lr=self.lr)
+        mask = torch.ones(1, h.shape[1], dtype=torch.bool)
+        g = torch.Generator().manual_seed(self.random_state)
+        target = ((y - self.mean_) / self.std_)[None]
+        for _ in range(self.steps):
+            idx = torch.randint(0, len(h), (min(self.batch_size, len(h)),), generator=g)
+            loss = ((self.grid_(h[idx][None], mask) - target[:, idx]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return self
+
+    def predict(self, H) -> np.ndarray:
+        if not hasattr(self, "grid_"):
+            raise RuntimeError("AttentionPoolProbe is not fitted yet; call fit(H, Y) first")
+        h = torch.as_tensor(np.asarray(H), dtype=torch.float32)
+        with torch.no_grad():
+            out = self.grid_(h[None], torch.ones(1, h.shape[1], dtype=torch.bool))[0]
+        return (out * self.std_ + self.mean_).numpy()
+
+    def score(self, H, Y) -> float:
+        from sklearn.metrics import r2_score
+
+        return float(r2_score(np.asarray(Y), self.predict(H)))
+
+    @property
+    def attention_(self) -> np.ndarray:
+        return self.grid_.attention(torch.ones(1, self.grid_.scores.shape[1], dtype=torch.bool))[0].detach().numpy()
+
+
+@dataclass
+class ProbeSettings:
+    kinds: tuple[str, ...] = ("linear", "mlp")
+    targets: tuple[str, ...] = ("xty", "w_ols")
+    prefixes: tuple[int, ...] | None = None  # default: 1, d, 2d and n-1 (those below n)
+    steps: int = 300
+    lr: float = 1e-2  # Adam; seed 002 chose from {1e-2, 1e-3, 1e-4}
+    n_train: int = 1024
+    n_test: int = 256
+    controls: bool = True
+    seed: int = 0
+    device: str = "cpu"
+
+
+def default_prefixes(n_dims: int, n_points: int) -> tuple[int, ...]:
+    return tuple(sorted({t for t in (1, n_dims, 2 * n_dims, n_points - 1) if 1 <= t < n_points}))
+
+
+def probe_study(model, task, settings: ProbeSettings, control_model=None, progress: bool = False) -> pd.DataFrame:
+    """Probes for every layer x prefix x target x kind on `model`, with controls:
+    `random_model` (the same probes on `control_model`, e.g. the architecture with random weights)
+    and `shuffled` (targets permuted across prompts). Column `control` says which rows are which."""
+    from ..capture import RESID, capture
+    from ..tasks import generator_for, sample_prompts
+
+    prefixes = settings.prefixes or default_prefixes(task.n_dims, task.n_points)
+    combos = [(t, target) for t in prefixes for target in settings.targets]
+    train = sample_prompts(task, settings.n_train, generator=generator_for(settings.seed, 201))
+    test = sample_prompts(task, settings.n_test, generator=generator_for(settings.seed, 202))
+    targets_train = {k: probe_targets(train.xs, train.ys, k) for k in settings.targets}
+    targets_test = {k: probe_targets(test.xs, test.ys, k) for k in settings.targets}
+    models = [("none", model)] + ([("random_model", control_model)] if settings.controls and control_model is not None else [])
+    frames = []
+    from tqdm.auto import tqdm
+
+    jobs = [(c, m, kind) for c, m in models for kind in settings.kinds]
+    for control, m, kind in tqdm(jobs, desc="probes", disable=not progress, leave=False):
+        states_train = torch.as_tensor(np.asarray(capture(m, train.xs, train.ys, hooks=[RESID], device=settings.device).acts[RESID]))
+        states_test = torch.as_tensor(np.asarray(capture(m, test.xs, test.ys, hooks=[RESID], device=settings.device).acts[RESID]))
+        frame = fit_probes(states_train, targets_train, states_test, targets_test, combos, kind, settings.steps,
+                           settings.lr, seed=settings.seed, device=settings.device)
+        frames.append(frame.assign(control=control))
+        if control == "none" and settings.controls:
+            perm = torch.randperm(settings.n_train, generator=torch.Generator().manual_seed(settings.seed + 7))
+            shuffled = {k: v[perm] for k, v in targets_train.items()}
+            frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kind, settings.steps,
+                               settings.lr, seed=settings.seed, device=settings.device)
+            frames.append(frame.assign(control="shuffled"))
+    return pd.concat(frames, ignore_index=True)
+
+
+def probe_summary(table: pd.DataFrame) -> dict:
+    """Per target and kind: R^2 by layer (mean over prefixes >= d... all probed prefixes), with
+    the random-model and shuffled controls aligned by layer, and the best layer."""
+    out: dict = {}
+    for (target, kind), rows in table.groupby(["target", "kind"]):
+        by = rows.groupby(["control", "layer"]).r2.mean()
+        layers = sorted(rows.layer.unique())
+        main = [float(by.get(("none", l), np.nan)) for l in layers]
+        entry = {"layer": layers, "r2": main,
+                 "control_r2": [float(by.get(("random_model", l), np.nan)) for l in layers],
+                 "shuffled_r2": [float(by.get(("shuffled", l), np.nan)) for l in layers]}
+        entry["best_layer"] = int(layers[int(np.nanargmax(main))])
+        out.setdefault(target, {})[kind] = entry
+    return out

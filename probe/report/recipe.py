@@ -1,0 +1,141 @@
+"""Report recipes: TOML files in analyses/ saying what a report runs.
+
+    [prompts]     evaluate, train, val, eval, simw, queries, seed
+    [readout]     method ("ridge" | "adam" | "model"), alphas, finetune_steps
+    [similarity]  include_first, bootstrap, simw
+    [[sweeps]]    label, learner, axis, grid = { ... }   (one per heatmap family)
+    [probes]      enabled, kinds, targets, steps, lr, prompts, controls
+    [forgetting]  enabled, prompts
+
+Flags override recipe values (`--set prompts.eval=256`); the resolved recipe is written into
+the report. Unknown keys and unknown learners fail before any heavy work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import from_dict, load_recipe, merge, to_dict
+from ..errors import ConfigError
+from ..learners import LEARNERS
+
+RECIPE_DIR = Path(__file__).resolve().parents[2] / "analyses"
+
+
+@dataclass
+class PromptsSection:
+    evaluate: int = 1280  # prompts for error vs examples (Garg et al.'s 1280)
+    train: int = 2048  # read-out / probe training prompts
+    val: int = 512
+    eval: int = 512  # held-out prompts for SimE, read-out errors
+    simw: int = 128  # prompts for SimW and the span test
+    queries: int = 0  # fresh queries per prefix for SimW (0: 4 d)
+    seed: int = 0
+
+
+@dataclass
+class ReadoutSection:
+    method: str = "ridge"
+    alphas: tuple[float, ...] = (1e-6, 1e-4, 1e-2, 1.0)
+    finetune_steps: int = 500
+
+
+@dataclass
+class SimilaritySection:
+    include_first: bool = False
+    bootstrap: int = 1000
+    simw: bool = True
+
+
+@dataclass
+class SweepSection:
+    label: str
+    learner: str
+    axis: str | None = None
+    grid: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProbesSection:
+    enabled: bool = True
+    kinds: tuple[str, ...] = ("linear", "mlp")
+    targets: tuple[str, ...] = ("xty", "w_ols")
+    steps: int = 300
+    lr: float = 1e-2
+    prompts: int = 1024
+    controls: bool = True
+
+
+@dataclass
+class ForgettingSection:
+    enabled: bool = True
+    prompts: int = 512
+
+
+@dataclass
+class Recipe:
+    name: str = "quick"
+    description: str = ""
+    prompts: PromptsSection = field(default_factory=PromptsSection)
+    readout: ReadoutSection = field(default_factory=ReadoutSection)
+    similarity: SimilaritySection = field(default_factory=SimilaritySection)
+    sweeps: list[SweepSection] = field(default_factory=list)
+    probes: ProbesSection = field(default_factory=ProbesSection)
+    forgetting: ForgettingSection = field(default_factory=ForgettingSection)
+
+    def __post_init__(self) -> None:
+        self.sweeps = [s if isinstance(s, SweepSection) else from_dict(SweepSection, s, "sweeps") for s in self.sweeps]
+        if not self.sweeps:
+            raise ConfigError("a recipe needs at least one [[sweeps]] entry")
+        labels = [s.label for s in self.sweeps]
+        if len(set(labels)) != len(labels):
+            raise ConfigError(f"sweep labels must be unique, got {labels}")
+        for s in self.sweeps:
+            spec = LEARNERS.get(s.learner)  # unknown learner -> close-match suggestion
+            unknown = set(s.grid) - set(spec.defaults)
+            if unknown:
+                raise ConfigError(f"sweep '{s.label}': learner '{s.learner}' has no hyper-parameter {sorted(unknown)}; "
+                                  f"it takes {sorted(spec.defaults)}")
+            if s.axis is not None and s.axis not in spec.defaults:
+                raise ConfigError(f"sweep '{s.label}': axis '{s.axis}' is not a hyper-parameter of '{s.learner}'")
+        if not {"newton", "gd"} <= {s.learner for s in self.sweeps}:
+            raise ConfigError("a recipe must sweep at least the 'newton' and 'gd' learners (summary.json reports both)")
+        if self.readout.method not in ("ridge", "adam", "model"):
+            raise ConfigError(f"readout.method must be 'ridge', 'adam' or 'model', got {self.readout.method!r}")
+        for kind in self.probes.kinds:
+            if kind not in ("linear", "mlp"):
+                raise ConfigError(f"probes.kinds: unknown probe kind '{kind}' (linear, mlp)")
+        for target in self.probes.targets:
+            if target not in ("xty", "w_ols"):
+                raise ConfigError(f"probes.targets: unknown target '{target}' (xty, w_ols)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def digest(self, *sections: str) -> str:
+        """Hash of the named sections (all when none): the cache key of a stage."""
+        data = self.to_dict()
+        part = {k: data[k] for k in sections} if sections else data
+        return hashlib.sha256(json.dumps(part, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | None = None) -> Recipe:
+    """A recipe by name (analyses/<name>.toml) or path, with overrides applied and validated."""
+    name_or_path = name_or_path or "quick"
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = RECIPE_DIR / f"{name_or_path}.toml"
+        if not path.is_file():
+            from ..registry import unknown_name_message
+
+            known = sorted(p.stem for p in RECIPE_DIR.glob("*.toml"))
+            raise ConfigError(unknown_name_message("recipe", name_or_path, known) + " (or pass a path to a .toml file)")
+    data = load_recipe(path)
+    data.setdefault("name", path.stem)
+    for override in overrides or []:
+        data = merge(data, override)
+    return from_dict(Recipe, data)
