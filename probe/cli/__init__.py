@@ -20,6 +20,7 @@ COMMANDS = {
     "readout": "Per-layer readout retraining: error / d per layer",
     "heatmap": "Layer-vs-learner SimE/SimW heatmaps, best matches, trend verdicts",
     "span": "Span-of-examples test of each layer's induced weights",
+    "report": "Everything above as one HTML report with summary.json",
 }
 
 

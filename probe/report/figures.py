@@ -101,3 +101,31 @@ def span(table: pd.DataFrame, stem: Path) -> list[Path]:
     ax.set(xlabel="in-context examples t", ylabel="relative residual outside span{x_1..x_t}")
     ax.legend(fontsize=7, ncol=2)
     return _save(fig, stem)
+
+
+def probes(table: pd.DataFrame, stem: Path) -> list[Path]:
+    """R^2 by layer for each target and probe kind, beside the controls."""
+    plt = _plt()
+    combos = sorted(table.groupby(["target", "kind"]).groups)
+    fig, axes = plt.subplots(1, len(combos), figsize=(3.2 * len(combos), 3.0), sharey=True, squeeze=False)
+    for ax, (target, kind) in zip(axes[0], combos):
+        rows = table[(table.target == target) & (table.kind == kind)]
+        for control, style in (("none", "-o"), ("random_model", "--"), ("shuffled", ":")):
+            r = rows[rows.control == control].groupby("layer").r2.mean()
+            if len(r):
+                ax.plot(r.index, r.values, style, label={"none": "model", "random_model": "random-weights model",
+                                                         "shuffled": "shuffled targets"}[control])
+        ax.set(title=f"{target} ({kind})", xlabel="layer")
+    axes[0][0].set_ylabel("held-out R^2 (mean over prefixes)")
+    axes[0][0].legend(fontsize=7)
+    return _save(fig, stem)
+
+
+def forgetting(table: pd.DataFrame, stem: Path) -> list[Path]:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for name, rows in table.groupby("predictor"):
+        ax.plot(rows.gap, rows.error.clip(lower=1e-12), "-o" if name == "model" else "--", label=name, ms=3)
+    ax.set(xlabel="time-stamp gap n - i", ylabel="squared error / d on reused x_i", yscale="log")
+    ax.legend(fontsize=7)
+    return _save(fig, stem)

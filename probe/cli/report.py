@@ -1,0 +1,55 @@
+"""Build a probe report: one command from a checkpoint to a self-contained HTML report,
+figures (PNG + SVG), the tables behind them (CSV) and summary.json.
+
+With no arguments it runs the quick recipe on the shipped default checkpoint and writes
+reports/<checkpoint>-<recipe>/. Recipes are TOML files in analyses/ (quick, full) or a path.
+
+examples:
+  icl-probe report
+  icl-probe report checkpoints/gpt2-default --recipe full --device cuda
+  icl-probe report checkpoints/gpt2-default --compare checkpoints/lstm-default --out reports/vs-lstm
+  icl-probe report path/to/garg/run --set prompts.eval=256 --set probes.enabled=false
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import DEFAULT_CHECKPOINT, add_device, check_device
+
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)")
+    p.add_argument("--recipe", default="quick", help="recipe name in analyses/ or a .toml path (default: quick)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value, e.g. prompts.eval=256")
+    p.add_argument("--out", help="report directory (default: reports/<checkpoint>-<recipe>)")
+    p.add_argument("--compare", help="a second checkpoint (e.g. the LSTM) whose Table 1 is shown beside")
+    p.add_argument("--no-cache", action="store_true", help="recompute every stage")
+    add_device(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import parse_override
+    from ..report.recipe import resolve_recipe
+
+    # validate everything cheap before any heavy work
+    recipe = resolve_recipe(args.recipe, [parse_override(s) for s in args.set])
+    device = check_device(args.device)
+    from ..checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(args.checkpoint)
+    compare = load_checkpoint(args.compare) if args.compare else None
+    if compare is not None and compare.config.task.n_dims != ckpt.config.task.n_dims:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"--compare model has d={compare.config.task.n_dims}, the report's model d={ckpt.config.task.n_dims}")
+    out = Path(args.out) if args.out else REPORTS / f"{ckpt.name}-{recipe.name}"
+    from ..report.build import build_report
+
+    cache = None if args.no_cache else out.parent / ".cache"
+    build_report(ckpt, recipe, out, device=device, compare=compare, cache_dir=cache, progress=not args.quiet)
+    print(f"report written to {out}/index.html (summary.json, figures/, data/)")
+    return 0

@@ -1,0 +1,172 @@
+"""`icl-probe report`: checkpoint -> stages (cached) -> figures, tables, summary.json, index.html.
+
+The report is built in a temporary directory beside `out` and renamed into place only when
+every stage has succeeded, so a failure never leaves half a report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..checkpoint import LoadedCheckpoint
+from ..provenance import stamp
+from . import figures
+from .cache import StageCache, _jsonable
+from .recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Built:
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    cached: dict[str, bool] = field(default_factory=dict)
+
+
+def layer_settings(recipe: Recipe, device: str):
+    from ..analysis.matching import Sweep
+    from ..analysis.pipeline import LayerSettings
+
+    p, r, s = recipe.prompts, recipe.readout, recipe.similarity
+    sweeps = tuple(Sweep(w.label, w.learner, {k: tuple(v) if isinstance(v, list) else v for k, v in w.grid.items()}, w.axis)
+                   for w in recipe.sweeps)
+    return LayerSettings(n_train=p.train, n_val=p.val, n_eval=p.eval, n_simw=min(p.simw, p.eval), n_queries=p.queries,
+                         seed=p.seed, alphas=tuple(r.alphas), readout_method=r.method, finetune_steps=r.finetune_steps,
+                         include_first=s.include_first, n_boot=s.bootstrap, sweeps=sweeps, simw=s.simw, device=device)
+
+
+def _stage_evaluate(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
+    from ..evaluate import error_curve
+
+    frame = error_curve(ckpt.model, ckpt.config.task, recipe.prompts.evaluate, recipe.prompts.seed, device=device)
+    return {"icl_error": frame}, {}
+
+
+def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
+    from ..analysis.pipeline import analyse_layers
+
+    res = analyse_layers(ckpt.model, ckpt.config.task, layer_settings(recipe, device), progress=progress)
+    alphas = getattr(res.readouts, "alpha", None)
+    return ({"readout": res.readout, "heatmap_cells": res.cells, "best_match": res.best, "table1": res.table1,
+             "span": res.span},
+            {"trends": res.trends, "readout_alpha": None if alphas is None else list(map(float, alphas)),
+             "timings": res.timings})
+
+
+def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
+    from ..analysis.probes import ProbeSettings, probe_study
+    from ..models import build_model
+
+    pr = recipe.probes
+    control = None
+    if pr.controls:
+        torch.manual_seed(recipe.prompts.seed + 99)
+        control = build_model(ckpt.config.model).eval()
+    settings = ProbeSettings(kinds=tuple(pr.kinds), targets=tuple(pr.targets), steps=pr.steps, lr=pr.lr,
+                             n_train=pr.prompts, n_test=recipe.prompts.eval, controls=pr.controls,
+                             seed=recipe.prompts.seed, device=device)
+    return {"probes": probe_study(ckpt.model, ckpt.config.task, settings, control, progress)}, {}
+
+
+def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
+    from ..analysis.forgetting import forgetting_table
+    from ..tasks import generator_for, sample_prompts
+
+    p = sample_prompts(ckpt.config.task, recipe.forgetting.prompts, generator=generator_for(recipe.prompts.seed, 301))
+    learners = {"newton[3]": {"learner": "newton", "grid": {"iterations": (3,)}},
+                "newton[10]": {"learner": "newton", "grid": {"iterations": (10,)}},
+                "ogd": {"learner": "ogd"}, "least_squares": {"learner": "least_squares"}}
+    return {"forgetting": forgetting_table(ckpt.model, p.xs, p.ys, learners, device)}, {}
+
+
+def run_stages(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, cache: StageCache, progress: bool,
+               prefix: str = "") -> Built:
+    built = Built()
+    sha = ckpt.sha256[:16]
+    stages = [("evaluate", ("prompts",), lambda: _stage_evaluate(ckpt, recipe, device)),
+              ("layers", ("prompts", "readout", "similarity", "sweeps"), lambda: _stage_layers(ckpt, recipe, device, progress))]
+    if recipe.probes.enabled:
+        stages.append(("probes", ("prompts", "probes"), lambda: _stage_probes(ckpt, recipe, device, progress)))
+    if recipe.forgetting.enabled:
+        stages.append(("forgetting", ("prompts", "forgetting"), lambda: _stage_forgetting(ckpt, recipe, device)))
+    for name, sections, fn in stages:
+        start = time.perf_counter()
+        tables, data, hit = cache.get_or_run(f"{sha}-{name}-{recipe.digest(*sections)}", fn)
+        built.timings[prefix + name] = round(time.perf_counter() - start, 2)
+        built.cached[prefix + name] = hit
+        built.tables.update({prefix + k: v for k, v in tables.items()})
+        built.data.update({prefix + k: v for k, v in data.items()})
+        log.info("stage %s done in %.1f s%s", prefix + name, built.timings[prefix + name], " (cached)" if hit else "")
+    return built
+
+
+def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: Path) -> dict[str, Path]:
+    """Every figure of the report; returns name -> PNG path."""
+    t = built.tables
+    out: dict[str, Path] = {}
+    out["icl_error"] = figures.icl_error(t["icl_error"], fig_dir / "icl_error", f"{ckpt.name}: error vs examples")[0]
+    out["readout"] = figures.readout_error(t["readout"], fig_dir / "readout", ckpt.config.task.n_dims)[0]
+    for sweep in recipe.sweeps:
+        for metric in sorted(t["best_match"].metric.unique()):
+            key = f"heatmap_{sweep.label}_{metric}"
+            out[key] = figures.heatmap(t["heatmap_cells"], t["best_match"], sweep.label, metric, sweep.axis, fig_dir / key)[0]
+        if sweep.axis:
+            key = f"trend_{sweep.label}"
+            out[key] = figures.best_match_trend(t["best_match"], sweep.label, "sime", fig_dir / key)[0]
+    if not t["span"].empty:
+        out["span"] = figures.span(t["span"], fig_dir / "span")[0]
+    if "probes" in t:
+        out["probes"] = figures.probes(t["probes"], fig_dir / "probes")[0]
+    if "forgetting" in t:
+        out["forgetting"] = figures.forgetting(t["forgetting"], fig_dir / "forgetting")[0]
+    return out
+
+
+def build_report(ckpt: LoadedCheckpoint, recipe: Recipe, out: Path, device: str = "cpu", compare: LoadedCheckpoint | None = None,
+                 cache_dir: Path | None = None, progress: bool = True) -> Path:
+    from .html import render_html
+    from .summary import build_summary
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cache = StageCache(cache_dir)
+    built = run_stages(ckpt, recipe, device, cache, progress)
+    if compare is not None:
+        other = run_stages(compare, recipe, device, cache, progress, prefix="compare_")
+        built.tables.update(other.tables)
+        built.data.update(other.data)
+        built.timings.update(other.timings)
+        built.cached.update(other.cached)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        start = time.perf_counter()
+        data_dir = tmp / "data"
+        data_dir.mkdir()
+        for name, frame in built.tables.items():
+            frame.to_csv(data_dir / f"{name}.csv", index=False)
+        (data_dir / "trends.json").write_text(json.dumps(built.data.get("trends", []), indent=2) + "\n")
+        figs = make_figures(built, ckpt, recipe, tmp / "figures")
+        built.timings["figures"] = round(time.perf_counter() - start, 2)
+        summary = build_summary(built, ckpt, recipe, compare)
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2, default=_jsonable) + "\n")
+        (tmp / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
+        (tmp / "index.html").write_text(render_html(built, summary, figs, ckpt, recipe, compare))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,132 @@
+"""index.html: one self-contained page (figures embedded as data URIs, CSS inline, no scripts
+and nothing fetched), with a caption under every figure and the tables behind it in data/."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:.9em;color:#555;margin-top:.3em}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0} td,th{border:1px solid #ddd;padding:.25em .5em;text-align:right}
+th{background:#f5f5f5} .verdict{background:#f0f6ff;padding:.5em 1em;border-left:3px solid #58f}
+code{background:#f3f3f3;padding:0 .2em} .grid{display:flex;flex-wrap:wrap;gap:1em} .grid figure{flex:1 1 45%}
+"""
+
+
+def _img(path: Path, alt: str, caption: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def _table(frame: pd.DataFrame, floatfmt: str = "{:.4f}") -> str:
+    return frame.to_html(index=False, float_format=lambda v: floatfmt.format(v), border=0)
+
+
+def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, recipe, compare) -> str:
+    t = built.tables
+    c = summary["checkpoint"]
+    m = c["model"]
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>icl-probe report: {html.escape(c['name'])}</title>"
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>icl-probe report: {html.escape(c['name'])} ({html.escape(recipe.name)} recipe)</h1>"]
+    # model card
+    card = pd.DataFrame([
+        ("format", c["format"]), ("family", m["family"]), ("layers", m["n_layer"]), ("width", m["n_embd"]),
+        ("heads", m["n_head"] if m["family"] == "gpt2" else "-"), ("d", m["n_dims"]), ("points", m["n_positions"]),
+        ("parameters", f"{c['parameters']:,}"), ("task", f"{c['task']['name']} ({c['task']['covariance']})"),
+        ("trained steps", c.get("train_step", "unknown")), ("sha256", c["sha256"][:16] + "..."),
+    ], columns=["field", "value"])
+    parts += ["<h2>Model card</h2>", _table(card),
+              _img(figs["icl_error"], "error vs examples",
+                   "Squared error / d of the model's own predictions against the number of in-context examples "
+                   "(band: bootstrap 5-95% over prompts), beside least squares, 3-nearest neighbours and averaging.")]
+    # readout
+    ro = pd.DataFrame({"layer": summary["readout"]["layer"], "error / d (mean over t >= 1)": summary["readout"]["error"]})
+    if summary["readout"].get("error_at_2d1"):
+        ro[f"error / d at t = 2d+1"] = summary["readout"]["error_at_2d1"]
+    parts += ["<h2>Per-layer readout retraining</h2>",
+              f"<p>A fresh linear read-out ({html.escape(recipe.readout.method)}) is fitted on each layer's frozen "
+              "residual stream at the x tokens (seed 003 §4.1); layer 0 is the embedding output.</p>", _table(ro),
+              _img(figs["readout"], "readout error", "Error / d of each layer's retrained read-out against the number of "
+                   "examples on held-out prompts; the dotted line marks t = d.")]
+    # heatmaps
+    parts += ["<h2>Layers vs reference learners</h2>", "<div class='verdict'>"]
+    for label, tr in summary["trend"].items():
+        if label == "gd":
+            continue
+        parts.append(f"<p>{html.escape(tr['verdict'])}</p>")
+    parts.append("</div><div class='grid'>")
+    for sweep in recipe.sweeps:
+        for metric in ("sime", "simw"):
+            key = f"heatmap_{sweep.label}_{metric}"
+            if key in figs:
+                parts.append(_img(figs[key], key, f"{metric.upper()} between every layer (x) and {sweep.label} over "
+                                  f"its {sweep.axis or 'setting'} (y); the boxed cell is the best match per layer."))
+    parts.append("</div><div class='grid'>")
+    for sweep in recipe.sweeps:
+        key = f"trend_{sweep.label}"
+        if key in figs:
+            parts.append(_img(figs[key], key, f"Best-matching {sweep.label} {sweep.axis} per layer by SimE, "
+                              "with its 90% bootstrap interval over prompts."))
+    parts.append("</div>")
+    best = t["best_match"]
+    parts += ["<h3>Best matches</h3>", _table(best[best.learner.isin([s.label for s in recipe.sweeps if s.axis])]
+                                             .drop(columns=["at_grid_end"]), "{:.3f}")]
+    # table 1
+    t1 = t["table1"].rename(columns={"similarity": "SimE (final layer)"})
+    parts += ["<h2>Table 1: final layer against each learner</h2>"]
+    if compare is not None and "compare_table1" in t:
+        other = t["compare_table1"][["family", "similarity"]].rename(columns={"similarity": f"SimE ({compare.name})"})
+        t1 = t1.merge(other, on="family", how="left")
+    parts.append(_table(t1, "{:.3f}"))
+    # span
+    if "span" in figs:
+        parts += ["<h2>Span of the examples</h2>",
+                  _img(figs["span"], "span test", "Root-mean-square relative residual of each layer's induced weight "
+                       "vector outside span{x_1..x_t}, against t; the dashed line is a random vector's sqrt((d-t)/d)."),
+                  ]
+    if "probes" in figs:
+        pr = t["probes"]
+        attn = pr[pr.control == "none"].groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()
+        parts += ["<h2>Probes for X<sup>T</sup>y and w</h2>",
+                  "<p>Attention-pooled probes (seed 002 §5) per layer, prefix and target; targets standardised per "
+                  "prefix and coordinate with training statistics. Controls: the same probes on a random-weights model "
+                  "of the same architecture, and on shuffled targets.</p>",
+                  _img(figs["probes"], "probes", "Held-out R^2 of probes by layer (mean over probed prefixes) for each "
+                       "target and probe kind, beside both controls."),
+                  "<p>Where the probes' attention falls (mean over layers and prefixes):</p>", _table(attn, "{:.3f}")]
+    if "forgetting" in figs:
+        parts += ["<h2>Forgetting</h2>", _img(figs["forgetting"], "forgetting",
+                  "Squared error / d when an earlier example x_i is asked again after n-1 examples, by how long ago it "
+                  "was seen (seed 003 App. A.4), for the model and reference learners.")]
+    # methods
+    p = recipe.prompts
+    parts += ["<h2>Methods</h2><ul>",
+              f"<li>Prompts: {p.evaluate} for the error curve; {p.train} / {p.val} / {p.eval} for read-out training, "
+              f"penalty selection and held-out scoring; {p.simw} of the held-out prompts for SimW and the span test, with "
+              f"{p.queries or 4 * ckpt.config.task.n_dims} fresh queries per prefix. Seed {p.seed}.</li>",
+              f"<li>SimE: cosine of error vectors over positions {'1' if recipe.similarity.include_first else '2'}..n "
+              "(seed 003 eq. 9-10). SimW: cosine of induced weights fitted by least squares to query predictions, "
+              "averaged over prefixes (eq. 11-12).</li>",
+              f"<li>Intervals: percentile bootstrap over prompts, {recipe.similarity.bootstrap} resamples, 90% "
+              "(5-95%), for similarities and for the best-matching index itself.</li>",
+              "<li>GD: paper convention (gradient of ||y - Xw||^2/(2t)) with per-prompt step 1/lambda_max(X^T X / t) "
+              "('auto'); Newton: M_0 = S/||S S^T||_2.</li>",
+              "<li>Trend: linear and exponential least-squares fits of the best k against layer over layers l >= 1 "
+              "whose best match is neither k = 0 nor the grid's end.</li>",
+              f"<li>Recipe, versions and git commit: see summary.json (git {html.escape(str(summary['git_commit']))}).</li>",
+              "</ul>",
+              "<h2>Grids</h2>", _table(pd.DataFrame([{"label": s.label, "learner": s.learner, "axis": s.axis,
+                                                      "grid": json.dumps(s.grid)} for s in recipe.sweeps])),
+              "</body></html>"]
+    return "\n".join(parts)

@@ -1,0 +1,115 @@
+"""summary.json: the report's numbers in one documented schema (see README, "summary.json").
+
+Lists inside an entry are aligned by position (e.g. readout.layer[i] goes with readout.error[i]).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..checkpoint import LoadedCheckpoint
+from ..provenance import stamp
+from .recipe import Recipe
+
+SCHEMA_VERSION = 1
+
+
+def _col(frame: pd.DataFrame, name: str) -> list:
+    return [None if (isinstance(v, float) and np.isnan(v)) else v for v in frame[name].tolist()]
+
+
+def best_match_block(best: pd.DataFrame, recipe: Recipe) -> dict[str, Any]:
+    """learner -> metric -> {layer, k, k_low, k_high, similarity, ci_low, ci_high}. `gd` is the
+    GD sweep with the widest grid (the log grid in the shipped recipes); each sweep also
+    appears under its own label."""
+    out: dict[str, Any] = {}
+    for label, rows in best.groupby("learner", sort=False):
+        out[label] = {metric: {c: _col(r.sort_values("layer"), c) for c in
+                               ("layer", "k", "k_low", "k_high", "similarity", "ci_low", "ci_high")}
+                      for metric, r in rows.groupby("metric")}
+    gd = [s for s in recipe.sweeps if s.learner == "gd"]
+    if gd:
+        widest = max(gd, key=lambda s: max(s.grid.get("steps", [0]) or [0]))
+        out["gd"] = out.get(widest.label, {})
+    newton = [s for s in recipe.sweeps if s.learner == "newton"]
+    if newton and "newton" not in out:
+        out["newton"] = out.get(newton[0].label, {})
+    return out
+
+
+def trend_block(trends: list[dict[str, Any]], recipe: Recipe) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for t in trends:
+        entry = {k: t[k] for k in ("linear_r2", "exponential_r2", "slope", "growth", "verdict", "layers")}
+        out.setdefault(t["learner"], {})[t["metric"]] = entry
+    for label, metrics in list(out.items()):
+        # the headline per learner is the SimE trend, as in seed 003 Fig. 3
+        out[label] = {**metrics.get("sime", next(iter(metrics.values()))), "by_metric": metrics}
+    gd = [s for s in recipe.sweeps if s.learner == "gd"]
+    if gd:
+        widest = max(gd, key=lambda s: max(s.grid.get("steps", [0]) or [0]))
+        if widest.label in out:
+            out["gd"] = out[widest.label]
+    return out
+
+
+def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: LoadedCheckpoint | None) -> dict[str, Any]:
+    t, d = built.tables, ckpt.config.task.n_dims
+    icl = t["icl_error"]
+    readout = t["readout"]
+    by_layer = readout[readout.n_examples >= 1].groupby("layer").error.mean()
+    k = 2 * d + 1
+    at_k = readout[readout.n_examples == k].set_index("layer").error if k in set(readout.n_examples) else None
+    meta = {key: value for key, value in ckpt.meta.items() if key in ("train_step", "train_seconds")}
+    summary: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "checkpoint": {"path": str(ckpt.path), "format": ckpt.format, "sha256": ckpt.sha256, "name": ckpt.name,
+                       "model": ckpt.config.model.__dict__, "task": {**ckpt.config.task.__dict__,
+                                                                     "mixture_weights": list(ckpt.config.task.mixture_weights)},
+                       "parameters": int(sum(p.numel() for p in ckpt.model.parameters())), **meta},
+        "recipe": recipe.to_dict(),
+        **{k2: v for k2, v in stamp().items()},
+        "seed": recipe.prompts.seed,
+        "timings": built.timings,
+        "cached_stages": [name for name, hit in built.cached.items() if hit],
+        "icl_error": {"n_examples": _col(icl, "n_examples"), "model": _col(icl, "model"),
+                      "model_lo": _col(icl, "model_lo"), "model_hi": _col(icl, "model_hi"),
+                      "least_squares": _col(icl, "least_squares"), "knn3": _col(icl, "knn3"),
+                      "averaging": _col(icl, "averaging")},
+        "readout": {"layer": [int(i) for i in by_layer.index], "error": [float(v) for v in by_layer.values],
+                    "error_at_2d1": None if at_k is None else [float(at_k[l]) for l in by_layer.index],
+                    "method": recipe.readout.method, "alpha": built.data.get("readout_alpha"),
+                    "error_definition": "mean over n_examples >= 1 of squared error / d on held-out prompts"},
+        "best_match": best_match_block(t["best_match"], recipe),
+        "trend": trend_block(built.data.get("trends", []), recipe),
+        "table1": {"sime": {r.family: {"learner": r.learner, "k": r.k, "similarity": r.similarity,
+                                       "ci_low": r.ci_low, "ci_high": r.ci_high} for r in t["table1"].itertuples()}},
+    }
+    span = t["span"]
+    if not span.empty:
+        layers = span[span.kind == "layer"]
+        summary["span"] = {"layer": _col(layers, "index"), "n_examples": _col(layers, "n_examples"),
+                           "residual": _col(layers, "residual"), "random_null": _col(layers, "random_null"),
+                           "statistic": "root mean square over prompts of ||w - P_t w|| / ||w||"}
+    if "probes" in t:
+        from ..analysis.probes import probe_summary
+
+        summary["probes"] = probe_summary(t["probes"])
+        summary["probes"]["target_normalisation"] = "standardised per prefix and coordinate with training-prompt mean and std"
+    if "forgetting" in t:
+        f = t["forgetting"]
+        summary["forgetting"] = {name: {"gap": _col(r, "gap"), "error": _col(r, "error")} for name, r in f.groupby("predictor")}
+    if compare is not None:
+        ct = t.get("compare_table1")
+        summary["compare"] = {
+            "checkpoint": {"path": str(compare.path), "format": compare.format, "sha256": compare.sha256},
+            "table1": {"sime": {r.family: {"learner": r.learner, "k": r.k, "similarity": r.similarity,
+                                           "ci_low": r.ci_low, "ci_high": r.ci_high} for r in ct.itertuples()}},
+            "readout": {"layer": sorted(int(i) for i in t["compare_readout"].layer.unique()),
+                        "error": [float(v) for v in t["compare_readout"][t["compare_readout"].n_examples >= 1]
+                                  .groupby("layer").error.mean().values]},
+        }
+    return summary
