@@ -1,0 +1,33 @@
+"""The report opens in a real browser (headless Chromium): every image loads, no console errors."""
+
+import os
+import shutil
+
+import pytest
+
+from test_report import ckpt, report  # noqa: F401  (fixtures)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"), reason="Chromium not installed (scripts/setup.sh --with-browser)")
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM, "CI must install Chromium (scripts/setup.sh --with-browser)"
+    errors = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
+                                                                     "--disable-background-networking"])
+        page = browser.new_page()
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("request", lambda req: errors.append(f"network request {req.url}") if not req.url.startswith(("file:", "data:")) else None)
+        page.goto((report / "index.html").as_uri())
+        page.wait_for_load_state("load")
+        images = page.eval_on_selector_all("img", "els => els.map(e => [e.complete, e.naturalWidth])")
+        page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+        browser.close()
+    assert images and all(done and width > 0 for done, width in images)
+    assert errors == []
+    assert (tmp_path / "report.png").stat().st_size > 10_000

@@ -1,0 +1,121 @@
+"""The report end to end on a tiny checkpoint: schema, determinism, atomicity, fail-fast errors."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from conftest import build_cfg
+from probe.checkpoint import save_model
+from probe.cli import main
+from probe.models import build_model
+
+TINY = ["--set", "prompts.evaluate=48", "--set", "prompts.train=48", "--set", "prompts.val=24", "--set", "prompts.eval=48",
+        "--set", "prompts.simw=12", "--set", "probes.prompts=48", "--set", "probes.steps=10", "--set",
+        "forgetting.prompts=16", "--set", "similarity.bootstrap=40"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    cfg = build_cfg(layers=3)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-gpt2"
+    save_model(build_model(cfg.model), cfg, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep") / "r1"
+    assert main(["-q", "report", str(ckpt), "--out", str(out), "--no-cache", *TINY]) == 0
+    return out
+
+
+def _aligned(block):
+    lengths = {len(v) for v in block.values() if isinstance(v, list)}
+    return len(lengths) <= 1
+
+
+def test_summary_schema(report):
+    s = json.loads((report / "summary.json").read_text())
+    for key in ("checkpoint", "recipe", "versions", "git_commit", "seed", "created", "timings", "icl_error", "readout",
+                "best_match", "trend", "span", "probes"):
+        assert key in s, key
+    assert set(s["checkpoint"]) >= {"path", "format", "sha256"} and len(s["checkpoint"]["sha256"]) == 64
+    assert set(s["icl_error"]) >= {"n_examples", "model", "least_squares"} and _aligned(s["icl_error"])
+    assert s["readout"]["layer"] == [0, 1, 2, 3] and _aligned({k: s["readout"][k] for k in ("layer", "error")})
+    for learner in ("newton", "gd"):
+        for metric in ("sime", "simw"):
+            block = s["best_match"][learner][metric]
+            assert set(block) >= {"layer", "k", "similarity", "ci_low", "ci_high"} and _aligned(block)
+            assert all(lo <= sim + 1e-9 for lo, sim in zip(block["ci_low"], block["similarity"]))
+        assert set(s["trend"][learner]) >= {"linear_r2", "exponential_r2", "verdict"}
+    assert _aligned({k: s["span"][k] for k in ("layer", "n_examples", "residual", "random_null")})
+    for target in ("xty", "w_ols"):
+        for kind in ("linear", "mlp"):
+            block = s["probes"][target][kind]
+            assert set(block) >= {"layer", "r2", "control_r2"} and _aligned({k: block[k] for k in ("layer", "r2", "control_r2")})
+    assert set(s["timings"]) >= {"evaluate", "layers", "probes", "figures"}
+
+
+def test_report_files_and_self_contained_html(report):
+    html = (report / "index.html").read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html), "the report must not fetch anything"
+    figs = sorted(p.name for p in (report / "figures").iterdir())
+    assert "heatmap_newton_sime.png" in figs and "heatmap_newton_sime.svg" in figs
+    assert html.count("data:image/png;base64,") == len([f for f in figs if f.endswith(".png")])
+    assert html.count("<figcaption>") == html.count("<img ")
+    for name in ("icl_error", "readout", "heatmap_cells", "best_match", "table1", "span", "probes", "forgetting"):
+        assert (report / "data" / f"{name}.csv").exists(), name
+    assert json.loads((report / "recipe.json").read_text())["prompts"]["train"] == 48  # resolved recipe
+
+
+def test_same_seed_same_numbers(ckpt, report, tmp_path):
+    out = tmp_path / "r2"
+    assert main(["-q", "report", str(ckpt), "--out", str(out), "--no-cache", *TINY]) == 0
+    a, b = (json.loads((p / "summary.json").read_text()) for p in (report, out))
+    for key in ("icl_error", "readout", "best_match", "trend", "span", "probes", "table1"):
+        assert a[key] == b[key], key
+
+
+def test_cached_rerun_matches(ckpt, tmp_path):
+    args = ["-q", "report", str(ckpt), "--out", str(tmp_path / "c1"), *TINY]
+    assert main(args) == 0
+    args[4] = str(tmp_path / "c2")
+    assert main(args) == 0
+    a, b = (json.loads((tmp_path / p / "summary.json").read_text()) for p in ("c1", "c2"))
+    assert b["cached_stages"] == ["evaluate", "layers", "probes", "forgetting"] and a["best_match"] == b["best_match"]
+
+
+def test_bad_input_fails_fast_with_a_message(ckpt, tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["report", str(ckpt), "--out", str(out), "--set", "prompts.evaluat=10"]) == 2
+    assert "Did you mean: evaluate?" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text((ckpt.parents[2] / "analyses" / "quick.toml").read_text() if False else
+                   '[[sweeps]]\nlabel = "n"\nlearner = "newtn"\n')
+    assert main(["report", str(ckpt), "--out", str(out), "--recipe", str(bad)]) == 2
+    assert "Unknown learner 'newtn'. Did you mean: newton?" in capsys.readouterr().err
+    assert main(["report", str(tmp_path), "--out", str(out)]) == 2
+    assert "not a checkpoint in any known format" in capsys.readouterr().err
+    assert main(["report", str(ckpt), "--recipe", "quik", "--out", str(out)]) == 2
+    assert "Unknown recipe 'quik'. Did you mean: quick?" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_failing_stage_leaves_no_half_report(ckpt, report, tmp_path, monkeypatch):
+    import probe.report.build as build
+
+    out = tmp_path / "keep"
+    out.mkdir()
+    (out / "index.html").write_text("previous report")
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("stage failed")
+
+    monkeypatch.setattr(build, "make_figures", boom)
+    with pytest.raises(RuntimeError, match="stage failed"):
+        main(["-q", "report", str(ckpt), "--out", str(out), *TINY])
+    assert (out / "index.html").read_text() == "previous report"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".keep.")]
