@@ -106,7 +106,7 @@ def test_bad_prompts_are_rejected():
         capture(model, xs, torch.randn(2, 8))
     with pytest.raises(ConfigError, match="must hold floats"):
         capture(model, torch.ones(2, 8, 3, dtype=torch.long), torch.randn(2, 8))
-    with pytest.raises(ConfigError, match="unknown hook 'blocks.9.nothing'"):
+    with pytest.raises(ConfigError, match=r"unknown hook among \['blocks.9.nothing'\]: .*does not exist"):
         capture(model, torch.randn(2, 8, 3), torch.randn(2, 8), hooks=["blocks.9.nothing"])
 
 

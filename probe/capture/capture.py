@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -62,7 +63,9 @@ class _Sink:
         self.out_dir = out_dir
         self.arrays: dict[str, np.ndarray] = {}
 
-    def put(self, name: str, full_shape: tuple[int, ...], batch_axis: int, start: int, value: np.ndarray) -> None:
+    def put(self, name: str, full_shape: tuple[int, ...], batch_axis: int, start: int, value: np.ndarray,
+            leading: int | None = None) -> None:
+        """Write `value` at rows start.. of `batch_axis`; `leading` selects one entry of axis 0 (a layer)."""
         if name not in self.arrays:
             if self.out_dir is not None:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -72,6 +75,8 @@ class _Sink:
                 self.arrays[name] = np.empty(full_shape, dtype=np.float32)
         index = [slice(None)] * len(full_shape)
         index[batch_axis] = slice(start, start + value.shape[batch_axis])
+        if leading is not None:
+            index[0] = slice(leading, leading + 1)
         self.arrays[name][tuple(index)] = value
 
 
@@ -124,36 +129,49 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
     wanted = set(H.resid_names(model.n_layers)) if RESID in hooks else set()
     wanted |= {H.FINAL} if "final" in hooks else set()
     wanted |= set(named)
+    boundary_of = {H.resid(i): i for i in range(model.n_layers + 1)} if RESID in hooks else {}
 
     from tqdm.auto import tqdm
 
     with torch.no_grad():
         for start in tqdm(range(0, b, batch_size), desc="capture", disable=not progress, leave=False):
             bx, by = xs[start : start + batch_size].to(device), ys[start : start + batch_size].to(device)
+            nb = bx.shape[0]
             if bridge is not None:
                 from .bridge import bridge_inputs
 
-                logits, cache = bridge.run_with_cache(bridge_inputs(model, bx, by), names_filter=lambda name: name in wanted)
-                pred = logits[:, 0 : 2 * n : 2, 0]
-                resid = [cache[H.resid(i)] for i in range(model.n_layers + 1)] if RESID in hooks else []
-                final = cache[H.FINAL] if "final" in hooks else None
-                extra = {}
-                for name in named:
-                    if name not in cache:
-                        raise ConfigError(f"unknown hook '{name}'; examples: {H.resid(1)}, {H.attn_pattern(0)}, "
-                                          f"blocks.0.hook_mlp_out")
-                    extra[name] = cache[name]
+                seen: set[str] = set()
+
+                def store(value: Tensor, hook, name: str, start: int = start) -> None:
+                    # copy straight into the output: no per-batch cache of every hook is kept.
+                    # `name` is the name asked for (TransformerLens may report an alias in hook.name)
+                    seen.add(name)
+                    if name in boundary_of:
+                        sink.put(RESID, (model.n_layers + 1, b, n_pos, model.d_model), 1, start,
+                                 _select(value, pos).float().cpu().numpy()[None], boundary_of[name])
+                    elif name == H.FINAL:
+                        sink.put(H.FINAL, (b, n_pos, model.d_model), 0, start, _select(value, pos).float().cpu().numpy())
+                    else:
+                        v = value.float().cpu().numpy()
+                        sink.put(name, (b, *v.shape[1:]), 0, start, v)
+
+                try:
+                    logits = bridge.run_with_hooks(bridge_inputs(model, bx, by), fwd_hooks=[(name, partial(store, name=name)) for name in wanted])
+                except (KeyError, ValueError, AttributeError) as err:
+                    raise ConfigError(f"unknown hook among {sorted(named)}: {err}; examples of valid names: "
+                                      f"{H.resid(1)}, {H.attn_pattern(0)}, blocks.0.hook_mlp_out") from None
+                missing = wanted - seen
+                if missing:
+                    raise ConfigError(f"unknown hook '{sorted(missing)[0]}'; examples: {H.resid(1)}, {H.attn_pattern(0)}, "
+                                      f"blocks.0.hook_mlp_out")
+                preds[start : start + nb] = logits[:, 0 : 2 * n : 2, 0].float().cpu().numpy()
             else:
                 out = model.run(bx, by)
-                pred, resid, final, extra = out.pred, out.resid, out.final, {}
-            nb = bx.shape[0]
-            preds[start : start + nb] = pred.float().cpu().numpy()
-            if RESID in hooks:
-                stacked = torch.stack([_select(r, pos) for r in resid]).float().cpu().numpy()
-                sink.put(RESID, (model.n_layers + 1, b, n_pos, model.d_model), 1, start, stacked)
-            if "final" in hooks:
-                sink.put(H.FINAL, (b, n_pos, model.d_model), 0, start, _select(final, pos).float().cpu().numpy())
-            for name, value in extra.items():
-                value = value.float().cpu().numpy()
-                sink.put(name, (b, *value.shape[1:]), 0, start, value)
+                preds[start : start + nb] = out.pred.float().cpu().numpy()
+                if RESID in hooks:
+                    for i, r in enumerate(out.resid):
+                        sink.put(RESID, (model.n_layers + 1, b, n_pos, model.d_model), 1, start,
+                                 _select(r, pos).float().cpu().numpy()[None], i)
+                if "final" in hooks:
+                    sink.put(H.FINAL, (b, n_pos, model.d_model), 0, start, _select(out.final, pos).float().cpu().numpy())
     return Capture(pred=preds, acts=sink.arrays, positions=None if pos is None else pos.numpy())
