@@ -88,3 +88,39 @@ def test_span_residual_zero_in_span_and_null_for_random():
     null = span_residuals(rand, xs)[0].pow(2).mean(0).sqrt()  # RMS, as span_table reports
     for t in range(1, 6):
         assert null[t].item() == pytest.approx(np.sqrt((8 - t) / 8), abs=0.03)
+
+
+def test_probe_recovers_planted_target_and_controls_score_near_zero():
+    from probe.analysis.probes import AttentionPoolProbe
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(600, 8, 16, generator=g)
+    a = torch.randn(16, 3, generator=g)
+    target = h[:, 5] @ a  # planted linearly at position 5
+    probe = AttentionPoolProbe("linear", steps=600, lr=1e-2).fit(h[:400], target[:400])
+    assert probe.score(h[400:], target[400:]) > 0.98
+    assert probe.attention_.argmax() == 5
+    unrelated = torch.randn(600, 3, generator=g)
+    control = AttentionPoolProbe("linear", steps=600, lr=1e-2).fit(h[:400], unrelated[:400])
+    assert abs(control.score(h[400:], unrelated[400:])) < 0.1
+
+
+def test_batched_probes_and_r2_match_sklearn():
+    from sklearn.metrics import r2_score
+
+    from probe.analysis.probes import fit_probes, probe_targets, r2_uniform
+
+    g = torch.Generator().manual_seed(1)
+    truth, pred = torch.randn(2, 50, 3, generator=g).double(), torch.randn(2, 50, 3, generator=g).double()
+    for i in range(2):
+        assert r2_uniform(truth[i], pred[i]).item() == pytest.approx(r2_score(truth[i].numpy(), pred[i].numpy()))
+    # a grid whose layer 1 holds X^T y of the prefix at the last y token: only that layer decodes it
+    xs, ys = torch.randn(500, 6, 3, generator=g), torch.randn(500, 6, generator=g)
+    xty = probe_targets(xs, ys, "xty")  # (N, n, d)
+    states = torch.randn(2, 500, 12, 5, generator=g)
+    states[1, :, 5, :3] = xty[:, 3]  # token 5 is y_3: it has seen 3 examples
+    table = fit_probes(states[:, :400], {"xty": xty[:400]}, states[:, 400:], {"xty": xty[400:]}, [(3, "xty")], "linear",
+                       steps=500, lr=1e-2)
+    r2 = table.set_index("layer").r2
+    assert r2[1] > 0.95 and r2[0] < 0.3
+    assert table.set_index("layer").peak_position[1] == 5

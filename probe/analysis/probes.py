@@ -6,6 +6,9 @@ them with W_v, and regresses the target with a linear head or a 2-layer GELU MLP
 
     target ~ FF( W_v sum_p alpha_p h_p ).
 
+W_v is followed by the head's first linear map, so the two are one linear map; it is stored
+folded (same function class, fewer parameters and a third of the compute).
+
 Targets: the moment vector X^T y and the least-squares weights w_OLS of the prefix. Each
 target coordinate is standardised with the training prompts' mean and standard deviation per
 (prefix, coordinate); R^2 is scikit-learn's r2_score (uniform average over coordinates).
@@ -25,6 +28,16 @@ from torch import Tensor, nn
 
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
+
+
+def r2_uniform(truth: Tensor, pred: Tensor) -> Tensor:
+    """scikit-learn's r2_score(multioutput="uniform_average") over axis -2 (samples), batched:
+    truth/pred (..., N, d) -> (...)."""
+    ss_res = ((truth - pred) ** 2).sum(-2)
+    ss_tot = ((truth - truth.mean(-2, keepdim=True)) ** 2).sum(-2)
+    per_output = torch.where(ss_tot > 0, 1 - ss_res / ss_tot.clamp_min(1e-300),
+                             torch.where(ss_res > 0, torch.zeros_like(ss_res), torch.ones_like(ss_res)))
+    return per_output.mean(-1)
 
 
 def probe_targets(xs: Tensor, ys: Tensor, name: str) -> Tensor:
@@ -50,12 +63,11 @@ class ProbeGrid(nn.Module):
         init = lambda *shape, fan: (torch.randn(*shape, generator=g) / math.sqrt(fan))
         self.kind = kind
         self.scores = nn.Parameter(torch.zeros(n_probes, n_positions))  # s, uniform attention at start
-        self.w_v = nn.Parameter(init(n_probes, width, value_dim, fan=width))
-        if kind == "linear":
-            self.head = nn.ParameterList([nn.Parameter(init(n_probes, value_dim, out_dim, fan=value_dim)),
+        if kind == "linear":  # W_v folded into the head: (G, D, d)
+            self.head = nn.ParameterList([nn.Parameter(init(n_probes, width, out_dim, fan=width)),
                                           nn.Parameter(torch.zeros(n_probes, 1, out_dim))])
-        elif kind == "mlp":
-            self.head = nn.ParameterList([nn.Parameter(init(n_probes, value_dim, hidden, fan=value_dim)),
+        elif kind == "mlp":  # W_v folded into the first layer: (G, D, hidden)
+            self.head = nn.ParameterList([nn.Parameter(init(n_probes, width, hidden, fan=width)),
                                           nn.Parameter(torch.zeros(n_probes, 1, hidden)),
                                           nn.Parameter(init(n_probes, hidden, out_dim, fan=hidden)),
                                           nn.Parameter(torch.zeros(n_probes, 1, out_dim))])
@@ -66,11 +78,15 @@ class ProbeGrid(nn.Module):
         """alpha (G, P): softmax of the scores over each probe's allowed positions (mask (G, P))."""
         return torch.softmax(self.scores.masked_fill(~mask, float("-inf")), dim=-1)
 
-    def forward(self, states: Tensor, mask: Tensor) -> Tensor:
-        """states (L, N, P, D), shared by the layer's M probes -> predictions (G, N, d)."""
+    def forward(self, states: Tensor, mask: Tensor, layout: str = "lnpd") -> Tensor:
+        """states (L, N, P, D) -- or (L, P, N, D) with layout "lpnd", which pools with one bmm --
+        shared by the layer's M probes -> predictions (G, N, d)."""
         alpha = self.attention(mask).view(self.n_layers, self.n_per_layer, -1)
-        pooled = torch.einsum("lmp,lnpd->lmnd", alpha, states).flatten(0, 1)  # (G, N, D), no per-probe copies
-        v = torch.bmm(pooled, self.w_v)  # (G, N, H)
+        if layout == "lpnd":
+            n_layers, n_pos, n, width = states.shape
+            v = torch.bmm(alpha, states.reshape(n_layers, n_pos, n * width)).view(-1, n, width)  # (G, N, D)
+        else:
+            v = torch.einsum("lmp,lnpd->lmnd", alpha, states).flatten(0, 1)  # (G, N, D), no per-probe copies
         if self.kind == "linear":
             return torch.bmm(v, self.head[0]) + self.head[1]
         hidden = nn.functional.gelu(torch.bmm(v, self.head[0]) + self.head[1])
@@ -86,8 +102,6 @@ def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_stat
     Returns one row per probe: layer, prefix, target, kind, r2, nmse, y_mass (attention on y tokens),
     last_example_mass (on the last example's two tokens), peak_position.
     """
-    from sklearn.metrics import r2_score
-
     n_layers, _, n_pos, width = train_states.shape
     d = next(iter(train_targets.values())).shape[-1]
     m = len(combos)
@@ -101,27 +115,31 @@ def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_stat
     grid = ProbeGrid(n_layers, m, n_pos, width, d, kind, seed=seed).to(device)
     opt = torch.optim.Adam(grid.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
-    train_states = train_states.float()
+    by_position = train_states.float().transpose(1, 2).contiguous().to(device)  # (L+1, P, N, D): minibatches gather along N
     n_train = train_states.shape[1]
+    y_train = y_train.to(device)
     for _ in range(steps):
-        idx = torch.randint(0, n_train, (min(batch_size, n_train),), generator=g)
-        pred = grid(train_states[:, idx].to(device), mask).view(n_layers, m, len(idx), d)
-        loss = ((pred - y_train[:, idx].to(device)) ** 2).mean(dim=(2, 3)).sum()  # independent probes
+        idx = torch.randint(0, n_train, (min(batch_size, n_train),), generator=g).to(device)
+        pred = grid(by_position.index_select(2, idx), mask, layout="lpnd").view(n_layers, m, len(idx), d)
+        loss = ((pred - y_train[:, idx]) ** 2).mean(dim=(2, 3)).sum()  # independent probes
         opt.zero_grad()
         loss.backward()
         opt.step()
     with torch.no_grad():
-        pred = grid(test_states.float().to(device), mask).cpu().double().view(n_layers, m, -1, d)
+        test_by_position = test_states.float().transpose(1, 2).contiguous().to(device)
+        pred = grid(test_by_position, mask, layout="lpnd").cpu().double().view(n_layers, m, -1, d)
         alpha = grid.attention(mask).cpu().view(n_layers, m, -1)
+    truth = y_test.double().unsqueeze(0)  # (1, M, N, d)
+    r2 = r2_uniform(truth, pred)  # (L+1, M)
+    nmse = ((pred - truth) ** 2).mean((2, 3)) / truth.var(dim=(2, 3)).clamp_min(1e-12)
     is_y = (torch.arange(n_pos) % 2 == 1).float()
     rows = []
     for layer in range(n_layers):
         for i, (t, target) in enumerate(combos):
-            truth, guess, a = y_test[i].double(), pred[layer, i], alpha[layer, i]
+            a = alpha[layer, i]
             last = slice(2 * t - 2, 2 * t)
             rows.append({"layer": layer, "prefix": t, "target": target, "kind": kind,
-                         "r2": float(r2_score(truth.numpy(), guess.numpy())),
-                         "nmse": float(((guess - truth) ** 2).mean() / truth.var().clamp_min(1e-12)),
+                         "r2": float(r2[layer, i]), "nmse": float(nmse[layer, i]),
                          "y_mass": float((a * is_y).sum()), "last_example_mass": float(a[last].sum()),
                          "peak_position": int(a.argmax())})
     return pd.DataFrame(rows)

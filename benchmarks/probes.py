@@ -1,0 +1,64 @@
+"""Probes fitted as one batched model vs one probe at a time (same data, same steps).
+
+The grid is every layer x prefix x target of a checkpoint (linear probes). The one-at-a-time
+time is measured on a few probes and scaled to the grid (each probe costs the same). Both are
+timed in this run; last line: speedup=<ratio>.
+
+    python benchmarks/probes.py [--checkpoint checkpoints/gpt2-default] [--single 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "gpt2-default"
+
+
+def main() -> None:
+    from probe.analysis.probes import AttentionPoolProbe, default_prefixes, fit_probes, probe_targets
+    from probe.capture import RESID, capture
+    from probe.checkpoint import load_checkpoint
+    from probe.tasks import generator_for, sample_prompts
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", default=str(DEFAULT))
+    parser.add_argument("--prompts", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--single", type=int, default=6, help="probes timed one at a time")
+    parser.add_argument("--prefixes", choices=["all", "default"], default="all",
+                        help="probe every prefix 1..n-1 (all, default) or 1, d, 2d, n-1")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    ckpt = load_checkpoint(args.checkpoint)
+    task = ckpt.config.task
+    p = sample_prompts(task, args.prompts, generator=generator_for(0, 201))
+    states = torch.as_tensor(np.asarray(capture(ckpt.model, p.xs, p.ys, hooks=[RESID]).acts[RESID]))
+    targets = {k: probe_targets(p.xs, p.ys, k) for k in ("xty", "w_ols")}
+    prefixes = range(1, task.n_points) if args.prefixes == "all" else default_prefixes(task.n_dims, task.n_points)
+    combos = [(t, k) for t in prefixes for k in targets]
+    n_probes = states.shape[0] * len(combos)
+
+    start = time.perf_counter()
+    fit_probes(states, targets, states, targets, combos, "linear", steps=args.steps)
+    batched = time.perf_counter() - start
+
+    start = time.perf_counter()
+    done = 0
+    picks = np.linspace(0, n_probes - 1, args.single).round().astype(int)  # spread over layers and prefixes
+    for i in picks:
+        layer, (t, k) = divmod(int(i), len(combos))[0], combos[int(i) % len(combos)]
+        AttentionPoolProbe("linear", steps=args.steps).fit(states[layer, :, : 2 * t], targets[k][:, t])
+        done += 1
+    single = (time.perf_counter() - start) / done * n_probes
+    print(f"{n_probes} probes ({states.shape[0]} layers x {len(combos)} prefix/target pairs), {args.steps} steps each")
+    print(f"batched: {batched:.2f} s; one at a time: {single:.1f} s (measured on {done}, scaled to {n_probes})")
+    print(f"speedup={single / batched:.1f}")
+
+
+if __name__ == "__main__":
+    main()

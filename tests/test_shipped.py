@@ -1,0 +1,30 @@
+"""The shipped checkpoints load, meet their quality bar, and reproduce the evaluations stored beside them."""
+
+import pandas as pd
+import pytest
+
+from conftest import REPO
+from probe.checkpoint import load_checkpoint
+from probe.evaluate import error_curve
+
+SHIPPED = sorted(p.parent.parent.name for p in (REPO / "checkpoints").glob("*/eval/eval.csv"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_evaluate_reproduces_stored_numbers(name):
+    ckpt = load_checkpoint(REPO / "checkpoints" / name)
+    stored = pd.read_csv(REPO / "checkpoints" / name / "eval" / "eval.csv")
+    fresh = error_curve(ckpt.model, ckpt.config.task, n_prompts=1280, seed=0)
+    pd.testing.assert_frame_equal(fresh, stored, check_exact=False, rtol=1e-4, atol=1e-7)
+
+
+def test_default_checkpoint_meets_the_quality_bar():
+    ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    assert ckpt.config.model.n_layer >= 8
+    stored = pd.read_csv(REPO / "checkpoints" / "gpt2-default" / "eval" / "eval.csv").set_index("n_examples")
+    assert stored.model[2 * ckpt.config.task.n_dims + 1] < 0.01
+    assert sum(p.stat().st_size for p in (REPO / "checkpoints" / "gpt2-default").rglob("*") if p.is_file()) < 10 * 2**20
+
+
+def test_shipped_set_is_complete():
+    assert {"gpt2-default", "lstm-default", "gpt2-illcond"} <= set(SHIPPED)
