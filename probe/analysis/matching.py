@@ -85,7 +85,8 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime") -> dict[str, A
     """Linear and exponential fits of the best-matching k against the layer index, over layers
     l >= 1 before convergence (best k neither at the start nor at the end of the grid).
 
-    Linear: k = a l + b. Exponential: log k = a l + b (k > 0), R^2 measured on k itself.
+    Linear: k = a l + b. Exponential: k = c g^l, fitted by least squares on k itself (started
+    from the log-linear fit), so both R^2 are measured on the same scale.
     """
     rows = best[(best.learner == learner) & (best.metric == metric) & (best.layer >= 1) & ~best.at_grid_end]
     rows = rows[rows.k > 0]
@@ -95,8 +96,14 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime") -> dict[str, A
         out.update(linear_r2=None, exponential_r2=None, slope=None, growth=None,
                    verdict=f"{learner}: inconclusive (fewer than 3 layers with a varying, unconverged best match)")
         return out
+    from scipy.optimize import curve_fit
+
     a, b = np.polyfit(layers, ks, 1)
     ea, eb = np.polyfit(layers, np.log(ks), 1)
+    try:
+        (eb, ea), _ = curve_fit(lambda l, c0, c1: np.exp(c0 + c1 * l), layers, ks, p0=(eb, ea), maxfev=5000)
+    except RuntimeError:  # no convergence: keep the log-linear fit
+        pass
     lin_r2, exp_r2 = _r2(ks, a * layers + b), _r2(ks, np.exp(ea * layers + eb))
     if lin_r2 >= exp_r2:
         verdict = f"{learner}: linear, about {a:.1f} {'iterations' if 'newton' in learner else 'steps'} per layer"

@@ -1,7 +1,8 @@
 """On-disk cache of report stages: tables (CSV) and JSON, keyed by checkpoint hash and recipe.
 
 A stage's key covers everything its numbers depend on (checkpoint sha256, the recipe sections
-it reads, the toolkit version), so a re-run that changes only plotting or wording reuses it.
+it reads, and the toolkit's analysis code), so a re-run that changes only plotting or wording
+reuses it, and changed analysis code never reads stale results.
 """
 
 from __future__ import annotations
@@ -20,12 +21,28 @@ from ..checkpoint import atomic_write
 log = logging.getLogger(__name__)
 
 
+PACKAGE = Path(__file__).resolve().parents[1]
+NOT_NUMERIC = ("report", "cli")  # code that only presents results does not invalidate stages
+
+
+def code_digest() -> str:
+    """Hash of the toolkit's source that computes numbers (everything but report/ and cli/)."""
+    import hashlib
+
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] not in NOT_NUMERIC:
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 class StageCache:
     def __init__(self, root: Path | None):
         self.root = root
+        self.code = code_digest()
 
     def _dir(self, key: str) -> Path | None:
-        return None if self.root is None else self.root / f"{key}-v{__version__}"
+        return None if self.root is None else self.root / f"{key}-{self.code}"
 
     def get_or_run(self, key: str, run: Callable[[], tuple[dict[str, pd.DataFrame], dict[str, Any]]]
                    ) -> tuple[dict[str, pd.DataFrame], dict[str, Any], bool]:

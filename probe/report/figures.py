@@ -65,13 +65,15 @@ def heatmap(cells: pd.DataFrame, best: pd.DataFrame, learner: str, metric: str, 
     rows = cells[(cells.b == learner) & (cells.metric == metric)]
     key = axis if axis and axis in rows else "b_index"
     grid = rows.pivot_table(index=key, columns="layer", values="value")
+    if np.all(np.mod(grid.index.to_numpy(dtype=float), 1) == 0):
+        grid.index = grid.index.astype(int)  # 3, not 3.0, for iteration and step counts
     fig, ax = plt.subplots(figsize=(0.55 * grid.shape[1] + 2.5, 0.22 * grid.shape[0] + 1.8))
     sns.heatmap(grid, ax=ax, cmap="magma", cbar_kws={"label": metric.upper()}, vmin=max(-1, np.nanmin(grid.values)), vmax=1)
     picks = best[(best.learner == learner) & (best.metric == metric)]
-    ylabels = list(grid.index)
+    ylabels = [float(v) for v in grid.index]
     for _, r in picks.iterrows():
-        if r.k in ylabels:
-            ax.add_patch(plt.Rectangle((list(grid.columns).index(r.layer), ylabels.index(r.k)), 1, 1, fill=False,
+        if float(r.k) in ylabels:
+            ax.add_patch(plt.Rectangle((list(grid.columns).index(r.layer), ylabels.index(float(r.k))), 1, 1, fill=False,
                                        edgecolor="cyan", lw=2))
     ax.invert_yaxis()
     ax.set(xlabel="layer", ylabel=f"{learner} {key}", title=f"{metric.upper()}: layers vs {learner}")
