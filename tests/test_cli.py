@@ -63,3 +63,45 @@ def test_inspect_and_capture_cli(tmp_path, capsys):
     np.savez(tmp_path / "noys.npz", xs=np.zeros((5, 8, 3), np.float32))
     assert main(["capture", str(run), "--prompts", str(tmp_path / "noys.npz"), "--out", str(tmp_path / "b.npz")]) == 2
     assert "missing arrays ['ys']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["gpt2-default", "lstm-default", "gpt2-illcond"])
+def test_inspect_and_capture_on_shipped_checkpoints(name, tmp_path, capsys):
+    import json
+
+    import numpy as np
+
+    ckpt = REPO / "checkpoints" / name
+    assert main(["inspect", str(ckpt), "--json", "--prompts", "64"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["train_step"] == 12000 and info["n_layer"] in (4, 8)
+    np.savez(tmp_path / "p.npz", xs=np.random.randn(3, 16, 4).astype(np.float32), ys=np.random.randn(3, 16).astype(np.float32))
+    assert main(["-q", "capture", str(ckpt), "--prompts", str(tmp_path / "p.npz"), "--out", str(tmp_path / "a.npz")]) == 0
+    assert np.load(tmp_path / "a.npz")["resid"].shape == (info["n_layer"] + 1, 3, 32, info["n_embd"])
+
+
+LAYER_ARGS = ["--train-prompts", "48", "--val-prompts", "16", "--eval-prompts", "32", "--bootstrap", "30"]
+
+
+def test_layer_commands_on_garg_directory_and_lstm(tmp_path, capsys):
+    import torch
+
+    from conftest import GargTransformerModel, build_cfg, write_garg_run
+    from probe.checkpoint import save_model
+    from probe.models import build_model
+
+    garg = write_garg_run(tmp_path / "garg", GargTransformerModel(3, 8, 16, 2, 2), 3, 8, 16, 2, 2)
+    cfg = build_cfg(family="lstm")
+    save_model(build_model(cfg.model), cfg, tmp_path / "lstm")
+    for ckpt in (garg, tmp_path / "lstm"):
+        out = tmp_path / f"out-{ckpt.name}"
+        assert main(["-q", "readout", str(ckpt), "--out", str(out / "r"), *LAYER_ARGS]) == 0
+        assert main(["-q", "heatmap", str(ckpt), "--out", str(out / "h"), "--simw-prompts", "8", "--learners", "newton",
+                     "gd_log", *LAYER_ARGS]) == 0
+        assert main(["-q", "span", str(ckpt), "--out", str(out / "s"), "--simw-prompts", "8", *LAYER_ARGS]) == 0
+        best = pd.read_csv(out / "h" / "best_match.csv")
+        assert set(best.learner) == {"newton", "gd_log"} and set(best.metric) == {"sime", "simw"}
+        assert (out / "h" / "heatmap_newton_sime.png").exists() and (out / "s" / "span.csv").exists()
+        assert len(pd.read_csv(out / "r" / "readout_by_layer.csv")) == 3
+    assert main(["heatmap", str(garg), "--out", str(tmp_path / "x"), "--learners", "newtn"]) == 2
+    assert "Did you mean: newton?" in capsys.readouterr().err

@@ -32,6 +32,8 @@ def settings_from_args(args: argparse.Namespace, **overrides):
                   readout_method=args.readout_method, n_boot=args.bootstrap, device=check_device(args.device))
     if hasattr(args, "simw_prompts"):
         values.update(n_simw=min(args.simw_prompts, args.eval_prompts), n_queries=args.queries)
+    else:
+        values.update(n_simw=min(LayerSettings.n_simw, args.eval_prompts))
     values.update(overrides)
     return LayerSettings(**values)
 

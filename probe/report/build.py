@@ -113,7 +113,8 @@ def run_stages(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, cache: Stage
     return built
 
 
-def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: Path) -> dict[str, Path]:
+def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: Path,
+                 compare: LoadedCheckpoint | None = None) -> dict[str, Path]:
     """Every figure of the report; returns name -> PNG path."""
     t = built.tables
     out: dict[str, Path] = {}
@@ -132,6 +133,9 @@ def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: 
         out["probes"] = figures.probes(t["probes"], fig_dir / "probes")[0]
     if "forgetting" in t:
         out["forgetting"] = figures.forgetting(t["forgetting"], fig_dir / "forgetting")[0]
+    if "compare_readout" in t:
+        out["compare_readout"] = figures.readout_comparison(
+            {ckpt.name: t["readout"], compare.name if compare else "compare": t["compare_readout"]}, fig_dir / "compare_readout")[0]
     return out
 
 
@@ -158,7 +162,7 @@ def build_report(ckpt: LoadedCheckpoint, recipe: Recipe, out: Path, device: str 
         for name, frame in built.tables.items():
             frame.to_csv(data_dir / f"{name}.csv", index=False)
         (data_dir / "trends.json").write_text(json.dumps(built.data.get("trends", []), indent=2) + "\n")
-        figs = make_figures(built, ckpt, recipe, tmp / "figures")
+        figs = make_figures(built, ckpt, recipe, tmp / "figures", compare)
         built.timings["figures"] = round(time.perf_counter() - start, 2)
         summary = build_summary(built, ckpt, recipe, compare)
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2, default=_jsonable) + "\n")

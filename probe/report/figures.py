@@ -131,3 +131,15 @@ def forgetting(table: pd.DataFrame, stem: Path) -> list[Path]:
     ax.set(xlabel="time-stamp gap n - i", ylabel="squared error / d on reused x_i", yscale="log")
     ax.legend(fontsize=7)
     return _save(fig, stem)
+
+
+def readout_comparison(tables: dict[str, pd.DataFrame], stem: Path) -> list[Path]:
+    """Per-layer readout error of two models side by side (seed 003 Fig. 1a vs 1c)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for name, table in tables.items():
+        by = table[table.n_examples >= 1].groupby("layer").error.mean()
+        ax.plot(by.index, by.values, "-o", label=name, ms=4)
+    ax.set(xlabel="layer", ylabel="error / d (retrained read-out)", yscale="log")
+    ax.legend(fontsize=8)
+    return _save(fig, stem)

@@ -32,6 +32,21 @@ def _table(frame: pd.DataFrame, floatfmt: str = "{:.4f}") -> str:
     return frame.to_html(index=False, float_format=lambda v: floatfmt.format(v), border=0)
 
 
+def _training_rows(ckpt) -> list[tuple[str, Any]]:
+    """The training recipe, when the checkpoint records it (icl-probe runs do; Garg's config less)."""
+    if ckpt.format != "icl-probe":
+        return [("training recipe", f"not recorded in the {ckpt.format} format")]
+    tr, cur = ckpt.config.train, ckpt.config.curriculum
+    rows = [("optimizer", f"AdamW lr {tr.lr:g}, {tr.warmup_steps} warm-up steps, {tr.schedule} decay, batch {tr.batch_size}, "
+                          f"clip {tr.grad_clip:g}, seed {tr.seed}")]
+    if cur.dims or cur.points:
+        stage = lambda s: "fixed" if s is None else f"{s.start} -> {s.end} (+{s.inc} every {s.interval} steps)"
+        rows.append(("curriculum", f"dims {stage(cur.dims)}; points {stage(cur.points)}"))
+    if "train_seconds" in ckpt.meta:
+        rows.append(("training wall time", f"{ckpt.meta['train_seconds']:.0f} s"))
+    return rows
+
+
 def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, recipe, compare) -> str:
     t = built.tables
     c = summary["checkpoint"]
@@ -45,7 +60,7 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
         ("heads", m["n_head"] if m["family"] == "gpt2" else "-"), ("d", m["n_dims"]), ("points", m["n_positions"]),
         ("parameters", f"{c['parameters']:,}"), ("task", f"{c['task']['name']} ({c['task']['covariance']})"),
         ("trained steps", c.get("train_step", "unknown")), ("sha256", c["sha256"][:16] + "..."),
-    ], columns=["field", "value"])
+    ] + _training_rows(ckpt), columns=["field", "value"])
     parts += ["<h2>Model card</h2>", _table(card),
               _img(figs["icl_error"], "error vs examples",
                    "Squared error / d of the model's own predictions against the number of in-context examples "
@@ -59,6 +74,10 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
               "residual stream at the x tokens (seed 003 §4.1); layer 0 is the embedding output.</p>", _table(ro),
               _img(figs["readout"], "readout error", "Error / d of each layer's retrained read-out against the number of "
                    "examples on held-out prompts; the dotted line marks t = d.")]
+    if "compare_readout" in figs:
+        parts.append(_img(figs["compare_readout"], "readout comparison",
+                          f"Mean error / d (examples >= 1) of each layer's retrained read-out for {c['name']} and "
+                          f"{compare.name}: how much each layer improves on the one before."))
     # heatmaps
     parts += ["<h2>Layers vs reference learners</h2>", "<div class='verdict'>"]
     for label, tr in summary["trend"].items():
