@@ -63,6 +63,48 @@ def error_curve(model: nn.Module, task: TaskConfig, n_prompts: int = 1280, seed:
     return frame
 
 
+def r2_per_position(ys: torch.Tensor, preds: torch.Tensor) -> torch.Tensor:
+    """scikit-learn's r2_score over prompts, at every position: ys, preds (..., P, n) -> (..., n)."""
+    ys, preds = ys.double(), preds.double()
+    ss_res = ((ys - preds) ** 2).sum(-2)
+    ss_tot = ((ys - ys.mean(-2, keepdim=True)) ** 2).sum(-2)
+    return torch.where(ss_tot > 0, 1 - ss_res / ss_tot.clamp_min(1e-300), torch.zeros_like(ss_res))
+
+
+def bootstrap_r2(ys: torch.Tensor, preds: torch.Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.90):
+    """Percentile bootstrap band of the per-position R^2, resampling prompts."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, ys.shape[0], (n_boot, ys.shape[0]), generator=g)
+    r2 = r2_per_position(ys[idx], preds[idx])  # (n_boot, n)
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=r2.dtype)
+    lo, hi = torch.quantile(r2, q, dim=0)
+    return lo, hi
+
+
+def r2_curve(model: nn.Module, task: TaskConfig, n_prompts: int = 1280, seed: int = 0, n_points: int | None = None,
+             device: str = "cpu", epochs: int = 100, lr: float = 0.01, n_boot: int = 1000,
+             progress: bool = False) -> pd.DataFrame:
+    """R^2 of in-context predictions against the number of examples (seed 001 App. G), beside
+    training the task's N-layer ReLU network directly on each prompt's examples for `epochs`
+    full-batch Adam steps (all prompts' networks at once): `direct` after the last epoch and
+    `direct_best_epoch`, the best epoch per position, as that paper reports."""
+    prompts = eval_prompts(task, n_prompts, seed, n_points)
+    ys = prompts.ys.double()
+    pred = predict(model, prompts, device=device, progress=progress).double()
+    lo, hi = bootstrap_r2(ys, pred, n_boot, seed)
+    direct = run_learner("relu_gd", prompts.xs.to(device), prompts.ys.to(device), steps=range(1, epochs + 1), lr=lr,
+                         depth=task.relu_depth, width=max(32, task.relu_width), seed=seed).preds.cpu()
+    r2_direct = r2_per_position(ys, direct)  # (epochs, n)
+    frame = pd.DataFrame({
+        "n_examples": np.arange(ys.shape[1]),
+        "model": r2_per_position(ys, pred).numpy(), "model_lo": lo.numpy(), "model_hi": hi.numpy(),
+        "direct": r2_direct[-1].numpy(), "direct_best_epoch": r2_direct.max(0).values.numpy(),
+        "least_squares": r2_per_position(ys, run_learner("least_squares", prompts.xs, prompts.ys).preds[0]).numpy(),
+        "knn3": r2_per_position(ys, run_learner("knn", prompts.xs, prompts.ys, k=(3,)).preds[0]).numpy(),
+    })
+    return frame
+
+
 def plot_error_curve(frame: pd.DataFrame, path, title: str = "") -> None:
     import matplotlib
 
@@ -72,11 +114,16 @@ def plot_error_curve(frame: pd.DataFrame, path, title: str = "") -> None:
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     ax.plot(frame.n_examples, frame.model, label="model", color="C0", lw=2)
     ax.fill_between(frame.n_examples, frame.model_lo, frame.model_hi, color="C0", alpha=0.25)
-    for i, name in enumerate(["least_squares", "knn3", "averaging"]):
+    baselines = [c for c in frame.columns if c not in ("n_examples", "model", "model_lo", "model_hi")]
+    for i, name in enumerate(baselines):
         ax.plot(frame.n_examples, frame[name], label=name.replace("_", " "), ls="--", color=f"C{i + 1}")
     ax.set_xlabel("in-context examples")
-    ax.set_ylabel("squared error / d")
-    ax.set_ylim(bottom=0)
+    r2 = "direct" in frame.columns
+    ax.set_ylabel("R^2" if r2 else "squared error / d")
+    if r2:
+        ax.set_ylim(-0.5, 1.02)
+    else:
+        ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()

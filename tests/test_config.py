@@ -47,3 +47,11 @@ def test_override_parsing_and_merge():
 def test_curriculum_stage():
     s = Stage(start=5, end=20, inc=1, interval=2000)
     assert [s.at(k) for k in (0, 1999, 2000, 30000)] == [5, 5, 6, 20]
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "analyses").glob("*.toml")), ids=lambda p: p.name)
+def test_report_recipes_validate(recipe):
+    from probe.report.recipe import resolve_recipe
+
+    r = resolve_recipe(str(recipe))
+    assert r.sweeps and r.name == recipe.stem

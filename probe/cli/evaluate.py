@@ -1,9 +1,14 @@
 """Squared error / d against the number of in-context examples, beside least squares,
 3-nearest neighbours and averaging, with a bootstrap 5-95% band for the model.
+For ReLU-network tasks: R^2 (scikit-learn's, over prompts, per number of examples) beside
+training the N-layer network directly on each prompt's examples (seed 001 App. G).
+Shifts: --mixture (input mixture weights), --param-mean (network parameter mean),
+--points beyond the training length.
 
 examples:
   icl-probe evaluate checkpoints/gpt2-default
   icl-probe evaluate checkpoints/gpt2-default --prompts 1280 --seed 0 --out /tmp/eval
+  icl-probe evaluate checkpoints/gpt2-relu3 --mixture 0.7,0.3 --param-mean 0.5 --points 32
 """
 
 from __future__ import annotations
@@ -22,23 +27,32 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--points", type=positive_int, default=None, help="examples per prompt (default: the training task's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the evaluation prompts and bootstrap (default 0)")
     p.add_argument("--out", help="directory for eval.csv, eval.png and eval.json")
+    p.add_argument("--mixture", help="input mixture weights w1,w2 of w1 N(-2,I) + w2 N(2,I) (ReLU tasks)")
+    p.add_argument("--param-mean", type=float, help="mean of the network parameters (ReLU tasks)")
+    p.add_argument("--epochs", type=positive_int, default=100, help="direct-training epochs (ReLU tasks, default 100)")
     add_device(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..checkpoint import load_checkpoint
     from ..errors import ConfigError
-    from ..evaluate import error_curve, plot_error_curve
+    from ..evaluate import error_curve, plot_error_curve, r2_curve
     from ..provenance import stamp
 
     device = check_device(args.device)
     ckpt = load_checkpoint(args.checkpoint)
     if args.points and args.points > ckpt.config.model.n_positions:
         raise ConfigError(f"--points {args.points} exceeds the model's {ckpt.config.model.n_positions} positions")
-    frame = error_curve(ckpt.model, ckpt.config.task, args.prompts, args.seed, args.points, device=device,
-                        progress=not args.quiet)
-    print(f"{ckpt.path} ({ckpt.format}, {ckpt.config.task.name}, d={ckpt.config.task.n_dims}); "
-          f"squared error / d over {args.prompts} prompts, seed {args.seed}")
+    task = shifted_task(ckpt.config.task, args)
+    if task.name == "relu_network":
+        frame = r2_curve(ckpt.model, task, args.prompts, args.seed, args.points, device=device, epochs=args.epochs,
+                         progress=not args.quiet)
+        metric = "R^2"
+    else:
+        frame = error_curve(ckpt.model, task, args.prompts, args.seed, args.points, device=device,
+                            progress=not args.quiet)
+        metric = "squared error / d"
+    print(f"{ckpt.path} ({ckpt.format}, {task.name}, d={task.n_dims}); {metric} over {args.prompts} prompts, seed {args.seed}")
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if args.out:
         out = Path(args.out)
@@ -46,7 +60,28 @@ def run(args: argparse.Namespace) -> int:
         frame.to_csv(out / "eval.csv", index=False)
         plot_error_curve(frame, out / "eval.png", title=f"{ckpt.path.name}: error vs in-context examples")
         record = {"checkpoint": str(ckpt.path), "format": ckpt.format, "prompts": args.prompts, "seed": args.seed,
-                  "points": args.points, "task": ckpt.config.task.__dict__, **stamp()}
+                  "points": args.points, "metric": metric, "task": task.__dict__, **stamp()}
         (out / "eval.json").write_text(json.dumps(record, indent=2, default=list) + "\n")
         print(f"wrote {out / 'eval.csv'} and {out / 'eval.png'}")
     return 0
+
+
+def shifted_task(task, args: argparse.Namespace):
+    """The checkpoint's task with the requested distribution shifts applied."""
+    import dataclasses
+
+    from ..errors import ConfigError
+
+    changes = {}
+    if args.mixture is not None:
+        try:
+            changes["mixture_weights"] = tuple(float(v) for v in args.mixture.split(","))
+        except ValueError:
+            raise ConfigError(f"--mixture must look like 0.9,0.1, got {args.mixture!r}") from None
+    if args.param_mean is not None:
+        changes["param_mean"] = args.param_mean
+    if changes and task.name != "relu_network":
+        raise ConfigError("--mixture and --param-mean apply to ReLU-network tasks only")
+    if args.points:
+        changes["n_points"] = args.points
+    return dataclasses.replace(task, **changes) if changes else task

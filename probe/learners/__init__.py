@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 
-from . import closed_form, iterative, krylov, nonparametric, online, stochastic  # noqa: F401  (registration)
+from . import closed_form, iterative, krylov, network, nonparametric, online, stochastic  # noqa: F401  (registration)
 from .base import LearnerResult, check_prompts, prefix_moments
 from .registry import LEARNERS, LearnerSpec
 

@@ -49,10 +49,13 @@ def layer_settings(recipe: Recipe, device: str):
 
 
 def _stage_evaluate(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
-    from ..evaluate import error_curve
+    from ..evaluate import error_curve, r2_curve
 
-    frame = error_curve(ckpt.model, ckpt.config.task, recipe.prompts.evaluate, recipe.prompts.seed, device=device)
-    return {"icl_error": frame}, {}
+    task = ckpt.config.task
+    tables = {"icl_error": error_curve(ckpt.model, task, recipe.prompts.evaluate, recipe.prompts.seed, device=device)}
+    if task.name == "relu_network":  # seed 001 App. G: R^2 beside direct training of the network
+        tables["icl_r2"] = r2_curve(ckpt.model, task, recipe.prompts.evaluate, recipe.prompts.seed, device=device)
+    return tables, {}
 
 
 def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
@@ -119,6 +122,12 @@ def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: 
     t = built.tables
     out: dict[str, Path] = {}
     out["icl_error"] = figures.icl_error(t["icl_error"], fig_dir / "icl_error", f"{ckpt.name}: error vs examples")[0]
+    if "icl_r2" in t:
+        from ..evaluate import plot_error_curve
+
+        fig_dir.mkdir(parents=True, exist_ok=True)
+        plot_error_curve(t["icl_r2"], fig_dir / "icl_r2.png", f"{ckpt.name}: R^2 vs examples")
+        out["icl_r2"] = fig_dir / "icl_r2.png"
     out["readout"] = figures.readout_error(t["readout"], fig_dir / "readout", ckpt.config.task.n_dims)[0]
     for sweep in recipe.sweeps:
         for metric in sorted(t["best_match"].metric.unique()):

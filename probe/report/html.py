@@ -65,6 +65,10 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
               _img(figs["icl_error"], "error vs examples",
                    "Squared error / d of the model's own predictions against the number of in-context examples "
                    "(band: bootstrap 5-95% over prompts), beside least squares, 3-nearest neighbours and averaging.")]
+    if "icl_r2" in figs:
+        parts.append(_img(figs["icl_r2"], "R^2 vs examples", "R^2 (over prompts) of the model's predictions against the "
+                          "number of examples, beside training the task's ReLU network directly on each prompt's examples "
+                          "(last epoch, and best epoch as seed 001 reports), least squares and 3-NN."))
     # readout
     ro = pd.DataFrame({"layer": summary["readout"]["layer"], "error / d (mean over t >= 1)": summary["readout"]["error"]})
     if summary["readout"].get("error_at_2d1"):

@@ -88,6 +88,9 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         "table1": {"sime": {r.family: {"learner": r.learner, "k": r.k, "similarity": r.similarity,
                                        "ci_low": r.ci_low, "ci_high": r.ci_high} for r in t["table1"].itertuples()}},
     }
+    if "icl_r2" in t:
+        r2 = t["icl_r2"]
+        summary["icl_r2"] = {c: _col(r2, c) for c in r2.columns}
     span = t["span"]
     if not span.empty:
         layers = span[span.kind == "layer"]
