@@ -18,7 +18,7 @@ from typing import Any
 from .errors import ConfigError
 from .registry import unknown_name_message
 
-MODEL_FAMILIES = ("gpt2", "lstm")
+MODEL_FAMILIES = ("gpt2", "lstm", "planted")
 ENCODINGS = ("garg", "akyurek")
 TASKS = ("linear_regression", "sparse_linear_regression", "relu_network")
 COVARIANCES = ("isotropic", "ill_conditioned")
@@ -44,6 +44,8 @@ class ModelConfig:
     n_layer: int = 8  # transformer blocks or LSTM layers
     n_head: int = 2  # attention heads (ignored by the LSTM)
     encoding: str = "garg"  # "garg": x, [y,0..0] (width d); "akyurek": [0,x], [y,0..0] (width d+1)
+    planted: str = ""  # family "planted" only: the learner its weights implement ("gd" or "newton")
+    planted_scale: float = 0.0  # family "planted" only: GD step size eta, or Newton's fixed alpha
 
     def __post_init__(self) -> None:
         _check_choice("model", "family", self.family, MODEL_FAMILIES)
@@ -52,6 +54,8 @@ class ModelConfig:
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= 1,
                    f"model.{name} must be a positive integer, got {value!r}")
+        _check(self.family != "planted" or self.planted in ("gd", "newton"),
+               f"model.planted must be 'gd' or 'newton' for a planted model, got {self.planted!r}")
         _check(self.family != "gpt2" or self.n_embd % self.n_head == 0,
                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
 

@@ -21,6 +21,7 @@ COMMANDS = {
     "heatmap": "Layer-vs-learner SimE/SimW heatmaps, best matches, trend verdicts",
     "span": "Span-of-examples test of each layer's induced weights",
     "report": "Everything above as one HTML report with summary.json",
+    "planted": "Write a transformer whose layers run GD or Newton by construction",
 }
 
 

@@ -74,13 +74,20 @@ def gd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[f
     return linear_result("gd", grid, _from_eigen(v, torch.stack(coefs)), xs, queries)
 
 
-def newton_alpha(lam: Tensor, rule: str) -> Tensor:
+def newton_alpha(lam: Tensor, rule: str | float) -> Tensor:
     """Initial scale alpha of M_0 = alpha S, per prefix (B, n, 1), from the eigenvalues of S.
 
     "spectral": 1/||S S^T||_2 (default; converges); "frobenius": 1/||S S^T||_F (the paper's
     code); "paper": 2/||S S^T||_2 as printed in seed 003 eq. 8, which sits on the convergence
     boundary: the top eigen-direction's error factor 1 - alpha lambda_max^2 = -1 never shrinks.
+    A number a is a fixed scale on the normalised moment S/t (M_0 = a S/t, as a planted model
+    computes it), i.e. alpha = a / t^2 on S.
     """
+    if isinstance(rule, (int, float)) and not isinstance(rule, bool):
+        if rule <= 0:
+            raise ValueError(f"newton alpha must be positive, got {rule}")
+        t = torch.arange(lam.shape[-2], dtype=lam.dtype, device=lam.device).clamp_min(1).view(*([1] * (lam.ndim - 2)), -1, 1)
+        return torch.full_like(lam[..., :1], float(rule)) / t**2
     sq = lam**2
     if rule == "spectral":
         norm, factor = sq.amax(-1, keepdim=True), 1.0
@@ -118,5 +125,5 @@ def newton(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, iterations:
             m = 2 * m - lam * m * m
         for k in iterations:
             coefs.append(wanted[int(k)])
-            grid.append({"iterations": int(k), "alpha": rule})
+            grid.append({"iterations": int(k), "alpha": rule})  # rule: a name or a fixed number
     return linear_result("newton", grid, _from_eigen(v, torch.stack(coefs)), xs, queries)

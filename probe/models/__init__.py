@@ -8,8 +8,9 @@ from ..config import ModelConfig
 from .base import ModelOutput
 from .gpt2 import GPT2ICL
 from .lstm import LSTMICL
+from .planted import PlantedICL
 
-FAMILIES = {"gpt2": GPT2ICL, "lstm": LSTMICL}
+FAMILIES = {"gpt2": GPT2ICL, "lstm": LSTMICL, "planted": PlantedICL}
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

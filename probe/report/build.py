@@ -95,9 +95,30 @@ def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
     return {"forgetting": forgetting_table(ckpt.model, p.xs, p.ys, learners, device)}, {}
 
 
+def adapt_recipe(ckpt: LoadedCheckpoint, recipe: Recipe) -> Recipe:
+    """Planted models are judged with their own read-out (retraining would rescale the planted
+    predictor) and against their learner's exact hyper-parameter: GD sweeps get the planted step
+    and every step count up to the depth; Newton sweeps the planted fixed alpha."""
+    import copy
+
+    m = ckpt.config.model
+    if m.family != "planted":
+        return recipe
+    recipe = copy.deepcopy(recipe)
+    recipe.readout.method = "model"
+    for sweep in recipe.sweeps:
+        if sweep.learner == "gd" and m.planted == "gd":
+            sweep.grid = {**sweep.grid, "eta": [m.planted_scale], "convention": ["paper"],
+                          "steps": sorted(set(sweep.grid.get("steps", [])) | set(range(m.n_layer + 1)))}
+        if sweep.learner == "newton" and m.planted == "newton":
+            sweep.grid = {**sweep.grid, "alpha": [m.planted_scale]}
+    return recipe
+
+
 def run_stages(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, cache: StageCache, progress: bool,
                prefix: str = "") -> Built:
     built = Built()
+    recipe = adapt_recipe(ckpt, recipe)
     sha = ckpt.sha256[:16]
     stages = [("evaluate", ("prompts",), lambda: _stage_evaluate(ckpt, recipe, device)),
               ("layers", ("prompts", "readout", "similarity", "sweeps"), lambda: _stage_layers(ckpt, recipe, device, progress))]
@@ -157,6 +178,7 @@ def build_report(ckpt: LoadedCheckpoint, recipe: Recipe, out: Path, device: str 
     out.parent.mkdir(parents=True, exist_ok=True)
     cache = StageCache(cache_dir)
     built = run_stages(ckpt, recipe, device, cache, progress)
+    recipe = adapt_recipe(ckpt, recipe)  # what the stages ran, for figures, summary and methods
     if compare is not None:
         other = run_stages(compare, recipe, device, cache, progress, prefix="compare_")
         built.tables.update(other.tables)

@@ -1,0 +1,87 @@
+"""Planted transformers: the analyses must recover the algorithm their weights implement."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from probe.checkpoint import load_checkpoint
+from probe.cli import main
+from probe.config import TaskConfig
+from probe.learners import run_learner
+from probe.models.planted import newton_layer_map
+from probe.planted_io import planted_config
+from probe.models.planted import plant
+from probe.tasks import generator_for, sample_prompts
+
+SMALL = ["--set", "prompts.evaluate=64", "--set", "prompts.train=64", "--set", "prompts.val=32", "--set", "prompts.eval=128",
+         "--set", "prompts.simw=32", "--set", "probes.enabled=false", "--set", "forgetting.prompts=16",
+         "--set", "similarity.bootstrap=100"]
+
+
+def _prompts(d=4, n=12, b=40):
+    p = sample_prompts(TaskConfig(n_dims=d, n_points=n), b, generator=generator_for(5))
+    return p.xs.double(), p.ys.double()
+
+
+def test_planted_layers_equal_their_learner_exactly():
+    xs, ys = _prompts()
+    gd = plant(planted_config("gd", 5, 4, 12, step_size=0.1).model).double()
+    out = gd.run(xs, ys)
+    ref = run_learner("gd", xs, ys, eta=(0.1,), steps=range(6)).preds
+    for layer in range(6):
+        np.testing.assert_allclose(gd.lens(out.resid[layer][:, 0::2]).numpy(), ref[layer].numpy(), atol=1e-6)
+    cfg = planted_config("newton", 9, 4, 12).model
+    newton = plant(cfg).double()
+    out = newton.run(xs, ys)
+    ref = run_learner("newton", xs, ys, iterations=range(4), alpha=(cfg.planted_scale,)).preds
+    for layer in range(3, 10):
+        np.testing.assert_allclose(newton.lens(out.resid[layer][:, 0::2]).numpy(), ref[newton_layer_map(layer)].numpy(),
+                                   atol=1e-6)
+    # causality: changing later examples never changes earlier predictions
+    xs2 = xs.clone()
+    xs2[:, 7:] += 1
+    np.testing.assert_allclose(newton(xs2, ys)[:, :7].numpy(), newton(xs, ys)[:, :7].numpy())
+
+
+def test_report_on_planted_gd_recovers_steps(tmp_path):
+    assert main(["planted", "--algorithm", "gd", "--layers", "6", "--out", str(tmp_path / "gd")]) == 0
+    assert main(["-q", "report", str(tmp_path / "gd"), "--out", str(tmp_path / "r"), *SMALL]) == 0
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    gd = s["best_match"]["gd"]["sime"]
+    assert gd["k"] == gd["layer"] == list(range(7))
+    assert min(gd["similarity"][1:]) > 0.999
+    newton = s["best_match"]["newton"]["sime"]
+    assert max(newton["similarity"][1:]) < min(gd["similarity"][1:])
+    assert max(s["span"]["residual"]) < 1e-5  # GD iterates lie in the span of the examples
+    assert s["trend"]["gd"]["verdict"].startswith("gd_log: linear, about 1.0 steps per layer")
+
+
+def test_report_on_planted_newton_recovers_the_layer_map(tmp_path):
+    assert main(["planted", "--algorithm", "newton", "--layers", "11", "--out", str(tmp_path / "nt")]) == 0
+    assert main(["-q", "report", str(tmp_path / "nt"), "--out", str(tmp_path / "r"), *SMALL]) == 0
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    for metric in ("sime", "simw"):
+        block = s["best_match"]["newton"][metric]
+        assert block["k"][3:] == [newton_layer_map(l) for l in range(3, 12)], metric
+    assert min(s["best_match"]["newton"]["simw"]["similarity"][3:]) > 0.999
+    assert max(s["span"]["residual"]) < 1e-5
+
+
+def test_planted_bad_input(tmp_path, capsys):
+    assert main(["planted", "--algorithm", "newtn", "--layers", "4", "--out", str(tmp_path / "x")]) == 2
+    assert "Unknown planted algorithm 'newtn'. Did you mean: newton?" in capsys.readouterr().err
+    assert main(["planted", "--algorithm", "gd", "--layers", "0", "--out", str(tmp_path / "x")]) == 2
+    assert "--layers must be a positive integer" in capsys.readouterr().err
+    assert main(["planted", "--algorithm", "gd", "--layers", "3", "--step-size", "0.5", "--out", str(tmp_path / "x")]) == 2
+    assert "--step-size 0.5 is unstable for d=4" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("name", ["gd", "newton"])
+def test_shipped_planted_checkpoints_load(name):
+    from conftest import REPO
+
+    ckpt = load_checkpoint(REPO / "checkpoints" / "planted" / name)
+    assert ckpt.config.model.planted == name and ckpt.format == "icl-probe"
