@@ -43,11 +43,11 @@ def _check(steps: Sequence[int], batch_size: Sequence[int], eta: Sequence[float]
         raise ValueError(f"{name}: steps must be >= 0, batch sizes >= 1 and step sizes > 0")
 
 
-@register("sgd", defaults={"eta": (0.01, 0.03, 0.1), "batch_size": (1, 4), "steps": STOCHASTIC_STEPS, "seed": 0})
-def sgd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[float] = (0.01, 0.03, 0.1),
-        batch_size: Sequence[int] = (1, 4), steps: Sequence[int] = STOCHASTIC_STEPS, seed: int = 0) -> LearnerResult:
-    """Minibatch SGD (seed 000 eq. 9): w <- w - eta * mean over the batch of (w.x - y) x, from w = 0."""
-    _check(steps, batch_size, eta, "sgd")
+def _run_minibatch(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None, eta: Sequence[float],
+                   batch_size: Sequence[int], steps: Sequence[int], seed: int, update) -> LearnerResult:
+    """Shared loop: for each batch size, iterate `update(w, g, state, k) -> (w, state)` from w = 0
+    over the same seeded minibatches for every step size, keeping the requested step counts."""
+    _check(steps, batch_size, eta, name)
     xs, ys, queries = as_float64(xs, ys, queries)
     b, n, d = xs.shape
     etas = torch.tensor(list(eta), dtype=xs.dtype, device=xs.device).view(-1, 1, 1, 1)
@@ -55,15 +55,27 @@ def sgd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[
     for m in batch_size:
         idx = minibatch_indices(n, b, max(steps, default=0), int(m), seed, xs.device)
         w = xs.new_zeros(len(eta), b, n, d)
+        state: dict = {"eta": etas}
         snaps = {0: w}
         for k in range(max(steps, default=0)):
-            w = w - etas * minibatch_gradient(w, xs, ys, idx[k])
+            w, state = update(w, minibatch_gradient(w, xs, ys, idx[k]), state, k)
             snaps[k + 1] = w
         for k in steps:
             for e_i, e in enumerate(eta):
                 weights.append(snaps[int(k)][e_i])
                 grid.append({"eta": float(e), "batch_size": int(m), "steps": int(k)})
-    return linear_result("sgd", grid, torch.stack(weights), xs, queries)
+    return linear_result(name, grid, torch.stack(weights), xs, queries)
+
+
+@register("sgd", defaults={"eta": (0.01, 0.03, 0.1), "batch_size": (1, 4), "steps": STOCHASTIC_STEPS, "seed": 0})
+def sgd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[float] = (0.01, 0.03, 0.1),
+        batch_size: Sequence[int] = (1, 4), steps: Sequence[int] = STOCHASTIC_STEPS, seed: int = 0) -> LearnerResult:
+    """Minibatch SGD (seed 000 eq. 9): w <- w - eta * mean over the batch of (w.x - y) x, from w = 0."""
+
+    def update(w, g, state, k):
+        return w - state["eta"] * g, state
+
+    return _run_minibatch("sgd", xs, ys, queries, eta, batch_size, steps, seed, update)
 
 
 @register("adam", defaults={"eta": (0.01, 0.03, 0.1), "batch_size": (4,), "steps": STOCHASTIC_STEPS, "seed": 0,
@@ -77,28 +89,14 @@ def adam(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence
         w <- w - eta (m/(1-b1^l)) / sqrt(v/(1-b2^l) + eps)        ("paper": eps inside the root)
         w <- w - eta (m/(1-b1^l)) / (sqrt(v/(1-b2^l)) + eps)      ("torch": torch.optim.Adam)
     """
-    _check(steps, batch_size, eta, "adam")
     if eps_placement not in ("paper", "torch"):
         raise ValueError(f"adam eps_placement must be 'paper' or 'torch', got {eps_placement!r}")
-    xs, ys, queries = as_float64(xs, ys, queries)
-    b, n, d = xs.shape
-    etas = torch.tensor(list(eta), dtype=xs.dtype, device=xs.device).view(-1, 1, 1, 1)
-    grid, weights = [], []
-    for mb in batch_size:
-        idx = minibatch_indices(n, b, max(steps, default=0), int(mb), seed, xs.device)
-        w = xs.new_zeros(len(eta), b, n, d)
-        m, v = torch.zeros_like(w), torch.zeros_like(w)
-        snaps = {0: w}
-        for k in range(max(steps, default=0)):
-            g = minibatch_gradient(w, xs, ys, idx[k])
-            m = beta1 * m + (1 - beta1) * g
-            v = beta2 * v + (1 - beta2) * g * g
-            m_hat, v_hat = m / (1 - beta1 ** (k + 1)), v / (1 - beta2 ** (k + 1))
-            denom = (v_hat + eps).sqrt() if eps_placement == "paper" else v_hat.sqrt() + eps
-            w = w - etas * m_hat / denom
-            snaps[k + 1] = w
-        for k in steps:
-            for e_i, e in enumerate(eta):
-                weights.append(snaps[int(k)][e_i])
-                grid.append({"eta": float(e), "batch_size": int(mb), "steps": int(k)})
-    return linear_result("adam", grid, torch.stack(weights), xs, queries)
+
+    def update(w, g, state, k):
+        m = beta1 * state.get("m", torch.zeros_like(w)) + (1 - beta1) * g
+        v = beta2 * state.get("v", torch.zeros_like(w)) + (1 - beta2) * g * g
+        m_hat, v_hat = m / (1 - beta1 ** (k + 1)), v / (1 - beta2 ** (k + 1))
+        denom = (v_hat + eps).sqrt() if eps_placement == "paper" else v_hat.sqrt() + eps
+        return w - state["eta"] * m_hat / denom, {**state, "m": m, "v": v}
+
+    return _run_minibatch("adam", xs, ys, queries, eta, batch_size, steps, seed, update)

@@ -40,3 +40,29 @@ class ICLModel(Protocol):
     def run(self, xs: Tensor, ys: Tensor) -> ModelOutput: ...
 
     def readout(self, final: Tensor) -> Tensor: ...
+
+
+class ReadInOutModel:
+    """Shared members of the toolkit's own models (a read-in, layers, a Linear(D, 1) read-out):
+    the protocol's sizes come from `self.config`, the read-out from `self._read_out`."""
+
+    config: "object"
+
+    @property
+    def n_dims(self) -> int:
+        return self.config.n_dims
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.n_layer
+
+    @property
+    def d_model(self) -> int:
+        return self.config.n_embd
+
+    @property
+    def n_points(self) -> int:
+        return self.config.n_positions
+
+    def readout(self, final: Tensor) -> Tensor:
+        return self._read_out(final)[..., 0]

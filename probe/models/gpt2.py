@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from .base import ModelOutput
+from .base import ModelOutput, ReadInOutModel
 from .encoding import interleave, x_positions
 
 LN_EPS = 1e-5
@@ -82,7 +82,7 @@ class Backbone(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=LN_EPS)
 
 
-class GPT2ICL(nn.Module):
+class GPT2ICL(ReadInOutModel, nn.Module):
     family = "gpt2"
 
     def __init__(self, cfg: ModelConfig):
@@ -99,25 +99,6 @@ class GPT2ICL(nn.Module):
         for name, p in self._backbone.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layer))
-
-    @property
-    def n_dims(self) -> int:
-        return self.config.n_dims
-
-    @property
-    def n_layers(self) -> int:
-        return self.config.n_layer
-
-    @property
-    def d_model(self) -> int:
-        return self.config.n_embd
-
-    @property
-    def n_points(self) -> int:
-        return self.config.n_positions
-
-    def readout(self, final: Tensor) -> Tensor:
-        return self._read_out(final)[..., 0]
 
     def lens(self, resid: Tensor) -> Tensor:
         """The model's own read-out applied to any layer's raw stream: read_out(ln_f(h))."""

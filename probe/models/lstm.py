@@ -9,11 +9,11 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from .base import ModelOutput
+from .base import ModelOutput, ReadInOutModel
 from .encoding import interleave, x_positions
 
 
-class LSTMICL(nn.Module):
+class LSTMICL(ReadInOutModel, nn.Module):
     family = "lstm"
 
     def __init__(self, cfg: ModelConfig):
@@ -24,25 +24,6 @@ class LSTMICL(nn.Module):
             nn.LSTM(cfg.n_embd, cfg.n_embd, batch_first=True) for _ in range(cfg.n_layer)
         )
         self._read_out = nn.Linear(cfg.n_embd, 1)
-
-    @property
-    def n_dims(self) -> int:
-        return self.config.n_dims
-
-    @property
-    def n_layers(self) -> int:
-        return self.config.n_layer
-
-    @property
-    def d_model(self) -> int:
-        return self.config.n_embd
-
-    @property
-    def n_points(self) -> int:
-        return self.config.n_positions
-
-    def readout(self, final: Tensor) -> Tensor:
-        return self._read_out(final)[..., 0]
 
     def lens(self, resid: Tensor) -> Tensor:
         """The model's own read-out applied to any layer's hidden state."""
