@@ -83,18 +83,21 @@ def bootstrap_r2(ys: torch.Tensor, preds: torch.Tensor, n_boot: int = 1000, seed
 
 def r2_curve(model: nn.Module, task: TaskConfig, n_prompts: int = 1280, seed: int = 0, n_points: int | None = None,
              device: str = "cpu", epochs: int = 100, lr: float = 0.01, n_boot: int = 1000,
-             progress: bool = False) -> pd.DataFrame:
+             direct_prompts: int = 256, progress: bool = False) -> pd.DataFrame:
     """R^2 of in-context predictions against the number of examples (seed 001 App. G), beside
     training the task's N-layer ReLU network directly on each prompt's examples for `epochs`
     full-batch Adam steps (all prompts' networks at once): `direct` after the last epoch and
-    `direct_best_epoch`, the best epoch per position, as that paper reports."""
+    `direct_best_epoch`, the best epoch per position, as that paper reports. The direct networks
+    (width max(32, task width); that paper used 200) train on the first `direct_prompts` prompts,
+    their cost being a network per prompt and prefix."""
     prompts = eval_prompts(task, n_prompts, seed, n_points)
     ys = prompts.ys.double()
     pred = predict(model, prompts, device=device, progress=progress).double()
     lo, hi = bootstrap_r2(ys, pred, n_boot, seed)
-    direct = run_learner("relu_gd", prompts.xs.to(device), prompts.ys.to(device), steps=range(1, epochs + 1), lr=lr,
-                         depth=task.relu_depth, width=max(32, task.relu_width), seed=seed).preds.cpu()
-    r2_direct = r2_per_position(ys, direct)  # (epochs, n)
+    m = min(direct_prompts, n_prompts)
+    direct = run_learner("relu_gd", prompts.xs[:m].to(device), prompts.ys[:m].to(device), steps=range(1, epochs + 1),
+                         lr=lr, depth=task.relu_depth, width=max(32, task.relu_width), seed=seed).preds.cpu()
+    r2_direct = r2_per_position(ys[:m], direct)  # (epochs, n)
     frame = pd.DataFrame({
         "n_examples": np.arange(ys.shape[1]),
         "model": r2_per_position(ys, pred).numpy(), "model_lo": lo.numpy(), "model_hi": hi.numpy(),

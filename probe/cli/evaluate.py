@@ -30,6 +30,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixture", help="input mixture weights w1,w2 of w1 N(-2,I) + w2 N(2,I) (ReLU tasks)")
     p.add_argument("--param-mean", type=float, help="mean of the network parameters (ReLU tasks)")
     p.add_argument("--epochs", type=positive_int, default=100, help="direct-training epochs (ReLU tasks, default 100)")
+    p.add_argument("--direct-prompts", type=positive_int, default=256,
+                   help="prompts the direct-training baseline runs on (ReLU tasks, default 256)")
     add_device(p)
 
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     task = shifted_task(ckpt.config.task, args)
     if task.name == "relu_network":
         frame = r2_curve(ckpt.model, task, args.prompts, args.seed, args.points, device=device, epochs=args.epochs,
-                         progress=not args.quiet)
+                         direct_prompts=args.direct_prompts, progress=not args.quiet)
         metric = "R^2"
     else:
         frame = error_curve(ckpt.model, task, args.prompts, args.seed, args.points, device=device,

@@ -66,24 +66,21 @@ def relu_gd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, steps: Seq
     counts = seen.sum(-1).clamp_min(1)  # examples per prefix
     data = xs.unsqueeze(1).expand(b, n, n, d)  # network (b, t) evaluated on all of prompt b's points
 
-    def snapshot() -> tuple[Tensor, Tensor | None]:
-        with torch.no_grad():
-            on_points = network_forward(params, data)  # (B, t, i)
-            pred = torch.diagonal(on_points, dim1=1, dim2=2)  # network t on x_t
-            q = None if queries is None else network_forward(params, queries.unsqueeze(1).expand(b, n, *queries.shape[1:]))
-        return pred, q
-
     snaps = {}
-    if 0 in steps:
-        snaps[0] = snapshot()
-    for k in range(1, max(steps, default=0) + 1):
-        resid = network_forward(params, data) - ys.unsqueeze(1)  # (B, t, i)
+    last = max(steps, default=0)
+    for k in range(last + 1):
+        on_points = network_forward(params, data)  # (B, t, i): network t on every point of its prompt
+        if k in steps:  # the networks after k updates: predictions for x_t, and for the queries
+            with torch.no_grad():
+                q = None if queries is None else network_forward(params, queries.unsqueeze(1).expand(b, n, *queries.shape[1:]))
+            snaps[k] = (torch.diagonal(on_points.detach(), dim1=1, dim2=2).clone(), q)
+        if k == last:
+            break
+        resid = on_points - ys.unsqueeze(1)
         loss = 0.5 * ((resid**2 * seen).sum(-1) / counts).sum()  # sum of each network's own mean loss
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if k in steps:
-            snaps[k] = snapshot()
     preds = torch.stack([snaps[k][0] for k in steps])
     qpreds = None if queries is None else torch.stack([snaps[k][1] for k in steps])
     grid = [{"steps": k, "lr": lr, "depth": depth, "width": width, "optimizer": optimizer} for k in steps]
