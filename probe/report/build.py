@@ -96,12 +96,18 @@ def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
 
 
 def adapt_recipe(ckpt: LoadedCheckpoint, recipe: Recipe) -> Recipe:
-    """Planted models are judged with their own read-out (retraining would rescale the planted
+    """ReLU-network tasks compare layers with networks of the task's depth. Planted models are
+    judged with their own read-out (retraining would rescale the planted
     predictor) and against their learner's exact hyper-parameter: GD sweeps get the planted step
     and every step count up to the depth; Newton sweeps the planted fixed alpha."""
     import copy
 
-    m = ckpt.config.model
+    m, task = ckpt.config.model, ckpt.config.task
+    if task.name == "relu_network":  # direct training uses the task's own network depth
+        recipe = copy.deepcopy(recipe)
+        for sweep in recipe.sweeps:
+            if sweep.learner == "relu_gd":
+                sweep.grid = {**sweep.grid, "depth": task.relu_depth}
     if m.family != "planted":
         return recipe
     recipe = copy.deepcopy(recipe)
