@@ -92,6 +92,9 @@ def test_lstm_native_capture_and_streaming(tmp_path):
     assert np.abs(np.load(tmp_path / "acts" / "resid.npy")[2] - out.resid[2].detach().numpy()).max() < TOL
     with pytest.raises(ConfigError, match="need TransformerLens"):
         capture(model, xs, ys, hooks=["blocks.0.attn.hook_pattern"])
+    big = capture(model, xs, ys, batch_size=4, max_bytes=1000)  # too big for memory: streamed automatically
+    assert isinstance(big.acts[RESID], np.memmap)
+    np.testing.assert_array_equal(np.asarray(big.acts[RESID]), np.load(tmp_path / "acts" / "resid.npy"))
 
 
 def test_bad_prompts_are_rejected():

@@ -3,7 +3,8 @@
 Transformers (the GPT-2 family) run through a TransformerLens `TransformerBridge`, so any
 TransformerLens hook name can be asked for; other models (the LSTM, your own protocol class)
 provide the layer boundaries and the final stream through `run`. Results stay in memory, or
-stream into `.npy` memmaps under `out_dir` when they would exceed `max_bytes`.
+stream into `.npy` memmaps under `out_dir` (given, or a temporary directory when the result
+would exceed `max_bytes`).
 """
 
 from __future__ import annotations
@@ -116,8 +117,11 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
     n_pos = 2 * n if pos is None else len(pos)
     per_prompt = (model.n_layers + 2) * n_pos * model.d_model * 4 if RESID in hooks else n_pos * model.d_model * 4
     if out_dir is None and per_prompt * b > max_bytes:
-        raise ConfigError(f"capture would hold {per_prompt * b / 2**30:.1f} GiB in memory (max_bytes "
-                          f"{max_bytes / 2**30:.1f} GiB); pass out_dir to stream it to disk")
+        import tempfile
+
+        out_dir = tempfile.mkdtemp(prefix="icl-probe-capture-")
+        log.warning("capture needs %.1f GiB (> max_bytes %.1f GiB): streaming to memmaps in %s",
+                    per_prompt * b / 2**30, max_bytes / 2**30, out_dir)
     sink = _Sink(Path(out_dir) if out_dir is not None else None)
     preds = np.empty((b, n), dtype=np.float32)
     model = model.to(device).eval()
