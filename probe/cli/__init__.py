@@ -20,6 +20,7 @@ COMMANDS = {
     "readout": "Per-layer readout retraining: error / d per layer",
     "heatmap": "Layer-vs-learner SimE/SimW heatmaps, best matches, trend verdicts",
     "span": "Span-of-examples test of each layer's induced weights",
+    "probes": "Attention-pooled probes for X^T y and w, with controls",
     "report": "Everything above as one HTML report with summary.json",
     "planted": "Write a transformer whose layers run GD or Newton by construction",
 }
