@@ -58,6 +58,7 @@ class ProbeGrid(nn.Module):
                  value_dim: int = 64, hidden: int = 128, seed: int = 0):
         super().__init__()
         self.n_layers, self.n_per_layer = n_layers, n_per_layer
+        self.groups: list[tuple[slice, int]] = []  # (probes of each layer, positions they read), see fit_probes
         n_probes = n_layers * n_per_layer
         g = torch.Generator().manual_seed(seed)
         init = lambda *shape, fan: (torch.randn(*shape, generator=g) / math.sqrt(fan))
@@ -84,13 +85,27 @@ class ProbeGrid(nn.Module):
         alpha = self.attention(mask).view(self.n_layers, self.n_per_layer, -1)
         if layout == "lpnd":
             n_layers, n_pos, n, width = states.shape
-            v = torch.bmm(alpha, states.reshape(n_layers, n_pos, n * width)).view(-1, n, width)  # (G, N, D)
+            # probes that read only the first P' positions pool over those alone (one bmm per group)
+            groups = self.groups or [(slice(0, self.n_per_layer), n_pos)]
+            pooled = [torch.bmm(alpha[:, rows, :used], states[:, :used].reshape(n_layers, used, n * width))
+                      for rows, used in groups]
+            v = torch.cat(pooled, dim=1).view(-1, n, width)  # (G, N, D)
         else:
             v = torch.einsum("lmp,lnpd->lmnd", alpha, states).flatten(0, 1)  # (G, N, D), no per-probe copies
         if self.kind == "linear":
             return torch.bmm(v, self.head[0]) + self.head[1]
         hidden = nn.functional.gelu(torch.bmm(v, self.head[0]) + self.head[1])
         return torch.bmm(hidden, self.head[2]) + self.head[3]
+
+
+def _prefix_groups(prefixes: list[int]) -> list[tuple[slice, int]]:
+    """Runs of consecutive probes with the same prefix t, each reading 2t positions."""
+    groups, start = [], 0
+    for i in range(1, len(prefixes) + 1):
+        if i == len(prefixes) or prefixes[i] != prefixes[start]:
+            groups.append((slice(start, i), 2 * prefixes[start]))
+            start = i
+    return groups
 
 
 def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_states: Tensor,
@@ -113,6 +128,7 @@ def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_stat
     prefixes = torch.tensor([t for t, _ in combos]).repeat(n_layers)  # (G,)
     mask = (torch.arange(n_pos).view(1, -1) < (2 * prefixes).view(-1, 1)).to(device)  # first t examples' tokens
     grid = ProbeGrid(n_layers, m, n_pos, width, d, kind, seed=seed).to(device)
+    grid.groups = _prefix_groups([t for t, _ in combos])
     opt = torch.optim.Adam(grid.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
     by_position = train_states.float().transpose(1, 2).contiguous().to(device)  # (L+1, P, N, D): minibatches gather along N
