@@ -18,7 +18,19 @@ SCHEMA_VERSION = 1
 
 
 def _col(frame: pd.DataFrame, name: str) -> list:
-    return [None if (isinstance(v, float) and np.isnan(v)) else v for v in frame[name].tolist()]
+    """A column as a JSON list: NaN -> null, and integral counts (layers, steps) as integers."""
+    out = []
+    for v in frame[name].tolist():
+        if isinstance(v, float) and np.isnan(v):
+            v = None
+        elif isinstance(v, float) and name in ("k", "k_low", "k_high", "layer", "n_examples", "gap") and v.is_integer():
+            v = int(v)
+        out.append(v)
+    return out
+
+
+def _int_if_integral(v):
+    return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
 def best_match_block(best: pd.DataFrame, recipe: Recipe) -> dict[str, Any]:
@@ -85,7 +97,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
                     "error_definition": "mean over n_examples >= 1 of squared error / d on held-out prompts"},
         "best_match": best_match_block(t["best_match"], recipe),
         "trend": trend_block(built.data.get("trends", []), recipe),
-        "table1": {"sime": {r.family: {"learner": r.learner, "k": r.k, "similarity": r.similarity,
+        "table1": {"sime": {r.family: {"learner": r.learner, "k": _int_if_integral(r.k), "similarity": r.similarity,
                                        "ci_low": r.ci_low, "ci_high": r.ci_high} for r in t["table1"].itertuples()}},
     }
     if "icl_r2" in t:
@@ -109,7 +121,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         ct = t.get("compare_table1")
         summary["compare"] = {
             "checkpoint": {"path": str(compare.path), "format": compare.format, "sha256": compare.sha256},
-            "table1": {"sime": {r.family: {"learner": r.learner, "k": r.k, "similarity": r.similarity,
+            "table1": {"sime": {r.family: {"learner": r.learner, "k": _int_if_integral(r.k), "similarity": r.similarity,
                                            "ci_low": r.ci_low, "ci_high": r.ci_high} for r in ct.itertuples()}},
             "readout": {"layer": sorted(int(i) for i in t["compare_readout"].layer.unique()),
                         "error": [float(v) for v in t["compare_readout"][t["compare_readout"].n_examples >= 1]
