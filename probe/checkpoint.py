@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig, RunConfig, TaskConfig, from_dict
+from .config import ModelConfig, RunConfig, TaskConfig
 from .errors import CheckpointError, ConfigError
 from .models import build_model
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -72,12 +71,29 @@ def write_garg_run(directory: Path, model: GargTransformerModel, d: int, points:
     return directory
 
 
-@pytest.fixture
-def cli():
-    """Run the CLI in-process: returns (exit code, stdout, stderr)."""
+# A tiny saved checkpoint and its report, built once per test session (tests/test_report.py,
+# tests/test_browser.py).
+TINY_REPORT = ["--set", "prompts.evaluate=48", "--set", "prompts.train=48", "--set", "prompts.val=24", "--set", "prompts.eval=48",
+        "--set", "prompts.simw=12", "--set", "probes.prompts=48", "--set", "probes.steps=10", "--set",
+        "forgetting.prompts=16", "--set", "similarity.bootstrap=40"]
+
+
+@pytest.fixture(scope="session")
+def ckpt(tmp_path_factory):
+    from probe.checkpoint import save_model
+    from probe.models import build_model
+
+    cfg = build_cfg(layers=3)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-gpt2"
+    save_model(build_model(cfg.model), cfg, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def report(ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep") / "r1"
     from probe.cli import main
 
-    def run(*args: str, capsys=None):
-        return main([str(a) for a in args])
-
-    return run
+    assert main(["-q", "report", str(ckpt), "--out", str(out), "--no-cache", *TINY_REPORT]) == 0
+    return out

@@ -5,8 +5,6 @@ import shutil
 
 import pytest
 
-from test_report import ckpt, report  # noqa: F401  (fixtures)
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 

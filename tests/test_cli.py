@@ -41,7 +41,6 @@ def test_inspect_and_capture_cli(tmp_path, capsys):
     import json
 
     import numpy as np
-    import torch
 
     from conftest import GargTransformerModel, write_garg_run
 
@@ -84,7 +83,6 @@ LAYER_ARGS = ["--train-prompts", "48", "--val-prompts", "16", "--eval-prompts", 
 
 
 def test_layer_commands_on_garg_directory_and_lstm(tmp_path, capsys):
-    import torch
 
     from conftest import GargTransformerModel, build_cfg, write_garg_run
     from probe.checkpoint import save_model

@@ -1,6 +1,4 @@
 import numpy as np
-import pandas as pd
-import pytest
 import torch
 
 from conftest import build_cfg

@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from probe.checkpoint import load_checkpoint
 from probe.cli import main

@@ -4,33 +4,9 @@ import json
 import re
 
 import pytest
-import torch
 
-from conftest import build_cfg
-from probe.checkpoint import save_model
+from conftest import TINY_REPORT as TINY
 from probe.cli import main
-from probe.models import build_model
-
-TINY = ["--set", "prompts.evaluate=48", "--set", "prompts.train=48", "--set", "prompts.val=24", "--set", "prompts.eval=48",
-        "--set", "prompts.simw=12", "--set", "probes.prompts=48", "--set", "probes.steps=10", "--set",
-        "forgetting.prompts=16", "--set", "similarity.bootstrap=40"]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    cfg = build_cfg(layers=3)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("ckpt") / "tiny-gpt2"
-    save_model(build_model(cfg.model), cfg, path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def report(ckpt, tmp_path_factory):
-    out = tmp_path_factory.mktemp("rep") / "r1"
-    assert main(["-q", "report", str(ckpt), "--out", str(out), "--no-cache", *TINY]) == 0
-    return out
-
 
 def _aligned(block):
     lengths = {len(v) for v in block.values() if isinstance(v, list)}
@@ -93,8 +69,7 @@ def test_bad_input_fails_fast_with_a_message(ckpt, tmp_path, capsys):
     assert main(["report", str(ckpt), "--out", str(out), "--set", "prompts.evaluat=10"]) == 2
     assert "Did you mean: evaluate?" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
-    bad.write_text((ckpt.parents[2] / "analyses" / "quick.toml").read_text() if False else
-                   '[[sweeps]]\nlabel = "n"\nlearner = "newtn"\n')
+    bad.write_text('[[sweeps]]\nlabel = "n"\nlearner = "newtn"\n')
     assert main(["report", str(ckpt), "--out", str(out), "--recipe", str(bad)]) == 2
     assert "Unknown learner 'newtn'. Did you mean: newton?" in capsys.readouterr().err
     assert main(["report", str(tmp_path), "--out", str(out)]) == 2

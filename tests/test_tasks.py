@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from probe.config import TaskConfig
-from probe.tasks import generator_for, input_transform, relu_network_forward, sample_prompts
+from probe.tasks import generator_for, input_transform, sample_prompts
 
 
 def test_same_seed_same_prompts_and_streams_differ():

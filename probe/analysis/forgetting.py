@@ -3,7 +3,6 @@ example's x_i and measure the squared error against its y_i, by the gap n - i.""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import torch
 

@@ -19,7 +19,7 @@ import torch
 from ..config import TaskConfig
 from ..errors import ConfigError
 from ..similarity import induced_weights
-from ..tasks import generator_for, sample_inputs, sample_prompts
+from ..tasks import generator_for, sample_prompts
 from .matching import DEFAULT_SWEEPS, Sweep, compare_layers, learner_weights, run_sweep, table1, trend
 from .readout import ALPHAS, LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .span import span_table

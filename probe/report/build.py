@@ -15,12 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 
 from ..checkpoint import LoadedCheckpoint
-from ..provenance import stamp
 from . import figures
 from .cache import StageCache, _jsonable
 from .recipe import Recipe

@@ -16,7 +16,6 @@ from typing import Any, Callable
 import pandas as pd
 
 from .. import __version__
-from ..checkpoint import atomic_write
 
 log = logging.getLogger(__name__)
 

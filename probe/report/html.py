@@ -72,7 +72,7 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
     # readout
     ro = pd.DataFrame({"layer": summary["readout"]["layer"], "error / d (mean over t >= 1)": summary["readout"]["error"]})
     if summary["readout"].get("error_at_2d1"):
-        ro[f"error / d at t = 2d+1"] = summary["readout"]["error_at_2d1"]
+        ro["error / d at t = 2d+1"] = summary["readout"]["error_at_2d1"]
     parts += ["<h2>Per-layer readout retraining</h2>",
               f"<p>A fresh linear read-out ({html.escape(recipe.readout.method)}) is fitted on each layer's frozen "
               "residual stream at the x tokens (seed 003 §4.1); layer 0 is the embedding output.</p>", _table(ro),
