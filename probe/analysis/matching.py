@@ -81,7 +81,7 @@ def _r2(y: np.ndarray, fit: np.ndarray) -> float:
     return float(1 - ((y - fit) ** 2).sum() / ss) if ss > 0 else float("nan")
 
 
-def trend(best: pd.DataFrame, learner: str, metric: str = "sime") -> dict[str, Any]:
+def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | None = None) -> dict[str, Any]:
     """Linear and exponential fits of the best-matching k against the layer index, over layers
     l >= 1 before convergence (best k neither at the start nor at the end of the grid).
 
@@ -106,7 +106,8 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime") -> dict[str, A
         pass
     lin_r2, exp_r2 = _r2(ks, a * layers + b), _r2(ks, np.exp(ea * layers + eb))
     if lin_r2 >= exp_r2:
-        verdict = f"{learner}: linear, about {a:.1f} {'iterations' if 'newton' in learner else 'steps'} per layer"
+        unit = unit or ("iterations" if "newton" in learner else "steps")
+        verdict = f"{learner}: linear, about {a:.1f} {unit} per layer"
     else:
         verdict = f"{learner}: exponential, about x{np.exp(ea):.2f} per layer"
     out.update(linear_r2=lin_r2, exponential_r2=exp_r2, slope=float(a), growth=float(np.exp(ea)),

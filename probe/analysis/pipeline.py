@@ -159,7 +159,7 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
     lap("learners")
     cells_df = pd.concat(cells, ignore_index=True) if cells else pd.DataFrame()
     best_df = pd.concat(best, ignore_index=True) if best else pd.DataFrame()
-    trends = [trend(best_df, s.label, metric) for s in settings.sweeps if s.axis
+    trends = [trend(best_df, s.label, metric, s.axis) for s in settings.sweeps if s.axis
               for metric in sorted(best_df.metric.unique())] if best else []
     t1 = table1(best_df, int(layer_preds.shape[0] - 1)) if best else pd.DataFrame()
     span = pd.DataFrame()
