@@ -55,7 +55,7 @@ class ProbeGrid(nn.Module):
     over P positions of width D, outputs of width d. Parameters carry the flat probe axis G = L*M."""
 
     def __init__(self, n_layers: int, n_per_layer: int, n_positions: int, width: int, out_dim: int, kind: str,
-                 value_dim: int = 64, hidden: int = 128, seed: int = 0):
+                 hidden: int = 128, seed: int = 0):
         super().__init__()
         self.n_layers, self.n_per_layer = n_layers, n_per_layer
         self.groups: list[tuple[slice, int]] = []  # (probes of each layer, positions they read), see fit_probes

@@ -65,10 +65,6 @@ class Layout:
         return self.slots[name]
 
 
-def n_planted_layers(cfg: ModelConfig) -> int:
-    return cfg.n_layer
-
-
 class PlantedICL(nn.Module):
     family = "planted"
 
