@@ -1,7 +1,8 @@
 """Capture activations for many prompts: one forward pass per batch, only what is asked for.
 
-Transformers (the GPT-2 family) run through a TransformerLens `TransformerBridge`, so any
-TransformerLens hook name can be asked for; other models (the LSTM, your own protocol class)
+Transformers (the GPT-2 family, and the planted linear-attention models) run through a
+TransformerLens `TransformerBridge`, so any TransformerLens hook name can be asked for (for
+planted models a hook's value has one entry per prefix run: (B, n, ...)); other models (the LSTM, your own protocol class)
 provide the layer boundaries and the final stream through `run`. Results stay in memory, or
 stream into `.npy` memmaps under `out_dir` (given, or a temporary directory when the result
 would exceed `max_bytes`).
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..models.gpt2 import GPT2ICL
+from ..models.planted import PlantedICL
 from . import hooks as H
 
 log = logging.getLogger(__name__)
@@ -95,17 +97,18 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
     """
     check_prompts_for(model, xs, ys)
     b, n, _ = xs.shape
+    bridged = (GPT2ICL, PlantedICL)
     if backend == "auto":
-        backend = "transformer_lens" if isinstance(model, GPT2ICL) else "native"
+        backend = "transformer_lens" if isinstance(model, bridged) else "native"
     if backend not in ("transformer_lens", "native"):
         raise ConfigError(f"backend must be 'auto', 'transformer_lens' or 'native', got {backend!r}")
-    if backend == "transformer_lens" and not isinstance(model, GPT2ICL):
-        raise ConfigError("the transformer_lens backend needs a GPT-2 family model; use backend='native'")
+    if backend == "transformer_lens" and not isinstance(model, bridged):
+        raise ConfigError("the transformer_lens backend needs a GPT-2 family or planted model; use backend='native'")
     hooks = ["final" if h == H.FINAL else h for h in hooks]
     named = [h for h in hooks if h not in (RESID, "final")]
     if named and backend == "native":
-        raise ConfigError(f"hooks {named} need TransformerLens (a GPT-2 family model); this model offers only "
-                          "'resid' and 'final'")
+        raise ConfigError(f"hooks {named} need TransformerLens (a GPT-2 family or planted model); this model offers "
+                          "only 'resid' and 'final'")
     if positions == "all":
         pos = None
     elif positions == "x":
@@ -126,7 +129,7 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
     preds = np.empty((b, n), dtype=np.float32)
     model = model.to(device).eval()
     bridge = None
-    if backend == "transformer_lens":
+    if backend == "transformer_lens" and isinstance(model, GPT2ICL):
         from .bridge import cached_bridge
 
         bridge = cached_bridge(model, device)
@@ -170,7 +173,15 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
                                       f"blocks.0.hook_mlp_out")
                 preds[start : start + nb] = logits[:, 0 : 2 * n : 2, 0].float().cpu().numpy()
             else:
-                out = model.run(bx, by)
+                if backend == "transformer_lens":  # a planted model: one bridge sequence per prefix run
+                    from .planted_bridge import run_through_bridge
+
+                    out, extra = run_through_bridge(model, bx, by, {name: None for name in named}, device)
+                    for name, value in extra.items():
+                        v = value.float().cpu().numpy()
+                        sink.put(name, (b, *v.shape[1:]), 0, start, v)
+                else:
+                    out = model.run(bx, by)
                 preds[start : start + nb] = out.pred.float().cpu().numpy()
                 if RESID in hooks:
                     for i, r in enumerate(out.resid):

@@ -130,15 +130,19 @@ class PlantedICL(nn.Module):
         for l in range(self.config.n_layer):
             h = self.layer(h, l, t)
             states.append(h)
-        resid = []
-        idx = torch.arange(n)
-        for state in states:
-            seq = state.new_zeros(b, 2 * n, self.layout.width)
-            seq[:, 0::2] = state[:, :, -1]  # x token t: the query of run t
-            later = (idx + 1).clamp(max=n - 1)
-            seq[:, 1::2] = state[:, later, idx]  # y token t: example t in run t+1
-            resid.append(seq)
+        resid = [self.interleave_runs(state) for state in states]
         return ModelOutput(pred=self.readout(resid[-1][:, 0::2]), resid=resid, final=resid[-1])
+
+    @staticmethod
+    def interleave_runs(state: Tensor) -> Tensor:
+        """Per-run token states (B, n, T, W) -> the x_1, y_1, ... layout (B, 2n, W): x token t is
+        the query of run t, y token t is example t in run t+1 (the last run for the last one)."""
+        b, n = state.shape[:2]
+        idx = torch.arange(n)
+        seq = state.new_zeros(b, 2 * n, state.shape[-1])
+        seq[:, 0::2] = state[:, :, -1]
+        seq[:, 1::2] = state[:, (idx + 1).clamp(max=n - 1), idx]
+        return seq
 
     def forward(self, xs: Tensor, ys: Tensor) -> Tensor:
         return self.run(xs, ys).pred

@@ -1,0 +1,101 @@
+"""Run planted linear-attention models (probe/models/planted.py) as TransformerLens bridges.
+
+TransformerLens has softmax attention only, so the bridge is an attention-only, LayerNorm-free,
+bidirectional TransformerBridge whose attention patterns are replaced, through its own
+`hook_pattern` hooks, by the planted linear-attention weights <K h_i, Q h_j> (scaled by 1/t
+where the construction says so), computed from the layer input caught at `hook_resid_pre`.
+A third head with an identity pattern carries the skip map. Values and output projections are
+ordinary bridge weights, so every TransformerLens hook name is available. Each prefix run is one
+bridge sequence (batch = prompts x prefixes), exactly as PlantedICL.run lays them out.
+"""
+
+from __future__ import annotations
+
+import weakref
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from ..models.base import ModelOutput
+from ..models.planted import PlantedICL
+
+SKIP_HEAD = 2
+
+
+def planted_bridge(model: PlantedICL, n_tokens: int, device: str = "cpu"):
+    from transformer_lens import TransformerBridge, TransformerBridgeConfig
+
+    w, layers = model.layout.width, model.config.n_layer
+    cfg = TransformerBridgeConfig(n_layers=layers, d_model=w, n_heads=3, d_head=w, d_mlp=1, n_ctx=n_tokens,
+                                  act_fn="relu", normalization_type=None, positional_embedding_type="standard",
+                                  d_vocab=1, d_vocab_out=1, seed=0, attn_only=True, attention_dir="bidirectional",
+                                  model_name="icl-probe-planted")
+    bridge = TransformerBridge.boot_native(cfg, device=device)
+    sd = {k: torch.zeros_like(v) for k, v in bridge.state_dict().items()}
+    eye = torch.eye(w)
+    for l in range(layers):
+        values = [model.v[l, 0], model.v[l, 1], model.skip[l]]  # the skip map rides on an identity-pattern head
+        sd[f"blocks.{l}.attn.v.weight"] = torch.cat([v.float() for v in values], dim=0)  # (3W, W)
+        sd[f"blocks.{l}.attn.o.weight"] = torch.cat([eye, eye, eye], dim=1)  # sum of the heads
+    sd["unembed.weight"] = model.read.detach().float().view(1, w)
+    bridge.load_state_dict(sd, strict=True)
+    return bridge.eval()
+
+
+_BRIDGES: "weakref.WeakKeyDictionary[PlantedICL, dict]" = weakref.WeakKeyDictionary()
+
+
+def cached_planted_bridge(model: PlantedICL, n_tokens: int, device: str = "cpu"):
+    store = _BRIDGES.setdefault(model, {})
+    key = (n_tokens, str(device))
+    if key not in store:
+        store[key] = planted_bridge(model, n_tokens, device)
+    return store[key]
+
+
+def run_through_bridge(model: PlantedICL, xs: Tensor, ys: Tensor, extra_hooks: dict[str, object] | None = None,
+                       device: str = "cpu") -> tuple[ModelOutput, dict[str, Tensor]]:
+    """PlantedICL.run computed by the TransformerLens bridge; also returns the named hooks asked
+    for in `extra_hooks` (name -> None), each (B, n, ...) with one entry per prefix run."""
+    b, n, _ = xs.shape
+    tokens, t = model.tokens(xs.float(), ys.float())  # (B, n, T, W)
+    seq = tokens.reshape(b * n, tokens.shape[2], -1).to(device)
+    scale = torch.where(t > 0, 1 / t.clamp_min(1), torch.zeros_like(t)).repeat(b).to(device)  # run index = b*n + t
+    bridge = cached_planted_bridge(model, seq.shape[1], device)
+    layer_in: dict[int, Tensor] = {}
+    states: dict[int, Tensor] = {}
+    caught: dict[str, Tensor] = {}
+
+    def keep_input(value: Tensor, hook, layer: int) -> None:
+        layer_in[layer] = value
+
+    def keep_output(value: Tensor, hook, layer: int) -> None:
+        states[layer] = value
+
+    def linear_pattern(pattern: Tensor, hook, layer: int) -> Tensor:
+        h = layer_in[layer]
+        out = torch.zeros_like(pattern)
+        for head in range(2):
+            q, k = h @ model.q[layer, head].float().T, h @ model.k[layer, head].float().T
+            scores = q @ k.transpose(-1, -2)  # [j, i] = <K h_i, Q h_j>
+            out[:, head] = scores * (scale.view(-1, 1, 1) if model.per_example[layer, head] else 1.0)
+        out[:, SKIP_HEAD] = torch.eye(pattern.shape[-1], device=pattern.device)
+        return out
+
+    def keep_named(value: Tensor, hook, name: str) -> None:
+        caught[name] = value.detach()
+
+    hooks = []
+    for l in range(model.config.n_layer):
+        hooks += [(f"blocks.{l}.hook_resid_pre", partial(keep_input, layer=l)),
+                  (f"blocks.{l}.attn.hook_pattern", partial(linear_pattern, layer=l)),
+                  (f"blocks.{l}.hook_resid_post", partial(keep_output, layer=l))]
+    for name in extra_hooks or {}:
+        hooks.append((name, partial(keep_named, name=name)))
+    with torch.no_grad():
+        bridge.run_with_hooks(seq, fwd_hooks=hooks)
+    runs = [seq] + [states[l] for l in range(model.config.n_layer)]
+    resid = [model.interleave_runs(r.view(b, n, *r.shape[1:])) for r in runs]
+    out = ModelOutput(pred=model.readout(resid[-1][:, 0::2]), resid=resid, final=resid[-1])
+    return out, {k: v.reshape(b, n, *v.shape[1:]) for k, v in caught.items()}
