@@ -1,10 +1,11 @@
 """Probes fitted as one batched model vs one probe at a time (same data, same steps).
 
 The grid is every layer x prefix x target of a checkpoint (linear probes). The one-at-a-time
-time is measured on a few probes and scaled to the grid (each probe costs the same). Both are
-timed in this run; last line: speedup=<ratio>.
+time is measured on a few probes spread over the grid and scaled to it. Both are timed in this
+run with the same torch thread count (`--threads`, default: torch's default for the machine);
+last line: speedup=<ratio>.
 
-    python benchmarks/probes.py [--checkpoint checkpoints/gpt2-default] [--single 6]
+    python benchmarks/probes.py [--checkpoint checkpoints/gpt2-default] [--single 6] [--threads N]
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ def main() -> None:
     parser.add_argument("--single", type=int, default=6, help="probes timed one at a time")
     parser.add_argument("--prefixes", choices=["all", "default"], default="all",
                         help="probe every prefix 1..n-1 (all, default) or 1, d, 2d, n-1")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch threads: {torch.get_num_threads()}")
     ckpt = load_checkpoint(args.checkpoint)
     task = ckpt.config.task
     p = sample_prompts(task, args.prompts, generator=generator_for(0, 201))
