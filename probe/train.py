@@ -13,6 +13,8 @@ import csv
 import logging
 import math
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,17 +112,89 @@ def held_out_error(model: nn.Module, cfg: RunConfig, device: str) -> dict[str, f
     return {"error_mean": float(err.mean()), "error_at_2d1": float(err[k]) if k < err.numel() else float("nan")}
 
 
+TRAIN_STATE = "train_state.pt"
+SNAPSHOTS = "snapshots"
+
+
 def save_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: RunConfig, out: Path,
                         step: int, elapsed: float) -> None:
+    """Publish the weights, then commit weights + optimizer state + step as one file.
+
+    `train_state.pt` is the commit point: it carries its own copy of the weights, so a kill
+    between any two writes leaves either the old or the new state, never a mix (the published
+    `model.safetensors` may run ahead of it; `--resume` always restarts from train_state.pt).
+    """
     meta = {**stamp(), "train_step": step, "train_seconds": round(elapsed, 1)}
     save_model(model, cfg, out, meta)
-    state = {"optimizer": optimizer.state_dict(), "step": step, "elapsed": elapsed}
-    atomic_write(out / "train_state.pt", lambda p: torch.save(state, p))
+    weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    state = {"model": weights, "optimizer": optimizer.state_dict(), "step": step, "elapsed": elapsed}
+    atomic_write(out / TRAIN_STATE, lambda p: torch.save(state, p))
+
+
+def save_snapshot(model: nn.Module, cfg: RunConfig, out: Path, step: int, elapsed: float) -> Path:
+    """Write an immutable snapshot `snapshots/step_<k>/` (a loadable checkpoint), renamed into place."""
+    target = out / SNAPSHOTS / f"step_{step}"
+    if target.exists():  # immutable: a resumed run reproduces the same weights at the same step
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".step_{step}."))
+    try:
+        save_model(model, cfg, tmp, {**stamp(), "train_step": step, "train_seconds": round(elapsed, 1)})
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, out: Path) -> tuple[int, float]:
+    """Restore model and optimizer from train_state.pt; refuse anything inconsistent."""
+    path = out / TRAIN_STATE
+    if not path.exists():
+        raise CheckpointError(f"--resume: {out} has no {TRAIN_STATE} to resume from")
+    state = safe_torch_load(path)
+    if not isinstance(state, dict) or not {"optimizer", "step", "elapsed"} <= set(state):
+        raise CheckpointError(f"{path}: not an icl-probe training state (needs optimizer, step, elapsed); "
+                              "start a new run in another --out")
+    try:
+        step, elapsed = int(state["step"]), float(state["elapsed"])
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{path}: step/elapsed are not numbers; the file is corrupt") from None
+    if "model" in state:
+        load_weights(model, state["model"], path)
+    else:  # older runs: the weights file must be the one saved with this step
+        load_weights(model, read_safetensors(out / "model.safetensors"), out / "model.safetensors")
+        saved_step = _saved_train_step(out)
+        if saved_step != step:
+            raise CheckpointError(
+                f"--resume: {out}/model.safetensors is from step {saved_step} but {TRAIN_STATE} from step "
+                f"{step} (the run was killed between the two writes); this older run cannot be resumed safely")
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise CheckpointError(f"{path}: optimizer state does not match the model ({err}); "
+                              "start a new run in another --out") from None
+    return step, elapsed
+
+
+def _saved_train_step(out: Path) -> int | None:
+    import json
+
+    try:
+        return int(json.loads((out / "config.json").read_text())["meta"]["train_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str = "cpu",
-          progress: bool = True) -> nn.Module:
-    """Train `cfg` into run directory `out`; returns the trained (unwrapped) model."""
+          progress: bool = True, keep_every: int = 0) -> nn.Module:
+    """Train `cfg` into run directory `out`; returns the trained (unwrapped) model.
+
+    keep_every > 0 also keeps an immutable snapshot every that many steps (and at the end)
+    under `out/snapshots/step_<k>/`, each loadable with `load_checkpoint`.
+    """
+    if not isinstance(keep_every, int) or keep_every < 0:
+        raise ConfigError(f"--keep-every must be a non-negative integer, got {keep_every!r}")
     out = Path(out)
     dist_info = init_distributed(device)
     if device.startswith("cuda") and dist_info.world > 1:
@@ -138,12 +212,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     start, elapsed = 0, 0.0
     if resume:
-        if not (out / "train_state.pt").exists():
-            raise CheckpointError(f"--resume: {out} has no train_state.pt to resume from")
-        load_weights(model, read_safetensors(out / "model.safetensors"), out / "model.safetensors")
-        state = safe_torch_load(out / "train_state.pt")
-        optimizer.load_state_dict(state["optimizer"])
-        start, elapsed = int(state["step"]), float(state["elapsed"])
+        start, elapsed = load_training_state(model, optimizer, out)
         for name in (TRAIN_LOG, EVAL_LOG):
             if dist_info.main:
                 _truncate_log(out / name, start - 1)
@@ -193,6 +262,8 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str 
             _append_rows(out / TRAIN_LOG, TRAIN_LOG_FIELDS, rows)
             rows = []
             save_training_state(model, optimizer, cfg, out, done, time.perf_counter() - t0)
+        if dist_info.main and keep_every and (done % keep_every == 0 or done == cfg.train.steps):
+            save_snapshot(model, cfg, out, done, time.perf_counter() - t0)
     if dist_info.world > 1:
         import torch.distributed as dist
 

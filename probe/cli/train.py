@@ -4,6 +4,7 @@ examples:
   icl-probe train --recipe recipes/gpt2-default.toml --out checkpoints/gpt2-default
   icl-probe train --recipe recipes/tiny.toml --set train.steps=50 --out /tmp/run
   icl-probe train --out /tmp/run --resume        # continue a killed run
+  icl-probe train --recipe recipes/gpt2-default.toml --keep-every 1000 --out /tmp/run  # with snapshots
   torchrun --nproc_per_node 2 -m probe train --recipe recipes/tiny.toml --out /tmp/ddp
 """
 
@@ -22,6 +23,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="override one recipe value, e.g. train.steps=500 (repeatable)")
     p.add_argument("--out", required=True, help="run directory to write")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--keep-every", type=int, default=0, metavar="N",
+                   help="also keep an immutable snapshot every N steps under OUT/snapshots/step_<k>/")
     add_device(p)
 
 
@@ -47,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train import train
 
     device = check_device(args.device)
-    train(cfg, out, resume=args.resume, device=device, progress=not args.quiet)
+    train(cfg, out, resume=args.resume, device=device, progress=not args.quiet,
+          keep_every=args.keep_every)
     print(f"trained model written to {out}")
     return 0
