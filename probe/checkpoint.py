@@ -67,6 +67,9 @@ def atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
+        from .outputs import fix_mode
+
+        fix_mode(Path(tmp))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -113,6 +116,15 @@ def load_weights(model: nn.Module, state: dict[str, Tensor], source: Path) -> No
     """Load `state` into `model`, failing with one message listing every key problem."""
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{source}: expected a state dict of tensors")
+    for key, value in state.items():
+        if IGNORED_LEGACY.match(key) or key.endswith(("attn.bias", "attn.masked_bias")):
+            continue
+        if not value.is_floating_point():
+            raise CheckpointError(f"{source}: weight {key} holds {value.dtype}, not floating point; "
+                                  "the file is not a trained model's state dict")
+        if not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{source}: weight {key} contains NaN or infinite values; the model diverged "
+                                  "or the file is corrupt; use an earlier checkpoint")
     state = {k: v for k, v in strip_prefixes(state).items() if not IGNORED_LEGACY.match(k)}
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -153,18 +165,37 @@ def save_model(model: nn.Module, config: RunConfig, directory: Path, meta: dict[
     atomic_write(directory / "config.json", lambda p: p.write_text(json.dumps(payload, indent=2) + "\n"))
 
 
+def check_size(config: RunConfig, weights: Path) -> None:
+    """Refuse a config whose model is far larger than its weights file (before allocating it)."""
+    from .validate import check_memory, model_bytes
+
+    expected = model_bytes(config.model)
+    actual = weights.stat().st_size
+    if config.model.family != "planted" and expected > 2 * actual + (1 << 20):
+        raise CheckpointError(
+            f"{weights}: the config describes a model of about {expected / 1e6:.1f} MB of weights but the file "
+            f"holds {actual / 1e6:.3f} MB; the config does not belong to these weights (check n_embd, n_layer)")
+    check_memory(expected, f"the model in {weights.parent}", "check the config's sizes")
+
+
 def load_native(directory: Path) -> LoadedCheckpoint:
     config_file = directory / "config.json"
     try:
         payload = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{config_file}: not valid JSON ({err}); restore it from the run") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("config"), dict):
+        raise CheckpointError(f'{config_file}: needs a "config" object (the run config)')
+    if not isinstance(payload.get("meta", {}), dict):
+        raise CheckpointError(f'{config_file}: "meta" must be an object, got {type(payload["meta"]).__name__}')
+    try:
         config = RunConfig.from_dict(payload["config"])
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{config_file}: not a valid icl-probe config ({err})") from None
     except ConfigError as err:
         raise CheckpointError(f"{config_file}: invalid config: {err}") from None
     weights = directory / "model.safetensors"
     if not weights.is_file():
         raise CheckpointError(f"{directory}: config.json found but model.safetensors is missing")
+    check_size(config, weights)
     model = build_model(config.model)
     load_weights(model, read_safetensors(weights), weights)
     return LoadedCheckpoint(model.eval(), config, "icl-probe", directory, weights, payload.get("meta", {}))
@@ -187,6 +218,10 @@ def garg_config_to_run(raw: dict[str, Any], source: Path) -> RunConfig:
     except ConfigError as err:
         raise CheckpointError(f"{source}: {err}") from None
     training = raw.get("training") or {}
+    if not isinstance(training, dict):
+        raise CheckpointError(f"{source}: `training:` must be a mapping, got {type(training).__name__}")
+    if not isinstance(training.get("task", "linear_regression"), str):
+        raise CheckpointError(f"{source}: training.task must be a task name, got {training.get('task')!r}")
     task_name = {"linear_regression": "linear_regression", "sparse_linear_regression": "sparse_linear_regression",
                  "noisy_linear_regression": "linear_regression", "relu_2nn_regression": "relu_network"}.get(
         training.get("task", "linear_regression"), "linear_regression")
@@ -197,7 +232,8 @@ def garg_config_to_run(raw: dict[str, Any], source: Path) -> RunConfig:
 def garg_weights_file(directory: Path) -> Path:
     if (directory / "state.pt").is_file():
         return directory / "state.pt"
-    steps = sorted(directory.glob("model_*.pt"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    steps = sorted((p for p in directory.glob("model_*.pt") if p.is_file()),
+                   key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
     if steps:
         return steps[-1]
     raise CheckpointError(f"{directory}: config.yaml found but neither state.pt nor model_<step>.pt")
@@ -211,8 +247,11 @@ def load_garg(directory: Path) -> LoadedCheckpoint:
         raw = yaml.safe_load(config_file.read_text())
     except yaml.YAMLError as err:
         raise CheckpointError(f"{config_file}: not valid YAML: {err}") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{config_file}: not UTF-8 text") from None
     config = garg_config_to_run(raw, config_file)
     weights = garg_weights_file(directory)
+    check_size(config, weights)
     blob = safe_torch_load(weights)
     state = blob.get("model_state_dict", blob) if isinstance(blob, dict) else blob
     model = build_model(config.model)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -30,6 +31,19 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _check_numbers(obj: Any, section: str) -> None:
+    """Every float field finite, every int field an int (not a bool, not a float)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.type in ("float", float):
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool),
+                   f"{section}.{f.name} must be a number, got {value!r}")
+            _check(math.isfinite(value), f"{section}.{f.name} must be a finite number, got {value!r}")
+        elif f.type in ("int", int):
+            _check(isinstance(value, int) and not isinstance(value, bool),
+                   f"{section}.{f.name} must be an integer, got {value!r}")
+
+
 def _check_choice(section: str, name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{section}.{name}: " + unknown_name_message(name, value, list(choices)))
@@ -48,6 +62,7 @@ class ModelConfig:
     planted_scale: float = 0.0  # family "planted" only: GD step size eta, or Newton's fixed alpha
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "model")
         _check_choice("model", "family", self.family, MODEL_FAMILIES)
         _check_choice("model", "encoding", self.encoding, ENCODINGS)
         for name in ("n_dims", "n_positions", "n_embd", "n_layer", "n_head"):
@@ -81,6 +96,7 @@ class TaskConfig:
     param_mean: float = 0.0  # network parameters ~ N(param_mean, 1) before 1/sqrt(fan_in)
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "task")
         _check_choice("task", "name", self.name, TASKS)
         _check_choice("task", "covariance", self.covariance, COVARIANCES)
         _check(self.n_dims >= 1, f"task.n_dims must be >= 1, got {self.n_dims}")
@@ -92,6 +108,8 @@ class TaskConfig:
                f"task.sparsity must be in 1..n_dims={self.n_dims}, got {self.sparsity}")
         _check(self.relu_depth >= 2, f"task.relu_depth must be >= 2, got {self.relu_depth}")
         _check(self.relu_width >= 1, f"task.relu_width must be >= 1, got {self.relu_width}")
+        _check(all(isinstance(w, (int, float)) and math.isfinite(w) for w in self.mixture_weights),
+               f"task.mixture_weights must be two finite numbers, got {self.mixture_weights}")
         self.mixture_weights = tuple(float(w) for w in self.mixture_weights)
         _check(len(self.mixture_weights) == 2 and min(self.mixture_weights) >= 0
                and abs(sum(self.mixture_weights) - 1) < 1e-6,
@@ -143,6 +161,7 @@ class TrainConfig:
     save_every: int = 250
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "train")
         _check_choice("train", "schedule", self.schedule, SCHEDULES)
         for name in ("steps", "batch_size", "log_every", "eval_every", "eval_prompts", "save_every"):
             value = getattr(self, name)
@@ -219,7 +238,11 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     nested = [a for a in (args or (hint,)) if dataclasses.is_dataclass(a)]
     if nested:
         return from_dict(nested[0], value, where)
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where} must be a finite number, got {value!r}")
         return float(value)
     if hint is int and not (isinstance(value, int) and not isinstance(value, bool)):
         raise ConfigError(f"{where} must be an integer, got {value!r}")
@@ -240,9 +263,13 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"Recipe file not found: {path}")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"Recipe {path} is not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"Recipe {path} is not UTF-8 text; save it as UTF-8") from None
+    except OSError as err:
+        raise ConfigError(f"Recipe {path} cannot be read: {err.strerror}") from None
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

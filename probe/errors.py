@@ -11,3 +11,11 @@ class ConfigError(ProbeError, ValueError):
 
 class CheckpointError(ProbeError):
     """A checkpoint could not be found, read, or matched to its config."""
+
+
+class TrainingDiverged(ProbeError):
+    """The training loss became NaN or infinite."""
+
+
+class OutputError(ProbeError):
+    """An output path that must not be written (it would lose or overwrite the user's files)."""

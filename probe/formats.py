@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .checkpoint import (LoadedCheckpoint, load_garg, load_native, load_weights, read_safetensors,
+from .checkpoint import (LoadedCheckpoint, check_size, load_garg, load_native, load_weights, read_safetensors,
                          safe_torch_load, strip_prefixes)
 from .config import ModelConfig, RunConfig, TaskConfig
 from .errors import CheckpointError, ConfigError
@@ -47,7 +47,13 @@ def _detect_native(d: Path) -> str | None:
     if not (d / "config.json").is_file():
         return "no config.json"
     data = _json(d / "config.json")
-    if data is None or data.get("format") != "icl-probe":
+    if data is None:
+        try:
+            json.loads((d / "config.json").read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"{d / 'config.json'}: not valid JSON ({err}); restore it from the run") from None
+        raise CheckpointError(f"{d / 'config.json'}: must hold a JSON object")
+    if data.get("format") != "icl-probe":
         return 'config.json lacks "format": "icl-probe"'
     return None
 
@@ -55,7 +61,7 @@ def _detect_native(d: Path) -> str | None:
 def _detect_garg(d: Path) -> str | None:
     if not (d / "config.yaml").is_file():
         return "no config.yaml"
-    if not (d / "state.pt").is_file() and not any(d.glob("model_*.pt")):
+    if not (d / "state.pt").is_file() and not any(p.is_file() for p in d.glob("model_*.pt")):
         return "config.yaml but neither state.pt nor model_<step>.pt"
     return None
 
@@ -71,24 +77,36 @@ def _detect_hf(d: Path) -> str | None:
     return None
 
 
+def _strict_int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
 def load_hf_gpt2(d: Path) -> LoadedCheckpoint:
     """A Hugging Face GPT-2 backbone plus a read-in/read-out head supplied beside it."""
     hf = _json(d / "config.json")
-    if hf.get("activation_function", "gelu_new") != "gelu_new" or abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
+    eps = hf.get("layer_norm_epsilon", 1e-5)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        raise CheckpointError(f"{d / 'config.json'}: layer_norm_epsilon must be a number, got {eps!r}")
+    if hf.get("activation_function", "gelu_new") != "gelu_new" or abs(eps - 1e-5) > 1e-12:
         raise CheckpointError(f"{d / 'config.json'}: only gelu_new activations and LayerNorm eps 1e-5 are supported")
     head = read_safetensors(d / HF_HEAD)
     missing = {"read_in.weight", "read_in.bias", "read_out.weight", "read_out.bias"} - set(head)
     if missing:
         raise CheckpointError(f"{d / HF_HEAD}: missing {sorted(missing)}")
-    n_ctx = int(hf.get("n_positions", hf.get("n_ctx", 1024)))
-    token_dim = head["read_in.weight"].shape[1]
+    token_dim = head["read_in.weight"].shape[1] if head["read_in.weight"].ndim == 2 else 0
     encoding = hf.get("icl_encoding", "garg")
     try:
+        n_ctx = _strict_int(hf.get("n_positions", hf.get("n_ctx", 1024)))
         mc = ModelConfig(family="gpt2", n_dims=token_dim - (encoding == "akyurek"), n_positions=n_ctx // 2,
-                         n_embd=int(hf["n_embd"]), n_layer=int(hf["n_layer"]), n_head=int(hf["n_head"]), encoding=encoding)
-    except (KeyError, ConfigError) as err:
-        raise CheckpointError(f"{d / 'config.json'}: {err}") from None
+                         n_embd=_strict_int(hf["n_embd"]), n_layer=_strict_int(hf["n_layer"]),
+                         n_head=_strict_int(hf["n_head"]), encoding=encoding)
+    except (KeyError, ConfigError, ValueError, TypeError) as err:
+        raise CheckpointError(f"{d / 'config.json'}: invalid GPT-2 config value ({err}); n_embd, n_layer, n_head and "
+                              "n_positions must be positive integers") from None
     weights = d / "model.safetensors" if (d / "model.safetensors").is_file() else d / "pytorch_model.bin"
+    check_size(RunConfig(model=mc, task=TaskConfig(n_dims=mc.n_dims, n_points=mc.n_positions)), weights)
     state = read_safetensors(weights) if weights.suffix == ".safetensors" else safe_torch_load(weights)
     backbone = {}
     for key, value in strip_prefixes(state).items():

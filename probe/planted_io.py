@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .checkpoint import save_model
@@ -13,6 +14,9 @@ from .provenance import stamp
 
 def planted_config(algorithm: str, layers: int, d: int, points: int, step_size: float | None = None,
                    alpha: float | None = None) -> RunConfig:
+    for name, value in (("--step-size", step_size), ("--alpha", alpha)):
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
     if algorithm == "gd":
         limit = gd_stable_limit(d)
         scale = limit / 2 if step_size is None else step_size

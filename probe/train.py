@@ -24,7 +24,7 @@ from torch import nn
 
 from .checkpoint import atomic_write, load_weights, read_safetensors, safe_torch_load, save_model
 from .config import RunConfig
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, TrainingDiverged
 from .evaluate import eval_prompts
 from .models import build_model
 from .provenance import stamp
@@ -204,8 +204,13 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str 
     if cfg.train.batch_size % dist_info.world:
         raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must divide evenly over "
                           f"{dist_info.world} processes")
-    if (out / "train_state.pt").exists() and not resume:
+    if (out / TRAIN_STATE).exists() and not resume:
         raise ConfigError(f"{out} already holds a training run; pass --resume to continue it or choose another --out")
+    from .validate import activation_bytes, check_memory, model_bytes
+
+    check_memory(model_bytes(cfg.model) * 4 + activation_bytes(cfg.model, cfg.train.batch_size // dist_info.world,
+                                                                cfg.task.n_points, training=True),
+                 f"training with train.batch_size={cfg.train.batch_size}", "lower train.batch_size or the model size")
 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model)
@@ -227,6 +232,10 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str 
     if dist_info.world > 1:
         net = nn.parallel.DistributedDataParallel(model)
     out.mkdir(parents=True, exist_ok=True)
+    if dist_info.main:
+        from .outputs import mark_run_directory
+
+        mark_run_directory(out, "train")
 
     from tqdm.auto import tqdm
 
@@ -244,6 +253,11 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str 
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss = ((net(prompts.xs, prompts.ys) - prompts.ys) ** 2).mean()
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(
+                f"training diverged at step {step}: the loss is {loss.item()} (train.lr={cfg.train.lr:g}, "
+                f"task.w_scale={cfg.task.w_scale:g}); lower train.lr or the task's scale. The last finite "
+                f"checkpoint in {out} is kept (train_state.pt)")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.train.grad_clip > 0:
@@ -259,11 +273,17 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str 
             _append_rows(out / EVAL_LOG, EVAL_LOG_FIELDS, [{"step": step, **{k: f"{v:.6g}" for k, v in ev.items()}}])
             log.info("step %d: held-out error/d %.4f, at 2d+1 %.4f", done, ev["error_mean"], ev["error_at_2d1"])
         if dist_info.main and (done % cfg.train.save_every == 0 or done == cfg.train.steps):
+            if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+                raise TrainingDiverged(f"training diverged before step {done}: the weights hold NaN or infinite "
+                                       f"values; lower train.lr (now {cfg.train.lr:g}). {out}/train_state.pt keeps "
+                                       "the last finite state")
             _append_rows(out / TRAIN_LOG, TRAIN_LOG_FIELDS, rows)
             rows = []
             save_training_state(model, optimizer, cfg, out, done, time.perf_counter() - t0)
+            mark_run_directory(out, "train")
         if dist_info.main and keep_every and (done % keep_every == 0 or done == cfg.train.steps):
             save_snapshot(model, cfg, out, done, time.perf_counter() - t0)
+            mark_run_directory(out, "train")
     if dist_info.world > 1:
         import torch.distributed as dist
 

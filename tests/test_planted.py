@@ -72,7 +72,7 @@ def test_planted_bad_input(tmp_path, capsys):
     assert main(["planted", "--algorithm", "newtn", "--layers", "4", "--out", str(tmp_path / "x")]) == 2
     assert "Unknown planted algorithm 'newtn'. Did you mean: newton?" in capsys.readouterr().err
     assert main(["planted", "--algorithm", "gd", "--layers", "0", "--out", str(tmp_path / "x")]) == 2
-    assert "--layers must be a positive integer" in capsys.readouterr().err
+    assert "--layers must be an integer in 1..10000" in capsys.readouterr().err
     assert main(["planted", "--algorithm", "gd", "--layers", "3", "--step-size", "0.5", "--out", str(tmp_path / "x")]) == 2
     assert "--step-size 0.5 is unstable for d=4" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

@@ -7,6 +7,7 @@ import pytest
 
 from conftest import TINY_REPORT as TINY
 from probe.cli import main
+from probe.outputs import write_marker
 
 def _aligned(block):
     lengths = {len(v) for v in block.values() if isinstance(v, list)}
@@ -85,6 +86,7 @@ def test_a_failing_stage_leaves_no_half_report(ckpt, report, tmp_path, monkeypat
     out = tmp_path / "keep"
     out.mkdir()
     (out / "index.html").write_text("previous report")
+    write_marker(out, "report", ["index.html"])  # an earlier report icl-probe wrote
 
     def boom(*args, **kwargs):
         raise RuntimeError("stage failed")
@@ -93,4 +95,4 @@ def test_a_failing_stage_leaves_no_half_report(ckpt, report, tmp_path, monkeypat
     with pytest.raises(RuntimeError, match="stage failed"):
         main(["-q", "report", str(ckpt), "--out", str(out), *TINY])
     assert (out / "index.html").read_text() == "previous report"
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".keep.")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".keep")]

@@ -48,9 +48,17 @@ class LayerSettings:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        from ..validate import check_device, finite_float, positive_int
+
         for name in ("n_train", "n_val", "n_eval", "n_simw", "n_boot", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+            positive_int(getattr(self, name), name)
+        positive_int(self.n_queries, "n_queries", 0)
+        positive_int(self.finetune_steps, "finetune_steps", 0)
+        if not self.alphas:
+            raise ConfigError("alphas is empty; give at least one ridge penalty")
+        for a in self.alphas:
+            finite_float(a, "ridge penalty (alphas)", low=0.0)
+        check_device(self.device)
         if self.n_simw > self.n_eval:
             raise ConfigError(f"n_simw ({self.n_simw}) cannot exceed n_eval ({self.n_eval})")
         if self.readout_method not in ("ridge", "adam", "model"):

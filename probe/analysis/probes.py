@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
+from ..errors import ConfigError
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
 
@@ -220,6 +221,25 @@ class ProbeSettings:
     controls: bool = True
     seed: int = 0
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        from ..validate import check_device, finite_float, positive_int
+
+        for name in ("steps", "n_train", "n_test"):
+            positive_int(getattr(self, name), f"probe {name}")
+        finite_float(self.lr, "probe lr", low=0.0)
+        if self.prefixes is not None:
+            if not self.prefixes:
+                raise ConfigError("probe prefixes is empty; give prefix lengths t >= 1 or None for the default")
+            for t in self.prefixes:
+                positive_int(t, "probe prefix t")
+        for kind in self.kinds:
+            if kind not in ("linear", "mlp"):
+                raise ConfigError(f"unknown probe kind {kind!r} (linear, mlp)")
+        for target in self.targets:
+            if target not in ("xty", "w_ols"):
+                raise ConfigError(f"unknown probe target {target!r} (xty, w_ols)")
+        check_device(self.device)
 
 
 def default_prefixes(n_dims: int, n_points: int) -> tuple[int, ...]:

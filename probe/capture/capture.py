@@ -11,6 +11,10 @@ would exceed `max_bytes`).
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
+import weakref
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -21,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..validate import as_prompt_tensors, check_device, positive_int
 from ..models.gpt2 import GPT2ICL
 from ..models.planted import PlantedICL
 from . import hooks as H
@@ -39,20 +44,30 @@ class Capture:
         return self.acts[RESID][boundary]
 
 
-def check_prompts_for(model, xs: Tensor, ys: Tensor) -> None:
-    """Clear errors for prompts the model cannot take."""
-    if not isinstance(xs, Tensor) or not isinstance(ys, Tensor):
-        raise ConfigError("xs and ys must be tensors (or numpy arrays converted with torch.as_tensor)")
-    if not (xs.is_floating_point() and ys.is_floating_point()):
-        raise ConfigError(f"xs and ys must hold floats, got {xs.dtype} and {ys.dtype}")
-    if xs.ndim != 3 or ys.shape != xs.shape[:2]:
-        raise ConfigError(f"expected xs (B, n, d) and ys (B, n), got {tuple(xs.shape)} and {tuple(ys.shape)}")
+def check_prompts_for(model, xs, ys) -> tuple[Tensor, Tensor]:
+    """Clear errors for prompts the model cannot take; numpy arrays become float32 tensors."""
+    xs, ys, _ = as_prompt_tensors(xs, ys, what="capture")
+    xs, ys = xs.float(), ys.float()
     if xs.shape[2] != model.n_dims:
         raise ConfigError(f"prompts have d={xs.shape[2]} but the model takes d={model.n_dims}")
     if xs.shape[1] > model.n_points:
         raise ConfigError(f"prompts have {xs.shape[1]} points but the model has positions for {model.n_points}")
-    if not (torch.isfinite(xs).all() and torch.isfinite(ys).all()):
-        raise ConfigError("prompts contain NaN or infinite values")
+    return xs, ys
+
+
+SPILL_PREFIX = "icl-probe-capture-"
+
+
+def spill_dir() -> str:
+    """A temporary directory for memmaps, named with our pid; those of dead processes are removed."""
+    from ..outputs import _pid_alive
+
+    root = Path(tempfile.gettempdir())
+    for entry in root.glob(f"{SPILL_PREFIX}*"):
+        parts = entry.name[len(SPILL_PREFIX):].split("-")
+        if parts[0].isdigit() and not _pid_alive(int(parts[0])):
+            shutil.rmtree(entry, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-")
 
 
 def _select(t: Tensor, positions: Tensor | None) -> Tensor:
@@ -95,7 +110,11 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
     positions: "all" (2n tokens), "x" (the x tokens, where predictions are read) or indices.
     backend: "transformer_lens" (transformers only), "native" (the model's own `run`), or "auto".
     """
-    check_prompts_for(model, xs, ys)
+    xs, ys = check_prompts_for(model, xs, ys)
+    batch_size = positive_int(batch_size, "capture batch_size")
+    device = check_device(device)
+    if isinstance(hooks, str):
+        hooks = [hooks]
     b, n, _ = xs.shape
     bridged = (GPT2ICL, PlantedICL)
     if backend == "auto":
@@ -119,10 +138,9 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
             raise ConfigError(f"positions must lie in 0..{2 * n - 1}, got {list(positions)}")
     n_pos = 2 * n if pos is None else len(pos)
     per_prompt = (model.n_layers + 2) * n_pos * model.d_model * 4 if RESID in hooks else n_pos * model.d_model * 4
-    if out_dir is None and per_prompt * b > max_bytes:
-        import tempfile
-
-        out_dir = tempfile.mkdtemp(prefix="icl-probe-capture-")
+    spilled = out_dir is None and per_prompt * b > max_bytes
+    if spilled:
+        out_dir = spill_dir()
         log.warning("capture needs %.1f GiB (> max_bytes %.1f GiB): streaming to memmaps in %s",
                     per_prompt * b / 2**30, max_bytes / 2**30, out_dir)
     sink = _Sink(Path(out_dir) if out_dir is not None else None)
@@ -189,4 +207,7 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
                                  _select(r, pos).float().cpu().numpy()[None], i)
                 if "final" in hooks:
                     sink.put(H.FINAL, (b, n_pos, model.d_model), 0, start, _select(out.final, pos).float().cpu().numpy())
-    return Capture(pred=preds, acts=sink.arrays, positions=None if pos is None else pos.numpy())
+    result = Capture(pred=preds, acts=sink.arrays, positions=None if pos is None else pos.numpy())
+    if spilled:  # our own temporary directory goes when the result does (the memmaps stay readable until then)
+        weakref.finalize(result, shutil.rmtree, str(out_dir), True)
+    return result

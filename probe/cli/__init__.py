@@ -26,8 +26,16 @@ COMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as one `icl-probe <command>: error: ...` line and exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="icl-probe",
         description="Mechanistic interpretability for transformers that learn in context.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -35,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  icl-probe evaluate checkpoints/gpt2-default --out reports/eval",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
     for name, help_text in COMMANDS.items():
         module = importlib.import_module(f".{name}", __name__)
         module.add_parser(sub.add_parser(name, help=help_text, description=module.__doc__,

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_device, check_device, positive_int
+from .common import add_device, add_out, check_device, output_target, positive_int, writing
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="run directory")
     p.add_argument("--prompts", required=True, help=".npz with xs (B, n, d) and ys (B, n)")
-    p.add_argument("--out", required=True, help="output .npz")
+    add_out(p, "output .npz file")
     p.add_argument("--hooks", nargs="*", default=[], help="extra TransformerLens hook names to save")
     p.add_argument("--batch-size", type=positive_int, default=256)
     add_device(p)
@@ -29,38 +29,47 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def load_prompts(path: str):
     import numpy as np
-    import torch
-
     from ..errors import ConfigError
 
-    if not Path(path).is_file():
+    import zipfile
+
+    from ..outputs import is_regular_file
+    from ..validate import as_prompt_tensors
+
+    if not Path(path).exists():
         raise ConfigError(f"prompts file not found: {path}")
+    if not is_regular_file(Path(path)):
+        raise ConfigError(f"{path}: not a regular file; give an .npz with xs and ys")
     try:
         data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{path}: not a readable .npz file ({err})") from None
-    missing = {"xs", "ys"} - set(data.files)
-    if missing:
-        raise ConfigError(f"{path}: missing arrays {sorted(missing)}; it must hold xs (B, n, d) and ys (B, n)")
-    xs, ys = data["xs"], data["ys"]
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ConfigError(f"{path}: a single array (.npy), not an .npz; save with np.savez(path, xs=xs, ys=ys)")
+        missing = {"xs", "ys"} - set(data.files)
+        if missing:
+            raise ConfigError(f"{path}: missing arrays {sorted(missing)}; it must hold xs (B, n, d) and ys (B, n)")
+        xs, ys = data["xs"], data["ys"]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise ConfigError(f"{path}: not a readable .npz of numeric arrays ({str(err).splitlines()[0]})") from None
     if xs.dtype.kind != "f" or ys.dtype.kind != "f":
         raise ConfigError(f"{path}: xs and ys must be float arrays, got {xs.dtype} and {ys.dtype}")
-    return torch.as_tensor(xs, dtype=torch.float32), torch.as_tensor(ys, dtype=torch.float32)
+    xs, ys, _ = as_prompt_tensors(xs, ys, what=str(path))
+    return xs.float(), ys.float()
 
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ..capture import RESID, capture
-    from ..checkpoint import atomic_write, load_checkpoint
+    from ..checkpoint import load_checkpoint
 
     device = check_device(args.device)
+    target = output_target(args, "capture", (args.checkpoint, args.prompts), kind="file")
     ckpt = load_checkpoint(args.checkpoint)
     xs, ys = load_prompts(args.prompts)
     result = capture(ckpt.model, xs, ys, hooks=[RESID, *args.hooks], batch_size=args.batch_size, device=device,
                      progress=not args.quiet)
     arrays = {"pred": result.pred, **{name: np.asarray(value) for name, value in result.acts.items()}}
-    out = Path(args.out)
-    atomic_write(out, lambda p: np.savez(p.open("wb"), **arrays))
-    print(f"wrote {out}: " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in arrays.items()))
+    with writing(target) as staged, (staged / target.path.name).open("wb") as f:
+        np.savez(f, **arrays)
+    print(f"wrote {target.path}: " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in arrays.items()))
     return 0

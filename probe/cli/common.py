@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -15,15 +17,12 @@ def add_device(parser: argparse.ArgumentParser) -> None:
 
 
 def check_device(device: str) -> str:
-    import torch
+    from ..validate import check_device as check
 
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device}: torch sees no GPU here; use --device cpu")
     try:
-        torch.device(device)
-    except RuntimeError as err:
-        raise ConfigError(f"--device {device!r} is not a torch device: {err}") from None
-    return device
+        return check(device)
+    except ConfigError as err:
+        raise ConfigError(f"--{err}") from None
 
 
 def positive_int(text: str) -> int:
@@ -34,3 +33,35 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def add_out(parser: argparse.ArgumentParser, help_text: str, required: bool = True) -> None:
+    """`--out` and `--force`, with the output policy of probe.outputs."""
+    parser.add_argument("--out", required=required, help=help_text)
+    parser.add_argument("--force", action="store_true",
+                        help="also write into a directory holding other files (kept) or another command's "
+                             "output; never the input, a parent of it, or a symlink")
+
+
+def output_target(args: argparse.Namespace, command: str, inputs: tuple = (), kind: str = "dir",
+                  out: str | Path | None = None):
+    """Check `--out` against the output policy before any work; None when no --out was given."""
+    from ..outputs import OutputTarget
+
+    path = out if out is not None else args.out
+    if path is None:
+        return None
+    return OutputTarget(Path(path), command, kind, bool(getattr(args, "force", False)),
+                        tuple(Path(p) for p in inputs if p))
+
+
+@contextlib.contextmanager
+def writing(target, record: dict | None = None):
+    """Yield a staging directory; publish it into `target` only if the block succeeds."""
+    staged = target.stage()
+    try:
+        yield staged
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    target.publish(staged, record)

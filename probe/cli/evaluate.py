@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from .common import DEFAULT_CHECKPOINT, add_device, check_device, positive_int
+from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, output_target, positive_int, writing
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -26,7 +25,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=positive_int, default=1280, help="number of evaluation prompts (default 1280)")
     p.add_argument("--points", type=positive_int, default=None, help="examples per prompt (default: the training task's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the evaluation prompts and bootstrap (default 0)")
-    p.add_argument("--out", help="directory for eval.csv, eval.png and eval.json")
+    add_out(p, "directory for eval.csv, eval.png and eval.json", required=False)
     p.add_argument("--mixture", help="input mixture weights w1,w2 of w1 N(-2,I) + w2 N(2,I) (ReLU tasks)")
     p.add_argument("--param-mean", type=float, help="mean of the network parameters (ReLU tasks)")
     p.add_argument("--epochs", type=positive_int, default=100, help="direct-training epochs (ReLU tasks, default 100)")
@@ -42,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from ..provenance import stamp
 
     device = check_device(args.device)
+    target = output_target(args, "evaluate", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     if args.points and args.points > ckpt.config.model.n_positions:
         raise ConfigError(f"--points {args.points} exceeds the model's {ckpt.config.model.n_positions} positions")
@@ -56,15 +56,14 @@ def run(args: argparse.Namespace) -> int:
         metric = "squared error / d"
     print(f"{ckpt.path} ({ckpt.format}, {task.name}, d={task.n_dims}); {metric} over {args.prompts} prompts, seed {args.seed}")
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(out / "eval.csv", index=False)
-        plot_error_curve(frame, out / "eval.png", title=f"{ckpt.path.name}: error vs in-context examples")
-        record = {"checkpoint": str(ckpt.path), "format": ckpt.format, "prompts": args.prompts, "seed": args.seed,
-                  "points": args.points, "metric": metric, "task": task.__dict__, **stamp()}
-        (out / "eval.json").write_text(json.dumps(record, indent=2, default=list) + "\n")
-        print(f"wrote {out / 'eval.csv'} and {out / 'eval.png'}")
+    if target is not None:
+        with writing(target) as out:
+            frame.to_csv(out / "eval.csv", index=False)
+            plot_error_curve(frame, out / "eval.png", title=f"{ckpt.path.name}: error vs in-context examples")
+            record = {"checkpoint": str(ckpt.path), "format": ckpt.format, "prompts": args.prompts, "seed": args.seed,
+                      "points": args.points, "metric": metric, "task": task.__dict__, **stamp()}
+            (out / "eval.json").write_text(json.dumps(record, indent=2, default=list) + "\n")
+        print(f"wrote {target.path / 'eval.csv'} and {target.path / 'eval.png'}")
     return 0
 
 

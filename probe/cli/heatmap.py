@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
+from .common import output_target, writing
 from .layers import add_layer_args, settings_from_args, write_tables
 
 
@@ -41,24 +41,27 @@ def select_sweeps(names):
 def run(args: argparse.Namespace) -> int:
     from ..analysis.pipeline import analyse_layers
     from ..checkpoint import load_checkpoint
+    from ..outputs import safe_name
     from ..report import figures
 
     sweeps = select_sweeps(args.learners)
+    target = output_target(args, "heatmap", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     settings = settings_from_args(args, sweeps=sweeps, simw=not args.no_simw, include_first=args.include_first)
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
-    out = Path(args.out)
-    write_tables(out, {"heatmap_cells": result.cells, "best_match": result.best, "table1": result.table1,
-                       "readout": result.readout},
-                 {"command": "heatmap", "checkpoint": str(ckpt.path), "settings": settings.__dict__})
-    (out / "trends.json").write_text(json.dumps(result.trends, indent=2) + "\n")
-    for sweep in sweeps:
-        for metric in sorted(result.best.metric.unique()):
-            figures.heatmap(result.cells, result.best, sweep.label, metric, sweep.axis, out / f"heatmap_{sweep.label}_{metric}")
+    with writing(target) as out:
+        write_tables(out, {"heatmap_cells": result.cells, "best_match": result.best, "table1": result.table1,
+                           "readout": result.readout},
+                     {"command": "heatmap", "checkpoint": str(ckpt.path), "settings": settings.__dict__})
+        (out / "trends.json").write_text(json.dumps(result.trends, indent=2) + "\n")
+        for sweep in sweeps:
+            for metric in sorted(result.best.metric.unique()):
+                figures.heatmap(result.cells, result.best, sweep.label, metric, sweep.axis,
+                                out / f"heatmap_{safe_name(sweep.label)}_{metric}")
     print(result.best.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     for t in result.trends:
         print(t["verdict"], f"[{t['metric']}]")
     print("final layer (Table 1, SimE):")
     print(result.table1.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"wrote {out}")
+    print(f"wrote {target.path}")
     return 0

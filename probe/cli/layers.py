@@ -6,12 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import DEFAULT_CHECKPOINT, add_device, check_device, positive_int
+from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, positive_int
 
 
 def add_layer_args(p: argparse.ArgumentParser, simw: bool = True) -> None:
     p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)")
-    p.add_argument("--out", required=True, help="directory for CSV tables and PNG/SVG figures")
+    add_out(p, "directory for CSV tables and PNG/SVG figures")
     p.add_argument("--train-prompts", type=positive_int, default=2048, help="prompts to fit read-outs (default 2048)")
     p.add_argument("--val-prompts", type=positive_int, default=512, help="prompts to pick the ridge penalty (default 512)")
     p.add_argument("--eval-prompts", type=positive_int, default=512, help="held-out prompts (default 512)")

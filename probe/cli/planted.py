@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 
-from .common import positive_int
+from .common import add_out, positive_int, writing
 
 ALGORITHMS = ("gd", "newton")
+MAX_LAYERS = 10_000  # a planted model is analysed layer by layer; deeper ones are never useful
+MAX_DIMS = 1024
+MAX_POINTS = 4096
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -24,7 +27,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=None, help="Newton's fixed M_0 = alpha S/t (default 1/(2(1+sqrt d)^2)^2)")
     p.add_argument("--dims", type=positive_int, default=4, help="d (default 4)")
     p.add_argument("--points", type=positive_int, default=16, help="examples per prompt (default 16)")
-    p.add_argument("--out", required=True, help="checkpoint directory to write")
+    add_out(p, "checkpoint directory to write")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,11 +36,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.algorithm not in ALGORITHMS:
         raise ConfigError(unknown_name_message("planted algorithm", args.algorithm, list(ALGORITHMS)))
-    if args.layers < 1:
-        raise ConfigError(f"--layers must be a positive integer, got {args.layers}")
+    if not 1 <= args.layers <= MAX_LAYERS:
+        raise ConfigError(f"--layers must be an integer in 1..{MAX_LAYERS}, got {args.layers}")
+    if args.dims > MAX_DIMS or args.points > MAX_POINTS:
+        raise ConfigError(f"--dims must be <= {MAX_DIMS} and --points <= {MAX_POINTS}, got {args.dims} and {args.points}")
+    from ..outputs import check_run_output
     from ..planted_io import write_planted
 
-    path = write_planted(args.algorithm, args.layers, args.dims, args.points, args.out,
-                         step_size=args.step_size, alpha=args.alpha)
-    print(f"planted {args.algorithm} model with {args.layers} layers written to {path}")
+    target = check_run_output(args.out, "planted", force=args.force)
+    with writing(target) as staged:
+        write_planted(args.algorithm, args.layers, args.dims, args.points, staged,
+                      step_size=args.step_size, alpha=args.alpha)
+    print(f"planted {args.algorithm} model with {args.layers} layers written to {target.path}")
     return 0

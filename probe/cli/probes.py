@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from .common import DEFAULT_CHECKPOINT, add_device, check_device, positive_int
+from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, output_target, positive_int, writing
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory")
-    p.add_argument("--out", required=True, help="directory for probes.csv, probes_summary.json and probes.png")
+    add_out(p, "directory for probes.csv, probes_summary.json and probes.png")
     p.add_argument("--kinds", nargs="+", default=["linear", "mlp"], choices=["linear", "mlp"])
     p.add_argument("--targets", nargs="+", default=["xty", "w_ols"], choices=["xty", "w_ols"])
     p.add_argument("--prefixes", nargs="*", type=positive_int, help="prefix lengths t (default 1, d, 2d, n-1)")
@@ -41,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from ..provenance import stamp
     from ..report import figures
 
+    out_target = output_target(args, "probes", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     n = ckpt.config.task.n_points
     if args.prefixes and max(args.prefixes) >= n:
@@ -54,17 +54,16 @@ def run(args: argparse.Namespace) -> int:
                              n_train=args.prompts, n_test=args.test_prompts, controls=not args.no_controls,
                              seed=args.seed, device=check_device(args.device))
     table = probe_study(ckpt.model, ckpt.config.task, settings, control, progress=not args.quiet)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "probes.csv", index=False)
     summary = probe_summary(table)
-    (out / "probes_summary.json").write_text(json.dumps({"probes": summary, "settings": settings.__dict__, **stamp()},
-                                                        indent=2, default=str) + "\n")
-    figures.probes(table, out / "probes")
+    with writing(out_target) as out:
+        table.to_csv(out / "probes.csv", index=False)
+        (out / "probes_summary.json").write_text(json.dumps({"probes": summary, "settings": settings.__dict__,
+                                                             **stamp()}, indent=2, default=str) + "\n")
+        figures.probes(table, out / "probes")
     for target, kinds in summary.items():
         for kind, entry in kinds.items():
             print(f"{target:6s} {kind:6s} best layer {entry['best_layer']}: R^2 by layer "
                   + " ".join(f"{v:.2f}" for v in entry["r2"]) + "; random-model control "
                   + " ".join(f"{v:.2f}" for v in entry["control_r2"]))
-    print(f"wrote {out}")
+    print(f"wrote {out_target.path}")
     return 0

@@ -9,8 +9,8 @@ examples:
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from .common import output_target, writing
 from .layers import add_layer_args, settings_from_args, write_tables
 
 
@@ -23,15 +23,16 @@ def run(args: argparse.Namespace) -> int:
     from ..checkpoint import load_checkpoint
     from ..report import figures
 
+    target = output_target(args, "readout", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     settings = settings_from_args(args, sweeps=(), simw=False)
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
-    out = Path(args.out)
     summary = result.readout[result.readout.n_examples >= 1].groupby("layer").error.mean().reset_index()
-    write_tables(out, {"readout": result.readout, "readout_by_layer": summary},
-                 {"command": "readout", "checkpoint": str(ckpt.path), "settings": settings.__dict__})
-    figures.readout_error(result.readout, out / "readout", ckpt.config.task.n_dims)
+    with writing(target) as out:
+        write_tables(out, {"readout": result.readout, "readout_by_layer": summary},
+                     {"command": "readout", "checkpoint": str(ckpt.path), "settings": settings.__dict__})
+        figures.readout_error(result.readout, out / "readout", ckpt.config.task.n_dims)
     print("mean error / d over examples >= 1, per layer:")
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    print(f"wrote {out}")
+    print(f"wrote {target.path}")
     return 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import DEFAULT_CHECKPOINT, add_device, check_device
+from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, output_target
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
@@ -25,7 +25,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)")
     p.add_argument("--recipe", default="quick", help="recipe name in analyses/ or a .toml path (default: quick)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value, e.g. prompts.eval=256")
-    p.add_argument("--out", help="report directory (default: reports/<checkpoint>-<recipe>)")
+    add_out(p, "report directory (default: reports/<checkpoint>-<recipe>)", required=False)
     p.add_argument("--compare", help="a second checkpoint (e.g. the LSTM) whose Table 1 is shown beside")
     p.add_argument("--no-cache", action="store_true", help="recompute every stage")
     add_device(p)
@@ -33,6 +33,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import parse_override
+    from ..outputs import safe_name
     from ..report.recipe import resolve_recipe
 
     # validate everything cheap before any heavy work
@@ -40,16 +41,17 @@ def run(args: argparse.Namespace) -> int:
     device = check_device(args.device)
     from ..checkpoint import load_checkpoint
 
+    default_out = REPORTS / f"{safe_name(Path(args.checkpoint).resolve().name)}-{safe_name(recipe.name)}"
+    target = output_target(args, "report", (args.checkpoint, args.compare), out=args.out or default_out)
     ckpt = load_checkpoint(args.checkpoint)
     compare = load_checkpoint(args.compare) if args.compare else None
     if compare is not None and compare.config.task.n_dims != ckpt.config.task.n_dims:
         from ..errors import ConfigError
 
         raise ConfigError(f"--compare model has d={compare.config.task.n_dims}, the report's model d={ckpt.config.task.n_dims}")
-    out = Path(args.out) if args.out else REPORTS / f"{ckpt.name}-{recipe.name}"
     from ..report.build import build_report
 
-    cache = None if args.no_cache else out.parent / ".cache"
-    build_report(ckpt, recipe, out, device=device, compare=compare, cache_dir=cache, progress=not args.quiet)
-    print(f"report written to {out}/index.html (summary.json, figures/, data/)")
+    cache = None if args.no_cache else target.path.resolve().parent / ".cache"
+    build_report(ckpt, recipe, target, device=device, compare=compare, cache_dir=cache, progress=not args.quiet)
+    print(f"report written to {target.path}/index.html (summary.json, figures/, data/)")
     return 0

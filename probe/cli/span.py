@@ -8,8 +8,8 @@ examples:
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from .common import output_target, writing
 from .layers import add_layer_args, settings_from_args, write_tables
 
 
@@ -23,17 +23,19 @@ def run(args: argparse.Namespace) -> int:
     from ..checkpoint import load_checkpoint
     from ..report import figures
 
+    target = output_target(args, "span", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     sweeps = tuple(s for s in DEFAULT_SWEEPS if s.label in ("newton", "gd_log", "least_squares"))
     settings = settings_from_args(args, sweeps=sweeps)
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
-    out = Path(args.out)
-    write_tables(out, {"span": result.span}, {"command": "span", "checkpoint": str(ckpt.path), "settings": settings.__dict__})
-    figures.span(result.span, out / "span")
+    with writing(target) as out:
+        write_tables(out, {"span": result.span},
+                     {"command": "span", "checkpoint": str(ckpt.path), "settings": settings.__dict__})
+        figures.span(result.span, out / "span")
     d = ckpt.config.task.n_dims
     view = result.span[(result.span.kind == "layer") & (result.span.n_examples < d)]
     print(view.pivot_table(index="index", columns="n_examples", values="residual").rename_axis("layer").to_string(
         float_format=lambda v: f"{v:.3f}"))
     print("random-vector null:", {t: round(((d - t) / d) ** 0.5, 3) for t in range(1, d)})
-    print(f"wrote {out}")
+    print(f"wrote {target.path}")
     return 0

@@ -11,6 +11,7 @@ from typing import Any
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..validate import as_prompt_tensors, check_grid
 
 from . import closed_form, iterative, krylov, network, nonparametric, online, stochastic  # noqa: F401  (registration)
 from .base import LearnerResult, check_prompts, prefix_moments
@@ -18,13 +19,19 @@ from .registry import LEARNERS, LearnerSpec
 
 
 def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None, **grid: Any) -> LearnerResult:
-    """Run learner `name` on prompts xs (B, n, d), ys (B, n) over its hyper-parameter grid."""
+    """Run learner `name` on prompts xs (B, n, d), ys (B, n) over its hyper-parameter grid.
+
+    Prompts may be tensors or numpy arrays; they must be finite. Grid values are checked
+    (integral step counts, positive penalties and step sizes, non-empty grids) before any work.
+    """
     spec = LEARNERS.get(name)
+    xs, ys, queries = as_prompt_tensors(xs, ys, queries, what=f"learner '{name}'")
     check_prompts(xs, ys, queries)
     unknown = set(grid) - set(spec.defaults)
     if unknown:
         raise ConfigError(f"learner '{name}' has no hyper-parameter {sorted(unknown)}; "
                           f"it takes {sorted(spec.defaults) or 'none'}")
+    grid = check_grid(name, grid)
     try:
         return spec.fn(xs, ys, queries, **grid)
     except ValueError as err:

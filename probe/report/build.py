@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ import pandas as pd
 import torch
 
 from ..checkpoint import LoadedCheckpoint
+from ..outputs import OutputTarget, safe_name
 from . import figures
 from .cache import StageCache, _jsonable
 from .recipe import Recipe
@@ -119,6 +119,21 @@ def adapt_recipe(ckpt: LoadedCheckpoint, recipe: Recipe) -> Recipe:
     return recipe
 
 
+def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
+    """Refuse a recipe whose captured activations would not fit in memory, naming the key."""
+    from ..validate import check_memory
+
+    m, n = ckpt.config.model, ckpt.config.task.n_points
+    per_prompt = (m.n_layer + 2) * 2 * n * max(m.n_embd, 2 * m.n_dims + 2) * 4
+    p = recipe.prompts
+    for key, count in (("prompts.train", p.train + p.val), ("prompts.eval", p.eval), ("prompts.evaluate", p.evaluate),
+                       ("probes.prompts", recipe.probes.prompts if recipe.probes.enabled else 0)):
+        check_memory(count * per_prompt, f"{key}={count} on {ckpt.name}", f"lower {key} (e.g. --set {key}=512)")
+    queries = p.queries or 4 * m.n_dims
+    check_memory(min(p.simw, p.eval) * n * queries * (m.n_layer + 1) * 8 * 2,
+                 f"prompts.simw={p.simw} with {queries} queries", "lower prompts.simw or prompts.queries")
+
+
 def run_stages(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, cache: StageCache, progress: bool,
                prefix: str = "") -> Built:
     built = Built()
@@ -157,10 +172,10 @@ def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: 
     for sweep in recipe.sweeps:
         for metric in sorted(t["best_match"].metric.unique()):
             key = f"heatmap_{sweep.label}_{metric}"
-            out[key] = figures.heatmap(t["heatmap_cells"], t["best_match"], sweep.label, metric, sweep.axis, fig_dir / key)[0]
+            out[key] = figures.heatmap(t["heatmap_cells"], t["best_match"], sweep.label, metric, sweep.axis, fig_dir / safe_name(key))[0]
         if sweep.axis:
             key = f"trend_{sweep.label}"
-            out[key] = figures.best_match_trend(t["best_match"], sweep.label, "sime", fig_dir / key)[0]
+            out[key] = figures.best_match_trend(t["best_match"], sweep.label, "sime", fig_dir / safe_name(key))[0]
     if not t["span"].empty:
         out["span"] = figures.span(t["span"], fig_dir / "span")[0]
     if "probes" in t:
@@ -173,13 +188,17 @@ def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: 
     return out
 
 
-def build_report(ckpt: LoadedCheckpoint, recipe: Recipe, out: Path, device: str = "cpu", compare: LoadedCheckpoint | None = None,
-                 cache_dir: Path | None = None, progress: bool = True) -> Path:
+def build_report(ckpt: LoadedCheckpoint, recipe: Recipe, out: Path | OutputTarget, device: str = "cpu",
+                 compare: LoadedCheckpoint | None = None, cache_dir: Path | None = None, progress: bool = True,
+                 force: bool = False) -> Path:
+    """Run the recipe's stages and publish the report into `out` under the output policy
+    (probe.outputs): checked before any work, built in a private staging directory."""
     from .html import render_html
     from .summary import build_summary
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    target = out if isinstance(out, OutputTarget) else OutputTarget(
+        Path(out), "report", force=force, inputs=(ckpt.path,) + ((compare.path,) if compare else ()))
+    check_report_size(ckpt, recipe)
     cache = StageCache(cache_dir)
     built = run_stages(ckpt, recipe, device, cache, progress)
     recipe = adapt_recipe(ckpt, recipe)  # what the stages ran, for figures, summary and methods
@@ -189,7 +208,7 @@ def build_report(ckpt: LoadedCheckpoint, recipe: Recipe, out: Path, device: str 
         built.data.update(other.data)
         built.timings.update(other.timings)
         built.cached.update(other.cached)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = target.stage()
     try:
         start = time.perf_counter()
         data_dir = tmp / "data"
@@ -203,9 +222,7 @@ def build_report(ckpt: LoadedCheckpoint, recipe: Recipe, out: Path, device: str 
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2, default=_jsonable) + "\n")
         (tmp / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
         (tmp / "index.html").write_text(render_html(built, summary, figs, ckpt, recipe, compare))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
+        raise
+    return target.publish(tmp, {"checkpoint": ckpt.name, "recipe": recipe.name})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -45,24 +46,67 @@ class StageCache:
 
     def get_or_run(self, key: str, run: Callable[[], tuple[dict[str, pd.DataFrame], dict[str, Any]]]
                    ) -> tuple[dict[str, pd.DataFrame], dict[str, Any], bool]:
-        """Returns (tables, data, hit). `run` returns tables and JSON-serialisable data."""
+        """Returns (tables, data, hit). `run` returns tables and JSON-serialisable data.
+
+        An entry is used only if every file matches the sha256 recorded in its done.json; a
+        missing, truncated or edited entry is recomputed (with a warning), never published.
+        """
         folder = self._dir(key)
-        if folder is not None and (folder / "done.json").exists():
-            meta = json.loads((folder / "done.json").read_text())
-            tables = {name: pd.read_csv(folder / f"{name}.csv") for name in meta["tables"]}
-            log.info("stage %s: cached", key)
-            return tables, meta["data"], True
+        if folder is not None and folder.exists():
+            cached = self._read(folder)
+            if cached is not None:
+                log.info("stage %s: cached", key)
+                return cached[0], cached[1], True
+            log.warning("cache entry %s is incomplete or was modified; recomputing it", folder)
         tables, data = run()
         if folder is not None:
-            tmp = folder.with_name(folder.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            self._write(folder, tables, data)
+        return tables, data, False
+
+    @staticmethod
+    def _read(folder: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]] | None:
+        try:
+            meta = json.loads((folder / "done.json").read_text())
+            sums = meta["sha256"]
+            for name, expected in sums.items():
+                if _sha256(folder / name) != expected:
+                    return None
+            tables = {name: pd.read_csv(folder / f"{name}.csv") for name in meta["tables"]}
+            if set(f"{name}.csv" for name in meta["tables"]) - set(sums):
+                return None
+            return tables, meta["data"]
+        except (OSError, ValueError, KeyError, TypeError, pd.errors.ParserError, pd.errors.EmptyDataError):
+            return None
+
+    def _write(self, folder: Path, tables: dict[str, pd.DataFrame], data: dict[str, Any]) -> None:
+        from ..outputs import staging_dir
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = staging_dir(folder.parent, folder.name)  # private name: concurrent runs never share it
+        try:
             for name, frame in tables.items():
                 frame.to_csv(tmp / f"{name}.csv", index=False)
-            (tmp / "done.json").write_text(json.dumps({"tables": list(tables), "data": data}, default=_jsonable))
-            shutil.rmtree(folder, ignore_errors=True)
-            tmp.rename(folder)
-        return tables, data, False
+            sums = {f"{name}.csv": _sha256(tmp / f"{name}.csv") for name in tables}
+            (tmp / "done.json").write_text(json.dumps({"tables": list(tables), "data": data, "sha256": sums},
+                                                      default=_jsonable))
+            old = None
+            if folder.exists():
+                old = staging_dir(folder.parent, folder.name + ".old")
+                os.rmdir(old)
+                os.replace(folder, old)
+            os.replace(tmp, folder)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError as err:  # a cache that cannot be written costs time, never the report
+            log.warning("could not write cache entry %s: %s", folder, err)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _jsonable(value: Any) -> Any:

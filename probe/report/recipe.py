@@ -16,14 +16,17 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+import re
 from pathlib import Path
 from typing import Any
 
 from ..config import from_dict, load_recipe, merge, to_dict
 from ..errors import ConfigError
 from ..learners import LEARNERS
+from ..validate import check_grid, finite_float, positive_int
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "analyses"
+SWEEP_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 @dataclass
@@ -102,6 +105,11 @@ class Recipe:
                                   f"it takes {sorted(spec.defaults)}")
             if s.axis is not None and s.axis not in spec.defaults:
                 raise ConfigError(f"sweep '{s.label}': axis '{s.axis}' is not a hyper-parameter of '{s.learner}'")
+            if not SWEEP_LABEL.fullmatch(s.label):
+                raise ConfigError(f"sweep label {s.label!r} must be letters, digits, '_', '-' or '.' "
+                                  "(it names output files), e.g. gd_log")
+            s.grid = check_grid(s.learner, s.grid, where=f"sweep '{s.label}'")
+        self._check_numbers()
         if self.readout.method not in ("ridge", "adam", "model"):
             raise ConfigError(f"readout.method must be 'ridge', 'adam' or 'model', got {self.readout.method!r}")
         for kind in self.probes.kinds:
@@ -110,6 +118,22 @@ class Recipe:
         for target in self.probes.targets:
             if target not in ("xty", "w_ols"):
                 raise ConfigError(f"probes.targets: unknown target '{target}' (xty, w_ols)")
+
+    def _check_numbers(self) -> None:
+        p = self.prompts
+        for name in ("evaluate", "train", "val", "eval", "simw"):
+            positive_int(getattr(p, name), f"prompts.{name}")
+        positive_int(p.queries, "prompts.queries", 0)
+        positive_int(self.similarity.bootstrap, "similarity.bootstrap")
+        positive_int(self.readout.finetune_steps, "readout.finetune_steps", 0)
+        if not self.readout.alphas:
+            raise ConfigError("readout.alphas is empty; give at least one ridge penalty, e.g. [1e-4, 1e-2]")
+        for a in self.readout.alphas:
+            finite_float(a, "readout.alphas", low=0.0)
+        positive_int(self.probes.steps, "probes.steps")
+        positive_int(self.probes.prompts, "probes.prompts")
+        finite_float(self.probes.lr, "probes.lr", low=0.0)
+        positive_int(self.forgetting.prompts, "forgetting.prompts")
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

@@ -1,0 +1,211 @@
+"""Validation at the edges: counts, finite numbers, hyper-parameter grids, prompts, devices and
+memory estimates, each failing with a `ConfigError` that names the value and the fix.
+
+Every public entry (CLI flags, `--set`, recipes, checkpoint configs, prompts files,
+`run_learner`, `capture`, `load_checkpoint`) goes through these checks before heavy work.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Iterable
+
+from .errors import ConfigError
+
+# hyper-parameter -> rule; strings listed are accepted as named settings
+GRID_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "steps": ("count0", ()),
+    "iterations": ("count0", ()),
+    "memory": ("count1", ()),
+    "k": ("count1", ()),
+    "batch_size": ("count1", ()),
+    "width": ("count1", ()),
+    "depth": ("count1", ()),
+    "seed": ("int", ()),
+    "lam": ("positive", ()),
+    "eta": ("positive", ("auto", "normalized")),
+    "alpha": ("positive", ("spectral", "frobenius", "paper")),
+    "lr": ("positive", ()),
+    "beta1": ("unit", ()),
+    "beta2": ("unit", ()),
+    "eps": ("positive", ()),
+}
+MEMORY_FRACTION = 0.8  # refuse work whose estimate exceeds this share of available memory
+
+
+def positive_int(value: Any, name: str, minimum: int = 1) -> int:
+    """An integer >= minimum (floats with an integral value are accepted, 2.5 is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if int(value) < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def finite_float(value: Any, name: str, *, low: float | None = None, strict: bool = True) -> float:
+    """A finite number, optionally > low (strict) or >= low."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    if low is not None and (value <= low if strict else value < low):
+        raise ConfigError(f"{name} must be {'>' if strict else '>='} {low:g}, got {value!r}")
+    return value
+
+
+def _grid_values(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple, range)):
+        return list(value)
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        listed = value.tolist()
+        return listed if isinstance(listed, list) else [listed]
+    return [value]
+
+
+def check_grid(learner: str, grid: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """Check every hyper-parameter value of a learner grid; returns the grid with integral
+    floats (2.0) turned into ints. Empty grids, 2.5 steps, negative penalties and k <= 0 fail."""
+    where = where or f"learner '{learner}'"
+    out: dict[str, Any] = {}
+    for key, value in grid.items():
+        values = _grid_values(value)
+        if not values:
+            raise ConfigError(f"{where}: grid '{key}' is empty; give at least one value")
+        rule, names = GRID_RULES.get(key, ("any", ()))
+        checked = []
+        for v in values:
+            label = f"{where}: {key}={v!r}"
+            if isinstance(v, str):
+                if rule not in ("any",) and v not in names:
+                    raise ConfigError(f"{label} is not a number" + (f" or one of {list(names)}" if names else ""))
+                checked.append(v)
+            elif rule == "count0":
+                checked.append(positive_int(v, f"{where}: {key}", 0))
+            elif rule in ("count1",):
+                checked.append(positive_int(v, f"{where}: {key}", 1))
+            elif rule == "int":
+                checked.append(positive_int(v, f"{where}: {key}", -(2**63)))
+            elif rule == "positive":
+                checked.append(finite_float(v, f"{where}: {key}", low=0.0))
+            elif rule == "unit":
+                f = finite_float(v, f"{where}: {key}", low=0.0, strict=False)
+                if f >= 1:
+                    raise ConfigError(f"{label} must lie in [0, 1)")
+                checked.append(f)
+            else:
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise ConfigError(f"{label} must be finite")
+                checked.append(v)
+        if isinstance(value, (list, tuple, range)) or hasattr(value, "tolist"):
+            out[key] = type(value)(checked) if isinstance(value, (list, tuple)) else checked
+        else:
+            out[key] = checked[0]
+    return out
+
+
+def as_prompt_tensors(xs: Any, ys: Any, queries: Any = None, what: str = "prompts"):
+    """Torch float tensors from tensors or numpy arrays; checks shape, size and finiteness."""
+    import numpy as np
+    import torch
+
+    def convert(a, name):
+        if a is None:
+            return None
+        if isinstance(a, np.ndarray):
+            if a.dtype.kind != "f":
+                raise ConfigError(f"{what}: {name} must hold floats, got dtype {a.dtype}")
+            a = torch.as_tensor(a, dtype=torch.float64 if a.dtype == np.float64 else torch.float32)
+        if not isinstance(a, torch.Tensor):
+            raise ConfigError(f"{what}: {name} must be a torch tensor or numpy array, got {type(a).__name__}")
+        if not a.is_floating_point():
+            raise ConfigError(f"{what}: {name} must hold floats, got {a.dtype}")
+        return a
+
+    xs, ys, queries = convert(xs, "xs"), convert(ys, "ys"), convert(queries, "queries")
+    if xs.ndim != 3:
+        raise ConfigError(f"{what}: xs must have shape (batch, points, d), got {tuple(xs.shape)}")
+    if min(xs.shape) < 1:
+        raise ConfigError(f"{what}: xs has an empty axis {tuple(xs.shape)}; need batch, points and d >= 1")
+    if ys.shape != xs.shape[:2]:
+        raise ConfigError(f"{what}: ys must have shape {tuple(xs.shape[:2])} to match xs, got {tuple(ys.shape)}")
+    for name, t in (("xs", xs), ("ys", ys), ("queries", queries)):
+        if t is not None and not bool(torch.isfinite(t).all()):
+            raise ConfigError(f"{what}: {name} contains NaN or infinite values; drop or fix those prompts")
+    return xs, ys, queries
+
+
+def check_device(device: Any) -> str:
+    """A torch device string that exists here."""
+    import torch
+
+    if not isinstance(device, str):
+        raise ConfigError(f"device must be a string such as 'cpu' or 'cuda', got {device!r}")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        raise ConfigError(f"device {device!r} is not a torch device ({err}); use cpu or cuda") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device}: torch sees no GPU here; use --device cpu")
+    return device
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (MemAvailable), or a conservative 4 GiB if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def check_memory(nbytes: float, what: str, fix: str) -> None:
+    """Refuse work whose memory estimate exceeds the available memory, naming the culprit."""
+    limit = MEMORY_FRACTION * available_memory()
+    if nbytes > limit:
+        raise ConfigError(f"{what} would need about {_human(nbytes)} of memory, more than the "
+                          f"{_human(limit)} available; {fix}")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1024 or unit == "PB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PB"
+
+
+def model_bytes(model_cfg) -> int:
+    """float32 bytes of a model's parameters, from its config alone (before building it)."""
+    m = model_cfg
+    d_in = m.token_dim
+    if m.family == "gpt2":
+        per_layer = 12 * m.n_embd**2 + 13 * m.n_embd
+        params = m.n_layer * per_layer + 2 * m.n_positions * m.n_embd + (d_in + 3) * m.n_embd + 1
+    elif m.family == "lstm":
+        params = m.n_layer * 8 * m.n_embd**2 + (d_in + 1) * m.n_embd + m.n_embd + 1
+    else:  # planted: a few (2d+2)^2 matrices per layer
+        params = m.n_layer * 4 * (2 * m.n_dims + 2) ** 2
+    return 4 * params
+
+
+def activation_bytes(model_cfg, batch: int, points: int, *, training: bool = False) -> int:
+    """A rough upper estimate of a forward (and backward) pass's activations in float32."""
+    m = model_cfg
+    tokens = 2 * points
+    width = max(m.n_embd, 2 * m.n_dims + 2)
+    per_layer = tokens * width * 16 + max(m.n_head, 1) * tokens * tokens * 2
+    total = batch * m.n_layer * per_layer * 4
+    return total * (3 if training else 1)
+
+
+def names_in(items: Iterable[str]) -> str:
+    return ", ".join(sorted(items))
