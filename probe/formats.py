@@ -38,7 +38,7 @@ FORMATS: Registry[CheckpointFormat] = Registry("checkpoint format")
 def _json(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) else None
 

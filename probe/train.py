@@ -231,11 +231,30 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str 
     net = model
     if dist_info.world > 1:
         net = nn.parallel.DistributedDataParallel(model)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    if dist_info.main:
-        from .outputs import mark_run_directory
+    try:
+        _loop(cfg, out, model, net, optimizer, start, elapsed, device, dist_info, progress, keep_every)
+    except BaseException:
+        if created and dist_info.main and not (out / TRAIN_STATE).exists():
+            shutil.rmtree(out, ignore_errors=True)  # nothing worth keeping was written
+        raise
+    if dist_info.world > 1:
+        import torch.distributed as dist
 
+        dist.barrier()
+    return model.eval()
+
+
+def _loop(cfg: RunConfig, out: Path, model: nn.Module, net: nn.Module, optimizer: torch.optim.Optimizer, start: int,
+          elapsed: float, device: str, dist_info: DistInfo, progress: bool, keep_every: int) -> None:
+    """The training steps from `start`: fresh prompts, AdamW, logging, checkpoints and snapshots."""
+    from .outputs import mark_run_directory
+
+    if dist_info.main:
         mark_run_directory(out, "train")
+        if keep_every and start and (start % keep_every == 0 or start == cfg.train.steps):
+            save_snapshot(model, cfg, out, start, elapsed)  # a kill may have come between commit and snapshot
 
     from tqdm.auto import tqdm
 
@@ -284,8 +303,3 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str 
         if dist_info.main and keep_every and (done % keep_every == 0 or done == cfg.train.steps):
             save_snapshot(model, cfg, out, done, time.perf_counter() - t0)
             mark_run_directory(out, "train")
-    if dist_info.world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-    return model.eval()

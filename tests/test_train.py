@@ -96,3 +96,79 @@ def test_two_process_gloo_ddp(tmp_path):
     from probe.checkpoint import load_checkpoint
 
     assert load_checkpoint(out).meta["train_step"] == 6
+
+
+class _Killed(BaseException):
+    """A kill: not an Exception, so nothing in the code under test can swallow it."""
+
+
+def _final_state(out):
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "model.safetensors"))
+
+
+def test_kill_at_every_write_boundary_resumes_consistently(tmp_path, monkeypatch):
+    """Kill before each file write of the run (weights, config, train_state, snapshots, logs); a
+    resume must then finish with exactly the uninterrupted run's weights and losses."""
+    import probe.checkpoint as ck
+    import probe.train as tr
+
+    cfg = build_cfg(steps=12, log_every=1, save_every=4, eval_every=4)
+    train(cfg, tmp_path / "full", progress=False, keep_every=4)
+    reference, losses = _final_state(tmp_path / "full"), _losses(tmp_path / "full")
+
+    original = ck.atomic_write
+    writes = []
+
+    def counting(path, write):
+        writes.append(path.name)
+        original(path, write)
+
+    monkeypatch.setattr(ck, "atomic_write", counting)
+    monkeypatch.setattr(tr, "atomic_write", counting)
+    train(cfg, tmp_path / "count", progress=False, keep_every=4)
+    n_writes = len(writes)
+    assert n_writes >= 9  # 3 saves x (weights, config, state) + snapshots
+    for kill_at in range(1, n_writes):
+        out = tmp_path / f"kill{kill_at}"
+        calls = [0]
+
+        def dying(path, write, kill_at=kill_at, calls=calls):
+            calls[0] += 1
+            if calls[0] == kill_at:
+                raise _Killed
+            original(path, write)
+
+        monkeypatch.setattr(ck, "atomic_write", dying)
+        monkeypatch.setattr(tr, "atomic_write", dying)
+        with pytest.raises(_Killed):
+            train(cfg, out, progress=False, keep_every=4)
+        monkeypatch.setattr(ck, "atomic_write", original)
+        monkeypatch.setattr(tr, "atomic_write", original)
+        if (out / "train_state.pt").exists():
+            train(cfg, out, resume=True, progress=False, keep_every=4)
+        else:  # killed before the first commit: nothing to resume, a fresh run is the fix
+            assert not out.exists() or not list(out.glob("*.pt"))
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+            train(cfg, out, progress=False, keep_every=4)
+        final = _final_state(out)
+        assert all(torch.equal(final[k], reference[k]) for k in reference), f"kill at write {kill_at}"
+        assert _losses(out) == losses, f"kill at write {kill_at}"
+        for snap in (tmp_path / "full" / "snapshots").iterdir():
+            assert (out / "snapshots" / snap.name / "model.safetensors").is_file()
+
+
+def test_resume_refuses_old_state_whose_weights_ran_ahead(tmp_path):
+    """A train_state.pt from before states carried weights, with model.safetensors from a later
+    step (the kill the hostile pass found), is refused rather than mixed."""
+    cfg = build_cfg(steps=8, save_every=4, eval_every=4)
+    train(cfg, tmp_path / "run", progress=False)
+    state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)
+    del state["model"]
+    state["step"] = 4
+    torch.save(state, tmp_path / "run" / "train_state.pt")
+    with pytest.raises(CheckpointError, match="from step 8 but train_state.pt from step 4"):
+        train(cfg, tmp_path / "run", resume=True, progress=False)

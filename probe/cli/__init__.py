@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return module.run(args) or 0
     except ProbeError as err:
-        print(f"icl-probe {args.command}: error: {err}", file=sys.stderr)
+        message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        print(f"icl-probe {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -1,0 +1,501 @@
+"""Hostile inputs (issue 12): every case must fail with exit status 2 and one line naming the
+culprit, with no traceback, no file written, and nothing of the user's deleted or changed.
+
+Each case runs in a fresh copy of a small workspace (a checkpoint, a training run, Garg and
+Hugging Face directories, prompts, a user directory, a file and a symlink), with the working
+directory inside it, so `--out .` and friends are tried for real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from conftest import GargTransformerModel, build_cfg, write_garg_run
+from probe.checkpoint import save_model
+from probe.cli import main
+from probe.config import RunConfig, TaskConfig
+from probe.models import build_model
+
+D, N = 3, 8
+
+
+def _tiny_sweep_recipe(extra: str) -> str:
+    return (
+        'description = "hostile"\n[prompts]\nevaluate = 16\ntrain = 16\nval = 8\neval = 16\nsimw = 4\n'
+        "[[sweeps]]\n" + extra + "\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("hostile-template")
+    torch.manual_seed(0)
+    cfg = build_cfg(d=D, points=N, steps=2, save_every=1, eval_every=1, log_every=1)
+    save_model(build_model(cfg.model).eval(), cfg, root / "ck")
+    from probe.train import train
+
+    train(cfg, root / "run", progress=False)
+    relu = RunConfig(model=cfg.model, task=TaskConfig(name="relu_network", n_dims=D, n_points=N))
+    save_model(build_model(relu.model).eval(), relu, root / "relu")
+    ref = GargTransformerModel(D, N, 16, 2, 2).eval()
+    write_garg_run(root / "garg", ref, D, N, 16, 2, 2)
+    from safetensors.torch import save_file
+
+    ref._backbone.save_pretrained(root / "hf")
+    save_file({"read_in.weight": ref._read_in.weight.detach().contiguous(), "read_in.bias": ref._read_in.bias.detach(),
+               "read_out.weight": ref._read_out.weight.detach().contiguous(),
+               "read_out.bias": ref._read_out.bias.detach()}, str(root / "hf" / "icl_head.safetensors"))
+    rng = np.random.default_rng(0)
+    np.savez(root / "p.npz", xs=rng.standard_normal((4, N, D)).astype(np.float32),
+             ys=rng.standard_normal((4, N)).astype(np.float32))
+    (root / "userdir").mkdir()
+    (root / "userdir" / "notes.txt").write_text("the user's notes")
+    (root / "afile.txt").write_text("a user's file")
+    os.symlink("userdir", root / "link")
+    return root
+
+
+# ---------------------------------------------------------------------------- case set-ups
+
+def edit_json(path: str, change):
+    def setup(ws: Path) -> None:
+        data = json.loads((ws / path).read_text())
+        change(data)
+        (ws / path).write_text(json.dumps(data))
+    return setup
+
+
+def write(path: str, content: str | bytes):
+    def setup(ws: Path) -> None:
+        target = ws / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return setup
+
+
+def truncate(path: str, keep: float = 0.5):
+    def setup(ws: Path) -> None:
+        data = (ws / path).read_bytes()
+        (ws / path).write_bytes(data[: int(len(data) * keep)])
+    return setup
+
+
+def weights(change):
+    def setup(ws: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(str(ws / "ck" / "model.safetensors"))
+        change(state)
+        save_file(state, str(ws / "ck" / "model.safetensors"))
+    return setup
+
+
+def garg_yaml(change):
+    def setup(ws: Path) -> None:
+        raw = yaml.safe_load((ws / "garg" / "config.yaml").read_text())
+        change(raw)
+        (ws / "garg" / "config.yaml").write_text(yaml.safe_dump(raw))
+    return setup
+
+
+def prompts(**arrays):
+    def setup(ws: Path) -> None:
+        np.savez(ws / "bad.npz", **arrays)
+    return setup
+
+
+def fifo(path: str):
+    def setup(ws: Path) -> None:
+        os.mkfifo(ws / path)
+    return setup
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def pickled(path: str, obj):
+    def setup(ws: Path) -> None:
+        import pickle
+
+        (ws / path).write_bytes(pickle.dumps(obj))
+    return setup
+
+
+def torch_saved(path: str, obj):
+    def setup(ws: Path) -> None:
+        torch.save(obj, ws / path)
+    return setup
+
+
+def both(*setups):
+    def setup(ws: Path) -> None:
+        for s in setups:
+            s(ws)
+    return setup
+
+
+F32 = np.float32
+GOOD_XS = np.zeros((2, N, D), F32)
+GOOD_YS = np.zeros((2, N), F32)
+NAN_XS = GOOD_XS.copy()
+NAN_XS[0, 0, 0] = np.nan
+INF_YS = GOOD_YS.copy()
+INF_YS[1, 2] = np.inf
+
+CASES: list[tuple[str, object, list[str], str]] = []
+
+
+def case(name: str, argv: list[str], culprit: str, setup=None) -> None:
+    CASES.append((name, setup, argv, culprit))
+
+
+# ---- output policy: every command that writes a directory, against every bad --out
+DIR_COMMANDS = {
+    "evaluate": ["evaluate", "ck", "--prompts", "8"],
+    "readout": ["readout", "ck"],
+    "heatmap": ["heatmap", "ck"],
+    "span": ["span", "ck"],
+    "probes": ["probes", "ck"],
+    "report": ["report", "ck"],
+}
+BAD_OUTS = {
+    "cwd": (".", "current directory|contains the input"),
+    "input": ("ck", "input itself"),
+    "parent-of-input": ("..", "contains the input|current directory"),
+    "user-dir": ("userdir", "did not write"),
+    "file": ("afile.txt", "existing file"),
+    "symlink": ("link", "symbolic link"),
+    "under-a-file": ("afile.txt/sub", "is a file"),
+}
+for cmd, argv in DIR_COMMANDS.items():
+    for label, (out, culprit) in BAD_OUTS.items():
+        case(f"{cmd}-out-{label}", [*argv, "--out", out], culprit)
+    case(f"{cmd}-force-input", [*argv, "--out", "ck", "--force"], "input itself")
+for label, out in (("cwd", "."), ("parent", "..")):
+    case(f"report-force-{label}-holding-input", ["report", "ck", "--out", out, "--force"], "contains the input")
+case("report-compare-is-out", ["report", "ck", "--compare", "garg", "--out", "garg"], "input itself")
+case("report-out-is-other-command", ["report", "ck", "--out", "run"], "did not write|train")
+
+case("capture-out-existing-file", ["capture", "ck", "--prompts", "p.npz", "--out", "afile.txt"], "already exists")
+case("capture-out-is-prompts", ["capture", "ck", "--prompts", "p.npz", "--out", "p.npz", "--force"], "input itself")
+case("capture-out-is-dir", ["capture", "ck", "--prompts", "p.npz", "--out", "userdir", "--force"], "not a regular file")
+case("capture-out-symlink", ["capture", "ck", "--prompts", "p.npz", "--out", "link"], "symbolic link")
+case("capture-out-under-file", ["capture", "ck", "--prompts", "p.npz", "--out", "afile.txt/a.npz"], "is a file")
+
+case("train-over-run", ["train", "--recipe", "r.toml", "--out", "run"], "already holds a training run",
+     write("r.toml", "[train]\nsteps = 2\n"))
+case("train-over-checkpoint", ["train", "--recipe", "r.toml", "--out", "ck"], "did not write",
+     write("r.toml", "[train]\nsteps = 2\n"))
+case("train-over-cwd", ["train", "--recipe", "r.toml", "--out", "."], "current directory",
+     write("r.toml", "[train]\nsteps = 2\n"))
+case("train-over-file", ["train", "--recipe", "r.toml", "--out", "afile.txt"], "existing file",
+     write("r.toml", "[train]\nsteps = 2\n"))
+case("train-resume-nothing", ["train", "--out", "userdir", "--resume"], "no train_state.pt")
+case("train-resume-symlink", ["train", "--out", "link", "--resume"], "symbolic link")
+case("planted-over-run", ["planted", "--algorithm", "gd", "--layers", "2", "--out", "run"], "already holds a training run")
+case("planted-over-cwd", ["planted", "--algorithm", "gd", "--layers", "2", "--out", "."], "current directory")
+case("planted-over-userdir", ["planted", "--algorithm", "gd", "--layers", "2", "--out", "userdir"], "did not write")
+case("planted-over-file", ["planted", "--algorithm", "gd", "--layers", "2", "--out", "afile.txt"], "existing file")
+
+# ---- training recipes and --set
+TRAIN = ["train", "--recipe", "r.toml", "--out", "new"]
+TR = write("r.toml", "[train]\nsteps = 2\nbatch_size = 4\n")
+for override, culprit in [
+    ("train.lr=fast", "train.lr must be a number"), ("train.lr=inf", "train.lr must be a finite"),
+    ("train.lr=nan", "train.lr must be a finite"), ("train.lr=-1", "train.lr must be > 0"),
+    ("task.w_scale=inf", "task.w_scale must be a finite"), ("task.noise_std=-1", "task.noise_std must be >= 0"),
+    ("train.batch_size=1e9", "train.batch_size must be an integer"),
+    ("train.batch_size=1000000000", "train.batch_size=1000000000"), ("train.steps=0", "train.steps must be a positive"),
+    ("train.steps=2.5", "train.steps must be an integer"), ("model.n_embd=2000000", "memory"),
+    ("train.lrr=1", "Did you mean: lr"), ("model.family=cnn", "model.family"), ("task.kappa=0.5", "task.kappa"),
+    ("train.min_lr_ratio=2", "min_lr_ratio"), ("model.n_head=3", "divisible"),
+    ("task.mixture_weights=[0.5]", "mixture_weights"), ("task.param_mean=nan", "task.param_mean must be a finite"),
+]:
+    case(f"train-set-{override}", [*TRAIN, "--set", override], culprit, TR)
+case("train-set-no-equals", [*TRAIN, "--set", "train.lr"], "must look like section.key=value", TR)
+case("train-recipe-missing", ["train", "--recipe", "nope.toml", "--out", "new"], "Recipe file not found")
+case("train-recipe-not-utf8", ["train", "--recipe", "bad.toml", "--out", "new"], "not UTF-8",
+     write("bad.toml", b"[train]\nsteps = 2 # \xff\xfe\n"))
+case("train-recipe-bad-toml", ["train", "--recipe", "bad.toml", "--out", "new"], "not valid TOML",
+     write("bad.toml", "[train\nsteps = \n"))
+case("train-keep-every-negative", [*TRAIN, "--keep-every", "-1"], "--keep-every", TR)
+case("train-lr-inf-diverges", [*TRAIN, "--set", "train.lr=1e30", "--set", "train.grad_clip=0"], "diverged", TR)
+case("train-device-cuda", [*TRAIN, "--device", "cuda"], "no GPU", TR)
+# ---- resume state
+case("resume-truncated-state", ["train", "--out", "run", "--resume"], "train_state.pt", truncate("run/train_state.pt"))
+case("resume-state-without-keys", ["train", "--out", "run", "--resume"], "not an icl-probe training state",
+     torch_saved("run/train_state.pt", {"a": torch.zeros(1)}))
+case("resume-state-pickled-code", ["train", "--out", "run", "--resume"], "refused to load",
+     pickled("run/train_state.pt", {"optimizer": Evil()}))
+case("resume-state-wrong-step-type", ["train", "--out", "run", "--resume"], "train_state.pt",
+     torch_saved("run/train_state.pt", {"optimizer": {}, "step": "x", "elapsed": 0.0}))
+case("resume-corrupt-config", ["train", "--out", "run", "--resume"], "config.json", write("run/config.json", "{"))
+
+# ---- report recipes
+REPORT = ["report", "ck", "--out", "rep"]
+for override, culprit in [
+    ("prompts.evaluate=1e12", "prompts.evaluate must be an integer"),
+    ("prompts.evaluate=1000000000000", "prompts.evaluate"), ("prompts.eval=0", "prompts.eval must be an integer >= 1"),
+    ("prompts.train=-5", "prompts.train"), ("similarity.bootstrap=0", "similarity.bootstrap"),
+    ("probes.steps=-1", "probes.steps"), ("probes.lr=nan", "probes.lr"), ("readout.alphas=[-1.0]", "readout.alphas"),
+    ("readout.alphas=[]", "readout.alphas is empty"), ("readout.method=bogus", "readout.method"),
+    ("probes.kinds=['cnn']", "probe kind 'cnn'"), ("prompts.queries=-1", "prompts.queries"),
+    ("prompts.simw=0", "prompts.simw"), ("forgetting.prompts=0", "forgetting.prompts"),
+    ("prompts.seed=x", "prompts.seed must be an integer"), ("similarity.simw=maybe", "similarity.simw must be true or false"),
+]:
+    case(f"report-set-{override}", [*REPORT, "--set", override], culprit)
+for label, sweep, culprit in [
+    ("fractional-steps", 'label = "g"\nlearner = "gd"\naxis = "steps"\ngrid = { steps = [2, 2.5] }', "sweep 'g': steps"),
+    ("traversal-label", 'label = "../../x"\nlearner = "least_squares"', "sweep label"),
+    ("empty-grid", 'label = "g"\nlearner = "gd"\ngrid = { steps = [] }', "grid 'steps' is empty"),
+    ("negative-ridge", 'label = "r"\nlearner = "ridge"\ngrid = { lam = [-1.0] }', "lam must be > 0"),
+    ("knn-zero", 'label = "k"\nlearner = "knn"\ngrid = { k = [0] }', "k must be an integer >= 1"),
+    ("unknown-learner", 'label = "n"\nlearner = "newtn"', "Did you mean: newton"),
+    ("unknown-hyper", 'label = "n"\nlearner = "newton"\ngrid = { iters = [1] }', "no hyper-parameter"),
+    ("bad-axis", 'label = "n"\nlearner = "newton"\naxis = "steps"', "axis 'steps'"),
+    ("string-steps", 'label = "g"\nlearner = "gd"\ngrid = { steps = ["many"] }', "steps='many' is not a number"),
+    ("nan-eta", 'label = "g"\nlearner = "gd"\ngrid = { eta = [nan] }', "eta must be a finite"),
+    ("negative-iterations", 'label = "n"\nlearner = "newton"\ngrid = { iterations = [-1] }', "iterations"),
+]:
+    case(f"report-sweep-{label}", ["report", "ck", "--recipe", "s.toml", "--out", "rep"], culprit,
+         write("s.toml", _tiny_sweep_recipe(sweep)))
+case("report-recipe-unknown", [*REPORT, "--recipe", "quik"], "Did you mean: quick")
+case("report-recipe-no-sweeps", ["report", "ck", "--recipe", "s.toml", "--out", "rep"], "at least one",
+     write("s.toml", "[prompts]\neval = 16\n"))
+case("report-recipe-not-utf8", ["report", "ck", "--recipe", "s.toml", "--out", "rep"], "not UTF-8",
+     write("s.toml", b"description = '\xff'\n"))
+case("report-device-cuda", [*REPORT, "--device", "cuda"], "no GPU")
+case("report-device-potato", [*REPORT, "--device", "potato"], "not a torch device")
+case("report-compare-missing", [*REPORT, "--compare", "nowhere"], "not found")
+
+# ---- evaluate
+case("evaluate-param-mean-linear", ["evaluate", "ck", "--param-mean", "0.5"], "ReLU-network tasks only")
+case("evaluate-param-mean-nan", ["evaluate", "relu", "--param-mean", "nan"], "param_mean must be a finite")
+case("evaluate-mixture-one", ["evaluate", "relu", "--mixture", "0.5"], "mixture_weights")
+case("evaluate-mixture-words", ["evaluate", "relu", "--mixture", "a,b"], "--mixture must look like")
+case("evaluate-mixture-sum", ["evaluate", "relu", "--mixture", "0.9,0.3"], "summing to 1")
+case("evaluate-mixture-inf", ["evaluate", "relu", "--mixture", "inf,0"], "mixture_weights")
+case("evaluate-points-zero", ["evaluate", "ck", "--points", "0"], "positive integer")
+case("evaluate-prompts-negative", ["evaluate", "ck", "--prompts", "-3"], "positive integer")
+case("evaluate-points-beyond", ["evaluate", "ck", "--points", "99"], "exceeds the model")
+case("evaluate-unknown-flag", ["evaluate", "ck", "--promts", "3"], "unrecognized arguments")
+
+# ---- checkpoints (inspect loads them)
+INSPECT = ["inspect", "ck"]
+case("ckpt-missing", ["inspect", "nowhere"], "Checkpoint not found")
+case("ckpt-empty-dir", ["inspect", "userdir"], "not a checkpoint in any known format")
+case("ckpt-invalid-json", INSPECT, "not valid JSON", write("ck/config.json", "{not json"))
+case("ckpt-json-not-object", INSPECT, "must hold a JSON object", write("ck/config.json", "[1, 2]"))
+case("ckpt-json-not-utf8", INSPECT, "config.json", write("ck/config.json", b"\xff\xfe{}"))
+case("ckpt-meta-string", INSPECT, '"meta" must be an object', edit_json("ck/config.json", lambda c: c.update(meta="x")))
+case("ckpt-config-not-object", INSPECT, '"config" object', edit_json("ck/config.json", lambda c: c.update(config=3)))
+case("ckpt-n-embd-string", INSPECT, "model.n_embd must be", edit_json("ck/config.json", lambda c: c["config"]["model"].update(n_embd="sixteen")))
+case("ckpt-n-embd-huge", INSPECT, "config describes a model",
+     edit_json("ck/config.json", lambda c: c["config"]["model"].update(n_embd=2_000_000)))
+case("ckpt-n-layer-huge", INSPECT, "config describes a model",
+     edit_json("ck/config.json", lambda c: c["config"]["model"].update(n_layer=100_000)))
+case("ckpt-n-layer-mismatch", INSPECT, "missing keys", edit_json("ck/config.json", lambda c: c["config"]["model"].update(n_layer=3)))
+case("ckpt-unknown-key", INSPECT, "Did you mean", edit_json("ck/config.json", lambda c: c["config"]["model"].update(n_embed=16)))
+case("ckpt-weights-truncated", INSPECT, "corrupt or truncated", truncate("ck/model.safetensors"))
+case("ckpt-weights-missing", INSPECT, "model.safetensors is missing",
+     lambda ws: (ws / "ck" / "model.safetensors").unlink())
+case("ckpt-weights-nan", INSPECT, "NaN or infinite", weights(lambda s: s["_read_out.weight"].fill_(float("nan"))))
+case("ckpt-weights-inf", INSPECT, "NaN or infinite", weights(lambda s: s["_read_in.bias"].fill_(float("inf"))))
+case("ckpt-weights-integer", INSPECT, "not floating point",
+     weights(lambda s: s.update({"_read_out.bias": s["_read_out.bias"].to(torch.int64)})))
+case("ckpt-weights-extra-key", INSPECT, "unexpected keys", weights(lambda s: s.update(extra=torch.zeros(2))))
+case("ckpt-weights-wrong-shape", INSPECT, "shape mismatches", weights(lambda s: s.update({"_read_out.bias": torch.zeros(3)})))
+case("ckpt-weights-fifo", INSPECT, "model.safetensors", both(lambda ws: (ws / "ck" / "model.safetensors").unlink(),
+                                                             fifo("ck/model.safetensors")))
+case("garg-training-list", ["inspect", "garg"], "training:. must be a mapping", garg_yaml(lambda r: r.update(training=[1, 2])))
+case("garg-no-model-block", ["inspect", "garg"], "no .model:. block", garg_yaml(lambda r: r.pop("model")))
+case("garg-model-string", ["inspect", "garg"], "n_embd must be", garg_yaml(lambda r: r["model"].update(n_embd="x")))
+case("garg-model-missing-key", ["inspect", "garg"], "lacks", garg_yaml(lambda r: r["model"].pop("n_head")))
+case("garg-task-list", ["inspect", "garg"], "training.task", garg_yaml(lambda r: r["training"].update(task=[1])))
+case("garg-family", ["inspect", "garg"], "not supported", garg_yaml(lambda r: r["model"].update(family="lstm")))
+case("garg-yaml-invalid", ["inspect", "garg"], "not valid YAML", write("garg/config.yaml", "model: [\n"))
+case("garg-yaml-tag", ["inspect", "garg"], "not valid YAML",
+     write("garg/config.yaml", "model: !!python/object/apply:os.system ['touch pwned']\n"))
+case("garg-state-truncated", ["inspect", "garg"], "corrupt or truncated", truncate("garg/state.pt"))
+case("garg-state-pickle", ["inspect", "garg"], "refused to load", pickled("garg/state.pt", {"model_state_dict": Evil()}))
+case("garg-state-not-dict", ["inspect", "garg"], "state dict of tensors", torch_saved("garg/state.pt", [1, 2]))
+case("garg-fifo-model-step", ["inspect", "garg"], "neither state.pt nor model",
+     both(lambda ws: (ws / "garg" / "state.pt").unlink(), fifo("garg/model_5.pt")))
+case("garg-huge-embd", ["inspect", "garg"], "config describes a model", garg_yaml(lambda r: r["model"].update(n_embd=2_000_000)))
+case("hf-n-embd-string", ["inspect", "hf"], "invalid GPT-2 config value", edit_json("hf/config.json", lambda c: c.update(n_embd="sixteen")))
+case("hf-eps-string", ["inspect", "hf"], "layer_norm_epsilon", edit_json("hf/config.json", lambda c: c.update(layer_norm_epsilon="x")))
+case("hf-activation", ["inspect", "hf"], "gelu_new", edit_json("hf/config.json", lambda c: c.update(activation_function="relu")))
+case("hf-n-layer-float", ["inspect", "hf"], "invalid GPT-2 config value", edit_json("hf/config.json", lambda c: c.update(n_layer=2.5)))
+case("hf-no-head", ["inspect", "hf"], "icl_head", lambda ws: (ws / "hf" / "icl_head.safetensors").unlink())
+case("hf-head-corrupt", ["inspect", "hf"], "icl_head.safetensors: not a readable", write("hf/icl_head.safetensors", b""))
+case("hf-huge", ["inspect", "hf"], "config describes a model", edit_json("hf/config.json", lambda c: c.update(n_embd=2_000_000, n_head=1)))
+
+# ---- capture prompts
+CAP = ["capture", "ck", "--out", "acts.npz", "--prompts"]
+case("prompts-missing", [*CAP, "none.npz"], "prompts file not found")
+case("prompts-npy", [*CAP, "bad.npy"], "single array", lambda ws: np.save(ws / "bad.npy", GOOD_XS))
+case("prompts-corrupt-zip", [*CAP, "bad.npz"], "not a readable .npz", write("bad.npz", b"PK\x03\x04garbage"))
+case("prompts-text", [*CAP, "bad.npz"], "not a readable .npz", write("bad.npz", "xs,ys\n1,2\n"))
+case("prompts-object-arrays", [*CAP, "bad.npz"], "not a readable .npz",
+     lambda ws: np.savez(ws / "bad.npz", xs=np.array([GOOD_XS, None], dtype=object), ys=GOOD_YS))
+case("prompts-zero-points", [*CAP, "bad.npz"], "empty axis", prompts(xs=np.zeros((2, 0, D), F32), ys=np.zeros((2, 0), F32)))
+case("prompts-zero-batch", [*CAP, "bad.npz"], "empty axis", prompts(xs=np.zeros((0, N, D), F32), ys=np.zeros((0, N), F32)))
+case("prompts-wrong-d", [*CAP, "bad.npz"], "d=5", prompts(xs=np.zeros((2, N, 5), F32), ys=GOOD_YS))
+case("prompts-too-long", [*CAP, "bad.npz"], "positions for", prompts(xs=np.zeros((2, 99, D), F32), ys=np.zeros((2, 99), F32)))
+case("prompts-integer", [*CAP, "bad.npz"], "float arrays", prompts(xs=GOOD_XS.astype(np.int64), ys=GOOD_YS))
+case("prompts-nan", [*CAP, "bad.npz"], "NaN or infinite", prompts(xs=NAN_XS, ys=GOOD_YS))
+case("prompts-inf", [*CAP, "bad.npz"], "NaN or infinite", prompts(xs=GOOD_XS, ys=INF_YS))
+case("prompts-no-ys", [*CAP, "bad.npz"], "missing arrays", prompts(xs=GOOD_XS))
+case("prompts-ys-shape", [*CAP, "bad.npz"], "ys must have shape", prompts(xs=GOOD_XS, ys=np.zeros((2, N + 1), F32)))
+case("prompts-2d-xs", [*CAP, "bad.npz"], "xs must have shape", prompts(xs=np.zeros((2, N), F32), ys=GOOD_YS))
+case("prompts-fifo", [*CAP, "f.npz"], "not a regular file", fifo("f.npz"))
+case("capture-batch-zero", ["capture", "ck", "--prompts", "p.npz", "--out", "a.npz", "--batch-size", "0"], "positive integer")
+case("capture-unknown-hook", ["capture", "ck", "--prompts", "p.npz", "--out", "a.npz", "--hooks", "blocks.9.nope"], "unknown hook")
+
+# ---- planted
+PL = ["planted", "--algorithm"]
+case("planted-huge-layers", [*PL, "gd", "--layers", "100000000", "--out", "pl"], "--layers must be an integer in")
+case("planted-layers-float", [*PL, "gd", "--layers", "1e8", "--out", "pl"], "invalid int value")
+case("planted-zero-layers", [*PL, "gd", "--layers", "0", "--out", "pl"], "--layers must be an integer in")
+case("planted-unknown", [*PL, "sgd", "--layers", "2", "--out", "pl"], "Unknown planted algorithm")
+case("planted-step-inf", [*PL, "gd", "--layers", "2", "--step-size", "inf", "--out", "pl"], "finite")
+case("planted-step-unstable", [*PL, "gd", "--layers", "2", "--step-size", "10", "--out", "pl"], "unstable")
+case("planted-alpha-nan", [*PL, "newton", "--layers", "5", "--alpha", "nan", "--out", "pl"], "finite")
+case("planted-newton-shallow", [*PL, "newton", "--layers", "2", "--out", "pl"], "at least 3 layers")
+case("planted-dims-zero", [*PL, "gd", "--layers", "2", "--dims", "0", "--out", "pl"], "positive integer")
+case("planted-dims-huge", [*PL, "gd", "--layers", "2", "--dims", "100000", "--out", "pl"], "--dims must be")
+
+# ---- layer commands' flags
+case("readout-bootstrap-zero", ["readout", "ck", "--out", "o", "--bootstrap", "0"], "positive integer")
+case("heatmap-unknown-sweep", ["heatmap", "ck", "--out", "o", "--learners", "newtn"], "Did you mean: newton")
+case("heatmap-queries-negative", ["heatmap", "ck", "--out", "o", "--queries", "-2"], "n_queries")
+case("probes-prefix-beyond", ["probes", "ck", "--out", "o", "--prefixes", "99"], "--prefixes must be below")
+case("probes-lr-nan", ["probes", "ck", "--out", "o", "--lr", "nan"], "probe lr")
+case("probes-lr-negative", ["probes", "ck", "--out", "o", "--lr", "-1"], "probe lr")
+case("unknown-command", ["frobnicate"], "invalid choice")
+
+
+def _tree(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_symlink():
+            out[str(p.relative_to(root))] = "link->" + os.readlink(p)
+        elif p.is_file():
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+        elif p.is_dir():
+            out[str(p.relative_to(root)) + "/"] = "dir"
+        else:
+            out[str(p.relative_to(root))] = "special"
+    return out
+
+
+def test_there_are_enough_cases():
+    assert len(CASES) + len(API_CASES) >= 150
+
+
+@pytest.mark.parametrize("name,setup,argv,culprit", CASES, ids=[c[0] for c in CASES])
+def test_hostile_cli(name, setup, argv, culprit, template, tmp_path, monkeypatch, capsys):
+    ws = tmp_path / "ws"
+    shutil.copytree(template, ws, symlinks=True)
+    if setup is not None:
+        setup(ws)
+    monkeypatch.chdir(ws)
+    before, outside = _tree(ws), _tree(tmp_path)
+    try:
+        rc = main(["-q", *argv])
+    except SystemExit as exit_:
+        rc = exit_.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("WARNING", "INFO"))]
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert len(lines) == 1, err
+    import re
+
+    assert re.search(culprit, lines[0]), lines[0]
+    assert _tree(ws) == before, "files were written, changed or deleted"
+    assert _tree(tmp_path) == outside
+    assert not (ws / "pwned").exists()
+
+
+# ---------------------------------------------------------------------------- the Python API
+
+def _api(fn_name):
+    def call():
+        import probe.learners as L
+        from probe.capture import capture
+        from probe.checkpoint import load_checkpoint
+
+        return {"run_learner": L.run_learner, "capture": capture, "load_checkpoint": load_checkpoint}[fn_name]
+    return call
+
+
+xs_np, ys_np = np.random.default_rng(1).standard_normal((3, N, D)), np.random.default_rng(2).standard_normal((3, N))
+API_CASES = [
+    ("gd-fractional-steps", "run_learner", ("gd", xs_np, ys_np), {"steps": [2, 2.5]}, "steps must be an integer"),
+    ("gd-negative-steps", "run_learner", ("gd", xs_np, ys_np), {"steps": [-1]}, "steps must be an integer >= 0"),
+    ("gd-empty-grid", "run_learner", ("gd", xs_np, ys_np), {"steps": []}, "is empty"),
+    ("gd-eta-inf", "run_learner", ("gd", xs_np, ys_np), {"eta": [float("inf")]}, "finite"),
+    ("ridge-negative", "run_learner", ("ridge", xs_np, ys_np), {"lam": [-1.0]}, "lam must be > 0"),
+    ("ridge-zero", "run_learner", ("ridge", xs_np, ys_np), {"lam": [0.0]}, "lam must be > 0"),
+    ("knn-zero", "run_learner", ("knn", xs_np, ys_np), {"k": [0]}, "k must be an integer >= 1"),
+    ("knn-negative", "run_learner", ("knn", xs_np, ys_np), {"k": [-3]}, "k must be"),
+    ("newton-bad-alpha", "run_learner", ("newton", xs_np, ys_np), {"alpha": ["huge"]}, "alpha='huge'"),
+    ("newton-iterations-float", "run_learner", ("newton", xs_np, ys_np), {"iterations": [1.5]}, "iterations"),
+    ("lbfgs-memory-zero", "run_learner", ("lbfgs", xs_np, ys_np), {"memory": 0}, "memory"),
+    ("sgd-batch-zero", "run_learner", ("sgd", xs_np, ys_np), {"batch_size": [0]}, "batch_size"),
+    ("adam-beta-one", "run_learner", ("adam", xs_np, ys_np), {"beta1": 1.0}, "beta1"),
+    ("learner-nan-prompts", "run_learner", ("least_squares", np.where(xs_np > 2, np.nan, xs_np), ys_np), {}, "NaN"),
+    ("learner-inf-y", "run_learner", ("least_squares", xs_np, np.full_like(ys_np, np.inf)), {}, "NaN or infinite"),
+    ("learner-d-zero", "run_learner", ("least_squares", np.zeros((2, N, 0)), np.zeros((2, N))), {}, "empty axis"),
+    ("learner-2d", "run_learner", ("least_squares", np.zeros((2, N)), np.zeros((2, N))), {}, "xs must have shape"),
+    ("learner-list", "run_learner", ("least_squares", [[1.0]], [1.0]), {}, "torch tensor or numpy array"),
+    ("learner-int", "run_learner", ("least_squares", np.zeros((2, N, D), int), np.zeros((2, N))), {}, "must hold floats"),
+    ("learner-unknown", "run_learner", ("newtn", xs_np, ys_np), {}, "Did you mean"),
+    ("load-missing", "load_checkpoint", ("/nonexistent/ckpt",), {}, "not found"),
+]
+
+
+@pytest.mark.parametrize("name,fn,args,kwargs,culprit", API_CASES, ids=[c[0] for c in API_CASES])
+def test_hostile_api(name, fn, args, kwargs, culprit):
+    from probe.errors import ProbeError
+
+    with pytest.raises(ProbeError, match=culprit):
+        _api(fn)()(*args, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,culprit", [
+    ({"batch_size": -1}, "batch_size must be an integer >= 1"), ({"batch_size": 0}, "batch_size"),
+    ({"batch_size": 2.5}, "batch_size"), ({"device": "cuda"}, "no GPU"), ({"device": "potato"}, "not a torch device"),
+    ({"positions": [99]}, "positions must lie"),
+])
+def test_hostile_capture_api(kwargs, culprit, template):
+    from probe.capture import capture
+    from probe.checkpoint import load_checkpoint
+    from probe.errors import ProbeError
+
+    model = load_checkpoint(template / "ck").model
+    with pytest.raises(ProbeError, match=culprit):
+        capture(model, xs_np.astype(np.float32), ys_np.astype(np.float32), **kwargs)
+
+
+def test_capture_accepts_numpy_and_matches_tensors(template):
+    from probe.capture import capture
+    from probe.checkpoint import load_checkpoint
+
+    model = load_checkpoint(template / "ck").model
+    a = capture(model, xs_np.astype(np.float32), ys_np.astype(np.float32), backend="native")
+    b = capture(model, torch.as_tensor(xs_np, dtype=torch.float32), torch.as_tensor(ys_np, dtype=torch.float32),
+                backend="native")
+    np.testing.assert_array_equal(a.pred, b.pred)

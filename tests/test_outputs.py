@@ -1,0 +1,116 @@
+"""The output policy (probe.outputs) and the verified stage cache, on the good paths."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from probe.errors import OutputError
+from probe.outputs import MARKER, OutputTarget, clean_stale, safe_name
+from probe.report.cache import StageCache
+
+
+def _publish(target: OutputTarget, files: dict[str, str]):
+    staged = target.stage()
+    for name, text in files.items():
+        (staged / name).parent.mkdir(parents=True, exist_ok=True)
+        (staged / name).write_text(text)
+    return target.publish(staged)
+
+
+def test_rerun_replaces_own_output_and_drops_stale_files(tmp_path):
+    out = tmp_path / "rep"
+    _publish(OutputTarget(out, "report"), {"a.txt": "1", "figures/old.png": "x"})
+    assert (out / MARKER).is_file()
+    _publish(OutputTarget(out, "report"), {"a.txt": "2"})
+    assert (out / "a.txt").read_text() == "2" and not (out / "figures" / "old.png").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_force_writes_beside_user_files_and_keeps_them(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(OutputError, match="did not write"):
+        OutputTarget(out, "report")
+    _publish(OutputTarget(out, "report", force=True), {"a.txt": "1"})
+    _publish(OutputTarget(out, "report", force=True), {"b.txt": "2"})
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert (out / "b.txt").is_file() and not (out / "a.txt").exists()  # only our own earlier file went
+
+
+def test_published_files_get_the_usual_modes(tmp_path):
+    out = _publish(OutputTarget(tmp_path / "rep", "report"), {"a.txt": "1"})
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (out / "a.txt").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert out.stat().st_mode & 0o777 == 0o777 & ~mask
+
+
+def test_safe_name_never_leaves_its_directory():
+    for hostile in ("../../x", "/etc/passwd", "..", "a/b", "\x00", ""):
+        name = safe_name(hostile)
+        assert "/" not in name and name not in ("", ".", "..")
+
+
+def test_stale_staging_directories_of_dead_processes_are_removed(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(proc.stdout)
+    stale = tmp_path / f".rep.icl-tmp-{dead}-abcd"
+    stale.mkdir()
+    live = tmp_path / f".rep.icl-tmp-{os.getpid()}-abcd"
+    live.mkdir()
+    clean_stale(tmp_path)
+    assert not stale.exists() and live.exists()
+
+
+def test_planted_force_over_trained_run_leaves_no_stale_training_state(tmp_path):
+    from conftest import build_cfg
+    from probe.cli import main
+    from probe.train import train
+
+    train(build_cfg(steps=2, save_every=1, eval_every=1), tmp_path / "run", progress=False)
+    assert main(["-q", "planted", "--algorithm", "gd", "--layers", "2", "--dims", "3", "--out",
+                 str(tmp_path / "run"), "--force"]) == 0
+    assert not (tmp_path / "run" / "train_state.pt").exists() and not (tmp_path / "run" / "train_log.csv").exists()
+    assert main(["-q", "train", "--out", str(tmp_path / "run"), "--resume"]) == 2
+
+
+def _stage():
+    calls.append(1)
+    return {"t": pd.DataFrame({"a": [1.0, 2.0]})}, {"x": 1}
+
+
+calls: list[int] = []
+
+
+@pytest.mark.parametrize("damage", ["edit", "truncate", "delete", "bad-json"])
+def test_damaged_cache_entry_is_recomputed_not_published(tmp_path, damage, caplog):
+    calls.clear()
+    cache = StageCache(tmp_path)
+    tables, data, hit = cache.get_or_run("k", _stage)
+    assert not hit and len(calls) == 1
+    entry = next(p for p in tmp_path.iterdir() if not p.name.startswith("."))
+    if damage == "edit":
+        (entry / "t.csv").write_text("a\n999\n")
+    elif damage == "truncate":
+        (entry / "t.csv").write_text("a\n1")
+    elif damage == "delete":
+        (entry / "t.csv").unlink()
+    else:
+        (entry / "done.json").write_text("{")
+    tables, data, hit = cache.get_or_run("k", _stage)
+    assert not hit and len(calls) == 2 and tables["t"].a.tolist() == [1.0, 2.0]
+    assert "recomputing" in caplog.text
+    assert cache.get_or_run("k", _stage)[2] is True  # repaired
+
+
+def test_two_caches_never_share_a_temp_directory(tmp_path):
+    a, b = StageCache(tmp_path), StageCache(tmp_path)
+    a.get_or_run("k", _stage)
+    b.get_or_run("k2", _stage)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
