@@ -162,7 +162,8 @@ class OutputTarget:
         if not entries:
             return
         marker = _read_marker(out)
-        foreign = _listing(out) - set(marker["files"]) if marker else _listing(out)
+        foreign = set() if marker and marker.get("in_place") else (
+            _listing(out) - set(marker["files"]) if marker else _listing(out))
         foreign = {f for f in foreign if STAGING_TAG not in f}
         if marker is None and not self.force:
             self._refuse("is a directory icl-probe did not write (it has no " + MARKER + ")",
@@ -230,9 +231,9 @@ def write_marker(directory: Path, command: str, files: list[str], record: dict |
 
 
 def mark_run_directory(directory: Path, command: str) -> None:
-    """Mark a directory a command fills in place (train, planted) as icl-probe's."""
+    """Mark a directory a command fills in place (train, study) as icl-probe's, whole."""
     directory.mkdir(parents=True, exist_ok=True)
-    write_marker(directory, command, sorted(_listing(directory)))
+    write_marker(directory, command, sorted(_listing(directory)), {"in_place": True})
 
 
 def check_run_output(out: Path, command: str, *, resume: bool = False, force: bool = False,

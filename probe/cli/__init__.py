@@ -23,6 +23,7 @@ COMMANDS = {
     "probes": "Attention-pooled probes for X^T y and w, with controls",
     "report": "Everything above as one HTML report with summary.json",
     "planted": "Write a transformer whose layers run GD or Newton by construction",
+    "study": "Analyses over a family of checkpoints, one tidy table and figures",
 }
 
 

@@ -135,17 +135,20 @@ def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
 
 
 def run_stages(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, cache: StageCache, progress: bool,
-               prefix: str = "") -> Built:
+               prefix: str = "", only: set[str] | None = None) -> Built:
+    """The recipe's stages (all, or those named in `only`), each through the stage cache."""
     built = Built()
     recipe = adapt_recipe(ckpt, recipe)
     sha = ckpt.sha256[:16]
     stages = [("evaluate", ("prompts",), lambda: _stage_evaluate(ckpt, recipe, device)),
               ("layers", ("prompts", "readout", "similarity", "sweeps"), lambda: _stage_layers(ckpt, recipe, device, progress))]
-    if recipe.probes.enabled:
+    if recipe.probes.enabled or (only is not None and "probes" in only):
         stages.append(("probes", ("prompts", "probes"), lambda: _stage_probes(ckpt, recipe, device, progress)))
     if recipe.forgetting.enabled:
         stages.append(("forgetting", ("prompts", "forgetting"), lambda: _stage_forgetting(ckpt, recipe, device)))
     for name, sections, fn in stages:
+        if only is not None and name not in only:
+            continue
         start = time.perf_counter()
         tables, data, hit = cache.get_or_run(f"{sha}-{name}-{recipe.digest(*sections)}", fn)
         built.timings[prefix + name] = round(time.perf_counter() - start, 2)

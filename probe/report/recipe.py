@@ -154,7 +154,7 @@ def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | N
         if not path.is_file():
             from ..registry import unknown_name_message
 
-            known = sorted(p.stem for p in RECIPE_DIR.glob("*.toml"))
+            known = sorted(p.stem for p in RECIPE_DIR.glob("*.toml") if "[[sweeps]]" in p.read_text())
             raise ConfigError(unknown_name_message("recipe", name_or_path, known) + " (or pass a path to a .toml file)")
     data = load_recipe(path)
     data.setdefault("name", path.stem)

@@ -1,0 +1,1 @@
+"""Studies over families of checkpoints: recipe -> per-model analyses (executors) -> tidy table -> figures."""

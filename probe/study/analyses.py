@@ -1,0 +1,205 @@
+"""One model's analyses for a study, as tidy rows.
+
+Columns: model, analysis, metric, learner, layer, n_examples, shift, value, ci_low, ci_high.
+The report's stages (evaluate, layers, probes) run through the report's stage cache, so a
+study and a report on the same checkpoint and recipe share results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+COLUMNS = ["model", "analysis", "metric", "learner", "layer", "n_examples", "shift", "value", "ci_low", "ci_high"]
+
+
+def _row(analysis: str, metric: str, value: float, learner: str = "", layer: int | None = None,
+         n_examples: int | None = None, shift: str = "", ci_low: float = np.nan, ci_high: float = np.nan) -> dict:
+    return {"analysis": analysis, "metric": metric, "learner": learner, "layer": -1 if layer is None else int(layer),
+            "n_examples": -1 if n_examples is None else int(n_examples), "shift": shift, "value": float(value),
+            "ci_low": float(ci_low), "ci_high": float(ci_high)}
+
+
+def evaluate_rows(tables: dict[str, pd.DataFrame], task, shift: str = "") -> list[dict]:
+    """Error / d (linear tasks) or R^2 (ReLU tasks) per number of examples, model and baselines."""
+    rows = []
+    frame = tables.get("icl_r2", tables.get("icl_error"))
+    metric = "r2" if "icl_r2" in tables else "error"
+    for rec in frame.to_dict("records"):
+        n = int(rec["n_examples"])
+        rows.append(_row("evaluate", metric, rec["model"], "model", n_examples=n, shift=shift,
+                         ci_low=rec.get("model_lo", np.nan), ci_high=rec.get("model_hi", np.nan)))
+        for name in ("least_squares", "direct", "knn3", "averaging"):
+            if name in rec:
+                rows.append(_row("evaluate", metric, rec[name], name, n_examples=n, shift=shift))
+    at = 2 * task.n_dims + 1
+    hit = frame[frame.n_examples == at]
+    if not hit.empty:
+        rec = hit.iloc[0]
+        rows.append(_row("evaluate", f"{metric}_at_2d1", rec["model"], "model", n_examples=at, shift=shift,
+                         ci_low=rec.get("model_lo", np.nan), ci_high=rec.get("model_hi", np.nan)))
+    return rows
+
+
+def layer_rows(tables: dict[str, pd.DataFrame], analyses: list[str], task) -> list[dict]:
+    rows = []
+    if "readout" in analyses:
+        r = tables["readout"]
+        for layer, part in r[r.n_examples >= 1].groupby("layer"):
+            rows.append(_row("readout", "readout_error", part.error.mean(), layer=layer))
+        at = r[r.n_examples == 2 * task.n_dims + 1]
+        for rec in at.to_dict("records"):
+            rows.append(_row("readout", "readout_error_at_2d1", rec["error"], layer=rec["layer"],
+                             n_examples=rec["n_examples"], ci_low=rec["ci_low"], ci_high=rec["ci_high"]))
+    if "heatmap" in analyses:
+        for rec in tables["best_match"].to_dict("records"):
+            rows.append(_row("heatmap", f"{rec['metric']}_best_k", rec["k"], rec["learner"], layer=rec["layer"],
+                             ci_low=rec["k_low"], ci_high=rec["k_high"]))
+            rows.append(_row("heatmap", f"{rec['metric']}_best_similarity", rec["similarity"], rec["learner"],
+                             layer=rec["layer"], ci_low=rec["ci_low"], ci_high=rec["ci_high"]))
+    return rows
+
+
+def probe_rows(table: pd.DataFrame) -> list[dict]:
+    rows = []
+    for (target, kind, control, layer), part in table.groupby(["target", "kind", "control", "layer"]):
+        rows.append(_row("probes", f"probe_r2_{target}_{kind}", part.r2.mean(),
+                         "model" if control == "none" else control, layer=layer))
+    return rows
+
+
+@torch.no_grad()
+def model_query_preds(model, xs: torch.Tensor, ys: torch.Tensor, queries: torch.Tensor, device: str,
+                      batch_size: int = 4096) -> torch.Tensor:
+    """The model's own prediction for each fresh query after t examples: (B, n, Q).
+
+    For prefix t the model sees (x_1, y_1, ..., x_t, y_t, x~_q), so causality makes its output
+    at the last x exactly its prediction for x~_q after t examples (seed 002 eq. 13)."""
+    b, n, d = xs.shape
+    q = queries.shape[1]
+    out = torch.empty(b, n, q, dtype=torch.float64)
+    model = model.to(device).eval()
+    for t in range(n):
+        seq_x = torch.cat([xs[:, :t].unsqueeze(1).expand(b, q, t, d), queries.unsqueeze(2)], dim=2).reshape(b * q, t + 1, d)
+        seq_y = torch.cat([ys[:, :t].unsqueeze(1).expand(b, q, t), torch.zeros(b, q, 1)], dim=2).reshape(b * q, t + 1)
+        preds = torch.cat([model(seq_x[i:i + batch_size].to(device), seq_y[i:i + batch_size].to(device))[:, t].cpu()
+                           for i in range(0, b * q, batch_size)])
+        out[:, t] = preds.double().view(b, q)
+    return out
+
+
+def resolve_grid(grid: dict[str, Any], task) -> dict[str, Any]:
+    """lam = "bayes" -> sigma^2 / tau^2 of the model's task (seed 002 §4)."""
+    from ..errors import ConfigError
+    from ..learners.closed_form import bayes_lambda
+
+    out = dict(grid)
+    if out.get("lam") in (["bayes"], "bayes", ("bayes",)):
+        if task.noise_std <= 0:
+            raise ConfigError("lam = 'bayes' needs a noisy task (task.noise_std > 0); this model's task has none")
+        out["lam"] = [bayes_lambda(task.noise_std, task.w_scale)]
+    return out
+
+
+def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
+    """SPD and ILW (seed 002 eq. 13-15) and SimE (seed 003 eq. 10) of the model's own
+    predictions against each [[compare]] learner, on fresh queries per prefix."""
+    from ..learners import run_learner
+    from ..analysis.matching import learner_weights
+    from ..similarity import ilw, induced_weights, sime, spd
+    from ..tasks import generator_for, sample_prompts
+
+    prompts = sample_prompts(task, recipe.prompts, generator=generator_for(recipe.seed, 401))
+    g = generator_for(recipe.seed, 402)
+    n_q = recipe.queries or 4 * task.n_dims
+    queries = torch.randn(recipe.prompts, n_q, task.n_dims, generator=g)
+    if "sigma_sqrt" in prompts.params:
+        queries = queries @ prompts.params["sigma_sqrt"]
+    qp = model_query_preds(model, prompts.xs, prompts.ys, queries, device)  # (B, n, Q)
+    with torch.no_grad():
+        own = model.to(device)(prompts.xs.to(device), prompts.ys.to(device)).double().cpu()
+    w_model = induced_weights(qp[None], queries)  # (1, B, n, d)
+    rows = []
+    for c in recipe.compare:
+        result = run_learner(c.learner, prompts.xs, prompts.ys, queries, **resolve_grid(c.grid, task))
+        w = learner_weights(result, queries).cpu()
+        values = {"spd": spd(qp[None], result.query_preds.cpu())[0], "ilw": ilw(w_model, w)[0],
+                  "sime": sime(own[None], result.preds.cpu(), prompts.ys.double())[0]}  # each (K, B)
+        means = {k: v.mean(-1) for k, v in values.items()}
+        picks = [int(torch.argmin(means["spd"]))] if c.pick == "best" else range(len(result.grid))
+        for i in picks:
+            label = c.label if (c.pick == "best" or len(result.grid) == 1) else f"{c.label}[{i}]"
+            for metric, per_prompt in values.items():
+                v = per_prompt[i].numpy()
+                half = 1.645 * v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else np.nan
+                rows.append(_row("spd_ilw", metric, v.mean(), label, ci_low=v.mean() - half, ci_high=v.mean() + half))
+            if c.pick == "best":
+                for key, value in result.grid[i].items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        rows.append(_row("spd_ilw", f"best_{key}", value, label))
+    return rows
+
+
+def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: str = "cpu") -> pd.DataFrame:
+    """Every analysis of the study recipe on one checkpoint; a picklable entry for executors."""
+    from ..checkpoint import load_checkpoint
+    from ..evaluate import r2_curve
+    from ..report.build import adapt_recipe, run_stages
+    from ..report.cache import StageCache
+    from .recipe import StudyRecipe
+
+    recipe = StudyRecipe(**{**recipe_data, "compare": recipe_data.get("compare", [])})
+    torch.manual_seed(recipe.seed)
+    ckpt = load_checkpoint(path)
+    task = ckpt.config.task
+    report = adapt_recipe(ckpt, recipe.report_recipe())
+    report.prompts.evaluate = recipe.evaluate_prompts
+    stages = set()
+    if "evaluate" in recipe.analyses:
+        stages.add("evaluate")
+    if {"readout", "heatmap"} & set(recipe.analyses):
+        stages.add("layers")
+    if "probes" in recipe.analyses:
+        stages.add("probes")
+    built = run_stages(ckpt, report, device, StageCache(Path(cache_dir) if cache_dir else None), False, only=stages)
+    rows: list[dict] = []
+    if "evaluate" in recipe.analyses:
+        rows += evaluate_rows(built.tables, task)
+        for shift in recipe.shifts:
+            changes = {k: (tuple(v) if isinstance(v, list) else v) for k, v in shift.items() if k != "label"}
+            shifted = dataclasses.replace(task, **changes)
+            points = shifted.n_points if shifted.n_points != task.n_points else None
+            if task.name == "relu_network":
+                frame = r2_curve(ckpt.model, shifted, recipe.evaluate_prompts // 2, recipe.seed, points, device=device,
+                                 epochs=recipe.direct_epochs, direct_prompts=recipe.direct_prompts)
+                rows += evaluate_rows({"icl_r2": frame}, shifted, shift["label"])
+            else:
+                from ..evaluate import error_curve
+
+                frame = error_curve(ckpt.model, shifted, recipe.evaluate_prompts, recipe.seed, points, device=device)
+                rows += evaluate_rows({"icl_error": frame}, shifted, shift["label"])
+    rows += layer_rows(built.tables, recipe.analyses, task)
+    if "probes" in recipe.analyses:
+        rows += probe_rows(built.tables["probes"])
+    if "spd_ilw" in recipe.analyses:
+        rows += spd_ilw_rows(ckpt.model, task, recipe, device)
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "model", str(path))
+    return frame[COLUMNS]
+
+
+def model_fields(path: Path) -> dict[str, Any]:
+    """A model's config fields as study columns (n_layer, n_embd, noise_std, train_step, ...)."""
+    from ..checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    m, t = ckpt.config.model, ckpt.config.task
+    step = ckpt.meta.get("train_step") if isinstance(ckpt.meta, dict) else None
+    return {"family": m.family, "n_layer": m.n_layer, "n_embd": m.n_embd, "n_head": m.n_head, "n_dims": t.n_dims,
+            "n_points": t.n_points, "task": t.name, "noise_std": t.noise_std, "relu_depth":
+            t.relu_depth if t.name == "relu_network" else None, "train_step": step, "format": ckpt.format}

@@ -1,0 +1,150 @@
+"""Study recipes: which checkpoints, which per-model analyses, and how to draw them.
+
+    name, description
+    checkpoints = ["checkpoints/depth-noisy/L*"]   paths or globs (sorted), or
+    run = "checkpoints/gpt2-default-dynamics"      a run directory: its snapshots in step order
+    analyses = ["evaluate", "heatmap", "spd_ilw"]  any of ANALYSES
+    x = "n_layer"                                   the model field figures put on the x axis
+    report = "quick"                                the report recipe whose stages are reused
+    set = { "prompts.eval" = 256 }                  overrides of that report recipe
+    [[compare]] label, learner, grid, pick         learners for spd_ilw ("pick = 'best'": the
+                                                    grid setting with the lowest SPD per model)
+    [[shifts]]  label, plus TaskConfig fields       task shifts for `evaluate` (seed 001 App. G)
+
+A lam of "bayes" in a ridge grid is sigma^2 / tau^2 of each model's own task (seed 002 §4).
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import from_dict, load_recipe, merge, to_dict
+from ..errors import ConfigError
+from ..learners import LEARNERS
+from ..registry import unknown_name_message
+
+ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes")
+STUDY_DIR = Path(__file__).resolve().parents[2] / "analyses"
+
+
+@dataclass
+class CompareSection:
+    label: str
+    learner: str
+    grid: dict[str, Any] = field(default_factory=dict)
+    pick: str = "all"  # "all" settings, or the "best" (lowest SPD) per model
+
+
+@dataclass
+class StudyRecipe:
+    name: str = "study"
+    description: str = ""
+    checkpoints: list[str] = field(default_factory=list)
+    run: str = ""
+    analyses: list[str] = field(default_factory=lambda: ["evaluate", "heatmap"])
+    x: str = "n_layer"
+    report: str = "quick"
+    set: dict[str, Any] = field(default_factory=dict)
+    prompts: int = 256  # prompts for spd_ilw
+    queries: int = 0  # fresh queries per prefix for spd_ilw (0: 4 d)
+    evaluate_prompts: int = 1280
+    direct_epochs: int = 100  # ReLU tasks: epochs of the direct-training baseline
+    direct_prompts: int = 128
+    seed: int = 0
+    compare: list[CompareSection] = field(default_factory=list)
+    shifts: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from ..validate import check_grid, positive_int
+
+        self.compare = [c if isinstance(c, CompareSection) else from_dict(CompareSection, c, "compare")
+                        for c in self.compare]
+        if not self.analyses:
+            raise ConfigError("study analyses is empty; choose from " + ", ".join(ANALYSES))
+        for name in self.analyses:
+            if name not in ANALYSES:
+                raise ConfigError("study analyses: " + unknown_name_message("analysis", name, list(ANALYSES)))
+        if bool(self.checkpoints) == bool(self.run):
+            raise ConfigError("a study names its models with either `checkpoints` (paths or globs) or `run` "
+                              "(a run directory with snapshots), not both and not neither")
+        if "spd_ilw" in self.analyses and not self.compare:
+            raise ConfigError("analysis spd_ilw needs at least one [[compare]] learner")
+        for c in self.compare:
+            LEARNERS.get(c.learner)
+            if c.pick not in ("all", "best"):
+                raise ConfigError(f"compare '{c.label}': pick must be 'all' or 'best', got {c.pick!r}")
+            grid = {k: v for k, v in c.grid.items() if not (k == "lam" and v in (["bayes"], "bayes"))}
+            check_grid(c.learner, grid, where=f"compare '{c.label}'")
+        for shift in self.shifts:
+            if not isinstance(shift, dict) or not isinstance(shift.get("label"), str):
+                raise ConfigError("each [[shifts]] entry needs a label and TaskConfig fields, e.g. "
+                                  "label = 'mix-0.9' with mixture_weights = [0.9, 0.1]")
+        for name in ("prompts", "evaluate_prompts", "direct_epochs", "direct_prompts"):
+            positive_int(getattr(self, name), f"study {name}")
+        positive_int(self.queries, "study queries", 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def report_recipe(self):
+        """The report recipe whose stages (and stage cache) the per-model analyses reuse."""
+        from ..report.recipe import resolve_recipe
+
+        overrides = []
+        for dotted, value in self.set.items():
+            nested: dict[str, Any] = {}
+            cursor = nested
+            keys = dotted.split(".")
+            for key in keys[:-1]:
+                cursor = cursor.setdefault(key, {})
+            cursor[keys[-1]] = value
+            overrides.append(nested)
+        try:
+            return resolve_recipe(self.report, overrides)
+        except ConfigError as err:
+            raise ConfigError(f"study report recipe {self.report!r} with set = {{...}}: {err}") from None
+
+
+def resolve_study(name_or_path: str, overrides: list[dict[str, Any]] | None = None) -> StudyRecipe:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = STUDY_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in STUDY_DIR.glob("*.toml") if "checkpoints" in p.read_text()
+                       or "run =" in p.read_text())
+        raise ConfigError(unknown_name_message("study recipe", str(name_or_path), known) + " (or a path to a .toml)")
+    data = load_recipe(path)
+    data.setdefault("name", path.stem)
+    for override in overrides or []:
+        data = merge(data, override)
+    return from_dict(StudyRecipe, data)
+
+
+def snapshot_step(path: Path) -> int:
+    match = re.fullmatch(r"step_(\d+)", path.name)
+    return int(match.group(1)) if match else -1
+
+
+def resolve_models(recipe: StudyRecipe, base: Path | None = None) -> list[Path]:
+    """The study's checkpoint directories, in a stable order (globs sorted; snapshots by step)."""
+    base = base or Path.cwd()
+    if recipe.run:
+        run = base / recipe.run
+        snaps = sorted((p for p in (run / "snapshots").glob("step_*") if p.is_dir() and snapshot_step(p) >= 0),
+                       key=snapshot_step)
+        if not snaps:
+            raise ConfigError(f"study run {run}: no snapshots/step_<k>/ directories; train it with --keep-every N")
+        return snaps
+    models: list[Path] = []
+    for pattern in recipe.checkpoints:
+        hits = sorted(Path(p) for p in glob.glob(str(base / pattern)) if Path(p).is_dir())
+        if not hits:
+            raise ConfigError(f"study checkpoints: {pattern!r} matches no directory (relative to {base})")
+        models.extend(h for h in hits if h not in models)
+    if not models:
+        raise ConfigError("study checkpoints: the set of models is empty")
+    return models

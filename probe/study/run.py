@@ -1,0 +1,154 @@
+"""Running a study: per-model work through an executor, results kept per model as they finish.
+
+Executors are existing engines, not a scheduler of ours: `local` is a
+`concurrent.futures.ProcessPoolExecutor` (spawned workers, `--jobs N`), `slurm` is submitit's
+`AutoExecutor` (Slurm when `sbatch` exists; its `local` or `debug` cluster otherwise, which is
+how CI runs the same code path). Each finished model's rows go to `models/<name>/rows.csv`
+(atomically, with the key of the recipe and weights that made them), so an interrupted study
+recomputes only the models it had not finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from ..errors import ConfigError, ProbeError
+from ..outputs import safe_name
+from .analyses import analyse_model, model_fields
+from .recipe import StudyRecipe, resolve_models
+
+log = logging.getLogger(__name__)
+EXECUTORS = ("local", "slurm")
+SLURM_CLUSTERS = ("auto", "local", "debug")
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def model_key(path: Path, recipe: StudyRecipe) -> str:
+    """What a model's rows depend on: the recipe and the checkpoint's weights."""
+    from ..checkpoint import load_checkpoint
+    from ..report.cache import code_digest
+
+    digest = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True, default=str).encode())
+    digest.update(load_checkpoint(path).sha256.encode())
+    digest.update(code_digest().encode())
+    return digest.hexdigest()[:16]
+
+
+def check_models(models: list[Path]) -> dict[str, dict[str, Any]]:
+    """Load every model's config before any heavy work; the models must share one task family."""
+    fields = {}
+    for path in models:
+        try:
+            fields[_relative(path)] = model_fields(path)
+        except ProbeError as err:
+            raise ConfigError(f"study model {path}: {err}") from None
+    kinds = {(f["task"], f["n_dims"]) for f in fields.values()}
+    if len(kinds) > 1:
+        raise ConfigError("study models have different tasks: " + ", ".join(
+            f"{m} ({f['task']}, d={f['n_dims']})" for m, f in fields.items()) + "; a study compares one task")
+    return fields
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _submit_local(pending: list[tuple[str, Path]], args: tuple, jobs: int,
+                  on_done: Callable[[str, pd.DataFrame], None]) -> None:
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=(threads,)) as pool:
+        futures = {pool.submit(analyse_model, str(path), *args): name for name, path in pending}
+        for future in as_completed(futures):
+            on_done(futures[future], future.result())
+
+
+def _submit_slurm(pending: list[tuple[str, Path]], args: tuple, jobs: int, folder: Path, cluster: str,
+                  on_done: Callable[[str, pd.DataFrame], None]) -> None:
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError("--executor slurm needs submitit: pip install submitit") from None
+    executor = submitit.AutoExecutor(folder=str(folder), cluster=None if cluster == "auto" else cluster)
+    executor.update_parameters(timeout_min=240, cpus_per_task=max(1, (os.cpu_count() or 1) // jobs),
+                               slurm_array_parallelism=jobs)
+    submitted = [(name, executor.submit(analyse_model, str(path), *args)) for name, path in pending]
+    for name, job in submitted:
+        on_done(name, job.result())
+
+
+def run_study(recipe: StudyRecipe, out: Path, *, executor: str = "local", jobs: int = 1, device: str = "cpu",
+              cluster: str = "auto", progress: bool = True, base: Path | None = None) -> pd.DataFrame:
+    """Run (or resume) the study into `out`; returns the tidy study table."""
+    from tqdm.auto import tqdm
+
+    from ..validate import check_device, positive_int
+
+    if executor not in EXECUTORS:
+        from ..registry import unknown_name_message
+
+        raise ConfigError(unknown_name_message("executor", executor, list(EXECUTORS)))
+    if cluster not in SLURM_CLUSTERS:
+        raise ConfigError(f"--slurm-cluster must be one of {', '.join(SLURM_CLUSTERS)}, got {cluster!r}")
+    jobs = positive_int(jobs, "--jobs")
+    device = check_device(device)
+    models = resolve_models(recipe, base)
+    fields = check_models(models)
+    recipe.report_recipe()  # a bad report recipe or override fails here, before any work
+    names = {_relative(p): p for p in models}
+    folders = {name: out / "models" / safe_name(name) for name in names}
+    if len(set(folders.values())) != len(folders):
+        raise ConfigError("two study models map to the same output folder; rename one")
+    keys = {name: model_key(path, recipe) for name, path in names.items()}
+    pending = []
+    for name, path in names.items():
+        done = folders[name] / "done.json"
+        try:
+            if json.loads(done.read_text()).get("key") == keys[name] and (folders[name] / "rows.csv").is_file():
+                continue
+        except (OSError, ValueError, AttributeError):
+            pass
+        pending.append((name, path))
+    log.info("study %s: %d models, %d to run", recipe.name, len(names), len(pending))
+    bar = tqdm(total=len(pending), desc="study models", disable=not progress)
+
+    def on_done(name: str, frame: pd.DataFrame) -> None:
+        from ..checkpoint import atomic_write
+
+        folder = folders[name]
+        folder.mkdir(parents=True, exist_ok=True)
+        frame = frame.assign(model=name)
+        atomic_write(folder / "rows.csv", lambda p: frame.to_csv(p, index=False))
+        atomic_write(folder / "done.json", lambda p: p.write_text(json.dumps({"model": name, "key": keys[name]})))
+        bar.update(1)
+
+    args = (recipe.to_dict(), str(out / ".cache"), device)
+    if pending:
+        if executor == "local":
+            _submit_local(pending, args, jobs, on_done)
+        else:
+            _submit_slurm(pending, args, jobs, out / "submitit", cluster, on_done)
+    bar.close()
+    frames = [pd.read_csv(folders[name] / "rows.csv", keep_default_na=False, na_values=[""]) for name in names]
+    table = pd.concat(frames, ignore_index=True)
+    table["shift"] = table["shift"].astype("object").fillna("").astype(str)
+    table["learner"] = table["learner"].astype("object").fillna("").astype(str)
+    config = pd.DataFrame([{"model": name, **f} for name, f in fields.items()])
+    return table.merge(config, on="model", how="left")

@@ -1,0 +1,162 @@
+"""`icl-probe study`: per-model numbers equal the single analyses, resume after a kill, the
+submitit path, and clear errors before any work."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import build_cfg
+from probe.checkpoint import save_model
+from probe.cli import main
+from probe.errors import ConfigError
+from probe.models import build_model
+
+TINY = '''
+description = "tiny"
+checkpoints = ["m/L*"]
+analyses = ["evaluate", "heatmap", "spd_ilw"]
+x = "n_layer"
+prompts = 16
+evaluate_prompts = 32
+[set]
+"prompts.train" = 32
+"prompts.val" = 16
+"prompts.eval" = 32
+"prompts.simw" = 8
+"similarity.bootstrap" = 20
+"similarity.simw" = false
+sweeps = [{label = "newton", learner = "newton", axis = "iterations", grid = {iterations = [0, 1, 2, 3]}}]
+[[compare]]
+label = "gd_best"
+learner = "gd"
+grid = {steps = [0, 1, 2, 4, 8]}
+pick = "best"
+[[compare]]
+label = "ridge_bayes"
+learner = "ridge"
+grid = {lam = ["bayes"]}
+[[compare]]
+label = "least_squares"
+learner = "least_squares"
+'''
+
+
+@pytest.fixture()
+def family(tmp_path, monkeypatch):
+    for layers in (1, 2):
+        torch.manual_seed(layers)
+        cfg = build_cfg(layers=layers)
+        cfg.task.noise_std = 0.5
+        save_model(build_model(cfg.model).eval(), cfg, tmp_path / "m" / f"L{layers}", {"train_step": 10 * layers})
+    (tmp_path / "s.toml").write_text(TINY)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_study_matches_single_analyses_and_resumes(family, monkeypatch):
+    import probe.study.run as run
+
+    # interrupt after the first finished model, as a kill would
+    original = run.atomic_write if hasattr(run, "atomic_write") else None
+    from probe.checkpoint import atomic_write
+
+    finished = []
+
+    def dying(path, write):
+        atomic_write(path, write)
+        if path.name == "done.json":
+            finished.append(path)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("probe.checkpoint.atomic_write", dying)
+    assert main(["-q", "study", "s.toml", "--out", "out"]) == 130
+    monkeypatch.setattr("probe.checkpoint.atomic_write", atomic_write)
+    assert len(finished) == 1
+    first = finished[0].parent / "rows.csv"
+    stamp = first.stat().st_mtime_ns
+    assert main(["-q", "study", "s.toml", "--out", "out"]) == 0
+    assert first.stat().st_mtime_ns == stamp  # the finished model was not recomputed
+    table = pd.read_csv(family / "out" / "study.csv", keep_default_na=False)
+    assert set(table.model) == {"m/L1", "m/L2"} and set(table.n_layer) == {1, 2}
+    assert {"noise_std", "train_step"} <= set(table.columns)
+
+    # the same numbers as the standalone report on one of the models
+    assert main(["-q", "report", "m/L2", "--recipe", "quick", "--out", "rep", "--set", "prompts.train=32",
+                 "--set", "prompts.val=16", "--set", "prompts.eval=32", "--set", "prompts.simw=8",
+                 "--set", "similarity.bootstrap=20", "--set", "similarity.simw=false", "--set",
+                 'sweeps=[{label = "newton", learner = "newton", axis = "iterations", grid = {iterations = [0, 1, 2, 3]}}]',
+                 "--set", "probes.enabled=false", "--set", "forgetting.enabled=false",
+                 "--set", "prompts.evaluate=32"]) == 0
+    best = pd.read_csv(family / "rep" / "data" / "best_match.csv")
+    mine = table[(table.model == "m/L2") & (table.metric == "sime_best_k")].sort_values("layer")
+    assert mine.value.tolist() == best[best.metric == "sime"].sort_values("layer").k.tolist()
+    err = pd.read_csv(family / "rep" / "data" / "icl_error.csv")
+    at = table[(table.model == "m/L2") & (table.metric == "error") & (table.learner == "model")].sort_values("n_examples")
+    np.testing.assert_allclose(at.value, err.model, rtol=1e-9)
+
+    # SPD / ILW against an independent computation for least squares
+    from probe.checkpoint import load_checkpoint
+    from probe.learners import run_learner
+    from probe.similarity import induced_weights
+    from probe.study.analyses import model_query_preds
+    from probe.tasks import generator_for, sample_prompts
+
+    ckpt = load_checkpoint("m/L2")
+    p = sample_prompts(ckpt.config.task, 16, generator=generator_for(0, 401))
+    q = torch.randn(16, 12, 3, generator=generator_for(0, 402))
+    qp = model_query_preds(ckpt.model, p.xs, p.ys, q, "cpu")
+    ls = run_learner("least_squares", p.xs, p.ys, q)
+    spd = ((qp[:, 1:] - ls.query_preds[0, :, 1:]) ** 2).mean().item()
+    w = induced_weights(qp[None], q)[0]
+    ilw = ((w[:, 1:] - ls.weights[0, :, 1:]) ** 2).sum(-1).mean().item()
+    rows = table[(table.model == "m/L2") & (table.learner == "least_squares")].set_index("metric").value
+    assert rows["spd"] == pytest.approx(spd, rel=1e-6) and rows["ilw"] == pytest.approx(ilw, rel=1e-6)
+    summary = json.loads((family / "out" / "summary.json").read_text())
+    assert set(summary["closest_learner"]) == {"m/L1", "m/L2"}
+    assert "/" not in "".join(summary["models"]).replace("m/", "")  # relative names, no machine paths
+    html = (family / "out" / "index.html").read_text()
+    assert "Findings" in html and "http" not in html
+
+
+@pytest.mark.slow
+def test_submitit_debug_executor_gives_the_same_table(family):
+    assert main(["-q", "study", "s.toml", "--out", "a", "--set", 'analyses=["spd_ilw"]']) == 0
+    assert main(["-q", "study", "s.toml", "--out", "b", "--set", 'analyses=["spd_ilw"]', "--executor", "slurm",
+                 "--slurm-cluster", "debug"]) == 0
+    a = pd.read_csv(family / "a" / "study.csv")
+    b = pd.read_csv(family / "b" / "study.csv")
+    pd.testing.assert_frame_equal(a, b)
+
+
+@pytest.mark.parametrize("override,culprit", [
+    ('checkpoints=["nowhere/*"]', "matches no directory"),
+    ('analyses=["evaluate", "probez"]', "Unknown analysis 'probez'"),
+    ('checkpoints=[]', "either `checkpoints`"),
+    ('run="m/L1"', "either `checkpoints`"),
+    ('x=1', "x must be a string"),
+])
+def test_bad_studies_fail_before_work(family, capsys, override, culprit):
+    assert main(["-q", "study", "s.toml", "--out", "out", "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert culprit in err and len(err.strip().splitlines()) == 1
+    assert not (family / "out").exists()
+
+
+def test_mixed_tasks_and_empty_snapshot_runs_are_refused(family, capsys):
+    cfg = build_cfg(d=2, layers=1)
+    save_model(build_model(cfg.model).eval(), cfg, family / "m" / "L9")
+    assert main(["-q", "study", "s.toml", "--out", "out"]) == 2
+    assert "different tasks" in capsys.readouterr().err
+    assert main(["-q", "study", "s.toml", "--out", "out", "--set", 'checkpoints=[]', "--set", 'run="m/L1"']) == 2
+    assert "no snapshots" in capsys.readouterr().err
+    assert not (family / "out").exists()
+    with pytest.raises(ConfigError, match="Unknown study recipe"):
+        from probe.study.recipe import resolve_study
+
+        resolve_study("depth-phasez")
