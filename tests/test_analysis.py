@@ -6,6 +6,7 @@ import pytest
 import torch
 from sklearn.linear_model import Ridge
 
+from conftest import REPO
 from probe.analysis.matching import Sweep, trend
 from probe.analysis.pipeline import LayerSettings, analyse_layers
 from probe.analysis.readout import RidgeReadout, fit_layer_readouts
@@ -124,3 +125,25 @@ def test_batched_probes_and_r2_match_sklearn():
     r2 = table.set_index("layer").r2
     assert r2[1] > 0.95 and r2[0] < 0.3
     assert table.set_index("layer").peak_position[1] == 5
+
+
+@pytest.mark.parametrize("which", ["default", "garg"])
+def test_cached_query_states_equal_one_sequence_per_query(which, tmp_path):
+    """The key/value-cache path (each prompt once) against one TransformerLens-captured
+    sequence per prefix and query, on the trained default checkpoint and a Garg-layout run."""
+    from conftest import GargTransformerModel, write_garg_run
+    from probe.analysis.states import cached_query_states, sequence_query_states
+    from probe.checkpoint import load_checkpoint
+
+    torch.manual_seed(5)
+    if which == "default":
+        model, d, n = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model, 4, 16
+    else:
+        write_garg_run(tmp_path / "g", GargTransformerModel(3, 8, 16, 2, 2).eval(), 3, 8, 16, 2, 2)
+        model, d, n = load_checkpoint(tmp_path / "g").model, 3, 8
+    xs, ys, queries = torch.randn(2, n, d), torch.randn(2, n), torch.randn(2, 3, d)
+    slow = sequence_query_states(model, xs, ys, queries)
+    fast = cached_query_states(model, xs, ys, queries, max_bytes=1 << 16)  # forces one prompt per chunk
+    assert fast.shape == slow.shape
+    np.testing.assert_allclose(fast, slow, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(cached_query_states(model, xs, ys, queries, start=2), slow[:, :, 2:], atol=1e-5, rtol=1e-5)

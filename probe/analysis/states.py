@@ -7,6 +7,8 @@ retrained read-out (probe.analysis.readout).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -23,13 +25,25 @@ def x_states(model, xs: Tensor, ys: Tensor, device: str = "cpu", batch_size: int
 
 
 def query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: str = "cpu", batch_size: int = 512,
-                 progress: bool = False, start: int = 0) -> np.ndarray:
+                 progress: bool = False, start: int = 0, max_bytes: int | None = None) -> np.ndarray:
     """States (L+1, B, n - start, Q, D) of query x~_q placed right after the first t examples,
     for t = start..n-1.
 
     For each prefix t the model sees x_1, y_1, ..., x_t, y_t, x~_q; causality makes this exactly
-    the model's state when predicting for x~_q after t examples (seed 003 eq. 11).
+    the model's state when predicting for x~_q after t examples (seed 003 eq. 11). GPT-2 family
+    models take the key/value-cache path (`cached_query_states`: each prompt runs once); others
+    run every prefix and query as its own sequence.
     """
+    from ..models.gpt2 import GPT2ICL
+
+    if isinstance(model, GPT2ICL):
+        return cached_query_states(model, xs, ys, queries, device, progress, start, max_bytes)
+    return sequence_query_states(model, xs, ys, queries, device, batch_size, progress, start)
+
+
+def sequence_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: str = "cpu",
+                          batch_size: int = 512, progress: bool = False, start: int = 0) -> np.ndarray:
+    """query_states by brute force: one captured sequence per prefix t and query (any model)."""
     b, n, d = xs.shape
     q = queries.shape[1]
     out = None
@@ -43,4 +57,60 @@ def query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: str = "
         if out is None:
             out = np.empty((states.shape[0], b, n - start, q, states.shape[-1]), dtype=np.float32)
         out[:, :, t - start] = states.reshape(states.shape[0], b, q, -1)
+    return out
+
+
+@torch.no_grad()
+def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: str = "cpu", progress: bool = False,
+                        start: int = 0, max_bytes: int | None = None) -> np.ndarray:
+    """query_states for the GPT-2 family without recomputing prefixes.
+
+    Causal attention means tokens 1..2t of a prompt never see what follows them, so their keys
+    and values at every layer are the same with or without a query appended. Each prompt runs
+    once; then every query of every prefix t is one token at position 2t whose attention at
+    layer l is softmax over [q k_j / sqrt(h) for j < 2t] + [q k_self / sqrt(h)] applied to the
+    cached values and its own (GPT-2's attention, Radford et al. 2019, restricted to the row
+    of the query). Equal to `sequence_query_states` up to float round-off (tested to 1e-5).
+    Prompts are processed in chunks sized from `max_bytes` (default 512 MiB of scratch).
+    """
+    from ..models.encoding import interleave
+
+    b, n, d = xs.shape
+    q = queries.shape[1]
+    bb = model._backbone
+    width, heads = model.config.n_embd, model.config.n_head
+    hs = width // heads
+    steps = n - start
+    out = np.empty((len(bb.h) + 1, b, steps, q, width), dtype=np.float32)
+    scratch = (max_bytes or (512 << 20))
+    per_prompt = 4 * (steps * q * (4 * width + heads * (2 * n + 1)) + 2 * n * 4 * width) * 3
+    chunk = max(1, int(scratch // max(per_prompt, 1)))
+    model = model.to(device).eval()
+    pos = bb.wpe.weight[: 2 * n]
+    q_pos = pos[2 * start : 2 * n : 2]  # (steps, D): the query sits at the x position 2t
+    t_idx = torch.arange(start, n, device=device)
+    key_mask = torch.arange(2 * n, device=device)[None, :] < 2 * t_idx[:, None]  # (steps, 2n): keys j < 2t
+    from tqdm.auto import tqdm
+
+    for lo in tqdm(range(0, b, chunk), desc="query states", disable=not progress, leave=False):
+        bx, by, bq = xs[lo:lo + chunk].to(device), ys[lo:lo + chunk].to(device), queries[lo:lo + chunk].to(device)
+        m = bx.shape[0]
+        h = model._read_in(interleave(bx, by, model.config.encoding)) + pos  # (m, 2n, D)
+        q_tokens = interleave(bq, torch.zeros(m, q, device=device, dtype=bq.dtype), model.config.encoding)[:, 0::2]
+        hq = model._read_in(q_tokens)[:, None] + q_pos[None, :, None]  # (m, steps, Q, D)
+        out[0, lo:lo + m] = hq.float().cpu().numpy()
+        for layer, block in enumerate(bb.h, start=1):
+            a_p = block.attn.c_attn(block.ln_1(h))
+            _, k_p, v_p = (z.view(m, 2 * n, heads, hs).transpose(1, 2) for z in a_p.split(width, dim=-1))  # (m, H, 2n, hs)
+            a_q = block.attn.c_attn(block.ln_1(hq))
+            q_q, k_q, v_q = (z.reshape(m, steps, q, heads, hs) for z in a_q.split(width, dim=-1))  # (m, S, Q, H, hs)
+            scores = torch.einsum("msqhe,mhje->msqhj", q_q, k_p) / math.sqrt(hs)  # (m, S, Q, H, 2n)
+            scores = scores.masked_fill(~key_mask[None, :, None, None, :], float("-inf"))
+            self_score = (q_q * k_q).sum(-1, keepdim=True) / math.sqrt(hs)  # (m, S, Q, H, 1)
+            weights = torch.softmax(torch.cat([scores, self_score], dim=-1), dim=-1)
+            mixed = torch.einsum("msqhj,mhje->msqhe", weights[..., :-1], v_p) + weights[..., -1:] * v_q
+            hq = hq + block.attn.c_proj(mixed.reshape(m, steps, q, width))
+            hq = hq + block.mlp(block.ln_2(hq))
+            h = block(h)
+            out[layer, lo:lo + m] = hq.float().cpu().numpy()
     return out
