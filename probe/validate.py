@@ -167,6 +167,35 @@ def available_memory() -> int:
         return 4 << 30
 
 
+_BUDGET: list[int] = []
+
+
+def set_memory_budget(nbytes: int | None) -> None:
+    """The process-wide memory budget (`--max-memory`): capture streams to disk above it and
+    query states work in chunks sized from it. None restores the default."""
+    _BUDGET.clear()
+    if nbytes is not None:
+        _BUDGET.append(int(nbytes))
+
+
+def memory_budget() -> int:
+    """Bytes that one analysis may hold in memory: `--max-memory`, or half the available memory."""
+    return _BUDGET[0] if _BUDGET else int(0.5 * available_memory())
+
+
+def parse_bytes(text: str) -> int:
+    """'4G', '512M', '2.5GB' or a plain number of bytes -> bytes."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)i?B?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ConfigError(f"--max-memory must look like 4G, 512M or a number of bytes, got {text!r}")
+    value = float(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_")
+    if value < 64 << 20:
+        raise ConfigError(f"--max-memory {text} is below 64 MB; give at least 64M")
+    return int(value)
+
+
 def check_memory(nbytes: float, what: str, fix: str) -> None:
     """Refuse work whose memory estimate exceeds the available memory, naming the culprit."""
     limit = MEMORY_FRACTION * available_memory()

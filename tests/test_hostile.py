@@ -276,6 +276,8 @@ case("report-recipe-no-sweeps", ["report", "ck", "--recipe", "s.toml", "--out", 
 case("report-recipe-not-utf8", ["report", "ck", "--recipe", "s.toml", "--out", "rep"], "not UTF-8",
      write("s.toml", b"description = '\xff'\n"))
 case("report-device-cuda", [*REPORT, "--device", "cuda"], "no GPU")
+case("report-max-memory-words", [*REPORT, "--max-memory", "lots"], "--max-memory must look like")
+case("report-max-memory-tiny", [*REPORT, "--max-memory", "1K"], "below 64 MB")
 case("report-device-potato", [*REPORT, "--device", "potato"], "not a torch device")
 case("report-compare-missing", [*REPORT, "--compare", "nowhere"], "not found")
 

@@ -71,7 +71,7 @@ def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: 
     layer l is softmax over [q k_j / sqrt(h) for j < 2t] + [q k_self / sqrt(h)] applied to the
     cached values and its own (GPT-2's attention, Radford et al. 2019, restricted to the row
     of the query). Equal to `sequence_query_states` up to float round-off (tested to 1e-5).
-    Prompts are processed in chunks sized from `max_bytes` (default 512 MiB of scratch).
+    Prompts are processed in chunks sized from `max_bytes` (default: a quarter of the memory budget).
     """
     from ..models.encoding import interleave
 
@@ -82,7 +82,11 @@ def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: 
     hs = width // heads
     steps = n - start
     out = np.empty((len(bb.h) + 1, b, steps, q, width), dtype=np.float32)
-    scratch = (max_bytes or (512 << 20))
+    if max_bytes is None:
+        from ..validate import memory_budget
+
+        max_bytes = memory_budget() // 4  # the output array and the prompt's capture hold the rest
+    scratch = max_bytes
     per_prompt = 4 * (steps * q * (4 * width + heads * (2 * n + 1)) + 2 * n * 4 * width) * 3
     chunk = max(1, int(scratch // max(per_prompt, 1)))
     model = model.to(device).eval()

@@ -100,7 +100,7 @@ class _Sink:
 
 def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), positions: str | Sequence[int] = "all",
             batch_size: int = 256, device: str = "cpu", progress: bool = False, backend: str = "auto",
-            out_dir: str | Path | None = None, max_bytes: int = 4 << 30) -> Capture:
+            out_dir: str | Path | None = None, max_bytes: int | None = None) -> Capture:
     """Predictions and the requested activations for prompts xs (B, n, d), ys (B, n).
 
     hooks: "resid" (all layer boundaries, raw, before any final LayerNorm: (L+1, B, P, D)),
@@ -138,6 +138,10 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
             raise ConfigError(f"positions must lie in 0..{2 * n - 1}, got {list(positions)}")
     n_pos = 2 * n if pos is None else len(pos)
     per_prompt = (model.n_layers + 2) * n_pos * model.d_model * 4 if RESID in hooks else n_pos * model.d_model * 4
+    if max_bytes is None:
+        from ..validate import memory_budget
+
+        max_bytes = memory_budget()
     spilled = out_dir is None and per_prompt * b > max_bytes
     if spilled:
         out_dir = spill_dir()

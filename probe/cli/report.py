@@ -28,6 +28,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_out(p, "report directory (default: reports/<checkpoint>-<recipe>)", required=False)
     p.add_argument("--compare", help="a second checkpoint (e.g. the LSTM) whose Table 1 is shown beside")
     p.add_argument("--no-cache", action="store_true", help="recompute every stage")
+    p.add_argument("--max-memory", help="memory budget, e.g. 4G (default: half the available memory); capture "
+                                        "streams to disk and query states work in chunks to stay under it")
     add_device(p)
 
 
@@ -39,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
     # validate everything cheap before any heavy work
     recipe = resolve_recipe(args.recipe, [parse_override(s) for s in args.set])
     device = check_device(args.device)
+    if args.max_memory:
+        from ..validate import parse_bytes, set_memory_budget
+
+        set_memory_budget(parse_bytes(args.max_memory))
     from ..checkpoint import load_checkpoint
 
     default_out = REPORTS / f"{safe_name(Path(args.checkpoint).resolve().name)}-{safe_name(recipe.name)}"

@@ -1,0 +1,92 @@
+"""Paper scale: the quick report of a Garg et al. "standard"-shaped model (GPT-2, 12 layers,
+width 256, 8 heads, d = 20, 41 points; random init) against the shipped default checkpoint's.
+
+Each report runs in its own process (`icl-probe report --no-cache`, probes on); the benchmark
+prints every stage's seconds and share, the ratio of total times, and each run's peak resident
+memory. It also times SimW query states on the same inputs by the key/value-cache path and by
+one sequence per prefix and query (the old path), and checks they agree.
+Run from the repository root:  python benchmarks/paper_scale.py [--skip-reports]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+ICL = [sys.executable, "-m", "probe"]
+
+
+def paper_model(directory: Path) -> Path:
+    from probe.checkpoint import save_model
+    from probe.config import ModelConfig, RunConfig, TaskConfig
+    from probe.models import build_model
+
+    torch.manual_seed(0)
+    cfg = RunConfig(model=ModelConfig(family="gpt2", n_dims=20, n_positions=41, n_embd=256, n_layer=12, n_head=8),
+                    task=TaskConfig(n_dims=20, n_points=41))
+    save_model(build_model(cfg.model).eval(), cfg, directory)
+    return directory
+
+
+def timed_report(ckpt: Path, out: Path) -> tuple[dict, float, float]:
+    """(stage timings, wall seconds, peak RSS in GB) of one report in a child process."""
+    start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    subprocess.run([*ICL, "-q", "report", str(ckpt), "--out", str(out), "--no-cache"], check=True, cwd=REPO)
+    wall = time.perf_counter() - start
+    peak = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before) / 2**20
+    summary = json.loads((out / "summary.json").read_text())
+    return summary["timings"], wall, peak
+
+
+def query_state_speedup(ckpt: Path, prompts: int, queries: int) -> tuple[float, float, float]:
+    from probe.analysis.states import cached_query_states, sequence_query_states
+    from probe.checkpoint import load_checkpoint
+
+    model = load_checkpoint(ckpt).model
+    g = torch.Generator().manual_seed(0)
+    d, n = 20, 41
+    xs, ys, qs = torch.randn(prompts, n, d, generator=g), torch.randn(prompts, n, generator=g), torch.randn(prompts, queries, d, generator=g)
+    t0 = time.perf_counter()
+    new = cached_query_states(model, xs, ys, qs)
+    t1 = time.perf_counter()
+    old = sequence_query_states(model, xs, ys, qs)
+    t2 = time.perf_counter()
+    return t2 - t1, t1 - t0, float(np.abs(new - old).max())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--skip-reports", action="store_true", help="only the query-state comparison")
+    parser.add_argument("--qs-prompts", type=int, default=4)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        paper = paper_model(Path(tmp) / "paper")
+        old, new, diff = query_state_speedup(paper, args.qs_prompts, 80)
+        print(f"query states ({args.qs_prompts} prompts x 41 prefixes x 80 queries): sequences {old:.1f}s, "
+              f"kv cache {new:.2f}s, speedup={old / new:.1f}, max |difference| {diff:.1e}")
+        if args.skip_reports:
+            return
+        runs = {}
+        for name, ckpt in (("default", REPO / "checkpoints" / "gpt2-default"), ("paper", paper)):
+            runs[name] = timed_report(ckpt, Path(tmp) / f"report-{name}")
+        for name, (timings, wall, peak) in runs.items():
+            stages = {k: v for k, v in timings.items() if isinstance(v, (int, float))}
+            total = sum(stages.values())
+            shares = ", ".join(f"{k} {v:.1f}s ({100 * v / total:.0f}%)" for k, v in stages.items())
+            print(f"{name}: wall {wall:.0f}s, peak RSS {peak:.2f} GB; {shares}")
+        print(f"ratio paper/default wall = {runs['paper'][1] / runs['default'][1]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
