@@ -132,12 +132,15 @@ def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_stat
     grid.groups = _prefix_groups([t for t, _ in combos])
     opt = torch.optim.Adam(grid.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
-    by_position = train_states.float().transpose(1, 2).contiguous().to(device)  # (L+1, P, N, D): minibatches gather along N
+    # (N, L+1, P, D): a minibatch gathers whole prompts (contiguous blocks, fast at paper scale),
+    # then one permute gives the (L+1, P, b, D) layout the pooling bmm reads
+    by_prompt = train_states.float().transpose(0, 1).contiguous().to(device)
     n_train = train_states.shape[1]
     y_train = y_train.to(device)
     for _ in range(steps):
         idx = torch.randint(0, n_train, (min(batch_size, n_train),), generator=g).to(device)
-        pred = grid(by_position.index_select(2, idx), mask, layout="lpnd").view(n_layers, m, len(idx), d)
+        batch = by_prompt[idx].permute(1, 2, 0, 3).contiguous()
+        pred = grid(batch, mask, layout="lpnd").view(n_layers, m, len(idx), d)
         loss = ((pred - y_train[:, idx]) ** 2).mean(dim=(2, 3)).sum()  # independent probes
         opt.zero_grad()
         loss.backward()
