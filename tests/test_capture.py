@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import GargTransformerModel, build_cfg, write_garg_run
-from probe.capture import FINAL, RESID, capture, resid
+from probe.capture import FINAL, READOUT, RESID, capture, resid
 from probe.checkpoint import load_checkpoint, save_model
 from probe.errors import ConfigError
 from probe.models import build_model
@@ -20,15 +20,15 @@ def _hf_reference(ref: GargTransformerModel, xs, ys):
 
 
 def _check_against_hf(model, ref, xs, ys):
-    cap = capture(model, xs, ys, hooks=[RESID, FINAL], batch_size=3, backend="transformer_lens")
+    cap = capture(model, xs, ys, hooks=[RESID, READOUT], batch_size=3, backend="transformer_lens")
     pred, hidden = _hf_reference(ref, xs, ys)
     layers = len(hidden) - 1
     assert np.abs(cap.pred - pred.numpy()).max() < TOL
     for b in range(layers):  # HF hidden_states[l] is the raw stream for l < L
         assert np.abs(cap.acts[RESID][b] - hidden[b].numpy()).max() < TOL
-    assert np.abs(cap.acts[FINAL] - hidden[layers].numpy()).max() < TOL  # HF's last entry is after ln_f
+    assert np.abs(cap.acts[READOUT] - hidden[layers].numpy()).max() < TOL  # HF's last entry is after ln_f
     # the raw stream after the last block is a different tensor from the normalised one
-    assert np.abs(cap.acts[RESID][layers] - cap.acts[FINAL]).max() > 1e-2
+    assert np.abs(cap.acts[RESID][layers] - cap.acts[READOUT]).max() > 1e-2
 
 
 @pytest.fixture
@@ -115,3 +115,38 @@ def test_bad_prompts_are_rejected():
 
 def test_hook_names():
     assert resid(0) == "blocks.0.hook_resid_pre" and resid(3) == "blocks.2.hook_resid_post"
+
+
+def test_final_hook_names_mean_the_same_on_both_backends_of_a_trained_model():
+    """On the trained default checkpoint (ln_f weight != 1, bias != 0): READOUT is what the
+    read-out sees (its prediction is read_out(READOUT)), FINAL is TransformerLens's pre-affine
+    normalised stream, and each is the same tensor through TransformerLens and natively."""
+    import torch.nn.functional as F
+
+    from conftest import REPO
+    from probe.checkpoint import load_checkpoint
+
+    model = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
+    torch.manual_seed(0)
+    xs, ys = torch.randn(5, 16, 4), torch.randn(5, 16)
+    tl = capture(model, xs, ys, hooks=[RESID, READOUT, FINAL], positions="x", backend="transformer_lens")
+    nat = capture(model, xs, ys, hooks=[RESID, READOUT, FINAL], positions="x", backend="native")
+    for name in (READOUT, FINAL):
+        assert np.abs(tl.acts[name] - nat.acts[name]).max() < TOL
+    ln_f = model._backbone.ln_f
+    assert (ln_f.weight - 1).abs().max() > 0.05  # a non-identity LayerNorm, or this test proves nothing
+    readout = model._read_out(torch.as_tensor(tl.acts[READOUT]))[..., 0].detach().numpy()
+    assert np.abs(readout - tl.pred).max() < TOL
+    h_last = torch.as_tensor(tl.acts[RESID][-1])
+    np.testing.assert_allclose(tl.acts[FINAL], F.layer_norm(h_last, (64,), eps=ln_f.eps).numpy(), atol=TOL)
+    assert np.abs(model._read_out(torch.as_tensor(tl.acts[FINAL]))[..., 0].detach().numpy() - tl.pred).max() > 1e-2
+
+
+def test_final_norm_hook_needs_a_layernorm():
+    from conftest import build_cfg
+    from probe.errors import ConfigError
+    from probe.models import build_model
+
+    lstm = build_model(build_cfg(family="lstm").model)
+    with pytest.raises(ConfigError, match="needs a model with a final LayerNorm"):
+        capture(lstm, torch.randn(2, 8, 3), torch.randn(2, 8), hooks=[FINAL])

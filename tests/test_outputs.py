@@ -114,3 +114,13 @@ def test_two_caches_never_share_a_temp_directory(tmp_path):
     a.get_or_run("k", _stage)
     b.get_or_run("k2", _stage)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_committed_outputs_can_be_regenerated_in_place():
+    """The README's commands write into the committed reports and evaluations: they carry markers."""
+    from conftest import REPO
+
+    for report in (REPO / "reports").glob("*-quick"):
+        OutputTarget(report, "report", inputs=(REPO / "checkpoints" / "gpt2-default",))
+    for ev in (REPO / "checkpoints").glob("*/eval"):
+        OutputTarget(ev, "evaluate", inputs=(ev.parent,))

@@ -58,6 +58,13 @@ def check_prompts_for(model, xs, ys) -> tuple[Tensor, Tensor]:
 SPILL_PREFIX = "icl-probe-capture-"
 
 
+def _final_norm(model):
+    """The model's final LayerNorm (GPT-2 family), or None."""
+    backbone = getattr(model, "_backbone", None)
+    ln_f = getattr(backbone, "ln_f", None)
+    return ln_f if isinstance(ln_f, torch.nn.LayerNorm) else None
+
+
 def spill_dir() -> str:
     """A temporary directory for memmaps, named with our pid; those of dead processes are removed."""
     from ..outputs import _pid_alive
@@ -104,8 +111,9 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
     """Predictions and the requested activations for prompts xs (B, n, d), ys (B, n).
 
     hooks: "resid" (all layer boundaries, raw, before any final LayerNorm: (L+1, B, P, D)),
-    "final" (alias of "ln_final.hook_normalized": the stream the read-out sees, stored under
-    that hook name), or any TransformerLens
+    "final" (the stream the read-out sees: ln_f(h_L) with ln_f's weight and bias, Hugging
+    Face's hidden_states[L]), "ln_final.hook_normalized" (TransformerLens's meaning: before
+    ln_f's weight and bias; the same tensor on both back-ends), or any TransformerLens
     hook name for transformers (e.g. "blocks.3.attn.hook_pattern", stored (B, ...) as TL gives it).
     positions: "all" (2n tokens), "x" (the x tokens, where predictions are read) or indices.
     backend: "transformer_lens" (transformers only), "native" (the model's own `run`), or "auto".
@@ -123,11 +131,13 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
         raise ConfigError(f"backend must be 'auto', 'transformer_lens' or 'native', got {backend!r}")
     if backend == "transformer_lens" and not isinstance(model, bridged):
         raise ConfigError("the transformer_lens backend needs a GPT-2 family or planted model; use backend='native'")
-    hooks = ["final" if h == H.FINAL else h for h in hooks]
-    named = [h for h in hooks if h not in (RESID, "final")]
+    named = [h for h in hooks if h not in (RESID, H.READOUT, H.FINAL)]
     if named and backend == "native":
         raise ConfigError(f"hooks {named} need TransformerLens (a GPT-2 family or planted model); this model offers "
-                          "only 'resid' and 'final'")
+                          f"only 'resid', '{H.READOUT}' and '{H.FINAL}'")
+    if H.FINAL in hooks and _final_norm(model) is None:
+        raise ConfigError(f"'{H.FINAL}' needs a model with a final LayerNorm; ask for '{H.READOUT}' (the stream "
+                          "the read-out sees) instead")
     if positions == "all":
         pos = None
     elif positions == "x":
@@ -156,7 +166,7 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
 
         bridge = cached_bridge(model, device)
     wanted = set(H.resid_names(model.n_layers)) if RESID in hooks else set()
-    wanted |= {H.FINAL} if "final" in hooks else set()
+    wanted |= {H.FINAL} if (H.FINAL in hooks or H.READOUT in hooks) else set()
     wanted |= set(named)
     boundary_of = {H.resid(i): i for i in range(model.n_layers + 1)} if RESID in hooks else {}
 
@@ -178,8 +188,14 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
                     if name in boundary_of:
                         sink.put(RESID, (model.n_layers + 1, b, n_pos, model.d_model), 1, start,
                                  _select(value, pos).float().cpu().numpy()[None], boundary_of[name])
-                    elif name == H.FINAL:
-                        sink.put(H.FINAL, (b, n_pos, model.d_model), 0, start, _select(value, pos).float().cpu().numpy())
+                    elif name == H.FINAL:  # TL's pre-affine normalised stream; READOUT adds ln_f's affine map
+                        v = _select(value, pos)
+                        if H.FINAL in hooks:
+                            sink.put(H.FINAL, (b, n_pos, model.d_model), 0, start, v.float().cpu().numpy())
+                        if H.READOUT in hooks:
+                            ln_f = _final_norm(model)
+                            sink.put(H.READOUT, (b, n_pos, model.d_model), 0, start,
+                                     (v * ln_f.weight + ln_f.bias).float().cpu().numpy())
                     else:
                         v = value.float().cpu().numpy()
                         sink.put(name, (b, *v.shape[1:]), 0, start, v)
@@ -209,8 +225,12 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
                     for i, r in enumerate(out.resid):
                         sink.put(RESID, (model.n_layers + 1, b, n_pos, model.d_model), 1, start,
                                  _select(r, pos).float().cpu().numpy()[None], i)
-                if "final" in hooks:
-                    sink.put(H.FINAL, (b, n_pos, model.d_model), 0, start, _select(out.final, pos).float().cpu().numpy())
+                if H.READOUT in hooks:
+                    sink.put(H.READOUT, (b, n_pos, model.d_model), 0, start, _select(out.final, pos).float().cpu().numpy())
+                if H.FINAL in hooks:
+                    ln_f = _final_norm(model)
+                    normed = torch.nn.functional.layer_norm(out.resid[-1], (model.d_model,), eps=ln_f.eps)
+                    sink.put(H.FINAL, (b, n_pos, model.d_model), 0, start, _select(normed, pos).float().cpu().numpy())
     result = Capture(pred=preds, acts=sink.arrays, positions=None if pos is None else pos.numpy())
     if spilled:  # our own temporary directory goes when the result does (the memmaps stay readable until then)
         weakref.finalize(result, shutil.rmtree, str(out_dir), True)

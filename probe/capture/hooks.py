@@ -3,12 +3,16 @@
 Layer boundaries are numbered 0..L: boundary 0 is the embedding output (read-in + positions,
 = `blocks.0.hook_resid_pre`), boundary l >= 1 is the raw residual stream after block l
 (`blocks.{l-1}.hook_resid_post`), before any final LayerNorm. The stream the read-out sees
-is `ln_final.hook_normalized` ("final" in this toolkit) and is a different tensor.
+is READOUT ("final"): ln_f(h_L) after the LayerNorm's weight and bias, Hugging Face's
+`hidden_states[L]`. FINAL (`ln_final.hook_normalized`) means what TransformerLens means by it:
+the normalised stream *before* ln_f's weight and bias; it equals READOUT only when ln_f is the
+identity affine map (a freshly initialised model).
 """
 
 from __future__ import annotations
 
-FINAL = "ln_final.hook_normalized"
+FINAL = "ln_final.hook_normalized"  # TransformerLens: (h - mean) / std, before ln_f's affine map
+READOUT = "final"  # the stream the read-out sees: ln_f(h_L), Hugging Face's hidden_states[L]
 
 
 def resid(boundary: int) -> str:
