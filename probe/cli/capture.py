@@ -3,7 +3,8 @@
 PROMPTS.npz must hold xs (B, n, d) and ys (B, n), float; other arrays are ignored. OUT.npz gets
 `pred` (B, n) and `resid` (layers+1, B, 2n, width): the embedding output and the raw residual
 stream after each block, before any final LayerNorm; plus each --hooks name asked for
-(e.g. ln_final.hook_normalized, blocks.0.attn.hook_pattern).
+(e.g. final: the stream the read-out sees; ln_final.hook_normalized: TransformerLens's
+pre-affine normalised stream; blocks.0.attn.hook_pattern).
 
 examples:
   icl-probe capture checkpoints/gpt2-default --prompts prompts.npz --out acts.npz
