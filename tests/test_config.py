@@ -49,9 +49,22 @@ def test_curriculum_stage():
     assert [s.at(k) for k in (0, 1999, 2000, 30000)] == [5, 5, 6, 20]
 
 
-@pytest.mark.parametrize("recipe", sorted((REPO / "analyses").glob("*.toml")), ids=lambda p: p.name)
+REPORT_RECIPES = sorted(p for p in (REPO / "analyses").glob("*.toml") if "[[sweeps]]" in p.read_text())
+STUDY_RECIPES = sorted(p for p in (REPO / "analyses").glob("*.toml") if p not in REPORT_RECIPES)
+
+
+@pytest.mark.parametrize("recipe", REPORT_RECIPES, ids=lambda p: p.name)
 def test_report_recipes_validate(recipe):
     from probe.report.recipe import resolve_recipe
 
     r = resolve_recipe(str(recipe))
     assert r.sweeps and r.name == recipe.stem
+
+
+@pytest.mark.parametrize("recipe", STUDY_RECIPES, ids=lambda p: p.name)
+def test_study_recipes_validate_and_find_their_models(recipe, monkeypatch):
+    from probe.study.recipe import resolve_models, resolve_study
+
+    monkeypatch.chdir(REPO)
+    study = resolve_study(str(recipe))
+    assert study.report_recipe().sweeps and len(resolve_models(study)) >= 2

@@ -88,12 +88,12 @@ def test_shipped_planted_checkpoints_load(name):
 
 @pytest.mark.parametrize("algorithm,layers", [("gd", 4), ("newton", 7)])
 def test_planted_models_run_through_transformer_lens(algorithm, layers):
-    from probe.capture import FINAL, RESID, capture
+    from probe.capture import READOUT, RESID, capture
 
     model = plant(planted_config(algorithm, layers, 4, 10).model)
     p = sample_prompts(TaskConfig(n_dims=4, n_points=10), 6, generator=generator_for(1))
-    bridged = capture(model, p.xs, p.ys, hooks=[RESID, FINAL, "blocks.1.attn.hook_pattern"], batch_size=4)
-    native = capture(model, p.xs, p.ys, hooks=[RESID, FINAL], backend="native")
+    bridged = capture(model, p.xs, p.ys, hooks=[RESID, READOUT, "blocks.1.attn.hook_pattern"], batch_size=4)
+    native = capture(model, p.xs, p.ys, hooks=[RESID, READOUT], backend="native")
     assert np.abs(bridged.pred - native.pred).max() < 1e-5
     assert np.abs(bridged.acts[RESID] - native.acts[RESID]).max() < 1e-5
     pattern = bridged.acts["blocks.1.attn.hook_pattern"]  # (B, runs, heads, T, T): the linear-attention weights
