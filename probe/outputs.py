@@ -70,13 +70,17 @@ def staging_dir(parent: Path, name: str) -> Path:
     return path
 
 
-def clean_stale(parent: Path) -> None:
-    """Remove staging directories left by icl-probe processes that are no longer running."""
+STAGING_NAME = re.compile(r"\..*" + re.escape(STAGING_TAG) + r"(\d+)-")
+
+
+def clean_stale(parent: Path, pattern: re.Pattern = STAGING_NAME) -> None:
+    """Remove entries named by `pattern` (its group 1 is the owner's pid: icl-probe's own staging
+    or spill directories) whose process is no longer running."""
     if not parent.is_dir():
         return
     for entry in parent.iterdir():
-        match = re.search(re.escape(STAGING_TAG) + r"(\d+)-", entry.name)
-        if entry.name.startswith(".") and match and not _pid_alive(int(match.group(1))):
+        match = pattern.match(entry.name)
+        if match and not _pid_alive(int(match.group(1))):
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
 
 
@@ -230,10 +234,20 @@ def write_marker(directory: Path, command: str, files: list[str], record: dict |
     os.replace(tmp, directory / MARKER)
 
 
+# what each in-place command writes (top-level names; a directory name covers its contents)
+IN_PLACE_FILES = {
+    "train": {"config.json", "model.safetensors", "train_state.pt", "train_log.csv", "eval_log.csv", "snapshots"},
+    "study": {"study.csv", "summary.json", "index.html", "figures", "models"},
+}
+
+
 def mark_run_directory(directory: Path, command: str) -> None:
-    """Mark a directory a command fills in place (train, study) as icl-probe's, whole."""
+    """Mark a directory a command fills in place (train, study). The marker lists only the files
+    that command writes, so a later --force can never delete a file someone else put there."""
     directory.mkdir(parents=True, exist_ok=True)
-    write_marker(directory, command, sorted(_listing(directory)), {"in_place": True})
+    owned = IN_PLACE_FILES[command]
+    files = [f for f in _listing(directory) if Path(f).parts[0] in owned]
+    write_marker(directory, command, sorted(files), {"in_place": True})
 
 
 def check_run_output(out: Path, command: str, *, resume: bool = False, force: bool = False,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import ConfigError
 
@@ -234,7 +234,3 @@ def activation_bytes(model_cfg, batch: int, points: int, *, training: bool = Fal
     per_layer = tokens * width * 16 + max(m.n_head, 1) * tokens * tokens * 2
     total = batch * m.n_layer * per_layer * 4
     return total * (3 if training else 1)
-
-
-def names_in(items: Iterable[str]) -> str:
-    return ", ".join(sorted(items))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -124,3 +125,18 @@ def test_committed_outputs_can_be_regenerated_in_place():
         OutputTarget(report, "report", inputs=(REPO / "checkpoints" / "gpt2-default",))
     for ev in (REPO / "checkpoints").glob("*/eval"):
         OutputTarget(ev, "evaluate", inputs=(ev.parent,))
+
+
+def test_force_over_a_run_directory_keeps_files_the_run_did_not_write(tmp_path):
+    from conftest import build_cfg
+    from probe.cli import main
+    from probe.train import train
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    train(build_cfg(steps=2, save_every=1, eval_every=1), run, progress=False)
+    marker = json.loads((run / MARKER).read_text())
+    assert "notes.txt" not in marker["files"] and "train_state.pt" in marker["files"]
+    assert main(["-q", "planted", "--algorithm", "gd", "--layers", "2", "--dims", "3", "--out", str(run), "--force"]) == 0
+    assert (run / "notes.txt").read_text() == "mine" and not (run / "train_state.pt").exists()

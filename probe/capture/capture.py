@@ -67,13 +67,11 @@ def _final_norm(model):
 
 def spill_dir() -> str:
     """A temporary directory for memmaps, named with our pid; those of dead processes are removed."""
-    from ..outputs import _pid_alive
+    import re
 
-    root = Path(tempfile.gettempdir())
-    for entry in root.glob(f"{SPILL_PREFIX}*"):
-        parts = entry.name[len(SPILL_PREFIX):].split("-")
-        if parts[0].isdigit() and not _pid_alive(int(parts[0])):
-            shutil.rmtree(entry, ignore_errors=True)
+    from ..outputs import clean_stale
+
+    clean_stale(Path(tempfile.gettempdir()), re.compile(re.escape(SPILL_PREFIX) + r"(\d+)-"))
     return tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-")
 
 
