@@ -1,3 +1,11 @@
 """icl-probe: which learning algorithm do the layers of an in-context learner run?"""
 
 __version__ = "0.1.0"
+
+
+def to_bridge(source, device: str = "cpu"):
+    """A TransformerLens TransformerBridge of a GPT-2 family checkpoint that takes `(xs, ys)` prompts
+    (see probe/interventions/handle.py). Imported lazily: TransformerLens takes seconds to load."""
+    from .interventions.handle import to_bridge as build
+
+    return build(source, device)

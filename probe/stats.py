@@ -23,3 +23,22 @@ def bootstrap_mean(values: Tensor, n_boot: int = 1000, level: float = 0.90, seed
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=means.dtype, device=means.device)
     lo, hi = torch.quantile(means, q, dim=0)
     return lo, hi
+
+
+def bootstrap_ratio(num: Tensor, den: Tensor, n_boot: int = 1000, level: float = 0.90, seed: int = 0,
+                    chunk: int = 100) -> tuple[Tensor, Tensor, Tensor]:
+    """Ratio of sums over prompts, sum(num) / sum(den), with a percentile bootstrap interval.
+
+    num, den (P, ...) -> (ratio, lo, hi) each (...); resamples the P prompts jointly in both.
+    Used for patching fractions, where a per-prompt ratio would divide by near-zero changes.
+    """
+    p = num.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    ratios = []
+    for start in range(0, n_boot, chunk):
+        idx = torch.randint(0, p, (min(chunk, n_boot - start), p), generator=g).to(num.device)
+        ratios.append(num[idx].sum(dim=1) / den[idx].sum(dim=1))
+    ratios = torch.cat(ratios)
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=ratios.dtype, device=ratios.device)
+    lo, hi = torch.nanquantile(ratios, q, dim=0)
+    return num.sum(0) / den.sum(0), lo, hi

@@ -253,6 +253,9 @@ for override, culprit in [
     ("probes.kinds=['cnn']", "probe kind 'cnn'"), ("prompts.queries=-1", "prompts.queries"),
     ("prompts.simw=0", "prompts.simw"), ("forgetting.prompts=0", "forgetting.prompts"),
     ("prompts.seed=x", "prompts.seed must be an integer"), ("similarity.simw=maybe", "similarity.simw must be true or false"),
+    ("interventions.kinds=['cut']", "unknown ablation kind 'cut'"), ("interventions.sites=['q']", "unknown site 'q'"),
+    ("interventions.learners=['ogd']", "'ogd' is not a sweep with an iteration axis"),
+    ("interventions.prompts=0", "interventions.prompts"), ("interventions.heads=some", "interventions.heads must be true"),
 ]:
     case(f"report-set-{override}", [*REPORT, "--set", override], culprit)
 for label, sweep, culprit in [
@@ -386,6 +389,17 @@ case("probes-prefix-beyond", ["probes", "ck", "--out", "o", "--prefixes", "99"],
 case("probes-lr-nan", ["probes", "ck", "--out", "o", "--lr", "nan"], "probe lr")
 case("probes-lr-negative", ["probes", "ck", "--out", "o", "--lr", "-1"], "probe lr")
 case("unknown-command", ["frobnicate"], "invalid choice")
+
+# ---- interventions
+case("ablate-over-cwd", ["ablate", "ck", "--out", "."], "current directory")
+case("ablate-kind-unknown", ["ablate", "ck", "--out", "o", "--kinds", "cut"], "invalid choice")
+case("ablate-prompts-zero", ["ablate", "ck", "--out", "o", "--prompts", "0"], "positive integer")
+case("patch-map-missing", ["patch", "ck", "--out", "o", "--map-from", "nope.csv"], "--map-from nope.csv: no such file")
+case("patch-map-wrong-table", ["patch", "ck", "--out", "o", "--map-from", "m.csv"], "needs columns learner, metric",
+     write("m.csv", "a,b\n1,2\n"))
+case("patch-query-beyond", ["patch", "ck", "--out", "o", "--query", "99"], "--query must lie in 0..7")
+case("patch-learner-unknown", ["patch", "ck", "--out", "o", "--learners", "newtn"], "Did you mean: newton")
+case("patch-over-input", ["patch", "ck", "--out", "ck"], "input itself")
 
 
 def _tree(root: Path) -> dict[str, str]:

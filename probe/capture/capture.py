@@ -43,6 +43,21 @@ class Capture:
     def resid_at(self, boundary: int) -> np.ndarray:
         return self.acts[RESID][boundary]
 
+    def as_cache(self, model=None):
+        """A TransformerLens `ActivationCache` keyed by TL hook names: "resid" becomes
+        blocks.{l}.hook_resid_pre and blocks.{l}.hook_resid_post; other names are kept. `model`
+        (a TransformerBridge, e.g. `probe.to_bridge(...)`) enables the cache's model-aware methods."""
+        from transformer_lens import ActivationCache
+
+        tensors = {name: torch.from_numpy(np.asarray(value)) for name, value in self.acts.items() if name != RESID}
+        if RESID in self.acts:
+            stacked = self.acts[RESID]
+            for b in range(stacked.shape[0]):
+                tensors[H.resid(b)] = torch.from_numpy(np.asarray(stacked[b]))
+                if b < stacked.shape[0] - 1:  # the same tensor under TL's other name: block b's input
+                    tensors[f"blocks.{b}.hook_resid_pre"] = tensors[H.resid(b)]
+        return ActivationCache(tensors, model)
+
 
 def check_prompts_for(model, xs, ys) -> tuple[Tensor, Tensor]:
     """Clear errors for prompts the model cannot take; numpy arrays become float32 tensors."""
@@ -105,7 +120,7 @@ class _Sink:
 
 def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), positions: str | Sequence[int] = "all",
             batch_size: int = 256, device: str = "cpu", progress: bool = False, backend: str = "auto",
-            out_dir: str | Path | None = None, max_bytes: int | None = None) -> Capture:
+            out_dir: str | Path | None = None, max_bytes: int | None = None, as_cache: bool = False):
     """Predictions and the requested activations for prompts xs (B, n, d), ys (B, n).
 
     hooks: "resid" (all layer boundaries, raw, before any final LayerNorm: (L+1, B, P, D)),
@@ -115,6 +130,8 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
     hook name for transformers (e.g. "blocks.3.attn.hook_pattern", stored (B, ...) as TL gives it).
     positions: "all" (2n tokens), "x" (the x tokens, where predictions are read) or indices.
     backend: "transformer_lens" (transformers only), "native" (the model's own `run`), or "auto".
+    as_cache: return `Capture.as_cache()` (a TransformerLens ActivationCache indexed by hook names,
+    tied to a bridge of the model for the GPT-2 family) instead of the Capture.
     """
     xs, ys = check_prompts_for(model, xs, ys)
     batch_size = positive_int(batch_size, "capture batch_size")
@@ -232,4 +249,12 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
     result = Capture(pred=preds, acts=sink.arrays, positions=None if pos is None else pos.numpy())
     if spilled:  # our own temporary directory goes when the result does (the memmaps stay readable until then)
         weakref.finalize(result, shutil.rmtree, str(out_dir), True)
+    if as_cache:
+        return result.as_cache(_public_bridge(model, device) if isinstance(model, GPT2ICL) else None)
     return result
+
+
+def _public_bridge(model: GPT2ICL, device: str):
+    from ..interventions.handle import to_bridge
+
+    return to_bridge(model, device)

@@ -55,11 +55,21 @@ def cached_planted_bridge(model: PlantedICL, n_tokens: int, device: str = "cpu")
 
 
 def run_through_bridge(model: PlantedICL, xs: Tensor, ys: Tensor, extra_hooks: dict[str, object] | None = None,
-                       device: str = "cpu") -> tuple[ModelOutput, dict[str, Tensor]]:
+                       device: str = "cpu", fwd_hooks: list | None = None,
+                       only_run: int | None = None) -> tuple[ModelOutput, dict[str, Tensor]]:
     """PlantedICL.run computed by the TransformerLens bridge; also returns the named hooks asked
-    for in `extra_hooks` (name -> None), each (B, n, ...) with one entry per prefix run."""
+    for in `extra_hooks` (name -> None), each (B, n, ...) with one entry per prefix run.
+
+    fwd_hooks: TransformerLens hooks (name, fn) that may edit activations (interventions); they
+    see the bridge's layout (B * n runs, T tokens, ...) and run before this function's own hooks
+    at the same point, so the states it returns are the edited ones.
+
+    only_run: run only the prefix run that predicts y_{only_run + 1} (one bridge sequence per
+    prompt, n times cheaper); the output then holds `pred` (B, 1) and that run's final states."""
     b, n, _ = xs.shape
     tokens, t = model.tokens(xs.float(), ys.float())  # (B, n, T, W)
+    if only_run is not None:
+        tokens, t, n = tokens[:, only_run : only_run + 1], t[only_run : only_run + 1], 1
     seq = tokens.reshape(b * n, tokens.shape[2], -1).to(device)
     scale = torch.where(t > 0, 1 / t.clamp_min(1), torch.zeros_like(t)).repeat(b).to(device)  # run index = b*n + t
     bridge = cached_planted_bridge(model, seq.shape[1], device)
@@ -86,7 +96,7 @@ def run_through_bridge(model: PlantedICL, xs: Tensor, ys: Tensor, extra_hooks: d
     def keep_named(value: Tensor, hook, name: str) -> None:
         caught[name] = value.detach()
 
-    hooks = []
+    hooks = list(fwd_hooks or [])
     for l in range(model.config.n_layer):
         hooks += [(f"blocks.{l}.hook_resid_pre", partial(keep_input, layer=l)),
                   (f"blocks.{l}.attn.hook_pattern", partial(linear_pattern, layer=l)),
@@ -95,6 +105,10 @@ def run_through_bridge(model: PlantedICL, xs: Tensor, ys: Tensor, extra_hooks: d
         hooks.append((name, partial(keep_named, name=name)))
     with torch.no_grad():
         bridge.run_with_hooks(seq, fwd_hooks=hooks)
+    if only_run is not None:
+        final = states[model.config.n_layer - 1] if model.config.n_layer else seq
+        pred = model.readout(final[:, -1]).view(b, 1)
+        return ModelOutput(pred=pred, resid=[], final=final), {k: v.reshape(b, 1, *v.shape[1:]) for k, v in caught.items()}
     runs = [seq] + [states[l] for l in range(model.config.n_layer)]
     resid = [model.interleave_runs(r.view(b, n, *r.shape[1:])) for r in runs]
     out = ModelOutput(pred=model.readout(resid[-1][:, 0::2]), resid=resid, final=resid[-1])

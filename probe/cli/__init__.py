@@ -24,6 +24,8 @@ COMMANDS = {
     "report": "Everything above as one HTML report with summary.json",
     "planted": "Write a transformer whose layers run GD or Newton by construction",
     "study": "Analyses over a family of checkpoints, one tidy table and figures",
+    "ablate": "Zero-, mean- and skip-ablations of heads, MLPs and layers: error vs examples",
+    "patch": "Activation patching heatmap and the causal check of the layer-to-iteration map",
 }
 
 

@@ -93,6 +93,25 @@ def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
     return {"forgetting": forgetting_table(ckpt.model, p.xs, p.ys, learners, device)}, {}
 
 
+INTERVENED_FAMILIES = ("gpt2", "planted")  # models with a TransformerLens form (probe/interventions/runner.py)
+
+
+def _stage_interventions(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool, best: pd.DataFrame):
+    from ..interventions.pipeline import InterventionSettings, layer_maps_from_best, run_interventions
+
+    iv = recipe.interventions
+    sweeps = layer_settings(recipe, device).sweeps
+    labels = iv.learner_labels(recipe.sweeps)
+    maps = layer_maps_from_best(best, [s for s in sweeps if s.label in labels])
+    settings = InterventionSettings(n_prompts=iv.prompts, n_patch=iv.patch_prompts, kinds=tuple(iv.kinds), heads=iv.heads,
+                                    sites=tuple(iv.sites), iteration=bool(maps), n_boot=recipe.similarity.bootstrap,
+                                    seed=recipe.prompts.seed, device=device, layer_maps=maps)
+    res = run_interventions(ckpt.model, ckpt.config.task, settings, progress)
+    tables = {"ablation": res.ablation, "patching": res.patching}
+    tables.update({f"iteration_{label}": frame for label, frame in res.iteration.items()})
+    return {k: v for k, v in tables.items() if v is not None}, {"interventions": res.summary}
+
+
 def adapt_recipe(ckpt: LoadedCheckpoint, recipe: Recipe) -> Recipe:
     """ReLU-network tasks compare layers with networks of the task's depth. Planted models are
     judged with their own read-out (retraining would rescale the planted
@@ -146,6 +165,9 @@ def run_stages(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, cache: Stage
         stages.append(("probes", ("prompts", "probes"), lambda: _stage_probes(ckpt, recipe, device, progress)))
     if recipe.forgetting.enabled:
         stages.append(("forgetting", ("prompts", "forgetting"), lambda: _stage_forgetting(ckpt, recipe, device)))
+    if recipe.interventions.enabled and ckpt.config.model.family in INTERVENED_FAMILIES:
+        stages.append(("interventions", ("prompts", "readout", "similarity", "sweeps", "interventions"),
+                       lambda: _stage_interventions(ckpt, recipe, device, progress, built.tables[prefix + "best_match"])))
     for name, sections, fn in stages:
         if only is not None and name not in only:
             continue
@@ -185,6 +207,15 @@ def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: 
         out["probes"] = figures.probes(t["probes"], fig_dir / "probes")[0]
     if "forgetting" in t:
         out["forgetting"] = figures.forgetting(t["forgetting"], fig_dir / "forgetting")[0]
+    if "ablation" in t:
+        from . import intervention_figures as ifig
+
+        out["ablation"] = ifig.ablation(t["ablation"], fig_dir / "ablation")[0]
+        for site in t["patching"].site.unique() if "patching" in t else ():
+            out[f"patching_{site}"] = ifig.patching(t["patching"], site, fig_dir / f"patching_{site}")[0]
+        iteration = {k.removeprefix("iteration_"): v for k, v in t.items() if k.startswith("iteration_")}
+        if iteration:
+            out["iteration_consistency"] = ifig.iteration_consistency(iteration, fig_dir / "iteration_consistency")[0]
     if "compare_readout" in t:
         out["compare_readout"] = figures.readout_comparison(
             {ckpt.name: t["readout"], compare.name if compare else "compare": t["compare_readout"]}, fig_dir / "compare_readout")[0]

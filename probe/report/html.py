@@ -132,6 +132,7 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
         parts += ["<h2>Forgetting</h2>", _img(figs["forgetting"], "forgetting",
                   "Squared error / d when an earlier example x_i is asked again after n-1 examples, by how long ago it "
                   "was seen (seed 003 App. A.4), for the model and reference learners.")]
+    parts += _causal_section(summary.get("interventions"), figs)
     # methods
     p = recipe.prompts
     parts += ["<h2>Methods</h2><ul>",
@@ -153,3 +154,43 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
                                                       "grid": json.dumps(s.grid)} for s in recipe.sweeps])),
               "</body></html>"]
     return "\n".join(parts)
+
+
+def _causal_section(block: dict | None, figs: dict[str, Path]) -> list[str]:
+    """"Causal checks": ablations, the patching heatmap, iteration-consistent patching."""
+    if not block:
+        return []
+    parts = ["<h2>Causal checks</h2>",
+             "<p>Interventions through TransformerLens hooks (probe/interventions). Correlation says a layer "
+             "<em>resembles</em> a learner's iterate; these runs change what a layer writes and measure the prediction.</p>"]
+    if "ablation" in block:
+        ab = block["ablation"]
+        skip = pd.DataFrame({"layer skipped": ab["skip"]["layer"], f"error / d at t = {ab['n_examples']}": ab["skip"]["error"]})
+        parts += [f"<h3>Ablations</h3><p>Unablated error / d at t = {ab['n_examples']}: {ab['baseline_error']:.4f}. "
+                  "Removing one layer's whole residual update (skip):</p>", _table(skip, "{:.4f}")]
+        if "ablation" in figs:
+            parts.append(_img(figs["ablation"], "ablation", "Increase of the error / d over the unablated model when each "
+                              "head (output z zeroed, or replaced by its mean over held-out prompts), MLP block or whole "
+                              "layer update is removed, against the number of examples."))
+    for key in sorted(k for k in figs if k.startswith("patching_")):
+        site = key.removeprefix("patching_")
+        parts.append(_img(figs[key], key, f"Activation patching ({site}): clean prompts (X, y) and corrupted prompts "
+                          "(X, y') with a fresh function; the clean activation at one layer and token replaces the "
+                          "corrupted one, and the cell is the fraction of the clean prediction restored at the final "
+                          "query (1: fully restored; a ratio of sums over prompts)."))
+    if block.get("iteration"):
+        parts += ["<h3>Is the layer-to-iteration map causal?</h3>",
+                  "<p>At boundary l every token before the query is patched from a source run (X, y'); under the map "
+                  "'boundary l holds the learner after k(l) steps, the blocks above add the remaining steps' the "
+                  "patched prediction moves by a fraction 1 - sum a_k(l) a_k(L) / sum a_k(L)^2 of the full change, "
+                  "with a_k the learner's change of prediction from y to y' (probe/interventions/patch.py). "
+                  "Consistency = observed / expected; the null shuffles the map's iteration counts across layers.</p>",
+                  "<div class='verdict'>" + "".join(f"<p>{html.escape(v)}</p>" for v in block.get("verdicts", [])) + "</div>"]
+        for label, entry in block["iteration"].items():
+            frame = pd.DataFrame({k: entry[k] for k in ("boundary", "k", "observed", "expected", "consistency")})
+            parts += [f"<p>{html.escape(label)}</p>", _table(frame, "{:.3f}")]
+        if "iteration_consistency" in figs:
+            parts.append(_img(figs["iteration_consistency"], "iteration consistency", "Observed fraction of the "
+                              "source's change after patching each boundary (with its 90% bootstrap interval), beside "
+                              "the fraction each learner's layer map predicts."))
+    return parts

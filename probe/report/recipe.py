@@ -6,6 +6,7 @@
     [[sweeps]]    label, learner, axis, grid = { ... }   (one per heatmap family)
     [probes]      enabled, kinds, targets, steps, lr, prompts, controls
     [forgetting]  enabled, prompts
+    [interventions] enabled, prompts, patch_prompts, kinds, heads, sites, learners (causal checks)
 
 Flags override recipe values (`--set prompts.eval=256`); the resolved recipe is written into
 the report. Unknown keys and unknown learners fail before any heavy work.
@@ -26,6 +27,7 @@ from ..learners import LEARNERS
 from ..validate import check_grid, finite_float, positive_int
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "analyses"
+AUTO_CAUSAL_SWEEPS = ("newton", "gd_log")
 SWEEP_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -80,6 +82,25 @@ class ForgettingSection:
 
 
 @dataclass
+class InterventionsSection:
+    """Causal checks (probe/interventions): ablations, the patching heatmap, and iteration-consistent
+    patching of the SimE layer maps of the sweeps named in `learners`."""
+
+    enabled: bool = True
+    prompts: int = 256  # ablation prompts (and as many held out for mean-ablation)
+    patch_prompts: int = 128  # clean / corrupted prompt pairs for patching
+    kinds: tuple[str, ...] = ("zero", "mean", "skip")
+    heads: bool = True  # single heads and MLPs (false: per-layer skips only)
+    sites: tuple[str, ...] = ("resid",)
+    learners: tuple[str, ...] = ("auto",)  # sweep labels whose layer maps are checked; auto: newton and gd_log if present
+
+    def learner_labels(self, sweeps: list) -> list[str]:
+        if tuple(self.learners) == ("auto",):
+            return [s.label for s in sweeps if s.label in AUTO_CAUSAL_SWEEPS and s.axis]
+        return list(self.learners)
+
+
+@dataclass
 class Recipe:
     name: str = "quick"
     description: str = ""
@@ -89,6 +110,7 @@ class Recipe:
     sweeps: list[SweepSection] = field(default_factory=list)
     probes: ProbesSection = field(default_factory=ProbesSection)
     forgetting: ForgettingSection = field(default_factory=ForgettingSection)
+    interventions: InterventionsSection = field(default_factory=InterventionsSection)
 
     def __post_init__(self) -> None:
         self.sweeps = [s if isinstance(s, SweepSection) else from_dict(SweepSection, s, "sweeps") for s in self.sweeps]
@@ -118,6 +140,24 @@ class Recipe:
         for target in self.probes.targets:
             if target not in ("xty", "w_ols"):
                 raise ConfigError(f"probes.targets: unknown target '{target}' (xty, w_ols)")
+
+        self._check_interventions()
+
+    def _check_interventions(self) -> None:
+        iv = self.interventions
+        for kind in iv.kinds:
+            if kind not in ("zero", "mean", "skip"):
+                raise ConfigError(f"interventions.kinds: unknown ablation kind '{kind}' (zero, mean, skip)")
+        for site in iv.sites:
+            if site not in ("resid", "attn_out", "mlp_out"):
+                raise ConfigError(f"interventions.sites: unknown site '{site}' (resid, attn_out, mlp_out)")
+        with_axis = [s.label for s in self.sweeps if s.axis]
+        for label in iv.learner_labels(self.sweeps):
+            if label not in with_axis:
+                raise ConfigError(f"interventions.learners: '{label}' is not a sweep with an iteration axis in this "
+                                  f"recipe; choose among {with_axis}")
+        positive_int(iv.prompts, "interventions.prompts")
+        positive_int(iv.patch_prompts, "interventions.patch_prompts")
 
     def _check_numbers(self) -> None:
         p = self.prompts

@@ -117,6 +117,12 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
     if "forgetting" in t:
         f = t["forgetting"]
         summary["forgetting"] = {name: {"gap": _col(r, "gap"), "error": _col(r, "error")} for name, r in f.groupby("predictor")}
+    if "interventions" in built.data:
+        from ..interventions.pipeline import iteration_verdict
+
+        block = dict(built.data["interventions"])
+        block["verdicts"] = [iteration_verdict(label, entry) for label, entry in block.get("iteration", {}).items()]
+        summary["interventions"] = block
     if compare is not None:
         ct = t.get("compare_table1")
         summary["compare"] = {

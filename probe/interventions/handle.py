@@ -1,0 +1,104 @@
+"""The public TransformerLens handle: `to_bridge(checkpoint_or_model)` returns a TransformerBridge
+that takes in-context prompts directly.
+
+`ICLBridge` is TransformerLens's own `TransformerBridge` (the GPT-2 weights mapped as in
+probe/capture/bridge.py) whose entry points also accept a prompt pair `(xs, ys)`: it interleaves
+the tokens (x_1, y_1, x_2, ...), applies the model's read-in and fires `hook_embed` on the result
+(so the read-in can be hooked, cached or patched like a token embedding); the bridge then adds
+the positional embedding (`hook_pos_embed`) and runs the blocks. Everything else is plain
+TransformerLens: `run_with_cache`, `run_with_hooks`, `hooks()`, `ActivationCache`. The logits are
+(B, 2n, 1); the prediction for y_i is read at the x_i token: `bridge.predictions(logits)`.
+
+    bridge = to_bridge("checkpoints/gpt2-default")
+    logits, cache = bridge.run_with_cache((xs, ys))
+    cache["blocks.3.hook_resid_post"]          # (B, 2n, D)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+
+_TRANSFORMER_BRIDGE: type | None = None
+
+
+def _bridge_class() -> type:
+    """ICLBridge, defined on first use (TransformerLens is imported lazily)."""
+    global _TRANSFORMER_BRIDGE
+    if _TRANSFORMER_BRIDGE is None:
+        from transformer_lens import TransformerBridge
+
+        class ICLBridge(TransformerBridge):
+            """A TransformerBridge whose inputs may be in-context prompts `(xs, ys)`."""
+
+            def _prompt_embeddings(self, prompt: tuple) -> Tensor:
+                from ..capture.bridge import bridge_inputs
+                from ..capture.capture import check_prompts_for
+
+                model = self.__dict__["_icl_model"]
+                if len(prompt) != 2:  # checked here so a 3-tuple gets our message, not TL's
+                    raise ConfigError("an in-context prompt is a pair (xs, ys): xs (B, n, d), ys (B, n)")
+                xs, ys = check_prompts_for(model, *prompt)
+                device = next(model.parameters()).device
+                return self.embed.hook_out(bridge_inputs(model, xs.to(device), ys.to(device)))
+
+            def forward(self, input: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A002 (TL's name)
+                if _is_prompt(input):
+                    input = self._prompt_embeddings(tuple(input))
+                return super().forward(input, *args, **kwargs)
+
+            @staticmethod
+            def predictions(logits: Tensor) -> Tensor:
+                """Predictions (B, n) from the bridge's logits (B, 2n, 1): read at the x tokens."""
+                return logits[:, 0::2, 0]
+
+        _TRANSFORMER_BRIDGE = ICLBridge
+    return _TRANSFORMER_BRIDGE
+
+
+def _is_prompt(value: Any) -> bool:
+    """A prompt pair (xs, ys) of tensors or arrays, as opposed to TransformerLens's own inputs."""
+    import numpy as np
+
+    return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(v, (Tensor, np.ndarray)) for v in value)
+
+
+def _model_of(source) -> torch.nn.Module:
+    from ..checkpoint import LoadedCheckpoint, load_checkpoint
+
+    if isinstance(source, (str, Path)):
+        source = load_checkpoint(source)
+    if isinstance(source, LoadedCheckpoint):
+        source = source.model
+    return source
+
+
+def to_bridge(source, device: str = "cpu"):
+    """A TransformerLens `TransformerBridge` computing exactly the model's forward, fed `(xs, ys)`.
+
+    source: a checkpoint path (any format icl-probe loads), a LoadedCheckpoint, or a GPT2ICL
+    model. The bridge is a new object with its own copy of the weights: editing it does not
+    change the model. Planted and recurrent models have no single-sequence TransformerLens form
+    (a planted model runs one sequence per prefix; see probe/capture/planted_bridge.py); they
+    are refused here with a message.
+    """
+    from ..capture.bridge import to_bridge as native_bridge
+    from ..models.gpt2 import GPT2ICL
+    from ..validate import check_device
+
+    model = _model_of(source)
+    if not isinstance(model, GPT2ICL):
+        raise ConfigError(f"to_bridge needs a GPT-2 family model (own, Garg or Hugging Face format); got "
+                          f"{type(model).__name__}. Planted models run through TransformerLens one prefix at a time "
+                          "(probe.capture.planted_bridge); the LSTM has no TransformerLens form")
+    device = check_device(device)
+    model = model.to(device).eval()
+    bridge = native_bridge(model, device)
+    bridge.__class__ = _bridge_class()  # same object and state, with prompt-aware entry points
+    bridge.__dict__["_icl_model"] = model  # not a submodule: the bridge's state dict stays TL's own
+    return bridge

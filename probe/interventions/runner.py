@@ -1,0 +1,205 @@
+"""Run a transformer with TransformerLens hooks that edit its activations, for either layout.
+
+GPT-2 family models run as one bridge sequence per prompt (tokens x_1, y_1, ..., x_n, y_n);
+planted models run one bridge sequence per prefix (probe/capture/planted_bridge.py), where
+token position 2i (x_{i+1}, the query of run i) is the last token of run i and position 2i+1
+(the example (x_{i+1}, y_{i+1})) is example slot i of every later run. A `Runner` hides that
+difference: interventions are written once, with hook functions on the native layout, and
+token masks over the 2n interleaved positions are translated by `stream_mask`.
+
+Layer boundaries are numbered as in probe/capture/hooks.py (0 = embeddings, l = after block l).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..capture import hooks as H
+from ..errors import ConfigError
+
+Hook = tuple[str, Callable]
+
+
+class Runner:
+    """Predictions of a transformer under a list of TransformerLens forward hooks.
+
+    With `query=t` only what the prediction for y_{t+1} depends on is run (the first t+1 points
+    of a GPT-2 prompt; the one prefix run t of a planted model) and predictions are (B,);
+    `states` and `stream_mask` must then be called with the same `query`."""
+
+    n_layers: int
+    heads: list[int]  # attention heads that can be ablated
+    has_mlp: bool
+
+    def predict(self, xs: Tensor, ys: Tensor, hooks: list[Hook] = (), query: int | None = None) -> Tensor:
+        raise NotImplementedError
+
+    def states(self, xs: Tensor, ys: Tensor, names: list[str], hooks: list[Hook] = (),
+               query: int | None = None) -> dict[str, Tensor]:
+        """Activations at `names` in the native layout (after `hooks` have edited the run)."""
+        caught: dict[str, Tensor] = {}
+
+        def keep(value: Tensor, hook, name: str) -> None:
+            caught[name] = value.detach().clone()
+
+        self.predict(xs, ys, [*hooks, *[(name, _bind(keep, name=name)) for name in names]], query)
+        return caught
+
+    def stream_mask(self, token_mask: Tensor, n_prompts: int, query: int | None = None) -> Tensor:
+        """A (K, 2n) boolean mask over interleaved positions, for K copies of n_prompts prompts
+        stacked copy-major, as a mask broadcastable to the native stream (K*B..., T, 1)."""
+        raise NotImplementedError
+
+    def prompt_mean(self, value: Tensor, n_prompts: int) -> Tensor:
+        """Mean over prompts of a native-layout activation, kept per position (and per run)."""
+        raise NotImplementedError
+
+    def expand_mean(self, mean: Tensor, like: Tensor) -> Tensor:
+        """`prompt_mean`'s result broadcast back to a native-layout activation of any batch."""
+        raise NotImplementedError
+
+
+def _bind(fn: Callable, **kwargs) -> Callable:
+    from functools import partial
+
+    return partial(fn, **kwargs)
+
+
+class GPT2Runner(Runner):
+    def __init__(self, model, device: str):
+        from .handle import to_bridge
+
+        self.model = model
+        self.bridge = to_bridge(model, device)
+        self.n_layers = model.n_layers
+        self.heads = list(range(model.config.n_head))
+        self.has_mlp = True
+        self.device = device
+
+    @torch.no_grad()
+    def predict(self, xs: Tensor, ys: Tensor, hooks: list[Hook] = (), query: int | None = None) -> Tensor:
+        if query is not None:  # causal: the first query + 1 points are all the prediction depends on
+            xs, ys = xs[:, : query + 1], ys[:, : query + 1]
+        logits = self.bridge.run_with_hooks((xs.to(self.device), ys.to(self.device)), fwd_hooks=list(hooks))
+        preds = self.bridge.predictions(logits).float().cpu()
+        return preds if query is None else preds[:, query]
+
+    def stream_mask(self, token_mask: Tensor, n_prompts: int, query: int | None = None) -> Tensor:
+        if query is not None:
+            token_mask = token_mask[:, : 2 * query + 2]
+        return token_mask.repeat_interleave(n_prompts, dim=0).unsqueeze(-1).to(self.device)
+
+    def prompt_mean(self, value: Tensor, n_prompts: int) -> Tensor:
+        return value.mean(0, keepdim=True)
+
+    def expand_mean(self, mean: Tensor, like: Tensor) -> Tensor:
+        return mean.expand_as(like)
+
+
+class PlantedRunner(Runner):
+    def __init__(self, model, device: str):
+        self.model = model.to(device)
+        self.n_layers = model.n_layers
+        self.heads = [0, 1]  # head 2 of the bridge carries the skip map (probe/capture/planted_bridge.py)
+        self.has_mlp = False
+        self.device = device
+
+    @torch.no_grad()
+    def predict(self, xs: Tensor, ys: Tensor, hooks: list[Hook] = (), query: int | None = None) -> Tensor:
+        from ..capture.planted_bridge import run_through_bridge
+
+        out, _ = run_through_bridge(self.model, xs.to(self.device), ys.to(self.device), None, self.device, list(hooks),
+                                    only_run=query)
+        preds = out.pred.float().cpu()
+        return preds if query is None else preds[:, 0]
+
+    def _runs(self, n: int) -> int:
+        return n + (self.model.n_dims if self.model.config.planted == "newton" else 0) + 1
+
+    def stream_mask(self, token_mask: Tensor, n_prompts: int, query: int | None = None) -> Tensor:
+        k, two_n = token_mask.shape
+        n = two_n // 2
+        per_run = torch.zeros(k, n, self._runs(n), dtype=torch.bool)
+        per_run[:, :, -1] = token_mask[:, 0::2]  # x token i is the query of run i
+        later = torch.arange(n).view(n, 1) > torch.arange(n).view(1, n)  # [run r, slot i]: example i is in run r
+        per_run[:, :, :n] = token_mask[:, 1::2].unsqueeze(1) & later
+        if query is not None:
+            per_run, n = per_run[:, query : query + 1], 1
+        return per_run.repeat_interleave(n_prompts, dim=0).reshape(k * n_prompts * n, -1, 1).to(self.device)
+
+    def prompt_mean(self, value: Tensor, n_prompts: int) -> Tensor:
+        return value.reshape(n_prompts, -1, *value.shape[1:]).mean(0)  # (runs, T, ...)
+
+    def expand_mean(self, mean: Tensor, like: Tensor) -> Tensor:
+        return mean.repeat(like.shape[0] // mean.shape[0], *([1] * (mean.dim() - 1)))
+
+
+def runner_for(model, device: str = "cpu") -> Runner:
+    """The Runner of a model family; models without a TransformerLens form get a clear error."""
+    from ..models.gpt2 import GPT2ICL
+    from ..models.planted import PlantedICL
+    from ..validate import check_device
+
+    device = check_device(device)
+    if isinstance(model, GPT2ICL):
+        return GPT2Runner(model.eval(), device)
+    if isinstance(model, PlantedICL):
+        return PlantedRunner(model.eval(), device)
+    raise ConfigError(f"interventions need a transformer run through TransformerLens (GPT-2 family or planted); "
+                      f"this checkpoint is a {getattr(model, 'family', type(model).__name__)} model, which has no "
+                      "attention heads or residual stream to ablate or patch")
+
+
+# ------------------------------------------------------------------ hook builders (native layout)
+
+def skip_hooks(layers: list[int]) -> list[Hook]:
+    """Remove the residual update of each block in `layers`: resid_post(l) := resid_pre(l)."""
+    saved: dict[int, Tensor] = {}
+    hooks: list[Hook] = []
+    for layer in layers:
+        def keep(value: Tensor, hook, layer: int = layer) -> None:
+            saved[layer] = value
+
+        def restore(value: Tensor, hook, layer: int = layer) -> Tensor:
+            return saved[layer]
+
+        hooks += [(f"blocks.{layer}.hook_resid_pre", keep), (f"blocks.{layer}.hook_resid_post", restore)]
+    return hooks
+
+
+def head_hook(layer: int, head: int, replacement: Callable[[Tensor], Tensor] | None) -> Hook:
+    """Replace head `head`'s output z (..., heads, d_head) at `layer` by zero or `replacement(z)`."""
+    def edit(z: Tensor, hook) -> Tensor:
+        z = z.clone()
+        z[..., head, :] = 0.0 if replacement is None else replacement(z)[..., head, :]
+        return z
+
+    return f"blocks.{layer}.attn.hook_z", edit
+
+
+def replace_hook(name: str, replacement: Callable[[Tensor], Tensor] | None) -> Hook:
+    """Replace a whole activation by zero or `replacement(value)`."""
+    def edit(value: Tensor, hook) -> Tensor:
+        return torch.zeros_like(value) if replacement is None else replacement(value)
+
+    return name, edit
+
+
+def patch_hook(name: str, mask: Tensor, source: Tensor) -> Hook:
+    """Where `mask` is true, the activation is taken from `source` (same native layout)."""
+    def edit(value: Tensor, hook) -> Tensor:
+        if source.shape != value.shape:
+            raise ConfigError(f"patch source {tuple(source.shape)} does not match the activation {tuple(value.shape)} "
+                              f"at {name}")
+        return torch.where(mask, source, value)
+
+    return name, edit
+
+
+def boundary_hook_name(boundary: int, n_layers: int) -> str:
+    if not 0 <= boundary <= n_layers:
+        raise ConfigError(f"layer boundary must lie in 0..{n_layers}, got {boundary}")
+    return H.resid(boundary)

@@ -1,0 +1,201 @@
+"""Interventions through TransformerLens: known answers on planted models, the public bridge's
+round trip against Hugging Face's forward, and the CLI commands."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import GargTransformerModel, build_cfg, write_garg_run
+from probe.analysis.matching import Sweep
+from probe.checkpoint import load_checkpoint, save_model
+from probe.cli import main
+from probe.errors import ConfigError
+from probe.interventions import iteration_patching, paired_prompts, patching_heatmap, runner_for, to_bridge
+from probe.interventions.patch import _patched_predictions
+from probe.interventions.runner import skip_hooks
+from probe.learners import run_learner
+from probe.models import build_model
+from probe.models.planted import plant
+from probe.planted_io import planted_config
+
+ETA = 0.1
+
+
+@pytest.fixture(scope="module")
+def planted_gd():
+    cfg = planted_config("gd", 5, 4, 10, step_size=ETA)
+    return plant(cfg.model), cfg.task
+
+
+def _gd(xs, ys, steps):
+    return run_learner("gd", xs, ys, eta=(ETA,), steps=(steps,)).preds[0].float()
+
+
+def test_skipping_any_layer_of_planted_gd_is_gd_with_one_step_fewer(planted_gd):
+    model, task = planted_gd
+    xs, ys, _ = paired_prompts(task, 24, 0)
+    runner = runner_for(model)
+    np.testing.assert_allclose(runner.predict(xs, ys).numpy(), _gd(xs, ys, 5).numpy(), atol=1e-5)
+    for layer in range(5):
+        np.testing.assert_allclose(runner.predict(xs, ys, skip_hooks([layer])).numpy(), _gd(xs, ys, 4).numpy(), atol=1e-5)
+
+
+def test_skipping_an_iterations_two_layers_of_planted_newton_is_one_iteration_fewer():
+    cfg = planted_config("newton", 9, 4, 10)
+    runner = runner_for(plant(cfg.model))
+    xs, ys, _ = paired_prompts(cfg.task, 24, 0)
+    ref = lambda k: run_learner("newton", xs, ys, iterations=(k,), alpha=(cfg.model.planted_scale,)).preds[0].numpy()
+    np.testing.assert_allclose(runner.predict(xs, ys).numpy(), ref(3), atol=1e-5)  # boundary 9 holds iteration 3
+    for first in (1, 3, 5, 7):  # layers (A, B) of one iteration
+        np.testing.assert_allclose(runner.predict(xs, ys, skip_hooks([first, first + 1])).numpy(), ref(2), atol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["gpt2", "planted"])
+def test_patching_the_whole_clean_stream_at_the_last_layer_restores_everything(which, planted_gd):
+    if which == "planted":
+        model, task = planted_gd
+    else:
+        cfg = build_cfg(layers=3)
+        torch.manual_seed(0)
+        model, task = build_model(cfg.model).eval(), cfg.task
+    runner = runner_for(model)
+    xs, ys, yc = paired_prompts(task, 16, 0)
+    n_layers, n = runner.n_layers, xs.shape[1]
+    name = f"blocks.{n_layers - 1}.hook_resid_post"
+    for q in (n - 1, 3):
+        clean = runner.states(xs, ys, [name], query=q)[name]
+        patched = _patched_predictions(runner, name, xs, yc, clean, torch.ones(1, 2 * n, dtype=torch.bool), q, 4096)[0]
+        np.testing.assert_allclose(patched.numpy(), runner.predict(xs, ys)[:, q].numpy(), atol=1e-5)
+        np.testing.assert_allclose(runner.predict(xs, yc, query=q).numpy(), runner.predict(xs, yc)[:, q].numpy(), atol=1e-5)
+
+
+def test_patching_example_tokens_at_layer_0_restores_the_closed_form_fraction(planted_gd):
+    model, task = planted_gd
+    xs, ys, yc = paired_prompts(task, 64, 0)
+    q = 9
+    frame = patching_heatmap(runner_for(model), xs, ys, yc, query=q, n_boot=50)
+    f = lambda y: _gd(xs, y, 5)[:, q].double()
+    f_clean, f_corr = f(ys), f(yc)
+    at0 = frame[frame.layer == 0].set_index("position").restored
+    for i in range(q):  # GD is linear in y: patching y_i gives GD on the mixed labels
+        mixed = yc.clone()
+        mixed[:, i] = ys[:, i]
+        expected = ((f(mixed) - f_corr) * (f_clean - f_corr)).sum() / ((f_clean - f_corr) ** 2).sum()
+        assert at0[2 * i + 1] == pytest.approx(expected.item(), abs=1e-4)
+        assert at0[2 * i] == pytest.approx(0.0, abs=1e-6)  # x tokens are shared: nothing to restore
+    assert at0[2 * q] == pytest.approx(0.0, abs=1e-6)
+    last = frame[frame.layer == 5].set_index("position").restored  # the read-out sees only the query token
+    assert last[2 * q] == pytest.approx(1.0, abs=1e-5) and last.drop(2 * q).abs().max() < 1e-5
+
+
+def test_iteration_patching_confirms_the_planted_map_and_rejects_shuffled_ones(planted_gd):
+    model, task = planted_gd
+    xs, ys, yc = paired_prompts(task, 48, 0)
+    sweep = Sweep("gd", "gd", {"eta": (ETA,), "steps": tuple(range(6))}, "steps")
+    frame, null = iteration_patching(runner_for(model), xs, ys, yc, sweep, {b: b for b in range(6)}, n_boot=50)
+    np.testing.assert_allclose(frame.observed, frame.expected, atol=1e-5)
+    assert frame.expected.iloc[0] == pytest.approx(1.0)  # GD at 0 steps predicts 0: the whole change comes later
+    assert null["deviation"] < 1e-5 < null["null_deviation"]
+    wrong, wrong_null = iteration_patching(runner_for(model), xs, ys, yc, sweep, {b: min(5, 2 * b) for b in range(6)},
+                                           n_boot=50)
+    assert wrong_null["deviation"] > 0.05
+
+
+def _hf_run(tmp_path, kind):
+    """A GPT-2 with non-identity LayerNorms saved in `kind` format, and its Hugging Face reference."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(7)
+    ref = GargTransformerModel(3, 8, 16, 2, 2).eval()
+    with torch.no_grad():
+        for p in ref._backbone.parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn_like(p))
+    if kind == "garg":
+        return write_garg_run(tmp_path / "garg", ref, 3, 8, 16, 2, 2), ref
+    if kind == "hf":
+        ref._backbone.save_pretrained(tmp_path / "hf")
+        save_file({"read_in.weight": ref._read_in.weight.detach().contiguous(), "read_in.bias": ref._read_in.bias.detach(),
+                   "read_out.weight": ref._read_out.weight.detach().contiguous(),
+                   "read_out.bias": ref._read_out.bias.detach()}, str(tmp_path / "hf" / "icl_head.safetensors"))
+        return tmp_path / "hf", ref
+    garg = load_checkpoint(write_garg_run(tmp_path / "garg", ref, 3, 8, 16, 2, 2))
+    save_model(garg.model, garg.config, tmp_path / "own")
+    return tmp_path / "own", ref
+
+
+@pytest.mark.parametrize("kind", ["own", "garg", "hf"])
+def test_bridge_round_trips_predictions_and_residuals_against_hugging_face(tmp_path, kind):
+    from probe.capture import RESID, capture
+
+    path, ref = _hf_run(tmp_path, kind)
+    bridge = to_bridge(path)
+    xs, ys = torch.randn(5, 8, 3), torch.randn(5, 8)
+    with torch.no_grad():
+        logits, cache = bridge.run_with_cache((xs, ys))
+        hidden = ref._backbone(inputs_embeds=ref._read_in(ref._combine(xs, ys)), output_hidden_states=True).hidden_states
+        expected = ref(xs, ys)
+    assert (bridge.predictions(logits) - expected).abs().max() < 1e-5
+    for layer in range(2):
+        assert (cache[f"blocks.{layer}.hook_resid_pre"] - hidden[layer]).abs().max() < 1e-5
+    own = capture(load_checkpoint(path).model, xs, ys, hooks=[RESID])
+    assert np.abs(cache["blocks.1.hook_resid_post"].numpy() - own.acts[RESID][2]).max() < 1e-5
+    assert "hook_embed" in cache and "hook_pos_embed" in cache  # the read-in is hookable like an embedding
+    with torch.no_grad():
+        zeroed = bridge.run_with_hooks((xs, ys), fwd_hooks=[("hook_embed", lambda v, hook: torch.zeros_like(v))])
+        only_positions = bridge(torch.zeros(5, 16, 16))
+    assert torch.allclose(zeroed, only_positions, atol=1e-6)
+
+
+def test_capture_as_cache_is_indexed_by_transformer_lens_names(tmp_path):
+    from probe.capture import RESID, capture
+
+    path, _ = _hf_run(tmp_path, "own")
+    model = load_checkpoint(path).model
+    xs, ys = torch.randn(4, 8, 3), torch.randn(4, 8)
+    cache = capture(model, xs, ys, hooks=[RESID, "blocks.1.attn.hook_pattern"], as_cache=True)
+    _, tl = to_bridge(model).run_with_cache((xs, ys))
+    for name in ("blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.1.attn.hook_pattern"):
+        assert (cache[name] - tl[name]).abs().max() < 1e-5
+    assert cache.accumulated_resid(layer=2).shape == (3, 4, 16, 16)  # a TransformerLens idiom on our capture
+
+
+def test_models_without_a_transformer_lens_form_are_refused_clearly(planted_gd):
+    cfg = build_cfg(family="lstm")
+    with pytest.raises(ConfigError, match="to_bridge needs a GPT-2 family model"):
+        to_bridge(build_model(cfg.model))
+    with pytest.raises(ConfigError, match="to_bridge needs a GPT-2 family model.*Planted"):
+        to_bridge(planted_gd[0])
+    with pytest.raises(ConfigError, match="interventions need a transformer.*lstm"):
+        runner_for(build_model(cfg.model))
+    bridge = to_bridge(build_model(build_cfg().model))
+    with pytest.raises(ConfigError, match=r"prompts have d=2 but the model takes d=3"):
+        bridge((torch.randn(2, 8, 2), torch.randn(2, 8)))
+
+
+@pytest.mark.slow
+def test_ablate_and_patch_cli_on_a_small_checkpoint(tmp_path, capsys):
+    cfg = build_cfg(layers=2)
+    torch.manual_seed(0)
+    save_model(build_model(cfg.model), cfg, tmp_path / "run")
+    assert main(["-q", "ablate", str(tmp_path / "run"), "--out", str(tmp_path / "ab"), "--prompts", "16",
+                 "--bootstrap", "20"]) == 0
+    table = __import__("pandas").read_csv(tmp_path / "ab" / "ablation.csv")
+    assert set(table.kind) == {"none", "zero", "mean", "skip"} and len(table) == 8 * (1 + 2 * (1 + 2 * (2 + 1)))  # none; per layer: skip, 2 kinds x (2 heads + MLP)
+    assert (tmp_path / "ab" / "ablation.png").is_file()
+    assert main(["-q", "patch", str(tmp_path / "run"), "--out", str(tmp_path / "pa"), "--prompts", "8",
+                 "--bootstrap", "20", "--learners", "gd_log", "--sites", "resid", "mlp_out"]) == 0
+    summary = json.loads((tmp_path / "pa" / "summary.json").read_text())
+    assert set(summary["patching"]) == {"resid", "mlp_out"} and "gd_log" in summary["iteration"]
+    assert (tmp_path / "pa" / "iteration_gd_log.csv").is_file()
+    capsys.readouterr()
+    lstm = build_cfg(family="lstm")
+    save_model(build_model(lstm.model), lstm, tmp_path / "lstm")
+    assert main(["ablate", str(tmp_path / "lstm"), "--out", str(tmp_path / "ab2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no attention heads or residual stream" in err[0]
+    assert not (tmp_path / "ab2").exists()
+    assert main(["patch", str(tmp_path / "run"), "--out", str(tmp_path / "pa2"), "--map-from", str(tmp_path / "nope.csv")]) == 2
+    assert "--map-from" in capsys.readouterr().err and not (tmp_path / "pa2").exists()
