@@ -391,7 +391,7 @@ case("probes-lr-negative", ["probes", "ck", "--out", "o", "--lr", "-1"], "probe 
 case("unknown-command", ["frobnicate"], "invalid choice")
 
 # ---- interventions
-case("ablate-over-cwd", ["ablate", "ck", "--out", "."], "current directory")
+case("ablate-over-cwd", ["ablate", "ck", "--out", "."], "contains the input ck")
 case("ablate-kind-unknown", ["ablate", "ck", "--out", "o", "--kinds", "cut"], "invalid choice")
 case("ablate-prompts-zero", ["ablate", "ck", "--out", "o", "--prompts", "0"], "positive integer")
 case("patch-map-missing", ["patch", "ck", "--out", "o", "--map-from", "nope.csv"], "--map-from nope.csv: no such file")

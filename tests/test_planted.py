@@ -16,7 +16,7 @@ from probe.tasks import generator_for, sample_prompts
 
 SMALL = ["--set", "prompts.evaluate=64", "--set", "prompts.train=64", "--set", "prompts.val=32", "--set", "prompts.eval=128",
          "--set", "prompts.simw=32", "--set", "probes.enabled=false", "--set", "forgetting.prompts=16",
-         "--set", "similarity.bootstrap=100"]
+         "--set", "similarity.bootstrap=100", "--set", "interventions.prompts=16", "--set", "interventions.patch_prompts=8"]
 
 
 def _prompts(d=4, n=12, b=40):
@@ -55,6 +55,9 @@ def test_report_on_planted_gd_recovers_steps(tmp_path):
     assert max(newton["similarity"][1:]) < min(gd["similarity"][1:])
     assert max(s["span"]["residual"]) < 1e-5  # GD iterates lie in the span of the examples
     assert s["trend"]["gd"]["verdict"].startswith("gd_log: linear, about 1.0 steps per layer")
+    # the causal check confirms the planted map end to end: patched predictions move exactly as GD says
+    check = s["interventions"]["iteration"]["gd_log"]
+    assert check["k"] == list(range(6)) and check["deviation"] < 1e-4 < check["null_deviation"]
 
 
 def test_report_on_planted_newton_recovers_the_layer_map(tmp_path):
