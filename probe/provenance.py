@@ -38,3 +38,15 @@ def git_commit(cwd: Path | None = None) -> str:
 def stamp() -> dict[str, object]:
     return {"versions": versions(), "git_commit": git_commit(),
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def display_path(path) -> str:
+    """A checkpoint path for summary.json: relative to the working directory when under it, else
+    the directory's name; never an absolute machine path."""
+    from pathlib import Path
+
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name

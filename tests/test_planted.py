@@ -102,3 +102,22 @@ def test_planted_models_run_through_transformer_lens(algorithm, layers):
     pattern = bridged.acts["blocks.1.attn.hook_pattern"]  # (B, runs, heads, T, T): the linear-attention weights
     assert pattern.shape[:3] == (6, 10, 3)
     np.testing.assert_allclose(pattern[:, :, 2], np.broadcast_to(np.eye(pattern.shape[-1]), pattern[:, :, 2].shape))
+
+
+def test_zero_predictor_baseline_flags_layers_that_predict_zero_and_not_the_gd_layers():
+    from probe.analysis.matching import Sweep
+    from probe.analysis.pipeline import LayerSettings, analyse_layers
+
+    settings = LayerSettings(n_train=64, n_val=32, n_eval=128, n_simw=32, readout_method="model", n_boot=100,
+                             sweeps=(Sweep("gd", "gd", {"eta": (0.1,), "steps": tuple(range(5))}, "steps"),))
+    gd = planted_config("gd", 4, 4, 10, step_size=0.1)
+    best = analyse_layers(plant(gd.model), gd.task, settings).best
+    for metric, rows in best.groupby("metric"):
+        assert rows.sort_values("layer").degenerate.tolist() == [True, False, False, False, False], metric
+    assert best[best.layer == 0].predicts_zero.all() and (best[best.layer == 0].zero_similarity > 0.999).all()
+    newton = planted_config("newton", 7, 4, 10)
+    settings.sweeps = (Sweep("newton", "newton", {"alpha": (newton.model.planted_scale,), "iterations": tuple(range(4))},
+                             "iterations"),)
+    rows = analyse_layers(plant(newton.model), newton.task, settings).best.query("metric == 'sime'").sort_values("layer")
+    assert rows.degenerate.tolist()[:3] == [True, True, True]  # boundaries 0-2 of the construction predict 0
+    assert rows.predicts_zero.tolist()[:3] == [True, True, True]

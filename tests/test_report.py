@@ -33,27 +33,44 @@ def test_summary_schema(report):
         for kind in ("linear", "mlp"):
             block = s["probes"][target][kind]
             assert set(block) >= {"layer", "r2", "control_r2"} and _aligned({k: block[k] for k in ("layer", "r2", "control_r2")})
-    assert set(s["timings"]) >= {"evaluate", "layers", "probes", "figures"}
+    assert set(s["timings"]) >= {"evaluate", "layers", "probes", "figures", "interventions"}
+    assert s["schema_version"] == 2 and not s["checkpoint"]["path"].startswith("/")
+    assert s["nulls"]["layer"] == [0, 1, 2, 3] and set(s["nulls"]["sime"]) == {"zero", "random_model"}
+    for metric in ("sime", "simw"):
+        block = s["best_match"]["newton"][metric]
+        assert len(block["degenerate"]) == len(block["layer"]) and all(isinstance(v, bool) for v in block["degenerate"])
+    assert set(s["interventions"]) >= {"ablation", "patching", "iteration", "verdicts"}
 
 
 def test_report_files_and_self_contained_html(report):
     html = (report / "index.html").read_text()
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html), "the report must not fetch anything"
     figs = sorted(p.name for p in (report / "figures").iterdir())
-    assert "heatmap_newton_sime.png" in figs and "heatmap_newton_sime.svg" in figs
+    assert "heatmap_newton.png" in figs and "heatmap_newton.svg" in figs
     assert html.count("data:image/png;base64,") == len([f for f in figs if f.endswith(".png")])
     assert html.count("<figcaption>") == html.count("<img ")
     for name in ("icl_error", "readout", "heatmap_cells", "best_match", "table1", "span", "probes", "forgetting"):
         assert (report / "data" / f"{name}.csv").exists(), name
     assert json.loads((report / "recipe.json").read_text())["prompts"]["train"] == 48  # resolved recipe
+    head = html[: html.index('<nav id="contents"')]
+    assert '<section id="findings"' in head and "Layers vs Iterative Newton (SimE)" in head  # the answer comes first
+    anchors = re.findall(r'<a href="#([^"]+)">', html)
+    assert anchors and all(f'<section id="{a}">' in html for a in anchors)
 
 
 def test_same_seed_same_numbers(ckpt, report, tmp_path):
     out = tmp_path / "r2"
     assert main(["-q", "report", str(ckpt), "--out", str(out), "--no-cache", *TINY]) == 0
     a, b = (json.loads((p / "summary.json").read_text()) for p in (report, out))
-    for key in ("icl_error", "readout", "best_match", "trend", "span", "probes", "table1"):
+    for key in ("icl_error", "readout", "best_match", "trend", "span", "probes", "table1", "nulls", "interventions"):
         assert a[key] == b[key], key
+    # regenerating is byte-identical apart from summary.json's timings and creation time (figures do not churn git)
+    files = sorted(p.relative_to(report) for p in report.rglob("*") if p.is_file() and p.name != "summary.json")
+    assert any(f.suffix == ".svg" for f in files) and any(f.suffix == ".png" for f in files)
+    for name in files:
+        assert (report / name).read_bytes() == (out / name).read_bytes(), name
+    volatile = ("timings", "created", "cached_stages")
+    assert {k: v for k, v in a.items() if k not in volatile} == {k: v for k, v in b.items() if k not in volatile}
 
 
 def test_cached_rerun_matches(ckpt, tmp_path):
@@ -96,3 +113,18 @@ def test_a_failing_stage_leaves_no_half_report(ckpt, report, tmp_path, monkeypat
         main(["-q", "report", str(ckpt), "--out", str(out), *TINY])
     assert (out / "index.html").read_text() == "previous report"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".keep")]
+
+
+@pytest.mark.slow
+def test_standalone_heatmap_agrees_with_the_report_on_the_shipped_default(tmp_path):
+    small = ["--set", "prompts.train=256", "--set", "prompts.val=64", "--set", "prompts.eval=128", "--set",
+             "prompts.simw=16", "--set", "similarity.bootstrap=100"]
+    off = ["--set", "prompts.evaluate=64", "--set", "probes.enabled=false", "--set", "forgetting.enabled=false",
+           "--set", "interventions.enabled=false"]
+    assert main(["-q", "heatmap", "--out", str(tmp_path / "h"), *small]) == 0
+    assert main(["-q", "report", "--out", str(tmp_path / "r"), "--no-cache", *small, *off]) == 0
+    import pandas as pd
+
+    standalone = pd.read_csv(tmp_path / "h" / "best_match.csv")
+    in_report = pd.read_csv(tmp_path / "r" / "data" / "best_match.csv")
+    pd.testing.assert_frame_equal(standalone, in_report)

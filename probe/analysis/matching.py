@@ -71,7 +71,7 @@ def compare_layers(layer_preds: np.ndarray, layer_weights: np.ndarray | None, ys
             "k_low": [axis_values[i] for i in table.best_index_low],
             "k_high": [axis_values[i] for i in table.best_index_high],
             "similarity": table.similarity, "ci_low": table.ci_low, "ci_high": table.ci_high,
-            "at_grid_end": table.best_index == len(result.grid) - 1,
+            "at_grid_end": (table.best_index == len(result.grid) - 1) & (sweep.axis is not None) & (len(result.grid) > 1),
         }))
     return pd.concat(cells, ignore_index=True), pd.concat(best, ignore_index=True)
 
@@ -120,4 +120,5 @@ def table1(best: pd.DataFrame, last_layer: int, metric: str = "sime") -> pd.Data
     rows = best[(best.layer == last_layer) & (best.metric == metric)]
     family = rows.learner.str.replace(r"_(linear|log)$", "", regex=True)
     rows = rows.assign(family=family).sort_values("similarity", ascending=False).drop_duplicates("family")
-    return rows[["family", "learner", "k", "similarity", "ci_low", "ci_high"]].reset_index(drop=True)
+    extra = [c for c in ("zero_similarity", "random_similarity", "degenerate") if c in rows]
+    return rows[["family", "learner", "k", "similarity", "ci_low", "ci_high", *extra]].reset_index(drop=True)

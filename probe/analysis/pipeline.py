@@ -20,6 +20,7 @@ from ..config import TaskConfig
 from ..errors import ConfigError
 from ..similarity import induced_weights
 from ..tasks import generator_for, sample_prompts
+from .nulls import flag_degenerate, null_predictions, null_table
 from .matching import DEFAULT_SWEEPS, Sweep, compare_layers, learner_weights, run_sweep, table1, trend
 from .readout import ALPHAS, LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .span import span_table
@@ -85,10 +86,11 @@ class LayerAnalysis:
     readouts: LayerReadouts | ModelLens
     readout: pd.DataFrame  # layer x n_examples error/d with bands
     cells: pd.DataFrame  # heatmap cells: layer x learner grid x metric
-    best: pd.DataFrame  # best match per (learner, metric, layer)
+    best: pd.DataFrame  # best match per (learner, metric, layer), with null baselines and `degenerate`
     trends: list[dict[str, Any]]
     table1: pd.DataFrame
     span: pd.DataFrame
+    nulls: pd.DataFrame = field(default_factory=pd.DataFrame)  # per layer: SimE vs the zero / random-model predictor
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -167,6 +169,10 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
     lap("learners")
     cells_df = pd.concat(cells, ignore_index=True) if cells else pd.DataFrame()
     best_df = pd.concat(best, ignore_index=True) if best else pd.DataFrame()
+    nulls = null_table(layer_preds, ev.ys, null_predictions(model, ev.xs, ev.ys, settings.seed, dev),
+                       settings.include_first, settings.n_boot, settings.seed)
+    if best:
+        best_df = flag_degenerate(best_df, nulls)
     trends = [trend(best_df, s.label, metric, s.axis) for s in settings.sweeps if s.axis
               for metric in sorted(best_df.metric.unique())] if best else []
     t1 = table1(best_df, int(layer_preds.shape[0] - 1)) if best else pd.DataFrame()
@@ -175,4 +181,4 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
         layers = span_table(torch.as_tensor(layer_weights), ev.xs[:m], "layer", "index").assign(kind="layer")
         span = pd.concat([layers, *span_parts], ignore_index=True)
     lap("similarity")
-    return LayerAnalysis(readouts, readout, cells_df, best_df, trends, t1, span, timings)
+    return LayerAnalysis(readouts, readout, cells_df, best_df, trends, t1, span, nulls, timings)

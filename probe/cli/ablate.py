@@ -16,20 +16,24 @@ import argparse
 import json
 
 from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, output_target, positive_int, writing
+from .layers import add_recipe_args, recipe_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)")
     add_out(p, "directory for ablation.csv, the figure and summary.json")
-    p.add_argument("--prompts", type=positive_int, default=256, help="evaluation prompts, and as many held out (default 256)")
-    p.add_argument("--kinds", nargs="+", default=["zero", "mean", "skip"], choices=["zero", "mean", "skip"],
-                   help="ablation kinds (default: all three)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bootstrap", type=positive_int, default=1000, help="bootstrap resamples for the bands")
+    p.add_argument("--prompts", type=positive_int,
+                   help="evaluation prompts, and as many held out (default: the recipe's interventions.prompts)")
+    p.add_argument("--kinds", nargs="+", choices=["zero", "mean", "skip"],
+                   help="ablation kinds (default: the recipe's interventions.kinds)")
+    p.add_argument("--seed", type=int, help="seed (default: the recipe's prompts.seed)")
+    p.add_argument("--bootstrap", type=positive_int, help="bootstrap resamples (default: the recipe's similarity.bootstrap)")
+    add_recipe_args(p)
     add_device(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..provenance import display_path
     from ..checkpoint import load_checkpoint
     from ..interventions.pipeline import InterventionSettings, run_interventions
     from ..provenance import stamp
@@ -37,14 +41,17 @@ def run(args: argparse.Namespace) -> int:
 
     target = output_target(args, "ablate", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
-    settings = InterventionSettings(n_prompts=args.prompts, kinds=tuple(args.kinds), patch=False, iteration=False,
-                                    n_boot=args.bootstrap, seed=args.seed, device=check_device(args.device))
+    recipe = recipe_from_args(args, ckpt)
+    iv = recipe.interventions
+    settings = InterventionSettings(n_prompts=args.prompts or iv.prompts, kinds=tuple(args.kinds or iv.kinds),
+                                    heads=iv.heads, patch=False, iteration=False, n_boot=recipe.similarity.bootstrap,
+                                    seed=recipe.prompts.seed, device=check_device(args.device))
     result = run_interventions(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     with writing(target) as out:
         result.ablation.to_csv(out / "ablation.csv", index=False)
         intervention_figures.ablation(result.ablation, out / "ablation")
         (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n")
-        (out / "run.json").write_text(json.dumps({"command": "ablate", "checkpoint": str(ckpt.path), **stamp()},
+        (out / "run.json").write_text(json.dumps({"command": "ablate", "checkpoint": display_path(ckpt.path), **stamp()},
                                                  indent=2, default=str) + "\n")
     entry = result.summary["ablation"]
     print(f"error / d at {entry['n_examples']} examples: unablated {entry['baseline_error']:.4f}")

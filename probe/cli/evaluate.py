@@ -35,6 +35,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..provenance import display_path
     from ..checkpoint import load_checkpoint
     from ..errors import ConfigError
     from ..evaluate import error_curve, plot_error_curve, r2_curve
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         with writing(target) as out:
             frame.to_csv(out / "eval.csv", index=False)
             plot_error_curve(frame, out / "eval.png", title=f"{ckpt.path.name}: error vs in-context examples")
-            record = {"checkpoint": str(ckpt.path), "format": ckpt.format, "prompts": args.prompts, "seed": args.seed,
+            record = {"checkpoint": display_path(ckpt.path), "format": ckpt.format, "prompts": args.prompts, "seed": args.seed,
                       "points": args.points, "metric": metric, "task": task.__dict__, **stamp()}
             (out / "eval.json").write_text(json.dumps(record, indent=2, default=list) + "\n")
         print(f"wrote {target.path / 'eval.csv'} and {target.path / 'eval.png'}")

@@ -19,45 +19,34 @@ from .layers import add_layer_args, settings_from_args, write_tables
 def add_parser(p: argparse.ArgumentParser) -> None:
     add_layer_args(p)
     p.add_argument("--learners", nargs="*", default=None,
-                   help="sweeps to run (default: newton gd_linear gd_log ogd least_squares)")
+                   help="sweep labels of the recipe to run (default: all of the recipe's sweeps)")
     p.add_argument("--no-simw", action="store_true", help="SimE only (skips the query forward passes)")
     p.add_argument("--include-first", action="store_true", help="SimE over positions 1..n as the paper's code")
 
 
-def select_sweeps(names):
-    from ..analysis.matching import DEFAULT_SWEEPS
-    from ..errors import ConfigError
-    from ..registry import unknown_name_message
-
-    known = {s.label: s for s in DEFAULT_SWEEPS}
-    if names is None:
-        return DEFAULT_SWEEPS
-    for name in names:
-        if name not in known:
-            raise ConfigError(unknown_name_message("learner sweep", name, list(known)))
-    return tuple(known[n] for n in names)
-
-
 def run(args: argparse.Namespace) -> int:
+    from ..provenance import display_path
     from ..analysis.pipeline import analyse_layers
     from ..checkpoint import load_checkpoint
     from ..outputs import safe_name
     from ..report import figures
 
-    sweeps = select_sweeps(args.learners)
     target = output_target(args, "heatmap", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
-    settings = settings_from_args(args, sweeps=sweeps, simw=not args.no_simw, include_first=args.include_first)
+    labels = tuple(args.learners) if args.learners is not None else None
+    extra = {"simw": False} if args.no_simw else {}
+    if args.include_first:
+        extra["include_first"] = True
+    settings = settings_from_args(args, ckpt, labels, **extra)
+    sweeps = settings.sweeps
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     with writing(target) as out:
         write_tables(out, {"heatmap_cells": result.cells, "best_match": result.best, "table1": result.table1,
                            "readout": result.readout},
-                     {"command": "heatmap", "checkpoint": str(ckpt.path), "settings": settings.__dict__})
+                     {"command": "heatmap", "checkpoint": display_path(ckpt.path), "settings": settings.__dict__})
         (out / "trends.json").write_text(json.dumps(result.trends, indent=2) + "\n")
         for sweep in sweeps:
-            for metric in sorted(result.best.metric.unique()):
-                figures.heatmap(result.cells, result.best, sweep.label, metric, sweep.axis,
-                                out / f"heatmap_{safe_name(sweep.label)}_{metric}")
+            figures.heatmap_pair(result.cells, result.best, sweep.label, sweep.axis, out / f"heatmap_{safe_name(sweep.label)}")
     print(result.best.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     for t in result.trends:
         print(t["verdict"], f"[{t['metric']}]")

@@ -1,4 +1,10 @@
-"""Arguments and outputs shared by the layer-analysis commands (readout, heatmap, span)."""
+"""Arguments and outputs shared by the layer-analysis commands (readout, heatmap, span, probes).
+
+Their settings come from a report recipe (`--recipe`, default: quick), resolved exactly as
+`icl-probe report` resolves it (`--set` overrides, planted-model adaptations), so a standalone
+command and the report give the same numbers on the same checkpoint. A flag given explicitly
+overrides the recipe's value.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +15,63 @@ from pathlib import Path
 from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, positive_int
 
 
+def add_recipe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipe", default="quick", help="report recipe whose settings are used (default: quick)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
+
+
 def add_layer_args(p: argparse.ArgumentParser, simw: bool = True) -> None:
     p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)")
     add_out(p, "directory for CSV tables and PNG/SVG figures")
-    p.add_argument("--train-prompts", type=positive_int, default=2048, help="prompts to fit read-outs (default 2048)")
-    p.add_argument("--val-prompts", type=positive_int, default=512, help="prompts to pick the ridge penalty (default 512)")
-    p.add_argument("--eval-prompts", type=positive_int, default=512, help="held-out prompts (default 512)")
-    p.add_argument("--readout-method", choices=["ridge", "adam", "model"], default="ridge",
-                   help="closed-form ridge (default), ridge fine-tuned by Adam, or the model's own read-out (model)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bootstrap", type=positive_int, default=1000, help="bootstrap resamples for intervals")
+    add_recipe_args(p)
+    p.add_argument("--train-prompts", type=positive_int, help="prompts to fit read-outs (default: the recipe's prompts.train)")
+    p.add_argument("--val-prompts", type=positive_int, help="prompts to pick the ridge penalty (recipe: prompts.val)")
+    p.add_argument("--eval-prompts", type=positive_int, help="held-out prompts (recipe: prompts.eval)")
+    p.add_argument("--readout-method", choices=["ridge", "adam", "model"],
+                   help="closed-form ridge, ridge fine-tuned by Adam, or the model's own read-out (recipe: readout.method)")
+    p.add_argument("--seed", type=int, help="seed (recipe: prompts.seed)")
+    p.add_argument("--bootstrap", type=positive_int, help="bootstrap resamples for intervals (recipe: similarity.bootstrap)")
     if simw:
-        p.add_argument("--simw-prompts", type=positive_int, default=128, help="prompts for SimW / span (default 128)")
-        p.add_argument("--queries", type=int, default=0, help="fresh queries per prefix for SimW (default 4d)")
+        p.add_argument("--simw-prompts", type=positive_int, help="prompts for SimW / span (recipe: prompts.simw)")
+        p.add_argument("--queries", type=int, help="fresh queries per prefix for SimW (recipe: prompts.queries; 0: 4d)")
     add_device(p)
 
 
-def settings_from_args(args: argparse.Namespace, **overrides):
-    from ..analysis.pipeline import LayerSettings
+def recipe_from_args(args: argparse.Namespace, ckpt):
+    """The report recipe, with --set and the explicit flags applied, adapted to the checkpoint as
+    the report adapts it."""
+    from ..config import parse_override
+    from ..report.build import adapt_recipe
+    from ..report.recipe import resolve_recipe
 
-    values = dict(n_train=args.train_prompts, n_val=args.val_prompts, n_eval=args.eval_prompts, seed=args.seed,
-                  readout_method=args.readout_method, n_boot=args.bootstrap, device=check_device(args.device))
-    if hasattr(args, "simw_prompts"):
-        values.update(n_simw=min(args.simw_prompts, args.eval_prompts), n_queries=args.queries)
-    else:
-        values.update(n_simw=min(LayerSettings.n_simw, args.eval_prompts))
-    values.update(overrides)
-    return LayerSettings(**values)
+    flags = {"train_prompts": "prompts.train", "val_prompts": "prompts.val", "eval_prompts": "prompts.eval",
+             "simw_prompts": "prompts.simw", "queries": "prompts.queries", "seed": "prompts.seed",
+             "readout_method": "readout.method", "bootstrap": "similarity.bootstrap"}
+    overrides = [parse_override(s) for s in args.set]
+    for attr, key in flags.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            section, name = key.split(".")
+            overrides.append({section: {name: value}})
+    return adapt_recipe(ckpt, resolve_recipe(args.recipe, overrides))
+
+
+def settings_from_args(args: argparse.Namespace, ckpt, labels: tuple[str, ...] | None = None, **overrides):
+    """LayerSettings exactly as the report's layers stage builds them; `labels` picks sweeps."""
+    from dataclasses import replace
+
+    from ..errors import ConfigError
+    from ..registry import unknown_name_message
+    from ..report.build import layer_settings
+
+    settings = layer_settings(recipe_from_args(args, ckpt), check_device(args.device))
+    if labels is not None:
+        known = {s.label: s for s in settings.sweeps}
+        for name in labels:
+            if name not in known:
+                raise ConfigError(unknown_name_message("learner sweep", name, list(known)) + f" (in recipe {args.recipe})")
+        overrides["sweeps"] = tuple(known[n] for n in labels)
+    return replace(settings, **overrides)
 
 
 def write_tables(out: Path, tables: dict, meta: dict) -> None:
@@ -45,3 +81,4 @@ def write_tables(out: Path, tables: dict, meta: dict) -> None:
     for name, frame in tables.items():
         frame.to_csv(out / f"{name}.csv", index=False)
     (out / "run.json").write_text(json.dumps({**meta, **stamp()}, indent=2, default=str) + "\n")
+

@@ -7,7 +7,8 @@ the final query is reported with bootstrap intervals (patching.csv, patching_<si
 
 Iteration-consistent patching (probe/interventions/patch.py documents the equation): for each
 learner map "boundary l holds learner A after k(l) steps" (from --map-from, a best_match.csv
-of `icl-probe heatmap` or a report's data/, or else computed here with SimE), every token
+of `icl-probe heatmap` or a report's data/, or else computed here with SimE and the settings of
+--recipe, as the report computes it), every token
 before each query is patched at boundary l from the source run; observed against expected
 fractions per boundary, and the claimed map against shuffled maps (iteration_<learner>.csv).
 
@@ -23,32 +24,36 @@ import json
 from pathlib import Path
 
 from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, output_target, positive_int, writing
+from .layers import add_recipe_args, recipe_from_args, settings_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)")
     add_out(p, "directory for patching.csv, iteration_*.csv, figures and summary.json")
-    p.add_argument("--prompts", type=positive_int, default=128, help="prompt pairs (default 128)")
-    p.add_argument("--sites", nargs="+", default=["resid"], choices=["resid", "attn_out", "mlp_out"],
-                   help="what is patched (default: the residual stream at every boundary)")
+    p.add_argument("--prompts", type=positive_int, help="prompt pairs (default: the recipe's interventions.patch_prompts)")
+    p.add_argument("--sites", nargs="+", choices=["resid", "attn_out", "mlp_out"],
+                   help="what is patched (default: the recipe's interventions.sites)")
     p.add_argument("--query", type=int, default=None, help="examples before the patching query (default n - 1)")
     p.add_argument("--learners", nargs="*", default=["newton", "gd_log"],
                    help="learner maps to check causally (default: newton gd_log; none: skip the check)")
     p.add_argument("--map-from", default=None, help="best_match.csv with the layer maps (default: computed with SimE)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bootstrap", type=positive_int, default=1000, help="bootstrap resamples for intervals")
+    p.add_argument("--seed", type=int, help="seed (default: the recipe's prompts.seed)")
+    p.add_argument("--bootstrap", type=positive_int, help="bootstrap resamples (default: the recipe's similarity.bootstrap)")
+    add_recipe_args(p)
     add_device(p)
 
 
-def layer_maps(args, ckpt, sweeps) -> dict:
+def layer_maps(args, ckpt) -> dict:
     import pandas as pd
 
-    from ..analysis.pipeline import LayerSettings, analyse_layers
+    from ..analysis.pipeline import analyse_layers
     from ..errors import ConfigError
     from ..interventions.pipeline import layer_maps_from_best
 
-    if not sweeps:
+    if not args.learners:
         return {}
+    settings = settings_from_args(args, ckpt, tuple(args.learners), simw=False)  # the report's layer settings
+    sweeps = settings.sweeps
     if args.map_from is not None:
         path = Path(args.map_from)
         if not path.is_file():
@@ -60,8 +65,6 @@ def layer_maps(args, ckpt, sweeps) -> dict:
         if not {"learner", "metric", "layer", "k"} <= set(best.columns):
             raise ConfigError(f"--map-from {path}: needs columns learner, metric, layer, k (a best_match.csv)")
     else:
-        settings = LayerSettings(sweeps=tuple(sweeps), simw=False, seed=args.seed, n_boot=args.bootstrap,
-                                 device=check_device(args.device))
         best = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet).best
     maps = layer_maps_from_best(best, sweeps)
     missing = [s.label for s in sweeps if s.label not in maps]
@@ -71,24 +74,25 @@ def layer_maps(args, ckpt, sweeps) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..provenance import display_path
     from ..checkpoint import load_checkpoint
     from ..interventions.pipeline import InterventionSettings, iteration_verdict, run_interventions
     from ..provenance import stamp
     from ..report import intervention_figures
-    from .heatmap import select_sweeps
-
     target = output_target(args, "patch", (args.checkpoint,))
-    sweeps = select_sweeps(args.learners) if args.learners else ()
     ckpt = load_checkpoint(args.checkpoint)
     n = ckpt.config.task.n_points
     if args.query is not None and not 0 <= args.query < n:
         from ..errors import ConfigError
 
         raise ConfigError(f"--query must lie in 0..{n - 1} (examples before the query), got {args.query}")
-    settings = InterventionSettings(n_patch=args.prompts, sites=tuple(args.sites), query=args.query, ablate=False,
-                                    iteration=bool(sweeps), n_boot=args.bootstrap, seed=args.seed,
+    recipe = recipe_from_args(args, ckpt)
+    iv = recipe.interventions
+    settings = InterventionSettings(n_patch=args.prompts or iv.patch_prompts, sites=tuple(args.sites or iv.sites),
+                                    query=args.query, ablate=False, iteration=bool(args.learners),
+                                    n_boot=recipe.similarity.bootstrap, seed=recipe.prompts.seed,
                                     device=check_device(args.device))
-    settings.layer_maps = layer_maps(args, ckpt, sweeps)
+    settings.layer_maps = layer_maps(args, ckpt)
     result = run_interventions(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     with writing(target) as out:
         result.patching.to_csv(out / "patching.csv", index=False)
@@ -99,9 +103,9 @@ def run(args: argparse.Namespace) -> int:
         if result.iteration:
             intervention_figures.iteration_consistency(result.iteration, out / "iteration_consistency")
         (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n")
-        (out / "run.json").write_text(json.dumps({"command": "patch", "checkpoint": str(ckpt.path),
+        (out / "run.json").write_text(json.dumps({"command": "patch", "checkpoint": display_path(ckpt.path),
                                                   "map_from": args.map_from, **stamp()}, indent=2, default=str) + "\n")
-    view = result.patching[result.patching.site == "resid"] if "resid" in args.sites else result.patching
+    view = result.patching[result.patching.site == "resid"] if "resid" in settings.sites else result.patching
     table = view.pivot_table(index="layer", columns="token", values="restored", sort=False)
     print("fraction restored at the query (rows: layer; last columns):")
     print(table.iloc[:, -6:].to_string(float_format=lambda v: f"{v:.2f}"))

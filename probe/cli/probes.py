@@ -13,20 +13,22 @@ import argparse
 import json
 
 from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, output_target, positive_int, writing
+from .layers import add_recipe_args, recipe_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory")
     add_out(p, "directory for probes.csv, probes_summary.json and probes.png")
-    p.add_argument("--kinds", nargs="+", default=["linear", "mlp"], choices=["linear", "mlp"])
-    p.add_argument("--targets", nargs="+", default=["xty", "w_ols"], choices=["xty", "w_ols"])
+    p.add_argument("--kinds", nargs="+", choices=["linear", "mlp"], help="probe kinds (recipe: probes.kinds)")
+    p.add_argument("--targets", nargs="+", choices=["xty", "w_ols"], help="targets (recipe: probes.targets)")
     p.add_argument("--prefixes", nargs="*", type=positive_int, help="prefix lengths t (default 1, d, 2d, n-1)")
-    p.add_argument("--steps", type=positive_int, default=300, help="Adam steps (default 300)")
-    p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (default 1e-2)")
-    p.add_argument("--prompts", type=positive_int, default=1024, help="training prompts (default 1024)")
-    p.add_argument("--test-prompts", type=positive_int, default=256, help="held-out prompts (default 256)")
+    p.add_argument("--steps", type=positive_int, help="Adam steps (recipe: probes.steps)")
+    p.add_argument("--lr", type=float, help="Adam learning rate (recipe: probes.lr)")
+    p.add_argument("--prompts", type=positive_int, help="training prompts (recipe: probes.prompts)")
+    p.add_argument("--test-prompts", type=positive_int, help="held-out prompts (recipe: prompts.eval)")
     p.add_argument("--no-controls", action="store_true", help="skip the random-model and shuffled controls")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="seed (recipe: prompts.seed)")
+    add_recipe_args(p)
     add_device(p)
 
 
@@ -45,14 +47,20 @@ def run(args: argparse.Namespace) -> int:
     n = ckpt.config.task.n_points
     if args.prefixes and max(args.prefixes) >= n:
         raise ConfigError(f"--prefixes must be below the number of points ({n}), got {args.prefixes}")
+    recipe = recipe_from_args(args, ckpt)
+    pr = recipe.probes
+    pick = lambda flag, default: default if flag is None else flag  # noqa: E731
+    seed = pick(args.seed, recipe.prompts.seed)
+    controls = pr.controls and not args.no_controls
     control = None
-    if not args.no_controls:
-        torch.manual_seed(args.seed + 99)
+    if controls:
+        torch.manual_seed(seed + 99)  # the report's probes stage uses the same control
         control = build_model(ckpt.config.model).eval()
-    settings = ProbeSettings(kinds=tuple(args.kinds), targets=tuple(args.targets),
-                             prefixes=tuple(args.prefixes) if args.prefixes else None, steps=args.steps, lr=args.lr,
-                             n_train=args.prompts, n_test=args.test_prompts, controls=not args.no_controls,
-                             seed=args.seed, device=check_device(args.device))
+    settings = ProbeSettings(kinds=tuple(pick(args.kinds, pr.kinds)), targets=tuple(pick(args.targets, pr.targets)),
+                             prefixes=tuple(args.prefixes) if args.prefixes else None, steps=pick(args.steps, pr.steps),
+                             lr=pick(args.lr, pr.lr), n_train=pick(args.prompts, pr.prompts),
+                             n_test=pick(args.test_prompts, recipe.prompts.eval), controls=controls, seed=seed,
+                             device=check_device(args.device))
     table = probe_study(ckpt.model, ckpt.config.task, settings, control, progress=not args.quiet)
     summary = probe_summary(table)
     with writing(out_target) as out:

@@ -19,18 +19,19 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..provenance import display_path
     from ..analysis.pipeline import analyse_layers
     from ..checkpoint import load_checkpoint
     from ..report import figures
 
     target = output_target(args, "readout", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
-    settings = settings_from_args(args, sweeps=(), simw=False)
+    settings = settings_from_args(args, ckpt, sweeps=(), simw=False)
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     summary = result.readout[result.readout.n_examples >= 1].groupby("layer").error.mean().reset_index()
     with writing(target) as out:
         write_tables(out, {"readout": result.readout, "readout_by_layer": summary},
-                     {"command": "readout", "checkpoint": str(ckpt.path), "settings": settings.__dict__})
+                     {"command": "readout", "checkpoint": display_path(ckpt.path), "settings": settings.__dict__})
         figures.readout_error(result.readout, out / "readout", ckpt.config.task.n_dims)
     print("mean error / d over examples >= 1, per layer:")
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.4f}"))

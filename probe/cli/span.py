@@ -18,19 +18,19 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.matching import DEFAULT_SWEEPS
+    from ..provenance import display_path
     from ..analysis.pipeline import analyse_layers
     from ..checkpoint import load_checkpoint
     from ..report import figures
 
     target = output_target(args, "span", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
-    sweeps = tuple(s for s in DEFAULT_SWEEPS if s.label in ("newton", "gd_log", "least_squares"))
-    settings = settings_from_args(args, sweeps=sweeps)
+    settings = settings_from_args(args, ckpt)
+    settings.sweeps = tuple(s for s in settings.sweeps if s.label in ("newton", "gd_log", "least_squares")) or settings.sweeps[:1]
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     with writing(target) as out:
         write_tables(out, {"span": result.span},
-                     {"command": "span", "checkpoint": str(ckpt.path), "settings": settings.__dict__})
+                     {"command": "span", "checkpoint": display_path(ckpt.path), "settings": settings.__dict__})
         figures.span(result.span, out / "span")
     d = ckpt.config.task.n_dims
     view = result.span[(result.span.kind == "layer") & (result.span.n_examples < d)]

@@ -62,7 +62,7 @@ def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
     res = analyse_layers(ckpt.model, ckpt.config.task, layer_settings(recipe, device), progress=progress)
     alphas = getattr(res.readouts, "alpha", None)
     return ({"readout": res.readout, "heatmap_cells": res.cells, "best_match": res.best, "table1": res.table1,
-             "span": res.span},
+             "span": res.span, "nulls": res.nulls},
             {"trends": res.trends, "readout_alpha": None if alphas is None else list(map(float, alphas)),
              "timings": res.timings})
 
@@ -195,9 +195,8 @@ def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: 
         out["icl_r2"] = fig_dir / "icl_r2.png"
     out["readout"] = figures.readout_error(t["readout"], fig_dir / "readout", ckpt.config.task.n_dims)[0]
     for sweep in recipe.sweeps:
-        for metric in sorted(t["best_match"].metric.unique()):
-            key = f"heatmap_{sweep.label}_{metric}"
-            out[key] = figures.heatmap(t["heatmap_cells"], t["best_match"], sweep.label, metric, sweep.axis, fig_dir / safe_name(key))[0]
+        key = f"heatmap_{sweep.label}"
+        out[key] = figures.heatmap_pair(t["heatmap_cells"], t["best_match"], sweep.label, sweep.axis, fig_dir / safe_name(key))[0]
         if sweep.axis:
             key = f"trend_{sweep.label}"
             out[key] = figures.best_match_trend(t["best_match"], sweep.label, "sime", fig_dir / safe_name(key))[0]

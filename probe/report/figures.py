@@ -17,28 +17,52 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    plt.rcParams.update({"svg.hashsalt": "icl-probe", "font.size": 10, "axes.titlesize": 10})  # byte-stable SVG ids
     return plt
 
 
 def _save(fig, stem: Path) -> list[Path]:
+    """PNG and SVG, byte-deterministic for the same figure (no dates or random ids in the files)."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
-    fig.savefig(paths[0], dpi=120, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    fig.savefig(paths[0], dpi=120, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(paths[1], bbox_inches="tight", metadata={"Date": None, "Creator": None})
     _plt().close(fig)
     return paths
 
 
+def _label(name: str) -> str:
+    from .findings import label
+
+    return label(name)
+
+
+def _thin_ticks(ax, labels: list, axis: str = "y", most: int = 12) -> None:
+    """Show at most `most` tick labels (every k-th) so they stay readable in an 800 px window."""
+    step = max(1, int(np.ceil(len(labels) / most)))
+    ticks = list(range(0, len(labels), step))
+    setter = ax.set_yticks if axis == "y" else ax.set_xticks
+    setter([t + 0.5 for t in ticks], [str(labels[t]) for t in ticks], rotation=0)
+
+
 def icl_error(frame: pd.DataFrame, stem: Path, title: str = "") -> list[Path]:
+    """Error / d against examples on a linear axis and a log axis (where the model and least
+    squares, indistinguishable on the linear one, can be told apart)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    ax.plot(frame.n_examples, frame.model, color="C0", lw=2, label="model")
-    ax.fill_between(frame.n_examples, frame.model_lo, frame.model_hi, color="C0", alpha=0.25)
-    for i, name in enumerate(["least_squares", "knn3", "averaging"]):
-        ax.plot(frame.n_examples, frame[name], ls="--", color=f"C{i + 1}", label=name.replace("_", " "))
-    ax.set(xlabel="in-context examples", ylabel="squared error / d", title=title)
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, scale in zip(axes, ("linear", "log")):
+        ax.plot(frame.n_examples, frame.model, color="C0", lw=2, label="model")
+        ax.fill_between(frame.n_examples, frame.model_lo, frame.model_hi, color="C0", alpha=0.25)
+        for i, name in enumerate(["least_squares", "knn3", "averaging"]):
+            ax.plot(frame.n_examples, frame[name], ls="--", color=f"C{i + 1}", label=_label(name).replace("knn3", "3-NN"))
+        ax.set(xlabel="in-context examples", ylabel="squared error / d", yscale=scale,
+               title=f"{title} ({scale} axis)" if title else f"{scale} axis")
+        if scale == "linear":
+            ax.set_ylim(bottom=0)
+        else:
+            positive = frame[["model", "least_squares"]].to_numpy()
+            ax.set_ylim(bottom=max(1e-6, float(np.nanmin(positive[positive > 0])) / 2) if (positive > 0).any() else 1e-6)
+    axes[0].legend(fontsize=8)
     return _save(fig, stem)
 
 
@@ -57,35 +81,72 @@ def readout_error(table: pd.DataFrame, stem: Path, n_dims: int) -> list[Path]:
     return _save(fig, stem)
 
 
-def heatmap(cells: pd.DataFrame, best: pd.DataFrame, learner: str, metric: str, axis: str | None, stem: Path) -> list[Path]:
-    """Layers on x, the learner's grid on y, similarity as colour, best match per layer boxed."""
+def _heatmap_panel(ax, cells: pd.DataFrame, best: pd.DataFrame, learner: str, metric: str, axis: str | None,
+                   vmin: float, vmax: float, cbar_ax=None) -> None:
     import seaborn as sns
 
-    plt = _plt()
     rows = cells[(cells.b == learner) & (cells.metric == metric)]
     key = axis if axis and axis in rows else "b_index"
     grid = rows.pivot_table(index=key, columns="layer", values="value")
     if np.all(np.mod(grid.index.to_numpy(dtype=float), 1) == 0):
         grid.index = grid.index.astype(int)  # 3, not 3.0, for iteration and step counts
-    fig, ax = plt.subplots(figsize=(0.55 * grid.shape[1] + 2.5, 0.22 * grid.shape[0] + 1.8))
-    sns.heatmap(grid, ax=ax, cmap="magma", cbar_kws={"label": metric.upper()}, vmin=max(-1, np.nanmin(grid.values)), vmax=1)
+    sns.heatmap(grid, ax=ax, cmap="magma", vmin=vmin, vmax=vmax, cbar=cbar_ax is not None, cbar_ax=cbar_ax,
+                cbar_kws={"label": "similarity"} if cbar_ax is not None else None, yticklabels=False)
+    _thin_ticks(ax, list(grid.index))
     picks = best[(best.learner == learner) & (best.metric == metric)]
     ylabels = [float(v) for v in grid.index]
     for _, r in picks.iterrows():
-        if float(r.k) in ylabels:
-            ax.add_patch(plt.Rectangle((list(grid.columns).index(r.layer), ylabels.index(float(r.k))), 1, 1, fill=False,
-                                       edgecolor="cyan", lw=2))
+        if float(r.k) not in ylabels:
+            continue
+        x, y = list(grid.columns).index(r.layer), ylabels.index(float(r.k))
+        end = bool(r.get("at_grid_end", False))
+        ax.add_patch(_plt().Rectangle((x, y), 1, 1, fill=False, edgecolor="red" if end else "cyan", lw=2,
+                                      ls="--" if end else "-"))
+        if bool(r.get("degenerate", False)):
+            ax.plot([x + 0.15, x + 0.85], [y + 0.15, y + 0.85], color="white", lw=1.5)
+            ax.plot([x + 0.15, x + 0.85], [y + 0.85, y + 0.15], color="white", lw=1.5)
     ax.invert_yaxis()
-    ax.set(xlabel="layer", ylabel=f"{learner} {key}", title=f"{metric.upper()}: layers vs {learner}")
+    ax.set(xlabel="layer", ylabel=f"{_label(learner)}: {key}", title=f"{_label(metric)}: layers vs {_label(learner)}")
+
+
+def heatmap(cells: pd.DataFrame, best: pd.DataFrame, learner: str, metric: str, axis: str | None, stem: Path) -> list[Path]:
+    """One metric: layers on x, the learner's grid on y, similarity as colour (fixed range -1..1 or
+    0..1), best match per layer boxed (dashed red: at the grid's end; white cross: not
+    distinguishable from predicting 0)."""
+    return heatmap_pair(cells, best, learner, axis, stem, metrics=(metric,))
+
+
+def heatmap_pair(cells: pd.DataFrame, best: pd.DataFrame, learner: str, axis: str | None, stem: Path,
+                 metrics: tuple[str, ...] = ("sime", "simw")) -> list[Path]:
+    """SimE and SimW of one sweep side by side with one shared colour range and colour bar."""
+    plt = _plt()
+    present = [m for m in metrics if ((cells.b == learner) & (cells.metric == m)).any()]
+    values = cells[(cells.b == learner) & cells.metric.isin(present)].value
+    vmin = -1.0 if len(values) and values.min() < 0 else 0.0
+    n_rows = cells[(cells.b == learner) & (cells.metric == present[0])].b_index.nunique() if present else 1
+    n_layers = cells.layer.nunique()
+    fig = plt.figure(figsize=(len(present) * (0.5 * n_layers + 2.2) + 0.8, min(9, 0.2 * n_rows + 2.2)))
+    spec = fig.add_gridspec(1, len(present) + 1, width_ratios=[1] * len(present) + [0.05], wspace=0.35)
+    for i, metric in enumerate(present):
+        cbar_ax = fig.add_subplot(spec[0, -1]) if i == len(present) - 1 else None
+        _heatmap_panel(fig.add_subplot(spec[0, i]), cells, best, learner, metric, axis, vmin, 1.0, cbar_ax)
     return _save(fig, stem)
 
 
 def best_match_trend(best: pd.DataFrame, learner: str, metric: str, stem: Path) -> list[Path]:
+    """Best-matching k per layer with its interval; a log grid is drawn on a (symmetric) log axis."""
     plt = _plt()
     rows = best[(best.learner == learner) & (best.metric == metric)]
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
     ax.errorbar(rows.layer, rows.k, yerr=[rows.k - rows.k_low, rows.k_high - rows.k], fmt="o-", capsize=3)
-    ax.set(xlabel="layer", ylabel=f"best-matching {learner} k", title=f"{metric.upper()} best match, 90% bootstrap")
+    ends = rows[rows.get("at_grid_end", False) == True]  # noqa: E712 (pandas mask)
+    if len(ends):
+        ax.plot(ends.layer, ends.k, "s", mfc="none", mec="red", ms=10, label="at grid end")
+        ax.legend(fontsize=7)
+    positive = rows.k[rows.k > 0]
+    if len(positive) and positive.max() / positive.min() > 50:
+        ax.set_yscale("symlog", linthresh=1)
+    ax.set(xlabel="layer", ylabel=f"best-matching {_label(learner)} k", title=f"{_label(metric)} best match, 90% bootstrap")
     return _save(fig, stem)
 
 

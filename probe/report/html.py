@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-t
 figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.9em;color:#555;margin-top:.3em}
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0} td,th{border:1px solid #ddd;padding:.25em .5em;text-align:right}
-th{background:#f5f5f5} .verdict{background:#f0f6ff;padding:.5em 1em;border-left:3px solid #58f}
+th{background:#f5f5f5} .findings{background:#f0f6ff;padding:.3em 1.2em;border-left:4px solid #58f}
+.caveats li{color:#8a4b00} nav ol{columns:2;font-size:.95em} .verdict{background:#f0f6ff;padding:.5em 1em;border-left:3px solid #58f}
 code{background:#f3f3f3;padding:0 .2em} .grid{display:flex;flex-wrap:wrap;gap:1em} .grid figure{flex:1 1 45%}
 """
 
@@ -30,6 +32,28 @@ def _img(path: Path, alt: str, caption: str) -> str:
 
 def _table(frame: pd.DataFrame, floatfmt: str = "{:.4f}") -> str:
     return frame.to_html(index=False, float_format=lambda v: floatfmt.format(v), border=0)
+
+
+def _label(name: str) -> str:
+    from .findings import label
+
+    return label(name)
+
+
+def _readable(frame: pd.DataFrame) -> pd.DataFrame:
+    """Human labels for a best-match-like table: learner and metric names, flags as words."""
+    from .findings import label
+
+    out = frame.copy()
+    for col in ("learner", "family", "metric"):
+        if col in out:
+            out[col] = out[col].map(label)
+    for col, text in (("degenerate", "not distinguishable from 0"), ("at_grid_end", "at grid end")):
+        if col in out:
+            out[col] = out[col].map(lambda v, t=text: t if bool(v) else "")
+    out = out.drop(columns=[c for c in ("predicts_zero",) if c in out])
+    return out.rename(columns={"zero_similarity": "SimE vs zero predictor", "random_similarity": "SimE vs random model",
+                               "degenerate": "null check", "at_grid_end": "grid"})
 
 
 def _training_rows(ckpt) -> list[tuple[str, Any]]:
@@ -51,9 +75,7 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
     t = built.tables
     c = summary["checkpoint"]
     m = c["model"]
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>icl-probe report: {html.escape(c['name'])}</title>"
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>icl-probe report: {html.escape(c['name'])} ({html.escape(recipe.name)} recipe)</h1>"]
+    parts: list[str] = []
     # model card
     card = pd.DataFrame([
         ("format", c["format"]), ("family", m["family"]), ("layers", m["n_layer"]), ("width", m["n_embd"]),
@@ -64,7 +86,8 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
     parts += ["<h2>Model card</h2>", _table(card),
               _img(figs["icl_error"], "error vs examples",
                    "Squared error / d of the model's own predictions against the number of in-context examples "
-                   "(band: bootstrap 5-95% over prompts), beside least squares, 3-nearest neighbours and averaging.")]
+                   "(band: bootstrap 5-95% over prompts), beside least squares, 3-nearest neighbours and averaging; "
+                   "linear axis (left) and log axis (right).")]
     if "icl_r2" in figs:
         parts.append(_img(figs["icl_r2"], "R^2 vs examples", "R^2 (over prompts) of the model's predictions against the "
                           "number of examples, beside training the task's ReLU network directly on each prompt's examples "
@@ -88,30 +111,37 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
         if label == "gd":
             continue
         parts.append(f"<p>{html.escape(tr['verdict'])}</p>")
-    parts.append("</div><div class='grid'>")
+    parts.append("</div>")
     for sweep in recipe.sweeps:
-        for metric in ("sime", "simw"):
-            key = f"heatmap_{sweep.label}_{metric}"
-            if key in figs:
-                parts.append(_img(figs[key], key, f"{metric.upper()} between every layer (x) and {sweep.label} over "
-                                  f"its {sweep.axis or 'setting'} (y); the boxed cell is the best match per layer."))
-    parts.append("</div><div class='grid'>")
+        key = f"heatmap_{sweep.label}"
+        if key in figs:
+            parts.append(_img(figs[key], key, f"SimE (left) and SimW (right, when computed) between every layer (x) and "
+                              f"{_label(sweep.label)} over its {sweep.axis or 'setting'} (y), on one colour scale; the "
+                              "boxed cell is the best match per layer (dashed red: at the grid's end, the true match may "
+                              "lie beyond; white cross: not distinguishable from predicting 0)."))
+    parts.append("<div class='grid'>")
     for sweep in recipe.sweeps:
         key = f"trend_{sweep.label}"
         if key in figs:
-            parts.append(_img(figs[key], key, f"Best-matching {sweep.label} {sweep.axis} per layer by SimE, "
+            parts.append(_img(figs[key], key, f"Best-matching {_label(sweep.label)} {sweep.axis} per layer by SimE, "
                               "with its 90% bootstrap interval over prompts."))
     parts.append("</div>")
     best = t["best_match"]
-    parts += ["<h3>Best matches</h3>", _table(best[best.learner.isin([s.label for s in recipe.sweeps if s.axis])]
-                                             .drop(columns=["at_grid_end"]), "{:.3f}")]
+    parts += ["<h3>Best matches</h3>", "<p><em>not distinguishable from 0</em>: the zero predictor's SimE lies within "
+              "the match's interval, or the layer predicts ~0; <em>at grid end</em>: the true match may lie beyond the "
+              "grid.</p>", _table(_readable(best[best.learner.isin([s.label for s in recipe.sweeps if s.axis])]), "{:.3f}")]
     # table 1
-    t1 = t["table1"].rename(columns={"similarity": "SimE (final layer)"})
+    t1 = _readable(t["table1"]).rename(columns={"similarity": "SimE (final layer)"})
     parts += ["<h2>Table 1: final layer against each learner</h2>"]
     if compare is not None and "compare_table1" in t:
-        other = t["compare_table1"][["family", "similarity"]].rename(columns={"similarity": f"SimE ({compare.name})"})
+        other = _readable(t["compare_table1"][["family", "similarity"]]).rename(columns={"similarity": f"SimE ({compare.name})"})
         t1 = t1.merge(other, on="family", how="left")
     parts.append(_table(t1, "{:.3f}"))
+    null = summary["table1"].get("null")
+    if null:
+        parts.append("<p>Null baselines for the final layer (SimE): " + "; ".join(
+            f"{html.escape(_label(name))} {entry['similarity']:.3f}" for name, entry in null.items()) +
+            ". A learner that does not beat the zero predictor beyond its interval is marked not distinguishable from 0.</p>")
     # span
     if "span" in figs:
         parts += ["<h2>Span of the examples</h2>",
@@ -151,9 +181,35 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
               f"<li>Recipe, versions and git commit: see summary.json (git {html.escape(str(summary['git_commit']))}).</li>",
               "</ul>",
               "<h2>Grids</h2>", _table(pd.DataFrame([{"label": s.label, "learner": s.learner, "axis": s.axis,
-                                                      "grid": json.dumps(s.grid)} for s in recipe.sweeps])),
-              "</body></html>"]
-    return "\n".join(parts)
+                                                      "grid": json.dumps(s.grid)} for s in recipe.sweeps]))]
+    return _page(summary, recipe, "\n".join(parts))
+
+
+def _sections(body: str) -> list[dict[str, str]]:
+    """Split the body at its <h2> headings into sections with anchors for the contents list."""
+    chunks = re.split(r"<h2>(.*?)</h2>", body)
+    out = []
+    for title, content in zip(chunks[1::2], chunks[2::2]):
+        plain = re.sub(r"<[^>]+>", "", title)
+        anchor = re.sub(r"[^a-z0-9]+", "-", plain.lower()).strip("-")
+        out.append({"id": anchor, "title": title, "plain": plain, "body": content})
+    return out
+
+
+def _page(summary: dict[str, Any], recipe, body: str) -> str:
+    """The page from the package's jinja2 template: findings, contents, then the sections."""
+    import jinja2
+    import markupsafe
+
+    from .. import __version__
+    from .findings import findings
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("probe.report", "templates"),
+                             autoescape=jinja2.select_autoescape(["j2", "html"]), keep_trailing_newline=True)
+    items, caveat_items = findings(summary)
+    return env.get_template("report.html.j2").render(
+        name=summary["checkpoint"]["name"], recipe=recipe.name, css=markupsafe.Markup(CSS), findings=items,
+        caveats=caveat_items, sections=_sections(body), version=__version__, git=str(summary.get("git_commit")))
 
 
 def _causal_section(block: dict | None, figs: dict[str, Path]) -> list[str]:

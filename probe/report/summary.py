@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 
 from ..checkpoint import LoadedCheckpoint
-from ..provenance import stamp
+from ..provenance import display_path, stamp
 from .recipe import Recipe
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _col(frame: pd.DataFrame, name: str) -> list:
@@ -39,8 +39,9 @@ def best_match_block(best: pd.DataFrame, recipe: Recipe) -> dict[str, Any]:
     appears under its own label."""
     out: dict[str, Any] = {}
     for label, rows in best.groupby("learner", sort=False):
-        out[label] = {metric: {c: _col(r.sort_values("layer"), c) for c in
-                               ("layer", "k", "k_low", "k_high", "similarity", "ci_low", "ci_high")}
+        columns = ["layer", "k", "k_low", "k_high", "similarity", "ci_low", "ci_high", "at_grid_end"]
+        columns += [c for c in ("zero_similarity", "degenerate") if c in rows]
+        out[label] = {metric: {c: _col(r.sort_values("layer"), c) for c in columns}
                       for metric, r in rows.groupby("metric")}
     gd = [s for s in recipe.sweeps if s.learner == "gd"]
     if gd:
@@ -50,6 +51,16 @@ def best_match_block(best: pd.DataFrame, recipe: Recipe) -> dict[str, Any]:
     if newton and "newton" not in out:
         out["newton"] = out.get(newton[0].label, {})
     return out
+
+
+def nulls_block(nulls: pd.DataFrame) -> dict[str, Any]:
+    """Per layer: SimE against the zero predictor and a random-weights model; predicts ~0."""
+    first = nulls.drop_duplicates("layer").sort_values("layer")
+    return {"layer": _col(first, "layer"), "predicts_zero": [bool(v) for v in first.predicts_zero],
+            "relative_norm": _col(first, "relative_norm"),
+            "sime": {name: _col(r.sort_values("layer"), "similarity") for name, r in nulls.groupby("null", sort=False)},
+            "rule": "a best match is degenerate when SimE(layer, zero predictor) >= its ci_low, or the layer predicts ~0 "
+                    "(||f|| < 0.1 ||y||)"}
 
 
 def trend_block(trends: list[dict[str, Any]], recipe: Recipe) -> dict[str, Any]:
@@ -78,7 +89,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
     meta = {key: value for key, value in ckpt.meta.items() if key in ("train_step", "train_seconds")}
     summary: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "checkpoint": {"path": str(ckpt.path), "format": ckpt.format, "sha256": ckpt.sha256, "name": ckpt.name,
+        "checkpoint": {"path": display_path(ckpt.path), "format": ckpt.format, "sha256": ckpt.sha256, "name": ckpt.name,
                        "model": ckpt.config.model.__dict__, "task": {**ckpt.config.task.__dict__,
                                                                      "mixture_weights": list(ckpt.config.task.mixture_weights)},
                        "parameters": int(sum(p.numel() for p in ckpt.model.parameters())), **meta},
@@ -98,8 +109,13 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         "best_match": best_match_block(t["best_match"], recipe),
         "trend": trend_block(built.data.get("trends", []), recipe),
         "table1": {"sime": {r.family: {"learner": r.learner, "k": _int_if_integral(r.k), "similarity": r.similarity,
-                                       "ci_low": r.ci_low, "ci_high": r.ci_high} for r in t["table1"].itertuples()}},
+                                       "ci_low": r.ci_low, "ci_high": r.ci_high,
+                                       "degenerate": bool(getattr(r, "degenerate", False))}
+                            for r in t["table1"].itertuples()}},
     }
+    if "nulls" in t and not t["nulls"].empty:
+        summary["nulls"] = nulls_block(t["nulls"])
+        summary["table1"]["null"] = {name: {"similarity": vals[-1]} for name, vals in summary["nulls"]["sime"].items()}
     if "icl_r2" in t:
         r2 = t["icl_r2"]
         summary["icl_r2"] = {c: _col(r2, c) for c in r2.columns}
@@ -126,7 +142,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
     if compare is not None:
         ct = t.get("compare_table1")
         summary["compare"] = {
-            "checkpoint": {"path": str(compare.path), "format": compare.format, "sha256": compare.sha256},
+            "checkpoint": {"path": display_path(compare.path), "format": compare.format, "sha256": compare.sha256},
             "table1": {"sime": {r.family: {"learner": r.learner, "k": _int_if_integral(r.k), "similarity": r.similarity,
                                            "ci_low": r.ci_low, "ci_high": r.ci_high} for r in ct.itertuples()}},
             "readout": {"layer": sorted(int(i) for i in t["compare_readout"].layer.unique()),

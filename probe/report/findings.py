@@ -1,0 +1,129 @@
+"""The report's opening block: findings and caveats, generated from summary.json alone."""
+
+from __future__ import annotations
+
+LABELS = {"ogd": "online GD", "gd_log": "GD (log grid)", "gd_linear": "GD (linear grid)", "gd": "GD",
+          "newton": "Iterative Newton", "least_squares": "least squares", "knn": "k-NN", "sgd": "SGD",
+          "adam": "Adam", "cg": "conjugate gradient", "bfgs": "BFGS", "lbfgs": "L-BFGS", "ridge": "ridge",
+          "averaging": "averaging", "relu_gd": "ReLU network (GD)", "relu_adam": "ReLU network (Adam)",
+          "sime": "SimE", "simw": "SimW", "xty": "X^T y", "w_ols": "w_OLS", "random_model": "a random-weights model",
+          "zero": "the zero predictor"}
+
+
+def label(name: str) -> str:
+    """Human label of an internal name (sweep, metric, probe target)."""
+    return LABELS.get(name, name.replace("_", " "))
+
+
+def _icl(summary: dict, d: int) -> str | None:
+    icl = summary.get("icl_error", {})
+    ns = icl.get("n_examples", [])
+    t = 2 * d + 1
+    if t not in ns:
+        return None
+    i = ns.index(t)
+    return (f"In-context error / d at 2d+1 = {t} examples: {icl['model'][i]:.4f} "
+            f"(90% band {icl['model_lo'][i]:.4f}-{icl['model_hi'][i]:.4f}); least squares {icl['least_squares'][i]:.4f}.")
+
+
+def _layers(layers: list) -> str:
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(map(str, layers))
+
+
+def _verdicts(summary: dict) -> list[str]:
+    out = []
+    for name, tr in summary.get("trend", {}).items():
+        if name == "gd" or not tr.get("verdict"):
+            continue
+        block = summary.get("best_match", {}).get(name, {}).get("sime", {})
+        tail = ""
+        if block.get("k"):
+            tail = (f"; final layer {block['k'][-1]} [{block['k_low'][-1]}, {block['k_high'][-1]}]"
+                    f"{' (at grid end)' if block.get('at_grid_end', [False])[-1] else ''}")
+        out.append(f"Layers vs {label(name)} (SimE): {tr['verdict'].split(': ', 1)[-1]}{tail}.")
+    return out
+
+
+def _table1(summary: dict) -> str | None:
+    rows = [(fam, e) for fam, e in summary.get("table1", {}).get("sime", {}).items() if fam != "null"]
+    if not rows:
+        return None
+    rows.sort(key=lambda r: -r[1]["similarity"])
+    (fam, top), rest = rows[0], rows[1:]
+    text = (f"Final layer closest to {label(fam)} (SimE {top['similarity']:.3f} [{top['ci_low']:.3f}, {top['ci_high']:.3f}])")
+    if rest:
+        fam2, second = rest[0]
+        overlap = second["ci_high"] >= top["ci_low"]
+        text += (f", runner-up {label(fam2)} {second['similarity']:.3f} [{second['ci_low']:.3f}, {second['ci_high']:.3f}]"
+                 + ("; their intervals overlap, so the ranking is not resolved" if overlap else ""))
+    return text + "."
+
+
+def _probes(summary: dict) -> str | None:
+    probes = summary.get("probes")
+    if not probes:
+        return None
+    parts = []
+    for target, kinds in probes.items():
+        if not isinstance(kinds, dict):
+            continue
+        for kind, entry in kinds.items():
+            if not isinstance(entry, dict) or "r2" not in entry:
+                continue
+            best = max(range(len(entry["r2"])), key=lambda i: entry["r2"][i])
+            control = (entry.get("control_r2") or [None] * len(entry["r2"]))[best]
+            parts.append(f"{kind} {label(target)} R^2 {entry['r2'][best]:.2f} at layer {entry['layer'][best]}"
+                         + (f" (random-weights model {control:.2f})" if control is not None else ""))
+    return "Probes: " + "; ".join(parts) + "." if parts else None
+
+
+def _span(summary: dict, d: int) -> str | None:
+    span = summary.get("span")
+    if not span or not span.get("layer"):
+        return None
+    last = max(span["layer"])
+    pairs = [(t, r, nul) for l, t, r, nul in zip(span["layer"], span["n_examples"], span["residual"], span["random_null"])
+             if l == last and 1 <= t < d]
+    if not pairs:
+        return None
+    return ("Span of the examples (final layer): relative residual " + ", ".join(f"{r:.2f}" for _, r, _ in pairs)
+            + f" at t = 1..{d - 1}, against " + ", ".join(f"{n:.2f}" for *_, n in pairs) + " for a random vector.")
+
+
+def caveats(summary: dict) -> list[str]:
+    out = []
+    nulls = summary.get("nulls", {})
+    zero_layers = [l for l, z in zip(nulls.get("layer", []), nulls.get("predicts_zero", [])) if z]
+    if zero_layers:
+        out.append(f"{_layers(zero_layers).capitalize()} predict{'s' if len(zero_layers) == 1 else ''} ~0 (||f|| < 0.1 ||y||): their matches are not "
+                   "distinguishable from predicting 0, whatever learner step they name.")
+    for name, metrics in summary.get("best_match", {}).items():
+        if name in ("gd", "newton") and name not in [s.get("label") for s in summary.get("recipe", {}).get("sweeps", [])]:
+            continue
+        block = metrics.get("sime", {})
+        bad = [l for l, dg in zip(block.get("layer", []), block.get("degenerate", [])) if dg and l not in zero_layers]
+        if bad:
+            out.append(f"{label(name)}: SimE matches at {_layers(bad)} are not distinguishable from "
+                       "predicting 0 (the zero predictor scores within their interval).")
+        ends = [l for l, e in zip(block.get("layer", []), block.get("at_grid_end", [])) if e]
+        if ends:
+            out.append(f"{label(name)}: best matches at {_layers(ends)} lie at the grid's end; the "
+                       "true match may lie beyond it.")
+    top = sorted(((f, e) for f, e in summary.get("table1", {}).get("sime", {}).items() if f != "null"),
+                 key=lambda r: -r[1]["similarity"])
+    if top and top[0][1].get("degenerate"):
+        out.append("The final layer's closest learner is not distinguishable from predicting 0: Table 1 says nothing "
+                   "about which algorithm the model runs.")
+    probes = summary.get("probes", {})
+    if probes.get("converged") is False:
+        out.append("The probes did not converge; their R^2 is a lower bound.")
+    return out
+
+
+def findings(summary: dict) -> tuple[list[str], list[str]]:
+    """(findings, caveats): short sentences for the top of the report."""
+    d = summary["checkpoint"]["task"]["n_dims"]
+    items = [_icl(summary, d), *_verdicts(summary), _table1(summary), _probes(summary), _span(summary, d)]
+    items += [f"Causal check: {v}." for v in summary.get("interventions", {}).get("verdicts", [])]
+    return [i for i in items if i], caveats(summary)
+
