@@ -24,13 +24,13 @@ def test_newton_oracle_is_matched_at_3l_with_a_linear_verdict():
               Sweep("gd_log", "gd", {"steps": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)}, "steps"))
     # SimW is invariant to the rescaling a retrained read-out applies, so it recovers 3l exactly
     res = analyse_layers(oracle, TASK, LayerSettings(sweeps=sweeps, **SMALL))
-    rows = res.best[(res.best.learner == "newton") & (res.best.metric == "simw")].sort_values("layer")
+    rows = res.best[(res.best.sweep == "newton") & (res.best.metric == "simw")].sort_values("layer")
     assert rows.k.tolist() == [0, 3, 6, 9, 12, 15]
     assert (rows.similarity[rows.layer >= 1] > 0.99).all()  # the read-out's intercept costs a little
     # SimE compares errors; with the model's own read-out the layer predictor is Newton itself
     res = analyse_layers(oracle, TASK, LayerSettings(sweeps=sweeps, readout_method="model", **SMALL))
     for metric in ("sime", "simw"):
-        rows = res.best[(res.best.learner == "newton") & (res.best.metric == metric)].sort_values("layer")
+        rows = res.best[(res.best.sweep == "newton") & (res.best.metric == metric)].sort_values("layer")
         assert rows.k.tolist() == [0, 3, 6, 9, 12, 15], metric
         assert (rows.similarity[rows.layer >= 1] > 0.999).all()
     verdict = next(t for t in res.trends if t["learner"] == "newton" and t["metric"] == "sime")
@@ -45,17 +45,17 @@ def test_gd_oracle_is_matched_at_l_steps():
     sweeps = (Sweep("gd_linear", "gd", {"steps": tuple(range(12))}, "steps"),
               Sweep("newton", "newton", {"iterations": tuple(range(10))}, "iterations"))
     res = analyse_layers(oracle, TASK, LayerSettings(sweeps=sweeps, readout_method="model", **SMALL))
-    rows = res.best[(res.best.learner == "gd_linear") & (res.best.metric == "sime")].sort_values("layer")
+    rows = res.best[(res.best.sweep == "gd_linear") & (res.best.metric == "sime")].sort_values("layer")
     assert rows.k.tolist() == list(range(7))
     assert (rows.similarity[rows.layer >= 1] > 0.999).all()
-    newton_sim = res.best[(res.best.learner == "newton") & (res.best.metric == "sime") & (res.best.layer >= 1)]
+    newton_sim = res.best[(res.best.sweep == "newton") & (res.best.metric == "sime") & (res.best.layer >= 1)]
     assert (newton_sim.similarity.to_numpy() < rows.similarity[rows.layer >= 1].to_numpy()).all()
     assert "linear, about 1.0 steps per layer" in next(t for t in res.trends if t["learner"] == "gd_linear"
                                                         and t["metric"] == "sime")["verdict"]
 
 
 def test_trend_prefers_exponential_for_doubling():
-    best = pd.DataFrame({"learner": "gd", "metric": "sime", "layer": range(7), "k": [0, 2, 4, 8, 16, 32, 64],
+    best = pd.DataFrame({"sweep": "gd", "metric": "sime", "layer": range(7), "k": [0, 2, 4, 8, 16, 32, 64],
                          "at_grid_end": False})
     out = trend(best, "gd")
     assert out["verdict"].startswith("gd: exponential, about x2.00 per layer")

@@ -98,7 +98,7 @@ def test_layer_commands_on_garg_directory_and_lstm(tmp_path, capsys):
                      "gd_log", *LAYER_ARGS]) == 0
         assert main(["-q", "span", str(ckpt), "--out", str(out / "s"), "--simw-prompts", "8", *LAYER_ARGS]) == 0
         best = pd.read_csv(out / "h" / "best_match.csv")
-        assert set(best.learner) == {"newton", "gd_log"} and set(best.metric) == {"sime", "simw"}
+        assert set(best.sweep) == {"newton", "gd_log"} and set(best.learner) == {"newton", "gd"} and set(best.metric) == {"sime", "simw"}
         assert (out / "h" / "heatmap_newton.png").exists() and (out / "s" / "span.csv").exists()
         assert len(pd.read_csv(out / "r" / "readout_by_layer.csv")) == 3
         assert main(["-q", "probes", str(ckpt), "--out", str(out / "p"), "--steps", "5", "--prompts", "32",

@@ -384,7 +384,7 @@ case("planted-dims-huge", [*PL, "gd", "--layers", "2", "--dims", "100000", "--ou
 # ---- layer commands' flags
 case("readout-bootstrap-zero", ["readout", "ck", "--out", "o", "--bootstrap", "0"], "positive integer")
 case("heatmap-unknown-sweep", ["heatmap", "ck", "--out", "o", "--learners", "newtn"], "Did you mean: newton")
-case("heatmap-queries-negative", ["heatmap", "ck", "--out", "o", "--queries", "-2"], "n_queries")
+case("heatmap-queries-negative", ["heatmap", "ck", "--out", "o", "--queries", "-2"], "queries must be an integer >= 0")
 case("probes-prefix-beyond", ["probes", "ck", "--out", "o", "--prefixes", "99"], "--prefixes must be below")
 case("probes-lr-nan", ["probes", "ck", "--out", "o", "--lr", "nan"], "probe lr")
 case("probes-lr-negative", ["probes", "ck", "--out", "o", "--lr", "-1"], "probe lr")
@@ -395,7 +395,7 @@ case("ablate-over-cwd", ["ablate", "ck", "--out", "."], "contains the input ck")
 case("ablate-kind-unknown", ["ablate", "ck", "--out", "o", "--kinds", "cut"], "invalid choice")
 case("ablate-prompts-zero", ["ablate", "ck", "--out", "o", "--prompts", "0"], "positive integer")
 case("patch-map-missing", ["patch", "ck", "--out", "o", "--map-from", "nope.csv"], "--map-from nope.csv: no such file")
-case("patch-map-wrong-table", ["patch", "ck", "--out", "o", "--map-from", "m.csv"], "needs columns learner, metric",
+case("patch-map-wrong-table", ["patch", "ck", "--out", "o", "--map-from", "m.csv"], "needs columns sweep, metric",
      write("m.csv", "a,b\n1,2\n"))
 case("patch-query-beyond", ["patch", "ck", "--out", "o", "--query", "99"], "--query must lie in 0..7")
 case("patch-learner-unknown", ["patch", "ck", "--out", "o", "--learners", "newtn"], "Did you mean: newton")

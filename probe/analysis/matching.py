@@ -62,11 +62,11 @@ def compare_layers(layer_preds: np.ndarray, layer_weights: np.ndarray | None, ys
     cells, best = [], []
     for metric, values in metrics.items():
         frame = similarity_frame(values, metric, "layer", sweep.label, result.grid, n_boot=n_boot, seed=seed)
-        cells.append(frame.rename(columns={"a_index": "layer"}))
+        cells.append(frame.drop(columns=["a"]).rename(columns={"a_index": "layer", "b": "sweep", "b_index": "grid_index"}))
         table = best_match(values, n_boot=n_boot, seed=seed)
         axis_values = [g.get(sweep.axis, i) if sweep.axis else i for i, g in enumerate(result.grid)]
         best.append(pd.DataFrame({
-            "learner": sweep.label, "metric": metric, "layer": table.a_index,
+            "sweep": sweep.label, "learner": sweep.learner, "metric": metric, "layer": table.a_index,
             "k": [axis_values[i] for i in table.best_index],
             "k_low": [axis_values[i] for i in table.best_index_low],
             "k_high": [axis_values[i] for i in table.best_index_high],
@@ -88,7 +88,7 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | No
     Linear: k = a l + b. Exponential: k = c g^l, fitted by least squares on k itself (started
     from the log-linear fit), so both R^2 are measured on the same scale.
     """
-    rows = best[(best.learner == learner) & (best.metric == metric) & (best.layer >= 1) & ~best.at_grid_end]
+    rows = best[(best.sweep == learner) & (best.metric == metric) & (best.layer >= 1) & ~best.at_grid_end]
     rows = rows[rows.k > 0]
     layers, ks = rows.layer.to_numpy(float), rows.k.to_numpy(float)
     out: dict[str, Any] = {"learner": learner, "metric": metric, "layers": rows.layer.tolist()}
@@ -118,7 +118,7 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | No
 def table1(best: pd.DataFrame, last_layer: int, metric: str = "sime") -> pd.DataFrame:
     """Seed 003 Table 1: the final layer's best similarity with each learner family."""
     rows = best[(best.layer == last_layer) & (best.metric == metric)]
-    family = rows.learner.str.replace(r"_(linear|log)$", "", regex=True)
+    family = rows.sweep.str.replace(r"_(linear|log)$", "", regex=True)
     rows = rows.assign(family=family).sort_values("similarity", ascending=False).drop_duplicates("family")
     extra = [c for c in ("zero_similarity", "random_similarity", "degenerate") if c in rows]
-    return rows[["family", "learner", "k", "similarity", "ci_low", "ci_high", *extra]].reset_index(drop=True)
+    return rows[["family", "sweep", "k", "similarity", "ci_low", "ci_high", *extra]].reset_index(drop=True)

@@ -62,8 +62,8 @@ def layer_maps(args, ckpt) -> dict:
             best = pd.read_csv(path)
         except (ValueError, UnicodeDecodeError) as err:
             raise ConfigError(f"--map-from {path}: not a CSV table ({err})") from None
-        if not {"learner", "metric", "layer", "k"} <= set(best.columns):
-            raise ConfigError(f"--map-from {path}: needs columns learner, metric, layer, k (a best_match.csv)")
+        if not {"sweep", "metric", "layer", "k"} <= set(best.columns):
+            raise ConfigError(f"--map-from {path}: needs columns sweep, metric, layer, k (a best_match.csv)")
     else:
         best = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet).best
     maps = layer_maps_from_best(best, sweeps)

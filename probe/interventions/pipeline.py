@@ -65,7 +65,7 @@ def layer_maps_from_best(best: pd.DataFrame, sweeps, metric: str = "sime") -> di
     """label -> (sweep, {boundary: best-matching k}) from a heatmap's best-match table."""
     maps = {}
     for sweep in sweeps:
-        rows = best[(best.learner == sweep.label) & (best.metric == metric)]
+        rows = best[(best.sweep == sweep.label) & (best.metric == metric)]
         if sweep.axis is None or rows.empty:
             continue
         maps[sweep.label] = (sweep, {int(r.layer): _grid_value(r.k) for r in rows.itertuples()})

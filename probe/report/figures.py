@@ -85,15 +85,15 @@ def _heatmap_panel(ax, cells: pd.DataFrame, best: pd.DataFrame, learner: str, me
                    vmin: float, vmax: float, cbar_ax=None) -> None:
     import seaborn as sns
 
-    rows = cells[(cells.b == learner) & (cells.metric == metric)]
-    key = axis if axis and axis in rows else "b_index"
+    rows = cells[(cells.sweep == learner) & (cells.metric == metric)]
+    key = axis if axis and axis in rows else "grid_index"
     grid = rows.pivot_table(index=key, columns="layer", values="value")
     if np.all(np.mod(grid.index.to_numpy(dtype=float), 1) == 0):
         grid.index = grid.index.astype(int)  # 3, not 3.0, for iteration and step counts
     sns.heatmap(grid, ax=ax, cmap="magma", vmin=vmin, vmax=vmax, cbar=cbar_ax is not None, cbar_ax=cbar_ax,
                 cbar_kws={"label": "similarity"} if cbar_ax is not None else None, yticklabels=False)
     _thin_ticks(ax, list(grid.index))
-    picks = best[(best.learner == learner) & (best.metric == metric)]
+    picks = best[(best.sweep == learner) & (best.metric == metric)]
     ylabels = [float(v) for v in grid.index]
     for _, r in picks.iterrows():
         if float(r.k) not in ylabels:
@@ -120,10 +120,10 @@ def heatmap_pair(cells: pd.DataFrame, best: pd.DataFrame, learner: str, axis: st
                  metrics: tuple[str, ...] = ("sime", "simw")) -> list[Path]:
     """SimE and SimW of one sweep side by side with one shared colour range and colour bar."""
     plt = _plt()
-    present = [m for m in metrics if ((cells.b == learner) & (cells.metric == m)).any()]
-    values = cells[(cells.b == learner) & cells.metric.isin(present)].value
+    present = [m for m in metrics if ((cells.sweep == learner) & (cells.metric == m)).any()]
+    values = cells[(cells.sweep == learner) & cells.metric.isin(present)].value
     vmin = -1.0 if len(values) and values.min() < 0 else 0.0
-    n_rows = cells[(cells.b == learner) & (cells.metric == present[0])].b_index.nunique() if present else 1
+    n_rows = cells[(cells.sweep == learner) & (cells.metric == present[0])].grid_index.nunique() if present else 1
     n_layers = cells.layer.nunique()
     fig = plt.figure(figsize=(len(present) * (0.5 * n_layers + 2.2) + 0.8, min(9, 0.2 * n_rows + 2.2)))
     spec = fig.add_gridspec(1, len(present) + 1, width_ratios=[1] * len(present) + [0.05], wspace=0.35)
@@ -136,7 +136,7 @@ def heatmap_pair(cells: pd.DataFrame, best: pd.DataFrame, learner: str, axis: st
 def best_match_trend(best: pd.DataFrame, learner: str, metric: str, stem: Path) -> list[Path]:
     """Best-matching k per layer with its interval; a log grid is drawn on a (symmetric) log axis."""
     plt = _plt()
-    rows = best[(best.learner == learner) & (best.metric == metric)]
+    rows = best[(best.sweep == learner) & (best.metric == metric)]
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
     ax.errorbar(rows.layer, rows.k, yerr=[rows.k - rows.k_low, rows.k_high - rows.k], fmt="o-", capsize=3)
     ends = rows[rows.get("at_grid_end", False) == True]  # noqa: E712 (pandas mask)

@@ -45,7 +45,7 @@ def _readable(frame: pd.DataFrame) -> pd.DataFrame:
     from .findings import label
 
     out = frame.copy()
-    for col in ("learner", "family", "metric"):
+    for col in ("sweep", "learner", "family", "metric"):
         if col in out:
             out[col] = out[col].map(label)
     for col, text in (("degenerate", "not distinguishable from 0"), ("at_grid_end", "at grid end")):
@@ -129,7 +129,7 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
     best = t["best_match"]
     parts += ["<h3>Best matches</h3>", "<p><em>not distinguishable from 0</em>: the zero predictor's SimE lies within "
               "the match's interval, or the layer predicts ~0; <em>at grid end</em>: the true match may lie beyond the "
-              "grid.</p>", _table(_readable(best[best.learner.isin([s.label for s in recipe.sweeps if s.axis])]), "{:.3f}")]
+              "grid.</p>", _table(_readable(best[best.sweep.isin([s.label for s in recipe.sweeps if s.axis])]), "{:.3f}")]
     # table 1
     t1 = _readable(t["table1"]).rename(columns={"similarity": "SimE (final layer)"})
     parts += ["<h2>Table 1: final layer against each learner</h2>"]

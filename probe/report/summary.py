@@ -38,7 +38,7 @@ def best_match_block(best: pd.DataFrame, recipe: Recipe) -> dict[str, Any]:
     GD sweep with the widest grid (the log grid in the shipped recipes); each sweep also
     appears under its own label."""
     out: dict[str, Any] = {}
-    for label, rows in best.groupby("learner", sort=False):
+    for label, rows in best.groupby("sweep", sort=False):
         columns = ["layer", "k", "k_low", "k_high", "similarity", "ci_low", "ci_high", "at_grid_end"]
         columns += [c for c in ("zero_similarity", "degenerate") if c in rows]
         out[label] = {metric: {c: _col(r.sort_values("layer"), c) for c in columns}
@@ -108,7 +108,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
                     "error_definition": "mean over n_examples >= 1 of squared error / d on held-out prompts"},
         "best_match": best_match_block(t["best_match"], recipe),
         "trend": trend_block(built.data.get("trends", []), recipe),
-        "table1": {"sime": {r.family: {"learner": r.learner, "k": _int_if_integral(r.k), "similarity": r.similarity,
+        "table1": {"sime": {r.family: {"sweep": r.sweep, "k": _int_if_integral(r.k), "similarity": r.similarity,
                                        "ci_low": r.ci_low, "ci_high": r.ci_high,
                                        "degenerate": bool(getattr(r, "degenerate", False))}
                             for r in t["table1"].itertuples()}},
@@ -143,7 +143,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         ct = t.get("compare_table1")
         summary["compare"] = {
             "checkpoint": {"path": display_path(compare.path), "format": compare.format, "sha256": compare.sha256},
-            "table1": {"sime": {r.family: {"learner": r.learner, "k": _int_if_integral(r.k), "similarity": r.similarity,
+            "table1": {"sime": {r.family: {"sweep": r.sweep, "k": _int_if_integral(r.k), "similarity": r.similarity,
                                            "ci_low": r.ci_low, "ci_high": r.ci_high} for r in ct.itertuples()}},
             "readout": {"layer": sorted(int(i) for i in t["compare_readout"].layer.unique()),
                         "error": [float(v) for v in t["compare_readout"][t["compare_readout"].n_examples >= 1]

@@ -58,9 +58,9 @@ def layer_rows(tables: dict[str, pd.DataFrame], analyses: list[str], task) -> li
                              n_examples=rec["n_examples"], ci_low=rec["ci_low"], ci_high=rec["ci_high"]))
     if "heatmap" in analyses:
         for rec in tables["best_match"].to_dict("records"):
-            rows.append(_row("heatmap", f"{rec['metric']}_best_k", rec["k"], rec["learner"], layer=rec["layer"],
+            rows.append(_row("heatmap", f"{rec['metric']}_best_k", rec["k"], rec["sweep"], layer=rec["layer"],
                              ci_low=rec["k_low"], ci_high=rec["k_high"]))
-            rows.append(_row("heatmap", f"{rec['metric']}_best_similarity", rec["similarity"], rec["learner"],
+            rows.append(_row("heatmap", f"{rec['metric']}_best_similarity", rec["similarity"], rec["sweep"],
                              layer=rec["layer"], ci_low=rec["ci_low"], ci_high=rec["ci_high"]))
     return rows
 
