@@ -68,6 +68,8 @@ def test_report_on_planted_newton_recovers_the_layer_map(tmp_path):
         block = s["best_match"]["newton"][metric]
         assert block["k"][3:] == [newton_layer_map(l) for l in range(3, 12)], metric
     assert min(s["best_match"]["newton"]["simw"]["similarity"][3:]) > 0.999
+    methods = (tmp_path / "r" / "index.html").read_text()
+    assert "(fixed alpha)" in methods and "('spectral')" not in methods.split("Iterative Newton: M_(k+1)")[1][:80]
     assert max(s["span"]["residual"]) < 1e-5
 
 

@@ -56,6 +56,29 @@ def _readable(frame: pd.DataFrame) -> pd.DataFrame:
                                "degenerate": "null check", "at_grid_end": "grid"})
 
 
+GD_STEP = {"auto": "per-prompt step 1/lambda_max of the loss Hessian ('auto')"}
+NEWTON_ALPHA = {"spectral": "M_0 = S/||S S^T||_2 ('spectral')", "frobenius": "M_0 = S/||S S^T||_F ('frobenius', the "
+                "paper's code)", "paper": "M_0 = 2 S/||S S^T||_2 ('paper', seed 003 eq. 8)"}
+
+
+def learner_methods(recipe) -> list[str]:
+    """What the GD and Newton sweeps of this recipe actually ran (their grids, not a fixed text)."""
+    lines = []
+    for sweep in recipe.sweeps:
+        grid = sweep.grid
+        if sweep.learner == "gd":
+            etas = [GD_STEP.get(e, str(e)) if isinstance(e, str) else f"fixed step eta = {e:g}"
+                    for e in grid.get("eta", ["auto"])]
+            conv = ", ".join(grid.get("convention", ["paper"]))
+            lines.append(f"{_label(sweep.label)}: {conv} convention (gradient of ||y - Xw||^2/(2t) for 'paper'), "
+                         + "; ".join(etas) + ".")
+        elif sweep.learner == "newton":
+            alphas = [NEWTON_ALPHA.get(a, str(a)) if isinstance(a, str) else f"M_0 = {a:g} S/t (fixed alpha)"
+                      for a in grid.get("alpha", ["spectral"])]
+            lines.append(f"{_label(sweep.label)}: M_(k+1) = 2 M_k - M_k S M_k with " + "; ".join(alphas) + ".")
+    return lines
+
+
 def _training_rows(ckpt) -> list[tuple[str, Any]]:
     """The training recipe, when the checkpoint records it (icl-probe runs do; Garg's config less)."""
     if ckpt.format != "icl-probe":
@@ -174,8 +197,7 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
               "averaged over prefixes (eq. 11-12).</li>",
               f"<li>Intervals: percentile bootstrap over prompts, {recipe.similarity.bootstrap} resamples, 90% "
               "(5-95%), for similarities and for the best-matching index itself.</li>",
-              "<li>GD: paper convention (gradient of ||y - Xw||^2/(2t)) with per-prompt step 1/lambda_max(X^T X / t) "
-              "('auto'); Newton: M_0 = S/||S S^T||_2.</li>",
+              *[f"<li>{html.escape(line)}</li>" for line in learner_methods(recipe)],
               "<li>Trend: linear and exponential least-squares fits of the best k against layer over layers l >= 1 "
               "whose best match is neither k = 0 nor the grid's end.</li>",
               f"<li>Recipe, versions and git commit: see summary.json (git {html.escape(str(summary['git_commit']))}).</li>",
