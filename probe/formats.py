@@ -83,14 +83,41 @@ def _strict_int(value: object) -> int:
     return value
 
 
+# GPT-2 config options that change the forward pass, and the values icl-probe's GPT-2 computes.
+# Options absent here either do not touch the eval-mode forward (dropouts, initializer_range,
+# summary_*, token ids, use_cache) or are mathematically the same computation
+# (reorder_and_upcast_attn only reorders the scaling and upcasts to float32).
+HF_GPT2_FORWARD = {
+    "activation_function": ("gelu_new",),
+    "layer_norm_epsilon": (1e-5,),
+    "scale_attn_weights": (True,),
+    "scale_attn_by_inverse_layer_idx": (False,),
+    "add_cross_attention": (False,),
+}
+
+
+def check_hf_options(hf: dict, path: Path) -> None:
+    """Refuse, naming it, every GPT-2 config option whose value icl-probe's forward does not implement."""
+    for key, allowed in HF_GPT2_FORWARD.items():
+        if key not in hf:
+            continue
+        value = hf[key]
+        ok = any(value is a or (type(value) is type(a) and value == a) or
+                 (isinstance(a, float) and isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and abs(value - a) <= 1e-12) for a in allowed)
+        if not ok:
+            raise CheckpointError(f"{path}: {key}={json.dumps(value)} is not implemented by icl-probe's GPT-2 (it changes "
+                                  f"the forward pass); supported: {', '.join(json.dumps(a) for a in allowed)}")
+    n_inner, n_embd = hf.get("n_inner"), hf.get("n_embd")
+    if n_inner is not None and n_inner != (4 * n_embd if isinstance(n_embd, int) else None):
+        raise CheckpointError(f"{path}: n_inner={json.dumps(n_inner)} is not implemented by icl-probe's GPT-2 (its MLP "
+                              "width is 4 n_embd); supported: null or 4 * n_embd")
+
+
 def load_hf_gpt2(d: Path) -> LoadedCheckpoint:
     """A Hugging Face GPT-2 backbone plus a read-in/read-out head supplied beside it."""
     hf = _json(d / "config.json")
-    eps = hf.get("layer_norm_epsilon", 1e-5)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
-        raise CheckpointError(f"{d / 'config.json'}: layer_norm_epsilon must be a number, got {eps!r}")
-    if hf.get("activation_function", "gelu_new") != "gelu_new" or abs(eps - 1e-5) > 1e-12:
-        raise CheckpointError(f"{d / 'config.json'}: only gelu_new activations and LayerNorm eps 1e-5 are supported")
+    check_hf_options(hf, d / "config.json")
     head = read_safetensors(d / HF_HEAD)
     missing = {"read_in.weight", "read_in.bias", "read_out.weight", "read_out.bias"} - set(head)
     if missing:

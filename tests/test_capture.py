@@ -150,3 +150,45 @@ def test_final_norm_hook_needs_a_layernorm():
     lstm = build_model(build_cfg(family="lstm").model)
     with pytest.raises(ConfigError, match="needs a model with a final LayerNorm"):
         capture(lstm, torch.randn(2, 8, 3), torch.randn(2, 8), hooks=[FINAL])
+
+
+def _save_hf(tmp_path, ref, **overrides):
+    import json as _json
+
+    from safetensors.torch import save_file
+
+    ref._backbone.save_pretrained(tmp_path / "hf")
+    save_file({"read_in.weight": ref._read_in.weight.detach().contiguous(), "read_in.bias": ref._read_in.bias.detach(),
+               "read_out.weight": ref._read_out.weight.detach().contiguous(), "read_out.bias": ref._read_out.bias.detach()},
+              str(tmp_path / "hf" / "icl_head.safetensors"))
+    cfg = _json.loads((tmp_path / "hf" / "config.json").read_text())
+    cfg.update(overrides)
+    (tmp_path / "hf" / "config.json").write_text(_json.dumps(cfg))
+    return tmp_path / "hf"
+
+
+@pytest.mark.parametrize("option,value", [("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False),
+                                          ("activation_function", "relu"), ("layer_norm_epsilon", 1e-6),
+                                          ("add_cross_attention", True), ("n_inner", 20)])
+def test_hf_options_we_do_not_implement_are_refused_by_name(tmp_path, option, value):
+    from probe.errors import CheckpointError
+
+    path = _save_hf(tmp_path, GargTransformerModel(3, 8, 16, 2, 2), **{option: value})
+    with pytest.raises(CheckpointError, match=rf"{option}=.* is not implemented by icl-probe's GPT-2"):
+        load_checkpoint(path)
+
+
+def test_hf_options_that_keep_the_forward_are_accepted_and_match_hugging_face(tmp_path):
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(5)
+    ref = GargTransformerModel(3, 8, 16, 2, 2).eval()
+    options = dict(reorder_and_upcast_attn=True, resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3, n_inner=64)
+    config = GPT2Config(n_positions=16, n_embd=16, n_layer=2, n_head=2, **options)
+    backbone = GPT2Model(config).eval()
+    backbone.load_state_dict(ref._backbone.state_dict())
+    ref._backbone = backbone
+    loaded = load_checkpoint(_save_hf(tmp_path, ref))
+    xs, ys = torch.randn(4, 8, 3), torch.randn(4, 8)
+    with torch.no_grad():
+        assert (loaded.model(xs, ys) - ref(xs, ys)).abs().max() < TOL
