@@ -147,3 +147,45 @@ def test_cached_query_states_equal_one_sequence_per_query(which, tmp_path):
     assert fast.shape == slow.shape
     np.testing.assert_allclose(fast, slow, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(cached_query_states(model, xs, ys, queries, start=2), slow[:, :, 2:], atol=1e-5, rtol=1e-5)
+
+
+def test_readout_and_probe_are_scikit_learn_estimators():
+    import warnings
+
+    from sklearn.exceptions import NotFittedError
+    from sklearn.linear_model import Ridge
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.utils.estimator_checks import check_estimator
+
+    from probe.analysis.probes import AttentionPoolProbe
+    from probe.analysis.readout import RidgeReadout
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the array-API check is skipped without SCIPY_ARRAY_API
+        check_estimator(RidgeReadout())
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((120, 5))
+    y = X @ rng.standard_normal(5) + 0.1 * rng.standard_normal(120)
+    ours, theirs = RidgeReadout(0.01).fit(X, y), Ridge(alpha=0.01 * 120).fit(X, y)
+    np.testing.assert_allclose(ours.coef_, theirs.coef_, atol=1e-10)
+    assert ours.score(X, y) == pytest.approx(theirs.score(X, y))
+    pipe = make_pipeline(StandardScaler(), RidgeReadout()).fit(X, y)
+    assert pipe.score(X, y) > 0.95
+    search = GridSearchCV(RidgeReadout(), {"alpha": [1e-6, 1e-2, 10.0]}, cv=3).fit(X, y)
+    assert np.isfinite(search.cv_results_["mean_test_score"]).all() and search.best_params_["alpha"] != 10.0
+    with pytest.raises(NotFittedError):
+        RidgeReadout().predict(X)
+    # the probe: 3-D input, so no generic checks; parameters, cloning, scoring and search work
+    H = rng.standard_normal((96, 4, 6)).astype(np.float32)
+    Y = H[:, 2, :2] * 2.0
+    probe = AttentionPoolProbe(steps=5).set_params(steps=150, lr=1e-2)
+    assert probe.get_params()["steps"] == 150
+    with pytest.raises(NotFittedError):
+        probe.predict(H)
+    assert probe.fit(H, Y).score(H, Y) > 0.9 and probe.n_features_in_ == 6
+    search = GridSearchCV(AttentionPoolProbe(lr=1e-2), {"steps": [1, 150]}, cv=2).fit(H, Y[:, 0])
+    assert np.isfinite(search.cv_results_["mean_test_score"]).all() and search.best_params_["steps"] == 150
+    with pytest.raises(ValueError, match=r"expects H of shape \(N, P, D\)"):
+        probe.predict(H[:, 0])

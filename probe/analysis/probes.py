@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
 import pandas as pd
 import torch
 from torch import Tensor, nn
@@ -165,21 +166,40 @@ def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_stat
     return pd.DataFrame(rows)
 
 
-class AttentionPoolProbe:
-    """One attention-pooled probe with a scikit-learn interface: fit(H (N, P, D), Y (N, d))."""
+class AttentionPoolProbe(RegressorMixin, BaseEstimator):
+    """One attention-pooled probe as a scikit-learn estimator: fit(H (N, P, D), Y (N, d)).
+
+    get_params / set_params / clone, score (R^2 averaged over targets), NotFittedError before
+    fit, n_features_in_ = D. Its input is 3-D (prompts x positions x width), which
+    scikit-learn's generic estimator checks cannot generate; tests cover it in Pipeline-free
+    GridSearchCV instead.
+    """
 
     def __init__(self, kind: str = "linear", steps: int = 300, lr: float = 1e-3, batch_size: int = 128, random_state: int = 0):
         self.kind, self.steps, self.lr, self.batch_size, self.random_state = kind, steps, lr, batch_size, random_state
 
-    def get_params(self, deep: bool = True) -> dict:
-        return {k: getattr(self, k) for k in ("kind", "steps", "lr", "batch_size", "random_state")}
+    @staticmethod
+    def _as_states(H) -> torch.Tensor:
+        h = np.asarray(H, dtype=np.float32)
+        if h.ndim != 3 or 0 in h.shape:
+            raise ValueError(f"AttentionPoolProbe expects H of shape (N, P, D) with N, P, D >= 1, got {h.shape}")
+        if not np.isfinite(h).all():
+            raise ValueError("AttentionPoolProbe: H contains NaN or infinity")
+        return torch.from_numpy(np.array(h))
 
     def fit(self, H, Y) -> "AttentionPoolProbe":
-        h = torch.as_tensor(np.asarray(H), dtype=torch.float32)
-        y = torch.as_tensor(np.asarray(Y), dtype=torch.float32)
-        if h.ndim != 3 or y.ndim != 2 or len(h) != len(y):
-            raise ValueError(f"fit expects H (N, P, D) and Y (N, d), got {tuple(h.shape)} and {tuple(y.shape)}")
-        self.mean_, self.std_ = y.mean(0), y.std(0).clamp_min(1e-8)
+        h = self._as_states(H)
+        y = np.asarray(Y, dtype=np.float32)
+        self.single_target_ = y.ndim == 1
+        y = y[:, None] if y.ndim == 1 else y
+        if y.ndim != 2 or len(y) != len(h) or not np.isfinite(y).all():
+            raise ValueError(f"AttentionPoolProbe.fit expects finite Y (N, d) with N = {len(h)}, got shape {y.shape}")
+        if self.kind not in ("linear", "mlp"):
+            raise ValueError(f"AttentionPoolProbe kind must be 'linear' or 'mlp', got {self.kind!r}")
+        y = torch.from_numpy(np.array(y))
+        self.n_features_in_ = h.shape[2]
+        self.n_positions_ = h.shape[1]
+        self.mean_, self.std_ = y.mean(0), y.std(0).clamp_min(1e-8) if len(y) > 1 else torch.ones(y.shape[1])
         torch.manual_seed(self.random_state)
         self.grid_ = ProbeGrid(1, 1, h.shape[1], h.shape[2], y.shape[1], self.kind, seed=self.random_state)
         opt = torch.optim.Adam(self.grid_.parameters(), lr=self.lr)
@@ -195,17 +215,17 @@ class AttentionPoolProbe:
         return self
 
     def predict(self, H) -> np.ndarray:
-        if not hasattr(self, "grid_"):
-            raise RuntimeError("AttentionPoolProbe is not fitted yet; call fit(H, Y) first")
-        h = torch.as_tensor(np.asarray(H), dtype=torch.float32)
+        from sklearn.utils.validation import check_is_fitted
+
+        check_is_fitted(self)
+        h = self._as_states(H)
+        if h.shape[1:] != (self.n_positions_, self.n_features_in_):
+            raise ValueError(f"H has {tuple(h.shape[1:])} (positions, width) but the probe was fitted on "
+                             f"{(self.n_positions_, self.n_features_in_)}")
         with torch.no_grad():
             out = self.grid_(h[None], torch.ones(1, h.shape[1], dtype=torch.bool))[0]
-        return (out * self.std_ + self.mean_).numpy()
-
-    def score(self, H, Y) -> float:
-        from sklearn.metrics import r2_score
-
-        return float(r2_score(np.asarray(Y), self.predict(H)))
+        pred = (out * self.std_ + self.mean_).numpy()
+        return pred[:, 0] if self.single_target_ else pred
 
     @property
     def attention_(self) -> np.ndarray:

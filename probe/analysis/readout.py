@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
 import pandas as pd
 import torch
 
@@ -37,35 +38,33 @@ def ridge_solve(gram: torch.Tensor, rhs: torch.Tensor, alphas: torch.Tensor, n_r
     return torch.linalg.solve(systems, rhs.unsqueeze(0).expand(len(alphas), *rhs.shape).unsqueeze(-1)).squeeze(-1)
 
 
-class RidgeReadout:
-    """Linear read-out y ~ u.h + v with an L2 penalty alpha * N * ||u||^2 (scikit-learn API)."""
+class RidgeReadout(RegressorMixin, BaseEstimator):
+    """Linear read-out y ~ u.h + v with an L2 penalty alpha * N * ||u||^2 on u only: a
+    scikit-learn estimator (get/set_params, score, Pipeline, GridSearchCV). Equal to
+    sklearn.linear_model.Ridge(alpha=alpha * N) on the same data (tested)."""
 
     def __init__(self, alpha: float = 1e-4):
         self.alpha = alpha
 
-    def get_params(self, deep: bool = True) -> dict:
-        return {"alpha": self.alpha}
-
-    def set_params(self, **params) -> "RidgeReadout":
-        for key, value in params.items():
-            setattr(self, key, value)
-        return self
-
     def fit(self, X, y) -> "RidgeReadout":
-        X = torch.as_tensor(np.asarray(X), dtype=torch.float64)
-        y = torch.as_tensor(np.asarray(y), dtype=torch.float64)
-        if X.ndim != 2 or y.shape != X.shape[:1]:
-            raise ValueError(f"RidgeReadout.fit expects X (N, D) and y (N,), got {tuple(X.shape)}, {tuple(y.shape)}")
-        a = _design(X)
-        beta = ridge_solve((a.T @ a)[None], (a.T @ y)[None], torch.tensor([float(self.alpha)], dtype=torch.float64), len(y))
+        from sklearn.utils.validation import validate_data
+
+        X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
+        if not np.isfinite(self.alpha) or self.alpha < 0:
+            raise ValueError(f"RidgeReadout alpha must be a finite number >= 0, got {self.alpha!r}")
+        a = _design(torch.from_numpy(np.array(X, dtype=np.float64)))  # a writable copy for torch
+        yt = torch.from_numpy(np.ascontiguousarray(y, dtype=np.float64))
+        beta = ridge_solve((a.T @ a)[None], (a.T @ yt)[None], torch.tensor([float(self.alpha)], dtype=torch.float64), len(yt))
         self.coef_ = beta[0, 0, :-1].numpy()
         self.intercept_ = float(beta[0, 0, -1])
         return self
 
     def predict(self, X) -> np.ndarray:
-        if not hasattr(self, "coef_"):
-            raise RuntimeError("RidgeReadout is not fitted yet; call fit(X, y) first")
-        return np.asarray(X, dtype=np.float64) @ self.coef_ + self.intercept_
+        from sklearn.utils.validation import check_is_fitted, validate_data
+
+        check_is_fitted(self)
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        return X @ self.coef_ + self.intercept_
 
 
 @dataclass
