@@ -45,6 +45,7 @@ def main() -> None:
     import os
 
     from conftest import build_cfg
+
     from probe.checkpoint import save_model
     from probe.cli import main as cli
     from probe.models import build_model

@@ -110,7 +110,7 @@ class TaskConfig:
         _check(self.relu_width >= 1, f"task.relu_width must be >= 1, got {self.relu_width}")
         _check(all(isinstance(w, (int, float)) and math.isfinite(w) for w in self.mixture_weights),
                f"task.mixture_weights must be two finite numbers, got {self.mixture_weights}")
-        self.mixture_weights = tuple(float(w) for w in self.mixture_weights)
+        self.mixture_weights = tuple(float(w) for w in self.mixture_weights)  # type: ignore[assignment]  # length checked next
         _check(len(self.mixture_weights) == 2 and min(self.mixture_weights) >= 0
                and abs(sum(self.mixture_weights) - 1) < 1e-6,
                f"task.mixture_weights must be two non-negative numbers summing to 1, "
@@ -197,7 +197,7 @@ class RunConfig:
         return to_dict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         return from_dict(cls, data)
 
 
@@ -235,7 +235,7 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be a list, got {value!r}")
         return [_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)] if args else value
-    nested = [a for a in (args or (hint,)) if dataclasses.is_dataclass(a)]
+    nested = [a for a in (args or (hint,)) if isinstance(a, type) and dataclasses.is_dataclass(a)]
     if nested:
         return from_dict(nested[0], value, where)
     if hint is float:

@@ -11,12 +11,20 @@ A path that matches none gets one message listing each format and why it did not
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from .checkpoint import (LoadedCheckpoint, check_size, load_garg, load_native, load_weights, read_safetensors,
-                         safe_torch_load, strip_prefixes)
+from .checkpoint import (
+    LoadedCheckpoint,
+    check_size,
+    load_garg,
+    load_native,
+    load_weights,
+    read_safetensors,
+    safe_torch_load,
+    strip_prefixes,
+)
 from .config import ModelConfig, RunConfig, TaskConfig
 from .errors import CheckpointError, ConfigError
 from .models import build_model
@@ -79,7 +87,7 @@ def _detect_hf(d: Path) -> str | None:
 
 def _strict_int(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected an integer, got {value!r}")
+        raise ValueError(f"expected an integer, got {value!r}")  # noqa: TRY004 (callers catch ValueError)
     return value
 
 
@@ -117,6 +125,8 @@ def check_hf_options(hf: dict, path: Path) -> None:
 def load_hf_gpt2(d: Path) -> LoadedCheckpoint:
     """A Hugging Face GPT-2 backbone plus a read-in/read-out head supplied beside it."""
     hf = _json(d / "config.json")
+    if hf is None:
+        raise CheckpointError(f"{d / 'config.json'}: not a JSON object; it should be a Hugging Face GPT-2 config")
     check_hf_options(hf, d / "config.json")
     head = read_safetensors(d / HF_HEAD)
     missing = {"read_in.weight", "read_in.bias", "read_out.weight", "read_out.bias"} - set(head)
@@ -139,7 +149,7 @@ def load_hf_gpt2(d: Path) -> LoadedCheckpoint:
     for key, value in strip_prefixes(state).items():
         if key.startswith("lm_head."):
             continue
-        key = key[len("transformer."):] if key.startswith("transformer.") else key
+        key = key.removeprefix("transformer.")
         backbone["_backbone." + key] = value
     for part in ("read_in", "read_out"):
         for p in ("weight", "bias"):

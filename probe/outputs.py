@@ -142,10 +142,9 @@ class OutputTarget:
                 self._refuse("is the input itself", "choose a new directory, e.g. reports/<name>")
             if _is_within(source, resolved):
                 self._refuse(f"contains the input {given}", "choose a new directory outside it")
-        if resolved == Path.cwd().resolve() or _is_within(Path.cwd().resolve(), resolved):
-            if not self.force:
-                self._refuse("is the current directory or one of its parents",
-                             "choose a new directory (or pass --force to write beside what is there, deleting nothing)")
+        if (resolved == Path.cwd().resolve() or _is_within(Path.cwd().resolve(), resolved)) and not self.force:
+            self._refuse("is the current directory or one of its parents",
+                         "choose a new directory (or pass --force to write beside what is there, deleting nothing)")
         base = _nearest_existing(resolved.parent)
         if not base.is_dir():
             self._refuse(f"its parent {base} is a file", "choose a path inside a directory")

@@ -7,7 +7,8 @@ per-prompt values (A, K, B) for every pair (a, k) of two families, so one call f
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

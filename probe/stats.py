@@ -19,9 +19,9 @@ def bootstrap_mean(values: Tensor, n_boot: int = 1000, level: float = 0.90, seed
     for start in range(0, n_boot, chunk):
         idx = torch.randint(0, p, (min(chunk, n_boot - start), p), generator=g).to(values.device)
         means.append(values[idx].mean(dim=1))
-    means = torch.cat(means)  # (n_boot, ...)
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=means.dtype, device=means.device)
-    lo, hi = torch.quantile(means, q, dim=0)
+    stacked = torch.cat(means)  # (n_boot, ...)
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=stacked.dtype, device=stacked.device)
+    lo, hi = torch.quantile(stacked, q, dim=0)
     return lo, hi
 
 
@@ -38,7 +38,7 @@ def bootstrap_ratio(num: Tensor, den: Tensor, n_boot: int = 1000, level: float =
     for start in range(0, n_boot, chunk):
         idx = torch.randint(0, p, (min(chunk, n_boot - start), p), generator=g).to(num.device)
         ratios.append(num[idx].sum(dim=1) / den[idx].sum(dim=1))
-    ratios = torch.cat(ratios)
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=ratios.dtype, device=ratios.device)
-    lo, hi = torch.nanquantile(ratios, q, dim=0)
+    stacked = torch.cat(ratios)
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=stacked.dtype, device=stacked.device)
+    lo, hi = torch.nanquantile(stacked, q, dim=0)
     return num.sum(0) / den.sum(0), lo, hi

@@ -6,6 +6,7 @@ Randomness comes only from the `torch.Generator` passed in, so a (seed, step) pa
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +23,7 @@ class Prompts:
     w: Tensor | None = None  # (B, d) for linear tasks
     params: dict[str, Tensor] = field(default_factory=dict)  # e.g. "sigma_sqrt" (B, d, d)
 
-    def to(self, device: str | torch.device) -> "Prompts":
+    def to(self, device: str | torch.device) -> Prompts:
         return Prompts(
             self.xs.to(device), self.ys.to(device),
             None if self.w is None else self.w.to(device),
@@ -107,7 +108,7 @@ def sample_relu_network(task: TaskConfig, batch: int, generator: torch.Generator
     sizes = [task.n_dims] + [task.relu_width] * (task.relu_depth - 1) + [1]
     return [
         (task.param_mean + torch.randn(batch, fan_out, fan_in, generator=generator)) / fan_in ** 0.5
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:])
+        for fan_in, fan_out in itertools.pairwise(sizes)
     ]
 
 

@@ -75,7 +75,7 @@ def check_grid(learner: str, grid: dict[str, Any], where: str = "") -> dict[str,
         if not values:
             raise ConfigError(f"{where}: grid '{key}' is empty; give at least one value")
         rule, names = GRID_RULES.get(key, ("any", ()))
-        checked = []
+        checked: list[Any] = []
         for v in values:
             label = f"{where}: {key}={v!r}"
             if isinstance(v, str):

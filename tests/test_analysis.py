@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import REPO
 from sklearn.linear_model import Ridge
 
-from conftest import REPO
 from probe.analysis.matching import Sweep, trend
 from probe.analysis.pipeline import LayerSettings, analyse_layers
 from probe.analysis.readout import RidgeReadout, fit_layer_readouts
@@ -73,7 +73,9 @@ def test_readout_recovers_linear_target_and_matches_sklearn():
     ref = Ridge(alpha=0.3 * 300).fit(feats[0].reshape(-1, 5), ys.reshape(-1))
     np.testing.assert_allclose(est.coef_, ref.coef_, rtol=1e-6)
     assert est.intercept_ == pytest.approx(ref.intercept_)
-    with pytest.raises(RuntimeError, match="not fitted"):
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError, match="not fitted"):
         RidgeReadout().predict(feats[0, 0])
 
 
@@ -132,6 +134,7 @@ def test_cached_query_states_equal_one_sequence_per_query(which, tmp_path):
     """The key/value-cache path (each prompt once) against one TransformerLens-captured
     sequence per prefix and query, on the trained default checkpoint and a Garg-layout run."""
     from conftest import GargTransformerModel, write_garg_run
+
     from probe.analysis.states import cached_query_states, sequence_query_states
     from probe.checkpoint import load_checkpoint
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import GargTransformerModel, build_cfg, write_garg_run
+
 from probe.capture import FINAL, READOUT, RESID, capture, resid
 from probe.checkpoint import load_checkpoint, save_model
 from probe.errors import ConfigError
@@ -122,8 +122,8 @@ def test_final_hook_names_mean_the_same_on_both_backends_of_a_trained_model():
     read-out sees (its prediction is read_out(READOUT)), FINAL is TransformerLens's pre-affine
     normalised stream, and each is the same tensor through TransformerLens and natively."""
     import torch.nn.functional as F
-
     from conftest import REPO
+
     from probe.checkpoint import load_checkpoint
 
     model = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
@@ -144,6 +144,7 @@ def test_final_hook_names_mean_the_same_on_both_backends_of_a_trained_model():
 
 def test_final_norm_hook_needs_a_layernorm():
     from conftest import build_cfg
+
     from probe.errors import ConfigError
     from probe.models import build_model
 

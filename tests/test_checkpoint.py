@@ -3,8 +3,8 @@ import pickle
 
 import pytest
 import torch
-
 from conftest import GargTransformerModel, build_cfg, write_garg_run
+
 from probe.checkpoint import export_garg, load_checkpoint, save_model
 from probe.errors import CheckpointError
 from probe.models import build_model

@@ -1,7 +1,7 @@
 import pandas as pd
 import pytest
-
 from conftest import REPO
+
 from probe.cli import main
 
 
@@ -41,7 +41,6 @@ def test_inspect_and_capture_cli(tmp_path, capsys):
     import json
 
     import numpy as np
-
     from conftest import GargTransformerModel, write_garg_run
 
     run = write_garg_run(tmp_path / "garg", GargTransformerModel(3, 8, 16, 2, 2), 3, 8, 16, 2, 2)
@@ -85,6 +84,7 @@ LAYER_ARGS = ["--train-prompts", "48", "--val-prompts", "16", "--eval-prompts", 
 def test_layer_commands_on_garg_directory_and_lstm(tmp_path, capsys):
 
     from conftest import GargTransformerModel, build_cfg, write_garg_run
+
     from probe.checkpoint import save_model
     from probe.models import build_model
 

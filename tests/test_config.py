@@ -1,8 +1,8 @@
 import pytest
+from conftest import REPO, build_cfg
 
 from probe.config import RunConfig, Stage, TaskConfig, load_recipe, merge, parse_override
 from probe.errors import ConfigError
-from conftest import REPO, build_cfg
 
 
 def test_round_trip_is_exact():

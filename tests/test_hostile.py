@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from conftest import GargTransformerModel, build_cfg, write_garg_run
+
 from probe.checkpoint import save_model
 from probe.cli import main
 from probe.config import RunConfig, TaskConfig

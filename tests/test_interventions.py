@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import GargTransformerModel, build_cfg, write_garg_run
+
 from probe.analysis.matching import Sweep
 from probe.checkpoint import load_checkpoint, save_model
 from probe.cli import main

@@ -58,8 +58,8 @@ def test_r2_curve_matches_sklearn():
 
 def test_evaluate_cli_on_a_relu_task_with_shifts(tmp_path, capsys):
     import pandas as pd
-
     from conftest import REPO
+
     from probe.cli import main
 
     run = tmp_path / "relu"

@@ -71,6 +71,7 @@ def test_stale_staging_directories_of_dead_processes_are_removed(tmp_path):
 
 def test_planted_force_over_trained_run_leaves_no_stale_training_state(tmp_path):
     from conftest import build_cfg
+
     from probe.cli import main
     from probe.train import train
 
@@ -129,6 +130,7 @@ def test_committed_outputs_can_be_regenerated_in_place():
 
 def test_force_over_a_run_directory_keeps_files_the_run_did_not_write(tmp_path):
     from conftest import build_cfg
+
     from probe.cli import main
     from probe.train import train
 

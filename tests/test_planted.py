@@ -9,9 +9,8 @@ from probe.checkpoint import load_checkpoint
 from probe.cli import main
 from probe.config import TaskConfig
 from probe.learners import run_learner
-from probe.models.planted import newton_layer_map
+from probe.models.planted import newton_layer_map, plant
 from probe.planted_io import planted_config
-from probe.models.planted import plant
 from probe.tasks import generator_for, sample_prompts
 
 SMALL = ["--set", "prompts.evaluate=64", "--set", "prompts.train=64", "--set", "prompts.val=32", "--set", "prompts.eval=128",

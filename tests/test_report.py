@@ -4,10 +4,11 @@ import json
 import re
 
 import pytest
-
 from conftest import TINY_REPORT as TINY
+
 from probe.cli import main
 from probe.outputs import write_marker
+
 
 def _aligned(block):
     lengths = {len(v) for v in block.values() if isinstance(v, list)}
@@ -98,7 +99,7 @@ def test_bad_input_fails_fast_with_a_message(ckpt, tmp_path, capsys):
 
 
 def test_a_failing_stage_leaves_no_half_report(ckpt, report, tmp_path, monkeypatch):
-    import probe.report.build as build
+    from probe.report import build
 
     out = tmp_path / "keep"
     out.mkdir()

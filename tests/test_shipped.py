@@ -3,8 +3,8 @@
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import REPO
+
 from probe.checkpoint import load_checkpoint
 from probe.evaluate import error_curve
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from conftest import build_cfg
+
 from probe.checkpoint import save_model
 from probe.cli import main
 from probe.errors import ConfigError
@@ -60,7 +60,7 @@ def family(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_study_matches_single_analyses_and_resumes(family, monkeypatch):
-    import probe.study.run as run
+    from probe.study import run
 
     # interrupt after the first finished model, as a kill would
     original = run.atomic_write if hasattr(run, "atomic_write") else None

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO, build_cfg
+
 from probe.errors import CheckpointError, ConfigError
 from probe.models import build_model
 from probe.train import held_out_error, learning_rate, train

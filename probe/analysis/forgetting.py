@@ -15,7 +15,7 @@ def forgetting_table(model, xs: torch.Tensor, ys: torch.Tensor, learners: dict[s
 
     The prompt's first n-1 examples are the context; the queries are x_1..x_{n-1} themselves.
     """
-    b, n, d = xs.shape
+    _, n, d = xs.shape
     t = n - 1
     queries = xs[:, :t]
     states = query_states(model, xs[:, :t + 1], ys[:, :t + 1], queries, device, start=t)  # (L+1, B, 1, Q, D)
@@ -29,6 +29,7 @@ def forgetting_table(model, xs: torch.Tensor, ys: torch.Tensor, learners: dict[s
             for g, e in zip(gaps, ((pred - target) ** 2).mean(0) / d)]
     for label, spec in learners.items():
         res = run_learner(spec["learner"], xs[:, :t + 1], ys[:, :t + 1], queries, **spec.get("grid", {}))
+        assert res.query_preds is not None  # queries were given
         q = res.query_preds[0, :, t]  # (B, Q): after t examples
         rows += [{"predictor": label, "gap": int(g), "error": float(e)}
                  for g, e in zip(gaps, ((q - target) ** 2).mean(0) / d)]

@@ -46,7 +46,11 @@ def run_sweep(sweep: Sweep, xs: torch.Tensor, ys: torch.Tensor, queries: torch.T
 
 def learner_weights(result: LearnerResult, queries: torch.Tensor) -> torch.Tensor:
     """A learner's weights, induced from its query predictions when it has none (e.g. k-NN)."""
-    return result.weights if result.weights is not None else induced_weights(result.query_preds, queries.to(result.query_preds.device))
+    if result.weights is not None:
+        return result.weights
+    if result.query_preds is None:
+        raise ValueError(f"learner {result.name!r} has neither weights nor query predictions to induce them from")
+    return induced_weights(result.query_preds, queries.to(result.query_preds.device))
 
 
 def compare_layers(layer_preds: np.ndarray, layer_weights: np.ndarray | None, ys: torch.Tensor, sweep: Sweep,
@@ -58,6 +62,8 @@ def compare_layers(layer_preds: np.ndarray, layer_weights: np.ndarray | None, ys
     ys = ys.to(torch.float64).cpu()
     metrics = {"sime": sime(lp, result.preds.cpu(), ys, include_first)}
     if layer_weights is not None:
+        if queries is None:
+            raise ValueError("SimW needs the fresh queries the layer weights were induced from")
         metrics["simw"] = simw(torch.as_tensor(layer_weights, dtype=torch.float64), learner_weights(result, queries).cpu())
     cells, best = [], []
     for metric, values in metrics.items():

@@ -20,8 +20,8 @@ from ..config import TaskConfig
 from ..errors import ConfigError
 from ..similarity import induced_weights
 from ..tasks import generator_for, sample_prompts
-from .nulls import flag_degenerate, null_predictions, null_table
 from .matching import DEFAULT_SWEEPS, Sweep, compare_layers, learner_weights, run_sweep, table1, trend
+from .nulls import flag_degenerate, null_predictions, null_table
 from .readout import ALPHAS, LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .span import span_table
 from .states import query_states, x_states
@@ -106,79 +106,105 @@ def fresh_queries(task: TaskConfig, prompts, n_queries: int, seed: int) -> torch
     return z if a is None else z @ a
 
 
-def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: bool = False) -> LayerAnalysis:
-    timings: dict[str, float] = {}
-    clock = time.perf_counter()
+class _Clock:
+    """Seconds per named phase."""
 
-    def lap(name: str) -> None:
-        nonlocal clock
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
         now = time.perf_counter()
-        timings[name] = round(now - clock, 2)
-        clock = now
+        self.timings[name] = round(now - self._last, 2)
+        self._last = now
 
+
+def fit_readouts(model, task: TaskConfig, settings: LayerSettings, progress: bool = False):
+    """Layer read-outs (retrained or the model's own) and the held-out prompts' per-layer predictions.
+
+    Returns (readouts, eval prompts, layer_preds (L+1, B, n))."""
     dev, bs = settings.device, settings.batch_size
     train = analysis_prompts(task, settings, "train", settings.n_train)
     val = analysis_prompts(task, settings, "val", settings.n_val)
     ev = analysis_prompts(task, settings, "eval", settings.n_eval)
-    h_train, _ = x_states(model, train.xs, train.ys, dev, bs, progress)
-    h_val, _ = x_states(model, val.xs, val.ys, dev, bs, progress)
     h_eval, _ = x_states(model, ev.xs, ev.ys, dev, bs, progress)
-    lap("capture")
+    readouts: LayerReadouts | ModelLens
     if settings.readout_method == "model":
         readouts = ModelLens(model)
     else:
-        readouts = fit_layer_readouts(h_train, train.ys.numpy(), h_val, val.ys.numpy(), settings.alphas)
-    if settings.readout_method == "adam":
-        readouts = finetune_layer_readouts(readouts, h_train, train.ys.numpy(), settings.finetune_steps, seed=settings.seed)
-    layer_preds = readouts.predict(h_eval)  # (L+1, B, n)
-    readout = readout_table(layer_preds, ev.ys.numpy(), task.n_dims, settings.n_boot, settings.seed)
-    lap("readout")
+        h_train, _ = x_states(model, train.xs, train.ys, dev, bs, progress)
+        h_val, _ = x_states(model, val.xs, val.ys, dev, bs, progress)
+        fitted = fit_layer_readouts(h_train, train.ys.numpy(), h_val, val.ys.numpy(), settings.alphas)
+        if settings.readout_method == "adam":
+            fitted = finetune_layer_readouts(fitted, h_train, train.ys.numpy(), settings.finetune_steps, seed=settings.seed)
+        readouts = fitted
+    return readouts, ev, readouts.predict(h_eval)
 
-    layer_weights, queries = None, None
+
+def induced_layer_weights(model, task: TaskConfig, settings: LayerSettings, readouts, ev, progress: bool = False):
+    """Each layer's induced weights (seed 003 eq. 11-12) on the first n_simw held-out prompts:
+    (weights (L+1, m, n, d), the fresh queries (m, Q, d))."""
     m = settings.n_simw
-    if settings.simw:
-        sub = type(ev)(ev.xs[:m], ev.ys[:m], None if ev.w is None else ev.w[:m],
-                       {k: v[:m] for k, v in ev.params.items()})
-        queries = fresh_queries(task, sub, settings.n_queries or 4 * task.n_dims, settings.seed)
-        q_states = query_states(model, sub.xs, sub.ys, queries, dev, 4 * bs, progress)  # (L+1, m, n, Q, D)
-        q_preds = readouts.predict(q_states)  # (L+1, m, n, Q)
-        layer_weights = induced_weights(torch.as_tensor(q_preds), queries).numpy()
-        lap("query_states")
+    sub = type(ev)(ev.xs[:m], ev.ys[:m], None if ev.w is None else ev.w[:m], {k: v[:m] for k, v in ev.params.items()})
+    queries = fresh_queries(task, sub, settings.n_queries or 4 * task.n_dims, settings.seed)
+    q_states = query_states(model, sub.xs, sub.ys, queries, settings.device, 4 * settings.batch_size, progress)
+    q_preds = readouts.predict(q_states)  # (L+1, m, n, Q)
+    return induced_weights(torch.as_tensor(q_preds), queries).numpy(), queries
 
-    cells, best = [], []
-    span_parts = []
+
+def compare_sweeps(layer_preds: np.ndarray, layer_weights: np.ndarray | None, queries, ev, settings: LayerSettings,
+                   progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, list[pd.DataFrame]]:
+    """Heatmap cells and best matches of every sweep (SimE on all held-out prompts, SimW on the
+    first n_simw), and span tables of a few iterates of each learner."""
     from tqdm.auto import tqdm
 
+    m, dev = settings.n_simw, settings.device
+    cells, best, span_parts = [], [], []
     for sweep in tqdm(settings.sweeps, desc="learners", disable=not progress, leave=False):
         result = run_sweep(sweep, ev.xs, ev.ys, None, dev)
         c, b = compare_layers(layer_preds, None, ev.ys, sweep, result, None, settings.include_first,
                               settings.n_boot, settings.seed)
         cells.append(c)
         best.append(b)
-        if layer_weights is not None:
-            sub_result = run_sweep(sweep, ev.xs[:m], ev.ys[:m], queries, dev)
-            c, b = compare_layers(layer_preds[:, :m], layer_weights, ev.ys[:m], sweep, sub_result, queries,
-                                  settings.include_first, settings.n_boot, settings.seed)
-            cells.append(c[c.metric == "simw"])
-            best.append(b[b.metric == "simw"])
-            w = learner_weights(sub_result, queries).cpu()
-            pick = sorted({0, w.shape[0] // 2, w.shape[0] - 1})
-            for i in pick:
-                label = f"{sweep.label}[{sweep.axis}={sub_result.grid[i].get(sweep.axis)}]" if sweep.axis else sweep.label
-                span_parts.append(span_table(w[i : i + 1], ev.xs[:m], label, "index").assign(kind="learner"))
-    lap("learners")
-    cells_df = pd.concat(cells, ignore_index=True) if cells else pd.DataFrame()
-    best_df = pd.concat(best, ignore_index=True) if best else pd.DataFrame()
-    nulls = null_table(layer_preds, ev.ys, null_predictions(model, ev.xs, ev.ys, settings.seed, dev),
+        if layer_weights is None:
+            continue
+        sub_result = run_sweep(sweep, ev.xs[:m], ev.ys[:m], queries, dev)
+        c, b = compare_layers(layer_preds[:, :m], layer_weights, ev.ys[:m], sweep, sub_result, queries,
+                              settings.include_first, settings.n_boot, settings.seed)
+        cells.append(c[c.metric == "simw"])
+        best.append(b[b.metric == "simw"])
+        w = learner_weights(sub_result, queries).cpu()
+        for i in sorted({0, w.shape[0] // 2, w.shape[0] - 1}):
+            label = f"{sweep.label}[{sweep.axis}={sub_result.grid[i].get(sweep.axis)}]" if sweep.axis else sweep.label
+            span_parts.append(span_table(w[i : i + 1], ev.xs[:m], label, "index").assign(kind="learner"))
+    join = lambda frames: pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return join(cells), join(best), span_parts
+
+
+def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: bool = False) -> LayerAnalysis:
+    """Read-outs per layer, then every layer against every sweep (SimE, SimW), with null
+    baselines, trends, Table 1 and the span test."""
+    clock = _Clock()
+    readouts, ev, layer_preds = fit_readouts(model, task, settings, progress)
+    readout = readout_table(layer_preds, ev.ys.numpy(), task.n_dims, settings.n_boot, settings.seed)
+    clock.lap("readout")
+    layer_weights, queries = None, None
+    if settings.simw:
+        layer_weights, queries = induced_layer_weights(model, task, settings, readouts, ev, progress)
+        clock.lap("query_states")
+    cells, best, span_parts = compare_sweeps(layer_preds, layer_weights, queries, ev, settings, progress)
+    clock.lap("learners")
+    nulls = null_table(layer_preds, ev.ys, null_predictions(model, ev.xs, ev.ys, settings.seed, settings.device),
                        settings.include_first, settings.n_boot, settings.seed)
-    if best:
-        best_df = flag_degenerate(best_df, nulls)
-    trends = [trend(best_df, s.label, metric, s.axis) for s in settings.sweeps if s.axis
-              for metric in sorted(best_df.metric.unique())] if best else []
-    t1 = table1(best_df, int(layer_preds.shape[0] - 1)) if best else pd.DataFrame()
+    trends, t1 = [], pd.DataFrame()
+    if not best.empty:
+        best = flag_degenerate(best, nulls)
+        trends = [trend(best, s.label, metric, s.axis) for s in settings.sweeps if s.axis
+                  for metric in sorted(best.metric.unique())]
+        t1 = table1(best, int(layer_preds.shape[0] - 1))
     span = pd.DataFrame()
     if layer_weights is not None:
-        layers = span_table(torch.as_tensor(layer_weights), ev.xs[:m], "layer", "index").assign(kind="layer")
+        layers = span_table(torch.as_tensor(layer_weights), ev.xs[: settings.n_simw], "layer", "index").assign(kind="layer")
         span = pd.concat([layers, *span_parts], ignore_index=True)
-    lap("similarity")
-    return LayerAnalysis(readouts, readout, cells_df, best_df, trends, t1, span, nulls, timings)
+    clock.lap("similarity")
+    return LayerAnalysis(readouts, readout, cells, best, trends, t1, span, nulls, clock.timings)

@@ -18,13 +18,14 @@ Every (layer, prefix, target) probe trains at once: parameters carry a leading p
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin
 import pandas as pd
 import torch
+from sklearn.base import BaseEstimator, RegressorMixin
 from torch import Tensor, nn
 
 from ..errors import ConfigError
@@ -187,7 +188,7 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
             raise ValueError("AttentionPoolProbe: H contains NaN or infinity")
         return torch.from_numpy(np.array(h))
 
-    def fit(self, H, Y) -> "AttentionPoolProbe":
+    def fit(self, H, Y) -> AttentionPoolProbe:
         h = self._as_states(H)
         y = np.asarray(Y, dtype=np.float32)
         self.single_target_ = y.ndim == 1
@@ -196,16 +197,17 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
             raise ValueError(f"AttentionPoolProbe.fit expects finite Y (N, d) with N = {len(h)}, got shape {y.shape}")
         if self.kind not in ("linear", "mlp"):
             raise ValueError(f"AttentionPoolProbe kind must be 'linear' or 'mlp', got {self.kind!r}")
-        y = torch.from_numpy(np.array(y))
+        target_values = torch.from_numpy(np.array(y))
         self.n_features_in_ = h.shape[2]
         self.n_positions_ = h.shape[1]
-        self.mean_, self.std_ = y.mean(0), y.std(0).clamp_min(1e-8) if len(y) > 1 else torch.ones(y.shape[1])
+        self.mean_ = target_values.mean(0)
+        self.std_ = target_values.std(0).clamp_min(1e-8) if len(target_values) > 1 else torch.ones(target_values.shape[1])
         torch.manual_seed(self.random_state)
-        self.grid_ = ProbeGrid(1, 1, h.shape[1], h.shape[2], y.shape[1], self.kind, seed=self.random_state)
+        self.grid_ = ProbeGrid(1, 1, h.shape[1], h.shape[2], target_values.shape[1], self.kind, seed=self.random_state)
         opt = torch.optim.Adam(self.grid_.parameters(), lr=self.lr)
         mask = torch.ones(1, h.shape[1], dtype=torch.bool)
         g = torch.Generator().manual_seed(self.random_state)
-        target = ((y - self.mean_) / self.std_)[None]
+        target = ((target_values - self.mean_) / self.std_)[None]
         for _ in range(self.steps):
             idx = torch.randint(0, len(h), (min(self.batch_size, len(h)),), generator=g)
             loss = ((self.grid_(h[idx][None], mask) - target[:, idx]) ** 2).mean()
@@ -310,7 +312,7 @@ def probe_summary(table: pd.DataFrame) -> dict:
         by = rows.groupby(["control", "layer"]).r2.mean()
         layers = sorted(rows.layer.unique())
         main = [float(by.get(("none", l), np.nan)) for l in layers]
-        entry = {"layer": layers, "r2": main,
+        entry: dict[str, Any] = {"layer": layers, "r2": main,
                  "control_r2": [float(by.get(("random_model", l), np.nan)) for l in layers],
                  "shuffled_r2": [float(by.get(("shuffled", l), np.nan)) for l in layers]}
         entry["best_layer"] = int(layers[int(np.nanargmax(main))])

@@ -7,13 +7,13 @@ lowest error on validation prompts. With a read-out each layer becomes a predict
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin
 import pandas as pd
 import torch
+from sklearn.base import BaseEstimator, RegressorMixin
 
 from ..stats import bootstrap_mean
 
@@ -46,7 +46,7 @@ class RidgeReadout(RegressorMixin, BaseEstimator):
     def __init__(self, alpha: float = 1e-4):
         self.alpha = alpha
 
-    def fit(self, X, y) -> "RidgeReadout":
+    def fit(self, X, y) -> RidgeReadout:
         from sklearn.utils.validation import validate_data
 
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)

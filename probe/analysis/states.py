@@ -46,7 +46,7 @@ def sequence_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device
     """query_states by brute force: one captured sequence per prefix t and query (any model)."""
     b, n, d = xs.shape
     q = queries.shape[1]
-    out = None
+    out: np.ndarray | None = None
     from tqdm.auto import tqdm
 
     for t in tqdm(range(start, n), desc="query states", disable=not progress, leave=False):
@@ -57,6 +57,7 @@ def sequence_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device
         if out is None:
             out = np.empty((states.shape[0], b, n - start, q, states.shape[-1]), dtype=np.float32)
         out[:, :, t - start] = states.reshape(states.shape[0], b, q, -1)
+    assert out is not None, "no prefixes to compute"
     return out
 
 
@@ -75,7 +76,7 @@ def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: 
     """
     from ..models.encoding import interleave
 
-    b, n, d = xs.shape
+    b, n, _ = xs.shape
     q = queries.shape[1]
     bb = model._backbone
     width, heads = model.config.n_embd, model.config.n_head

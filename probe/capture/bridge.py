@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..models.encoding import interleave
-from ..models.gpt2 import LN_EPS, GPT2ICL
+from ..models.gpt2 import GPT2ICL, LN_EPS
 
 
 def bridge_config(model: GPT2ICL):
@@ -73,7 +73,7 @@ def bridge_inputs(model: GPT2ICL, xs: Tensor, ys: Tensor) -> Tensor:
     return model._read_in(interleave(xs, ys, model.config.encoding))
 
 
-_BRIDGES: "weakref.WeakKeyDictionary[GPT2ICL, tuple[str, object]]" = weakref.WeakKeyDictionary()
+_BRIDGES: weakref.WeakKeyDictionary[GPT2ICL, tuple[str, object]] = weakref.WeakKeyDictionary()
 
 
 def cached_bridge(model: GPT2ICL, device: str = "cpu"):

@@ -15,20 +15,19 @@ import os
 import shutil
 import tempfile
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..validate import as_prompt_tensors, check_device, positive_int
 from ..models.gpt2 import GPT2ICL
-from ..models.planted import PlantedICL
+from ..validate import as_prompt_tensors, check_device, positive_int
 from . import hooks as H
+from .backends import Request, backend_for, final_norm
 
 log = logging.getLogger(__name__)
 RESID = "resid"  # shorthand: every layer boundary 0..L stacked, (L+1, B, P, D)
@@ -55,7 +54,7 @@ class Capture:
             for b in range(stacked.shape[0]):
                 tensors[H.resid(b)] = torch.from_numpy(np.asarray(stacked[b]))
                 if b < stacked.shape[0] - 1:  # the same tensor under TL's other name: block b's input
-                    tensors[f"blocks.{b}.hook_resid_pre"] = tensors[H.resid(b)]
+                    tensors[H.resid_pre(b)] = tensors[H.resid(b)]
         return ActivationCache(tensors, model)
 
 
@@ -71,13 +70,6 @@ def check_prompts_for(model, xs, ys) -> tuple[Tensor, Tensor]:
 
 
 SPILL_PREFIX = "icl-probe-capture-"
-
-
-def _final_norm(model):
-    """The model's final LayerNorm (GPT-2 family), or None."""
-    backbone = getattr(model, "_backbone", None)
-    ln_f = getattr(backbone, "ln_f", None)
-    return ln_f if isinstance(ln_f, torch.nn.LayerNorm) else None
 
 
 def spill_dir() -> str:
@@ -129,129 +121,95 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
     ln_f's weight and bias; the same tensor on both back-ends), or any TransformerLens
     hook name for transformers (e.g. "blocks.3.attn.hook_pattern", stored (B, ...) as TL gives it).
     positions: "all" (2n tokens), "x" (the x tokens, where predictions are read) or indices.
-    backend: "transformer_lens" (transformers only), "native" (the model's own `run`), or "auto".
+    backend: "transformer_lens" (transformers only), "native" (the model's own `run`), or "auto"
+    (probe/capture/backends.py).
     as_cache: return `Capture.as_cache()` (a TransformerLens ActivationCache indexed by hook names,
     tied to a bridge of the model for the GPT-2 family) instead of the Capture.
     """
     xs, ys = check_prompts_for(model, xs, ys)
     batch_size = positive_int(batch_size, "capture batch_size")
     device = check_device(device)
-    if isinstance(hooks, str):
-        hooks = [hooks]
+    hooks = [hooks] if isinstance(hooks, str) else list(hooks)
     b, n, _ = xs.shape
-    bridged = (GPT2ICL, PlantedICL)
-    if backend == "auto":
-        backend = "transformer_lens" if isinstance(model, bridged) else "native"
-    if backend not in ("transformer_lens", "native"):
-        raise ConfigError(f"backend must be 'auto', 'transformer_lens' or 'native', got {backend!r}")
-    if backend == "transformer_lens" and not isinstance(model, bridged):
-        raise ConfigError("the transformer_lens backend needs a GPT-2 family or planted model; use backend='native'")
-    named = [h for h in hooks if h not in (RESID, H.READOUT, H.FINAL)]
-    if named and backend == "native":
-        raise ConfigError(f"hooks {named} need TransformerLens (a GPT-2 family or planted model); this model offers "
-                          f"only 'resid', '{H.READOUT}' and '{H.FINAL}'")
-    if H.FINAL in hooks and _final_norm(model) is None:
-        raise ConfigError(f"'{H.FINAL}' needs a model with a final LayerNorm; ask for '{H.READOUT}' (the stream "
-                          "the read-out sees) instead")
-    if positions == "all":
-        pos = None
-    elif positions == "x":
-        pos = torch.arange(0, 2 * n, 2)
-    else:
-        pos = torch.as_tensor(list(positions), dtype=torch.long)
-        if pos.numel() == 0 or pos.min() < 0 or pos.max() >= 2 * n:
-            raise ConfigError(f"positions must lie in 0..{2 * n - 1}, got {list(positions)}")
+    model = model.to(device).eval()
+    runner = backend_for(model, backend, device)
+    request = _request(model, hooks, runner)
+    pos = _positions(positions, n)
     n_pos = 2 * n if pos is None else len(pos)
-    per_prompt = (model.n_layers + 2) * n_pos * model.d_model * 4 if RESID in hooks else n_pos * model.d_model * 4
-    if max_bytes is None:
-        from ..validate import memory_budget
-
-        max_bytes = memory_budget()
-    spilled = out_dir is None and per_prompt * b > max_bytes
-    if spilled:
-        out_dir = spill_dir()
-        log.warning("capture needs %.1f GiB (> max_bytes %.1f GiB): streaming to memmaps in %s",
-                    per_prompt * b / 2**30, max_bytes / 2**30, out_dir)
+    out_dir, spilled = _storage(model, hooks, b, n_pos, out_dir, max_bytes)
     sink = _Sink(Path(out_dir) if out_dir is not None else None)
     preds = np.empty((b, n), dtype=np.float32)
-    model = model.to(device).eval()
-    bridge = None
-    if backend == "transformer_lens" and isinstance(model, GPT2ICL):
-        from .bridge import cached_bridge
-
-        bridge = cached_bridge(model, device)
-    wanted = set(H.resid_names(model.n_layers)) if RESID in hooks else set()
-    wanted |= {H.FINAL} if (H.FINAL in hooks or H.READOUT in hooks) else set()
-    wanted |= set(named)
-    boundary_of = {H.resid(i): i for i in range(model.n_layers + 1)} if RESID in hooks else {}
+    stream_shape = (b, n_pos, model.d_model)
 
     from tqdm.auto import tqdm
 
     with torch.no_grad():
         for start in tqdm(range(0, b, batch_size), desc="capture", disable=not progress, leave=False):
-            bx, by = xs[start : start + batch_size].to(device), ys[start : start + batch_size].to(device)
-            nb = bx.shape[0]
-            if bridge is not None:
-                from .bridge import bridge_inputs
-
-                seen: set[str] = set()
-
-                def store(value: Tensor, hook, name: str, start: int = start) -> None:
-                    # copy straight into the output: no per-batch cache of every hook is kept.
-                    # `name` is the name asked for (TransformerLens may report an alias in hook.name)
-                    seen.add(name)
-                    if name in boundary_of:
-                        sink.put(RESID, (model.n_layers + 1, b, n_pos, model.d_model), 1, start,
-                                 _select(value, pos).float().cpu().numpy()[None], boundary_of[name])
-                    elif name == H.FINAL:  # TL's pre-affine normalised stream; READOUT adds ln_f's affine map
-                        v = _select(value, pos)
-                        if H.FINAL in hooks:
-                            sink.put(H.FINAL, (b, n_pos, model.d_model), 0, start, v.float().cpu().numpy())
-                        if H.READOUT in hooks:
-                            ln_f = _final_norm(model)
-                            sink.put(H.READOUT, (b, n_pos, model.d_model), 0, start,
-                                     (v * ln_f.weight + ln_f.bias).float().cpu().numpy())
-                    else:
-                        v = value.float().cpu().numpy()
-                        sink.put(name, (b, *v.shape[1:]), 0, start, v)
-
-                try:
-                    logits = bridge.run_with_hooks(bridge_inputs(model, bx, by), fwd_hooks=[(name, partial(store, name=name)) for name in wanted])
-                except (KeyError, ValueError, AttributeError) as err:
-                    raise ConfigError(f"unknown hook among {sorted(named)}: {err}; examples of valid names: "
-                                      f"{H.resid(1)}, {H.attn_pattern(0)}, blocks.0.hook_mlp_out") from None
-                missing = wanted - seen
-                if missing:
-                    raise ConfigError(f"unknown hook '{sorted(missing)[0]}'; examples: {H.resid(1)}, {H.attn_pattern(0)}, "
-                                      f"blocks.0.hook_mlp_out")
-                preds[start : start + nb] = logits[:, 0 : 2 * n : 2, 0].float().cpu().numpy()
-            else:
-                if backend == "transformer_lens":  # a planted model: one bridge sequence per prefix run
-                    from .planted_bridge import run_through_bridge
-
-                    out, extra = run_through_bridge(model, bx, by, {name: None for name in named}, device)
-                    for name, value in extra.items():
-                        v = value.float().cpu().numpy()
-                        sink.put(name, (b, *v.shape[1:]), 0, start, v)
-                else:
-                    out = model.run(bx, by)
-                preds[start : start + nb] = out.pred.float().cpu().numpy()
-                if RESID in hooks:
-                    for i, r in enumerate(out.resid):
-                        sink.put(RESID, (model.n_layers + 1, b, n_pos, model.d_model), 1, start,
-                                 _select(r, pos).float().cpu().numpy()[None], i)
-                if H.READOUT in hooks:
-                    sink.put(H.READOUT, (b, n_pos, model.d_model), 0, start, _select(out.final, pos).float().cpu().numpy())
-                if H.FINAL in hooks:
-                    ln_f = _final_norm(model)
-                    normed = torch.nn.functional.layer_norm(out.resid[-1], (model.d_model,), eps=ln_f.eps)
-                    sink.put(H.FINAL, (b, n_pos, model.d_model), 0, start, _select(normed, pos).float().cpu().numpy())
+            acts = runner.run(xs[start : start + batch_size].to(device), ys[start : start + batch_size].to(device), request)
+            preds[start : start + len(acts.pred)] = acts.pred.float().cpu().numpy()
+            for boundary, stream in enumerate(acts.resid):
+                sink.put(RESID, (model.n_layers + 1, *stream_shape), 1, start, _numpy(_select(stream, pos))[None], boundary)
+            if request.readout:
+                sink.put(H.READOUT, stream_shape, 0, start, _numpy(_select(_present(acts.readout), pos)))
+            if request.normalized:
+                sink.put(H.FINAL, stream_shape, 0, start, _numpy(_select(_present(acts.normalized), pos)))
+            for name, value in acts.named.items():
+                sink.put(name, (b, *value.shape[1:]), 0, start, _numpy(value))
     result = Capture(pred=preds, acts=sink.arrays, positions=None if pos is None else pos.numpy())
     if spilled:  # our own temporary directory goes when the result does (the memmaps stay readable until then)
         weakref.finalize(result, shutil.rmtree, str(out_dir), True)
     if as_cache:
         return result.as_cache(_public_bridge(model, device) if isinstance(model, GPT2ICL) else None)
     return result
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    return t.float().cpu().numpy()
+
+
+def _present(t: Tensor | None) -> Tensor:
+    if t is None:
+        raise RuntimeError("the capture back-end did not return a requested stream")
+    return t
+
+
+def _request(model, hooks: list[str], runner) -> Request:
+    """What to ask the back-end for, refusing hook names it cannot give."""
+    named = tuple(h for h in hooks if h not in (RESID, H.READOUT, H.FINAL))
+    if named and not runner.takes_named_hooks:
+        raise ConfigError(f"hooks {list(named)} need TransformerLens (a GPT-2 family or planted model); this model offers "
+                          f"only 'resid', '{H.READOUT}' and '{H.FINAL}'")
+    if H.FINAL in hooks and final_norm(model) is None:
+        raise ConfigError(f"'{H.FINAL}' needs a model with a final LayerNorm; ask for '{H.READOUT}' (the stream "
+                          "the read-out sees) instead")
+    return Request(RESID in hooks, H.READOUT in hooks, H.FINAL in hooks, named)
+
+
+def _positions(positions: str | Sequence[int], n: int) -> Tensor | None:
+    """Token positions kept: None for all 2n, the x tokens, or checked indices."""
+    if positions == "all":
+        return None
+    if positions == "x":
+        return torch.arange(0, 2 * n, 2)
+    pos = torch.as_tensor(list(positions), dtype=torch.long)
+    if pos.numel() == 0 or pos.min() < 0 or pos.max() >= 2 * n:
+        raise ConfigError(f"positions must lie in 0..{2 * n - 1}, got {list(positions)}")
+    return pos
+
+
+def _storage(model, hooks: list[str], b: int, n_pos: int, out_dir, max_bytes: int | None):
+    """(out_dir, spilled): stream to memmaps in a temporary directory when the result would exceed max_bytes."""
+    per_prompt = (model.n_layers + 2) * n_pos * model.d_model * 4 if RESID in hooks else n_pos * model.d_model * 4
+    if max_bytes is None:
+        from ..validate import memory_budget
+
+        max_bytes = memory_budget()
+    if out_dir is None and per_prompt * b > max_bytes:
+        out_dir = spill_dir()
+        log.warning("capture needs %.1f GiB (> max_bytes %.1f GiB): streaming to memmaps in %s",
+                    per_prompt * b / 2**30, max_bytes / 2**30, out_dir)
+        return out_dir, True
+    return out_dir, False
 
 
 def _public_bridge(model: GPT2ICL, device: str):

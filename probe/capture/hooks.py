@@ -26,3 +26,23 @@ def resid_names(n_layers: int) -> list[str]:
 
 def attn_pattern(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_pattern"
+
+
+def resid_pre(layer: int) -> str:
+    """Block `layer`'s input (the same tensor as boundary `layer`)."""
+    return f"blocks.{layer}.hook_resid_pre"
+
+
+def resid_post(layer: int) -> str:
+    """Block `layer`'s output (boundary `layer + 1`)."""
+    return f"blocks.{layer}.hook_resid_post"
+
+
+def head_outputs(layer: int) -> str:
+    """Per-head attention outputs z (..., heads, d_head) of block `layer`, before the output projection."""
+    return f"blocks.{layer}.attn.hook_z"
+
+
+def block_output(layer: int, part: str) -> str:
+    """What block `layer`'s attention ("attn_out") or MLP ("mlp_out") adds to the residual stream."""
+    return f"blocks.{layer}.hook_{part}"

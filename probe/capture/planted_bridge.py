@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..models.base import ModelOutput
 from ..models.planted import PlantedICL
+from . import hooks as H
 
 SKIP_HEAD = 2
 
@@ -43,7 +44,7 @@ def planted_bridge(model: PlantedICL, n_tokens: int, device: str = "cpu"):
     return bridge.eval()
 
 
-_BRIDGES: "weakref.WeakKeyDictionary[PlantedICL, dict]" = weakref.WeakKeyDictionary()
+_BRIDGES: weakref.WeakKeyDictionary[PlantedICL, dict] = weakref.WeakKeyDictionary()
 
 
 def cached_planted_bridge(model: PlantedICL, n_tokens: int, device: str = "cpu"):
@@ -98,9 +99,9 @@ def run_through_bridge(model: PlantedICL, xs: Tensor, ys: Tensor, extra_hooks: d
 
     hooks = list(fwd_hooks or [])
     for l in range(model.config.n_layer):
-        hooks += [(f"blocks.{l}.hook_resid_pre", partial(keep_input, layer=l)),
-                  (f"blocks.{l}.attn.hook_pattern", partial(linear_pattern, layer=l)),
-                  (f"blocks.{l}.hook_resid_post", partial(keep_output, layer=l))]
+        hooks += [(H.resid_pre(l), partial(keep_input, layer=l)),
+                  (H.attn_pattern(l), partial(linear_pattern, layer=l)),
+                  (H.resid_post(l), partial(keep_output, layer=l))]
     for name in extra_hooks or {}:
         hooks.append((name, partial(keep_named, name=name)))
     with torch.no_grad():

@@ -33,10 +33,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..provenance import display_path
     from ..checkpoint import load_checkpoint
     from ..interventions.pipeline import InterventionSettings, run_interventions
-    from ..provenance import stamp
+    from ..provenance import display_path, stamp
     from ..report import intervention_figures
 
     target = output_target(args, "ablate", (args.checkpoint,))
@@ -47,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
                                     heads=iv.heads, patch=False, iteration=False, n_boot=recipe.similarity.bootstrap,
                                     seed=recipe.prompts.seed, device=check_device(args.device))
     result = run_interventions(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
+    assert result.ablation is not None  # ablate=True
     with writing(target) as out:
         result.ablation.to_csv(out / "ablation.csv", index=False)
         intervention_figures.ablation(result.ablation, out / "ablation")

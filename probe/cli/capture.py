@@ -29,11 +29,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def load_prompts(path: str):
-    import numpy as np
-    from ..errors import ConfigError
-
     import zipfile
 
+    import numpy as np
+
+    from ..errors import ConfigError
     from ..outputs import is_regular_file
     from ..validate import as_prompt_tensors
 

@@ -35,11 +35,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..provenance import display_path
     from ..checkpoint import load_checkpoint
     from ..errors import ConfigError
     from ..evaluate import error_curve, plot_error_curve, r2_curve
-    from ..provenance import stamp
+    from ..provenance import display_path, stamp
 
     device = check_device(args.device)
     target = output_target(args, "evaluate", (args.checkpoint,))

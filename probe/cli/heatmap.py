@@ -25,10 +25,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..provenance import display_path
     from ..analysis.pipeline import analyse_layers
     from ..checkpoint import load_checkpoint
     from ..outputs import safe_name
+    from ..provenance import display_path
     from ..report import figures
 
     target = output_target(args, "heatmap", (args.checkpoint,))

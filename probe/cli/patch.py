@@ -74,10 +74,9 @@ def layer_maps(args, ckpt) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..provenance import display_path
     from ..checkpoint import load_checkpoint
     from ..interventions.pipeline import InterventionSettings, iteration_verdict, run_interventions
-    from ..provenance import stamp
+    from ..provenance import display_path, stamp
     from ..report import intervention_figures
     target = output_target(args, "patch", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
@@ -94,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
                                     device=check_device(args.device))
     settings.layer_maps = layer_maps(args, ckpt)
     result = run_interventions(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
+    assert result.patching is not None  # patch=True
     with writing(target) as out:
         result.patching.to_csv(out / "patching.csv", index=False)
         for site in result.patching.site.unique():

@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from ..planted_io import write_planted
 
     target = check_run_output(args.out, "planted", force=args.force)
+    assert target is not None  # --out is required
     with writing(target) as staged:
         write_planted(args.algorithm, args.layers, args.dims, args.points, staged,
                       step_size=args.step_size, alpha=args.alpha)

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--prefixes must be below the number of points ({n}), got {args.prefixes}")
     recipe = recipe_from_args(args, ckpt)
     pr = recipe.probes
-    pick = lambda flag, default: default if flag is None else flag  # noqa: E731
+    pick = lambda flag, default: default if flag is None else flag
     seed = pick(args.seed, recipe.prompts.seed)
     controls = pr.controls and not args.no_controls
     control = None

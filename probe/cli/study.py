@@ -34,8 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from ..config import parse_override
     from ..outputs import OutputTarget, mark_run_directory
     from ..study.present import write_presentation
-    from ..study.recipe import resolve_study
-    from ..study.recipe import resolve_models
+    from ..study.recipe import resolve_models, resolve_study
     from ..study.run import check_models, run_study
 
     recipe = resolve_study(args.recipe, [parse_override(s) for s in args.set])

@@ -31,7 +31,6 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..config import RunConfig, load_recipe, merge, parse_override
     from ..errors import ConfigError
-
     from ..outputs import check_run_output, remove_previous
 
     out = Path(args.out)

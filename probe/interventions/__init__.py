@@ -11,4 +11,4 @@ from .handle import to_bridge
 from .patch import iteration_patching, paired_prompts, patching_heatmap
 from .runner import runner_for
 
-__all__ = ["to_bridge", "runner_for", "ablate", "components", "patching_heatmap", "iteration_patching", "paired_prompts"]
+__all__ = ["ablate", "components", "iteration_patching", "paired_prompts", "patching_heatmap", "runner_for", "to_bridge"]

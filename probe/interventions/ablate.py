@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..capture import hooks as H
 from ..stats import bootstrap_mean
 from ..validate import positive_int
 from .runner import Hook, Runner, head_hook, replace_hook, skip_hooks
@@ -57,7 +58,7 @@ def _means(runner: Runner, comps: list[Component], xs: Tensor, ys: Tensor) -> di
 
 
 def _site(c: Component) -> str:
-    return f"blocks.{c.layer}.attn.hook_z" if c.component == "head" else f"blocks.{c.layer}.hook_mlp_out"
+    return H.head_outputs(c.layer) if c.component == "head" else H.block_output(c.layer, "mlp_out")
 
 
 def hooks_for(runner: Runner, c: Component, means: dict[str, Tensor]) -> list[Hook]:
@@ -133,4 +134,4 @@ def increase_matrix(frame: pd.DataFrame) -> pd.DataFrame:
     return view.pivot_table(index="label", columns="n_examples", values="increase").reindex(order)
 
 
-__all__ = ["Component", "components", "ablate", "summarise_ablation", "increase_matrix", "KINDS"]
+__all__ = ["KINDS", "Component", "ablate", "components", "increase_matrix", "summarise_ablation"]

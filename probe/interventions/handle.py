@@ -47,7 +47,7 @@ def _bridge_class() -> type:
                 device = next(model.parameters()).device
                 return self.embed.hook_out(bridge_inputs(model, xs.to(device), ys.to(device)))
 
-            def forward(self, input: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A002 (TL's name)
+            def forward(self, input: Any, *args: Any, **kwargs: Any) -> Any:
                 if _is_prompt(input):
                     input = self._prompt_embeddings(tuple(input))
                 return super().forward(input, *args, **kwargs)

@@ -41,6 +41,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..capture import hooks as H
 from ..config import TaskConfig
 from ..errors import ConfigError
 from ..stats import bootstrap_ratio
@@ -77,7 +78,7 @@ def site_name(site: str, layer: int, n_layers: int) -> str:
         raise ConfigError(f"patching site must be one of {SITES}, got {site!r}")
     if not 0 <= layer < n_layers:
         raise ConfigError(f"block index must lie in 0..{n_layers - 1}, got {layer}")
-    return f"blocks.{layer}.hook_{site}"
+    return H.block_output(layer, site)
 
 
 def _patched_predictions(runner: Runner, name: str, xs: Tensor, ys_target: Tensor, source: Tensor, masks: Tensor,
@@ -146,7 +147,7 @@ def _learner_changes(sweep, xs: Tensor, ys: Tensor, ys_src: Tensor, ks: list) ->
     if sweep.axis is None:
         raise ConfigError(f"learner sweep {sweep.label!r} has no iteration axis to test a layer map against")
     clean, src = run_sweep(sweep, xs, ys, None), run_sweep(sweep, xs, ys_src, None)
-    index = {}
+    index: dict = {}
     for i, params in enumerate(clean.grid):
         index.setdefault(params[sweep.axis], i)
     missing = [k for k in ks if k not in index]

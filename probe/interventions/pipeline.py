@@ -10,6 +10,7 @@ them with the layer analyses when no report's best_match.csv is given.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -124,7 +125,7 @@ def summarise_patching(frame: pd.DataFrame) -> dict:
 def iteration_verdict(label: str, entry: dict) -> str:
     """One sentence on the causal check of one learner's map."""
     dev, null, p = entry["deviation"], entry["null_deviation"], entry["p_value"]
-    if dev != dev:  # nan
+    if math.isnan(dev):
         return f"{label}: no layers to test"
     better = "closer to the claimed map than to shuffled maps" if p < 0.05 else "not closer than shuffled maps"
     return (f"{label}: patched predictions deviate from the map's expectation by {dev:.3f} on average "

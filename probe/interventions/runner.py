@@ -12,7 +12,7 @@ Layer boundaries are numbered as in probe/capture/hooks.py (0 = embeddings, l = 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -34,10 +34,10 @@ class Runner:
     heads: list[int]  # attention heads that can be ablated
     has_mlp: bool
 
-    def predict(self, xs: Tensor, ys: Tensor, hooks: list[Hook] = (), query: int | None = None) -> Tensor:
+    def predict(self, xs: Tensor, ys: Tensor, hooks: Sequence[Hook] = (), query: int | None = None) -> Tensor:
         raise NotImplementedError
 
-    def states(self, xs: Tensor, ys: Tensor, names: list[str], hooks: list[Hook] = (),
+    def states(self, xs: Tensor, ys: Tensor, names: list[str], hooks: Sequence[Hook] = (),
                query: int | None = None) -> dict[str, Tensor]:
         """Activations at `names` in the native layout (after `hooks` have edited the run)."""
         caught: dict[str, Tensor] = {}
@@ -80,7 +80,7 @@ class GPT2Runner(Runner):
         self.device = device
 
     @torch.no_grad()
-    def predict(self, xs: Tensor, ys: Tensor, hooks: list[Hook] = (), query: int | None = None) -> Tensor:
+    def predict(self, xs: Tensor, ys: Tensor, hooks: Sequence[Hook] = (), query: int | None = None) -> Tensor:
         if query is not None:  # causal: the first query + 1 points are all the prediction depends on
             xs, ys = xs[:, : query + 1], ys[:, : query + 1]
         logits = self.bridge.run_with_hooks((xs.to(self.device), ys.to(self.device)), fwd_hooks=list(hooks))
@@ -108,7 +108,7 @@ class PlantedRunner(Runner):
         self.device = device
 
     @torch.no_grad()
-    def predict(self, xs: Tensor, ys: Tensor, hooks: list[Hook] = (), query: int | None = None) -> Tensor:
+    def predict(self, xs: Tensor, ys: Tensor, hooks: Sequence[Hook] = (), query: int | None = None) -> Tensor:
         from ..capture.planted_bridge import run_through_bridge
 
         out, _ = run_through_bridge(self.model, xs.to(self.device), ys.to(self.device), None, self.device, list(hooks),
@@ -166,7 +166,7 @@ def skip_hooks(layers: list[int]) -> list[Hook]:
         def restore(value: Tensor, hook, layer: int = layer) -> Tensor:
             return saved[layer]
 
-        hooks += [(f"blocks.{layer}.hook_resid_pre", keep), (f"blocks.{layer}.hook_resid_post", restore)]
+        hooks += [(H.resid_pre(layer), keep), (H.resid_post(layer), restore)]
     return hooks
 
 
@@ -177,7 +177,7 @@ def head_hook(layer: int, head: int, replacement: Callable[[Tensor], Tensor] | N
         z[..., head, :] = 0.0 if replacement is None else replacement(z)[..., head, :]
         return z
 
-    return f"blocks.{layer}.attn.hook_z", edit
+    return H.head_outputs(layer), edit
 
 
 def replace_hook(name: str, replacement: Callable[[Tensor], Tensor] | None) -> Hook:

@@ -12,7 +12,6 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..validate import as_prompt_tensors, check_grid
-
 from . import closed_form, iterative, krylov, network, nonparametric, online, stochastic  # noqa: F401  (registration)
 from .base import LearnerResult, check_prompts, prefix_moments
 from .registry import LEARNERS, LearnerSpec
@@ -38,4 +37,4 @@ def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None
         raise ConfigError(str(err)) from None
 
 
-__all__ = ["LEARNERS", "LearnerResult", "LearnerSpec", "run_learner", "prefix_moments"]
+__all__ = ["LEARNERS", "LearnerResult", "LearnerSpec", "prefix_moments", "run_learner"]

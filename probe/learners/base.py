@@ -28,7 +28,7 @@ class LearnerResult:
     def grid_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.grid).assign(learner=self.name, index=range(len(self.grid)))
 
-    def select(self, index: int) -> "LearnerResult":
+    def select(self, index: int) -> LearnerResult:
         pick = lambda t: None if t is None else t[index : index + 1]
         return LearnerResult(self.name, [self.grid[index]], self.preds[index : index + 1],
                              pick(self.weights), pick(self.query_preds))
@@ -62,5 +62,6 @@ def linear_result(name: str, grid: list[dict[str, Any]], weights: Tensor, xs: Te
     return LearnerResult(name, grid, preds, weights, query_preds)
 
 
-def as_float64(*tensors: Tensor | None) -> list[Tensor | None]:
-    return [None if t is None else t.to(torch.float64) for t in tensors]
+def as_float64(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Prompts (and optional queries) in float64, the precision every learner computes in."""
+    return xs.to(torch.float64), ys.to(torch.float64), None if queries is None else queries.to(torch.float64)

@@ -8,7 +8,7 @@ the plain matrix loops).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -111,7 +111,7 @@ def newton(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, iterations:
     m_{k+1} = 2 m_k - lambda m_k^2; zero eigenvalues stay zero (the pseudo-inverse).
     """
     xs, ys, queries = as_float64(xs, ys, queries)
-    its = sorted(set(int(k) for k in iterations))
+    its = sorted({int(k) for k in iterations})
     if its and its[0] < 0:
         raise ValueError(f"newton iterations must be >= 0, got {list(iterations)}")
     lam, v, c, _ = prefix_eigh(xs, ys)

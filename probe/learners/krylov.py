@@ -8,7 +8,7 @@ quadratic; in floating point they drift apart once the problem is nearly solved.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

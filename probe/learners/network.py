@@ -9,7 +9,8 @@ and biases, drawn from one seeded generator in the order of `init_networks`.
 
 from __future__ import annotations
 
-from typing import Sequence
+import itertools
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -29,7 +30,7 @@ def init_networks(batch_shape: tuple[int, ...], sizes: Sequence[int], seed: int,
     """[W_1, b_1, W_2, b_2, ...] with W_j (*batch_shape, fan_out, fan_in), b_j (*batch_shape, fan_out)."""
     g = torch.Generator().manual_seed(seed)
     params = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+    for fan_in, fan_out in itertools.pairwise(sizes):
         bound = 1 / fan_in**0.5
         params.append((torch.rand(*batch_shape, fan_out, fan_in, generator=g, dtype=dtype) * 2 - 1) * bound)
         params.append((torch.rand(*batch_shape, fan_out, generator=g, dtype=dtype) * 2 - 1) * bound)
@@ -82,6 +83,6 @@ def relu_gd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, steps: Seq
         loss.backward()
         opt.step()
     preds = torch.stack([snaps[k][0] for k in steps])
-    qpreds = None if queries is None else torch.stack([snaps[k][1] for k in steps])
+    qpreds = None if queries is None else torch.stack([snaps[k][1] for k in steps])  # type: ignore[misc]  # set with queries
     grid = [{"steps": k, "lr": lr, "depth": depth, "width": width, "optimizer": optimizer} for k in steps]
     return LearnerResult("relu_gd", grid, preds, None, qpreds)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -34,7 +34,7 @@ def knn(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, k: Sequence[in
         weighting: Sequence[str] = ("uniform",)) -> LearnerResult:
     """Mean label of the k nearest prefix examples (all of them while t < k; 0 at t = 0)."""
     xs, ys, queries = as_float64(xs, ys, queries)
-    b, n, _ = xs.shape
+    n = xs.shape[1]
     grid, preds, qpreds = [], [], []
     for kk in k:
         for wt in weighting:

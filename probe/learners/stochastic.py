@@ -7,7 +7,7 @@ on the squared loss l(w.x, y) = (w.x - y)^2 / 2 averaged over the minibatch.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -15,7 +15,8 @@ FAMILIES = {"gpt2": GPT2ICL, "lstm": LSTMICL, "planted": PlantedICL}
 
 def build_model(cfg: ModelConfig) -> nn.Module:
     """A freshly initialised model for `cfg` (seed torch beforehand for reproducibility)."""
-    return FAMILIES[cfg.family](cfg)
+    family: type[nn.Module] = FAMILIES[cfg.family]  # type: ignore[assignment]
+    return family(cfg)
 
 
-__all__ = ["GPT2ICL", "LSTMICL", "ModelOutput", "build_model", "FAMILIES"]
+__all__ = ["FAMILIES", "GPT2ICL", "LSTMICL", "ModelOutput", "build_model"]

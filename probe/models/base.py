@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..config import ModelConfig
 
 
 @dataclass
@@ -46,7 +51,8 @@ class ReadInOutModel:
     """Shared members of the toolkit's own models (a read-in, layers, a Linear(D, 1) read-out):
     the protocol's sizes come from `self.config`, the read-out from `self._read_out`."""
 
-    config: "object"
+    config: ModelConfig
+    _read_out: nn.Linear
 
     @property
     def n_dims(self) -> int:

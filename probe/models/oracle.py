@@ -9,7 +9,8 @@ recovers exactly that learner, so the heatmaps must put layer l at k(l).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -37,7 +38,8 @@ class LearnerOracle(nn.Module):
 
         b, n, _ = xs.shape
         ks = [self.schedule(l) for l in range(self.n_layers + 1)]
-        result = run_learner(self.learner, xs, ys, **{self.axis: tuple(sorted(set(ks)))}, **self.fixed)
+        grid: dict = {self.axis: tuple(sorted(set(ks))), **self.fixed}
+        result = run_learner(self.learner, xs, ys, None, **grid)
         by_k = {g[self.axis]: i for i, g in enumerate(result.grid)}
         g = torch.Generator().manual_seed(1234)
         resid = []

@@ -67,6 +67,12 @@ class Layout:
 
 class PlantedICL(nn.Module):
     family = "planted"
+    q: nn.Parameter  # (L, heads, W, W) query maps
+    k: nn.Parameter
+    v: nn.Parameter
+    skip: nn.Parameter  # (L, W, W)
+    per_example: Tensor  # (L, heads) buffer: 1 scales the head by 1/t
+    read: nn.Parameter  # (W,)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -124,7 +130,6 @@ class PlantedICL(nn.Module):
         return out
 
     def run(self, xs: Tensor, ys: Tensor) -> ModelOutput:
-        b, n, _ = xs.shape
         h, t = self.tokens(xs.to(self.q.dtype), ys.to(self.q.dtype))
         states = [h]
         for l in range(self.config.n_layer):

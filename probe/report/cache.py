@@ -11,8 +11,9 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -72,7 +73,7 @@ class StageCache:
                 if _sha256(folder / name) != expected:
                     return None
             tables = {name: pd.read_csv(folder / f"{name}.csv") for name in meta["tables"]}
-            if set(f"{name}.csv" for name in meta["tables"]) - set(sums):
+            if {f"{name}.csv" for name in meta["tables"]} - set(sums):
                 return None
             return tables, meta["data"]
         except (OSError, ValueError, KeyError, TypeError, pd.errors.ParserError, pd.errors.EmptyDataError):

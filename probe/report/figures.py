@@ -139,7 +139,7 @@ def best_match_trend(best: pd.DataFrame, learner: str, metric: str, stem: Path) 
     rows = best[(best.sweep == learner) & (best.metric == metric)]
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
     ax.errorbar(rows.layer, rows.k, yerr=[rows.k - rows.k_low, rows.k_high - rows.k], fmt="o-", capsize=3)
-    ends = rows[rows.get("at_grid_end", False) == True]  # noqa: E712 (pandas mask)
+    ends = rows[rows.get("at_grid_end", False) == True]
     if len(ends):
         ax.plot(ends.layer, ends.k, "s", mfc="none", mec="red", ms=10, label="at grid end")
         ax.legend(fontsize=7)

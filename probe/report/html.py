@@ -95,45 +95,56 @@ def _training_rows(ckpt) -> list[tuple[str, Any]]:
 
 
 def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, recipe, compare) -> str:
+    """The report page: findings and contents (template), then one block of HTML per section."""
     t = built.tables
+    parts = [*_model_card(summary, figs, ckpt), *_readout_section(summary, figs, recipe, compare),
+             *_matching_section(t, summary, figs, recipe), *_table1_section(t, summary, compare),
+             *_span_probes_forgetting(t, figs), *_causal_section(summary.get("interventions"), figs),
+             *_methods_section(summary, ckpt, recipe)]
+    return _page(summary, recipe, "\n".join(parts))
+
+
+def _model_card(summary: dict[str, Any], figs: dict[str, Path], ckpt) -> list[str]:
     c = summary["checkpoint"]
     m = c["model"]
-    parts: list[str] = []
-    # model card
     card = pd.DataFrame([
         ("format", c["format"]), ("family", m["family"]), ("layers", m["n_layer"]), ("width", m["n_embd"]),
         ("heads", m["n_head"] if m["family"] == "gpt2" else "-"), ("d", m["n_dims"]), ("points", m["n_positions"]),
         ("parameters", f"{c['parameters']:,}"), ("task", f"{c['task']['name']} ({c['task']['covariance']})"),
         ("trained steps", c.get("train_step", "unknown")), ("sha256", c["sha256"][:16] + "..."),
     ] + _training_rows(ckpt), columns=["field", "value"])
-    parts += ["<h2>Model card</h2>", _table(card),
-              _img(figs["icl_error"], "error vs examples",
-                   "Squared error / d of the model's own predictions against the number of in-context examples "
-                   "(band: bootstrap 5-95% over prompts), beside least squares, 3-nearest neighbours and averaging; "
-                   "linear axis (left) and log axis (right).")]
+    parts = ["<h2>Model card</h2>", _table(card),
+             _img(figs["icl_error"], "error vs examples",
+                  "Squared error / d of the model's own predictions against the number of in-context examples "
+                  "(band: bootstrap 5-95% over prompts), beside least squares, 3-nearest neighbours and averaging; "
+                  "linear axis (left) and log axis (right).")]
     if "icl_r2" in figs:
         parts.append(_img(figs["icl_r2"], "R^2 vs examples", "R^2 (over prompts) of the model's predictions against the "
                           "number of examples, beside training the task's ReLU network directly on each prompt's examples "
                           "(last epoch, and best epoch as seed 001 reports), least squares and 3-NN."))
-    # readout
+    return parts
+
+
+def _readout_section(summary: dict[str, Any], figs: dict[str, Path], recipe, compare) -> list[str]:
     ro = pd.DataFrame({"layer": summary["readout"]["layer"], "error / d (mean over t >= 1)": summary["readout"]["error"]})
     if summary["readout"].get("error_at_2d1"):
         ro["error / d at t = 2d+1"] = summary["readout"]["error_at_2d1"]
-    parts += ["<h2>Per-layer readout retraining</h2>",
-              f"<p>A fresh linear read-out ({html.escape(recipe.readout.method)}) is fitted on each layer's frozen "
-              "residual stream at the x tokens (seed 003 §4.1); layer 0 is the embedding output.</p>", _table(ro),
-              _img(figs["readout"], "readout error", "Error / d of each layer's retrained read-out against the number of "
-                   "examples on held-out prompts; the dotted line marks t = d.")]
+    parts = ["<h2>Per-layer readout retraining</h2>",
+             f"<p>A fresh linear read-out ({html.escape(recipe.readout.method)}) is fitted on each layer's frozen "
+             "residual stream at the x tokens (seed 003 §4.1); layer 0 is the embedding output.</p>", _table(ro),
+             _img(figs["readout"], "readout error", "Error / d of each layer's retrained read-out against the number of "
+                  "examples on held-out prompts; the dotted line marks t = d.")]
     if "compare_readout" in figs:
         parts.append(_img(figs["compare_readout"], "readout comparison",
-                          f"Mean error / d (examples >= 1) of each layer's retrained read-out for {c['name']} and "
-                          f"{compare.name}: how much each layer improves on the one before."))
-    # heatmaps
-    parts += ["<h2>Layers vs reference learners</h2>", "<div class='verdict'>"]
-    for label, tr in summary["trend"].items():
-        if label == "gd":
-            continue
-        parts.append(f"<p>{html.escape(tr['verdict'])}</p>")
+                          f"Mean error / d (examples >= 1) of each layer's retrained read-out for "
+                          f"{summary['checkpoint']['name']} and {compare.name}: how much each layer improves on the one "
+                          "before."))
+    return parts
+
+
+def _matching_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], figs: dict[str, Path], recipe) -> list[str]:
+    parts = ["<h2>Layers vs reference learners</h2>", "<div class='verdict'>"]
+    parts += [f"<p>{html.escape(tr['verdict'])}</p>" for label, tr in summary["trend"].items() if label != "gd"]
     parts.append("</div>")
     for sweep in recipe.sweeps:
         key = f"heatmap_{sweep.label}"
@@ -153,24 +164,29 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
     parts += ["<h3>Best matches</h3>", "<p><em>not distinguishable from 0</em>: the zero predictor's SimE lies within "
               "the match's interval, or the layer predicts ~0; <em>at grid end</em>: the true match may lie beyond the "
               "grid.</p>", _table(_readable(best[best.sweep.isin([s.label for s in recipe.sweeps if s.axis])]), "{:.3f}")]
-    # table 1
+    return parts
+
+
+def _table1_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], compare) -> list[str]:
     t1 = _readable(t["table1"]).rename(columns={"similarity": "SimE (final layer)"})
-    parts += ["<h2>Table 1: final layer against each learner</h2>"]
     if compare is not None and "compare_table1" in t:
         other = _readable(t["compare_table1"][["family", "similarity"]]).rename(columns={"similarity": f"SimE ({compare.name})"})
         t1 = t1.merge(other, on="family", how="left")
-    parts.append(_table(t1, "{:.3f}"))
+    parts = ["<h2>Table 1: final layer against each learner</h2>", _table(t1, "{:.3f}")]
     null = summary["table1"].get("null")
     if null:
         parts.append("<p>Null baselines for the final layer (SimE): " + "; ".join(
             f"{html.escape(_label(name))} {entry['similarity']:.3f}" for name, entry in null.items()) +
             ". A learner that does not beat the zero predictor beyond its interval is marked not distinguishable from 0.</p>")
-    # span
+    return parts
+
+
+def _span_probes_forgetting(t: dict[str, pd.DataFrame], figs: dict[str, Path]) -> list[str]:
+    parts = []
     if "span" in figs:
         parts += ["<h2>Span of the examples</h2>",
                   _img(figs["span"], "span test", "Root-mean-square relative residual of each layer's induced weight "
-                       "vector outside span{x_1..x_t}, against t; the dashed line is a random vector's sqrt((d-t)/d)."),
-                  ]
+                       "vector outside span{x_1..x_t}, against t; the dashed line is a random vector's sqrt((d-t)/d).")]
     if "probes" in figs:
         pr = t["probes"]
         attn = pr[pr.control == "none"].groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()
@@ -185,26 +201,27 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
         parts += ["<h2>Forgetting</h2>", _img(figs["forgetting"], "forgetting",
                   "Squared error / d when an earlier example x_i is asked again after n-1 examples, by how long ago it "
                   "was seen (seed 003 App. A.4), for the model and reference learners.")]
-    parts += _causal_section(summary.get("interventions"), figs)
-    # methods
+    return parts
+
+
+def _methods_section(summary: dict[str, Any], ckpt, recipe) -> list[str]:
     p = recipe.prompts
-    parts += ["<h2>Methods</h2><ul>",
-              f"<li>Prompts: {p.evaluate} for the error curve; {p.train} / {p.val} / {p.eval} for read-out training, "
-              f"penalty selection and held-out scoring; {p.simw} of the held-out prompts for SimW and the span test, with "
-              f"{p.queries or 4 * ckpt.config.task.n_dims} fresh queries per prefix. Seed {p.seed}.</li>",
-              f"<li>SimE: cosine of error vectors over positions {'1' if recipe.similarity.include_first else '2'}..n "
-              "(seed 003 eq. 9-10). SimW: cosine of induced weights fitted by least squares to query predictions, "
-              "averaged over prefixes (eq. 11-12).</li>",
-              f"<li>Intervals: percentile bootstrap over prompts, {recipe.similarity.bootstrap} resamples, 90% "
-              "(5-95%), for similarities and for the best-matching index itself.</li>",
-              *[f"<li>{html.escape(line)}</li>" for line in learner_methods(recipe)],
-              "<li>Trend: linear and exponential least-squares fits of the best k against layer over layers l >= 1 "
-              "whose best match is neither k = 0 nor the grid's end.</li>",
-              f"<li>Recipe, versions and git commit: see summary.json (git {html.escape(str(summary['git_commit']))}).</li>",
-              "</ul>",
-              "<h2>Grids</h2>", _table(pd.DataFrame([{"label": s.label, "learner": s.learner, "axis": s.axis,
-                                                      "grid": json.dumps(s.grid)} for s in recipe.sweeps]))]
-    return _page(summary, recipe, "\n".join(parts))
+    return ["<h2>Methods</h2><ul>",
+            f"<li>Prompts: {p.evaluate} for the error curve; {p.train} / {p.val} / {p.eval} for read-out training, "
+            f"penalty selection and held-out scoring; {p.simw} of the held-out prompts for SimW and the span test, with "
+            f"{p.queries or 4 * ckpt.config.task.n_dims} fresh queries per prefix. Seed {p.seed}.</li>",
+            f"<li>SimE: cosine of error vectors over positions {'1' if recipe.similarity.include_first else '2'}..n "
+            "(seed 003 eq. 9-10). SimW: cosine of induced weights fitted by least squares to query predictions, "
+            "averaged over prefixes (eq. 11-12).</li>",
+            f"<li>Intervals: percentile bootstrap over prompts, {recipe.similarity.bootstrap} resamples, 90% "
+            "(5-95%), for similarities and for the best-matching index itself.</li>",
+            *[f"<li>{html.escape(line)}</li>" for line in learner_methods(recipe)],
+            "<li>Trend: linear and exponential least-squares fits of the best k against layer over layers l >= 1 "
+            "whose best match is neither k = 0 nor the grid's end.</li>",
+            f"<li>Recipe, versions and git commit: see summary.json (git {html.escape(str(summary['git_commit']))}).</li>",
+            "</ul>",
+            "<h2>Grids</h2>", _table(pd.DataFrame([{"label": s.label, "learner": s.learner, "axis": s.axis,
+                                                    "grid": json.dumps(s.grid)} for s in recipe.sweeps]))]
 
 
 def _sections(body: str) -> list[dict[str, str]]:

@@ -80,73 +80,91 @@ def trend_block(trends: list[dict[str, Any]], recipe: Recipe) -> dict[str, Any]:
 
 
 def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: LoadedCheckpoint | None) -> dict[str, Any]:
-    t, d = built.tables, ckpt.config.task.n_dims
+    """summary.json: provenance, then one block per analysis (README, "summary.json")."""
+    t = built.tables
     icl = t["icl_error"]
-    readout = t["readout"]
-    by_layer = readout[readout.n_examples >= 1].groupby("layer").error.mean()
-    k = 2 * d + 1
-    at_k = readout[readout.n_examples == k].set_index("layer").error if k in set(readout.n_examples) else None
-    meta = {key: value for key, value in ckpt.meta.items() if key in ("train_step", "train_seconds")}
     summary: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "checkpoint": {"path": display_path(ckpt.path), "format": ckpt.format, "sha256": ckpt.sha256, "name": ckpt.name,
-                       "model": ckpt.config.model.__dict__, "task": {**ckpt.config.task.__dict__,
-                                                                     "mixture_weights": list(ckpt.config.task.mixture_weights)},
-                       "parameters": int(sum(p.numel() for p in ckpt.model.parameters())), **meta},
+        "checkpoint": checkpoint_block(ckpt),
         "recipe": recipe.to_dict(),
-        **{k2: v for k2, v in stamp().items()},
+        **stamp(),
         "seed": recipe.prompts.seed,
         "timings": built.timings,
         "cached_stages": [name for name, hit in built.cached.items() if hit],
-        "icl_error": {"n_examples": _col(icl, "n_examples"), "model": _col(icl, "model"),
-                      "model_lo": _col(icl, "model_lo"), "model_hi": _col(icl, "model_hi"),
-                      "least_squares": _col(icl, "least_squares"), "knn3": _col(icl, "knn3"),
-                      "averaging": _col(icl, "averaging")},
-        "readout": {"layer": [int(i) for i in by_layer.index], "error": [float(v) for v in by_layer.values],
-                    "error_at_2d1": None if at_k is None else [float(at_k[l]) for l in by_layer.index],
-                    "method": recipe.readout.method, "alpha": built.data.get("readout_alpha"),
-                    "error_definition": "mean over n_examples >= 1 of squared error / d on held-out prompts"},
+        "icl_error": {c: _col(icl, c) for c in ("n_examples", "model", "model_lo", "model_hi", "least_squares", "knn3",
+                                                 "averaging")},
+        "readout": readout_block(t["readout"], ckpt.config.task.n_dims, recipe, built.data.get("readout_alpha")),
         "best_match": best_match_block(t["best_match"], recipe),
         "trend": trend_block(built.data.get("trends", []), recipe),
-        "table1": {"sime": {r.family: {"sweep": r.sweep, "k": _int_if_integral(r.k), "similarity": r.similarity,
-                                       "ci_low": r.ci_low, "ci_high": r.ci_high,
-                                       "degenerate": bool(getattr(r, "degenerate", False))}
-                            for r in t["table1"].itertuples()}},
+        "table1": {"sime": table1_block(t["table1"])},
     }
     if "nulls" in t and not t["nulls"].empty:
         summary["nulls"] = nulls_block(t["nulls"])
         summary["table1"]["null"] = {name: {"similarity": vals[-1]} for name, vals in summary["nulls"]["sime"].items()}
-    if "icl_r2" in t:
-        r2 = t["icl_r2"]
-        summary["icl_r2"] = {c: _col(r2, c) for c in r2.columns}
-    span = t["span"]
-    if not span.empty:
-        layers = span[span.kind == "layer"]
-        summary["span"] = {"layer": _col(layers, "index"), "n_examples": _col(layers, "n_examples"),
-                           "residual": _col(layers, "residual"), "random_null": _col(layers, "random_null"),
-                           "statistic": "root mean square over prompts of ||w - P_t w|| / ||w||"}
-    if "probes" in t:
-        from ..analysis.probes import probe_summary
-
-        summary["probes"] = probe_summary(t["probes"])
-        summary["probes"]["target_normalisation"] = "standardised per prefix and coordinate with training-prompt mean and std"
-    if "forgetting" in t:
-        f = t["forgetting"]
-        summary["forgetting"] = {name: {"gap": _col(r, "gap"), "error": _col(r, "error")} for name, r in f.groupby("predictor")}
-    if "interventions" in built.data:
-        from ..interventions.pipeline import iteration_verdict
-
-        block = dict(built.data["interventions"])
-        block["verdicts"] = [iteration_verdict(label, entry) for label, entry in block.get("iteration", {}).items()]
-        summary["interventions"] = block
+    summary.update(optional_blocks(built))
     if compare is not None:
-        ct = t.get("compare_table1")
         summary["compare"] = {
             "checkpoint": {"path": display_path(compare.path), "format": compare.format, "sha256": compare.sha256},
-            "table1": {"sime": {r.family: {"sweep": r.sweep, "k": _int_if_integral(r.k), "similarity": r.similarity,
-                                           "ci_low": r.ci_low, "ci_high": r.ci_high} for r in ct.itertuples()}},
+            "table1": {"sime": table1_block(t["compare_table1"], degenerate=False)},
             "readout": {"layer": sorted(int(i) for i in t["compare_readout"].layer.unique()),
                         "error": [float(v) for v in t["compare_readout"][t["compare_readout"].n_examples >= 1]
                                   .groupby("layer").error.mean().values]},
         }
     return summary
+
+
+def checkpoint_block(ckpt: LoadedCheckpoint) -> dict[str, Any]:
+    meta = {key: value for key, value in ckpt.meta.items() if key in ("train_step", "train_seconds")}
+    task = {**ckpt.config.task.__dict__, "mixture_weights": list(ckpt.config.task.mixture_weights)}
+    return {"path": display_path(ckpt.path), "format": ckpt.format, "sha256": ckpt.sha256, "name": ckpt.name,
+            "model": ckpt.config.model.__dict__, "task": task,
+            "parameters": int(sum(p.numel() for p in ckpt.model.parameters())), **meta}
+
+
+def readout_block(readout: pd.DataFrame, d: int, recipe: Recipe, alpha) -> dict[str, Any]:
+    by_layer = readout[readout.n_examples >= 1].groupby("layer").error.mean()
+    k = 2 * d + 1
+    at_k = readout[readout.n_examples == k].set_index("layer").error if k in set(readout.n_examples) else None
+    return {"layer": [int(i) for i in by_layer.index], "error": [float(v) for v in by_layer.values],
+            "error_at_2d1": None if at_k is None else [float(at_k[l]) for l in by_layer.index],
+            "method": recipe.readout.method, "alpha": alpha,
+            "error_definition": "mean over n_examples >= 1 of squared error / d on held-out prompts"}
+
+
+def table1_block(table: pd.DataFrame, degenerate: bool = True) -> dict[str, Any]:
+    out = {}
+    for r in table.itertuples():
+        entry = {"sweep": r.sweep, "k": _int_if_integral(r.k), "similarity": r.similarity, "ci_low": r.ci_low,
+                 "ci_high": r.ci_high}
+        if degenerate:
+            entry["degenerate"] = bool(getattr(r, "degenerate", False))
+        out[r.family] = entry
+    return out
+
+
+def optional_blocks(built) -> dict[str, Any]:
+    """Blocks of the stages a recipe may leave out: ReLU R^2, span, probes, forgetting, interventions."""
+    t = built.tables
+    out: dict[str, Any] = {}
+    if "icl_r2" in t:
+        out["icl_r2"] = {c: _col(t["icl_r2"], c) for c in t["icl_r2"].columns}
+    if not t["span"].empty:
+        layers = t["span"][t["span"].kind == "layer"]
+        out["span"] = {"layer": _col(layers, "index"), "n_examples": _col(layers, "n_examples"),
+                       "residual": _col(layers, "residual"), "random_null": _col(layers, "random_null"),
+                       "statistic": "root mean square over prompts of ||w - P_t w|| / ||w||"}
+    if "probes" in t:
+        from ..analysis.probes import probe_summary
+
+        out["probes"] = probe_summary(t["probes"])
+        out["probes"]["target_normalisation"] = "standardised per prefix and coordinate with training-prompt mean and std"
+    if "forgetting" in t:
+        out["forgetting"] = {name: {"gap": _col(r, "gap"), "error": _col(r, "error")}
+                             for name, r in t["forgetting"].groupby("predictor")}
+    if "interventions" in built.data:
+        from ..interventions.pipeline import iteration_verdict
+
+        block = dict(built.data["interventions"])
+        block["verdicts"] = [iteration_verdict(label, entry) for label, entry in block.get("iteration", {}).items()]
+        out["interventions"] = block
+    return out

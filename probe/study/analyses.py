@@ -28,7 +28,7 @@ def _row(analysis: str, metric: str, value: float, learner: str = "", layer: int
 def evaluate_rows(tables: dict[str, pd.DataFrame], task, shift: str = "") -> list[dict]:
     """Error / d (linear tasks) or R^2 (ReLU tasks) per number of examples, model and baselines."""
     rows = []
-    frame = tables.get("icl_r2", tables.get("icl_error"))
+    frame = tables["icl_r2"] if "icl_r2" in tables else tables["icl_error"]
     metric = "r2" if "icl_r2" in tables else "error"
     for rec in frame.to_dict("records"):
         n = int(rec["n_examples"])
@@ -109,8 +109,8 @@ def resolve_grid(grid: dict[str, Any], task) -> dict[str, Any]:
 def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
     """SPD and ILW (seed 002 eq. 13-15) and SimE (seed 003 eq. 10) of the model's own
     predictions against each [[compare]] learner, on fresh queries per prefix."""
-    from ..learners import run_learner
     from ..analysis.matching import learner_weights
+    from ..learners import run_learner
     from ..similarity import ilw, induced_weights, sime, spd
     from ..tasks import generator_for, sample_prompts
 
@@ -128,6 +128,7 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
     for c in recipe.compare:
         result = run_learner(c.learner, prompts.xs, prompts.ys, queries, **resolve_grid(c.grid, task))
         w = learner_weights(result, queries).cpu()
+        assert result.query_preds is not None  # queries were given
         values = {"spd": spd(qp[None], result.query_preds.cpu())[0], "ilw": ilw(w_model, w)[0],
                   "sime": sime(own[None], result.preds.cpu(), prompts.ys.double())[0]}  # each (K, B)
         means = {k: v.mean(-1) for k, v in values.items()}
@@ -172,7 +173,7 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
         rows += evaluate_rows(built.tables, task)
         for shift in recipe.shifts:
             changes = {k: (tuple(v) if isinstance(v, list) else v) for k, v in shift.items() if k != "label"}
-            shifted = dataclasses.replace(task, **changes)
+            shifted = dataclasses.replace(task, **changes)  # type: ignore[arg-type]  # keys validated by the recipe
             points = shifted.n_points if shifted.n_points != task.n_points else None
             if task.name == "relu_network":
                 frame = r2_curve(ckpt.model, shifted, recipe.evaluate_prompts // 2, recipe.seed, points, device=device,

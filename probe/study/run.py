@@ -14,10 +14,11 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
