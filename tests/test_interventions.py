@@ -199,3 +199,16 @@ def test_ablate_and_patch_cli_on_a_small_checkpoint(tmp_path, capsys):
     assert not (tmp_path / "ab2").exists()
     assert main(["patch", str(tmp_path / "run"), "--out", str(tmp_path / "pa2"), "--map-from", str(tmp_path / "nope.csv")]) == 2
     assert "--map-from" in capsys.readouterr().err and not (tmp_path / "pa2").exists()
+
+
+def test_position_and_query_limits_keep_the_latest_tokens_and_spread_the_queries(planted_gd):
+    from probe.interventions.patch import spread_examples
+
+    model, task = planted_gd
+    xs, ys, yc = paired_prompts(task, 8, 0)
+    full = patching_heatmap(runner_for(model), xs, ys, yc, n_boot=20)
+    cut = patching_heatmap(runner_for(model), xs, ys, yc, n_boot=20, max_positions=5)
+    assert sorted(cut.position.unique()) == [14, 15, 16, 17, 18]  # the query x10 and the 4 tokens before it
+    merged = cut.merge(full, on=["site", "layer", "position"], suffixes=("", "_full"))
+    np.testing.assert_allclose(merged.restored, merged.restored_full, atol=1e-9)
+    assert spread_examples(10, 0) == list(range(1, 10)) and spread_examples(41, 8) == [1, 7, 12, 18, 23, 29, 34, 40]

@@ -28,6 +28,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="ablation kinds (default: the recipe's interventions.kinds)")
     p.add_argument("--seed", type=int, help="seed (default: the recipe's prompts.seed)")
     p.add_argument("--bootstrap", type=positive_int, help="bootstrap resamples (default: the recipe's similarity.bootstrap)")
+    p.add_argument("--no-heads", action="store_true",
+                   help="layer skips and MLPs only (default: every attention head too, whatever the recipe says)")
     add_recipe_args(p)
     add_device(p)
 
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args, ckpt)
     iv = recipe.interventions
     settings = InterventionSettings(n_prompts=args.prompts or iv.prompts, kinds=tuple(args.kinds or iv.kinds),
-                                    heads=iv.heads, patch=False, iteration=False, n_boot=recipe.similarity.bootstrap,
+                                    heads=not args.no_heads, patch=False, iteration=False, n_boot=recipe.similarity.bootstrap,
                                     seed=recipe.prompts.seed, device=check_device(args.device))
     result = run_interventions(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     assert result.ablation is not None  # ablate=True

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     iv = recipe.interventions
     settings = InterventionSettings(n_patch=args.prompts or iv.patch_prompts, sites=tuple(args.sites or iv.sites),
                                     query=args.query, ablate=False, iteration=bool(args.learners),
+                                    max_positions=iv.max_positions, max_queries=iv.max_queries,
                                     n_boot=recipe.similarity.bootstrap, seed=recipe.prompts.seed,
                                     device=check_device(args.device))
     settings.layer_maps = layer_maps(args, ckpt)

@@ -34,6 +34,7 @@ counts shuffled across layers (`deviation` vs `null_deviation`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,11 +104,12 @@ def token_label(position: int) -> str:
 
 def patching_heatmap(runner: Runner, xs: Tensor, ys_clean: Tensor, ys_corrupt: Tensor, sites: tuple[str, ...] = ("resid",),
                      query: int | None = None, n_boot: int = 1000, seed: int = 0, max_rows: int = 4096,
-                     progress: bool = False) -> pd.DataFrame:
+                     progress: bool = False, max_positions: int = 0) -> pd.DataFrame:
     """Fraction of the clean prediction at the query restored by patching each site x position.
 
     Columns: site, layer (boundary for "resid", block otherwise), position, token, restored,
-    restored_lo, restored_hi. Positions after the query token cannot affect it and are left out.
+    restored_lo, restored_hi. Positions after the query token cannot affect it and are left out;
+    max_positions > 0 keeps only the query token and the max_positions - 1 tokens before it.
     """
     from tqdm.auto import tqdm
 
@@ -123,6 +125,8 @@ def patching_heatmap(runner: Runner, xs: Tensor, ys_clean: Tensor, ys_corrupt: T
     f_clean = runner.predict(xs, ys_clean, query=q).double()
     f_corr = runner.predict(xs, ys_corrupt, query=q).double()
     positions = list(range(2 * q + 1))
+    if max_positions > 0:
+        positions = positions[-max_positions:]
     masks = torch.zeros(len(positions), 2 * n, dtype=torch.bool)
     masks[torch.arange(len(positions)), torch.tensor(positions)] = True
     layers = {s: range(runner.n_layers + 1) if s == "resid" else range(runner.n_layers) for s in sites}
@@ -171,7 +175,7 @@ class ContextPatch:
 
 
 def context_patching(runner: Runner, xs: Tensor, ys: Tensor, ys_src: Tensor, boundaries: list[int],
-                     examples: range | None = None, max_rows: int = 4096) -> ContextPatch:
+                     examples: Sequence[int] | None = None, max_rows: int = 4096) -> ContextPatch:
     """Patch, at each boundary, every token before each query x_{t+1} from the source run (X, y')
     into the clean run (X, y), the query itself kept clean; pooled over t in `examples` (default 1..n-1)."""
     n_layers, n = runner.n_layers, xs.shape[1]
@@ -193,7 +197,7 @@ def context_patching(runner: Runner, xs: Tensor, ys: Tensor, ys_src: Tensor, bou
 
 
 def iteration_patching(runner: Runner, xs: Tensor, ys: Tensor, ys_src: Tensor, sweep, layer_map: dict[int, object],
-                       examples: range | None = None, n_boot: int = 1000, n_perm: int = 200, seed: int = 0,
+                       examples: Sequence[int] | None = None, n_boot: int = 1000, n_perm: int = 200, seed: int = 0,
                        max_rows: int = 4096, min_expected: float = 0.05,
                        patched: ContextPatch | None = None) -> tuple[pd.DataFrame, dict]:
     """Observed vs expected effect of patching each boundary's context from the source prompts.
@@ -230,6 +234,14 @@ def iteration_patching(runner: Runner, xs: Tensor, ys: Tensor, ys_src: Tensor, s
                      "consistency": ratio.item() / exp if abs(exp) >= min_expected else float("nan")})
     frame = pd.DataFrame(rows)
     return frame, _shuffle_null(frame, layer_map, expected, n_perm, seed)
+
+
+def spread_examples(n: int, most: int) -> list[int]:
+    """At most `most` numbers of examples t in 1..n-1, evenly spread (all of them when most <= 0)."""
+    ts = list(range(1, n))
+    if most <= 0 or len(ts) <= most:
+        return ts
+    return sorted({int(v + 0.5) for v in np.linspace(1, n - 1, most)})
 
 
 def _shuffle_null(frame: pd.DataFrame, layer_map: dict, expected, n_perm: int, seed: int) -> dict:

@@ -18,7 +18,7 @@ import pandas as pd
 from ..config import TaskConfig
 from ..errors import ConfigError
 from .ablate import KINDS, ablate, summarise_ablation
-from .patch import SITES, context_patching, iteration_patching, paired_prompts, patching_heatmap
+from .patch import SITES, context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
 from .runner import runner_for
 
 HELD_OUT_SEED_OFFSET = 1  # mean-ablation means come from prompts of seed + 1
@@ -32,6 +32,8 @@ class InterventionSettings:
     heads: bool = True  # ablate single heads and MLPs (False: layer skips only)
     sites: tuple[str, ...] = ("resid",)  # patching sites: resid, attn_out, mlp_out
     query: int | None = None  # examples before the patching query (None: n - 1)
+    max_positions: int = 0  # patching heatmap: the query token and this many - 1 before it (0: every token)
+    max_queries: int = 0  # iteration check: pool at most this many numbers of examples t, evenly spread (0: all)
     ablate: bool = True
     patch: bool = True
     iteration: bool = True  # iteration-consistent patching of the layer maps given
@@ -46,6 +48,8 @@ class InterventionSettings:
 
         for name in ("n_prompts", "n_patch", "n_boot", "n_perm"):
             positive_int(getattr(self, name), f"interventions {name}")
+        for name in ("max_positions", "max_queries"):
+            positive_int(getattr(self, name), f"interventions {name}", 0)
         self.kinds, self.sites = tuple(self.kinds), tuple(self.sites)
         if set(self.kinds) - set(KINDS):
             raise ConfigError(f"interventions kinds must be among {KINDS}, got {list(self.kinds)}")
@@ -94,11 +98,12 @@ def run_interventions(model, task: TaskConfig, settings: InterventionSettings, p
         xs, ys, yc = paired_prompts(task, settings.n_patch, settings.seed)
         if settings.patch:
             patching = patching_heatmap(runner, xs, ys, yc, settings.sites, settings.query, settings.n_boot,
-                                        settings.seed, progress=progress)
+                                        settings.seed, progress=progress, max_positions=settings.max_positions)
             summary["patching"] = summarise_patching(patching)
         if settings.iteration:
             summary["iteration"] = {}
-            patched = context_patching(runner, xs, ys, yc, list(range(runner.n_layers)))  # shared by every map
+            examples = spread_examples(n, settings.max_queries)
+            patched = context_patching(runner, xs, ys, yc, list(range(runner.n_layers)), examples)  # shared by every map
             for label, (sweep, layer_map) in settings.layer_maps.items():
                 frame, null = iteration_patching(runner, xs, ys, yc, sweep, layer_map, n_boot=settings.n_boot,
                                                  n_perm=settings.n_perm, seed=settings.seed, patched=patched)

@@ -104,7 +104,8 @@ def _stage_interventions(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, pr
     labels = iv.learner_labels(recipe.sweeps)
     maps = layer_maps_from_best(best, [s for s in sweeps if s.label in labels])
     settings = InterventionSettings(n_prompts=iv.prompts, n_patch=iv.patch_prompts, kinds=tuple(iv.kinds), heads=iv.heads,
-                                    sites=tuple(iv.sites), iteration=bool(maps), n_boot=recipe.similarity.bootstrap,
+                                    sites=tuple(iv.sites), max_positions=iv.max_positions, max_queries=iv.max_queries,
+                                    iteration=bool(maps), n_boot=recipe.similarity.bootstrap,
                                     seed=recipe.prompts.seed, device=device, layer_maps=maps)
     res = run_interventions(ckpt.model, ckpt.config.task, settings, progress)
     tables = {"ablation": res.ablation, "patching": res.patching}

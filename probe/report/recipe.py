@@ -92,6 +92,8 @@ class InterventionsSection:
     kinds: tuple[str, ...] = ("zero", "mean", "skip")
     heads: bool = True  # single heads and MLPs (false: per-layer skips only)
     sites: tuple[str, ...] = ("resid",)
+    max_positions: int = 0  # patching heatmap: the query token and this many - 1 before it (0: every token)
+    max_queries: int = 0  # layer-map check: pool at most this many numbers of examples (0: all)
     learners: tuple[str, ...] = ("auto",)  # sweep labels whose layer maps are checked; auto: newton and gd_log if present
 
     def learner_labels(self, sweeps: list) -> list[str]:
@@ -158,6 +160,8 @@ class Recipe:
                                   f"recipe; choose among {with_axis}")
         positive_int(iv.prompts, "interventions.prompts")
         positive_int(iv.patch_prompts, "interventions.patch_prompts")
+        positive_int(iv.max_positions, "interventions.max_positions", 0)
+        positive_int(iv.max_queries, "interventions.max_queries", 0)
 
     def _check_numbers(self) -> None:
         p = self.prompts
