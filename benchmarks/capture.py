@@ -25,7 +25,7 @@ def _measure(checkpoint: str, prompts: int, mode: str, batch: int) -> dict:
 
     from probe.capture import RESID, capture
     from probe.capture.bridge import bridge_inputs, cached_bridge
-    from probe.checkpoint import load_checkpoint
+    from probe.formats import load_checkpoint
     from probe.evaluate import eval_prompts
 
     torch.set_num_threads(1)

@@ -51,7 +51,7 @@ def timed_report(ckpt: Path, out: Path) -> tuple[dict, float, float]:
 
 def query_state_speedup(ckpt: Path, prompts: int, queries: int) -> tuple[float, float, float]:
     from probe.analysis.states import cached_query_states, sequence_query_states
-    from probe.checkpoint import load_checkpoint
+    from probe.formats import load_checkpoint
 
     model = load_checkpoint(ckpt).model
     g = torch.Generator().manual_seed(0)

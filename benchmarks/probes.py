@@ -23,7 +23,7 @@ DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "gpt2-default"
 def main() -> None:
     from probe.analysis.probes import AttentionPoolProbe, default_prefixes, fit_probes, probe_targets
     from probe.capture import RESID, capture
-    from probe.checkpoint import load_checkpoint
+    from probe.formats import load_checkpoint
     from probe.tasks import generator_for, sample_prompts
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -9,3 +9,11 @@ def to_bridge(source, device: str = "cpu"):
     from .interventions.handle import to_bridge as build
 
     return build(source, device)
+
+
+def load_checkpoint(path, format: str | None = None):
+    """Load a model from a run directory in any known format (probe.formats.FORMATS): a
+    LoadedCheckpoint with `.model`, `.config`, `.format`, `.path`."""
+    from .formats import load_checkpoint as load
+
+    return load(path, format)

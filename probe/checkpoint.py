@@ -225,7 +225,15 @@ def garg_config_to_run(raw: dict[str, Any], source: Path) -> RunConfig:
     task_name = {"linear_regression": "linear_regression", "sparse_linear_regression": "sparse_linear_regression",
                  "noisy_linear_regression": "linear_regression", "relu_2nn_regression": "relu_network"}.get(
         training.get("task", "linear_regression"), "linear_regression")
-    task = TaskConfig(name=task_name, n_dims=mc.n_dims, n_points=mc.n_positions)
+    kwargs = training.get("task_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise CheckpointError(f"{source}: training.task_kwargs must be a mapping, got {kwargs!r}")
+    known = {"scale": "w_scale", "noise_std": "noise_std", "sparsity": "sparsity"}
+    try:
+        task = TaskConfig(name=task_name, n_dims=mc.n_dims, n_points=mc.n_positions,
+                          **{ours: kwargs[theirs] for theirs, ours in known.items() if theirs in kwargs})
+    except (ConfigError, TypeError) as err:
+        raise CheckpointError(f"{source}: training.task_kwargs {kwargs}: {err}") from None
     return RunConfig(model=mc, task=task)
 
 
@@ -260,10 +268,61 @@ def load_garg(directory: Path) -> LoadedCheckpoint:
     return LoadedCheckpoint(model.eval(), config, "garg", directory, weights, meta)
 
 
-def export_garg(model: nn.Module, config: RunConfig, directory: Path, train_step: int = 0) -> None:
-    """Write a run directory Garg et al.'s code loads: config.yaml + state.pt with their key names.
+GARG_TASKS = {"linear_regression": "linear_regression", "sparse_linear_regression": "sparse_linear_regression"}
 
-    The unused token embedding `_backbone.wte.weight` (50257 x D) is added as zeros.
+
+def garg_training_block(config: RunConfig) -> dict[str, Any]:
+    """The `training:` block of Garg et al.'s schema (src/schema.py) for a run of ours.
+
+    Their curriculum has both stages always set; an unset stage of ours ("always full size") is
+    written as a constant one. Tasks they cannot express (ill-conditioned inputs, ReLU networks)
+    are refused by name.
+    """
+    task, train, cur = config.task, config.train, config.curriculum
+    if task.name not in GARG_TASKS or task.covariance != "isotropic":
+        raise ConfigError(f"task {task.name!r} with {task.covariance} inputs has no equivalent in Garg et al.'s "
+                          f"code; only isotropic linear_regression and sparse_linear_regression export")
+    kwargs: dict[str, Any] = {}
+    name = GARG_TASKS[task.name]
+    if task.w_scale != 1.0:
+        kwargs["scale"] = task.w_scale  # their y = scale * x.w, i.e. w ~ N(0, scale^2 I)
+    if task.name == "sparse_linear_regression":
+        kwargs["sparsity"] = task.sparsity
+    if task.noise_std > 0:
+        name, kwargs["noise_std"] = "noisy_linear_regression", task.noise_std
+
+    def stage(value: Any, full: int) -> dict[str, int]:
+        if value is None:
+            return {"start": full, "end": full, "inc": 0, "interval": train.steps}
+        return {"start": value.start, "end": value.end, "inc": value.inc, "interval": value.interval}
+
+    return {"task": name, "task_kwargs": kwargs, "num_tasks": None, "num_training_examples": None,
+            "data": "gaussian", "batch_size": train.batch_size, "learning_rate": train.lr,
+            "train_steps": train.steps, "save_every_steps": train.save_every, "keep_every_steps": -1,
+            "resume_id": None,
+            "curriculum": {"dims": stage(cur.dims, task.n_dims), "points": stage(cur.points, task.n_points)}}
+
+
+def fresh_adam_state(n_params: int, lr: float) -> dict[str, Any]:
+    """`torch.optim.Adam(params, lr).state_dict()` before its first step, for n_params tensors.
+
+    Garg et al.'s train.py restores this with `optimizer.load_state_dict`, which checks the
+    number of groups and parameters; the moments restart at zero (ours were AdamW's, with a
+    schedule their code does not have).
+    """
+    probe_params = [nn.Parameter(torch.zeros(1)) for _ in range(n_params)]
+    return torch.optim.Adam(probe_params, lr=lr).state_dict()
+
+
+def export_garg(model: nn.Module, config: RunConfig, directory: Path, train_step: int = 0,
+                run_name: str | None = None) -> None:
+    """Write a run directory that Garg et al.'s code (and the Iterative Newton paper's fork) loads,
+    evaluates (`eval.get_run_metrics`) and continues training (`train.py` resumes from state.pt).
+
+    config.yaml carries every block of their schema (out_dir, model, training with curriculum,
+    wandb, test_run); state.pt holds their key names (the unused token embedding
+    `_backbone.wte.weight`, 50257 x D, added as zeros), an Adam state for as many
+    parameters as their model has (their state dict holds no buffers), and train_step.
     """
     import yaml
 
@@ -272,26 +331,21 @@ def export_garg(model: nn.Module, config: RunConfig, directory: Path, train_step
     directory = Path(directory)
     state = {}
     for key, value in model.state_dict().items():
-        state[key] = value.detach().cpu()
+        state[key] = value.detach().cpu().clone()
         if key == "_backbone.wpe.weight":
             state["_backbone.wte.weight"] = torch.zeros(GARG_VOCAB, value.shape[1])
     m = config.model
     raw = {
+        "out_dir": str(directory.name),
         "model": {"family": "gpt2", "n_dims": m.n_dims, "n_embd": m.n_embd, "n_head": m.n_head,
                   "n_layer": m.n_layer, "n_positions": m.n_positions},
-        "training": {"task": "linear_regression", "data": "gaussian", "batch_size": config.train.batch_size,
-                     "learning_rate": config.train.lr, "train_steps": config.train.steps},
+        "training": garg_training_block(config),
+        "wandb": {"project": "in-context-training", "entity": "in-context", "notes": "exported by icl-probe",
+                  "name": run_name or directory.name, "log_every_steps": 10},
+        "test_run": False,
     }
+    blob = {"model_state_dict": state, "optimizer_state_dict": fresh_adam_state(len(state), config.train.lr),
+            "train_step": train_step}
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write(directory / "config.yaml", lambda p: p.write_text(yaml.safe_dump(raw, sort_keys=False)))
-    blob = {"model_state_dict": state, "optimizer_state_dict": {}, "train_step": train_step}
     atomic_write(directory / "state.pt", lambda p: torch.save(blob, p))
-
-
-# ---------------------------------------------------------------------------- entry point
-
-def load_checkpoint(path: str | Path, format: str | None = None) -> LoadedCheckpoint:
-    """Load a model from a run directory, detecting its format (see probe.formats.FORMATS)."""
-    from .formats import detect_and_load
-
-    return detect_and_load(Path(path), format)

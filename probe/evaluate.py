@@ -13,7 +13,7 @@ from torch import nn
 
 from .config import TaskConfig
 from .learners import run_learner
-from .stats import bootstrap_mean
+from .stats import bootstrap_mean, bootstrap_r2, r2_score
 from .tasks import Prompts, generator_for, sample_prompts
 
 EVAL_STREAM = 7_777_777  # keeps evaluation prompts apart from the training stream
@@ -63,24 +63,6 @@ def error_curve(model: nn.Module, task: TaskConfig, n_prompts: int = 1280, seed:
     return frame
 
 
-def r2_per_position(ys: torch.Tensor, preds: torch.Tensor) -> torch.Tensor:
-    """scikit-learn's r2_score over prompts, at every position: ys, preds (..., P, n) -> (..., n)."""
-    ys, preds = ys.double(), preds.double()
-    ss_res = ((ys - preds) ** 2).sum(-2)
-    ss_tot = ((ys - ys.mean(-2, keepdim=True)) ** 2).sum(-2)
-    return torch.where(ss_tot > 0, 1 - ss_res / ss_tot.clamp_min(1e-300), torch.zeros_like(ss_res))
-
-
-def bootstrap_r2(ys: torch.Tensor, preds: torch.Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.90):
-    """Percentile bootstrap band of the per-position R^2, resampling prompts."""
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, ys.shape[0], (n_boot, ys.shape[0]), generator=g)
-    r2 = r2_per_position(ys[idx], preds[idx])  # (n_boot, n)
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=r2.dtype)
-    lo, hi = torch.quantile(r2, q, dim=0)
-    return lo, hi
-
-
 def r2_curve(model: nn.Module, task: TaskConfig, n_prompts: int = 1280, seed: int = 0, n_points: int | None = None,
              device: str = "cpu", epochs: int = 100, lr: float = 0.01, n_boot: int = 1000,
              direct_prompts: int = 256, progress: bool = False) -> pd.DataFrame:
@@ -97,13 +79,13 @@ def r2_curve(model: nn.Module, task: TaskConfig, n_prompts: int = 1280, seed: in
     m = min(direct_prompts, n_prompts)
     direct = run_learner("relu_gd", prompts.xs[:m].to(device), prompts.ys[:m].to(device), steps=range(1, epochs + 1),
                          lr=lr, depth=task.relu_depth, width=max(32, task.relu_width), seed=seed).preds.cpu()
-    r2_direct = r2_per_position(ys[:m], direct)  # (epochs, n)
+    r2_direct = r2_score(ys[:m], direct)  # (epochs, n)
     frame = pd.DataFrame({
         "n_examples": np.arange(ys.shape[1]),
-        "model": r2_per_position(ys, pred).numpy(), "model_lo": lo.numpy(), "model_hi": hi.numpy(),
+        "model": r2_score(ys, pred).numpy(), "model_lo": lo.numpy(), "model_hi": hi.numpy(),
         "direct": r2_direct[-1].numpy(), "direct_best_epoch": r2_direct.max(0).values.numpy(),
-        "least_squares": r2_per_position(ys, run_learner("least_squares", prompts.xs, prompts.ys).preds[0]).numpy(),
-        "knn3": r2_per_position(ys, run_learner("knn", prompts.xs, prompts.ys, k=(3,)).preds[0]).numpy(),
+        "least_squares": r2_score(ys, run_learner("least_squares", prompts.xs, prompts.ys).preds[0]).numpy(),
+        "knn3": r2_score(ys, run_learner("knn", prompts.xs, prompts.ys, k=(3,)).preds[0]).numpy(),
     })
     return frame
 

@@ -179,3 +179,8 @@ def detect_and_load(path: Path, format: str | None = None) -> LoadedCheckpoint:
             return FORMATS.get(name).load(directory)
         reasons.append(f"{name}: {why_not}")
     raise CheckpointError(f"{path}: not a checkpoint in any known format. Tried " + "; ".join(reasons) + ".")
+
+
+def load_checkpoint(path: str | Path, format: str | None = None) -> LoadedCheckpoint:
+    """Load a model from a run directory, detecting its format (see FORMATS)."""
+    return detect_and_load(Path(path), format)

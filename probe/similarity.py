@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .stats import bootstrap_mean
+from .stats import bootstrap_mean, resamples
 
 EPS = 1e-12
 
@@ -101,8 +101,7 @@ def best_match(values: Tensor, higher_is_better: bool = True, n_boot: int = 1000
     vals = values.double() if higher_is_better else -values.double()  # (A, K, B)
     n_a, _, n_b = vals.shape
     best = vals.mean(-1).argmax(-1)  # (A,)
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, n_b, (n_boot, n_b), generator=g)
+    (idx,) = resamples(n_b, n_boot, seed)
     boot_means = torch.stack([vals[:, :, i].mean(-1) for i in idx])  # (n_boot, A, K)
     boot_arg = boot_means.argmax(-1).numpy()  # (n_boot, A)
     boot_best = boot_means.max(-1).values.numpy()

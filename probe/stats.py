@@ -1,9 +1,44 @@
-"""Bootstrap intervals shared by evaluation and the similarity metrics."""
+"""Statistics shared by every analysis: R^2 and prompt-resampling bootstrap intervals."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
+
+
+def r2_score(truth: Tensor, pred: Tensor, dim: int = -2) -> Tensor:
+    """scikit-learn's r2_score per output, batched: 1 - SS_res / SS_tot over `dim` (samples).
+
+    Where the truth is constant along `dim`, sklearn's convention: 1 for a perfect prediction,
+    else 0. Computed in float64; the `dim` axis is removed from the result.
+    """
+    truth, pred = truth.double(), pred.double()
+    ss_res = ((truth - pred) ** 2).sum(dim)
+    ss_tot = ((truth - truth.mean(dim, keepdim=True)) ** 2).sum(dim)
+    constant = torch.where(ss_res > 0, torch.zeros_like(ss_res), torch.ones_like(ss_res))
+    return torch.where(ss_tot > 0, 1 - ss_res / ss_tot.clamp_min(1e-300), constant)
+
+
+def resamples(n: int, n_boot: int, seed: int = 0, chunk: int | None = None,
+              device: torch.device | str | None = None) -> Iterator[Tensor]:
+    """Bootstrap resamples of n prompts, as index batches (b, n) of at most `chunk` resamples.
+
+    One generator seeded with `seed` draws them in order; the draws do not depend on `chunk`
+    (CPU generator), so chunking only bounds memory.
+    """
+    g = torch.Generator().manual_seed(seed)
+    chunk = chunk or n_boot
+    for start in range(0, n_boot, chunk):
+        yield torch.randint(0, n, (min(chunk, n_boot - start), n), generator=g).to(device)
+
+
+def percentile_interval(stacked: Tensor, level: float = 0.90, ignore_nan: bool = False) -> tuple[Tensor, Tensor]:
+    """The (1-level)/2 and (1+level)/2 quantiles over dim 0 (the resamples)."""
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=stacked.dtype, device=stacked.device)
+    lo, hi = (torch.nanquantile if ignore_nan else torch.quantile)(stacked, q, dim=0)
+    return lo, hi
 
 
 def bootstrap_mean(values: Tensor, n_boot: int = 1000, level: float = 0.90, seed: int = 0,
@@ -13,16 +48,8 @@ def bootstrap_mean(values: Tensor, n_boot: int = 1000, level: float = 0.90, seed
     values (P, ...) -> (lo, hi) each (...), the (1-level)/2 and (1+level)/2 quantiles of the
     means of `n_boot` resamples of the P prompts (level 0.90 gives Garg et al.'s 5%-95% band).
     """
-    p = values.shape[0]
-    g = torch.Generator().manual_seed(seed)
-    means = []
-    for start in range(0, n_boot, chunk):
-        idx = torch.randint(0, p, (min(chunk, n_boot - start), p), generator=g).to(values.device)
-        means.append(values[idx].mean(dim=1))
-    stacked = torch.cat(means)  # (n_boot, ...)
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=stacked.dtype, device=stacked.device)
-    lo, hi = torch.quantile(stacked, q, dim=0)
-    return lo, hi
+    means = [values[idx].mean(dim=1) for idx in resamples(values.shape[0], n_boot, seed, chunk, values.device)]
+    return percentile_interval(torch.cat(means), level)
 
 
 def bootstrap_ratio(num: Tensor, den: Tensor, n_boot: int = 1000, level: float = 0.90, seed: int = 0,
@@ -32,13 +59,13 @@ def bootstrap_ratio(num: Tensor, den: Tensor, n_boot: int = 1000, level: float =
     num, den (P, ...) -> (ratio, lo, hi) each (...); resamples the P prompts jointly in both.
     Used for patching fractions, where a per-prompt ratio would divide by near-zero changes.
     """
-    p = num.shape[0]
-    g = torch.Generator().manual_seed(seed)
-    ratios = []
-    for start in range(0, n_boot, chunk):
-        idx = torch.randint(0, p, (min(chunk, n_boot - start), p), generator=g).to(num.device)
-        ratios.append(num[idx].sum(dim=1) / den[idx].sum(dim=1))
-    stacked = torch.cat(ratios)
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=stacked.dtype, device=stacked.device)
-    lo, hi = torch.nanquantile(stacked, q, dim=0)
+    ratios = [num[idx].sum(dim=1) / den[idx].sum(dim=1) for idx in resamples(num.shape[0], n_boot, seed, chunk, num.device)]
+    lo, hi = percentile_interval(torch.cat(ratios), level, ignore_nan=True)
     return num.sum(0) / den.sum(0), lo, hi
+
+
+def bootstrap_r2(truth: Tensor, pred: Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.90,
+                 chunk: int | None = None) -> tuple[Tensor, Tensor]:
+    """Percentile bootstrap interval of r2_score over dim 0 (prompts): (P, ...) -> (lo, hi) each (...)."""
+    r2 = [r2_score(truth[idx], pred[idx], dim=1) for idx in resamples(truth.shape[0], n_boot, seed, chunk, truth.device)]
+    return percentile_interval(torch.cat(r2), level)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from .errors import ConfigError
 
@@ -234,3 +237,14 @@ def activation_bytes(model_cfg, batch: int, points: int, *, training: bool = Fal
     per_layer = tokens * width * 16 + max(m.n_head, 1) * tokens * tokens * 2
     total = batch * m.n_layer * per_layer * 4
     return total * (3 if training else 1)
+
+
+def check_prompts_for(model, xs, ys) -> tuple[Tensor, Tensor]:
+    """Clear errors for prompts the model cannot take; numpy arrays become float32 tensors."""
+    xs, ys, _ = as_prompt_tensors(xs, ys, what="capture")
+    xs, ys = xs.float(), ys.float()
+    if xs.shape[2] != model.n_dims:
+        raise ConfigError(f"prompts have d={xs.shape[2]} but the model takes d={model.n_dims}")
+    if xs.shape[1] > model.n_points:
+        raise ConfigError(f"prompts have {xs.shape[1]} points but the model has positions for {model.n_points}")
+    return xs, ys

@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 def build_cfg(family: str = "gpt2", d: int = 3, points: int = 8, width: int = 16, layers: int = 2,
               heads: int = 2, **train) -> RunConfig:
     """A tiny RunConfig; keyword arguments override TrainConfig fields."""
-    defaults = dict(steps=30, batch_size=16, lr=3e-3, warmup_steps=5, log_every=5, eval_every=10,
-                    eval_prompts=32, save_every=10)
+    defaults = {"steps": 30, "batch_size": 16, "lr": 3e-3, "warmup_steps": 5, "log_every": 5, "eval_every": 10,
+                    "eval_prompts": 32, "save_every": 10}
     return RunConfig(
         model=ModelConfig(family=family, n_dims=d, n_positions=points, n_embd=width, n_layer=layers, n_head=heads),
         task=TaskConfig(n_dims=d, n_points=points),

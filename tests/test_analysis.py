@@ -15,7 +15,7 @@ from probe.config import TaskConfig
 from probe.models.oracle import LearnerOracle
 
 TASK = TaskConfig(n_dims=4, n_points=14)
-SMALL = dict(n_train=64, n_val=32, n_eval=96, n_simw=24, n_queries=12, n_boot=100)
+SMALL = {"n_train": 64, "n_val": 32, "n_eval": 96, "n_simw": 24, "n_queries": 12, "n_boot": 100}
 
 
 def test_newton_oracle_is_matched_at_3l_with_a_linear_verdict():
@@ -111,12 +111,13 @@ def test_probe_recovers_planted_target_and_controls_score_near_zero():
 def test_batched_probes_and_r2_match_sklearn():
     from sklearn.metrics import r2_score
 
-    from probe.analysis.probes import fit_probes, probe_targets, r2_uniform
+    from probe.analysis.probes import fit_probes, probe_targets
+    from probe.stats import r2_score as r2_ours
 
     g = torch.Generator().manual_seed(1)
     truth, pred = torch.randn(2, 50, 3, generator=g).double(), torch.randn(2, 50, 3, generator=g).double()
     for i in range(2):
-        assert r2_uniform(truth[i], pred[i]).item() == pytest.approx(r2_score(truth[i].numpy(), pred[i].numpy()))
+        assert r2_ours(truth[i], pred[i]).mean(-1).item() == pytest.approx(r2_score(truth[i].numpy(), pred[i].numpy()))
     # a grid whose layer 1 holds X^T y of the prefix at the last y token: only that layer decodes it
     xs, ys = torch.randn(500, 6, 3, generator=g), torch.randn(500, 6, generator=g)
     xty = probe_targets(xs, ys, "xty")  # (N, n, d)
@@ -136,7 +137,7 @@ def test_cached_query_states_equal_one_sequence_per_query(which, tmp_path):
     from conftest import GargTransformerModel, write_garg_run
 
     from probe.analysis.states import cached_query_states, sequence_query_states
-    from probe.checkpoint import load_checkpoint
+    from probe.formats import load_checkpoint
 
     torch.manual_seed(5)
     if which == "default":

@@ -6,8 +6,9 @@ import torch
 from conftest import GargTransformerModel, build_cfg, write_garg_run
 
 from probe.capture import FINAL, READOUT, RESID, capture, resid
-from probe.checkpoint import load_checkpoint, save_model
+from probe.checkpoint import save_model
 from probe.errors import ConfigError
+from probe.formats import load_checkpoint
 from probe.models import build_model
 
 TOL = 1e-5
@@ -124,7 +125,7 @@ def test_final_hook_names_mean_the_same_on_both_backends_of_a_trained_model():
     import torch.nn.functional as F
     from conftest import REPO
 
-    from probe.checkpoint import load_checkpoint
+    from probe.formats import load_checkpoint
 
     model = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
     torch.manual_seed(0)
@@ -184,7 +185,7 @@ def test_hf_options_that_keep_the_forward_are_accepted_and_match_hugging_face(tm
 
     torch.manual_seed(5)
     ref = GargTransformerModel(3, 8, 16, 2, 2).eval()
-    options = dict(reorder_and_upcast_attn=True, resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3, n_inner=64)
+    options = {"reorder_and_upcast_attn": True, "resid_pdrop": 0.3, "embd_pdrop": 0.3, "attn_pdrop": 0.3, "n_inner": 64}
     config = GPT2Config(n_positions=16, n_embd=16, n_layer=2, n_head=2, **options)
     backbone = GPT2Model(config).eval()
     backbone.load_state_dict(ref._backbone.state_dict())

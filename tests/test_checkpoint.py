@@ -5,8 +5,9 @@ import pytest
 import torch
 from conftest import GargTransformerModel, build_cfg, write_garg_run
 
-from probe.checkpoint import export_garg, load_checkpoint, save_model
+from probe.checkpoint import export_garg, save_model
 from probe.errors import CheckpointError
+from probe.formats import load_checkpoint
 from probe.models import build_model
 
 
@@ -39,6 +40,60 @@ def test_garg_export_has_their_exact_keys_and_shapes(tmp_path):
     again = load_checkpoint(tmp_path / "garg")
     assert again.format == "garg"
     torch.testing.assert_close(again.model(xs, ys), model(xs, ys), rtol=0, atol=0)
+
+
+# Garg et al.'s src/schema.py: the keys their QuinineArgumentParser requires or reads, by block.
+GARG_SCHEMA = {
+    "model": {"family", "n_positions", "n_dims", "n_embd", "n_layer", "n_head"},
+    "training": {"task", "task_kwargs", "num_tasks", "num_training_examples", "data", "batch_size",
+                 "learning_rate", "train_steps", "save_every_steps", "keep_every_steps", "resume_id", "curriculum"},
+    "wandb": {"project", "entity", "notes", "name", "log_every_steps"},
+}
+
+
+def test_garg_export_resumes_and_evaluates_in_their_code(tmp_path):
+    import yaml
+
+    cfg = build_cfg()
+    model = build_model(cfg.model).eval()
+    export_garg(model, cfg, tmp_path / "garg", train_step=7)
+    conf = yaml.safe_load((tmp_path / "garg" / "config.yaml").read_text())
+    assert {k for k in conf if k in GARG_SCHEMA} == set(GARG_SCHEMA) and "out_dir" in conf and conf["test_run"] is False
+    for block, keys in GARG_SCHEMA.items():
+        assert keys <= set(conf[block]), (block, keys - set(conf[block]))
+    for stage in ("dims", "points"):  # their Curriculum reads all four, as integers
+        assert {k: type(v) for k, v in conf["training"]["curriculum"][stage].items()} == \
+            {"start": int, "end": int, "inc": int, "interval": int}
+    # build_evals: n_points from the points curriculum's end, the task and data by name
+    assert conf["training"]["curriculum"]["points"]["end"] == cfg.task.n_points
+    assert conf["training"]["task"] == "linear_regression" and conf["training"]["data"] == "gaussian"
+    # train.py's resume path: load both state dicts, then take an optimizer step
+    blob = torch.load(tmp_path / "garg" / "state.pt", weights_only=True)
+    ref = GargTransformerModel(3, 8, 16, 2, 2)
+    ref.load_state_dict(blob["model_state_dict"])
+    opt = torch.optim.Adam(ref.parameters(), lr=conf["training"]["learning_rate"])
+    opt.load_state_dict(blob["optimizer_state_dict"])
+    xs = torch.randn(4, 8, 3)
+    loss = ((ref(xs, xs.sum(-1)) - xs.sum(-1)) ** 2).mean()
+    loss.backward()
+    opt.step()
+    assert blob["train_step"] == 7 and len(opt.state) == sum(p.grad is not None for p in ref.parameters())  # wte has no gradient
+
+
+def test_garg_export_tasks_and_refusals(tmp_path):
+    import yaml
+
+    from probe.config import RunConfig
+    from probe.errors import ConfigError
+
+    noisy = RunConfig.from_dict({**build_cfg().to_dict(), "task": {**build_cfg().to_dict()["task"], "noise_std": 0.5, "w_scale": 2.0}})
+    export_garg(build_model(noisy.model), noisy, tmp_path / "noisy")
+    training = yaml.safe_load((tmp_path / "noisy" / "config.yaml").read_text())["training"]
+    assert training["task"] == "noisy_linear_regression" and training["task_kwargs"] == {"scale": 2.0, "noise_std": 0.5}
+    ill = RunConfig.from_dict({**build_cfg().to_dict(), "task": {**build_cfg().to_dict()["task"], "covariance": "ill_conditioned"}})
+    with pytest.raises(ConfigError, match="ill_conditioned inputs has no equivalent in Garg"):
+        export_garg(build_model(ill.model), ill, tmp_path / "ill")
+    assert not (tmp_path / "ill").exists()
 
 
 @pytest.mark.parametrize("prefix", ["", "module.", "_orig_mod."])

@@ -33,7 +33,7 @@ def test_module_entry_point():
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "probe", "--help"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "probe", "--help"], check=False, capture_output=True, text=True)
     assert proc.returncode == 0 and "evaluate" in proc.stdout
 
 
@@ -107,3 +107,25 @@ def test_layer_commands_on_garg_directory_and_lstm(tmp_path, capsys):
         assert set(probes.control) == {"none", "random_model", "shuffled"} and set(probes.layer) == {0, 1, 2}
     assert main(["heatmap", str(garg), "--out", str(tmp_path / "x"), "--learners", "newtn"]) == 2
     assert "Did you mean: newton?" in capsys.readouterr().err
+
+
+def test_export_to_garg_cli_round_trip(tmp_path, capsys):
+    import torch
+    from conftest import build_cfg
+
+    from probe import load_checkpoint
+    from probe.checkpoint import save_model
+    from probe.models import build_model
+
+    cfg = build_cfg()
+    torch.manual_seed(0)
+    save_model(build_model(cfg.model).eval(), cfg, tmp_path / "run")
+    assert main(["-q", "export", str(tmp_path / "run"), "--out", str(tmp_path / "garg")]) == 0
+    ours, theirs = load_checkpoint(tmp_path / "run"), load_checkpoint(tmp_path / "garg")
+    assert theirs.format == "garg" and theirs.config.model == ours.config.model
+    xs, ys = torch.randn(2, 8, 3), torch.randn(2, 8)
+    torch.testing.assert_close(theirs.model(xs, ys), ours.model(xs, ys), rtol=0, atol=0)
+    assert main(["export", str(tmp_path / "run"), "--to", "onnx", "--out", str(tmp_path / "x")]) == 2
+    assert "Unknown export layout 'onnx'" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "run")]) == 2  # never over its input
+    assert "error:" in capsys.readouterr().err

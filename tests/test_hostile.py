@@ -451,7 +451,7 @@ def _api(fn_name):
     def call():
         import probe.learners as L
         from probe.capture import capture
-        from probe.checkpoint import load_checkpoint
+        from probe.formats import load_checkpoint
 
         return {"run_learner": L.run_learner, "capture": capture, "load_checkpoint": load_checkpoint}[fn_name]
     return call
@@ -498,8 +498,8 @@ def test_hostile_api(name, fn, args, kwargs, culprit):
 ])
 def test_hostile_capture_api(kwargs, culprit, template):
     from probe.capture import capture
-    from probe.checkpoint import load_checkpoint
     from probe.errors import ProbeError
+    from probe.formats import load_checkpoint
 
     model = load_checkpoint(template / "ck").model
     with pytest.raises(ProbeError, match=culprit):
@@ -508,7 +508,7 @@ def test_hostile_capture_api(kwargs, culprit, template):
 
 def test_capture_accepts_numpy_and_matches_tensors(template):
     from probe.capture import capture
-    from probe.checkpoint import load_checkpoint
+    from probe.formats import load_checkpoint
 
     model = load_checkpoint(template / "ck").model
     a = capture(model, xs_np.astype(np.float32), ys_np.astype(np.float32), backend="native")

@@ -9,9 +9,10 @@ import torch
 from conftest import GargTransformerModel, build_cfg, write_garg_run
 
 from probe.analysis.matching import Sweep
-from probe.checkpoint import load_checkpoint, save_model
+from probe.checkpoint import save_model
 from probe.cli import main
 from probe.errors import ConfigError
+from probe.formats import load_checkpoint
 from probe.interventions import iteration_patching, paired_prompts, patching_heatmap, runner_for, to_bridge
 from probe.interventions.patch import _patched_predictions
 from probe.interventions.runner import skip_hooks
@@ -98,7 +99,7 @@ def test_iteration_patching_confirms_the_planted_map_and_rejects_shuffled_ones(p
     np.testing.assert_allclose(frame.observed, frame.expected, atol=1e-5)
     assert frame.expected.iloc[0] == pytest.approx(1.0)  # GD at 0 steps predicts 0: the whole change comes later
     assert null["deviation"] < 1e-5 < null["null_deviation"]
-    wrong, wrong_null = iteration_patching(runner_for(model), xs, ys, yc, sweep, {b: min(5, 2 * b) for b in range(6)},
+    _wrong, wrong_null = iteration_patching(runner_for(model), xs, ys, yc, sweep, {b: min(5, 2 * b) for b in range(6)},
                                            n_boot=50)
     assert wrong_null["deviation"] > 0.05
 

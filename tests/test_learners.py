@@ -184,7 +184,7 @@ def test_stochastic_learners_match_torch_optim_on_same_minibatches(prompts, name
 
     xs, ys = prompts
     steps = 6
-    kwargs = dict(eta=(0.05,), batch_size=(3,), steps=range(steps + 1), seed=4)
+    kwargs = {"eta": (0.05,), "batch_size": (3,), "steps": range(steps + 1), "seed": 4}
     if name == "adam":
         kwargs["eps_placement"] = "torch"
         make = lambda p: torch.optim.Adam(p, lr=0.05, betas=(0.9, 0.999), eps=1e-8)
@@ -215,7 +215,7 @@ def test_cg_matches_scipy_iterates(prompts):
             continue
         s, rhs = x.T @ x, x.T @ y
         seen = []
-        scipy.sparse.linalg.cg(s, rhs, x0=np.zeros(4), rtol=1e-30, atol=0, maxiter=4, callback=lambda v: seen.append(v.copy()))
+        scipy.sparse.linalg.cg(s, rhs, x0=np.zeros(4), rtol=1e-30, atol=0, maxiter=4, callback=lambda v, seen=seen: seen.append(v.copy()))
         for k, ref in enumerate(seen, start=1):
             np.testing.assert_allclose(res.weights[k, b, t].numpy(), ref, rtol=1e-6, atol=1e-9)
 
@@ -232,7 +232,8 @@ def test_quasi_newton_reach_scipy_minimiser_and_track_cg(prompts, name):
         if t < 5:
             continue
         s, rhs = x.T @ x, x.T @ y
-        ref = scipy.optimize.minimize(lambda w: 0.5 * w @ s @ w - rhs @ w, np.zeros(4), jac=lambda w: s @ w - rhs,
+        ref = scipy.optimize.minimize(lambda w, s=s, rhs=rhs: 0.5 * w @ s @ w - rhs @ w, np.zeros(4),
+                                      jac=lambda w, s=s, rhs=rhs: s @ w - rhs,
                                       method="BFGS" if name == "bfgs" else "L-BFGS-B", tol=1e-14).x
         np.testing.assert_allclose(res.weights[5, b, t].numpy(), ref, rtol=1e-5, atol=1e-6)
 

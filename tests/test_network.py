@@ -48,12 +48,16 @@ def test_network_forward_by_hand():
 
 
 def test_r2_curve_matches_sklearn():
-    from probe.evaluate import r2_per_position
+    from probe.stats import r2_score as r2_ours
 
     g = np.random.default_rng(0)
     y, pred = g.standard_normal((50, 6)), g.standard_normal((50, 6))
-    ours = r2_per_position(torch.tensor(y), torch.tensor(pred)).numpy()
+    ours = r2_ours(torch.tensor(y), torch.tensor(pred)).numpy()
     np.testing.assert_allclose(ours, [r2_score(y[:, t], pred[:, t]) for t in range(6)])
+    # a constant truth: sklearn's convention (1 when predicted exactly, else 0)
+    const = np.ones((5, 2))
+    np.testing.assert_allclose(r2_ours(torch.tensor(const), torch.tensor(const + [[0.0, 1.0]])).numpy(),
+                               [r2_score(const[:, t], const[:, t] + [0.0, 1.0][t]) for t in range(2)])
 
 
 def test_evaluate_cli_on_a_relu_task_with_shifts(tmp_path, capsys):

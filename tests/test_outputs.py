@@ -59,7 +59,7 @@ def test_safe_name_never_leaves_its_directory():
 
 
 def test_stale_staging_directories_of_dead_processes_are_removed(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=False, capture_output=True, text=True)
     dead = int(proc.stdout)
     stale = tmp_path / f".rep.icl-tmp-{dead}-abcd"
     stale.mkdir()
@@ -94,7 +94,7 @@ calls: list[int] = []
 def test_damaged_cache_entry_is_recomputed_not_published(tmp_path, damage, caplog):
     calls.clear()
     cache = StageCache(tmp_path)
-    tables, data, hit = cache.get_or_run("k", _stage)
+    tables, _data, hit = cache.get_or_run("k", _stage)
     assert not hit and len(calls) == 1
     entry = next(p for p in tmp_path.iterdir() if not p.name.startswith("."))
     if damage == "edit":
@@ -105,7 +105,7 @@ def test_damaged_cache_entry_is_recomputed_not_published(tmp_path, damage, caplo
         (entry / "t.csv").unlink()
     else:
         (entry / "done.json").write_text("{")
-    tables, data, hit = cache.get_or_run("k", _stage)
+    tables, _data, hit = cache.get_or_run("k", _stage)
     assert not hit and len(calls) == 2 and tables["t"].a.tolist() == [1.0, 2.0]
     assert "recomputing" in caplog.text
     assert cache.get_or_run("k", _stage)[2] is True  # repaired

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from probe.checkpoint import load_checkpoint
 from probe.cli import main
 from probe.config import TaskConfig
+from probe.formats import load_checkpoint
 from probe.learners import run_learner
 from probe.models.planted import newton_layer_map, plant
 from probe.planted_io import planted_config

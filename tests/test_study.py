@@ -60,10 +60,8 @@ def family(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_study_matches_single_analyses_and_resumes(family, monkeypatch):
-    from probe.study import run
 
     # interrupt after the first finished model, as a kill would
-    original = run.atomic_write if hasattr(run, "atomic_write") else None
     from probe.checkpoint import atomic_write
 
     finished = []
@@ -101,7 +99,7 @@ def test_study_matches_single_analyses_and_resumes(family, monkeypatch):
     np.testing.assert_allclose(at.value, err.model, rtol=1e-9)
 
     # SPD / ILW against an independent computation for least squares
-    from probe.checkpoint import load_checkpoint
+    from probe.formats import load_checkpoint
     from probe.learners import run_learner
     from probe.similarity import induced_weights
     from probe.study.analyses import model_query_preds

@@ -13,6 +13,7 @@ import torch
 from ..learners import LearnerResult, run_learner
 from ..learners.iterative import LOG_STEPS
 from ..similarity import best_match, induced_weights, sime, similarity_frame, simw
+from ..stats import r2_score
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,8 @@ def compare_layers(layer_preds: np.ndarray, layer_weights: np.ndarray | None, ys
 
 
 def _r2(y: np.ndarray, fit: np.ndarray) -> float:
-    ss = ((y - y.mean()) ** 2).sum()
-    return float(1 - ((y - fit) ** 2).sum() / ss) if ss > 0 else float("nan")
+    """R^2 of a trend fit; NaN when the best k does not vary (no trend to explain)."""
+    return float("nan") if np.ptp(y) == 0 else float(r2_score(torch.as_tensor(y), torch.as_tensor(fit), dim=0))
 
 
 def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | None = None) -> dict[str, Any]:

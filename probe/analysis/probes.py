@@ -31,16 +31,7 @@ from torch import Tensor, nn
 from ..errors import ConfigError
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
-
-
-def r2_uniform(truth: Tensor, pred: Tensor) -> Tensor:
-    """scikit-learn's r2_score(multioutput="uniform_average") over axis -2 (samples), batched:
-    truth/pred (..., N, d) -> (...)."""
-    ss_res = ((truth - pred) ** 2).sum(-2)
-    ss_tot = ((truth - truth.mean(-2, keepdim=True)) ** 2).sum(-2)
-    per_output = torch.where(ss_tot > 0, 1 - ss_res / ss_tot.clamp_min(1e-300),
-                             torch.where(ss_res > 0, torch.zeros_like(ss_res), torch.ones_like(ss_res)))
-    return per_output.mean(-1)
+from ..stats import r2_score
 
 
 def probe_targets(xs: Tensor, ys: Tensor, name: str) -> Tensor:
@@ -152,7 +143,7 @@ def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_stat
         pred = grid(test_by_position, mask, layout="lpnd").cpu().double().view(n_layers, m, -1, d)
         alpha = grid.attention(mask).cpu().view(n_layers, m, -1)
     truth = y_test.double().unsqueeze(0)  # (1, M, N, d)
-    r2 = r2_uniform(truth, pred)  # (L+1, M)
+    r2 = r2_score(truth, pred).mean(-1)  # (L+1, M): sklearn's multioutput="uniform_average"
     nmse = ((pred - truth) ** 2).mean((2, 3)) / truth.var(dim=(2, 3)).clamp_min(1e-12)
     is_y = (torch.arange(n_pos) % 2 == 1).float()
     rows = []

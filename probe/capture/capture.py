@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..models.gpt2 import GPT2ICL
-from ..validate import as_prompt_tensors, check_device, positive_int
+from ..validate import check_device, check_prompts_for, positive_int
 from . import hooks as H
 from .backends import Request, backend_for, final_norm
 
@@ -56,17 +56,6 @@ class Capture:
                 if b < stacked.shape[0] - 1:  # the same tensor under TL's other name: block b's input
                     tensors[H.resid_pre(b)] = tensors[H.resid(b)]
         return ActivationCache(tensors, model)
-
-
-def check_prompts_for(model, xs, ys) -> tuple[Tensor, Tensor]:
-    """Clear errors for prompts the model cannot take; numpy arrays become float32 tensors."""
-    xs, ys, _ = as_prompt_tensors(xs, ys, what="capture")
-    xs, ys = xs.float(), ys.float()
-    if xs.shape[2] != model.n_dims:
-        raise ConfigError(f"prompts have d={xs.shape[2]} but the model takes d={model.n_dims}")
-    if xs.shape[1] > model.n_points:
-        raise ConfigError(f"prompts have {xs.shape[1]} points but the model has positions for {model.n_points}")
-    return xs, ys
 
 
 SPILL_PREFIX = "icl-probe-capture-"

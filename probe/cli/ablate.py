@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, output_target, positive_int, writing
+from ..resources import DEFAULT_CHECKPOINT
+from .common import add_device, add_out, check_device, output_target, positive_int, writing
 from .layers import add_recipe_args, recipe_from_args
 
 
@@ -35,7 +36,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import load_checkpoint
+    from ..formats import load_checkpoint
     from ..interventions.pipeline import InterventionSettings, run_interventions
     from ..provenance import display_path, stamp
     from ..report import intervention_figures

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ..capture import RESID, capture
-    from ..checkpoint import load_checkpoint
+    from ..formats import load_checkpoint
 
     device = check_device(args.device)
     target = output_target(args, "capture", (args.checkpoint, args.prompts), kind="file")

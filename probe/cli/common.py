@@ -9,8 +9,6 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "gpt2-default"
-
 
 def add_device(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")

@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, output_target, positive_int, writing
+from ..resources import DEFAULT_CHECKPOINT
+from .common import add_device, add_out, check_device, output_target, positive_int, writing
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -35,9 +36,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import load_checkpoint
     from ..errors import ConfigError
     from ..evaluate import error_curve, plot_error_curve, r2_curve
+    from ..formats import load_checkpoint
     from ..provenance import display_path, stamp
 
     device = check_device(args.device)

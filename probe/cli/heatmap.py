@@ -26,7 +26,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..analysis.pipeline import analyse_layers
-    from ..checkpoint import load_checkpoint
+    from ..formats import load_checkpoint
     from ..outputs import safe_name
     from ..provenance import display_path
     from ..report import figures

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import DEFAULT_CHECKPOINT, positive_int
+from ..resources import DEFAULT_CHECKPOINT
+from .common import positive_int
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -20,8 +21,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import load_checkpoint
     from ..evaluate import eval_prompts, predict
+    from ..formats import load_checkpoint
 
     ckpt = load_checkpoint(args.checkpoint)
     m, task = ckpt.config.model, ckpt.config.task

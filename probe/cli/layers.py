@@ -12,7 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, positive_int
+from ..resources import DEFAULT_CHECKPOINT
+from .common import add_device, add_out, check_device, positive_int
 
 
 def add_recipe_args(p: argparse.ArgumentParser) -> None:

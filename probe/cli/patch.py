@@ -23,7 +23,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, output_target, positive_int, writing
+from ..resources import DEFAULT_CHECKPOINT
+from .common import add_device, add_out, check_device, output_target, positive_int, writing
 from .layers import add_recipe_args, recipe_from_args, settings_from_args
 
 
@@ -74,7 +75,7 @@ def layer_maps(args, ckpt) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import load_checkpoint
+    from ..formats import load_checkpoint
     from ..interventions.pipeline import InterventionSettings, iteration_verdict, run_interventions
     from ..provenance import display_path, stamp
     from ..report import intervention_figures

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, output_target, positive_int, writing
+from ..resources import DEFAULT_CHECKPOINT
+from .common import add_device, add_out, check_device, output_target, positive_int, writing
 from .layers import add_recipe_args, recipe_from_args
 
 
@@ -36,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..analysis.probes import ProbeSettings, probe_study, probe_summary
-    from ..checkpoint import load_checkpoint
     from ..errors import ConfigError
+    from ..formats import load_checkpoint
     from ..models import build_model
     from ..provenance import stamp
     from ..report import figures

@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import DEFAULT_CHECKPOINT, add_device, add_out, check_device, output_target
+from ..resources import DEFAULT_CHECKPOINT
+from .common import add_device, add_out, check_device, output_target
 
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
+REPORTS = Path("reports")  # relative to the working directory, as every --out is
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         from ..validate import parse_bytes, set_memory_budget
 
         set_memory_budget(parse_bytes(args.max_memory))
-    from ..checkpoint import load_checkpoint
+    from ..formats import load_checkpoint
 
     default_out = REPORTS / f"{safe_name(Path(args.checkpoint).resolve().name)}-{safe_name(recipe.name)}"
     target = output_target(args, "report", (args.checkpoint, args.compare), out=args.out or default_out)

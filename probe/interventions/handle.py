@@ -38,7 +38,7 @@ def _bridge_class() -> type:
 
             def _prompt_embeddings(self, prompt: tuple) -> Tensor:
                 from ..capture.bridge import bridge_inputs
-                from ..capture.capture import check_prompts_for
+                from ..validate import check_prompts_for
 
                 model = self.__dict__["_icl_model"]
                 if len(prompt) != 2:  # checked here so a 3-tuple gets our message, not TL's
@@ -69,7 +69,8 @@ def _is_prompt(value: Any) -> bool:
 
 
 def _model_of(source) -> torch.nn.Module:
-    from ..checkpoint import LoadedCheckpoint, load_checkpoint
+    from ..checkpoint import LoadedCheckpoint
+    from ..formats import load_checkpoint
 
     if isinstance(source, (str, Path)):
         source = load_checkpoint(source)

@@ -24,9 +24,9 @@ from typing import Any
 from ..config import from_dict, load_recipe, merge, to_dict
 from ..errors import ConfigError
 from ..learners import LEARNERS
+from ..resources import RECIPE_DIR
 from ..validate import check_grid, finite_float, positive_int
 
-RECIPE_DIR = Path(__file__).resolve().parents[2] / "analyses"
 AUTO_CAUSAL_SWEEPS = ("newton", "gd_log")
 SWEEP_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 

@@ -148,8 +148,8 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
 
 def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: str = "cpu") -> pd.DataFrame:
     """Every analysis of the study recipe on one checkpoint; a picklable entry for executors."""
-    from ..checkpoint import load_checkpoint
     from ..evaluate import r2_curve
+    from ..formats import load_checkpoint
     from ..report.build import adapt_recipe, run_stages
     from ..report.cache import StageCache
     from .recipe import StudyRecipe
@@ -196,7 +196,7 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
 
 def model_fields(path: Path) -> dict[str, Any]:
     """A model's config fields as study columns (n_layer, n_embd, noise_std, train_step, ...)."""
-    from ..checkpoint import load_checkpoint
+    from ..formats import load_checkpoint
 
     ckpt = load_checkpoint(path)
     m, t = ckpt.config.model, ckpt.config.task

@@ -28,7 +28,7 @@ from ..learners import LEARNERS
 from ..registry import unknown_name_message
 
 ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes")
-STUDY_DIR = Path(__file__).resolve().parents[2] / "analyses"
+from ..resources import RECIPE_DIR as STUDY_DIR
 
 
 @dataclass

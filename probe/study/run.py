@@ -41,7 +41,7 @@ def _relative(path: Path) -> str:
 
 def model_key(path: Path, recipe: StudyRecipe) -> str:
     """What a model's rows depend on: the recipe and the checkpoint's weights."""
-    from ..checkpoint import load_checkpoint
+    from ..formats import load_checkpoint
     from ..report.cache import code_digest
 
     digest = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True, default=str).encode())

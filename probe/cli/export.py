@@ -1,0 +1,40 @@
+"""Write a checkpoint in another code base's layout. Today: Garg et al.'s run directory
+(config.yaml + state.pt), which their code and the Iterative Newton paper's fork load, evaluate
+(`eval.get_run_metrics`) and continue training from (`train.py` resumes state.pt).
+
+examples:
+  icl-probe export checkpoints/gpt2-default --to garg --out exports/gpt2-default
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import add_out, writing
+
+LAYOUTS = ("garg",)
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="run directory to export")
+    p.add_argument("--to", default="garg", help="target layout (default garg; known: garg)")
+    add_out(p, "run directory to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..checkpoint import export_garg
+    from ..errors import ConfigError
+    from ..formats import load_checkpoint
+    from ..outputs import check_run_output
+    from ..registry import unknown_name_message
+
+    if args.to not in LAYOUTS:
+        raise ConfigError(unknown_name_message("export layout", args.to, list(LAYOUTS)))
+    ckpt = load_checkpoint(args.checkpoint)
+    target = check_run_output(args.out, "export", force=args.force, inputs=(ckpt.path,))
+    assert target is not None  # --out is required
+    with writing(target) as staged:
+        export_garg(ckpt.model, ckpt.config, staged, train_step=int(ckpt.meta.get("train_step", 0)),
+                    run_name=ckpt.path.name)
+    print(f"{ckpt.path} exported to {target.path} in Garg et al.'s layout (config.yaml, state.pt)")
+    return 0

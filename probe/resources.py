@@ -1,0 +1,27 @@
+"""Where the shipped recipes and the default checkpoint live.
+
+In a source checkout they are the repository's `analyses/` and `checkpoints/gpt2-default/`
+(the files a user edits). An installed wheel carries copies in `probe/_shipped/` (written by
+setup.py's build step), so `icl-probe report` works after `pip install .` from any directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+SOURCE_ROOT = PACKAGE.parent
+SHIPPED = PACKAGE / "_shipped"
+
+
+def in_source_checkout() -> bool:
+    return (SOURCE_ROOT / "pyproject.toml").is_file() and (SOURCE_ROOT / "analyses").is_dir()
+
+
+def shipped(relative: str) -> Path:
+    """The repository's copy in a source checkout, else the wheel's."""
+    return (SOURCE_ROOT if in_source_checkout() else SHIPPED) / relative
+
+
+RECIPE_DIR = shipped("analyses")
+DEFAULT_CHECKPOINT = shipped("checkpoints/gpt2-default")
