@@ -33,6 +33,7 @@ GRID_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "beta1": ("unit", ()),
     "beta2": ("unit", ()),
     "eps": ("positive", ()),
+    "line_search": ("choice", ("exact", "wolfe")),
 }
 MEMORY_FRACTION = 0.8  # refuse work whose estimate exceeds this share of available memory
 
@@ -82,9 +83,13 @@ def check_grid(learner: str, grid: dict[str, Any], where: str = "") -> dict[str,
         for v in values:
             label = f"{where}: {key}={v!r}"
             if isinstance(v, str):
-                if rule not in ("any",) and v not in names:
+                if rule == "choice" and v not in names:
+                    raise ConfigError(f"{label} must be one of {list(names)}")
+                if rule not in ("any", "choice") and v not in names:
                     raise ConfigError(f"{label} is not a number" + (f" or one of {list(names)}" if names else ""))
                 checked.append(v)
+            elif rule == "choice":
+                raise ConfigError(f"{label} must be one of {list(names)}")
             elif rule == "count0":
                 checked.append(positive_int(v, f"{where}: {key}", 0))
             elif rule in ("count1",):

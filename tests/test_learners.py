@@ -275,3 +275,94 @@ def test_learners_run_on_the_requested_device(prompts):
     xs, ys = prompts
     res = run_learner("newton", xs.to("cpu"), ys, iterations=(1,))
     assert res.weights.device.type == "cpu"
+
+
+# ---------------------------------------------------------------- inexact (Wolfe) line searches
+
+SCIPY_METHOD = {"bfgs": "BFGS", "cg": "CG", "lbfgs": "L-BFGS-B"}
+
+
+def _scipy_iterates(x, y, method, n_iter, memory):
+    import warnings
+
+    s, rhs = x.T @ x, x.T @ y
+    seen = []
+    options = {"maxiter": n_iter, **({"maxcor": memory} if method == "L-BFGS-B" else {})}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scipy.optimize.minimize(lambda w: 0.5 * w @ s @ w - rhs @ w, np.zeros(x.shape[1]), jac=lambda w: s @ w - rhs,
+                                method=method, callback=lambda xk: seen.append(np.array(xk)), options=options)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["bfgs", "cg", "lbfgs"])
+def test_wolfe_iterates_equal_scipy_minimize(name):
+    """Seed 004's CG / BFGS / L-BFGS as practical codes run them: every one of the first 5
+    iterates equals scipy.optimize.minimize's on the same least-squares objective."""
+    p = sample_prompts(TaskConfig(n_dims=4, n_points=12), 8, generator=generator_for(3))
+    xs, ys = p.xs.double(), p.ys.double()
+    res = run_learner(name, xs, ys, iterations=range(6), line_search="wolfe", **({"memory": 5} if name == "lbfgs" else {}))
+    compared = 0
+    for b, t, x, y in _prefixes(xs, ys):
+        if t == 0:
+            continue
+        for k, ref in enumerate(_scipy_iterates(x, y, SCIPY_METHOD[name], 5, 5)[:5], start=1):
+            np.testing.assert_allclose(res.weights[k, b, t].numpy(), ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+            compared += 1
+    assert compared > 200
+
+
+def test_wolfe_searches_differ_between_methods_and_agree_with_exact_at_convergence(prompts):
+    xs, ys = prompts
+    def second(name, search):
+        return run_learner(name, xs, ys, iterations=(2,), line_search=search).weights[0, :, 6:]
+
+    # exact searches make CG and BFGS coincide on a quadratic; scipy's inexact ones do not
+    torch.testing.assert_close(second("cg", "exact"), second("bfgs", "exact"), rtol=1e-8, atol=1e-10)
+    assert (second("cg", "wolfe") - second("bfgs", "wolfe")).abs().max() > 1e-3
+    ls = run_learner("least_squares", xs, ys).weights[0, :, 5:]
+    for name in ("cg", "bfgs", "lbfgs"):
+        for search in ("exact", "wolfe"):
+            torch.testing.assert_close(run_learner(name, xs, ys, iterations=(60,), line_search=search).weights[0, :, 5:],
+                                       ls, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:The line search algorithm")
+def test_batched_line_searches_equal_scipys():
+    """The batched Moré-Thuente search equals scipy's DCSRCH, and the batched Alg. 3.5/3.6 equals
+    scipy's scalar_search_wolfe2, on random one-dimensional problems (quadratic and quartic)."""
+    from scipy.optimize._dcsrch import DCSRCH
+    from scipy.optimize._linesearch import scalar_search_wolfe2
+
+    from probe.learners.line_search import more_thuente, wolfe2
+
+    g = np.random.default_rng(0)
+    n = 300
+    f0, d0 = g.normal(size=n), -np.abs(g.normal(size=n)) * 10 ** g.uniform(-2, 2, n)
+    c, e = np.abs(g.normal(size=n)) * 10 ** g.uniform(-2, 2, n), np.where(g.uniform(size=n) < 0.5, 0.0, g.uniform(size=n))
+    a0 = 10 ** g.uniform(-3, 3, n)
+    phi = [lambda a, i=i: f0[i] + d0[i] * a + 0.5 * c[i] * a * a + 0.25 * e[i] * a**4 for i in range(n)]
+    dphi = [lambda a, i=i: d0[i] + c[i] * a + e[i] * a**3 for i in range(n)]
+    F0, D0, C, E = (torch.tensor(v) for v in (f0, d0, c, e))
+
+    def batched(a):
+        return F0 + D0 * a + 0.5 * C * a * a + 0.25 * E * a**4, D0 + C * a + E * a**3
+
+    ours = more_thuente(batched, F0, D0, torch.tensor(a0), ftol=1e-4, gtol=0.4, xtol=1e-14, stpmin=1e-100, stpmax=1e100)
+    ref = [DCSRCH(phi[i], dphi[i], 1e-4, 0.4, 1e-14, 1e-100, 1e100)(a0[i], phi0=f0[i], derphi0=d0[i])[0] for i in range(n)]
+    assert ours.ok.all() and all(r is not None for r in ref)
+    np.testing.assert_allclose(ours.step.numpy(), ref, rtol=1e-8)
+    assert (np.abs(np.array(ref) - a0) > 1e-6 * a0).sum() > 50  # most searches took more than one trial
+
+    ours2 = wolfe2(batched, lambda a: torch.ones_like(a, dtype=torch.bool), F0, D0, torch.ones(n, dtype=torch.float64),
+                   c1=1e-4, c2=0.9, amax=1e100)
+    ref2 = [scalar_search_wolfe2(phi[i], dphi[i], f0[i], None, d0[i], c1=1e-4, c2=0.9, amax=1e100)[0] for i in range(n)]
+    found = np.array([r is not None for r in ref2])
+    assert np.array_equal(ours2.ok.numpy(), found) and found.mean() > 0.9
+    np.testing.assert_allclose(ours2.step.numpy()[found], np.array([r for r in ref2 if r is not None]), rtol=1e-8)
+
+
+def test_unknown_line_search_is_refused(prompts):
+    xs, ys = prompts
+    with pytest.raises(ConfigError, match=r"line_search='armijo' must be one of \['exact', 'wolfe'\]"):
+        run_learner("bfgs", xs, ys, line_search="armijo")

@@ -1,20 +1,27 @@
 """Conjugate gradient, BFGS and L-BFGS iterations on the least-squares objective.
 
-Objective per prefix: f(w) = w^T S w / 2 - b^T w (least squares up to a constant), from w_0 = 0,
-with exact line search (closed form for a quadratic: a = -g.p / p.S p). In exact arithmetic
-BFGS (H_0 = I) and L-BFGS with exact line searches generate the same iterates as CG on a
-quadratic; in floating point they drift apart once the problem is nearly solved.
+Objective per prefix: f(w) = w^T S w / 2 - b^T w (least squares up to a constant), from w_0 = 0.
+`line_search="exact"` (default): the exact step along each direction (closed form for a
+quadratic: a = -g.p / p.S p). In exact arithmetic BFGS (H_0 = I) and L-BFGS with exact line
+searches generate the same iterates as CG on a quadratic; in floating point they drift apart
+once the problem is nearly solved. `line_search="wolfe"`: scipy.optimize's methods with their
+inexact strong-Wolfe searches (probe/learners/wolfe.py), whose iterates differ between methods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from .base import LearnerResult, as_float64, linear_result, prefix_moments
 from .registry import register
+from .wolfe import bfgs_wolfe, cg_wolfe, lbfgs_wolfe
+
+log = logging.getLogger(__name__)
+LINE_SEARCHES = ("exact", "wolfe")
 
 KRYLOV_ITERATIONS = tuple(range(21))
 TINY = 1e-30
@@ -33,6 +40,27 @@ def _exact_step(s: Tensor, g: Tensor, p: Tensor) -> Tensor:
     return torch.where(curv > TINY, -_dot(g, p) / curv.clamp_min(TINY), torch.zeros_like(curv))
 
 
+def _run_wolfe(name: str, method: Callable, xs: Tensor, ys: Tensor, queries: Tensor | None, its: list[int],
+               **options) -> LearnerResult:
+    """Iterates of one scipy-faithful method at the requested iteration counts; warns when a line
+    search failed away from the minimum (the element then kept its iterate)."""
+    s_mat, b = prefix_moments(xs, ys)
+    snaps: dict[int, Tensor] = {}
+    wanted = set(its)
+    failed = method(s_mat, b, max(its, default=0), lambda k, w: snaps.__setitem__(k, w) if k in wanted else None,
+                    **options)
+    if int(failed.sum()):
+        log.warning("%s (wolfe): %d line searches failed before the gradient vanished; those prefixes kept their "
+                    "iterate", name, int(failed.sum()))
+    return linear_result(name, [{"iterations": k} for k in its],
+                         torch.stack([snaps[k] for k in its]), xs, queries)
+
+
+def _check_line_search(line_search: str) -> None:
+    if line_search not in LINE_SEARCHES:
+        raise ValueError(f"line_search must be 'exact' or 'wolfe', got {line_search!r}")
+
+
 def _collect(iterations: Sequence[int], name: str) -> list[int]:
     its = [int(k) for k in iterations]
     if any(k < 0 for k in its):
@@ -40,12 +68,16 @@ def _collect(iterations: Sequence[int], name: str) -> list[int]:
     return its
 
 
-@register("cg", defaults={"iterations": KRYLOV_ITERATIONS})
+@register("cg", defaults={"iterations": KRYLOV_ITERATIONS, "line_search": "exact"})
 def cg(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
-       iterations: Sequence[int] = KRYLOV_ITERATIONS) -> LearnerResult:
-    """Conjugate gradient on S w = X^T y from w_0 = 0 (Hestenes-Stiefel)."""
+       iterations: Sequence[int] = KRYLOV_ITERATIONS, line_search: str = "exact") -> LearnerResult:
+    """Conjugate gradient on S w = X^T y from w_0 = 0 (Hestenes-Stiefel; with line_search="wolfe",
+    scipy's nonlinear CG: Polak-Ribière+ with strong Wolfe searches)."""
     its = _collect(iterations, "cg")
+    _check_line_search(line_search)
     xs, ys, queries = as_float64(xs, ys, queries)
+    if line_search == "wolfe":
+        return _run_wolfe("cg", cg_wolfe, xs, ys, queries, its)
     s, b = prefix_moments(xs, ys)
     w = torch.zeros_like(b)
     r = b.clone()
@@ -66,13 +98,16 @@ def cg(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
     return linear_result("cg", [{"iterations": k} for k in its], torch.stack([snaps[k] for k in its]), xs, queries)
 
 
-@register("bfgs", defaults={"iterations": KRYLOV_ITERATIONS})
+@register("bfgs", defaults={"iterations": KRYLOV_ITERATIONS, "line_search": "exact"})
 def bfgs(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
-         iterations: Sequence[int] = KRYLOV_ITERATIONS) -> LearnerResult:
-    """BFGS with H_0 = I and exact line search: p = -H g, w += a p, then
-    H <- (I - rho s y^T) H (I - rho y s^T) + rho s s^T with s = a p, y = S s, rho = 1/(y.s)."""
+         iterations: Sequence[int] = KRYLOV_ITERATIONS, line_search: str = "exact") -> LearnerResult:
+    """BFGS with H_0 = I: p = -H g, w += a p, then H <- (I - rho s y^T) H (I - rho y s^T) + rho s s^T
+    with s = a p, y = S s, rho = 1/(y.s) (N&W eq. 6.17); a exact, or scipy's Wolfe search."""
     its = _collect(iterations, "bfgs")
+    _check_line_search(line_search)
     xs, ys, queries = as_float64(xs, ys, queries)
+    if line_search == "wolfe":
+        return _run_wolfe("bfgs", bfgs_wolfe, xs, ys, queries, its)
     s_mat, b = prefix_moments(xs, ys)
     d = xs.shape[-1]
     eye = torch.eye(d, dtype=xs.dtype, device=xs.device)
@@ -96,14 +131,18 @@ def bfgs(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
     return linear_result("bfgs", [{"iterations": k} for k in its], torch.stack([snaps[k] for k in its]), xs, queries)
 
 
-@register("lbfgs", defaults={"iterations": KRYLOV_ITERATIONS, "memory": 3})
+@register("lbfgs", defaults={"iterations": KRYLOV_ITERATIONS, "memory": 3, "line_search": "exact"})
 def lbfgs(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
-          iterations: Sequence[int] = KRYLOV_ITERATIONS, memory: int = 3) -> LearnerResult:
-    """L-BFGS (two-loop recursion, H_0 = I, the last `memory` pairs) with exact line search."""
+          iterations: Sequence[int] = KRYLOV_ITERATIONS, memory: int = 3, line_search: str = "exact") -> LearnerResult:
+    """L-BFGS (two-loop recursion, the last `memory` pairs): H_0 = I with exact line search, or
+    scipy's L-BFGS-B without bounds (H_0 = (s.y / y.y) I, its Moré-Thuente search) with "wolfe"."""
     its = _collect(iterations, "lbfgs")
     if memory < 1:
         raise ValueError(f"lbfgs memory must be >= 1, got {memory}")
+    _check_line_search(line_search)
     xs, ys, queries = as_float64(xs, ys, queries)
+    if line_search == "wolfe":
+        return _run_wolfe("lbfgs", lbfgs_wolfe, xs, ys, queries, its, memory=memory)
     s_mat, b = prefix_moments(xs, ys)
     w = torch.zeros_like(b)
     g = -b
