@@ -348,7 +348,12 @@ def test_batched_line_searches_equal_scipys():
     def batched(a):
         return F0 + D0 * a + 0.5 * C * a * a + 0.25 * E * a**4, D0 + C * a + E * a**3
 
-    ours = more_thuente(batched, F0, D0, torch.tensor(a0), ftol=1e-4, gtol=0.4, xtol=1e-14, stpmin=1e-100, stpmax=1e100)
+    def batched_all(a, index):  # the steps of the elements `index`, evaluated in place
+        full = torch.ones(n, dtype=torch.float64)
+        full[index] = a
+        return batched(full)
+
+    ours = more_thuente(lambda a, i: tuple(v[i] for v in batched_all(a, i)), F0, D0, torch.tensor(a0), ftol=1e-4, gtol=0.4, xtol=1e-14, stpmin=1e-100, stpmax=1e100)
     ref = [DCSRCH(phi[i], dphi[i], 1e-4, 0.4, 1e-14, 1e-100, 1e100)(a0[i], phi0=f0[i], derphi0=d0[i])[0] for i in range(n)]
     assert ours.ok.all() and all(r is not None for r in ref)
     np.testing.assert_allclose(ours.step.numpy(), ref, rtol=1e-8)

@@ -94,44 +94,40 @@ def dcstep(stx, fx, dx, sty, fy, dy, stp, fp, dp, brackt, stpmin, stpmax):
     return new_stx, new_fx, new_dx, new_sty, new_fy, new_dy, stpf, brackt
 
 
-def more_thuente(phi: Callable[[Tensor], tuple[Tensor, Tensor]], phi0: Tensor, dphi0: Tensor, step0: Tensor, *,
-                 ftol: float, gtol: float, xtol: float, stpmin: float, stpmax: float,
+def more_thuente(phi: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], phi0: Tensor, dphi0: Tensor, step0: Tensor,
+                 *, ftol: float, gtol: float, xtol: float, stpmin: float, stpmax: float,
                  maxiter: int = 100) -> SearchResult:
-    """Batched `dcsrch`: phi(steps) -> (phi, phi') at every element; phi0, dphi0, step0 (N,).
-
-    Elements with phi'(0) >= 0 fail at once (scipy: "ERROR: INITIAL G .GE. ZERO")."""
-    stp = step0.clone()
-    active = dphi0 < 0
-    done_ok = torch.zeros_like(active)
-    best, best_f = torch.zeros_like(stp), phi0.clone()
-    brackt = torch.zeros_like(active)
-    stage1 = torch.ones_like(active)
-    gtest = ftol * dphi0
+    """Batched `dcsrch`: phi(steps, index) -> (phi, phi') of the elements `index` at `steps`;
+    phi0, dphi0, step0 (N,). Finished elements leave the working set, so the cost follows the
+    elements still searching. Elements with phi'(0) >= 0 fail at once (scipy: "ERROR: INITIAL G
+    .GE. ZERO")."""
+    best, best_f = torch.zeros_like(step0), phi0.clone()
+    done_ok = torch.zeros_like(phi0, dtype=torch.bool)
+    index = (dphi0 < 0).nonzero().squeeze(-1)
+    f0, d0, stp = phi0[index], dphi0[index], step0[index].clone()
+    gtest = ftol * d0
     width = torch.full_like(stp, stpmax - stpmin)
-    width1 = width / P5
-    stx, fx, gx = torch.zeros_like(stp), phi0.clone(), dphi0.clone()
-    sty, fy, gy = stx.clone(), fx.clone(), gx.clone()
-    stmin, stmax = torch.zeros_like(stp), stp + XTRAPU * stp
+    state = [torch.zeros_like(stp), f0.clone(), d0.clone(), torch.zeros_like(stp), f0.clone(), d0.clone(),
+             width, width / P5, torch.zeros_like(stp), stp + XTRAPU * stp]  # stx fx gx sty fy gy width width1 stmin stmax
+    brackt, stage1 = torch.zeros_like(stp, dtype=torch.bool), torch.ones_like(stp, dtype=torch.bool)
     for _ in range(maxiter):
-        if not bool(active.any()):
+        if index.numel() == 0:
             break
-        f, g = phi(stp)
-        ftest = phi0 + stp * gtest
-        stage1 = stage1 & ~(active & (f <= ftest) & (g >= 0))
+        f, g = phi(stp, index)
+        stx, fx, gx, sty, fy, gy, width, width1, stmin, stmax = state
+        ftest = f0 + stp * gtest
+        stage1 = stage1 & ~((f <= ftest) & (g >= 0))
         warn = (brackt & ((stp <= stmin) | (stp >= stmax))) | (brackt & (stmax - stmin <= xtol * stmax)) \
             | ((stp == stpmax) & (f <= ftest) & (g <= gtest)) | ((stp == stpmin) & ((f > ftest) | (g >= gtest)))
-        converged = active & (f <= ftest) & (g.abs() <= gtol * -dphi0)
-        best = torch.where(converged, stp, best)
-        best_f = torch.where(converged, f, best_f)
-        done_ok = done_ok | converged
-        active = active & ~converged & ~warn
-        state = _advance(stx, fx, gx, sty, fy, gy, stp, f, g, brackt, stmin, stmax, width, width1,
-                         stage1 & (f <= fx) & (f > ftest), gtest, xtol, stpmin, stpmax)
-        for old, new in zip((stx, fx, gx, sty, fy, gy, width, width1, stmin, stmax), state[:10]):
-            old.copy_(torch.where(active, new, old))
-        brackt = torch.where(active, state[10], brackt)
-        stp = torch.where(active, state[11], stp)
-        active = active & torch.isfinite(stp)  # scipy: a non-finite step ends the search with a warning
+        converged = (f <= ftest) & (g.abs() <= gtol * -d0)
+        best[index[converged]], best_f[index[converged]] = stp[converged], f[converged]
+        done_ok[index[converged]] = True
+        new = _advance(stx, fx, gx, sty, fy, gy, stp, f, g, brackt, stmin, stmax, width, width1,
+                       stage1 & (f <= fx) & (f > ftest), gtest, xtol, stpmin, stpmax)
+        keep = ~converged & ~warn & torch.isfinite(new[11])  # a non-finite step ends it with a warning
+        state = [v[keep] for v in new[:10]]
+        brackt, stp, stage1 = new[10][keep], new[11][keep], stage1[keep]
+        index, f0, d0, gtest = index[keep], f0[keep], d0[keep], gtest[keep]
     return SearchResult(best, best_f, done_ok)
 
 
@@ -221,7 +217,8 @@ def _zoom_trial(z: _Zoom) -> Tensor:
 def wolfe2(phi: Callable[[Tensor], tuple[Tensor, Tensor]], extra: Callable[[Tensor], Tensor], phi0: Tensor,
            dphi0: Tensor, step0: Tensor, *, c1: float, c2: float, amax: float, maxiter: int = 10) -> SearchResult:
     """Batched `scalar_search_wolfe2` (Nocedal & Wright Alg. 3.5 with the zoom of Alg. 3.6), scipy's
-    fallback when the Moré-Thuente search fails; `extra(steps)` is scipy's extra_condition."""
+    fallback when the Moré-Thuente search fails; `phi(steps)` and `extra(steps)` (scipy's
+    extra_condition) evaluate every element."""
     a0, a1 = torch.zeros_like(step0), step0.clamp(max=amax)
     f_a0, d_a0, f_a1 = phi0.clone(), dphi0.clone(), phi(step0.clamp(max=amax))[0]
     bracketing = torch.ones_like(phi0, dtype=torch.bool)

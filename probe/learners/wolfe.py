@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .line_search import SearchResult, more_thuente, wolfe2
+from .line_search import more_thuente, wolfe2
 
 EPS = torch.finfo(torch.float64).eps
 
@@ -58,31 +58,41 @@ def _search(s_mat: Tensor, b: Tensor, w: Tensor, f: Tensor, g: Tensor, p: Tensor
 
     Moré-Thuente first; with `fallback` (scipy's `_line_search_wolfe12`), elements whose search
     failed or whose step fails `extra` are searched again with Nocedal & Wright Alg. 3.5/3.6."""
-    shape = f.shape
-    sw, sp = _matvec(s_mat, w), _matvec(s_mat, p)
+    shape, d = f.shape, w.shape[-1]
+    w_, p_, b_ = w.reshape(-1, d), p.reshape(-1, d), b.reshape(-1, d)
+    sw, sp = _matvec(s_mat, w).reshape(-1, d), _matvec(s_mat, p).reshape(-1, d)
 
-    def phi(a: Tensor) -> tuple[Tensor, Tensor]:
-        a = a.reshape(shape).unsqueeze(-1)
-        x, sx = w + a * p, sw + a * sp
-        return (0.5 * _dot(x, sx) - _dot(b, x)).reshape(-1), _dot(sx - b, p).reshape(-1)
+    def phi_at(a: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+        a = a.unsqueeze(-1)
+        x, sx = w_[index] + a * p_[index], sw[index] + a * sp[index]
+        return 0.5 * _dot(x, sx) - _dot(b_[index], x), _dot(sx - b_[index], p_[index])
 
     def extra_flat(a: Tensor) -> Tensor:
         return torch.ones_like(a, dtype=torch.bool) if extra is None else extra(a.reshape(shape)).reshape(-1)
 
     f0, d0, a0 = f.reshape(-1), _dot(g, p).reshape(-1), step0.reshape(-1)
-    res = more_thuente(phi, f0, d0, a0, ftol=ftol, gtol=gtol, xtol=xtol, stpmin=stpmin, stpmax=stpmax)
+    res = more_thuente(phi_at, f0, d0, a0, ftol=ftol, gtol=gtol, xtol=xtol, stpmin=stpmin, stpmax=stpmax)
     if fallback:
         redo = ~(res.ok & extra_flat(res.step))
         if bool(redo.any()):
-            again = wolfe2(phi, extra_flat, f0, d0, a0, c1=ftol, c2=gtol, amax=stpmax)
-            res = SearchResult(*(torch.where(redo, new, old) for new, old in
-                                 ((again.step, res.step), (again.value, res.value), (again.ok, res.ok))))
+            sub = redo.nonzero().squeeze(-1)
+
+            def extra_sub(a: Tensor) -> Tensor:
+                full = torch.zeros_like(f0)
+                full[sub] = a
+                return extra_flat(full)[sub]
+
+            again = wolfe2(lambda a: phi_at(a, sub), extra_sub, f0[sub], d0[sub], a0[sub], c1=ftol, c2=gtol,
+                           amax=stpmax)
+            res.step[sub], res.value[sub], res.ok[sub] = again.step, again.value, again.ok
     return res.step.reshape(shape), res.value.reshape(shape), res.ok.reshape(shape)
 
 
-def _at_minimum(g: Tensor, b: Tensor, rtol: float = 1e-6) -> Tensor:
-    """Gradient negligible against X^T y: a failed search there is the end of the run, not a problem."""
-    return g.abs().amax(-1) <= rtol * b.abs().amax(-1)
+def _at_minimum(g: Tensor, b: Tensor, rtol: float = 1e-6, gtol: float = 1e-5) -> Tensor:
+    """Where scipy would already have stopped (its default gtol: |g|_inf <= 1e-5) or the gradient is
+    negligible against X^T y: a failed search there ends the run, as in scipy, and is not counted."""
+    size = g.abs().amax(-1)
+    return (size <= gtol) | (size <= rtol * b.abs().amax(-1))
 
 
 def _first_trial(f: Tensor, f_prev: Tensor, slope: Tensor) -> Tensor:
