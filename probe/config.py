@@ -251,6 +251,8 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     if hint is bool and not isinstance(value, bool):
         raise ConfigError(f"{where} must be true or false, got {value!r}")
     if typing.get_origin(hint) is tuple:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and args and args[0] in (int, float):
+            value = [value]  # a single number where a list of numbers is expected (probes.lr = 1e-2)
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where} must be a list, got {value!r}")
         return tuple(value)

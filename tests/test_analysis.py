@@ -193,3 +193,49 @@ def test_readout_and_probe_are_scikit_learn_estimators():
     assert np.isfinite(search.cv_results_["mean_test_score"]).all() and search.best_params_["steps"] == 150
     with pytest.raises(ValueError, match=r"expects H of shape \(N, P, D\)"):
         probe.predict(H[:, 0])
+
+
+def _calibration_states(n: int, seed: int = 3):
+    """Hidden states by construction: layer 1 holds X^T y of the examples seen so far at every token,
+    layer 2 holds w_OLS of those examples, layers 0 and 3 are noise. A probe must decode exactly those."""
+    from probe.analysis.probes import probe_targets
+
+    g = torch.Generator().manual_seed(seed)
+    xs, ys = torch.randn(n, 8, 3, generator=g), torch.randn(n, 8, generator=g)
+    targets = {name: probe_targets(xs, ys, name) for name in ("xty", "w_ols")}  # (N, n, d): after t examples
+    states = torch.randn(4, n, 16, 6, generator=g)
+    for token in range(16):
+        seen = (token + 1) // 2  # examples complete at this token (the y token closes one)
+        states[1, :, token, :3] = targets["xty"][:, seen] if seen < 8 else 0
+        states[2, :, token, :3] = targets["w_ols"][:, seen] if seen < 8 else 0
+    return states, targets
+
+
+def test_probe_calibration_on_states_with_known_content():
+    """Seed 002 §5 calibration: R^2 > 0.95 where the target is linearly present, ~0 elsewhere;
+    training stops on validation before the step limit and says so."""
+    from probe.analysis.probes import fit_probes
+
+    states, targets = _calibration_states(1200)
+    train, test = (states[:, :1000], {k: v[:1000] for k, v in targets.items()}), (states[:, 1000:], {k: v[1000:] for k, v in targets.items()})
+    table = fit_probes(*train, *test, [(6, "xty"), (7, "xty"), (6, "w_ols"), (7, "w_ols")], "linear", steps=4000,
+                       lr=(3e-2, 1e-2), eval_every=50, patience=4)
+    r2 = table.groupby(["target", "layer"]).r2.min().unstack()
+    assert r2.loc["xty", 1] > 0.95 and r2.loc["w_ols", 2] > 0.95
+    assert r2.loc["xty", 2] < 0.95 and r2.loc["w_ols", 1] < 0.95  # a different (non-linear) function of the data
+    assert table[table.layer.isin([0, 3])].r2.abs().max() < 0.1
+    assert table.converged.mean() >= 0.75 and (table[table.converged].steps < 4000).all()
+    assert set(table.lr) <= {3e-2, 1e-2}
+
+
+def test_probes_that_hit_the_step_limit_say_so():
+    from probe.analysis.probes import fit_probes, probe_summary
+    from probe.report.findings import caveats
+
+    states, targets = _calibration_states(300)
+    table = fit_probes(states[:, :200], {"xty": targets["xty"][:200]}, states[:, 200:], {"xty": targets["xty"][200:]},
+                       [(4, "xty")], "mlp", steps=10, lr=1e-3, hidden=(16, 32), eval_every=5)
+    assert not table.converged.any() and (table.steps <= 10).all() and set(table.hidden) <= {16, 32}
+    summary = {"probes": probe_summary(table.assign(control="none"))}
+    assert summary["probes"]["xty"]["mlp"]["converged_share"] == 0.0
+    assert any("stopped at the step limit (10 steps)" in c for c in caveats(summary))

@@ -102,58 +102,137 @@ def _prefix_groups(prefixes: list[int]) -> list[tuple[slice, int]]:
     return groups
 
 
-def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_states: Tensor,
-               test_targets: dict[str, Tensor], combos: Sequence[tuple[int, str]], kind: str, steps: int = 300,
-               lr: float = 1e-3, batch_size: int = 128, seed: int = 0, device: str = "cpu") -> pd.DataFrame:
-    """Train a probe for every layer x (prefix, target) combination at once; score on held-out prompts.
+@dataclass
+class _Fit:
+    """One training run of a probe grid: per probe (L+1, M) its validation R^2, the step of its
+    best validation score, whether it stopped before the step limit, and test predictions."""
 
-    states (L+1, N, 2n, D) at all token positions; targets name -> (N, n, d); combos [(t, target)].
-    Returns one row per probe: layer, prefix, target, kind, r2, nmse, y_mass (attention on y tokens),
-    last_example_mass (on the last example's two tokens), peak_position.
-    """
-    n_layers, _, n_pos, width = train_states.shape
-    d = next(iter(train_targets.values())).shape[-1]
-    m = len(combos)
-    # standardise targets per (prefix, coordinate) with training statistics
-    stats = {k: (v.mean(0, keepdim=True), v.std(0, keepdim=True).clamp_min(1e-8)) for k, v in train_targets.items()}
-    norm = lambda k, v: (v - stats[k][0]) / stats[k][1]
-    y_train = torch.stack([norm(tg, train_targets[tg])[:, t] for t, tg in combos]).float()  # (M, N, d)
-    y_test = torch.stack([norm(tg, test_targets[tg])[:, t] for t, tg in combos]).float()
-    prefixes = torch.tensor([t for t, _ in combos]).repeat(n_layers)  # (G,)
-    mask = (torch.arange(n_pos).view(1, -1) < (2 * prefixes).view(-1, 1)).to(device)  # first t examples' tokens
-    grid = ProbeGrid(n_layers, m, n_pos, width, d, kind, seed=seed).to(device)
-    grid.groups = _prefix_groups([t for t, _ in combos])
+    val_r2: Tensor
+    steps: Tensor
+    converged: Tensor
+    pred: Tensor  # (L+1, M, N_test, d)
+    alpha: Tensor  # (L+1, M, P)
+
+
+def _predict(grid: ProbeGrid, states_by_position: Tensor, mask: Tensor, shape: tuple[int, int, int]) -> Tensor:
+    with torch.no_grad():
+        n_layers, m, d = shape
+        return grid(states_by_position, mask, layout="lpnd").view(n_layers, m, -1, d)
+
+
+def _train_until_stable(grid: ProbeGrid, by_prompt: Tensor, y_fit: Tensor, val_states: Tensor, y_val: Tensor,
+                        mask: Tensor, *, steps: int, lr: float, batch_size: int, eval_every: int, patience: int,
+                        seed: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Adam on minibatches of prompts; every `eval_every` steps each probe's validation R^2 is
+    computed and its parameters kept when they improve it by more than 1e-4. A probe has
+    converged once `patience` evaluations in a row bring no improvement; training stops when all
+    have, or at `steps`. The grid ends with every probe's best parameters.
+    Returns (best validation R^2, step of the best, converged), each (L+1, M)."""
+    n_layers, m, d = grid.n_layers, y_fit.shape[0], y_fit.shape[-1]
     opt = torch.optim.Adam(grid.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
-    # (N, L+1, P, D): a minibatch gathers whole prompts (contiguous blocks, fast at paper scale),
-    # then one permute gives the (L+1, P, b, D) layout the pooling bmm reads
-    by_prompt = train_states.float().transpose(0, 1).contiguous().to(device)
-    n_train = train_states.shape[1]
-    y_train = y_train.to(device)
-    for _ in range(steps):
-        idx = torch.randint(0, n_train, (min(batch_size, n_train),), generator=g).to(device)
-        batch = by_prompt[idx].permute(1, 2, 0, 3).contiguous()
-        pred = grid(batch, mask, layout="lpnd").view(n_layers, m, len(idx), d)
-        loss = ((pred - y_train[:, idx]) ** 2).mean(dim=(2, 3)).sum()  # independent probes
+    best = torch.full((n_layers * m,), -math.inf)
+    best_step, stale = torch.zeros(n_layers * m, dtype=torch.long), torch.zeros(n_layers * m, dtype=torch.long)
+    kept = [p.detach().clone() for p in grid.parameters()]
+    for step in range(1, steps + 1):
+        idx = torch.randint(0, by_prompt.shape[0], (min(batch_size, by_prompt.shape[0]),), generator=g).to(by_prompt.device)
+        pred = grid(by_prompt[idx].permute(1, 2, 0, 3).contiguous(), mask, layout="lpnd").view(n_layers, m, len(idx), d)
+        loss = ((pred - y_fit[:, idx]) ** 2).mean(dim=(2, 3)).sum()  # independent probes
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if step % eval_every and step != steps:
+            continue
+        val = r2_score(y_val.unsqueeze(0), _predict(grid, val_states, mask, (n_layers, m, d))).mean(-1).flatten().cpu()
+        better = val > best + 1e-4
+        best, best_step = torch.where(better, val, best), torch.where(better, step, best_step)
+        stale = torch.where(better, 0, stale + 1)
+        for keep, param in zip(kept, grid.parameters()):
+            keep[better.to(keep.device)] = param.detach()[better.to(keep.device)]
+        if bool((stale >= patience).all()):
+            break
     with torch.no_grad():
-        test_by_position = test_states.float().transpose(1, 2).contiguous().to(device)
-        pred = grid(test_by_position, mask, layout="lpnd").cpu().double().view(n_layers, m, -1, d)
-        alpha = grid.attention(mask).cpu().view(n_layers, m, -1)
-    truth = y_test.double().unsqueeze(0)  # (1, M, N, d)
+        for keep, param in zip(kept, grid.parameters()):
+            param.copy_(keep)
+    shape = (n_layers, m)
+    return best.view(shape), best_step.view(shape), (stale >= patience).view(shape)
+
+
+def _fit_once(states: tuple[Tensor, Tensor, Tensor], targets: tuple[Tensor, Tensor], combos, kind: str,
+              lr: float, hidden: int, opts: dict) -> _Fit:
+    """Train one grid (one learning rate and width) with early stopping; predict the test prompts."""
+    by_prompt, val_by_position, test_by_position = states
+    y_fit, y_val = targets
+    n_layers, n_pos, _, width = test_by_position.shape
+    m, d = len(combos), y_fit.shape[-1]
+    prefixes = torch.tensor([t for t, _ in combos]).repeat(n_layers)  # (G,)
+    mask = (torch.arange(n_pos).view(1, -1) < (2 * prefixes).view(-1, 1)).to(by_prompt.device)
+    grid = ProbeGrid(n_layers, m, n_pos, width, d, kind, hidden=hidden, seed=opts["seed"]).to(by_prompt.device)
+    grid.groups = _prefix_groups([t for t, _ in combos])
+    val_r2, steps, converged = _train_until_stable(grid, by_prompt, y_fit, val_by_position, y_val, mask, lr=lr, **opts)
+    pred = _predict(grid, test_by_position, mask, (n_layers, m, d)).cpu().double()
+    alpha = grid.attention(mask).detach().cpu().view(n_layers, m, -1)
+    return _Fit(val_r2, steps, converged, pred, alpha)
+
+
+def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_states: Tensor,
+               test_targets: dict[str, Tensor], combos: Sequence[tuple[int, str]], kind: str, steps: int = 300,
+               lr: float | Sequence[float] = 1e-3, batch_size: int = 128, seed: int = 0, device: str = "cpu",
+               hidden: int | Sequence[int] = 128, eval_every: int = 25, patience: int = 5,
+               val_fraction: float = 0.2) -> pd.DataFrame:
+    """Train a probe for every layer x (prefix, target) combination at once; score on held-out prompts.
+
+    states (L+1, N, 2n, D) at all token positions; targets name -> (N, n, d); combos [(t, target)].
+    The last `val_fraction` of the training prompts is held out for validation: early stopping
+    (see _train_until_stable) and the choice, per probe, of the learning rate in `lr` and the MLP
+    width in `hidden`. Returns one row per probe: layer, prefix, target, kind, r2 (test), nmse,
+    val_r2, lr, hidden, steps (of the kept parameters), converged (False: stopped by the step
+    limit), y_mass (attention on y tokens), last_example_mass, peak_position.
+    """
+    _, n_train, n_pos, _ = train_states.shape
+    n_val = max(1, round(n_train * val_fraction))
+    if n_train - n_val < 1:
+        raise ConfigError(f"probes need at least 2 training prompts (one for validation), got {n_train}")
+    fit_part = slice(0, n_train - n_val)
+    # standardise targets per (prefix, coordinate) with the fitting prompts' statistics
+    stats = {k: (v[fit_part].mean(0, keepdim=True), v[fit_part].std(0, keepdim=True).nan_to_num(1.0).clamp_min(1e-8))
+             for k, v in train_targets.items()}
+    norm = lambda k, v: (v - stats[k][0]) / stats[k][1]
+    y_train = torch.stack([norm(tg, train_targets[tg])[:, t] for t, tg in combos]).float()  # (M, N, d)
+    y_test = torch.stack([norm(tg, test_targets[tg])[:, t] for t, tg in combos]).float()
+    # (N, L+1, P, D): a minibatch gathers whole prompts (contiguous blocks, fast at paper scale)
+    by_prompt = train_states[:, fit_part].float().transpose(0, 1).contiguous().to(device)
+    val_by_position = train_states[:, n_train - n_val:].float().transpose(1, 2).contiguous().to(device)
+    test_by_position = test_states.float().transpose(1, 2).contiguous().to(device)
+    opts = {"steps": steps, "batch_size": batch_size, "eval_every": eval_every, "patience": patience, "seed": seed}
+    configs = [(float(r), int(h)) for r in np.atleast_1d(lr) for h in (np.atleast_1d(hidden) if kind == "mlp" else [0])]
+    fits = [_fit_once((by_prompt, val_by_position, test_by_position),
+                      (y_train[:, fit_part].to(device), y_train[:, n_train - n_val:].to(device)), combos, kind,
+                      r, h or 128, opts) for r, h in configs]
+    choice = torch.stack([f.val_r2 for f in fits]).argmax(0)  # (L+1, M): best configuration per probe
+    return _probe_rows(fits, configs, choice, y_test.double().unsqueeze(0), combos, kind, n_pos)
+
+
+def _probe_rows(fits: list[_Fit], configs: list[tuple[float, int]], choice: Tensor, truth: Tensor, combos,
+                kind: str, n_pos: int) -> pd.DataFrame:
+    """The table of fit_probes from each probe's chosen configuration."""
+    pick = lambda name: torch.stack([getattr(f, name) for f in fits])  # (C, L+1, M, ...)
+    sel = lambda t: t.gather(0, choice.view(1, *choice.shape, *([1] * (t.dim() - 3))).expand(1, *t.shape[1:]))[0]
+    pred, alpha = sel(pick("pred")), sel(pick("alpha"))
+    val_r2, steps, converged = sel(pick("val_r2")), sel(pick("steps")), sel(pick("converged"))
     r2 = r2_score(truth, pred).mean(-1)  # (L+1, M): sklearn's multioutput="uniform_average"
     nmse = ((pred - truth) ** 2).mean((2, 3)) / truth.var(dim=(2, 3)).clamp_min(1e-12)
     is_y = (torch.arange(n_pos) % 2 == 1).float()
     rows = []
-    for layer in range(n_layers):
+    for layer in range(pred.shape[0]):
         for i, (t, target) in enumerate(combos):
             a = alpha[layer, i]
-            last = slice(2 * t - 2, 2 * t)
+            lr, hidden = configs[int(choice[layer, i])]
             rows.append({"layer": layer, "prefix": t, "target": target, "kind": kind,
-                         "r2": float(r2[layer, i]), "nmse": float(nmse[layer, i]),
-                         "y_mass": float((a * is_y).sum()), "last_example_mass": float(a[last].sum()),
+                         "r2": float(r2[layer, i]), "nmse": float(nmse[layer, i]), "val_r2": float(val_r2[layer, i]),
+                         "lr": lr, "hidden": hidden, "steps": int(steps[layer, i]),
+                         "converged": bool(converged[layer, i]),
+                         "y_mass": float((a * is_y).sum()), "last_example_mass": float(a[2 * t - 2:2 * t].sum()),
                          "peak_position": int(a.argmax())})
     return pd.DataFrame(rows)
 
@@ -230,9 +309,12 @@ class ProbeSettings:
     kinds: tuple[str, ...] = ("linear", "mlp")
     targets: tuple[str, ...] = ("xty", "w_ols")
     prefixes: tuple[int, ...] | None = None  # default: 1, d, 2d and n-1 (those below n)
-    steps: int = 300
-    lr: float = 1e-2  # Adam; seed 002 chose from {1e-2, 1e-3, 1e-4}
-    n_train: int = 1024
+    steps: int = 300  # the most Adam steps; probes stop earlier once their validation R^2 settles
+    lr: float | tuple[float, ...] = 1e-2  # Adam; several: chosen per probe on validation (seed 002: {1e-2, 1e-3, 1e-4})
+    hidden: int | tuple[int, ...] = 128  # MLP width; several: chosen per probe on validation
+    patience: int = 5  # evaluations without improvement before a probe counts as converged
+    eval_every: int = 25  # steps between validation evaluations
+    n_train: int = 1024  # of which a fifth is held out for validation
     n_test: int = 256
     controls: bool = True
     seed: int = 0
@@ -241,9 +323,18 @@ class ProbeSettings:
     def __post_init__(self) -> None:
         from ..validate import check_device, finite_float, positive_int
 
-        for name in ("steps", "n_train", "n_test"):
+        for name in ("steps", "n_train", "n_test", "patience", "eval_every"):
             positive_int(getattr(self, name), f"probe {name}")
-        finite_float(self.lr, "probe lr", low=0.0)
+        if self.n_train < 2:
+            raise ConfigError(f"probe n_train must be >= 2 (a fifth is held out for validation), got {self.n_train}")
+        self.lr = tuple(self.lr) if isinstance(self.lr, (list, tuple)) else (self.lr,)
+        self.hidden = tuple(self.hidden) if isinstance(self.hidden, (list, tuple)) else (self.hidden,)
+        if not self.lr or not self.hidden:
+            raise ConfigError("probe lr and hidden need at least one value each")
+        for lr in self.lr:
+            finite_float(lr, "probe lr", low=0.0)
+        for width in self.hidden:
+            positive_int(width, "probe hidden width")
         if self.prefixes is not None:
             if not self.prefixes:
                 raise ConfigError("probe prefixes is empty; give prefix lengths t >= 1 or None for the default")
@@ -280,17 +371,18 @@ def probe_study(model, task, settings: ProbeSettings, control_model=None, progre
     from tqdm.auto import tqdm
 
     jobs = [(c, m, kind) for c, m in models for kind in settings.kinds]
+    fit: dict[str, Any] = {"steps": settings.steps, "lr": settings.lr, "hidden": settings.hidden,
+                           "patience": settings.patience, "eval_every": settings.eval_every, "seed": settings.seed,
+                           "device": settings.device}
     for control, m, kind in tqdm(jobs, desc="probes", disable=not progress, leave=False):
         states_train = torch.as_tensor(np.asarray(capture(m, train.xs, train.ys, hooks=[RESID], device=settings.device).acts[RESID]))
         states_test = torch.as_tensor(np.asarray(capture(m, test.xs, test.ys, hooks=[RESID], device=settings.device).acts[RESID]))
-        frame = fit_probes(states_train, targets_train, states_test, targets_test, combos, kind, settings.steps,
-                           settings.lr, seed=settings.seed, device=settings.device)
+        frame = fit_probes(states_train, targets_train, states_test, targets_test, combos, kind, **fit)
         frames.append(frame.assign(control=control))
         if control == "none" and settings.controls:
             perm = torch.randperm(settings.n_train, generator=torch.Generator().manual_seed(settings.seed + 7))
             shuffled = {k: v[perm] for k, v in targets_train.items()}
-            frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kind, settings.steps,
-                               settings.lr, seed=settings.seed, device=settings.device)
+            frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kind, **fit)
             frames.append(frame.assign(control="shuffled"))
     return pd.concat(frames, ignore_index=True)
 
@@ -307,5 +399,11 @@ def probe_summary(table: pd.DataFrame) -> dict:
                  "control_r2": [float(by.get(("random_model", l), np.nan)) for l in layers],
                  "shuffled_r2": [float(by.get(("shuffled", l), np.nan)) for l in layers]}
         entry["best_layer"] = int(layers[int(np.nanargmax(main))])
+        own = rows[rows.control == "none"]
+        entry["by_prefix"] = {int(t): [float(v) for v in g.groupby("layer").r2.mean().reindex(layers)]
+                              for t, g in own.groupby("prefix")}
+        if "converged" in rows:
+            entry["converged_share"] = float(own.converged.mean())
+            entry["max_steps_used"] = int(own.steps.max())
         out.setdefault(target, {})[kind] = entry
     return out

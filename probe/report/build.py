@@ -76,7 +76,8 @@ def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
     if pr.controls:
         torch.manual_seed(recipe.prompts.seed + 99)
         control = build_model(ckpt.config.model).eval()
-    settings = ProbeSettings(kinds=tuple(pr.kinds), targets=tuple(pr.targets), steps=pr.steps, lr=pr.lr,
+    settings = ProbeSettings(kinds=tuple(pr.kinds), targets=tuple(pr.targets), steps=pr.steps, lr=tuple(pr.lr),
+                             hidden=tuple(pr.hidden), patience=pr.patience, eval_every=pr.eval_every,
                              n_train=pr.prompts, n_test=recipe.prompts.eval, controls=pr.controls,
                              seed=recipe.prompts.seed, device=device)
     return {"probes": probe_study(ckpt.model, ckpt.config.task, settings, control, progress)}, {}

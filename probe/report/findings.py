@@ -114,9 +114,13 @@ def caveats(summary: dict) -> list[str]:
     if top and top[0][1].get("degenerate"):
         out.append("The final layer's closest learner is not distinguishable from predicting 0: Table 1 says nothing "
                    "about which algorithm the model runs.")
-    probes = summary.get("probes", {})
-    if probes.get("converged") is False:
-        out.append("The probes did not converge; their R^2 is a lower bound.")
+    for target, kinds in (summary.get("probes") or {}).items():
+        for kind, entry in (kinds.items() if isinstance(kinds, dict) else ()):
+            share = entry.get("converged_share") if isinstance(entry, dict) else None
+            if share is not None and share < 1:
+                out.append(f"{(1 - share) * 100:.0f}% of the {kind} probes for {label(target)} stopped at the step limit "
+                           f"({entry.get('max_steps_used')} steps) before their validation R^2 settled: their R^2 is "
+                           "a lower bound; raise probes.steps.")
     return out
 
 

@@ -181,6 +181,19 @@ def _table1_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], compare
     return parts
 
 
+def _probe_training(pr: pd.DataFrame) -> list[str]:
+    """How the probes trained: early stopping on validation R^2, steps used, the step limit."""
+    if "converged" not in pr:
+        return []
+    own = pr[pr.control == "none"]
+    grouped = own.groupby(["target", "kind"]).agg(converged=("converged", "mean"), median_steps=("steps", "median"),
+                                                  max_steps=("steps", "max")).reset_index()
+    return ["<p>Training: each probe stops once its R<sup>2</sup> on held-out validation prompts has not improved "
+            "for several evaluations and keeps its best parameters; learning rate and width are chosen per probe on "
+            "validation. Share of probes that converged before the step limit, and steps used:</p>",
+            _table(grouped, "{:.2f}")]
+
+
 def _span_probes_forgetting(t: dict[str, pd.DataFrame], figs: dict[str, Path]) -> list[str]:
     parts = []
     if "span" in figs:
@@ -196,7 +209,8 @@ def _span_probes_forgetting(t: dict[str, pd.DataFrame], figs: dict[str, Path]) -
                   "of the same architecture, and on shuffled targets.</p>",
                   _img(figs["probes"], "probes", "Held-out R^2 of probes by layer (mean over probed prefixes) for each "
                        "target and probe kind, beside both controls."),
-                  "<p>Where the probes' attention falls (mean over layers and prefixes):</p>", _table(attn, "{:.3f}")]
+                  "<p>Where the probes' attention falls (mean over layers and prefixes):</p>", _table(attn, "{:.3f}"),
+                  *_probe_training(pr)]
     if "forgetting" in figs:
         parts += ["<h2>Forgetting</h2>", _img(figs["forgetting"], "forgetting",
                   "Squared error / d when an earlier example x_i is asked again after n-1 examples, by how long ago it "

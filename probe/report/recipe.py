@@ -69,9 +69,12 @@ class ProbesSection:
     enabled: bool = True
     kinds: tuple[str, ...] = ("linear", "mlp")
     targets: tuple[str, ...] = ("xty", "w_ols")
-    steps: int = 300
-    lr: float = 1e-2
-    prompts: int = 1024
+    steps: int = 300  # the most Adam steps (probes stop once their validation R^2 settles)
+    lr: tuple[float, ...] = (1e-2,)  # several: chosen per probe on validation prompts
+    hidden: tuple[int, ...] = (128,)  # MLP widths, chosen the same way
+    patience: int = 5
+    eval_every: int = 25
+    prompts: int = 1024  # training prompts, a fifth held out for validation
     controls: bool = True
 
 
@@ -175,8 +178,15 @@ class Recipe:
         for a in self.readout.alphas:
             finite_float(a, "readout.alphas", low=0.0)
         positive_int(self.probes.steps, "probes.steps")
-        positive_int(self.probes.prompts, "probes.prompts")
-        finite_float(self.probes.lr, "probes.lr", low=0.0)
+        positive_int(self.probes.prompts, "probes.prompts", 2)
+        positive_int(self.probes.patience, "probes.patience")
+        positive_int(self.probes.eval_every, "probes.eval_every")
+        if not self.probes.lr or not self.probes.hidden:
+            raise ConfigError("probes.lr and probes.hidden need at least one value each, e.g. lr = [1e-2, 1e-3]")
+        for lr in self.probes.lr:
+            finite_float(lr, "probes.lr", low=0.0)
+        for width in self.probes.hidden:
+            positive_int(width, "probes.hidden")
         positive_int(self.forgetting.prompts, "forgetting.prompts")
 
     def to_dict(self) -> dict[str, Any]:
