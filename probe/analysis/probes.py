@@ -206,9 +206,9 @@ def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_stat
     test_by_position = test_states.float().transpose(1, 2).contiguous().to(device)
     opts = {"steps": steps, "batch_size": batch_size, "eval_every": eval_every, "patience": patience, "seed": seed}
     configs = [(float(r), int(h)) for r in np.atleast_1d(lr) for h in (np.atleast_1d(hidden) if kind == "mlp" else [0])]
-    fits = [_fit_once((by_prompt, val_by_position, test_by_position),
-                      (y_train[:, fit_part].to(device), y_train[:, n_train - n_val:].to(device)), combos, kind,
-                      r, h or 128, opts) for r, h in configs]
+    targets = (y_train[:, fit_part].to(device), y_train[:, n_train - n_val:].to(device))
+    fits = [_fit_once((by_prompt, val_by_position, test_by_position), targets, combos, kind, r, h or 128, opts)
+            for r, h in configs]
     choice = torch.stack([f.val_r2 for f in fits]).argmax(0)  # (L+1, M): best configuration per probe
     return _probe_rows(fits, configs, choice, y_test.double().unsqueeze(0), combos, kind, n_pos)
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .base import LearnerResult, as_float64, linear_result, prefix_moments
 from .registry import register
-from .wolfe import bfgs_wolfe, cg_wolfe, lbfgs_wolfe
+from .wolfe import bfgs_wolfe, cg_wolfe, lbfgs_wolfe, two_loop
 
 log = logging.getLogger(__name__)
 LINE_SEARCHES = ("exact", "wolfe")
@@ -149,20 +149,12 @@ def lbfgs(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
     pairs: list[tuple[Tensor, Tensor, Tensor]] = []  # (s, y, rho)
     snaps = {0: w}
     for k in range(max(its, default=0)):
-        q = g.clone()
-        alphas = []
-        for s_i, y_i, rho_i in reversed(pairs):
-            a_i = rho_i * _dot(s_i, q)
-            q = q - a_i * y_i
-            alphas.append(a_i)
-        for (s_i, y_i, rho_i), a_i in zip(pairs, reversed(alphas)):
-            q = q + s_i * (a_i - rho_i * _dot(y_i, q))
-        p = -q
+        p = -two_loop(g, pairs, torch.ones_like(g[..., 0]))  # H_0 = I
         step = _exact_step(s_mat, g, p) * p
         y = _matvec(s_mat, step)
         ys_ = _dot(y, step)
         rho = torch.where(ys_ > TINY, 1 / ys_.clamp_min(TINY), torch.zeros_like(ys_))
-        pairs = (pairs + [(step, y, rho)])[-memory:]
+        pairs = (pairs + [(step, y, rho.squeeze(-1))])[-memory:]
         w = w + step
         g = g + y
         snaps[k + 1] = w

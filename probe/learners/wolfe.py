@@ -164,7 +164,7 @@ def cg_wolfe(s_mat: Tensor, b: Tensor, n_iter: int, snapshot: Callable[[int, Ten
     return failed
 
 
-def _two_loop(g: Tensor, pairs: list[tuple[Tensor, Tensor, Tensor]], gamma: Tensor) -> Tensor:
+def two_loop(g: Tensor, pairs: list[tuple[Tensor, Tensor, Tensor]], gamma: Tensor) -> Tensor:
     """H g by Nocedal & Wright Alg. 7.4 with H_0 = gamma I; pairs (s, y, rho), rho = 0 for skipped ones."""
     q, alphas = g.clone(), []
     for s_i, y_i, rho_i in reversed(pairs):
@@ -188,7 +188,7 @@ def lbfgs_wolfe(s_mat: Tensor, b: Tensor, n_iter: int, snapshot: Callable[[int, 
     snapshot(0, w)
     for k in range(1, n_iter + 1):
         g_start = g
-        p = -_two_loop(g, pairs, gamma)
+        p = -two_loop(g, pairs, gamma)
         first = (1 / p.norm(dim=-1).clamp_min(1e-300)).clamp(max=1e10) if k == 1 else torch.ones_like(f)
         alpha, f_new, ok = _search(s_mat, b, w, f, g, p, first, ftol=1e-3, gtol=0.9, xtol=0.1, stpmin=0.0,
                                    stpmax=1e10)
