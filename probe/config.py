@@ -8,7 +8,6 @@ tables are named after the fields of `RunConfig` (`[model]`, `[task]`, `[train]`
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import tomllib
 import typing
@@ -20,6 +19,15 @@ from .errors import ConfigError
 from .registry import unknown_name_message
 
 MODEL_FAMILIES = ("gpt2", "lstm", "planted")
+PLANTED_ALGORITHMS = ("gd", "newton", "newton-relu")  # constructions of probe/models/planted.py
+# per construction: (first layer boundary that predicts, layers per step / iteration)
+PLANTED_SCHEDULE = {"gd": (0, 1), "newton": (3, 2), "newton-relu": (2, 1)}
+
+
+def planted_layer_map(algorithm: str, layer: int) -> int | None:
+    """The step / iteration whose prediction boundary `layer` of a planted model holds (None: it predicts 0)."""
+    first, per_step = PLANTED_SCHEDULE[algorithm]
+    return (layer - first) // per_step if layer >= first else None
 ENCODINGS = ("garg", "akyurek")
 TASKS = ("linear_regression", "sparse_linear_regression", "relu_network")
 COVARIANCES = ("isotropic", "ill_conditioned")
@@ -58,7 +66,7 @@ class ModelConfig:
     n_layer: int = 8  # transformer blocks or LSTM layers
     n_head: int = 2  # attention heads (ignored by the LSTM)
     encoding: str = "garg"  # "garg": x, [y,0..0] (width d); "akyurek": [0,x], [y,0..0] (width d+1)
-    planted: str = ""  # family "planted" only: the learner its weights implement ("gd" or "newton")
+    planted: str = ""  # family "planted" only: the construction its weights implement (gd, newton, newton-relu)
     planted_scale: float = 0.0  # family "planted" only: GD step size eta, or Newton's fixed alpha
 
     def __post_init__(self) -> None:
@@ -69,8 +77,8 @@ class ModelConfig:
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= 1,
                    f"model.{name} must be a positive integer, got {value!r}")
-        _check(self.family != "planted" or self.planted in ("gd", "newton"),
-               f"model.planted must be 'gd' or 'newton' for a planted model, got {self.planted!r}")
+        _check(self.family != "planted" or self.planted in PLANTED_ALGORITHMS,
+               f"model.planted must be 'gd', 'newton' or 'newton-relu' for a planted model, got {self.planted!r}")
         _check(self.family != "gpt2" or self.n_embd % self.n_head == 0,
                f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
 
@@ -301,7 +309,3 @@ def parse_override(text: str) -> dict[str, Any]:
         cursor = cursor.setdefault(key, {})
     cursor[keys[-1]] = value
     return out
-
-
-def dump_json(obj: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")

@@ -24,8 +24,11 @@ def planted_config(algorithm: str, layers: int, d: int, points: int, step_size: 
             raise ConfigError(f"--step-size {scale} is unstable for d={d}: GD on ||y - Xw||^2/(2t) needs "
                               f"0 < eta < 2/(1+sqrt d)^2 = {limit:.4f} on short prefixes; try {limit / 2:.4f}")
     else:
-        if layers < 3:
+        if algorithm == "newton" and layers < 3:
             raise ConfigError("a planted Newton model needs at least 3 layers (initialisation, then 2 per iteration)")
+        if algorithm == "newton-relu" and layers < 2:
+            raise ConfigError("a planted ReLU-attention Newton model needs at least 2 layers (initialisation, then 1 "
+                              "per iteration)")
         scale = newton_default_alpha(d) if alpha is None else alpha
         limit = 2.0 / (1 + d**0.5) ** 4
         if not 0 < scale < limit:

@@ -53,6 +53,17 @@ def test_skipping_an_iterations_two_layers_of_planted_newton_is_one_iteration_fe
         np.testing.assert_allclose(runner.predict(xs, ys, skip_hooks([first, first + 1])).numpy(), ref(2), atol=1e-5)
 
 
+def test_skipping_one_layer_of_the_relu_attention_newton_is_one_iteration_fewer():
+    cfg = planted_config("newton-relu", 6, 4, 10)
+    runner = runner_for(plant(cfg.model))
+    assert runner.heads == list(range(6)) and runner.has_mlp
+    xs, ys, _ = paired_prompts(cfg.task, 24, 0)
+    ref = lambda k: run_learner("newton", xs, ys, iterations=(k,), alpha=(cfg.model.planted_scale,)).preds[0].numpy()
+    np.testing.assert_allclose(runner.predict(xs, ys).numpy(), ref(4), atol=1e-5)  # boundary 6 holds iteration 4
+    for layer in (1, 2, 3, 4):  # each is one whole iteration (attention + MLP)
+        np.testing.assert_allclose(runner.predict(xs, ys, skip_hooks([layer])).numpy(), ref(3), atol=1e-5)
+
+
 @pytest.mark.parametrize("which", ["gpt2", "planted"])
 def test_patching_the_whole_clean_stream_at_the_last_layer_restores_everything(which, planted_gd):
     if which == "planted":

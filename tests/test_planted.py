@@ -4,12 +4,13 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from probe.cli import main
-from probe.config import TaskConfig
+from probe.config import TaskConfig, planted_layer_map
 from probe.formats import load_checkpoint
 from probe.learners import run_learner
-from probe.models.planted import newton_layer_map, plant
+from probe.models.planted import plant
 from probe.planted_io import planted_config
 from probe.tasks import generator_for, sample_prompts
 
@@ -35,12 +36,40 @@ def test_planted_layers_equal_their_learner_exactly():
     out = newton.run(xs, ys)
     ref = run_learner("newton", xs, ys, iterations=range(4), alpha=(cfg.planted_scale,)).preds
     for layer in range(3, 10):
-        np.testing.assert_allclose(newton.lens(out.resid[layer][:, 0::2]).numpy(), ref[newton_layer_map(layer)].numpy(),
+        np.testing.assert_allclose(newton.lens(out.resid[layer][:, 0::2]).numpy(), ref[planted_layer_map("newton", layer)].numpy(),
                                    atol=1e-6)
     # causality: changing later examples never changes earlier predictions
     xs2 = xs.clone()
     xs2[:, 7:] += 1
     np.testing.assert_allclose(newton(xs2, ys)[:, :7].numpy(), newton(xs, ys)[:, :7].numpy())
+
+
+def test_relu_attention_newton_runs_one_iteration_per_layer():
+    """Seed 003 Thm. 1's construction: boundary l >= 2 holds Newton iteration l - 2 exactly, and the
+    attention weights it uses are ReLU scores (never negative)."""
+    xs, ys = _prompts()
+    cfg = planted_config("newton-relu", 8, 4, 12).model
+    model = plant(cfg).double()
+    out = model.run(xs, ys)
+    ref = run_learner("newton", xs, ys, iterations=range(7), alpha=(cfg.planted_scale,)).preds
+    for layer in range(9):
+        k = planted_layer_map("newton-relu", layer)
+        pred = model.lens(out.resid[layer][:, 0::2]).numpy()
+        np.testing.assert_allclose(pred, 0.0 if k is None else ref[k].numpy(), atol=1e-7, err_msg=f"layer {layer}")
+    xs2, ys2 = xs.clone(), ys.clone()
+    xs2[:, 5:] += 1
+    ys2[:, 5:] -= 2
+    np.testing.assert_allclose(model(xs2, ys2)[:, :5].numpy(), model(xs, ys)[:, :5].numpy())  # causal
+    h = torch.randn(3, 12, 14, model.layout.width, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    q, k = h @ model.q[1, 0].T, h @ model.k[1, 0].T
+    assert (model.scores(q, k) >= 0).all() and (model.scores(q, k) == 0).any()
+
+
+def test_a_relu_head_pair_with_opposite_values_computes_the_product_that_equal_values_do_not():
+    """Eq. 20/27 of seed 003 take V_1 = V_2; ReLU(a) + ReLU(-a) = |a|, so the pair needs V_2 = -V_1."""
+    a = torch.linspace(-2, 2, 9)
+    assert torch.equal(a.relu() - (-a).relu(), a)
+    assert torch.equal(a.relu() + (-a).relu(), a.abs())
 
 
 def test_report_on_planted_gd_recovers_steps(tmp_path):
@@ -65,11 +94,24 @@ def test_report_on_planted_newton_recovers_the_layer_map(tmp_path):
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     for metric in ("sime", "simw"):
         block = s["best_match"]["newton"][metric]
-        assert block["k"][3:] == [newton_layer_map(l) for l in range(3, 12)], metric
+        assert block["k"][3:] == [planted_layer_map("newton", l) for l in range(3, 12)], metric
     assert min(s["best_match"]["newton"]["simw"]["similarity"][3:]) > 0.999
     methods = (tmp_path / "r" / "index.html").read_text()
     assert "(fixed alpha)" in methods and "('spectral')" not in methods.split("Iterative Newton: M_(k+1)")[1][:80]
     assert max(s["span"]["residual"]) < 1e-5
+
+
+def test_report_on_relu_attention_newton_recovers_one_iteration_per_layer(tmp_path):
+    assert main(["planted", "--algorithm", "newton-relu", "--layers", "7", "--out", str(tmp_path / "nr")]) == 0
+    assert main(["-q", "report", str(tmp_path / "nr"), "--out", str(tmp_path / "r"), *SMALL]) == 0
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    for metric in ("sime", "simw"):
+        assert s["best_match"]["newton"][metric]["k"][2:] == list(range(6)), metric
+    assert min(s["best_match"]["newton"]["simw"]["similarity"][2:]) > 0.999
+    assert s["trend"]["newton"]["verdict"].startswith("newton: linear, about 1.0 iterations per layer")
+    html = (tmp_path / "r" / "index.html").read_text()
+    assert ("Iterative Newton with ReLU attention (seed 003 Thm. 1), 1 layer per iteration, first prediction at layer 2 "
+            "(the linear-attention construction needs 2); the SimE best matches recover this map") in html
 
 
 def test_planted_bad_input(tmp_path, capsys):
@@ -79,6 +121,8 @@ def test_planted_bad_input(tmp_path, capsys):
     assert "--layers must be an integer in 1..10000" in capsys.readouterr().err
     assert main(["planted", "--algorithm", "gd", "--layers", "3", "--step-size", "0.5", "--out", str(tmp_path / "x")]) == 2
     assert "--step-size 0.5 is unstable for d=4" in capsys.readouterr().err
+    assert main(["planted", "--algorithm", "newton-relu", "--layers", "1", "--out", str(tmp_path / "x")]) == 2
+    assert "needs at least 2 layers (initialisation, then 1 per iteration)" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
@@ -90,7 +134,7 @@ def test_shipped_planted_checkpoints_load(name):
     assert ckpt.config.model.planted == name and ckpt.format == "icl-probe"
 
 
-@pytest.mark.parametrize("algorithm,layers", [("gd", 4), ("newton", 7)])
+@pytest.mark.parametrize("algorithm,layers", [("gd", 4), ("newton", 7), ("newton-relu", 4)])
 def test_planted_models_run_through_transformer_lens(algorithm, layers):
     from probe.capture import READOUT, RESID, capture
 
@@ -100,9 +144,11 @@ def test_planted_models_run_through_transformer_lens(algorithm, layers):
     native = capture(model, p.xs, p.ys, hooks=[RESID, READOUT], backend="native")
     assert np.abs(bridged.pred - native.pred).max() < 1e-5
     assert np.abs(bridged.acts[RESID] - native.acts[RESID]).max() < 1e-5
-    pattern = bridged.acts["blocks.1.attn.hook_pattern"]  # (B, runs, heads, T, T): the linear-attention weights
-    assert pattern.shape[:3] == (6, 10, 3)
-    np.testing.assert_allclose(pattern[:, :, 2], np.broadcast_to(np.eye(pattern.shape[-1]), pattern[:, :, 2].shape))
+    pattern = bridged.acts["blocks.1.attn.hook_pattern"]  # (B, runs, heads, T, T): the planted attention weights
+    assert pattern.shape[:3] == (6, 10, model.q.shape[1] + 1)
+    np.testing.assert_allclose(pattern[:, :, -1], np.broadcast_to(np.eye(pattern.shape[-1]), pattern[:, :, -1].shape))
+    if algorithm == "newton-relu":
+        assert (pattern >= 0).all() and (pattern[:, :, :-1] == 0).any()  # ReLU scores / t
 
 
 def test_zero_predictor_baseline_flags_layers_that_predict_zero_and_not_the_gd_layers():

@@ -35,11 +35,6 @@ DEFAULT_SWEEPS = (
 )
 
 
-def sweep_from_dict(data: dict[str, Any]) -> Sweep:
-    grid = {k: tuple(v) if isinstance(v, list) else v for k, v in data.get("grid", {}).items()}
-    return Sweep(data["label"], data["learner"], grid, data.get("axis"))
-
-
 def run_sweep(sweep: Sweep, xs: torch.Tensor, ys: torch.Tensor, queries: torch.Tensor | None, device: str = "cpu") -> LearnerResult:
     return run_learner(sweep.learner, xs.to(device), ys.to(device), None if queries is None else queries.to(device),
                        **sweep.grid)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ..capture import RESID, capture
+from ..positions import X_TOKENS
 
 
 def x_states(model, xs: Tensor, ys: Tensor, device: str = "cpu", batch_size: int = 256,
@@ -101,7 +102,7 @@ def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: 
         bx, by, bq = xs[lo:lo + chunk].to(device), ys[lo:lo + chunk].to(device), queries[lo:lo + chunk].to(device)
         m = bx.shape[0]
         h = model._read_in(interleave(bx, by, model.config.encoding)) + pos  # (m, 2n, D)
-        q_tokens = interleave(bq, torch.zeros(m, q, device=device, dtype=bq.dtype), model.config.encoding)[:, 0::2]
+        q_tokens = interleave(bq, torch.zeros(m, q, device=device, dtype=bq.dtype), model.config.encoding)[:, X_TOKENS]
         hq = model._read_in(q_tokens)[:, None] + q_pos[None, :, None]  # (m, steps, Q, D)
         out[0, lo:lo + m] = hq.float().cpu().numpy()
         for layer, block in enumerate(bb.h, start=1):

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..models.base import ICLModel
+from ..positions import X_TOKENS
 from ..registry import Registry
 from . import hooks as H
 
@@ -116,7 +117,7 @@ class BridgeBackend(Backend):
         missing = wanted - set(caught)
         if missing:
             raise ConfigError(f"unknown hook '{min(missing)}'; {_examples()}")
-        acts = BatchActivations(logits[:, 0::2, 0], [caught[h] for h in H.resid_names(self.model.n_layers)] if request.resid else [])
+        acts = BatchActivations(logits[:, X_TOKENS, 0], [caught[h] for h in H.resid_names(self.model.n_layers)] if request.resid else [])
         if H.FINAL in caught:
             acts.normalized = caught[H.FINAL]
             ln_f = final_norm(self.model)

@@ -1,12 +1,13 @@
-"""Run planted linear-attention models (probe/models/planted.py) as TransformerLens bridges.
+"""Run planted models (probe/models/planted.py) as TransformerLens bridges.
 
-TransformerLens has softmax attention only, so the bridge is an attention-only, LayerNorm-free,
-bidirectional TransformerBridge whose attention patterns are replaced, through its own
-`hook_pattern` hooks, by the planted linear-attention weights <K h_i, Q h_j> (scaled by 1/t
-where the construction says so), computed from the layer input caught at `hook_resid_pre`.
-A third head with an identity pattern carries the skip map. Values and output projections are
-ordinary bridge weights, so every TransformerLens hook name is available. Each prefix run is one
-bridge sequence (batch = prompts x prefixes), exactly as PlantedICL.run lays them out.
+TransformerLens has softmax attention only, so the bridge is a LayerNorm-free, bidirectional
+TransformerBridge whose attention patterns are replaced, through its own `hook_pattern` hooks, by
+the planted weights: linear <K h_i, Q h_j>, or ReLU(<K h_i, Q h_j>) for the ReLU-attention
+construction (scaled by 1/t where the construction says so), computed from the layer input caught
+at `hook_resid_pre`. One more head with an identity pattern carries the skip map. Values, output
+projections and the ReLU MLP (ReLU construction only; attention-only otherwise) are ordinary
+bridge weights, so every TransformerLens hook name is available. Each prefix run is one bridge
+sequence (batch = prompts x prefixes), exactly as PlantedICL.run lays them out.
 """
 
 from __future__ import annotations
@@ -19,26 +20,29 @@ from torch import Tensor
 
 from ..models.base import ModelOutput
 from ..models.planted import PlantedICL
+from ..positions import X_TOKENS
 from . import hooks as H
-
-SKIP_HEAD = 2
 
 
 def planted_bridge(model: PlantedICL, n_tokens: int, device: str = "cpu"):
     from transformer_lens import TransformerBridge, TransformerBridgeConfig
 
-    w, layers = model.layout.width, model.config.n_layer
-    cfg = TransformerBridgeConfig(n_layers=layers, d_model=w, n_heads=3, d_head=w, d_mlp=1, n_ctx=n_tokens,
-                                  act_fn="relu", normalization_type=None, positional_embedding_type="standard",
-                                  d_vocab=1, d_vocab_out=1, seed=0, attn_only=True, attention_dir="bidirectional",
+    w, layers, heads = model.layout.width, model.config.n_layer, model.q.shape[1]
+    cfg = TransformerBridgeConfig(n_layers=layers, d_model=w, n_heads=heads + 1, d_head=w, d_mlp=max(model.d_mlp, 1),
+                                  n_ctx=n_tokens, act_fn="relu", normalization_type=None,
+                                  positional_embedding_type="standard", d_vocab=1, d_vocab_out=1, seed=0,
+                                  attn_only=not model.d_mlp, attention_dir="bidirectional",
                                   model_name="icl-probe-planted")
     bridge = TransformerBridge.boot_native(cfg, device=device)
     sd = {k: torch.zeros_like(v) for k, v in bridge.state_dict().items()}
     eye = torch.eye(w)
     for l in range(layers):
-        values = [model.v[l, 0], model.v[l, 1], model.skip[l]]  # the skip map rides on an identity-pattern head
-        sd[f"blocks.{l}.attn.v.weight"] = torch.cat([v.float() for v in values], dim=0)  # (3W, W)
-        sd[f"blocks.{l}.attn.o.weight"] = torch.cat([eye, eye, eye], dim=1)  # sum of the heads
+        values = [*model.v[l], model.skip[l]]  # the skip map rides on an identity-pattern last head
+        sd[f"blocks.{l}.attn.v.weight"] = torch.cat([v.float() for v in values], dim=0)  # ((heads + 1) W, W)
+        sd[f"blocks.{l}.attn.o.weight"] = torch.cat([eye] * (heads + 1), dim=1)  # sum of the heads
+        if model.d_mlp:
+            sd[f"blocks.{l}.mlp.in.weight"] = model.mlp_in[l].float()
+            sd[f"blocks.{l}.mlp.out.weight"] = model.mlp_out[l].float()
     sd["unembed.weight"] = model.read.detach().float().view(1, w)
     bridge.load_state_dict(sd, strict=True)
     return bridge.eval()
@@ -84,14 +88,14 @@ def run_through_bridge(model: PlantedICL, xs: Tensor, ys: Tensor, extra_hooks: d
     def keep_output(value: Tensor, hook, layer: int) -> None:
         states[layer] = value
 
-    def linear_pattern(pattern: Tensor, hook, layer: int) -> Tensor:
+    def planted_pattern(pattern: Tensor, hook, layer: int) -> Tensor:
         h = layer_in[layer]
         out = torch.zeros_like(pattern)
-        for head in range(2):
+        for head in range(model.q.shape[1]):
             q, k = h @ model.q[layer, head].float().T, h @ model.k[layer, head].float().T
-            scores = q @ k.transpose(-1, -2)  # [j, i] = <K h_i, Q h_j>
+            scores = model.scores(q, k)  # [j, i] = sigma(<K h_i, Q h_j>)
             out[:, head] = scores * (scale.view(-1, 1, 1) if model.per_example[layer, head] else 1.0)
-        out[:, SKIP_HEAD] = torch.eye(pattern.shape[-1], device=pattern.device)
+        out[:, -1] = torch.eye(pattern.shape[-1], device=pattern.device)  # the skip head
         return out
 
     def keep_named(value: Tensor, hook, name: str) -> None:
@@ -100,7 +104,7 @@ def run_through_bridge(model: PlantedICL, xs: Tensor, ys: Tensor, extra_hooks: d
     hooks = list(fwd_hooks or [])
     for l in range(model.config.n_layer):
         hooks += [(H.resid_pre(l), partial(keep_input, layer=l)),
-                  (H.attn_pattern(l), partial(linear_pattern, layer=l)),
+                  (H.attn_pattern(l), partial(planted_pattern, layer=l)),
                   (H.resid_post(l), partial(keep_output, layer=l))]
     for name in extra_hooks or {}:
         hooks.append((name, partial(keep_named, name=name)))
@@ -112,5 +116,5 @@ def run_through_bridge(model: PlantedICL, xs: Tensor, ys: Tensor, extra_hooks: d
         return ModelOutput(pred=pred, resid=[], final=final), {k: v.reshape(b, 1, *v.shape[1:]) for k, v in caught.items()}
     runs = [seq] + [states[l] for l in range(model.config.n_layer)]
     resid = [model.interleave_runs(r.view(b, n, *r.shape[1:])) for r in runs]
-    out = ModelOutput(pred=model.readout(resid[-1][:, 0::2]), resid=resid, final=resid[-1])
+    out = ModelOutput(pred=model.readout(resid[-1][:, X_TOKENS]), resid=resid, final=resid[-1])
     return out, {k: v.reshape(b, n, *v.shape[1:]) for k, v in caught.items()}

@@ -1,28 +1,31 @@
 """Write a transformer whose weights implement a known learner (ground truth for the analyses):
-each layer one step of gradient descent (von Oswald et al. 2023), or Iterative Newton with two
-layers per iteration (seed 003 Thm. 1 style). The result is an icl-probe checkpoint.
+each layer one step of gradient descent (von Oswald et al. 2023), Iterative Newton with linear
+attention and two layers per iteration (`newton`), or seed 003 Thm. 1's ReLU-attention
+construction with one layer per iteration (`newton-relu`). The result is an icl-probe checkpoint.
 
 examples:
   icl-probe planted --algorithm gd --layers 6 --out checkpoints/planted/gd
   icl-probe report checkpoints/planted/gd
   icl-probe planted --algorithm newton --layers 13 --dims 4 --points 16 --out /tmp/newton
+  icl-probe planted --algorithm newton-relu --layers 8 --out /tmp/newton-relu
 """
 
 from __future__ import annotations
 
 import argparse
 
+from ..config import PLANTED_ALGORITHMS as ALGORITHMS
 from .common import add_out, positive_int, writing
 
-ALGORITHMS = ("gd", "newton")
 MAX_LAYERS = 10_000  # a planted model is analysed layer by layer; deeper ones are never useful
 MAX_DIMS = 1024
 MAX_POINTS = 4096
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--algorithm", required=True, help="gd or newton")
-    p.add_argument("--layers", type=int, required=True, help="number of layers (newton: 3 + 2 per iteration)")
+    p.add_argument("--algorithm", required=True, help="gd, newton or newton-relu")
+    p.add_argument("--layers", type=int, required=True,
+                   help="number of layers (newton: 3 + 2 per iteration; newton-relu: 2 + 1 per iteration)")
     p.add_argument("--step-size", type=float, default=None, help="GD step eta, paper convention (default 1/(1+sqrt d)^2)")
     p.add_argument("--alpha", type=float, default=None, help="Newton's fixed M_0 = alpha S/t (default 1/(2(1+sqrt d)^2)^2)")
     p.add_argument("--dims", type=positive_int, default=4, help="d (default 4)")

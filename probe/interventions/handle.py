@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..positions import X_TOKENS
 
 _TRANSFORMER_BRIDGE: type | None = None
 
@@ -55,7 +56,7 @@ def _bridge_class() -> type:
             @staticmethod
             def predictions(logits: Tensor) -> Tensor:
                 """Predictions (B, n) from the bridge's logits (B, 2n, 1): read at the x tokens."""
-                return logits[:, 0::2, 0]
+                return logits[:, X_TOKENS, 0]
 
         _TRANSFORMER_BRIDGE = ICLBridge
     return _TRANSFORMER_BRIDGE

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..capture import hooks as H
 from ..errors import ConfigError
+from ..positions import X_TOKENS, Y_TOKENS, prefix_mask
 
 Hook = tuple[str, Callable]
 
@@ -103,8 +104,8 @@ class PlantedRunner(Runner):
     def __init__(self, model, device: str):
         self.model = model.to(device)
         self.n_layers = model.n_layers
-        self.heads = [0, 1]  # head 2 of the bridge carries the skip map (probe/capture/planted_bridge.py)
-        self.has_mlp = False
+        self.heads = list(range(model.q.shape[1]))  # the bridge's last head carries the skip map (planted_bridge.py)
+        self.has_mlp = bool(model.d_mlp)
         self.device = device
 
     @torch.no_grad()
@@ -117,15 +118,14 @@ class PlantedRunner(Runner):
         return preds if query is None else preds[:, 0]
 
     def _runs(self, n: int) -> int:
-        return n + (self.model.n_dims if self.model.config.planted == "newton" else 0) + 1
+        return n + self.model.n_extra_tokens + 1
 
     def stream_mask(self, token_mask: Tensor, n_prompts: int, query: int | None = None) -> Tensor:
         k, two_n = token_mask.shape
         n = two_n // 2
         per_run = torch.zeros(k, n, self._runs(n), dtype=torch.bool)
-        per_run[:, :, -1] = token_mask[:, 0::2]  # x token i is the query of run i
-        later = torch.arange(n).view(n, 1) > torch.arange(n).view(1, n)  # [run r, slot i]: example i is in run r
-        per_run[:, :, :n] = token_mask[:, 1::2].unsqueeze(1) & later
+        per_run[:, :, -1] = token_mask[:, X_TOKENS]  # x token i is the query of run i
+        per_run[:, :, :n] = token_mask[:, Y_TOKENS].unsqueeze(1) & prefix_mask(n)  # example i is in run r > i
         if query is not None:
             per_run, n = per_run[:, query : query + 1], 1
         return per_run.repeat_interleave(n_prompts, dim=0).reshape(k * n_prompts * n, -1, 1).to(self.device)

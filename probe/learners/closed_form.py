@@ -17,14 +17,14 @@ def least_squares_weights(xs: Tensor, ys: Tensor, rtol: float = 1e-10) -> Tensor
     return (torch.linalg.pinv(s, hermitian=True, rtol=rtol) @ b.unsqueeze(-1)).squeeze(-1)
 
 
-@register("least_squares", defaults={})
+@register("least_squares")
 def least_squares(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> LearnerResult:
     """OLS with the pseudo-inverse: the minimum-norm interpolant while t < d."""
     xs, ys, queries = as_float64(xs, ys, queries)
     return linear_result("least_squares", [{}], least_squares_weights(xs, ys)[None], xs, queries)
 
 
-@register("ridge", defaults={"lam": (0.01, 0.1, 1.0)})
+@register("ridge")
 def ridge(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, lam: Sequence[float] = (0.01, 0.1, 1.0)) -> LearnerResult:
     """w_t = (S_t + lambda I)^{-1} X_t^T y_t, minimising ||y - X w||^2 + lambda ||w||^2.
 

@@ -36,7 +36,7 @@ def _from_eigen(v: Tensor, coef: Tensor) -> Tensor:
     return torch.einsum("bnij,kbnj->kbni", v, coef)
 
 
-@register("gd", defaults={"eta": ("auto",), "steps": LOG_STEPS, "convention": ("paper",)})
+@register("gd")
 def gd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[float | str] = ("auto",),
        steps: Sequence[int] = LOG_STEPS, convention: Sequence[str] = ("paper",)) -> LearnerResult:
     """Gradient descent from w_0 = 0 on L(w) = ||y - X w||^2 / (2t) (seed 003 eq. 4, 6).
@@ -100,7 +100,7 @@ def newton_alpha(lam: Tensor, rule: str | float) -> Tensor:
     return torch.where(norm > 0, factor / norm.clamp_min(1e-300), torch.zeros_like(norm))
 
 
-@register("newton", defaults={"iterations": NEWTON_ITERATIONS, "alpha": ("spectral",)})
+@register("newton")
 def newton(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, iterations: Sequence[int] = NEWTON_ITERATIONS,
            alpha: Sequence[str] = ("spectral",)) -> LearnerResult:
     """Iterative Newton (Newton-Schulz) for S^+ (seed 003 eq. 8):

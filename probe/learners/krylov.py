@@ -68,7 +68,7 @@ def _collect(iterations: Sequence[int], name: str) -> list[int]:
     return its
 
 
-@register("cg", defaults={"iterations": KRYLOV_ITERATIONS, "line_search": "exact"})
+@register("cg")
 def cg(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
        iterations: Sequence[int] = KRYLOV_ITERATIONS, line_search: str = "exact") -> LearnerResult:
     """Conjugate gradient on S w = X^T y from w_0 = 0 (Hestenes-Stiefel; with line_search="wolfe",
@@ -98,7 +98,7 @@ def cg(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
     return linear_result("cg", [{"iterations": k} for k in its], torch.stack([snaps[k] for k in its]), xs, queries)
 
 
-@register("bfgs", defaults={"iterations": KRYLOV_ITERATIONS, "line_search": "exact"})
+@register("bfgs")
 def bfgs(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
          iterations: Sequence[int] = KRYLOV_ITERATIONS, line_search: str = "exact") -> LearnerResult:
     """BFGS with H_0 = I: p = -H g, w += a p, then H <- (I - rho s y^T) H (I - rho y s^T) + rho s s^T
@@ -131,7 +131,7 @@ def bfgs(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
     return linear_result("bfgs", [{"iterations": k} for k in its], torch.stack([snaps[k] for k in its]), xs, queries)
 
 
-@register("lbfgs", defaults={"iterations": KRYLOV_ITERATIONS, "memory": 3, "line_search": "exact"})
+@register("lbfgs")
 def lbfgs(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
           iterations: Sequence[int] = KRYLOV_ITERATIONS, memory: int = 3, line_search: str = "exact") -> LearnerResult:
     """L-BFGS (two-loop recursion, the last `memory` pairs): H_0 = I with exact line search, or

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..positions import prefix_mask
 from .base import LearnerResult, as_float64
 from .registry import register
 
@@ -49,7 +50,7 @@ def network_forward(params: Sequence[Tensor], x: Tensor) -> Tensor:
     return h.squeeze(-1)
 
 
-@register("relu_gd", defaults={"steps": NETWORK_STEPS, "lr": 0.01, "depth": 3, "width": 32, "optimizer": "adam", "seed": 0})
+@register("relu_gd")
 def relu_gd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, steps: Sequence[int] = NETWORK_STEPS, lr: float = 0.01,
             depth: int = 3, width: int = 32, optimizer: str = "adam", seed: int = 0) -> LearnerResult:
     """An N-layer ReLU network trained on the first t examples for k full-batch steps of
@@ -63,7 +64,7 @@ def relu_gd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, steps: Seq
     b, n, d = xs.shape
     params = [p.to(xs.device).requires_grad_() for p in init_networks((b, n), layer_sizes(d, depth, width), seed)]
     opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(params, lr=lr)
-    seen = (torch.arange(n, device=xs.device).view(1, n) < torch.arange(n, device=xs.device).view(n, 1)).to(xs.dtype)  # (t, i)
+    seen = prefix_mask(n, xs.device).to(xs.dtype)  # (t, i)
     counts = seen.sum(-1).clamp_min(1)  # examples per prefix
     data = xs.unsqueeze(1).expand(b, n, n, d)  # network (b, t) evaluated on all of prompt b's points
 

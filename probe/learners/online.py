@@ -11,7 +11,7 @@ from .base import LearnerResult, as_float64, linear_result
 from .registry import register
 
 
-@register("ogd", defaults={"eta": ("normalized",)})
+@register("ogd")
 def ogd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
         eta: Sequence[float | str] = ("normalized",)) -> LearnerResult:
     """Online gradient descent (seed 003 eq. 7): w_{k+1} = w_k - eta_k (w_k.x_k - y_k) x_k, w_0 = 0.
@@ -39,7 +39,7 @@ def ogd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
     return linear_result("ogd", grid, torch.stack(weights), xs, queries)
 
 
-@register("online_least_squares", defaults={"lam": (1e-4,)})
+@register("online_least_squares")
 def online_least_squares(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
                          lam: Sequence[float] = (1e-4,)) -> LearnerResult:
     """Recursive least squares by Sherman-Morrison updates (seed 002 §3.3).

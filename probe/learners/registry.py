@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +24,17 @@ class LearnerSpec:
 LEARNERS: Registry[LearnerSpec] = Registry("learner")
 
 
-def register(name: str, defaults: dict[str, Any]):
+def signature_defaults(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The keyword-only hyper-parameters of a learner and their defaults: the one place they are written."""
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def register(name: str):
+    """Register a learner `fn(xs, ys, queries=None, *, <grid>)`; its grid defaults come from its signature."""
+
     def decorator(fn):
-        LEARNERS.register(name)(LearnerSpec(name, fn, defaults))
+        LEARNERS.register(name)(LearnerSpec(name, fn, signature_defaults(fn)))
         return fn
 
     return decorator

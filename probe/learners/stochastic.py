@@ -67,7 +67,7 @@ def _run_minibatch(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None, et
     return linear_result(name, grid, torch.stack(weights), xs, queries)
 
 
-@register("sgd", defaults={"eta": (0.01, 0.03, 0.1), "batch_size": (1, 4), "steps": STOCHASTIC_STEPS, "seed": 0})
+@register("sgd")
 def sgd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[float] = (0.01, 0.03, 0.1),
         batch_size: Sequence[int] = (1, 4), steps: Sequence[int] = STOCHASTIC_STEPS, seed: int = 0) -> LearnerResult:
     """Minibatch SGD (seed 000 eq. 9): w <- w - eta * mean over the batch of (w.x - y) x, from w = 0."""
@@ -78,8 +78,7 @@ def sgd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[
     return _run_minibatch("sgd", xs, ys, queries, eta, batch_size, steps, seed, update)
 
 
-@register("adam", defaults={"eta": (0.01, 0.03, 0.1), "batch_size": (4,), "steps": STOCHASTIC_STEPS, "seed": 0,
-                            "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "eps_placement": "paper"})
+@register("adam")
 def adam(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[float] = (0.01, 0.03, 0.1),
          batch_size: Sequence[int] = (4,), steps: Sequence[int] = STOCHASTIC_STEPS, seed: int = 0,
          beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, eps_placement: str = "paper") -> LearnerResult:

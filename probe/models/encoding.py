@@ -23,8 +23,3 @@ def interleave(xs: Tensor, ys: Tensor, encoding: str = "garg") -> Tensor:
     else:
         raise ValueError(f"unknown encoding {encoding!r}")
     return torch.stack([x_tok, y_tok], dim=2).reshape(b, 2 * n, x_tok.shape[-1])  # (B, 2n, width)
-
-
-def x_positions(n_points: int) -> slice:
-    """Token positions of x_1..x_n, where predictions are read."""
-    return slice(0, 2 * n_points, 2)

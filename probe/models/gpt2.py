@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..positions import x_positions
 from .base import ModelOutput, ReadInOutModel
-from .encoding import interleave, x_positions
+from .encoding import interleave
 
 LN_EPS = 1e-5
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..positions import x_positions
 from .base import ModelOutput, ReadInOutModel
-from .encoding import interleave, x_positions
+from .encoding import interleave
 
 
 class LSTMICL(ReadInOutModel, nn.Module):

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..positions import X_TOKENS
 from .base import ModelOutput
 
 
@@ -45,11 +46,11 @@ class LearnerOracle(nn.Module):
         resid = []
         for k in ks:
             h = torch.zeros(b, 2 * n, self.d_model)
-            h[:, 0::2, 0] = result.preds[by_k[k]].float()
+            h[:, X_TOKENS, 0] = result.preds[by_k[k]].float()
             if self.noise:
                 h[:, :, 1:] = self.noise * torch.randn(b, 2 * n, self.d_model - 1, generator=g)
             resid.append(h)
-        return ModelOutput(pred=resid[-1][:, 0::2, 0], resid=resid, final=resid[-1])
+        return ModelOutput(pred=resid[-1][:, X_TOKENS, 0], resid=resid, final=resid[-1])
 
     def forward(self, xs: Tensor, ys: Tensor) -> Tensor:
         return self.run(xs, ys).pred

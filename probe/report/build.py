@@ -135,7 +135,7 @@ def adapt_recipe(ckpt: LoadedCheckpoint, recipe: Recipe) -> Recipe:
         if sweep.learner == "gd" and m.planted == "gd":
             sweep.grid = {**sweep.grid, "eta": [m.planted_scale], "convention": ["paper"],
                           "steps": sorted(set(sweep.grid.get("steps", [])) | set(range(m.n_layer + 1)))}
-        if sweep.learner == "newton" and m.planted == "newton":
+        if sweep.learner == "newton" and m.planted in ("newton", "newton-relu"):
             sweep.grid = {**sweep.grid, "alpha": [m.planted_scale]}
     return recipe
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..config import PLANTED_SCHEDULE, planted_layer_map
+
 LABELS = {"ogd": "online GD", "gd_log": "GD (log grid)", "gd_linear": "GD (linear grid)", "gd": "GD",
           "newton": "Iterative Newton", "least_squares": "least squares", "knn": "k-NN", "sgd": "SGD",
           "adam": "Adam", "cg": "conjugate gradient", "bfgs": "BFGS", "lbfgs": "L-BFGS", "ridge": "ridge",
@@ -90,6 +92,32 @@ def _span(summary: dict, d: int) -> str | None:
             + f" at t = 1..{d - 1}, against " + ", ".join(f"{n:.2f}" for *_, n in pairs) + " for a random vector.")
 
 
+CONSTRUCTIONS = {"gd": ("GD with linear attention (von Oswald et al.)", "step"),
+                 "newton": ("Iterative Newton with linear attention", "iteration"),
+                 "newton-relu": ("Iterative Newton with ReLU attention (seed 003 Thm. 1)", "iteration")}
+
+
+def _construction(summary: dict) -> str | None:
+    """For a planted model: its documented layer schedule, and whether the SimE matches recover it."""
+    algorithm = summary["checkpoint"]["model"].get("planted")
+    if summary["checkpoint"]["model"].get("family") != "planted" or algorithm not in PLANTED_SCHEDULE:
+        return None
+    name, unit = CONSTRUCTIONS[algorithm]
+    first, per_step = PLANTED_SCHEDULE[algorithm]
+    text = (f"Planted construction: {name}, {per_step} layer{'s' if per_step > 1 else ''} per {unit}, "
+            f"first prediction at layer {first}")
+    if algorithm != "gd":
+        other = "newton" if algorithm == "newton-relu" else "newton-relu"
+        text += f" (the {'linear' if other == 'newton' else 'ReLU'}-attention construction needs {PLANTED_SCHEDULE[other][1]})"
+    block = summary.get("best_match", {}).get("gd" if algorithm == "gd" else "newton", {}).get("sime", {})
+    pairs = [(l, k) for l, k in zip(block.get("layer", []), block.get("k", [])) if l >= first]
+    if pairs:
+        wrong = [l for l, k in pairs if k != planted_layer_map(algorithm, l)]
+        text += ("; the SimE best matches recover this map at every predicting layer" if not wrong
+                 else f"; the SimE best matches differ from it at {_layers(wrong)}")
+    return text + "."
+
+
 def caveats(summary: dict) -> list[str]:
     out = []
     nulls = summary.get("nulls", {})
@@ -127,7 +155,8 @@ def caveats(summary: dict) -> list[str]:
 def findings(summary: dict) -> tuple[list[str], list[str]]:
     """(findings, caveats): short sentences for the top of the report."""
     d = summary["checkpoint"]["task"]["n_dims"]
-    items = [_icl(summary, d), *_verdicts(summary), _table1(summary), _probes(summary), _span(summary, d)]
+    items = [_construction(summary), _icl(summary, d), *_verdicts(summary), _table1(summary), _probes(summary),
+             _span(summary, d)]
     items += [f"Causal check: {v}." for v in summary.get("interventions", {}).get("verdicts", [])]
     return [i for i in items if i], caveats(summary)
 
