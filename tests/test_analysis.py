@@ -151,6 +151,12 @@ def test_cached_query_states_equal_one_sequence_per_query(which, tmp_path):
     assert fast.shape == slow.shape
     np.testing.assert_allclose(fast, slow, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(cached_query_states(model, xs, ys, queries, start=2), slow[:, :, 2:], atol=1e-5, rtol=1e-5)
+    # with a read-out, both paths return its predictions layer by layer instead of the states
+    coef = np.random.default_rng(0).normal(size=(slow.shape[0], slow.shape[-1]))
+    readout = lambda layer, states: states.astype(np.float64) @ coef[layer] + layer
+    expected = np.einsum("lbsqd,ld->lbsq", slow.astype(np.float64), coef) + np.arange(slow.shape[0]).reshape(-1, 1, 1, 1)
+    for path in (sequence_query_states, cached_query_states):
+        np.testing.assert_allclose(path(model, xs, ys, queries, readout=readout), expected, atol=1e-4)
 
 
 def test_readout_and_probe_are_scikit_learn_estimators():

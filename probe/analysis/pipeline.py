@@ -80,6 +80,9 @@ class ModelLens:
         device = next(iter(self.model.parameters()), torch.empty(0)).device
         return self.model.lens(s.to(device)).double().cpu().numpy()
 
+    def predict_layer(self, layer: int, states: np.ndarray) -> np.ndarray:
+        return self.predict(states)  # the same read-out at every layer
+
 
 @dataclass
 class LayerAnalysis:
@@ -147,8 +150,8 @@ def induced_layer_weights(model, task: TaskConfig, settings: LayerSettings, read
     m = settings.n_simw
     sub = type(ev)(ev.xs[:m], ev.ys[:m], None if ev.w is None else ev.w[:m], {k: v[:m] for k, v in ev.params.items()})
     queries = fresh_queries(task, sub, settings.n_queries or 4 * task.n_dims, settings.seed)
-    q_states = query_states(model, sub.xs, sub.ys, queries, settings.device, 4 * settings.batch_size, progress)
-    q_preds = readouts.predict(q_states)  # (L+1, m, n, Q)
+    q_preds = query_states(model, sub.xs, sub.ys, queries, settings.device, 4 * settings.batch_size, progress,
+                           readout=readouts.predict_layer)  # (L+1, m, n, Q)
     return induced_weights(torch.as_tensor(q_preds), queries).numpy(), queries
 
 

@@ -18,7 +18,7 @@ Every (layer, prefix, target) probe trains at once: parameters carry a leading p
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,11 +78,10 @@ class ProbeGrid(nn.Module):
         shared by the layer's M probes -> predictions (G, N, d)."""
         alpha = self.attention(mask).view(self.n_layers, self.n_per_layer, -1)
         if layout == "lpnd":
-            n_layers, n_pos, n, width = states.shape
+            _, n_pos, n, width = states.shape
             # probes that read only the first P' positions pool over those alone (one bmm per group)
             groups = self.groups or [(slice(0, self.n_per_layer), n_pos)]
-            pooled = [torch.bmm(alpha[:, rows, :used], states[:, :used].reshape(n_layers, used, n * width))
-                      for rows, used in groups]
+            pooled = [torch.bmm(alpha[:, rows, :used], states[:, :used].flatten(2)) for rows, used in groups]
             v = torch.cat(pooled, dim=1).view(-1, n, width)  # (G, N, D)
         else:
             v = torch.einsum("lmp,lnpd->lmnd", alpha, states).flatten(0, 1)  # (G, N, D), no per-probe copies
@@ -120,24 +119,37 @@ def _predict(grid: ProbeGrid, states_by_position: Tensor, mask: Tensor, shape: t
         return grid(states_by_position, mask, layout="lpnd").view(n_layers, m, -1, d)
 
 
-def _train_until_stable(grid: ProbeGrid, by_prompt: Tensor, y_fit: Tensor, val_states: Tensor, y_val: Tensor,
+def _minibatches(n: int, batch_size: int, seed: int) -> Iterator[slice]:
+    """Endless minibatches of prompts as contiguous blocks [i, i + B): every epoch visits the blocks
+    in a fresh random order. Prompts are i.i.d. draws, so fixed blocks are random minibatches, and
+    a block of the by-position layout (L, P, N, D) is a view that bmm reads in place (no gather)."""
+    b = min(batch_size, n)
+    starts = torch.arange(0, n - b + 1, b)
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        for i in starts[torch.randperm(len(starts), generator=g)].tolist():
+            yield slice(i, i + b)
+
+
+def _train_until_stable(grid: ProbeGrid, fit_states: Tensor, y_fit: Tensor, val_states: Tensor, y_val: Tensor,
                         mask: Tensor, *, steps: int, lr: float, batch_size: int, eval_every: int, patience: int,
                         seed: int) -> tuple[Tensor, Tensor, Tensor]:
     """Adam on minibatches of prompts; every `eval_every` steps each probe's validation R^2 is
     computed and its parameters kept when they improve it by more than 1e-4. A probe has
     converged once `patience` evaluations in a row bring no improvement; training stops when all
     have, or at `steps`. The grid ends with every probe's best parameters.
-    Returns (best validation R^2, step of the best, converged), each (L+1, M)."""
+    States are by position, (L+1, P, N, D). Returns (best validation R^2, step of the best,
+    converged), each (L+1, M)."""
     n_layers, m, d = grid.n_layers, y_fit.shape[0], y_fit.shape[-1]
     opt = torch.optim.Adam(grid.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed)
+    batches = _minibatches(fit_states.shape[2], batch_size, seed)
     best = torch.full((n_layers * m,), -math.inf)
     best_step, stale = torch.zeros(n_layers * m, dtype=torch.long), torch.zeros(n_layers * m, dtype=torch.long)
     kept = [p.detach().clone() for p in grid.parameters()]
     for step in range(1, steps + 1):
-        idx = torch.randint(0, by_prompt.shape[0], (min(batch_size, by_prompt.shape[0]),), generator=g).to(by_prompt.device)
-        pred = grid(by_prompt[idx].permute(1, 2, 0, 3).contiguous(), mask, layout="lpnd").view(n_layers, m, len(idx), d)
-        loss = ((pred - y_fit[:, idx]) ** 2).mean(dim=(2, 3)).sum()  # independent probes
+        rows = next(batches)
+        pred = grid(fit_states[:, :, rows], mask, layout="lpnd").view(n_layers, m, -1, d)
+        loss = ((pred - y_fit[:, rows]) ** 2).mean(dim=(2, 3)).sum()  # independent probes
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -161,16 +173,16 @@ def _train_until_stable(grid: ProbeGrid, by_prompt: Tensor, y_fit: Tensor, val_s
 def _fit_once(states: tuple[Tensor, Tensor, Tensor], targets: tuple[Tensor, Tensor], combos, kind: str,
               lr: float, hidden: int, opts: dict) -> _Fit:
     """Train one grid (one learning rate and width) with early stopping; predict the test prompts."""
-    by_prompt, val_by_position, test_by_position = states
+    fit_states, val_states, test_states = states
     y_fit, y_val = targets
-    n_layers, n_pos, _, width = test_by_position.shape
+    n_layers, n_pos, _, width = test_states.shape
     m, d = len(combos), y_fit.shape[-1]
     prefixes = torch.tensor([t for t, _ in combos]).repeat(n_layers)  # (G,)
-    mask = (torch.arange(n_pos).view(1, -1) < (2 * prefixes).view(-1, 1)).to(by_prompt.device)
-    grid = ProbeGrid(n_layers, m, n_pos, width, d, kind, hidden=hidden, seed=opts["seed"]).to(by_prompt.device)
+    mask = (torch.arange(n_pos).view(1, -1) < (2 * prefixes).view(-1, 1)).to(fit_states.device)
+    grid = ProbeGrid(n_layers, m, n_pos, width, d, kind, hidden=hidden, seed=opts["seed"]).to(fit_states.device)
     grid.groups = _prefix_groups([t for t, _ in combos])
-    val_r2, steps, converged = _train_until_stable(grid, by_prompt, y_fit, val_by_position, y_val, mask, lr=lr, **opts)
-    pred = _predict(grid, test_by_position, mask, (n_layers, m, d)).cpu().double()
+    val_r2, steps, converged = _train_until_stable(grid, fit_states, y_fit, val_states, y_val, mask, lr=lr, **opts)
+    pred = _predict(grid, test_states, mask, (n_layers, m, d)).cpu().double()
     alpha = grid.attention(mask).detach().cpu().view(n_layers, m, -1)
     return _Fit(val_r2, steps, converged, pred, alpha)
 
@@ -200,14 +212,13 @@ def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_stat
     norm = lambda k, v: (v - stats[k][0]) / stats[k][1]
     y_train = torch.stack([norm(tg, train_targets[tg])[:, t] for t, tg in combos]).float()  # (M, N, d)
     y_test = torch.stack([norm(tg, test_targets[tg])[:, t] for t, tg in combos]).float()
-    # (N, L+1, P, D): a minibatch gathers whole prompts (contiguous blocks, fast at paper scale)
-    by_prompt = train_states[:, fit_part].float().transpose(0, 1).contiguous().to(device)
-    val_by_position = train_states[:, n_train - n_val:].float().transpose(1, 2).contiguous().to(device)
-    test_by_position = test_states.float().transpose(1, 2).contiguous().to(device)
+    # by position (L+1, P, N, D): a minibatch is a block of prompts, read in place (see _minibatches)
+    by_position = lambda s: s.float().transpose(1, 2).contiguous().to(device)
+    fit_states, val_states = by_position(train_states[:, fit_part]), by_position(train_states[:, n_train - n_val:])
     opts = {"steps": steps, "batch_size": batch_size, "eval_every": eval_every, "patience": patience, "seed": seed}
     configs = [(float(r), int(h)) for r in np.atleast_1d(lr) for h in (np.atleast_1d(hidden) if kind == "mlp" else [0])]
     targets = (y_train[:, fit_part].to(device), y_train[:, n_train - n_val:].to(device))
-    fits = [_fit_once((by_prompt, val_by_position, test_by_position), targets, combos, kind, r, h or 128, opts)
+    fits = [_fit_once((fit_states, val_states, by_position(test_states)), targets, combos, kind, r, h or 128, opts)
             for r, h in configs]
     choice = torch.stack([f.val_r2 for f in fits]).argmax(0)  # (L+1, M): best configuration per probe
     return _probe_rows(fits, configs, choice, y_test.double().unsqueeze(0), combos, kind, n_pos)
@@ -374,9 +385,13 @@ def probe_study(model, task, settings: ProbeSettings, control_model=None, progre
     fit: dict[str, Any] = {"steps": settings.steps, "lr": settings.lr, "hidden": settings.hidden,
                            "patience": settings.patience, "eval_every": settings.eval_every, "seed": settings.seed,
                            "device": settings.device}
+    streams = lambda m, p: torch.as_tensor(np.asarray(capture(m, p.xs, p.ys, hooks=[RESID], device=settings.device).acts[RESID]))
+    states: dict[str, tuple[Tensor, Tensor]] = {}  # control -> (train, test) residual streams, captured once
     for control, m, kind in tqdm(jobs, desc="probes", disable=not progress, leave=False):
-        states_train = torch.as_tensor(np.asarray(capture(m, train.xs, train.ys, hooks=[RESID], device=settings.device).acts[RESID]))
-        states_test = torch.as_tensor(np.asarray(capture(m, test.xs, test.ys, hooks=[RESID], device=settings.device).acts[RESID]))
+        if control not in states:
+            states.clear()  # one model's streams at a time
+            states[control] = (streams(m, train), streams(m, test))
+        states_train, states_test = states[control]
         frame = fit_probes(states_train, targets_train, states_test, targets_test, combos, kind, **fit)
         frames.append(frame.assign(control=control))
         if control == "none" and settings.controls:

@@ -75,11 +75,12 @@ class LayerReadouts:
     val_error: np.ndarray  # (A, L+1) validation MSE of every penalty
 
     def predict(self, states: np.ndarray) -> np.ndarray:
-        """states (L+1, ..., D) -> predictions (L+1, ...)."""
-        s = torch.as_tensor(np.asarray(states), dtype=torch.float64)
-        coef = torch.as_tensor(self.coef).view(s.shape[0], *([1] * (s.ndim - 2)), -1)
-        out = (s * coef).sum(-1) + torch.as_tensor(self.intercept).view(s.shape[0], *([1] * (s.ndim - 2)))
-        return out.numpy()
+        """states (L+1, ..., D) -> predictions (L+1, ...), one layer at a time (in float64)."""
+        return np.stack([self.predict_layer(layer, s) for layer, s in enumerate(np.asarray(states))])
+
+    def predict_layer(self, layer: int, states: np.ndarray) -> np.ndarray:
+        """Layer `layer`'s read-out of states (..., D)."""
+        return np.asarray(states, dtype=np.float64) @ self.coef[layer] + self.intercept[layer]
 
 
 def fit_layer_readouts(train_states: np.ndarray, train_ys: np.ndarray, val_states: np.ndarray, val_ys: np.ndarray,

@@ -8,6 +8,7 @@ retrained read-out (probe.analysis.readout).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -15,6 +16,8 @@ from torch import Tensor
 
 from ..capture import RESID, capture
 from ..positions import X_TOKENS
+
+LayerReadout = Callable[[int, np.ndarray], np.ndarray]  # (layer, states (..., D)) -> predictions (...)
 
 
 def x_states(model, xs: Tensor, ys: Tensor, device: str = "cpu", batch_size: int = 256,
@@ -26,9 +29,11 @@ def x_states(model, xs: Tensor, ys: Tensor, device: str = "cpu", batch_size: int
 
 
 def query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: str = "cpu", batch_size: int = 512,
-                 progress: bool = False, start: int = 0, max_bytes: int | None = None) -> np.ndarray:
+                 progress: bool = False, start: int = 0, max_bytes: int | None = None,
+                 readout: LayerReadout | None = None) -> np.ndarray:
     """States (L+1, B, n - start, Q, D) of query x~_q placed right after the first t examples,
-    for t = start..n-1.
+    for t = start..n-1; with `readout`, its predictions (L+1, B, n - start, Q) instead, taken
+    chunk by chunk so the states (Q times a capture's size) are never held at once.
 
     For each prefix t the model sees x_1, y_1, ..., x_t, y_t, x~_q; causality makes this exactly
     the model's state when predicting for x~_q after t examples (seed 003 eq. 11). GPT-2 family
@@ -38,12 +43,20 @@ def query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: str = "
     from ..models.gpt2 import GPT2ICL
 
     if isinstance(model, GPT2ICL):
-        return cached_query_states(model, xs, ys, queries, device, progress, start, max_bytes)
-    return sequence_query_states(model, xs, ys, queries, device, batch_size, progress, start)
+        return cached_query_states(model, xs, ys, queries, device, progress, start, max_bytes, readout)
+    return sequence_query_states(model, xs, ys, queries, device, batch_size, progress, start, readout)
+
+
+def _per_layer(states: np.ndarray, readout: LayerReadout | None) -> np.ndarray:
+    """states (L+1, ..., D), or their read-out (L+1, ...) layer by layer."""
+    if readout is None:
+        return states
+    return np.stack([readout(layer, s) for layer, s in enumerate(states)])
 
 
 def sequence_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: str = "cpu",
-                          batch_size: int = 512, progress: bool = False, start: int = 0) -> np.ndarray:
+                          batch_size: int = 512, progress: bool = False, start: int = 0,
+                          readout: LayerReadout | None = None) -> np.ndarray:
     """query_states by brute force: one captured sequence per prefix t and query (any model)."""
     b, n, d = xs.shape
     q = queries.shape[1]
@@ -55,16 +68,17 @@ def sequence_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device
         seq_y = torch.cat([ys[:, :t].unsqueeze(1).expand(b, q, t), torch.zeros(b, q, 1)], dim=2).reshape(b * q, t + 1)
         cap = capture(model, seq_x, seq_y, hooks=[RESID], positions=[2 * t], device=device, batch_size=batch_size)
         states = np.asarray(cap.acts[RESID])[:, :, 0]  # (L+1, B*Q, D)
+        values = _per_layer(states.reshape(states.shape[0], b, q, -1), readout)
         if out is None:
-            out = np.empty((states.shape[0], b, n - start, q, states.shape[-1]), dtype=np.float32)
-        out[:, :, t - start] = states.reshape(states.shape[0], b, q, -1)
+            out = np.empty((values.shape[0], b, n - start, *values.shape[2:]), dtype=values.dtype)
+        out[:, :, t - start] = values
     assert out is not None, "no prefixes to compute"
     return out
 
 
 @torch.no_grad()
 def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: str = "cpu", progress: bool = False,
-                        start: int = 0, max_bytes: int | None = None) -> np.ndarray:
+                        start: int = 0, max_bytes: int | None = None, readout: LayerReadout | None = None) -> np.ndarray:
     """query_states for the GPT-2 family without recomputing prefixes.
 
     Causal attention means tokens 1..2t of a prompt never see what follows them, so their keys
@@ -83,7 +97,9 @@ def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: 
     width, heads = model.config.n_embd, model.config.n_head
     hs = width // heads
     steps = n - start
-    out = np.empty((len(bb.h) + 1, b, steps, q, width), dtype=np.float32)
+    out = np.empty((len(bb.h) + 1, b, steps, q, width), dtype=np.float32) if readout is None else \
+        np.empty((len(bb.h) + 1, b, steps, q), dtype=np.float64)
+    keep = (lambda layer, s: s) if readout is None else readout
     if max_bytes is None:
         from ..validate import memory_budget
 
@@ -104,7 +120,7 @@ def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: 
         h = model._read_in(interleave(bx, by, model.config.encoding)) + pos  # (m, 2n, D)
         q_tokens = interleave(bq, torch.zeros(m, q, device=device, dtype=bq.dtype), model.config.encoding)[:, X_TOKENS]
         hq = model._read_in(q_tokens)[:, None] + q_pos[None, :, None]  # (m, steps, Q, D)
-        out[0, lo:lo + m] = hq.float().cpu().numpy()
+        out[0, lo:lo + m] = keep(0, hq.float().cpu().numpy())
         for layer, block in enumerate(bb.h, start=1):
             a_p = block.attn.c_attn(block.ln_1(h))
             _, k_p, v_p = (z.view(m, 2 * n, heads, hs).transpose(1, 2) for z in a_p.split(width, dim=-1))  # (m, H, 2n, hs)
@@ -118,5 +134,5 @@ def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: 
             hq = hq + block.attn.c_proj(mixed.reshape(m, steps, q, width))
             hq = hq + block.mlp(block.ln_2(hq))
             h = block(h)
-            out[layer, lo:lo + m] = hq.float().cpu().numpy()
+            out[layer, lo:lo + m] = keep(layer, hq.float().cpu().numpy())
     return out
