@@ -60,6 +60,7 @@ class LoadedCheckpoint:
 
 # ---------------------------------------------------------------------------- file helpers
 
+
 def atomic_write(path: Path, write) -> None:
     """Write through a temporary file in the same directory, then rename: never half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,17 +121,24 @@ def load_weights(model: nn.Module, state: dict[str, Tensor], source: Path) -> No
         if IGNORED_LEGACY.match(key) or key.endswith(("attn.bias", "attn.masked_bias")):
             continue
         if not value.is_floating_point():
-            raise CheckpointError(f"{source}: weight {key} holds {value.dtype}, not floating point; "
-                                  "the file is not a trained model's state dict")
+            raise CheckpointError(
+                f"{source}: weight {key} holds {value.dtype}, not floating point; "
+                "the file is not a trained model's state dict"
+            )
         if not bool(torch.isfinite(value).all()):
-            raise CheckpointError(f"{source}: weight {key} contains NaN or infinite values; the model diverged "
-                                  "or the file is corrupt; use an earlier checkpoint")
+            raise CheckpointError(
+                f"{source}: weight {key} contains NaN or infinite values; the model diverged "
+                "or the file is corrupt; use an earlier checkpoint"
+            )
     state = {k: v for k, v in strip_prefixes(state).items() if not IGNORED_LEGACY.match(k)}
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    wrong = [f"{k}: file {tuple(state[k].shape)} vs config {tuple(expected[k].shape)}"
-             for k in sorted(set(state) & set(expected)) if state[k].shape != expected[k].shape]
+    wrong = [
+        f"{k}: file {tuple(state[k].shape)} vs config {tuple(expected[k].shape)}"
+        for k in sorted(set(state) & set(expected))
+        if state[k].shape != expected[k].shape
+    ]
     if missing or unexpected or wrong:
         parts = []
         if missing:
@@ -140,7 +148,8 @@ def load_weights(model: nn.Module, state: dict[str, Tensor], source: Path) -> No
         if wrong:
             parts.append(f"shape mismatches {_short(wrong)}")
         raise CheckpointError(
-            f"{source}: weights do not match the model its config describes: " + "; ".join(parts)
+            f"{source}: weights do not match the model its config describes: "
+            + "; ".join(parts)
             + ". Check that the config file belongs to these weights."
         )
     model.load_state_dict(state)
@@ -152,6 +161,7 @@ def _short(items: list[str], limit: int = 6) -> str:
 
 
 # ---------------------------------------------------------------------------- own layout
+
 
 def save_model(model: nn.Module, config: RunConfig, directory: Path, meta: dict[str, Any] | None = None) -> None:
     """Write config.json and model.safetensors atomically."""
@@ -174,7 +184,8 @@ def check_size(config: RunConfig, weights: Path) -> None:
     if config.model.family != "planted" and expected > 2 * actual + (1 << 20):
         raise CheckpointError(
             f"{weights}: the config describes a model of about {expected / 1e6:.1f} MB of weights but the file "
-            f"holds {actual / 1e6:.3f} MB; the config does not belong to these weights (check n_embd, n_layer)")
+            f"holds {actual / 1e6:.3f} MB; the config does not belong to these weights (check n_embd, n_layer)"
+        )
     check_memory(expected, f"the model in {weights.parent}", "check the config's sizes")
 
 
@@ -203,16 +214,20 @@ def load_native(directory: Path) -> LoadedCheckpoint:
 
 # ---------------------------------------------------------------------------- Garg et al.'s layout
 
+
 def garg_config_to_run(raw: dict[str, Any], source: Path) -> RunConfig:
     """Translate Garg et al.'s config.yaml (model + training blocks) into a RunConfig."""
     model = raw.get("model") if isinstance(raw, dict) else None
     if not isinstance(model, dict):
         raise CheckpointError(f"{source}: no `model:` block (expected Garg et al.'s config.yaml)")
     if model.get("family", "gpt2") != "gpt2":
-        raise CheckpointError(f"{source}: model.family {model.get('family')!r} is not supported; "
-                              "only Garg et al.'s gpt2 family loads")
+        raise CheckpointError(
+            f"{source}: model.family {model.get('family')!r} is not supported; only Garg et al.'s gpt2 family loads"
+        )
     try:
-        mc = ModelConfig(family="gpt2", **{k: model[k] for k in ("n_dims", "n_positions", "n_embd", "n_layer", "n_head")})
+        mc = ModelConfig(
+            family="gpt2", **{k: model[k] for k in ("n_dims", "n_positions", "n_embd", "n_layer", "n_head")}
+        )
     except KeyError as err:
         raise CheckpointError(f"{source}: model block lacks {err}") from None
     except ConfigError as err:
@@ -222,16 +237,23 @@ def garg_config_to_run(raw: dict[str, Any], source: Path) -> RunConfig:
         raise CheckpointError(f"{source}: `training:` must be a mapping, got {type(training).__name__}")
     if not isinstance(training.get("task", "linear_regression"), str):
         raise CheckpointError(f"{source}: training.task must be a task name, got {training.get('task')!r}")
-    task_name = {"linear_regression": "linear_regression", "sparse_linear_regression": "sparse_linear_regression",
-                 "noisy_linear_regression": "linear_regression", "relu_2nn_regression": "relu_network"}.get(
-        training.get("task", "linear_regression"), "linear_regression")
+    task_name = {
+        "linear_regression": "linear_regression",
+        "sparse_linear_regression": "sparse_linear_regression",
+        "noisy_linear_regression": "linear_regression",
+        "relu_2nn_regression": "relu_network",
+    }.get(training.get("task", "linear_regression"), "linear_regression")
     kwargs = training.get("task_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise CheckpointError(f"{source}: training.task_kwargs must be a mapping, got {kwargs!r}")
     known = {"scale": "w_scale", "noise_std": "noise_std", "sparsity": "sparsity"}
     try:
-        task = TaskConfig(name=task_name, n_dims=mc.n_dims, n_points=mc.n_positions,
-                          **{ours: kwargs[theirs] for theirs, ours in known.items() if theirs in kwargs})
+        task = TaskConfig(
+            name=task_name,
+            n_dims=mc.n_dims,
+            n_points=mc.n_positions,
+            **{ours: kwargs[theirs] for theirs, ours in known.items() if theirs in kwargs},
+        )
     except (ConfigError, TypeError) as err:
         raise CheckpointError(f"{source}: training.task_kwargs {kwargs}: {err}") from None
     return RunConfig(model=mc, task=task)
@@ -240,8 +262,9 @@ def garg_config_to_run(raw: dict[str, Any], source: Path) -> RunConfig:
 def garg_weights_file(directory: Path) -> Path:
     if (directory / "state.pt").is_file():
         return directory / "state.pt"
-    steps = sorted((p for p in directory.glob("model_*.pt") if p.is_file()),
-                   key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    steps = sorted(
+        (p for p in directory.glob("model_*.pt") if p.is_file()), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0)
+    )
     if steps:
         return steps[-1]
     raise CheckpointError(f"{directory}: config.yaml found but neither state.pt nor model_<step>.pt")
@@ -280,8 +303,10 @@ def garg_training_block(config: RunConfig) -> dict[str, Any]:
     """
     task, train, cur = config.task, config.train, config.curriculum
     if task.name not in GARG_TASKS or task.covariance != "isotropic":
-        raise ConfigError(f"task {task.name!r} with {task.covariance} inputs has no equivalent in Garg et al.'s "
-                          f"code; only isotropic linear_regression and sparse_linear_regression export")
+        raise ConfigError(
+            f"task {task.name!r} with {task.covariance} inputs has no equivalent in Garg et al.'s "
+            f"code; only isotropic linear_regression and sparse_linear_regression export"
+        )
     kwargs: dict[str, Any] = {}
     name = GARG_TASKS[task.name]
     if task.w_scale != 1.0:
@@ -296,11 +321,20 @@ def garg_training_block(config: RunConfig) -> dict[str, Any]:
             return {"start": full, "end": full, "inc": 0, "interval": train.steps}
         return {"start": value.start, "end": value.end, "inc": value.inc, "interval": value.interval}
 
-    return {"task": name, "task_kwargs": kwargs, "num_tasks": None, "num_training_examples": None,
-            "data": "gaussian", "batch_size": train.batch_size, "learning_rate": train.lr,
-            "train_steps": train.steps, "save_every_steps": train.save_every, "keep_every_steps": -1,
-            "resume_id": None,
-            "curriculum": {"dims": stage(cur.dims, task.n_dims), "points": stage(cur.points, task.n_points)}}
+    return {
+        "task": name,
+        "task_kwargs": kwargs,
+        "num_tasks": None,
+        "num_training_examples": None,
+        "data": "gaussian",
+        "batch_size": train.batch_size,
+        "learning_rate": train.lr,
+        "train_steps": train.steps,
+        "save_every_steps": train.save_every,
+        "keep_every_steps": -1,
+        "resume_id": None,
+        "curriculum": {"dims": stage(cur.dims, task.n_dims), "points": stage(cur.points, task.n_points)},
+    }
 
 
 def fresh_adam_state(n_params: int, lr: float) -> dict[str, Any]:
@@ -314,8 +348,9 @@ def fresh_adam_state(n_params: int, lr: float) -> dict[str, Any]:
     return torch.optim.Adam(probe_params, lr=lr).state_dict()
 
 
-def export_garg(model: nn.Module, config: RunConfig, directory: Path, train_step: int = 0,
-                run_name: str | None = None) -> None:
+def export_garg(
+    model: nn.Module, config: RunConfig, directory: Path, train_step: int = 0, run_name: str | None = None
+) -> None:
     """Write a run directory that Garg et al.'s code (and the Iterative Newton paper's fork) loads,
     evaluates (`eval.get_run_metrics`) and continues training (`train.py` resumes from state.pt).
 
@@ -337,15 +372,29 @@ def export_garg(model: nn.Module, config: RunConfig, directory: Path, train_step
     m = config.model
     raw = {
         "out_dir": str(directory.name),
-        "model": {"family": "gpt2", "n_dims": m.n_dims, "n_embd": m.n_embd, "n_head": m.n_head,
-                  "n_layer": m.n_layer, "n_positions": m.n_positions},
+        "model": {
+            "family": "gpt2",
+            "n_dims": m.n_dims,
+            "n_embd": m.n_embd,
+            "n_head": m.n_head,
+            "n_layer": m.n_layer,
+            "n_positions": m.n_positions,
+        },
         "training": garg_training_block(config),
-        "wandb": {"project": "in-context-training", "entity": "in-context", "notes": "exported by icl-probe",
-                  "name": run_name or directory.name, "log_every_steps": 10},
+        "wandb": {
+            "project": "in-context-training",
+            "entity": "in-context",
+            "notes": "exported by icl-probe",
+            "name": run_name or directory.name,
+            "log_every_steps": 10,
+        },
         "test_run": False,
     }
-    blob = {"model_state_dict": state, "optimizer_state_dict": fresh_adam_state(len(state), config.train.lr),
-            "train_step": train_step}
+    blob = {
+        "model_state_dict": state,
+        "optimizer_state_dict": fresh_adam_state(len(state), config.train.lr),
+        "train_step": train_step,
+    }
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write(directory / "config.yaml", lambda p: p.write_text(yaml.safe_dump(raw, sort_keys=False)))
     atomic_write(directory / "state.pt", lambda p: torch.save(blob, p))

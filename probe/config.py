@@ -28,6 +28,8 @@ def planted_layer_map(algorithm: str, layer: int) -> int | None:
     """The step / iteration whose prediction boundary `layer` of a planted model holds (None: it predicts 0)."""
     first, per_step = PLANTED_SCHEDULE[algorithm]
     return (layer - first) // per_step if layer >= first else None
+
+
 ENCODINGS = ("garg", "akyurek")
 TASKS = ("linear_regression", "sparse_linear_regression", "relu_network")
 COVARIANCES = ("isotropic", "ill_conditioned")
@@ -44,12 +46,16 @@ def _check_numbers(obj: Any, section: str) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if f.type in ("float", float):
-            _check(isinstance(value, (int, float)) and not isinstance(value, bool),
-                   f"{section}.{f.name} must be a number, got {value!r}")
+            _check(
+                isinstance(value, (int, float)) and not isinstance(value, bool),
+                f"{section}.{f.name} must be a number, got {value!r}",
+            )
             _check(math.isfinite(value), f"{section}.{f.name} must be a finite number, got {value!r}")
         elif f.type in ("int", int):
-            _check(isinstance(value, int) and not isinstance(value, bool),
-                   f"{section}.{f.name} must be an integer, got {value!r}")
+            _check(
+                isinstance(value, int) and not isinstance(value, bool),
+                f"{section}.{f.name} must be an integer, got {value!r}",
+            )
 
 
 def _check_choice(section: str, name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -75,12 +81,15 @@ class ModelConfig:
         _check_choice("model", "encoding", self.encoding, ENCODINGS)
         for name in ("n_dims", "n_positions", "n_embd", "n_layer", "n_head"):
             value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 1,
-                   f"model.{name} must be a positive integer, got {value!r}")
-        _check(self.family != "planted" or self.planted in PLANTED_ALGORITHMS,
-               f"model.planted must be 'gd', 'newton' or 'newton-relu' for a planted model, got {self.planted!r}")
-        _check(self.family != "gpt2" or self.n_embd % self.n_head == 0,
-               f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
+            _check(isinstance(value, int) and value >= 1, f"model.{name} must be a positive integer, got {value!r}")
+        _check(
+            self.family != "planted" or self.planted in PLANTED_ALGORITHMS,
+            f"model.planted must be 'gd', 'newton' or 'newton-relu' for a planted model, got {self.planted!r}",
+        )
+        _check(
+            self.family != "gpt2" or self.n_embd % self.n_head == 0,
+            f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})",
+        )
 
     @property
     def token_dim(self) -> int:
@@ -112,17 +121,22 @@ class TaskConfig:
         _check(self.w_scale > 0, f"task.w_scale must be > 0, got {self.w_scale}")
         _check(self.noise_std >= 0, f"task.noise_std must be >= 0, got {self.noise_std}")
         _check(self.kappa >= 1, f"task.kappa must be >= 1, got {self.kappa}")
-        _check(1 <= self.sparsity <= self.n_dims,
-               f"task.sparsity must be in 1..n_dims={self.n_dims}, got {self.sparsity}")
+        _check(
+            1 <= self.sparsity <= self.n_dims, f"task.sparsity must be in 1..n_dims={self.n_dims}, got {self.sparsity}"
+        )
         _check(self.relu_depth >= 2, f"task.relu_depth must be >= 2, got {self.relu_depth}")
         _check(self.relu_width >= 1, f"task.relu_width must be >= 1, got {self.relu_width}")
-        _check(all(isinstance(w, (int, float)) and math.isfinite(w) for w in self.mixture_weights),
-               f"task.mixture_weights must be two finite numbers, got {self.mixture_weights}")
+        _check(
+            all(isinstance(w, (int, float)) and math.isfinite(w) for w in self.mixture_weights),
+            f"task.mixture_weights must be two finite numbers, got {self.mixture_weights}",
+        )
         self.mixture_weights = tuple(float(w) for w in self.mixture_weights)  # type: ignore[assignment]  # length checked next
-        _check(len(self.mixture_weights) == 2 and min(self.mixture_weights) >= 0
-               and abs(sum(self.mixture_weights) - 1) < 1e-6,
-               f"task.mixture_weights must be two non-negative numbers summing to 1, "
-               f"got {self.mixture_weights}")
+        _check(
+            len(self.mixture_weights) == 2
+            and min(self.mixture_weights) >= 0
+            and abs(sum(self.mixture_weights) - 1) < 1e-6,
+            f"task.mixture_weights must be two non-negative numbers summing to 1, got {self.mixture_weights}",
+        )
 
 
 @dataclass
@@ -135,10 +149,14 @@ class Stage:
     interval: int = 1
 
     def __post_init__(self) -> None:
-        _check(1 <= self.start <= self.end,
-               f"curriculum stage needs 1 <= start <= end, got start={self.start} end={self.end}")
-        _check(self.inc >= 0 and self.interval >= 1,
-               f"curriculum stage needs inc >= 0 and interval >= 1, got {self.inc}, {self.interval}")
+        _check(
+            1 <= self.start <= self.end,
+            f"curriculum stage needs 1 <= start <= end, got start={self.start} end={self.end}",
+        )
+        _check(
+            self.inc >= 0 and self.interval >= 1,
+            f"curriculum stage needs inc >= 0 and interval >= 1, got {self.inc}, {self.interval}",
+        )
 
     def at(self, step: int) -> int:
         return min(self.end, self.start + self.inc * (step // self.interval))
@@ -173,8 +191,7 @@ class TrainConfig:
         _check_choice("train", "schedule", self.schedule, SCHEDULES)
         for name in ("steps", "batch_size", "log_every", "eval_every", "eval_prompts", "save_every"):
             value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 1,
-                   f"train.{name} must be a positive integer, got {value!r}")
+            _check(isinstance(value, int) and value >= 1, f"train.{name} must be a positive integer, got {value!r}")
         _check(self.lr > 0, f"train.lr must be > 0, got {self.lr}")
         _check(self.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
         _check(0 <= self.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
@@ -190,16 +207,23 @@ class RunConfig:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
     def __post_init__(self) -> None:
-        _check(self.model.n_dims == self.task.n_dims,
-               f"model.n_dims ({self.model.n_dims}) must equal task.n_dims ({self.task.n_dims})")
-        _check(self.task.n_points <= self.model.n_positions,
-               f"task.n_points ({self.task.n_points}) exceeds model.n_positions "
-               f"({self.model.n_positions})")
+        _check(
+            self.model.n_dims == self.task.n_dims,
+            f"model.n_dims ({self.model.n_dims}) must equal task.n_dims ({self.task.n_dims})",
+        )
+        _check(
+            self.task.n_points <= self.model.n_positions,
+            f"task.n_points ({self.task.n_points}) exceeds model.n_positions ({self.model.n_positions})",
+        )
         c = self.curriculum
-        _check(c.dims is None or c.dims.end <= self.task.n_dims,
-               f"curriculum.dims.end must be <= task.n_dims ({self.task.n_dims})")
-        _check(c.points is None or c.points.end <= self.model.n_positions,
-               f"curriculum.points.end must be <= model.n_positions ({self.model.n_positions})")
+        _check(
+            c.dims is None or c.dims.end <= self.task.n_dims,
+            f"curriculum.dims.end must be <= task.n_dims ({self.task.n_dims})",
+        )
+        _check(
+            c.points is None or c.points.end <= self.model.n_positions,
+            f"curriculum.points.end must be <= model.n_positions ({self.model.n_positions})",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

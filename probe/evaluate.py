@@ -25,8 +25,9 @@ def eval_prompts(task: TaskConfig, n_prompts: int, seed: int, n_points: int | No
 
 
 @torch.no_grad()
-def predict(model: nn.Module, prompts: Prompts, batch_size: int = 256, device: str = "cpu",
-            progress: bool = False) -> torch.Tensor:
+def predict(
+    model: nn.Module, prompts: Prompts, batch_size: int = 256, device: str = "cpu", progress: bool = False
+) -> torch.Tensor:
     """Model predictions (P, n) in batches, on `device`, returned on the CPU."""
     from tqdm.auto import tqdm
 
@@ -34,13 +35,22 @@ def predict(model: nn.Module, prompts: Prompts, batch_size: int = 256, device: s
     out = []
     starts = range(0, prompts.xs.shape[0], batch_size)
     for s in tqdm(starts, desc="predict", disable=not progress, leave=False):
-        out.append(model(prompts.xs[s : s + batch_size].to(device), prompts.ys[s : s + batch_size].to(device)).float().cpu())
+        out.append(
+            model(prompts.xs[s : s + batch_size].to(device), prompts.ys[s : s + batch_size].to(device)).float().cpu()
+        )
     return torch.cat(out)
 
 
-def error_curve(model: nn.Module, task: TaskConfig, n_prompts: int = 1280, seed: int = 0,
-                n_points: int | None = None, device: str = "cpu", n_boot: int = 1000,
-                progress: bool = False) -> pd.DataFrame:
+def error_curve(
+    model: nn.Module,
+    task: TaskConfig,
+    n_prompts: int = 1280,
+    seed: int = 0,
+    n_points: int | None = None,
+    device: str = "cpu",
+    n_boot: int = 1000,
+    progress: bool = False,
+) -> pd.DataFrame:
     """One row per number of in-context examples t = 0..n-1: model error/d with its band and baselines."""
     prompts = eval_prompts(task, n_prompts, seed, n_points)
     d = task.n_dims
@@ -52,20 +62,32 @@ def error_curve(model: nn.Module, task: TaskConfig, n_prompts: int = 1280, seed:
         "knn3": run_learner("knn", prompts.xs, prompts.ys, k=(3,)).preds[0],
         "averaging": run_learner("averaging", prompts.xs, prompts.ys).preds[0],
     }
-    frame = pd.DataFrame({
-        "n_examples": np.arange(prompts.xs.shape[1]),
-        "model": model_err.mean(0).numpy(),
-        "model_lo": lo.numpy(),
-        "model_hi": hi.numpy(),
-    })
+    frame = pd.DataFrame(
+        {
+            "n_examples": np.arange(prompts.xs.shape[1]),
+            "model": model_err.mean(0).numpy(),
+            "model_lo": lo.numpy(),
+            "model_hi": hi.numpy(),
+        }
+    )
     for name, pred in baselines.items():
         frame[name] = sq(pred).mean(0).numpy()
     return frame
 
 
-def r2_curve(model: nn.Module, task: TaskConfig, n_prompts: int = 1280, seed: int = 0, n_points: int | None = None,
-             device: str = "cpu", epochs: int = 100, lr: float = 0.01, n_boot: int = 1000,
-             direct_prompts: int = 256, progress: bool = False) -> pd.DataFrame:
+def r2_curve(
+    model: nn.Module,
+    task: TaskConfig,
+    n_prompts: int = 1280,
+    seed: int = 0,
+    n_points: int | None = None,
+    device: str = "cpu",
+    epochs: int = 100,
+    lr: float = 0.01,
+    n_boot: int = 1000,
+    direct_prompts: int = 256,
+    progress: bool = False,
+) -> pd.DataFrame:
     """R^2 of in-context predictions against the number of examples (seed 001 App. G), beside
     training the task's N-layer ReLU network directly on each prompt's examples for `epochs`
     full-batch Adam steps (all prompts' networks at once): `direct` after the last epoch and
@@ -77,16 +99,29 @@ def r2_curve(model: nn.Module, task: TaskConfig, n_prompts: int = 1280, seed: in
     pred = predict(model, prompts, device=device, progress=progress).double()
     lo, hi = bootstrap_r2(ys, pred, n_boot, seed)
     m = min(direct_prompts, n_prompts)
-    direct = run_learner("relu_gd", prompts.xs[:m].to(device), prompts.ys[:m].to(device), steps=range(1, epochs + 1),
-                         lr=lr, depth=task.relu_depth, width=max(32, task.relu_width), seed=seed).preds.cpu()
+    direct = run_learner(
+        "relu_gd",
+        prompts.xs[:m].to(device),
+        prompts.ys[:m].to(device),
+        steps=range(1, epochs + 1),
+        lr=lr,
+        depth=task.relu_depth,
+        width=max(32, task.relu_width),
+        seed=seed,
+    ).preds.cpu()
     r2_direct = r2_score(ys[:m], direct)  # (epochs, n)
-    frame = pd.DataFrame({
-        "n_examples": np.arange(ys.shape[1]),
-        "model": r2_score(ys, pred).numpy(), "model_lo": lo.numpy(), "model_hi": hi.numpy(),
-        "direct": r2_direct[-1].numpy(), "direct_best_epoch": r2_direct.max(0).values.numpy(),
-        "least_squares": r2_score(ys, run_learner("least_squares", prompts.xs, prompts.ys).preds[0]).numpy(),
-        "knn3": r2_score(ys, run_learner("knn", prompts.xs, prompts.ys, k=(3,)).preds[0]).numpy(),
-    })
+    frame = pd.DataFrame(
+        {
+            "n_examples": np.arange(ys.shape[1]),
+            "model": r2_score(ys, pred).numpy(),
+            "model_lo": lo.numpy(),
+            "model_hi": hi.numpy(),
+            "direct": r2_direct[-1].numpy(),
+            "direct_best_epoch": r2_direct.max(0).values.numpy(),
+            "least_squares": r2_score(ys, run_learner("least_squares", prompts.xs, prompts.ys).preds[0]).numpy(),
+            "knn3": r2_score(ys, run_learner("knn", prompts.xs, prompts.ys, k=(3,)).preds[0]).numpy(),
+        }
+    )
     return frame
 
 

@@ -110,16 +110,28 @@ def check_hf_options(hf: dict, path: Path) -> None:
         if key not in hf:
             continue
         value = hf[key]
-        ok = any(value is a or (type(value) is type(a) and value == a) or
-                 (isinstance(a, float) and isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and abs(value - a) <= 1e-12) for a in allowed)
+        ok = any(
+            value is a
+            or (type(value) is type(a) and value == a)
+            or (
+                isinstance(a, float)
+                and isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and abs(value - a) <= 1e-12
+            )
+            for a in allowed
+        )
         if not ok:
-            raise CheckpointError(f"{path}: {key}={json.dumps(value)} is not implemented by icl-probe's GPT-2 (it changes "
-                                  f"the forward pass); supported: {', '.join(json.dumps(a) for a in allowed)}")
+            raise CheckpointError(
+                f"{path}: {key}={json.dumps(value)} is not implemented by icl-probe's GPT-2 (it changes "
+                f"the forward pass); supported: {', '.join(json.dumps(a) for a in allowed)}"
+            )
     n_inner, n_embd = hf.get("n_inner"), hf.get("n_embd")
     if n_inner is not None and n_inner != (4 * n_embd if isinstance(n_embd, int) else None):
-        raise CheckpointError(f"{path}: n_inner={json.dumps(n_inner)} is not implemented by icl-probe's GPT-2 (its MLP "
-                              "width is 4 n_embd); supported: null or 4 * n_embd")
+        raise CheckpointError(
+            f"{path}: n_inner={json.dumps(n_inner)} is not implemented by icl-probe's GPT-2 (its MLP "
+            "width is 4 n_embd); supported: null or 4 * n_embd"
+        )
 
 
 def load_hf_gpt2(d: Path) -> LoadedCheckpoint:
@@ -136,12 +148,20 @@ def load_hf_gpt2(d: Path) -> LoadedCheckpoint:
     encoding = hf.get("icl_encoding", "garg")
     try:
         n_ctx = _strict_int(hf.get("n_positions", hf.get("n_ctx", 1024)))
-        mc = ModelConfig(family="gpt2", n_dims=token_dim - (encoding == "akyurek"), n_positions=n_ctx // 2,
-                         n_embd=_strict_int(hf["n_embd"]), n_layer=_strict_int(hf["n_layer"]),
-                         n_head=_strict_int(hf["n_head"]), encoding=encoding)
+        mc = ModelConfig(
+            family="gpt2",
+            n_dims=token_dim - (encoding == "akyurek"),
+            n_positions=n_ctx // 2,
+            n_embd=_strict_int(hf["n_embd"]),
+            n_layer=_strict_int(hf["n_layer"]),
+            n_head=_strict_int(hf["n_head"]),
+            encoding=encoding,
+        )
     except (KeyError, ConfigError, ValueError, TypeError) as err:
-        raise CheckpointError(f"{d / 'config.json'}: invalid GPT-2 config value ({err}); n_embd, n_layer, n_head and "
-                              "n_positions must be positive integers") from None
+        raise CheckpointError(
+            f"{d / 'config.json'}: invalid GPT-2 config value ({err}); n_embd, n_layer, n_head and "
+            "n_positions must be positive integers"
+        ) from None
     weights = d / "model.safetensors" if (d / "model.safetensors").is_file() else d / "pytorch_model.bin"
     check_size(RunConfig(model=mc, task=TaskConfig(n_dims=mc.n_dims, n_points=mc.n_positions)), weights)
     state = read_safetensors(weights) if weights.suffix == ".safetensors" else safe_torch_load(weights)
@@ -167,8 +187,10 @@ FORMATS.register("hf-gpt2")(CheckpointFormat("hf-gpt2", _detect_hf, load_hf_gpt2
 
 def detect_and_load(path: Path, format: str | None = None) -> LoadedCheckpoint:
     if not path.exists():
-        raise CheckpointError(f"Checkpoint not found: {path}. Pass a run directory (formats: "
-                              f"{', '.join(FORMATS.names())}; see README 'Checkpoint formats').")
+        raise CheckpointError(
+            f"Checkpoint not found: {path}. Pass a run directory (formats: "
+            f"{', '.join(FORMATS.names())}; see README 'Checkpoint formats')."
+        )
     directory = path if path.is_dir() else path.parent
     if format is not None:
         return FORMATS.get(format).load(directory)

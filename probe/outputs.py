@@ -143,14 +143,18 @@ class OutputTarget:
             if _is_within(source, resolved):
                 self._refuse(f"contains the input {given}", "choose a new directory outside it")
         if (resolved == Path.cwd().resolve() or _is_within(Path.cwd().resolve(), resolved)) and not self.force:
-            self._refuse("is the current directory or one of its parents",
-                         "choose a new directory (or pass --force to write beside what is there, deleting nothing)")
+            self._refuse(
+                "is the current directory or one of its parents",
+                "choose a new directory (or pass --force to write beside what is there, deleting nothing)",
+            )
         base = _nearest_existing(resolved.parent)
         if not base.is_dir():
             self._refuse(f"its parent {base} is a file", "choose a path inside a directory")
         if not os.access(base, os.W_OK) or (resolved.is_dir() and not os.access(resolved, os.W_OK)):
-            self._refuse(f"{base if os.access(base, os.W_OK) is False else resolved} is not writable",
-                         "choose a writable location")
+            self._refuse(
+                f"{base if os.access(base, os.W_OK) is False else resolved} is not writable",
+                "choose a writable location",
+            )
         if not out.exists():
             return
         if self.kind == "file":
@@ -165,18 +169,27 @@ class OutputTarget:
         if not entries:
             return
         marker = _read_marker(out)
-        foreign = set() if marker and marker.get("in_place") else (
-            _listing(out) - set(marker["files"]) if marker else _listing(out))
+        foreign = (
+            set()
+            if marker and marker.get("in_place")
+            else (_listing(out) - set(marker["files"]) if marker else _listing(out))
+        )
         foreign = {f for f in foreign if STAGING_TAG not in f}
         if marker is None and not self.force:
-            self._refuse("is a directory icl-probe did not write (it has no " + MARKER + ")",
-                         "choose a new directory, or pass --force to write beside its files (none is deleted)")
+            self._refuse(
+                "is a directory icl-probe did not write (it has no " + MARKER + ")",
+                "choose a new directory, or pass --force to write beside its files (none is deleted)",
+            )
         if marker is not None and foreign and not self.force:
-            self._refuse(f"holds files icl-probe did not write ({', '.join(sorted(foreign)[:3])})",
-                         "move them away or pass --force to write beside them (none is deleted)")
+            self._refuse(
+                f"holds files icl-probe did not write ({', '.join(sorted(foreign)[:3])})",
+                "move them away or pass --force to write beside them (none is deleted)",
+            )
         if marker is not None and marker.get("command") != self.command and not self.force:
-            self._refuse(f"was written by `icl-probe {marker.get('command')}`, not `{self.command}`",
-                         "choose a new directory, or pass --force to replace that output")
+            self._refuse(
+                f"was written by `icl-probe {marker.get('command')}`, not `{self.command}`",
+                "choose a new directory, or pass --force to replace that output",
+            )
         self._previous = marker
 
     # ------------------------------------------------------------------ writing
@@ -249,20 +262,25 @@ def mark_run_directory(directory: Path, command: str) -> None:
     write_marker(directory, command, sorted(files), {"in_place": True})
 
 
-def check_run_output(out: Path, command: str, *, resume: bool = False, force: bool = False,
-                     inputs: tuple[Path, ...] = ()) -> OutputTarget | None:
+def check_run_output(
+    out: Path, command: str, *, resume: bool = False, force: bool = False, inputs: tuple[Path, ...] = ()
+) -> OutputTarget | None:
     """The policy for commands that write a run directory in place (train, planted)."""
     out = Path(out)
     if resume:
         if out.is_symlink():
             raise OutputError(f"--out {out}: is a symbolic link; give the real path")
         if not (out / "train_state.pt").is_file():
-            raise OutputError(f"--resume: {out} holds no train_state.pt to resume from; drop --resume to start a new run")
+            raise OutputError(
+                f"--resume: {out} holds no train_state.pt to resume from; drop --resume to start a new run"
+            )
         if not os.access(out, os.W_OK):
             raise OutputError(f"--out {out}: is not writable; choose a writable location")
         return None
     if (out / "train_state.pt").exists() and not force:
-        raise OutputError(f"--out {out}: already holds a training run; pass --resume to continue it or choose another --out")
+        raise OutputError(
+            f"--out {out}: already holds a training run; pass --resume to continue it or choose another --out"
+        )
     return OutputTarget(out, command, "dir", force, inputs)
 
 

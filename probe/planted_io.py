@@ -12,8 +12,9 @@ from .models.planted import gd_stable_limit, newton_default_alpha, plant
 from .provenance import stamp
 
 
-def planted_config(algorithm: str, layers: int, d: int, points: int, step_size: float | None = None,
-                   alpha: float | None = None) -> RunConfig:
+def planted_config(
+    algorithm: str, layers: int, d: int, points: int, step_size: float | None = None, alpha: float | None = None
+) -> RunConfig:
     for name, value in (("--step-size", step_size), ("--alpha", alpha)):
         if value is not None and not math.isfinite(value):
             raise ConfigError(f"{name} must be a finite number, got {value}")
@@ -21,26 +22,46 @@ def planted_config(algorithm: str, layers: int, d: int, points: int, step_size: 
         limit = gd_stable_limit(d)
         scale = limit / 2 if step_size is None else step_size
         if not 0 < scale < limit:
-            raise ConfigError(f"--step-size {scale} is unstable for d={d}: GD on ||y - Xw||^2/(2t) needs "
-                              f"0 < eta < 2/(1+sqrt d)^2 = {limit:.4f} on short prefixes; try {limit / 2:.4f}")
+            raise ConfigError(
+                f"--step-size {scale} is unstable for d={d}: GD on ||y - Xw||^2/(2t) needs "
+                f"0 < eta < 2/(1+sqrt d)^2 = {limit:.4f} on short prefixes; try {limit / 2:.4f}"
+            )
     else:
         if algorithm == "newton" and layers < 3:
             raise ConfigError("a planted Newton model needs at least 3 layers (initialisation, then 2 per iteration)")
         if algorithm == "newton-relu" and layers < 2:
-            raise ConfigError("a planted ReLU-attention Newton model needs at least 2 layers (initialisation, then 1 "
-                              "per iteration)")
+            raise ConfigError(
+                "a planted ReLU-attention Newton model needs at least 2 layers (initialisation, then 1 per iteration)"
+            )
         scale = newton_default_alpha(d) if alpha is None else alpha
         limit = 2.0 / (1 + d**0.5) ** 4
         if not 0 < scale < limit:
-            raise ConfigError(f"--alpha {scale} is unstable for d={d}: Newton needs 0 < alpha < 2/lambda_max(S/t)^2, "
-                              f"here about {limit:.5f}; try {newton_default_alpha(d):.5f}")
-    model = ModelConfig(family="planted", n_dims=d, n_positions=points, n_embd=1, n_layer=layers, n_head=1,
-                        planted=algorithm, planted_scale=float(scale))
+            raise ConfigError(
+                f"--alpha {scale} is unstable for d={d}: Newton needs 0 < alpha < 2/lambda_max(S/t)^2, "
+                f"here about {limit:.5f}; try {newton_default_alpha(d):.5f}"
+            )
+    model = ModelConfig(
+        family="planted",
+        n_dims=d,
+        n_positions=points,
+        n_embd=1,
+        n_layer=layers,
+        n_head=1,
+        planted=algorithm,
+        planted_scale=float(scale),
+    )
     return RunConfig(model=model, task=TaskConfig(n_dims=d, n_points=points))
 
 
-def write_planted(algorithm: str, layers: int, d: int, points: int, out: str | Path, step_size: float | None = None,
-                  alpha: float | None = None) -> Path:
+def write_planted(
+    algorithm: str,
+    layers: int,
+    d: int,
+    points: int,
+    out: str | Path,
+    step_size: float | None = None,
+    alpha: float | None = None,
+) -> Path:
     cfg = planted_config(algorithm, layers, d, points, step_size, alpha)
     model = plant(cfg.model)
     out = Path(out)

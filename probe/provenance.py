@@ -25,19 +25,30 @@ def git_commit(cwd: Path | None = None) -> str:
     """HEAD of the repository holding this package (suffix '-dirty' if it has changes), or 'unknown'."""
     cwd = cwd or Path(__file__).resolve().parent
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=False)
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
+        )
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=10, check=False)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
 def stamp() -> dict[str, object]:
-    return {"versions": versions(), "git_commit": git_commit(),
-            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    return {
+        "versions": versions(),
+        "git_commit": git_commit(),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
 
 
 def display_path(path) -> str:

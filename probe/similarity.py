@@ -78,8 +78,15 @@ def ilw(weights_a: Tensor, weights_b: Tensor) -> Tensor:
     return sq - 2 * torch.einsum("abnd,kbnd->akb", a, b) / a.shape[2]
 
 
-def similarity_frame(values: Tensor, metric: str, a_name: str, b_name: str, b_grid: Sequence[dict[str, Any]],
-                     n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def similarity_frame(
+    values: Tensor,
+    metric: str,
+    a_name: str,
+    b_name: str,
+    b_grid: Sequence[dict[str, Any]],
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Tidy table of per-prompt similarities (A, K, B): one row per (a, k) with mean and a
     bootstrap 90% interval over prompts."""
     vals = values.permute(2, 0, 1)  # (B, A, K)
@@ -88,13 +95,25 @@ def similarity_frame(values: Tensor, metric: str, a_name: str, b_name: str, b_gr
     rows = []
     for a in range(values.shape[0]):
         for k, params in enumerate(b_grid):
-            rows.append({"a": a_name, "a_index": a, "b": b_name, "b_index": k, **params, "metric": metric,
-                         "value": float(mean[a, k]), "ci_low": float(lo[a, k]), "ci_high": float(hi[a, k])})
+            rows.append(
+                {
+                    "a": a_name,
+                    "a_index": a,
+                    "b": b_name,
+                    "b_index": k,
+                    **params,
+                    "metric": metric,
+                    "value": float(mean[a, k]),
+                    "ci_low": float(lo[a, k]),
+                    "ci_high": float(hi[a, k]),
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def best_match(values: Tensor, higher_is_better: bool = True, n_boot: int = 1000, seed: int = 0,
-               level: float = 0.90) -> pd.DataFrame:
+def best_match(
+    values: Tensor, higher_is_better: bool = True, n_boot: int = 1000, seed: int = 0, level: float = 0.90
+) -> pd.DataFrame:
     """Hyper-parameter matching (seed 003 Def. 4): per index a, the grid index k maximising the
     mean similarity over prompts (minimising, for distances), with bootstrap intervals on both
     the best similarity and the argmax itself (prompts resampled)."""
@@ -111,7 +130,15 @@ def best_match(values: Tensor, higher_is_better: bool = True, n_boot: int = 1000
     for a in range(n_a):
         k_lo, k_hi = np.percentile(boot_arg[:, a], q, method="nearest")
         s_lo, s_hi = sorted(sign * np.percentile(boot_best[:, a], q))
-        rows.append({"a_index": a, "best_index": int(best[a]), "similarity": float(sign * vals[a, best[a]].mean()),
-                     "ci_low": float(s_lo), "ci_high": float(s_hi), "best_index_low": int(k_lo),
-                     "best_index_high": int(k_hi)})
+        rows.append(
+            {
+                "a_index": a,
+                "best_index": int(best[a]),
+                "similarity": float(sign * vals[a, best[a]].mean()),
+                "ci_low": float(s_lo),
+                "ci_high": float(s_hi),
+                "best_index_low": int(k_lo),
+                "best_index_high": int(k_hi),
+            }
+        )
     return pd.DataFrame(rows)

@@ -21,8 +21,9 @@ def r2_score(truth: Tensor, pred: Tensor, dim: int = -2) -> Tensor:
     return torch.where(ss_tot > 0, 1 - ss_res / ss_tot.clamp_min(1e-300), constant)
 
 
-def resamples(n: int, n_boot: int, seed: int = 0, chunk: int | None = None,
-              device: torch.device | str | None = None) -> Iterator[Tensor]:
+def resamples(
+    n: int, n_boot: int, seed: int = 0, chunk: int | None = None, device: torch.device | str | None = None
+) -> Iterator[Tensor]:
     """Bootstrap resamples of n prompts, as index batches (b, n) of at most `chunk` resamples.
 
     One generator seeded with `seed` draws them in order; the draws do not depend on `chunk`
@@ -41,8 +42,9 @@ def percentile_interval(stacked: Tensor, level: float = 0.90, ignore_nan: bool =
     return lo, hi
 
 
-def bootstrap_mean(values: Tensor, n_boot: int = 1000, level: float = 0.90, seed: int = 0,
-                   chunk: int = 100) -> tuple[Tensor, Tensor]:
+def bootstrap_mean(
+    values: Tensor, n_boot: int = 1000, level: float = 0.90, seed: int = 0, chunk: int = 100
+) -> tuple[Tensor, Tensor]:
     """Percentile bootstrap interval of the mean over dim 0 (prompts).
 
     values (P, ...) -> (lo, hi) each (...), the (1-level)/2 and (1+level)/2 quantiles of the
@@ -52,20 +54,26 @@ def bootstrap_mean(values: Tensor, n_boot: int = 1000, level: float = 0.90, seed
     return percentile_interval(torch.cat(means), level)
 
 
-def bootstrap_ratio(num: Tensor, den: Tensor, n_boot: int = 1000, level: float = 0.90, seed: int = 0,
-                    chunk: int = 100) -> tuple[Tensor, Tensor, Tensor]:
+def bootstrap_ratio(
+    num: Tensor, den: Tensor, n_boot: int = 1000, level: float = 0.90, seed: int = 0, chunk: int = 100
+) -> tuple[Tensor, Tensor, Tensor]:
     """Ratio of sums over prompts, sum(num) / sum(den), with a percentile bootstrap interval.
 
     num, den (P, ...) -> (ratio, lo, hi) each (...); resamples the P prompts jointly in both.
     Used for patching fractions, where a per-prompt ratio would divide by near-zero changes.
     """
-    ratios = [num[idx].sum(dim=1) / den[idx].sum(dim=1) for idx in resamples(num.shape[0], n_boot, seed, chunk, num.device)]
+    ratios = [
+        num[idx].sum(dim=1) / den[idx].sum(dim=1) for idx in resamples(num.shape[0], n_boot, seed, chunk, num.device)
+    ]
     lo, hi = percentile_interval(torch.cat(ratios), level, ignore_nan=True)
     return num.sum(0) / den.sum(0), lo, hi
 
 
-def bootstrap_r2(truth: Tensor, pred: Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.90,
-                 chunk: int | None = None) -> tuple[Tensor, Tensor]:
+def bootstrap_r2(
+    truth: Tensor, pred: Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.90, chunk: int | None = None
+) -> tuple[Tensor, Tensor]:
     """Percentile bootstrap interval of r2_score over dim 0 (prompts): (P, ...) -> (lo, hi) each (...)."""
-    r2 = [r2_score(truth[idx], pred[idx], dim=1) for idx in resamples(truth.shape[0], n_boot, seed, chunk, truth.device)]
+    r2 = [
+        r2_score(truth[idx], pred[idx], dim=1) for idx in resamples(truth.shape[0], n_boot, seed, chunk, truth.device)
+    ]
     return percentile_interval(torch.cat(r2), level)

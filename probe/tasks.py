@@ -25,7 +25,8 @@ class Prompts:
 
     def to(self, device: str | torch.device) -> Prompts:
         return Prompts(
-            self.xs.to(device), self.ys.to(device),
+            self.xs.to(device),
+            self.ys.to(device),
             None if self.w is None else self.w.to(device),
             {k: v.to(device) for k, v in self.params.items()},
         )
@@ -51,13 +52,14 @@ def input_transform(task: TaskConfig, batch: int, generator: torch.Generator) ->
         return None
     d = task.n_dims
     scales = torch.ones(d)
-    scales[: d // 2] = task.kappa ** 0.5
+    scales[: d // 2] = task.kappa**0.5
     q = random_orthogonal(batch, d, generator)
     return q @ torch.diag(scales) @ q.transpose(-1, -2)  # symmetric square root of Sigma
 
 
-def sample_inputs(task: TaskConfig, batch: int, n_points: int, generator: torch.Generator,
-                  active_dims: int | None) -> tuple[Tensor, Tensor | None]:
+def sample_inputs(
+    task: TaskConfig, batch: int, n_points: int, generator: torch.Generator, active_dims: int | None
+) -> tuple[Tensor, Tensor | None]:
     xs = torch.randn(batch, n_points, task.n_dims, generator=generator)
     a = input_transform(task, batch, generator)
     if a is not None:
@@ -73,8 +75,9 @@ def zero_inactive(xs: Tensor, active_dims: int | None) -> Tensor:
 
 
 @TASKS.register("linear_regression")
-def linear_regression(task: TaskConfig, batch: int, n_points: int, generator: torch.Generator,
-        active_dims: int | None = None) -> Prompts:
+def linear_regression(
+    task: TaskConfig, batch: int, n_points: int, generator: torch.Generator, active_dims: int | None = None
+) -> Prompts:
     """y = x.w + eps, w ~ N(0, tau^2 I), eps ~ N(0, sigma^2) (seed 002 eq. 16)."""
     xs, a = sample_inputs(task, batch, n_points, generator, active_dims)
     w = task.w_scale * torch.randn(batch, task.n_dims, generator=generator)
@@ -85,8 +88,9 @@ def linear_regression(task: TaskConfig, batch: int, n_points: int, generator: to
 
 
 @TASKS.register("sparse_linear_regression")
-def sparse_linear_regression(task: TaskConfig, batch: int, n_points: int, generator: torch.Generator,
-        active_dims: int | None = None) -> Prompts:
+def sparse_linear_regression(
+    task: TaskConfig, batch: int, n_points: int, generator: torch.Generator, active_dims: int | None = None
+) -> Prompts:
     """As linear regression, with all but `sparsity` random coordinates of w set to zero."""
     xs, a = sample_inputs(task, batch, n_points, generator, active_dims)
     w = task.w_scale * torch.randn(batch, task.n_dims, generator=generator)
@@ -107,7 +111,7 @@ def sample_relu_network(task: TaskConfig, batch: int, generator: torch.Generator
     """
     sizes = [task.n_dims] + [task.relu_width] * (task.relu_depth - 1) + [1]
     return [
-        (task.param_mean + torch.randn(batch, fan_out, fan_in, generator=generator)) / fan_in ** 0.5
+        (task.param_mean + torch.randn(batch, fan_out, fan_in, generator=generator)) / fan_in**0.5
         for fan_in, fan_out in itertools.pairwise(sizes)
     ]
 
@@ -131,8 +135,9 @@ def sample_mixture(task: TaskConfig, batch: int, n_points: int, generator: torch
 
 
 @TASKS.register("relu_network")
-def relu_network(task: TaskConfig, batch: int, n_points: int, generator: torch.Generator,
-        active_dims: int | None = None) -> Prompts:
+def relu_network(
+    task: TaskConfig, batch: int, n_points: int, generator: torch.Generator, active_dims: int | None = None
+) -> Prompts:
     """y = f(x) for a random N-layer ReLU network f per prompt, x from a Gaussian mixture."""
     xs = zero_inactive(sample_mixture(task, batch, n_points, generator), active_dims)
     weights = sample_relu_network(task, batch, generator)
@@ -142,8 +147,14 @@ def relu_network(task: TaskConfig, batch: int, n_points: int, generator: torch.G
     return Prompts(xs, ys, None, {f"layer{j}": v for j, v in enumerate(weights)})
 
 
-def sample_prompts(task: TaskConfig, batch: int, n_points: int | None = None, *,
-                   generator: torch.Generator, active_dims: int | None = None) -> Prompts:
+def sample_prompts(
+    task: TaskConfig,
+    batch: int,
+    n_points: int | None = None,
+    *,
+    generator: torch.Generator,
+    active_dims: int | None = None,
+) -> Prompts:
     """Sample a batch of prompts of `n_points` examples (default: the task's).
 
     `active_dims` < d zeroes the later coordinates of x before labels are computed

@@ -116,8 +116,9 @@ TRAIN_STATE = "train_state.pt"
 SNAPSHOTS = "snapshots"
 
 
-def save_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: RunConfig, out: Path,
-                        step: int, elapsed: float) -> None:
+def save_training_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, cfg: RunConfig, out: Path, step: int, elapsed: float
+) -> None:
     """Publish the weights, then commit weights + optimizer state + step as one file.
 
     `train_state.pt` is the commit point: it carries its own copy of the weights, so a kill
@@ -154,8 +155,10 @@ def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, out:
         raise CheckpointError(f"--resume: {out} has no {TRAIN_STATE} to resume from")
     state = safe_torch_load(path)
     if not isinstance(state, dict) or not {"optimizer", "step", "elapsed"} <= set(state):
-        raise CheckpointError(f"{path}: not an icl-probe training state (needs optimizer, step, elapsed); "
-                              "start a new run in another --out")
+        raise CheckpointError(
+            f"{path}: not an icl-probe training state (needs optimizer, step, elapsed); "
+            "start a new run in another --out"
+        )
     try:
         step, elapsed = int(state["step"]), float(state["elapsed"])
     except (TypeError, ValueError):
@@ -168,12 +171,14 @@ def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, out:
         if saved_step != step:
             raise CheckpointError(
                 f"--resume: {out}/model.safetensors is from step {saved_step} but {TRAIN_STATE} from step "
-                f"{step} (the run was killed between the two writes); this older run cannot be resumed safely")
+                f"{step} (the run was killed between the two writes); this older run cannot be resumed safely"
+            )
     try:
         optimizer.load_state_dict(state["optimizer"])
     except (ValueError, KeyError, TypeError, RuntimeError) as err:
-        raise CheckpointError(f"{path}: optimizer state does not match the model ({err}); "
-                              "start a new run in another --out") from None
+        raise CheckpointError(
+            f"{path}: optimizer state does not match the model ({err}); start a new run in another --out"
+        ) from None
     return step, elapsed
 
 
@@ -186,8 +191,15 @@ def _saved_train_step(out: Path) -> int | None:
         return None
 
 
-def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str = "cpu",
-          progress: bool = True, keep_every: int = 0) -> nn.Module:
+def train(
+    cfg: RunConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    device: str = "cpu",
+    progress: bool = True,
+    keep_every: int = 0,
+) -> nn.Module:
     """Train `cfg` into run directory `out`; returns the trained (unwrapped) model.
 
     keep_every > 0 also keeps an immutable snapshot every that many steps (and at the end)
@@ -202,15 +214,19 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but torch sees no GPU; use --device cpu")
     if cfg.train.batch_size % dist_info.world:
-        raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) must divide evenly over "
-                          f"{dist_info.world} processes")
+        raise ConfigError(
+            f"train.batch_size ({cfg.train.batch_size}) must divide evenly over {dist_info.world} processes"
+        )
     if (out / TRAIN_STATE).exists() and not resume:
         raise ConfigError(f"{out} already holds a training run; pass --resume to continue it or choose another --out")
     from .validate import activation_bytes, check_memory, model_bytes
 
-    check_memory(model_bytes(cfg.model) * 4 + activation_bytes(cfg.model, cfg.train.batch_size // dist_info.world,
-                                                                cfg.task.n_points, training=True),
-                 f"training with train.batch_size={cfg.train.batch_size}", "lower train.batch_size or the model size")
+    check_memory(
+        model_bytes(cfg.model) * 4
+        + activation_bytes(cfg.model, cfg.train.batch_size // dist_info.world, cfg.task.n_points, training=True),
+        f"training with train.batch_size={cfg.train.batch_size}",
+        "lower train.batch_size or the model size",
+    )
 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model)
@@ -246,8 +262,19 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, device: str 
     return model.eval()
 
 
-def _loop(cfg: RunConfig, out: Path, model: nn.Module, net: nn.Module, optimizer: torch.optim.Optimizer, start: int,
-          elapsed: float, device: str, dist_info: DistInfo, progress: bool, keep_every: int) -> None:
+def _loop(
+    cfg: RunConfig,
+    out: Path,
+    model: nn.Module,
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    start: int,
+    elapsed: float,
+    device: str,
+    dist_info: DistInfo,
+    progress: bool,
+    keep_every: int,
+) -> None:
     """The training steps from `start`: fresh prompts, AdamW, logging, checkpoints and snapshots."""
     from .outputs import mark_run_directory
 
@@ -260,14 +287,25 @@ def _loop(cfg: RunConfig, out: Path, model: nn.Module, net: nn.Module, optimizer
 
     local_batch = cfg.train.batch_size // dist_info.world
     rows: list[dict] = []
-    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps,
-               disable=not (progress and dist_info.main), desc="train", dynamic_ncols=True)
+    bar = tqdm(
+        range(start, cfg.train.steps),
+        initial=start,
+        total=cfg.train.steps,
+        disable=not (progress and dist_info.main),
+        desc="train",
+        dynamic_ncols=True,
+    )
     t0 = time.perf_counter() - elapsed
     model.train()
     for step in bar:
         dims, points = curriculum_at(cfg, step)
-        prompts = sample_prompts(cfg.task, local_batch, points, generator=generator_for(cfg.train.seed, step, dist_info.rank),
-                                 active_dims=dims).to(device)
+        prompts = sample_prompts(
+            cfg.task,
+            local_batch,
+            points,
+            generator=generator_for(cfg.train.seed, step, dist_info.rank),
+            active_dims=dims,
+        ).to(device)
         lr = learning_rate(cfg, step)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -276,7 +314,8 @@ def _loop(cfg: RunConfig, out: Path, model: nn.Module, net: nn.Module, optimizer
             raise TrainingDiverged(
                 f"training diverged at step {step}: the loss is {loss.item()} (train.lr={cfg.train.lr:g}, "
                 f"task.w_scale={cfg.task.w_scale:g}); lower train.lr or the task's scale. The last finite "
-                f"checkpoint in {out} is kept (train_state.pt)")
+                f"checkpoint in {out} is kept (train_state.pt)"
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.train.grad_clip > 0:
@@ -284,8 +323,16 @@ def _loop(cfg: RunConfig, out: Path, model: nn.Module, net: nn.Module, optimizer
         optimizer.step()
         done = step + 1
         if dist_info.main and (step % cfg.train.log_every == 0 or done == cfg.train.steps):
-            rows.append({"step": step, "loss": f"{loss.item():.6g}", "lr": f"{lr:.4g}", "dims": dims,
-                         "points": points, "elapsed_s": f"{time.perf_counter() - t0:.1f}"})
+            rows.append(
+                {
+                    "step": step,
+                    "loss": f"{loss.item():.6g}",
+                    "lr": f"{lr:.4g}",
+                    "dims": dims,
+                    "points": points,
+                    "elapsed_s": f"{time.perf_counter() - t0:.1f}",
+                }
+            )
             bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.1e}")
         if dist_info.main and (done % cfg.train.eval_every == 0 or done == cfg.train.steps):
             ev = held_out_error(model, cfg, device)
@@ -293,9 +340,11 @@ def _loop(cfg: RunConfig, out: Path, model: nn.Module, net: nn.Module, optimizer
             log.info("step %d: held-out error/d %.4f, at 2d+1 %.4f", done, ev["error_mean"], ev["error_at_2d1"])
         if dist_info.main and (done % cfg.train.save_every == 0 or done == cfg.train.steps):
             if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-                raise TrainingDiverged(f"training diverged before step {done}: the weights hold NaN or infinite "
-                                       f"values; lower train.lr (now {cfg.train.lr:g}). {out}/train_state.pt keeps "
-                                       "the last finite state")
+                raise TrainingDiverged(
+                    f"training diverged before step {done}: the weights hold NaN or infinite "
+                    f"values; lower train.lr (now {cfg.train.lr:g}). {out}/train_state.pt keeps "
+                    "the last finite state"
+                )
             _append_rows(out / TRAIN_LOG, TRAIN_LOG_FIELDS, rows)
             rows = []
             save_training_state(model, optimizer, cfg, out, done, time.perf_counter() - t0)

@@ -40,8 +40,11 @@ MEMORY_FRACTION = 0.8  # refuse work whose estimate exceeds this share of availa
 
 def positive_int(value: Any, name: str, minimum: int = 1) -> int:
     """An integer >= minimum (floats with an integral value are accepted, 2.5 is not)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and (not math.isfinite(value) or not value.is_integer())):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()))
+    ):
         raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if int(value) < minimum:
         raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -208,8 +211,9 @@ def check_memory(nbytes: float, what: str, fix: str) -> None:
     """Refuse work whose memory estimate exceeds the available memory, naming the culprit."""
     limit = MEMORY_FRACTION * available_memory()
     if nbytes > limit:
-        raise ConfigError(f"{what} would need about {_human(nbytes)} of memory, more than the "
-                          f"{_human(limit)} available; {fix}")
+        raise ConfigError(
+            f"{what} would need about {_human(nbytes)} of memory, more than the {_human(limit)} available; {fix}"
+        )
 
 
 def _human(n: float) -> str:

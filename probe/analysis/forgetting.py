@@ -10,7 +10,9 @@ from ..learners import run_learner
 from .states import query_states
 
 
-def forgetting_table(model, xs: torch.Tensor, ys: torch.Tensor, learners: dict[str, dict], device: str = "cpu") -> pd.DataFrame:
+def forgetting_table(
+    model, xs: torch.Tensor, ys: torch.Tensor, learners: dict[str, dict], device: str = "cpu"
+) -> pd.DataFrame:
     """Rows (predictor, gap, error) for the model (its own prediction) and each learner.
 
     The prompt's first n-1 examples are the context; the queries are x_1..x_{n-1} themselves.
@@ -18,19 +20,23 @@ def forgetting_table(model, xs: torch.Tensor, ys: torch.Tensor, learners: dict[s
     _, n, d = xs.shape
     t = n - 1
     queries = xs[:, :t]
-    states = query_states(model, xs[:, :t + 1], ys[:, :t + 1], queries, device, start=t)  # (L+1, B, 1, Q, D)
+    states = query_states(model, xs[:, : t + 1], ys[:, : t + 1], queries, device, start=t)  # (L+1, B, 1, Q, D)
     with torch.no_grad():
         lens = getattr(model, "lens", None) or model.readout
         device_ = next(iter(model.parameters()), torch.empty(0)).device
         pred = lens(torch.as_tensor(states[-1, :, 0]).to(device_)).double().cpu()  # (B, Q)
     target = ys[:, :t].double()
     gaps = t - torch.arange(t)  # example i (0-based) was seen t - i examples ago
-    rows = [{"predictor": "model", "gap": int(g), "error": float(e)}
-            for g, e in zip(gaps, ((pred - target) ** 2).mean(0) / d)]
+    rows = [
+        {"predictor": "model", "gap": int(g), "error": float(e)}
+        for g, e in zip(gaps, ((pred - target) ** 2).mean(0) / d)
+    ]
     for label, spec in learners.items():
-        res = run_learner(spec["learner"], xs[:, :t + 1], ys[:, :t + 1], queries, **spec.get("grid", {}))
+        res = run_learner(spec["learner"], xs[:, : t + 1], ys[:, : t + 1], queries, **spec.get("grid", {}))
         assert res.query_preds is not None  # queries were given
         q = res.query_preds[0, :, t]  # (B, Q): after t examples
-        rows += [{"predictor": label, "gap": int(g), "error": float(e)}
-                 for g, e in zip(gaps, ((q - target) ** 2).mean(0) / d)]
+        rows += [
+            {"predictor": label, "gap": int(g), "error": float(e)}
+            for g, e in zip(gaps, ((q - target) ** 2).mean(0) / d)
+        ]
     return pd.DataFrame(rows)

@@ -35,9 +35,12 @@ DEFAULT_SWEEPS = (
 )
 
 
-def run_sweep(sweep: Sweep, xs: torch.Tensor, ys: torch.Tensor, queries: torch.Tensor | None, device: str = "cpu") -> LearnerResult:
-    return run_learner(sweep.learner, xs.to(device), ys.to(device), None if queries is None else queries.to(device),
-                       **sweep.grid)
+def run_sweep(
+    sweep: Sweep, xs: torch.Tensor, ys: torch.Tensor, queries: torch.Tensor | None, device: str = "cpu"
+) -> LearnerResult:
+    return run_learner(
+        sweep.learner, xs.to(device), ys.to(device), None if queries is None else queries.to(device), **sweep.grid
+    )
 
 
 def learner_weights(result: LearnerResult, queries: torch.Tensor) -> torch.Tensor:
@@ -49,9 +52,17 @@ def learner_weights(result: LearnerResult, queries: torch.Tensor) -> torch.Tenso
     return induced_weights(result.query_preds, queries.to(result.query_preds.device))
 
 
-def compare_layers(layer_preds: np.ndarray, layer_weights: np.ndarray | None, ys: torch.Tensor, sweep: Sweep,
-                   result: LearnerResult, queries: torch.Tensor | None, include_first: bool = False, n_boot: int = 1000,
-                   seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+def compare_layers(
+    layer_preds: np.ndarray,
+    layer_weights: np.ndarray | None,
+    ys: torch.Tensor,
+    sweep: Sweep,
+    result: LearnerResult,
+    queries: torch.Tensor | None,
+    include_first: bool = False,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Heatmap cells and best matches of one sweep against all layers, for SimE (and SimW when
     layer weights are given). Returns (cells, best) tidy tables."""
     lp = torch.as_tensor(layer_preds, dtype=torch.float64)
@@ -60,21 +71,36 @@ def compare_layers(layer_preds: np.ndarray, layer_weights: np.ndarray | None, ys
     if layer_weights is not None:
         if queries is None:
             raise ValueError("SimW needs the fresh queries the layer weights were induced from")
-        metrics["simw"] = simw(torch.as_tensor(layer_weights, dtype=torch.float64), learner_weights(result, queries).cpu())
+        metrics["simw"] = simw(
+            torch.as_tensor(layer_weights, dtype=torch.float64), learner_weights(result, queries).cpu()
+        )
     cells, best = [], []
     for metric, values in metrics.items():
         frame = similarity_frame(values, metric, "layer", sweep.label, result.grid, n_boot=n_boot, seed=seed)
-        cells.append(frame.drop(columns=["a"]).rename(columns={"a_index": "layer", "b": "sweep", "b_index": "grid_index"}))
+        cells.append(
+            frame.drop(columns=["a"]).rename(columns={"a_index": "layer", "b": "sweep", "b_index": "grid_index"})
+        )
         table = best_match(values, n_boot=n_boot, seed=seed)
         axis_values = [g.get(sweep.axis, i) if sweep.axis else i for i, g in enumerate(result.grid)]
-        best.append(pd.DataFrame({
-            "sweep": sweep.label, "learner": sweep.learner, "metric": metric, "layer": table.a_index,
-            "k": [axis_values[i] for i in table.best_index],
-            "k_low": [axis_values[i] for i in table.best_index_low],
-            "k_high": [axis_values[i] for i in table.best_index_high],
-            "similarity": table.similarity, "ci_low": table.ci_low, "ci_high": table.ci_high,
-            "at_grid_end": (table.best_index == len(result.grid) - 1) & (sweep.axis is not None) & (len(result.grid) > 1),
-        }))
+        best.append(
+            pd.DataFrame(
+                {
+                    "sweep": sweep.label,
+                    "learner": sweep.learner,
+                    "metric": metric,
+                    "layer": table.a_index,
+                    "k": [axis_values[i] for i in table.best_index],
+                    "k_low": [axis_values[i] for i in table.best_index_low],
+                    "k_high": [axis_values[i] for i in table.best_index_high],
+                    "similarity": table.similarity,
+                    "ci_low": table.ci_low,
+                    "ci_high": table.ci_high,
+                    "at_grid_end": (table.best_index == len(result.grid) - 1)
+                    & (sweep.axis is not None)
+                    & (len(result.grid) > 1),
+                }
+            )
+        )
     return pd.concat(cells, ignore_index=True), pd.concat(best, ignore_index=True)
 
 
@@ -95,8 +121,13 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | No
     layers, ks = rows.layer.to_numpy(float), rows.k.to_numpy(float)
     out: dict[str, Any] = {"learner": learner, "metric": metric, "layers": rows.layer.tolist()}
     if len(rows) < 3 or np.ptp(ks) == 0:
-        out.update(linear_r2=None, exponential_r2=None, slope=None, growth=None,
-                   verdict=f"{learner}: inconclusive (fewer than 3 layers with a varying, unconverged best match)")
+        out.update(
+            linear_r2=None,
+            exponential_r2=None,
+            slope=None,
+            growth=None,
+            verdict=f"{learner}: inconclusive (fewer than 3 layers with a varying, unconverged best match)",
+        )
         return out
     from scipy.optimize import curve_fit
 
@@ -112,8 +143,13 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | No
         verdict = f"{learner}: linear, about {a:.1f} {unit} per layer"
     else:
         verdict = f"{learner}: exponential, about x{np.exp(ea):.2f} per layer"
-    out.update(linear_r2=lin_r2, exponential_r2=exp_r2, slope=float(a), growth=float(np.exp(ea)),
-               verdict=verdict + f" (R^2 linear {lin_r2:.2f}, exponential {exp_r2:.2f})")
+    out.update(
+        linear_r2=lin_r2,
+        exponential_r2=exp_r2,
+        slope=float(a),
+        growth=float(np.exp(ea)),
+        verdict=verdict + f" (R^2 linear {lin_r2:.2f}, exponential {exp_r2:.2f})",
+    )
     return out
 
 

@@ -25,7 +25,9 @@ from ..stats import bootstrap_mean
 ZERO_FRACTION = 0.1
 
 
-def null_predictions(model, xs: torch.Tensor, ys: torch.Tensor, seed: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+def null_predictions(
+    model, xs: torch.Tensor, ys: torch.Tensor, seed: int, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
     """Predictions (B, n) of the zero predictor and of a seeded random-weights copy of the architecture."""
     nulls = {"zero": torch.zeros_like(ys, dtype=torch.float64)}
     config = getattr(model, "config", None)
@@ -40,8 +42,14 @@ def null_predictions(model, xs: torch.Tensor, ys: torch.Tensor, seed: int, devic
     return nulls
 
 
-def null_table(layer_preds: np.ndarray, ys: torch.Tensor, nulls: dict[str, torch.Tensor], include_first: bool,
-               n_boot: int, seed: int) -> pd.DataFrame:
+def null_table(
+    layer_preds: np.ndarray,
+    ys: torch.Tensor,
+    nulls: dict[str, torch.Tensor],
+    include_first: bool,
+    n_boot: int,
+    seed: int,
+) -> pd.DataFrame:
     """Per layer and null: SimE with its bootstrap interval, and whether the layer predicts ~0."""
     lp = torch.as_tensor(layer_preds, dtype=torch.float64)
     y = ys.double().cpu()
@@ -52,9 +60,17 @@ def null_table(layer_preds: np.ndarray, ys: torch.Tensor, nulls: dict[str, torch
         values = sime(lp, pred.unsqueeze(0).cpu(), y, include_first)[:, 0]  # (L+1, B)
         lo, hi = bootstrap_mean(values.T, n_boot=n_boot, seed=seed)
         for layer in range(lp.shape[0]):
-            rows.append({"layer": layer, "null": name, "similarity": float(values[layer].mean()),
-                         "ci_low": float(lo[layer]), "ci_high": float(hi[layer]),
-                         "relative_norm": float(rel[layer]), "predicts_zero": bool(rel[layer] < ZERO_FRACTION)})
+            rows.append(
+                {
+                    "layer": layer,
+                    "null": name,
+                    "similarity": float(values[layer].mean()),
+                    "ci_low": float(lo[layer]),
+                    "ci_high": float(hi[layer]),
+                    "relative_norm": float(rel[layer]),
+                    "predicts_zero": bool(rel[layer] < ZERO_FRACTION),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -65,5 +81,6 @@ def flag_degenerate(best: pd.DataFrame, nulls: pd.DataFrame) -> pd.DataFrame:
     rand = best.layer.map(by["random_model"]) if "random_model" in by else np.nan
     predicts_zero = best.layer.map(nulls.drop_duplicates("layer").set_index("layer").predicts_zero).astype(bool)
     degenerate = predicts_zero | ((best.metric == "sime") & (best.ci_low <= zero))
-    return best.assign(zero_similarity=zero, random_similarity=rand, predicts_zero=predicts_zero,
-                       degenerate=degenerate.astype(bool))
+    return best.assign(
+        zero_similarity=zero, random_similarity=rand, predicts_zero=predicts_zero, degenerate=degenerate.astype(bool)
+    )

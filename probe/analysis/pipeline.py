@@ -1,8 +1,8 @@
 """The layer analyses end to end: prompts -> states -> read-outs -> heatmaps, trend, span.
 
-    settings = LayerSettings(n_eval=512)
-    result = analyse_layers(model, task, settings)
-    result.best   # one row per (learner, metric, layer): best-matching k with intervals
+settings = LayerSettings(n_eval=512)
+result = analyse_layers(model, task, settings)
+result.best   # one row per (learner, metric, layer): best-matching k with intervals
 """
 
 from __future__ import annotations
@@ -139,7 +139,9 @@ def fit_readouts(model, task: TaskConfig, settings: LayerSettings, progress: boo
         h_val, _ = x_states(model, val.xs, val.ys, dev, bs, progress)
         fitted = fit_layer_readouts(h_train, train.ys.numpy(), h_val, val.ys.numpy(), settings.alphas)
         if settings.readout_method == "adam":
-            fitted = finetune_layer_readouts(fitted, h_train, train.ys.numpy(), settings.finetune_steps, seed=settings.seed)
+            fitted = finetune_layer_readouts(
+                fitted, h_train, train.ys.numpy(), settings.finetune_steps, seed=settings.seed
+            )
         readouts = fitted
     return readouts, ev, readouts.predict(h_eval)
 
@@ -150,13 +152,27 @@ def induced_layer_weights(model, task: TaskConfig, settings: LayerSettings, read
     m = settings.n_simw
     sub = type(ev)(ev.xs[:m], ev.ys[:m], None if ev.w is None else ev.w[:m], {k: v[:m] for k, v in ev.params.items()})
     queries = fresh_queries(task, sub, settings.n_queries or 4 * task.n_dims, settings.seed)
-    q_preds = query_states(model, sub.xs, sub.ys, queries, settings.device, 4 * settings.batch_size, progress,
-                           readout=readouts.predict_layer)  # (L+1, m, n, Q)
+    q_preds = query_states(
+        model,
+        sub.xs,
+        sub.ys,
+        queries,
+        settings.device,
+        4 * settings.batch_size,
+        progress,
+        readout=readouts.predict_layer,
+    )  # (L+1, m, n, Q)
     return induced_weights(torch.as_tensor(q_preds), queries).numpy(), queries
 
 
-def compare_sweeps(layer_preds: np.ndarray, layer_weights: np.ndarray | None, queries, ev, settings: LayerSettings,
-                   progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, list[pd.DataFrame]]:
+def compare_sweeps(
+    layer_preds: np.ndarray,
+    layer_weights: np.ndarray | None,
+    queries,
+    ev,
+    settings: LayerSettings,
+    progress: bool = False,
+) -> tuple[pd.DataFrame, pd.DataFrame, list[pd.DataFrame]]:
     """Heatmap cells and best matches of every sweep (SimE on all held-out prompts, SimW on the
     first n_simw), and span tables of a few iterates of each learner."""
     from tqdm.auto import tqdm
@@ -165,15 +181,25 @@ def compare_sweeps(layer_preds: np.ndarray, layer_weights: np.ndarray | None, qu
     cells, best, span_parts = [], [], []
     for sweep in tqdm(settings.sweeps, desc="learners", disable=not progress, leave=False):
         result = run_sweep(sweep, ev.xs, ev.ys, None, dev)
-        c, b = compare_layers(layer_preds, None, ev.ys, sweep, result, None, settings.include_first,
-                              settings.n_boot, settings.seed)
+        c, b = compare_layers(
+            layer_preds, None, ev.ys, sweep, result, None, settings.include_first, settings.n_boot, settings.seed
+        )
         cells.append(c)
         best.append(b)
         if layer_weights is None:
             continue
         sub_result = run_sweep(sweep, ev.xs[:m], ev.ys[:m], queries, dev)
-        c, b = compare_layers(layer_preds[:, :m], layer_weights, ev.ys[:m], sweep, sub_result, queries,
-                              settings.include_first, settings.n_boot, settings.seed)
+        c, b = compare_layers(
+            layer_preds[:, :m],
+            layer_weights,
+            ev.ys[:m],
+            sweep,
+            sub_result,
+            queries,
+            settings.include_first,
+            settings.n_boot,
+            settings.seed,
+        )
         cells.append(c[c.metric == "simw"])
         best.append(b[b.metric == "simw"])
         w = learner_weights(sub_result, queries).cpu()
@@ -197,17 +223,29 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
         clock.lap("query_states")
     cells, best, span_parts = compare_sweeps(layer_preds, layer_weights, queries, ev, settings, progress)
     clock.lap("learners")
-    nulls = null_table(layer_preds, ev.ys, null_predictions(model, ev.xs, ev.ys, settings.seed, settings.device),
-                       settings.include_first, settings.n_boot, settings.seed)
+    nulls = null_table(
+        layer_preds,
+        ev.ys,
+        null_predictions(model, ev.xs, ev.ys, settings.seed, settings.device),
+        settings.include_first,
+        settings.n_boot,
+        settings.seed,
+    )
     trends, t1 = [], pd.DataFrame()
     if not best.empty:
         best = flag_degenerate(best, nulls)
-        trends = [trend(best, s.label, metric, s.axis) for s in settings.sweeps if s.axis
-                  for metric in sorted(best.metric.unique())]
+        trends = [
+            trend(best, s.label, metric, s.axis)
+            for s in settings.sweeps
+            if s.axis
+            for metric in sorted(best.metric.unique())
+        ]
         t1 = table1(best, int(layer_preds.shape[0] - 1))
     span = pd.DataFrame()
     if layer_weights is not None:
-        layers = span_table(torch.as_tensor(layer_weights), ev.xs[: settings.n_simw], "layer", "index").assign(kind="layer")
+        layers = span_table(torch.as_tensor(layer_weights), ev.xs[: settings.n_simw], "layer", "index").assign(
+            kind="layer"
+        )
         span = pd.concat([layers, *span_parts], ignore_index=True)
     clock.lap("similarity")
     return LayerAnalysis(readouts, readout, cells, best, trends, t1, span, nulls, clock.timings)

@@ -48,24 +48,41 @@ class ProbeGrid(nn.Module):
     """L x M independent attention-pooled probes: M probes (prefix, target) on each of L layers,
     over P positions of width D, outputs of width d. Parameters carry the flat probe axis G = L*M."""
 
-    def __init__(self, n_layers: int, n_per_layer: int, n_positions: int, width: int, out_dim: int, kind: str,
-                 hidden: int = 128, seed: int = 0):
+    def __init__(
+        self,
+        n_layers: int,
+        n_per_layer: int,
+        n_positions: int,
+        width: int,
+        out_dim: int,
+        kind: str,
+        hidden: int = 128,
+        seed: int = 0,
+    ):
         super().__init__()
         self.n_layers, self.n_per_layer = n_layers, n_per_layer
         self.groups: list[tuple[slice, int]] = []  # (probes of each layer, positions they read), see fit_probes
         n_probes = n_layers * n_per_layer
         g = torch.Generator().manual_seed(seed)
-        init = lambda *shape, fan: (torch.randn(*shape, generator=g) / math.sqrt(fan))
+        init = lambda *shape, fan: torch.randn(*shape, generator=g) / math.sqrt(fan)
         self.kind = kind
         self.scores = nn.Parameter(torch.zeros(n_probes, n_positions))  # s, uniform attention at start
         if kind == "linear":  # W_v folded into the head: (G, D, d)
-            self.head = nn.ParameterList([nn.Parameter(init(n_probes, width, out_dim, fan=width)),
-                                          nn.Parameter(torch.zeros(n_probes, 1, out_dim))])
+            self.head = nn.ParameterList(
+                [
+                    nn.Parameter(init(n_probes, width, out_dim, fan=width)),
+                    nn.Parameter(torch.zeros(n_probes, 1, out_dim)),
+                ]
+            )
         elif kind == "mlp":  # W_v folded into the first layer: (G, D, hidden)
-            self.head = nn.ParameterList([nn.Parameter(init(n_probes, width, hidden, fan=width)),
-                                          nn.Parameter(torch.zeros(n_probes, 1, hidden)),
-                                          nn.Parameter(init(n_probes, hidden, out_dim, fan=hidden)),
-                                          nn.Parameter(torch.zeros(n_probes, 1, out_dim))])
+            self.head = nn.ParameterList(
+                [
+                    nn.Parameter(init(n_probes, width, hidden, fan=width)),
+                    nn.Parameter(torch.zeros(n_probes, 1, hidden)),
+                    nn.Parameter(init(n_probes, hidden, out_dim, fan=hidden)),
+                    nn.Parameter(torch.zeros(n_probes, 1, out_dim)),
+                ]
+            )
         else:
             raise ValueError(f"unknown probe kind {kind!r} (linear, mlp)")
 
@@ -131,9 +148,21 @@ def _minibatches(n: int, batch_size: int, seed: int) -> Iterator[slice]:
             yield slice(i, i + b)
 
 
-def _train_until_stable(grid: ProbeGrid, fit_states: Tensor, y_fit: Tensor, val_states: Tensor, y_val: Tensor,
-                        mask: Tensor, *, steps: int, lr: float, batch_size: int, eval_every: int, patience: int,
-                        seed: int) -> tuple[Tensor, Tensor, Tensor]:
+def _train_until_stable(
+    grid: ProbeGrid,
+    fit_states: Tensor,
+    y_fit: Tensor,
+    val_states: Tensor,
+    y_val: Tensor,
+    mask: Tensor,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    eval_every: int,
+    patience: int,
+    seed: int,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Adam on minibatches of prompts; every `eval_every` steps each probe's validation R^2 is
     computed and its parameters kept when they improve it by more than 1e-4. A probe has
     converged once `patience` evaluations in a row bring no improvement; training stops when all
@@ -170,8 +199,15 @@ def _train_until_stable(grid: ProbeGrid, fit_states: Tensor, y_fit: Tensor, val_
     return best.view(shape), best_step.view(shape), (stale >= patience).view(shape)
 
 
-def _fit_once(states: tuple[Tensor, Tensor, Tensor], targets: tuple[Tensor, Tensor], combos, kind: str,
-              lr: float, hidden: int, opts: dict) -> _Fit:
+def _fit_once(
+    states: tuple[Tensor, Tensor, Tensor],
+    targets: tuple[Tensor, Tensor],
+    combos,
+    kind: str,
+    lr: float,
+    hidden: int,
+    opts: dict,
+) -> _Fit:
     """Train one grid (one learning rate and width) with early stopping; predict the test prompts."""
     fit_states, val_states, test_states = states
     y_fit, y_val = targets
@@ -187,11 +223,23 @@ def _fit_once(states: tuple[Tensor, Tensor, Tensor], targets: tuple[Tensor, Tens
     return _Fit(val_r2, steps, converged, pred, alpha)
 
 
-def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_states: Tensor,
-               test_targets: dict[str, Tensor], combos: Sequence[tuple[int, str]], kind: str, steps: int = 300,
-               lr: float | Sequence[float] = 1e-3, batch_size: int = 128, seed: int = 0, device: str = "cpu",
-               hidden: int | Sequence[int] = 128, eval_every: int = 25, patience: int = 5,
-               val_fraction: float = 0.2) -> pd.DataFrame:
+def fit_probes(
+    train_states: Tensor,
+    train_targets: dict[str, Tensor],
+    test_states: Tensor,
+    test_targets: dict[str, Tensor],
+    combos: Sequence[tuple[int, str]],
+    kind: str,
+    steps: int = 300,
+    lr: float | Sequence[float] = 1e-3,
+    batch_size: int = 128,
+    seed: int = 0,
+    device: str = "cpu",
+    hidden: int | Sequence[int] = 128,
+    eval_every: int = 25,
+    patience: int = 5,
+    val_fraction: float = 0.2,
+) -> pd.DataFrame:
     """Train a probe for every layer x (prefix, target) combination at once; score on held-out prompts.
 
     states (L+1, N, 2n, D) at all token positions; targets name -> (N, n, d); combos [(t, target)].
@@ -207,25 +255,30 @@ def fit_probes(train_states: Tensor, train_targets: dict[str, Tensor], test_stat
         raise ConfigError(f"probes need at least 2 training prompts (one for validation), got {n_train}")
     fit_part = slice(0, n_train - n_val)
     # standardise targets per (prefix, coordinate) with the fitting prompts' statistics
-    stats = {k: (v[fit_part].mean(0, keepdim=True), v[fit_part].std(0, keepdim=True).nan_to_num(1.0).clamp_min(1e-8))
-             for k, v in train_targets.items()}
+    stats = {
+        k: (v[fit_part].mean(0, keepdim=True), v[fit_part].std(0, keepdim=True).nan_to_num(1.0).clamp_min(1e-8))
+        for k, v in train_targets.items()
+    }
     norm = lambda k, v: (v - stats[k][0]) / stats[k][1]
     y_train = torch.stack([norm(tg, train_targets[tg])[:, t] for t, tg in combos]).float()  # (M, N, d)
     y_test = torch.stack([norm(tg, test_targets[tg])[:, t] for t, tg in combos]).float()
     # by position (L+1, P, N, D): a minibatch is a block of prompts, read in place (see _minibatches)
     by_position = lambda s: s.float().transpose(1, 2).contiguous().to(device)
-    fit_states, val_states = by_position(train_states[:, fit_part]), by_position(train_states[:, n_train - n_val:])
+    fit_states, val_states = by_position(train_states[:, fit_part]), by_position(train_states[:, n_train - n_val :])
     opts = {"steps": steps, "batch_size": batch_size, "eval_every": eval_every, "patience": patience, "seed": seed}
     configs = [(float(r), int(h)) for r in np.atleast_1d(lr) for h in (np.atleast_1d(hidden) if kind == "mlp" else [0])]
-    targets = (y_train[:, fit_part].to(device), y_train[:, n_train - n_val:].to(device))
-    fits = [_fit_once((fit_states, val_states, by_position(test_states)), targets, combos, kind, r, h or 128, opts)
-            for r, h in configs]
+    targets = (y_train[:, fit_part].to(device), y_train[:, n_train - n_val :].to(device))
+    fits = [
+        _fit_once((fit_states, val_states, by_position(test_states)), targets, combos, kind, r, h or 128, opts)
+        for r, h in configs
+    ]
     choice = torch.stack([f.val_r2 for f in fits]).argmax(0)  # (L+1, M): best configuration per probe
     return _probe_rows(fits, configs, choice, y_test.double().unsqueeze(0), combos, kind, n_pos)
 
 
-def _probe_rows(fits: list[_Fit], configs: list[tuple[float, int]], choice: Tensor, truth: Tensor, combos,
-                kind: str, n_pos: int) -> pd.DataFrame:
+def _probe_rows(
+    fits: list[_Fit], configs: list[tuple[float, int]], choice: Tensor, truth: Tensor, combos, kind: str, n_pos: int
+) -> pd.DataFrame:
     """The table of fit_probes from each probe's chosen configuration."""
     pick = lambda name: torch.stack([getattr(f, name) for f in fits])  # (C, L+1, M, ...)
     sel = lambda t: t.gather(0, choice.view(1, *choice.shape, *([1] * (t.dim() - 3))).expand(1, *t.shape[1:]))[0]
@@ -239,12 +292,24 @@ def _probe_rows(fits: list[_Fit], configs: list[tuple[float, int]], choice: Tens
         for i, (t, target) in enumerate(combos):
             a = alpha[layer, i]
             lr, hidden = configs[int(choice[layer, i])]
-            rows.append({"layer": layer, "prefix": t, "target": target, "kind": kind,
-                         "r2": float(r2[layer, i]), "nmse": float(nmse[layer, i]), "val_r2": float(val_r2[layer, i]),
-                         "lr": lr, "hidden": hidden, "steps": int(steps[layer, i]),
-                         "converged": bool(converged[layer, i]),
-                         "y_mass": float((a * is_y).sum()), "last_example_mass": float(a[2 * t - 2:2 * t].sum()),
-                         "peak_position": int(a.argmax())})
+            rows.append(
+                {
+                    "layer": layer,
+                    "prefix": t,
+                    "target": target,
+                    "kind": kind,
+                    "r2": float(r2[layer, i]),
+                    "nmse": float(nmse[layer, i]),
+                    "val_r2": float(val_r2[layer, i]),
+                    "lr": lr,
+                    "hidden": hidden,
+                    "steps": int(steps[layer, i]),
+                    "converged": bool(converged[layer, i]),
+                    "y_mass": float((a * is_y).sum()),
+                    "last_example_mass": float(a[2 * t - 2 : 2 * t].sum()),
+                    "peak_position": int(a.argmax()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -257,7 +322,9 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
     GridSearchCV instead.
     """
 
-    def __init__(self, kind: str = "linear", steps: int = 300, lr: float = 1e-3, batch_size: int = 128, random_state: int = 0):
+    def __init__(
+        self, kind: str = "linear", steps: int = 300, lr: float = 1e-3, batch_size: int = 128, random_state: int = 0
+    ):
         self.kind, self.steps, self.lr, self.batch_size, self.random_state = kind, steps, lr, batch_size, random_state
 
     @staticmethod
@@ -282,7 +349,9 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
         self.n_features_in_ = h.shape[2]
         self.n_positions_ = h.shape[1]
         self.mean_ = target_values.mean(0)
-        self.std_ = target_values.std(0).clamp_min(1e-8) if len(target_values) > 1 else torch.ones(target_values.shape[1])
+        self.std_ = (
+            target_values.std(0).clamp_min(1e-8) if len(target_values) > 1 else torch.ones(target_values.shape[1])
+        )
         torch.manual_seed(self.random_state)
         self.grid_ = ProbeGrid(1, 1, h.shape[1], h.shape[2], target_values.shape[1], self.kind, seed=self.random_state)
         opt = torch.optim.Adam(self.grid_.parameters(), lr=self.lr)
@@ -303,8 +372,10 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
         check_is_fitted(self)
         h = self._as_states(H)
         if h.shape[1:] != (self.n_positions_, self.n_features_in_):
-            raise ValueError(f"H has {tuple(h.shape[1:])} (positions, width) but the probe was fitted on "
-                             f"{(self.n_positions_, self.n_features_in_)}")
+            raise ValueError(
+                f"H has {tuple(h.shape[1:])} (positions, width) but the probe was fitted on "
+                f"{(self.n_positions_, self.n_features_in_)}"
+            )
         with torch.no_grad():
             out = self.grid_(h[None], torch.ones(1, h.shape[1], dtype=torch.bool))[0]
         pred = (out * self.std_ + self.mean_).numpy()
@@ -377,15 +448,25 @@ def probe_study(model, task, settings: ProbeSettings, control_model=None, progre
     test = sample_prompts(task, settings.n_test, generator=generator_for(settings.seed, 202))
     targets_train = {k: probe_targets(train.xs, train.ys, k) for k in settings.targets}
     targets_test = {k: probe_targets(test.xs, test.ys, k) for k in settings.targets}
-    models = [("none", model)] + ([("random_model", control_model)] if settings.controls and control_model is not None else [])
+    models = [("none", model)] + (
+        [("random_model", control_model)] if settings.controls and control_model is not None else []
+    )
     frames = []
     from tqdm.auto import tqdm
 
     jobs = [(c, m, kind) for c, m in models for kind in settings.kinds]
-    fit: dict[str, Any] = {"steps": settings.steps, "lr": settings.lr, "hidden": settings.hidden,
-                           "patience": settings.patience, "eval_every": settings.eval_every, "seed": settings.seed,
-                           "device": settings.device}
-    streams = lambda m, p: torch.as_tensor(np.asarray(capture(m, p.xs, p.ys, hooks=[RESID], device=settings.device).acts[RESID]))
+    fit: dict[str, Any] = {
+        "steps": settings.steps,
+        "lr": settings.lr,
+        "hidden": settings.hidden,
+        "patience": settings.patience,
+        "eval_every": settings.eval_every,
+        "seed": settings.seed,
+        "device": settings.device,
+    }
+    streams = lambda m, p: torch.as_tensor(
+        np.asarray(capture(m, p.xs, p.ys, hooks=[RESID], device=settings.device).acts[RESID])
+    )
     states: dict[str, tuple[Tensor, Tensor]] = {}  # control -> (train, test) residual streams, captured once
     for control, m, kind in tqdm(jobs, desc="probes", disable=not progress, leave=False):
         if control not in states:
@@ -410,13 +491,17 @@ def probe_summary(table: pd.DataFrame) -> dict:
         by = rows.groupby(["control", "layer"]).r2.mean()
         layers = sorted(rows.layer.unique())
         main = [float(by.get(("none", l), np.nan)) for l in layers]
-        entry: dict[str, Any] = {"layer": layers, "r2": main,
-                 "control_r2": [float(by.get(("random_model", l), np.nan)) for l in layers],
-                 "shuffled_r2": [float(by.get(("shuffled", l), np.nan)) for l in layers]}
+        entry: dict[str, Any] = {
+            "layer": layers,
+            "r2": main,
+            "control_r2": [float(by.get(("random_model", l), np.nan)) for l in layers],
+            "shuffled_r2": [float(by.get(("shuffled", l), np.nan)) for l in layers],
+        }
         entry["best_layer"] = int(layers[int(np.nanargmax(main))])
         own = rows[rows.control == "none"]
-        entry["by_prefix"] = {int(t): [float(v) for v in g.groupby("layer").r2.mean().reindex(layers)]
-                              for t, g in own.groupby("prefix")}
+        entry["by_prefix"] = {
+            int(t): [float(v) for v in g.groupby("layer").r2.mean().reindex(layers)] for t, g in own.groupby("prefix")
+        }
         if "converged" in rows:
             entry["converged_share"] = float(own.converged.mean())
             entry["max_steps_used"] = int(own.steps.max())

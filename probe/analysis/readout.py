@@ -54,7 +54,9 @@ class RidgeReadout(RegressorMixin, BaseEstimator):
             raise ValueError(f"RidgeReadout alpha must be a finite number >= 0, got {self.alpha!r}")
         a = _design(torch.from_numpy(np.array(X, dtype=np.float64)))  # a writable copy for torch
         yt = torch.from_numpy(np.ascontiguousarray(y, dtype=np.float64))
-        beta = ridge_solve((a.T @ a)[None], (a.T @ yt)[None], torch.tensor([float(self.alpha)], dtype=torch.float64), len(yt))
+        beta = ridge_solve(
+            (a.T @ a)[None], (a.T @ yt)[None], torch.tensor([float(self.alpha)], dtype=torch.float64), len(yt)
+        )
         self.coef_ = beta[0, 0, :-1].numpy()
         self.intercept_ = float(beta[0, 0, -1])
         return self
@@ -83,8 +85,13 @@ class LayerReadouts:
         return np.asarray(states, dtype=np.float64) @ self.coef[layer] + self.intercept[layer]
 
 
-def fit_layer_readouts(train_states: np.ndarray, train_ys: np.ndarray, val_states: np.ndarray, val_ys: np.ndarray,
-                       alphas: Sequence[float] = ALPHAS) -> LayerReadouts:
+def fit_layer_readouts(
+    train_states: np.ndarray,
+    train_ys: np.ndarray,
+    val_states: np.ndarray,
+    val_ys: np.ndarray,
+    alphas: Sequence[float] = ALPHAS,
+) -> LayerReadouts:
     """Closed-form ridge read-outs for every layer, penalty chosen on validation prompts.
 
     train_states (L+1, P, n, D) at the x tokens, train_ys (P, n); likewise for validation.
@@ -104,8 +111,15 @@ def fit_layer_readouts(train_states: np.ndarray, train_ys: np.ndarray, val_state
     return LayerReadouts(chosen[:, :-1].numpy(), chosen[:, -1].numpy(), alphas_t[pick].numpy(), val_err.numpy())
 
 
-def finetune_layer_readouts(readouts: LayerReadouts, train_states: np.ndarray, train_ys: np.ndarray, steps: int = 500,
-                            lr: float = 1e-3, batch_size: int = 64, seed: int = 0) -> LayerReadouts:
+def finetune_layer_readouts(
+    readouts: LayerReadouts,
+    train_states: np.ndarray,
+    train_ys: np.ndarray,
+    steps: int = 500,
+    lr: float = 1e-3,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> LayerReadouts:
     """Gradient fine-tuning of all layers' read-outs at once with Adam on minibatches of prompts
     (the Iterative Newton paper's code trains read-outs this way)."""
     h = torch.as_tensor(np.asarray(train_states), dtype=torch.float32)  # (L+1, P, n, D)
@@ -121,11 +135,14 @@ def finetune_layer_readouts(readouts: LayerReadouts, train_states: np.ndarray, t
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return LayerReadouts(coef.detach().double().numpy(), bias.detach().double().numpy(), readouts.alpha,
-                         readouts.val_error)
+    return LayerReadouts(
+        coef.detach().double().numpy(), bias.detach().double().numpy(), readouts.alpha, readouts.val_error
+    )
 
 
-def readout_table(layer_preds: np.ndarray, ys: np.ndarray, n_dims: int, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def readout_table(
+    layer_preds: np.ndarray, ys: np.ndarray, n_dims: int, n_boot: int = 1000, seed: int = 0
+) -> pd.DataFrame:
     """Error / d per layer and number of examples with bootstrap 5-95% bands over prompts.
 
     layer_preds (L+1, B, n), ys (B, n) -> rows (layer, n_examples, error, ci_low, ci_high)."""
@@ -133,6 +150,9 @@ def readout_table(layer_preds: np.ndarray, ys: np.ndarray, n_dims: int, n_boot: 
     err = err.permute(1, 0, 2)  # (B, L+1, n)
     lo, hi = bootstrap_mean(err, n_boot=n_boot, seed=seed)
     mean = err.mean(0)
-    rows = [{"layer": l, "n_examples": t, "error": float(mean[l, t]), "ci_low": float(lo[l, t]), "ci_high": float(hi[l, t])}
-            for l in range(mean.shape[0]) for t in range(mean.shape[1])]
+    rows = [
+        {"layer": l, "n_examples": t, "error": float(mean[l, t]), "ci_low": float(lo[l, t]), "ci_high": float(hi[l, t])}
+        for l in range(mean.shape[0])
+        for t in range(mean.shape[1])
+    ]
     return pd.DataFrame(rows)

@@ -44,6 +44,13 @@ def span_table(weights: torch.Tensor, xs: torch.Tensor, label: str, index_name: 
     rows = []
     for a in range(r.shape[0]):
         for t in range(1, r.shape[2]):
-            rows.append({"predictor": label, index_name: a, "n_examples": t, "residual": float(mean[a, t]),
-                         "random_null": float(np.sqrt(max(d - t, 0) / d))})
+            rows.append(
+                {
+                    "predictor": label,
+                    index_name: a,
+                    "n_examples": t,
+                    "residual": float(mean[a, t]),
+                    "random_null": float(np.sqrt(max(d - t, 0) / d)),
+                }
+            )
     return pd.DataFrame(rows)

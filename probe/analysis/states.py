@@ -20,17 +20,26 @@ from ..positions import X_TOKENS
 LayerReadout = Callable[[int, np.ndarray], np.ndarray]  # (layer, states (..., D)) -> predictions (...)
 
 
-def x_states(model, xs: Tensor, ys: Tensor, device: str = "cpu", batch_size: int = 256,
-             progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def x_states(
+    model, xs: Tensor, ys: Tensor, device: str = "cpu", batch_size: int = 256, progress: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """Hidden states at the x tokens (L+1, B, n, D) and the model's predictions (B, n)."""
-    cap = capture(model, xs, ys, hooks=[RESID], positions="x", device=device, batch_size=batch_size,
-                  progress=progress)
+    cap = capture(model, xs, ys, hooks=[RESID], positions="x", device=device, batch_size=batch_size, progress=progress)
     return np.asarray(cap.acts[RESID]), cap.pred
 
 
-def query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: str = "cpu", batch_size: int = 512,
-                 progress: bool = False, start: int = 0, max_bytes: int | None = None,
-                 readout: LayerReadout | None = None) -> np.ndarray:
+def query_states(
+    model,
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor,
+    device: str = "cpu",
+    batch_size: int = 512,
+    progress: bool = False,
+    start: int = 0,
+    max_bytes: int | None = None,
+    readout: LayerReadout | None = None,
+) -> np.ndarray:
     """States (L+1, B, n - start, Q, D) of query x~_q placed right after the first t examples,
     for t = start..n-1; with `readout`, its predictions (L+1, B, n - start, Q) instead, taken
     chunk by chunk so the states (Q times a capture's size) are never held at once.
@@ -54,9 +63,17 @@ def _per_layer(states: np.ndarray, readout: LayerReadout | None) -> np.ndarray:
     return np.stack([readout(layer, s) for layer, s in enumerate(states)])
 
 
-def sequence_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: str = "cpu",
-                          batch_size: int = 512, progress: bool = False, start: int = 0,
-                          readout: LayerReadout | None = None) -> np.ndarray:
+def sequence_query_states(
+    model,
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor,
+    device: str = "cpu",
+    batch_size: int = 512,
+    progress: bool = False,
+    start: int = 0,
+    readout: LayerReadout | None = None,
+) -> np.ndarray:
     """query_states by brute force: one captured sequence per prefix t and query (any model)."""
     b, n, d = xs.shape
     q = queries.shape[1]
@@ -64,7 +81,9 @@ def sequence_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device
     from tqdm.auto import tqdm
 
     for t in tqdm(range(start, n), desc="query states", disable=not progress, leave=False):
-        seq_x = torch.cat([xs[:, :t].unsqueeze(1).expand(b, q, t, d), queries.unsqueeze(2)], dim=2).reshape(b * q, t + 1, d)
+        seq_x = torch.cat([xs[:, :t].unsqueeze(1).expand(b, q, t, d), queries.unsqueeze(2)], dim=2).reshape(
+            b * q, t + 1, d
+        )
         seq_y = torch.cat([ys[:, :t].unsqueeze(1).expand(b, q, t), torch.zeros(b, q, 1)], dim=2).reshape(b * q, t + 1)
         cap = capture(model, seq_x, seq_y, hooks=[RESID], positions=[2 * t], device=device, batch_size=batch_size)
         states = np.asarray(cap.acts[RESID])[:, :, 0]  # (L+1, B*Q, D)
@@ -77,8 +96,17 @@ def sequence_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device
 
 
 @torch.no_grad()
-def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: str = "cpu", progress: bool = False,
-                        start: int = 0, max_bytes: int | None = None, readout: LayerReadout | None = None) -> np.ndarray:
+def cached_query_states(
+    model,
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor,
+    device: str = "cpu",
+    progress: bool = False,
+    start: int = 0,
+    max_bytes: int | None = None,
+    readout: LayerReadout | None = None,
+) -> np.ndarray:
     """query_states for the GPT-2 family without recomputing prefixes.
 
     Causal attention means tokens 1..2t of a prompt never see what follows them, so their keys
@@ -97,8 +125,11 @@ def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: 
     width, heads = model.config.n_embd, model.config.n_head
     hs = width // heads
     steps = n - start
-    out = np.empty((len(bb.h) + 1, b, steps, q, width), dtype=np.float32) if readout is None else \
-        np.empty((len(bb.h) + 1, b, steps, q), dtype=np.float64)
+    out = (
+        np.empty((len(bb.h) + 1, b, steps, q, width), dtype=np.float32)
+        if readout is None
+        else np.empty((len(bb.h) + 1, b, steps, q), dtype=np.float64)
+    )
     keep = (lambda layer, s: s) if readout is None else readout
     if max_bytes is None:
         from ..validate import memory_budget
@@ -115,15 +146,17 @@ def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: 
     from tqdm.auto import tqdm
 
     for lo in tqdm(range(0, b, chunk), desc="query states", disable=not progress, leave=False):
-        bx, by, bq = xs[lo:lo + chunk].to(device), ys[lo:lo + chunk].to(device), queries[lo:lo + chunk].to(device)
+        bx, by, bq = xs[lo : lo + chunk].to(device), ys[lo : lo + chunk].to(device), queries[lo : lo + chunk].to(device)
         m = bx.shape[0]
         h = model._read_in(interleave(bx, by, model.config.encoding)) + pos  # (m, 2n, D)
         q_tokens = interleave(bq, torch.zeros(m, q, device=device, dtype=bq.dtype), model.config.encoding)[:, X_TOKENS]
         hq = model._read_in(q_tokens)[:, None] + q_pos[None, :, None]  # (m, steps, Q, D)
-        out[0, lo:lo + m] = keep(0, hq.float().cpu().numpy())
+        out[0, lo : lo + m] = keep(0, hq.float().cpu().numpy())
         for layer, block in enumerate(bb.h, start=1):
             a_p = block.attn.c_attn(block.ln_1(h))
-            _, k_p, v_p = (z.view(m, 2 * n, heads, hs).transpose(1, 2) for z in a_p.split(width, dim=-1))  # (m, H, 2n, hs)
+            _, k_p, v_p = (
+                z.view(m, 2 * n, heads, hs).transpose(1, 2) for z in a_p.split(width, dim=-1)
+            )  # (m, H, 2n, hs)
             a_q = block.attn.c_attn(block.ln_1(hq))
             q_q, k_q, v_q = (z.reshape(m, steps, q, heads, hs) for z in a_q.split(width, dim=-1))  # (m, S, Q, H, hs)
             scores = torch.einsum("msqhe,mhje->msqhj", q_q, k_p) / math.sqrt(hs)  # (m, S, Q, H, 2n)
@@ -134,5 +167,5 @@ def cached_query_states(model, xs: Tensor, ys: Tensor, queries: Tensor, device: 
             hq = hq + block.attn.c_proj(mixed.reshape(m, steps, q, width))
             hq = hq + block.mlp(block.ln_2(hq))
             h = block(h)
-            out[layer, lo:lo + m] = keep(layer, hq.float().cpu().numpy())
+            out[layer, lo : lo + m] = keep(layer, hq.float().cpu().numpy())
     return out

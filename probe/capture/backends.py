@@ -117,7 +117,9 @@ class BridgeBackend(Backend):
         missing = wanted - set(caught)
         if missing:
             raise ConfigError(f"unknown hook '{min(missing)}'; {_examples()}")
-        acts = BatchActivations(logits[:, X_TOKENS, 0], [caught[h] for h in H.resid_names(self.model.n_layers)] if request.resid else [])
+        acts = BatchActivations(
+            logits[:, X_TOKENS, 0], [caught[h] for h in H.resid_names(self.model.n_layers)] if request.resid else []
+        )
         if H.FINAL in caught:
             acts.normalized = caught[H.FINAL]
             ln_f = final_norm(self.model)
@@ -156,7 +158,9 @@ def backend_for(model, choice: str, device: str) -> Backend:
         choice = lens or "native"
     elif choice == "transformer_lens":
         if lens is None:
-            raise ConfigError("the transformer_lens backend needs a GPT-2 family or planted model; use backend='native'")
+            raise ConfigError(
+                "the transformer_lens backend needs a GPT-2 family or planted model; use backend='native'"
+            )
         choice = lens
     elif choice != "native":
         raise ConfigError(f"backend must be 'auto', 'transformer_lens' or 'native', got {choice!r}")

@@ -23,9 +23,20 @@ def bridge_config(model: GPT2ICL):
 
     c = model.config
     return TransformerBridgeConfig(
-        n_layers=c.n_layer, d_model=c.n_embd, n_heads=c.n_head, d_head=c.n_embd // c.n_head, d_mlp=4 * c.n_embd,
-        n_ctx=2 * c.n_positions, act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
-        d_vocab=1, d_vocab_out=1, eps=LN_EPS, seed=0, model_name="icl-probe-gpt2",
+        n_layers=c.n_layer,
+        d_model=c.n_embd,
+        n_heads=c.n_head,
+        d_head=c.n_embd // c.n_head,
+        d_mlp=4 * c.n_embd,
+        n_ctx=2 * c.n_positions,
+        act_fn="gelu_new",
+        normalization_type="LN",
+        positional_embedding_type="standard",
+        d_vocab=1,
+        d_vocab_out=1,
+        eps=LN_EPS,
+        seed=0,
+        model_name="icl-probe-gpt2",
     )
 
 

@@ -82,8 +82,15 @@ class _Sink:
         self.out_dir = out_dir
         self.arrays: dict[str, np.ndarray] = {}
 
-    def put(self, name: str, full_shape: tuple[int, ...], batch_axis: int, start: int, value: np.ndarray,
-            leading: int | None = None) -> None:
+    def put(
+        self,
+        name: str,
+        full_shape: tuple[int, ...],
+        batch_axis: int,
+        start: int,
+        value: np.ndarray,
+        leading: int | None = None,
+    ) -> None:
         """Write `value` at rows start.. of `batch_axis`; `leading` selects one entry of axis 0 (a layer)."""
         if name not in self.arrays:
             if self.out_dir is not None:
@@ -99,9 +106,20 @@ class _Sink:
         self.arrays[name][tuple(index)] = value
 
 
-def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), positions: str | Sequence[int] = "all",
-            batch_size: int = 256, device: str = "cpu", progress: bool = False, backend: str = "auto",
-            out_dir: str | Path | None = None, max_bytes: int | None = None, as_cache: bool = False):
+def capture(
+    model,
+    xs: Tensor,
+    ys: Tensor,
+    hooks: Sequence[str] = (RESID,),
+    positions: str | Sequence[int] = "all",
+    batch_size: int = 256,
+    device: str = "cpu",
+    progress: bool = False,
+    backend: str = "auto",
+    out_dir: str | Path | None = None,
+    max_bytes: int | None = None,
+    as_cache: bool = False,
+):
     """Predictions and the requested activations for prompts xs (B, n, d), ys (B, n).
 
     hooks: "resid" (all layer boundaries, raw, before any final LayerNorm: (L+1, B, P, D)),
@@ -134,10 +152,14 @@ def capture(model, xs: Tensor, ys: Tensor, hooks: Sequence[str] = (RESID,), posi
 
     with torch.no_grad():
         for start in tqdm(range(0, b, batch_size), desc="capture", disable=not progress, leave=False):
-            acts = runner.run(xs[start : start + batch_size].to(device), ys[start : start + batch_size].to(device), request)
+            acts = runner.run(
+                xs[start : start + batch_size].to(device), ys[start : start + batch_size].to(device), request
+            )
             preds[start : start + len(acts.pred)] = acts.pred.float().cpu().numpy()
             for boundary, stream in enumerate(acts.resid):
-                sink.put(RESID, (model.n_layers + 1, *stream_shape), 1, start, _numpy(_select(stream, pos))[None], boundary)
+                sink.put(
+                    RESID, (model.n_layers + 1, *stream_shape), 1, start, _numpy(_select(stream, pos))[None], boundary
+                )
             if request.readout:
                 sink.put(H.READOUT, stream_shape, 0, start, _numpy(_select(_present(acts.readout), pos)))
             if request.normalized:
@@ -166,11 +188,15 @@ def _request(model, hooks: list[str], runner) -> Request:
     """What to ask the back-end for, refusing hook names it cannot give."""
     named = tuple(h for h in hooks if h not in (RESID, H.READOUT, H.FINAL))
     if named and not runner.takes_named_hooks:
-        raise ConfigError(f"hooks {list(named)} need TransformerLens (a GPT-2 family or planted model); this model offers "
-                          f"only 'resid', '{H.READOUT}' and '{H.FINAL}'")
+        raise ConfigError(
+            f"hooks {list(named)} need TransformerLens (a GPT-2 family or planted model); this model offers "
+            f"only 'resid', '{H.READOUT}' and '{H.FINAL}'"
+        )
     if H.FINAL in hooks and final_norm(model) is None:
-        raise ConfigError(f"'{H.FINAL}' needs a model with a final LayerNorm; ask for '{H.READOUT}' (the stream "
-                          "the read-out sees) instead")
+        raise ConfigError(
+            f"'{H.FINAL}' needs a model with a final LayerNorm; ask for '{H.READOUT}' (the stream "
+            "the read-out sees) instead"
+        )
     return Request(RESID in hooks, H.READOUT in hooks, H.FINAL in hooks, named)
 
 
@@ -195,8 +221,12 @@ def _storage(model, hooks: list[str], b: int, n_pos: int, out_dir, max_bytes: in
         max_bytes = memory_budget()
     if out_dir is None and per_prompt * b > max_bytes:
         out_dir = spill_dir()
-        log.warning("capture needs %.1f GiB (> max_bytes %.1f GiB): streaming to memmaps in %s",
-                    per_prompt * b / 2**30, max_bytes / 2**30, out_dir)
+        log.warning(
+            "capture needs %.1f GiB (> max_bytes %.1f GiB): streaming to memmaps in %s",
+            per_prompt * b / 2**30,
+            max_bytes / 2**30,
+            out_dir,
+        )
         return out_dir, True
     return out_dir, False
 

@@ -28,11 +28,23 @@ def planted_bridge(model: PlantedICL, n_tokens: int, device: str = "cpu"):
     from transformer_lens import TransformerBridge, TransformerBridgeConfig
 
     w, layers, heads = model.layout.width, model.config.n_layer, model.q.shape[1]
-    cfg = TransformerBridgeConfig(n_layers=layers, d_model=w, n_heads=heads + 1, d_head=w, d_mlp=max(model.d_mlp, 1),
-                                  n_ctx=n_tokens, act_fn="relu", normalization_type=None,
-                                  positional_embedding_type="standard", d_vocab=1, d_vocab_out=1, seed=0,
-                                  attn_only=not model.d_mlp, attention_dir="bidirectional",
-                                  model_name="icl-probe-planted")
+    cfg = TransformerBridgeConfig(
+        n_layers=layers,
+        d_model=w,
+        n_heads=heads + 1,
+        d_head=w,
+        d_mlp=max(model.d_mlp, 1),
+        n_ctx=n_tokens,
+        act_fn="relu",
+        normalization_type=None,
+        positional_embedding_type="standard",
+        d_vocab=1,
+        d_vocab_out=1,
+        seed=0,
+        attn_only=not model.d_mlp,
+        attention_dir="bidirectional",
+        model_name="icl-probe-planted",
+    )
     bridge = TransformerBridge.boot_native(cfg, device=device)
     sd = {k: torch.zeros_like(v) for k, v in bridge.state_dict().items()}
     eye = torch.eye(w)
@@ -59,9 +71,15 @@ def cached_planted_bridge(model: PlantedICL, n_tokens: int, device: str = "cpu")
     return store[key]
 
 
-def run_through_bridge(model: PlantedICL, xs: Tensor, ys: Tensor, extra_hooks: dict[str, object] | None = None,
-                       device: str = "cpu", fwd_hooks: list | None = None,
-                       only_run: int | None = None) -> tuple[ModelOutput, dict[str, Tensor]]:
+def run_through_bridge(
+    model: PlantedICL,
+    xs: Tensor,
+    ys: Tensor,
+    extra_hooks: dict[str, object] | None = None,
+    device: str = "cpu",
+    fwd_hooks: list | None = None,
+    only_run: int | None = None,
+) -> tuple[ModelOutput, dict[str, Tensor]]:
     """PlantedICL.run computed by the TransformerLens bridge; also returns the named hooks asked
     for in `extra_hooks` (name -> None), each (B, n, ...) with one entry per prefix run.
 
@@ -103,9 +121,11 @@ def run_through_bridge(model: PlantedICL, xs: Tensor, ys: Tensor, extra_hooks: d
 
     hooks = list(fwd_hooks or [])
     for l in range(model.config.n_layer):
-        hooks += [(H.resid_pre(l), partial(keep_input, layer=l)),
-                  (H.attn_pattern(l), partial(planted_pattern, layer=l)),
-                  (H.resid_post(l), partial(keep_output, layer=l))]
+        hooks += [
+            (H.resid_pre(l), partial(keep_input, layer=l)),
+            (H.attn_pattern(l), partial(planted_pattern, layer=l)),
+            (H.resid_post(l), partial(keep_output, layer=l)),
+        ]
     for name in extra_hooks or {}:
         hooks.append((name, partial(keep_named, name=name)))
     with torch.no_grad():
@@ -113,7 +133,9 @@ def run_through_bridge(model: PlantedICL, xs: Tensor, ys: Tensor, extra_hooks: d
     if only_run is not None:
         final = states[model.config.n_layer - 1] if model.config.n_layer else seq
         pred = model.readout(final[:, -1]).view(b, 1)
-        return ModelOutput(pred=pred, resid=[], final=final), {k: v.reshape(b, 1, *v.shape[1:]) for k, v in caught.items()}
+        return ModelOutput(pred=pred, resid=[], final=final), {
+            k: v.reshape(b, 1, *v.shape[1:]) for k, v in caught.items()
+        }
     runs = [seq] + [states[l] for l in range(model.config.n_layer)]
     resid = [model.interleave_runs(r.view(b, n, *r.shape[1:])) for r in runs]
     out = ModelOutput(pred=model.readout(resid[-1][:, X_TOKENS]), resid=resid, final=resid[-1])

@@ -44,22 +44,26 @@ def build_parser() -> argparse.ArgumentParser:
         description="Mechanistic interpretability for transformers that learn in context.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  icl-probe train --recipe recipes/tiny.toml --out runs/tiny\n"
-               "  icl-probe evaluate checkpoints/gpt2-default --out reports/eval",
+        "  icl-probe evaluate checkpoints/gpt2-default --out reports/eval",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
     for name, help_text in COMMANDS.items():
         module = importlib.import_module(f".{name}", __name__)
-        module.add_parser(sub.add_parser(name, help=help_text, description=module.__doc__,
-                                         formatter_class=argparse.RawDescriptionHelpFormatter))
+        module.add_parser(
+            sub.add_parser(
+                name, help=help_text, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+            )
+        )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
     module = importlib.import_module(f".{args.command}", __name__)
     try:
         return module.run(args) or 0

@@ -21,16 +21,30 @@ from .layers import add_recipe_args, recipe_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)")
+    p.add_argument(
+        "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
+    )
     add_out(p, "directory for ablation.csv, the figure and summary.json")
-    p.add_argument("--prompts", type=positive_int,
-                   help="evaluation prompts, and as many held out (default: the recipe's interventions.prompts)")
-    p.add_argument("--kinds", nargs="+", choices=["zero", "mean", "skip"],
-                   help="ablation kinds (default: the recipe's interventions.kinds)")
+    p.add_argument(
+        "--prompts",
+        type=positive_int,
+        help="evaluation prompts, and as many held out (default: the recipe's interventions.prompts)",
+    )
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=["zero", "mean", "skip"],
+        help="ablation kinds (default: the recipe's interventions.kinds)",
+    )
     p.add_argument("--seed", type=int, help="seed (default: the recipe's prompts.seed)")
-    p.add_argument("--bootstrap", type=positive_int, help="bootstrap resamples (default: the recipe's similarity.bootstrap)")
-    p.add_argument("--no-heads", action="store_true",
-                   help="layer skips and MLPs only (default: every attention head too, whatever the recipe says)")
+    p.add_argument(
+        "--bootstrap", type=positive_int, help="bootstrap resamples (default: the recipe's similarity.bootstrap)"
+    )
+    p.add_argument(
+        "--no-heads",
+        action="store_true",
+        help="layer skips and MLPs only (default: every attention head too, whatever the recipe says)",
+    )
     add_recipe_args(p)
     add_device(p)
 
@@ -45,17 +59,26 @@ def run(args: argparse.Namespace) -> int:
     ckpt = load_checkpoint(args.checkpoint)
     recipe = recipe_from_args(args, ckpt)
     iv = recipe.interventions
-    settings = InterventionSettings(n_prompts=args.prompts or iv.prompts, kinds=tuple(args.kinds or iv.kinds),
-                                    heads=not args.no_heads, patch=False, iteration=False, n_boot=recipe.similarity.bootstrap,
-                                    seed=recipe.prompts.seed, device=check_device(args.device))
+    settings = InterventionSettings(
+        n_prompts=args.prompts or iv.prompts,
+        kinds=tuple(args.kinds or iv.kinds),
+        heads=not args.no_heads,
+        patch=False,
+        iteration=False,
+        n_boot=recipe.similarity.bootstrap,
+        seed=recipe.prompts.seed,
+        device=check_device(args.device),
+    )
     result = run_interventions(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     assert result.ablation is not None  # ablate=True
     with writing(target) as out:
         result.ablation.to_csv(out / "ablation.csv", index=False)
         intervention_figures.ablation(result.ablation, out / "ablation")
         (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n")
-        (out / "run.json").write_text(json.dumps({"command": "ablate", "checkpoint": display_path(ckpt.path), **stamp()},
-                                                 indent=2, default=str) + "\n")
+        (out / "run.json").write_text(
+            json.dumps({"command": "ablate", "checkpoint": display_path(ckpt.path), **stamp()}, indent=2, default=str)
+            + "\n"
+        )
     entry = result.summary["ablation"]
     print(f"error / d at {entry['n_examples']} examples: unablated {entry['baseline_error']:.4f}")
     print("layer skipped: " + " ".join(f"L{l} {e:.3f}" for l, e in zip(entry["skip"]["layer"], entry["skip"]["error"])))

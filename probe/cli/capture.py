@@ -67,8 +67,15 @@ def run(args: argparse.Namespace) -> int:
     target = output_target(args, "capture", (args.checkpoint, args.prompts), kind="file")
     ckpt = load_checkpoint(args.checkpoint)
     xs, ys = load_prompts(args.prompts)
-    result = capture(ckpt.model, xs, ys, hooks=[RESID, *args.hooks], batch_size=args.batch_size, device=device,
-                     progress=not args.quiet)
+    result = capture(
+        ckpt.model,
+        xs,
+        ys,
+        hooks=[RESID, *args.hooks],
+        batch_size=args.batch_size,
+        device=device,
+        progress=not args.quiet,
+    )
     arrays = {"pred": result.pred, **{name: np.asarray(value) for name, value in result.acts.items()}}
     with writing(target) as staged, (staged / target.path.name).open("wb") as f:
         np.savez(f, **arrays)

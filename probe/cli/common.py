@@ -36,21 +36,26 @@ def positive_int(text: str) -> int:
 def add_out(parser: argparse.ArgumentParser, help_text: str, required: bool = True) -> None:
     """`--out` and `--force`, with the output policy of probe.outputs."""
     parser.add_argument("--out", required=required, help=help_text)
-    parser.add_argument("--force", action="store_true",
-                        help="also write into a directory holding other files (kept) or another command's "
-                             "output; never the input, a parent of it, or a symlink")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="also write into a directory holding other files (kept) or another command's "
+        "output; never the input, a parent of it, or a symlink",
+    )
 
 
-def output_target(args: argparse.Namespace, command: str, inputs: tuple = (), kind: str = "dir",
-                  out: str | Path | None = None):
+def output_target(
+    args: argparse.Namespace, command: str, inputs: tuple = (), kind: str = "dir", out: str | Path | None = None
+):
     """Check `--out` against the output policy before any work; None when no --out was given."""
     from ..outputs import OutputTarget
 
     path = out if out is not None else args.out
     if path is None:
         return None
-    return OutputTarget(Path(path), command, kind, bool(getattr(args, "force", False)),
-                        tuple(Path(p) for p in inputs if p))
+    return OutputTarget(
+        Path(path), command, kind, bool(getattr(args, "force", False)), tuple(Path(p) for p in inputs if p)
+    )
 
 
 @contextlib.contextmanager

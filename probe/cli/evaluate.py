@@ -21,17 +21,27 @@ from .common import add_device, add_out, check_device, output_target, positive_i
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT),
-                   help="run directory (default: the shipped default checkpoint)")
+    p.add_argument(
+        "checkpoint",
+        nargs="?",
+        default=str(DEFAULT_CHECKPOINT),
+        help="run directory (default: the shipped default checkpoint)",
+    )
     p.add_argument("--prompts", type=positive_int, default=1280, help="number of evaluation prompts (default 1280)")
-    p.add_argument("--points", type=positive_int, default=None, help="examples per prompt (default: the training task's)")
+    p.add_argument(
+        "--points", type=positive_int, default=None, help="examples per prompt (default: the training task's)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the evaluation prompts and bootstrap (default 0)")
     add_out(p, "directory for eval.csv, eval.png and eval.json", required=False)
     p.add_argument("--mixture", help="input mixture weights w1,w2 of w1 N(-2,I) + w2 N(2,I) (ReLU tasks)")
     p.add_argument("--param-mean", type=float, help="mean of the network parameters (ReLU tasks)")
     p.add_argument("--epochs", type=positive_int, default=100, help="direct-training epochs (ReLU tasks, default 100)")
-    p.add_argument("--direct-prompts", type=positive_int, default=256,
-                   help="prompts the direct-training baseline runs on (ReLU tasks, default 256)")
+    p.add_argument(
+        "--direct-prompts",
+        type=positive_int,
+        default=256,
+        help="prompts the direct-training baseline runs on (ReLU tasks, default 256)",
+    )
     add_device(p)
 
 
@@ -48,21 +58,41 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--points {args.points} exceeds the model's {ckpt.config.model.n_positions} positions")
     task = shifted_task(ckpt.config.task, args)
     if task.name == "relu_network":
-        frame = r2_curve(ckpt.model, task, args.prompts, args.seed, args.points, device=device, epochs=args.epochs,
-                         direct_prompts=args.direct_prompts, progress=not args.quiet)
+        frame = r2_curve(
+            ckpt.model,
+            task,
+            args.prompts,
+            args.seed,
+            args.points,
+            device=device,
+            epochs=args.epochs,
+            direct_prompts=args.direct_prompts,
+            progress=not args.quiet,
+        )
         metric = "R^2"
     else:
-        frame = error_curve(ckpt.model, task, args.prompts, args.seed, args.points, device=device,
-                            progress=not args.quiet)
+        frame = error_curve(
+            ckpt.model, task, args.prompts, args.seed, args.points, device=device, progress=not args.quiet
+        )
         metric = "squared error / d"
-    print(f"{ckpt.path} ({ckpt.format}, {task.name}, d={task.n_dims}); {metric} over {args.prompts} prompts, seed {args.seed}")
+    print(
+        f"{ckpt.path} ({ckpt.format}, {task.name}, d={task.n_dims}); {metric} over {args.prompts} prompts, seed {args.seed}"
+    )
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if target is not None:
         with writing(target) as out:
             frame.to_csv(out / "eval.csv", index=False)
             plot_error_curve(frame, out / "eval.png", title=f"{ckpt.path.name}: error vs in-context examples")
-            record = {"checkpoint": display_path(ckpt.path), "format": ckpt.format, "prompts": args.prompts, "seed": args.seed,
-                      "points": args.points, "metric": metric, "task": task.__dict__, **stamp()}
+            record = {
+                "checkpoint": display_path(ckpt.path),
+                "format": ckpt.format,
+                "prompts": args.prompts,
+                "seed": args.seed,
+                "points": args.points,
+                "metric": metric,
+                "task": task.__dict__,
+                **stamp(),
+            }
             (out / "eval.json").write_text(json.dumps(record, indent=2, default=list) + "\n")
         print(f"wrote {target.path / 'eval.csv'} and {target.path / 'eval.png'}")
     return 0

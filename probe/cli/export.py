@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     target = check_run_output(args.out, "export", force=args.force, inputs=(ckpt.path,))
     assert target is not None  # --out is required
     with writing(target) as staged:
-        export_garg(ckpt.model, ckpt.config, staged, train_step=int(ckpt.meta.get("train_step", 0)),
-                    run_name=ckpt.path.name)
+        export_garg(
+            ckpt.model, ckpt.config, staged, train_step=int(ckpt.meta.get("train_step", 0)), run_name=ckpt.path.name
+        )
     print(f"{ckpt.path} exported to {target.path} in Garg et al.'s layout (config.yaml, state.pt)")
     return 0

@@ -18,8 +18,12 @@ from .layers import add_layer_args, settings_from_args, write_tables
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     add_layer_args(p)
-    p.add_argument("--learners", nargs="*", default=None,
-                   help="sweep labels of the recipe to run (default: all of the recipe's sweeps)")
+    p.add_argument(
+        "--learners",
+        nargs="*",
+        default=None,
+        help="sweep labels of the recipe to run (default: all of the recipe's sweeps)",
+    )
     p.add_argument("--no-simw", action="store_true", help="SimE only (skips the query forward passes)")
     p.add_argument("--include-first", action="store_true", help="SimE over positions 1..n as the paper's code")
 
@@ -41,12 +45,21 @@ def run(args: argparse.Namespace) -> int:
     sweeps = settings.sweeps
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     with writing(target) as out:
-        write_tables(out, {"heatmap_cells": result.cells, "best_match": result.best, "table1": result.table1,
-                           "readout": result.readout},
-                     {"command": "heatmap", "checkpoint": display_path(ckpt.path), "settings": settings.__dict__})
+        write_tables(
+            out,
+            {
+                "heatmap_cells": result.cells,
+                "best_match": result.best,
+                "table1": result.table1,
+                "readout": result.readout,
+            },
+            {"command": "heatmap", "checkpoint": display_path(ckpt.path), "settings": settings.__dict__},
+        )
         (out / "trends.json").write_text(json.dumps(result.trends, indent=2) + "\n")
         for sweep in sweeps:
-            figures.heatmap_pair(result.cells, result.best, sweep.label, sweep.axis, out / f"heatmap_{safe_name(sweep.label)}")
+            figures.heatmap_pair(
+                result.cells, result.best, sweep.label, sweep.axis, out / f"heatmap_{safe_name(sweep.label)}"
+            )
     print(result.best.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     for t in result.trends:
         print(t["verdict"], f"[{t['metric']}]")

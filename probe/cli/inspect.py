@@ -30,14 +30,23 @@ def run(args: argparse.Namespace) -> int:
     err = ((predict(ckpt.model, prompts) - prompts.ys) ** 2).mean(0) / task.n_dims
     k = 2 * task.n_dims + 1
     info = {
-        "path": str(ckpt.path), "format": ckpt.format, "family": m.family, "n_dims": m.n_dims,
-        "n_layer": m.n_layer, "n_embd": m.n_embd, "n_head": m.n_head if m.family == "gpt2" else None,
-        "n_points": m.n_positions, "encoding": m.encoding,
+        "path": str(ckpt.path),
+        "format": ckpt.format,
+        "family": m.family,
+        "n_dims": m.n_dims,
+        "n_layer": m.n_layer,
+        "n_embd": m.n_embd,
+        "n_head": m.n_head if m.family == "gpt2" else None,
+        "n_points": m.n_positions,
+        "encoding": m.encoding,
         "parameters": sum(p.numel() for p in ckpt.model.parameters()),
-        "task": task.name, "covariance": task.covariance,
+        "task": task.name,
+        "covariance": task.covariance,
         "train_step": ckpt.meta.get("train_step"),
-        "error_mean": float(err.mean()), "error_at_2d1": float(err[k]) if k < err.numel() else None,
-        "error_prompts": args.prompts, "sha256": ckpt.sha256,
+        "error_mean": float(err.mean()),
+        "error_at_2d1": float(err[k]) if k < err.numel() else None,
+        "error_prompts": args.prompts,
+        "sha256": ckpt.sha256,
     }
     if args.json:
         print(json.dumps(info, indent=2))

@@ -22,16 +22,25 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_layer_args(p: argparse.ArgumentParser, simw: bool = True) -> None:
-    p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)")
+    p.add_argument(
+        "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
+    )
     add_out(p, "directory for CSV tables and PNG/SVG figures")
     add_recipe_args(p)
-    p.add_argument("--train-prompts", type=positive_int, help="prompts to fit read-outs (default: the recipe's prompts.train)")
+    p.add_argument(
+        "--train-prompts", type=positive_int, help="prompts to fit read-outs (default: the recipe's prompts.train)"
+    )
     p.add_argument("--val-prompts", type=positive_int, help="prompts to pick the ridge penalty (recipe: prompts.val)")
     p.add_argument("--eval-prompts", type=positive_int, help="held-out prompts (recipe: prompts.eval)")
-    p.add_argument("--readout-method", choices=["ridge", "adam", "model"],
-                   help="closed-form ridge, ridge fine-tuned by Adam, or the model's own read-out (recipe: readout.method)")
+    p.add_argument(
+        "--readout-method",
+        choices=["ridge", "adam", "model"],
+        help="closed-form ridge, ridge fine-tuned by Adam, or the model's own read-out (recipe: readout.method)",
+    )
     p.add_argument("--seed", type=int, help="seed (recipe: prompts.seed)")
-    p.add_argument("--bootstrap", type=positive_int, help="bootstrap resamples for intervals (recipe: similarity.bootstrap)")
+    p.add_argument(
+        "--bootstrap", type=positive_int, help="bootstrap resamples for intervals (recipe: similarity.bootstrap)"
+    )
     if simw:
         p.add_argument("--simw-prompts", type=positive_int, help="prompts for SimW / span (recipe: prompts.simw)")
         p.add_argument("--queries", type=int, help="fresh queries per prefix for SimW (recipe: prompts.queries; 0: 4d)")
@@ -45,9 +54,16 @@ def recipe_from_args(args: argparse.Namespace, ckpt):
     from ..report.build import adapt_recipe
     from ..report.recipe import resolve_recipe
 
-    flags = {"train_prompts": "prompts.train", "val_prompts": "prompts.val", "eval_prompts": "prompts.eval",
-             "simw_prompts": "prompts.simw", "queries": "prompts.queries", "seed": "prompts.seed",
-             "readout_method": "readout.method", "bootstrap": "similarity.bootstrap"}
+    flags = {
+        "train_prompts": "prompts.train",
+        "val_prompts": "prompts.val",
+        "eval_prompts": "prompts.eval",
+        "simw_prompts": "prompts.simw",
+        "queries": "prompts.queries",
+        "seed": "prompts.seed",
+        "readout_method": "readout.method",
+        "bootstrap": "similarity.bootstrap",
+    }
     overrides = [parse_override(s) for s in args.set]
     for attr, key in flags.items():
         value = getattr(args, attr, None)
@@ -70,7 +86,9 @@ def settings_from_args(args: argparse.Namespace, ckpt, labels: tuple[str, ...] |
         known = {s.label: s for s in settings.sweeps}
         for name in labels:
             if name not in known:
-                raise ConfigError(unknown_name_message("learner sweep", name, list(known)) + f" (in recipe {args.recipe})")
+                raise ConfigError(
+                    unknown_name_message("learner sweep", name, list(known)) + f" (in recipe {args.recipe})"
+                )
         overrides["sweeps"] = tuple(known[n] for n in labels)
     return replace(settings, **overrides)
 
@@ -82,4 +100,3 @@ def write_tables(out: Path, tables: dict, meta: dict) -> None:
     for name, frame in tables.items():
         frame.to_csv(out / f"{name}.csv", index=False)
     (out / "run.json").write_text(json.dumps({**meta, **stamp()}, indent=2, default=str) + "\n")
-

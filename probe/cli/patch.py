@@ -29,17 +29,31 @@ from .layers import add_recipe_args, recipe_from_args, settings_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)")
+    p.add_argument(
+        "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
+    )
     add_out(p, "directory for patching.csv, iteration_*.csv, figures and summary.json")
-    p.add_argument("--prompts", type=positive_int, help="prompt pairs (default: the recipe's interventions.patch_prompts)")
-    p.add_argument("--sites", nargs="+", choices=["resid", "attn_out", "mlp_out"],
-                   help="what is patched (default: the recipe's interventions.sites)")
+    p.add_argument(
+        "--prompts", type=positive_int, help="prompt pairs (default: the recipe's interventions.patch_prompts)"
+    )
+    p.add_argument(
+        "--sites",
+        nargs="+",
+        choices=["resid", "attn_out", "mlp_out"],
+        help="what is patched (default: the recipe's interventions.sites)",
+    )
     p.add_argument("--query", type=int, default=None, help="examples before the patching query (default n - 1)")
-    p.add_argument("--learners", nargs="*", default=["newton", "gd_log"],
-                   help="learner maps to check causally (default: newton gd_log; none: skip the check)")
+    p.add_argument(
+        "--learners",
+        nargs="*",
+        default=["newton", "gd_log"],
+        help="learner maps to check causally (default: newton gd_log; none: skip the check)",
+    )
     p.add_argument("--map-from", default=None, help="best_match.csv with the layer maps (default: computed with SimE)")
     p.add_argument("--seed", type=int, help="seed (default: the recipe's prompts.seed)")
-    p.add_argument("--bootstrap", type=positive_int, help="bootstrap resamples (default: the recipe's similarity.bootstrap)")
+    p.add_argument(
+        "--bootstrap", type=positive_int, help="bootstrap resamples (default: the recipe's similarity.bootstrap)"
+    )
     add_recipe_args(p)
     add_device(p)
 
@@ -58,7 +72,9 @@ def layer_maps(args, ckpt) -> dict:
     if args.map_from is not None:
         path = Path(args.map_from)
         if not path.is_file():
-            raise ConfigError(f"--map-from {path}: no such file; give the best_match.csv of `icl-probe heatmap` or a report")
+            raise ConfigError(
+                f"--map-from {path}: no such file; give the best_match.csv of `icl-probe heatmap` or a report"
+            )
         try:
             best = pd.read_csv(path)
         except (ValueError, UnicodeDecodeError) as err:
@@ -79,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from ..interventions.pipeline import InterventionSettings, iteration_verdict, run_interventions
     from ..provenance import display_path, stamp
     from ..report import intervention_figures
+
     target = output_target(args, "patch", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     n = ckpt.config.task.n_points
@@ -88,11 +105,18 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--query must lie in 0..{n - 1} (examples before the query), got {args.query}")
     recipe = recipe_from_args(args, ckpt)
     iv = recipe.interventions
-    settings = InterventionSettings(n_patch=args.prompts or iv.patch_prompts, sites=tuple(args.sites or iv.sites),
-                                    query=args.query, ablate=False, iteration=bool(args.learners),
-                                    max_positions=iv.max_positions, max_queries=iv.max_queries,
-                                    n_boot=recipe.similarity.bootstrap, seed=recipe.prompts.seed,
-                                    device=check_device(args.device))
+    settings = InterventionSettings(
+        n_patch=args.prompts or iv.patch_prompts,
+        sites=tuple(args.sites or iv.sites),
+        query=args.query,
+        ablate=False,
+        iteration=bool(args.learners),
+        max_positions=iv.max_positions,
+        max_queries=iv.max_queries,
+        n_boot=recipe.similarity.bootstrap,
+        seed=recipe.prompts.seed,
+        device=check_device(args.device),
+    )
     settings.layer_maps = layer_maps(args, ckpt)
     result = run_interventions(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     assert result.patching is not None  # patch=True
@@ -105,8 +129,14 @@ def run(args: argparse.Namespace) -> int:
         if result.iteration:
             intervention_figures.iteration_consistency(result.iteration, out / "iteration_consistency")
         (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n")
-        (out / "run.json").write_text(json.dumps({"command": "patch", "checkpoint": display_path(ckpt.path),
-                                                  "map_from": args.map_from, **stamp()}, indent=2, default=str) + "\n")
+        (out / "run.json").write_text(
+            json.dumps(
+                {"command": "patch", "checkpoint": display_path(ckpt.path), "map_from": args.map_from, **stamp()},
+                indent=2,
+                default=str,
+            )
+            + "\n"
+        )
     view = result.patching[result.patching.site == "resid"] if "resid" in settings.sites else result.patching
     table = view.pivot_table(index="layer", columns="token", values="restored", sort=False)
     print("fraction restored at the query (rows: layer; last columns):")

@@ -24,10 +24,18 @@ MAX_POINTS = 4096
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", required=True, help="gd, newton or newton-relu")
-    p.add_argument("--layers", type=int, required=True,
-                   help="number of layers (newton: 3 + 2 per iteration; newton-relu: 2 + 1 per iteration)")
-    p.add_argument("--step-size", type=float, default=None, help="GD step eta, paper convention (default 1/(1+sqrt d)^2)")
-    p.add_argument("--alpha", type=float, default=None, help="Newton's fixed M_0 = alpha S/t (default 1/(2(1+sqrt d)^2)^2)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        required=True,
+        help="number of layers (newton: 3 + 2 per iteration; newton-relu: 2 + 1 per iteration)",
+    )
+    p.add_argument(
+        "--step-size", type=float, default=None, help="GD step eta, paper convention (default 1/(1+sqrt d)^2)"
+    )
+    p.add_argument(
+        "--alpha", type=float, default=None, help="Newton's fixed M_0 = alpha S/t (default 1/(2(1+sqrt d)^2)^2)"
+    )
     p.add_argument("--dims", type=positive_int, default=4, help="d (default 4)")
     p.add_argument("--points", type=positive_int, default=16, help="examples per prompt (default 16)")
     add_out(p, "checkpoint directory to write")
@@ -42,14 +50,17 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.layers <= MAX_LAYERS:
         raise ConfigError(f"--layers must be an integer in 1..{MAX_LAYERS}, got {args.layers}")
     if args.dims > MAX_DIMS or args.points > MAX_POINTS:
-        raise ConfigError(f"--dims must be <= {MAX_DIMS} and --points <= {MAX_POINTS}, got {args.dims} and {args.points}")
+        raise ConfigError(
+            f"--dims must be <= {MAX_DIMS} and --points <= {MAX_POINTS}, got {args.dims} and {args.points}"
+        )
     from ..outputs import check_run_output
     from ..planted_io import write_planted
 
     target = check_run_output(args.out, "planted", force=args.force)
     assert target is not None  # --out is required
     with writing(target) as staged:
-        write_planted(args.algorithm, args.layers, args.dims, args.points, staged,
-                      step_size=args.step_size, alpha=args.alpha)
+        write_planted(
+            args.algorithm, args.layers, args.dims, args.points, staged, step_size=args.step_size, alpha=args.alpha
+        )
     print(f"planted {args.algorithm} model with {args.layers} layers written to {target.path}")
     return 0

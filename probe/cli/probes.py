@@ -23,11 +23,17 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kinds", nargs="+", choices=["linear", "mlp"], help="probe kinds (recipe: probes.kinds)")
     p.add_argument("--targets", nargs="+", choices=["xty", "w_ols"], help="targets (recipe: probes.targets)")
     p.add_argument("--prefixes", nargs="*", type=positive_int, help="prefix lengths t (default 1, d, 2d, n-1)")
-    p.add_argument("--steps", type=positive_int, help="the most Adam steps; probes stop once their validation R^2 "
-                                                       "settles (recipe: probes.steps)")
-    p.add_argument("--lr", type=float, nargs="+", help="Adam learning rates, chosen per probe on validation "
-                                                       "(recipe: probes.lr)")
-    p.add_argument("--hidden", type=positive_int, nargs="+", help="MLP widths, chosen the same way (recipe: probes.hidden)")
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        help="the most Adam steps; probes stop once their validation R^2 settles (recipe: probes.steps)",
+    )
+    p.add_argument(
+        "--lr", type=float, nargs="+", help="Adam learning rates, chosen per probe on validation (recipe: probes.lr)"
+    )
+    p.add_argument(
+        "--hidden", type=positive_int, nargs="+", help="MLP widths, chosen the same way (recipe: probes.hidden)"
+    )
     p.add_argument("--prompts", type=positive_int, help="training prompts (recipe: probes.prompts)")
     p.add_argument("--test-prompts", type=positive_int, help="held-out prompts (recipe: prompts.eval)")
     p.add_argument("--no-controls", action="store_true", help="skip the random-model and shuffled controls")
@@ -60,23 +66,36 @@ def run(args: argparse.Namespace) -> int:
     if controls:
         torch.manual_seed(seed + 99)  # the report's probes stage uses the same control
         control = build_model(ckpt.config.model).eval()
-    settings = ProbeSettings(kinds=tuple(pick(args.kinds, pr.kinds)), targets=tuple(pick(args.targets, pr.targets)),
-                             prefixes=tuple(args.prefixes) if args.prefixes else None, steps=pick(args.steps, pr.steps),
-                             lr=tuple(pick(args.lr, pr.lr)), hidden=tuple(pick(args.hidden, pr.hidden)),
-                             patience=pr.patience, eval_every=pr.eval_every, n_train=pick(args.prompts, pr.prompts),
-                             n_test=pick(args.test_prompts, recipe.prompts.eval), controls=controls, seed=seed,
-                             device=check_device(args.device))
+    settings = ProbeSettings(
+        kinds=tuple(pick(args.kinds, pr.kinds)),
+        targets=tuple(pick(args.targets, pr.targets)),
+        prefixes=tuple(args.prefixes) if args.prefixes else None,
+        steps=pick(args.steps, pr.steps),
+        lr=tuple(pick(args.lr, pr.lr)),
+        hidden=tuple(pick(args.hidden, pr.hidden)),
+        patience=pr.patience,
+        eval_every=pr.eval_every,
+        n_train=pick(args.prompts, pr.prompts),
+        n_test=pick(args.test_prompts, recipe.prompts.eval),
+        controls=controls,
+        seed=seed,
+        device=check_device(args.device),
+    )
     table = probe_study(ckpt.model, ckpt.config.task, settings, control, progress=not args.quiet)
     summary = probe_summary(table)
     with writing(out_target) as out:
         table.to_csv(out / "probes.csv", index=False)
-        (out / "probes_summary.json").write_text(json.dumps({"probes": summary, "settings": settings.__dict__,
-                                                             **stamp()}, indent=2, default=str) + "\n")
+        (out / "probes_summary.json").write_text(
+            json.dumps({"probes": summary, "settings": settings.__dict__, **stamp()}, indent=2, default=str) + "\n"
+        )
         figures.probes(table, out / "probes")
     for target, kinds in summary.items():
         for kind, entry in kinds.items():
-            print(f"{target:6s} {kind:6s} best layer {entry['best_layer']}: R^2 by layer "
-                  + " ".join(f"{v:.2f}" for v in entry["r2"]) + "; random-model control "
-                  + " ".join(f"{v:.2f}" for v in entry["control_r2"]))
+            print(
+                f"{target:6s} {kind:6s} best layer {entry['best_layer']}: R^2 by layer "
+                + " ".join(f"{v:.2f}" for v in entry["r2"])
+                + "; random-model control "
+                + " ".join(f"{v:.2f}" for v in entry["control_r2"])
+            )
     print(f"wrote {out_target.path}")
     return 0

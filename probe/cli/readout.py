@@ -30,8 +30,11 @@ def run(args: argparse.Namespace) -> int:
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     summary = result.readout[result.readout.n_examples >= 1].groupby("layer").error.mean().reset_index()
     with writing(target) as out:
-        write_tables(out, {"readout": result.readout, "readout_by_layer": summary},
-                     {"command": "readout", "checkpoint": display_path(ckpt.path), "settings": settings.__dict__})
+        write_tables(
+            out,
+            {"readout": result.readout, "readout_by_layer": summary},
+            {"command": "readout", "checkpoint": display_path(ckpt.path), "settings": settings.__dict__},
+        )
         figures.readout_error(result.readout, out / "readout", ckpt.config.task.n_dims)
     print("mean error / d over examples >= 1, per layer:")
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.4f}"))

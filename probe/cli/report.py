@@ -23,14 +23,21 @@ REPORTS = Path("reports")  # relative to the working directory, as every --out i
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)")
+    p.add_argument(
+        "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
+    )
     p.add_argument("--recipe", default="quick", help="recipe name in analyses/ or a .toml path (default: quick)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value, e.g. prompts.eval=256")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value, e.g. prompts.eval=256"
+    )
     add_out(p, "report directory (default: reports/<checkpoint>-<recipe>)", required=False)
     p.add_argument("--compare", help="a second checkpoint (e.g. the LSTM) whose Table 1 is shown beside")
     p.add_argument("--no-cache", action="store_true", help="recompute every stage")
-    p.add_argument("--max-memory", help="memory budget, e.g. 4G (default: half the available memory); capture "
-                                        "streams to disk and query states work in chunks to stay under it")
+    p.add_argument(
+        "--max-memory",
+        help="memory budget, e.g. 4G (default: half the available memory); capture "
+        "streams to disk and query states work in chunks to stay under it",
+    )
     add_device(p)
 
 
@@ -55,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if compare is not None and compare.config.task.n_dims != ckpt.config.task.n_dims:
         from ..errors import ConfigError
 
-        raise ConfigError(f"--compare model has d={compare.config.task.n_dims}, the report's model d={ckpt.config.task.n_dims}")
+        raise ConfigError(
+            f"--compare model has d={compare.config.task.n_dims}, the report's model d={ckpt.config.task.n_dims}"
+        )
     from ..report.build import build_report
 
     cache = None if args.no_cache else target.path.resolve().parent / ".cache"

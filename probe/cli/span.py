@@ -26,16 +26,24 @@ def run(args: argparse.Namespace) -> int:
     target = output_target(args, "span", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     settings = settings_from_args(args, ckpt)
-    settings.sweeps = tuple(s for s in settings.sweeps if s.label in ("newton", "gd_log", "least_squares")) or settings.sweeps[:1]
+    settings.sweeps = (
+        tuple(s for s in settings.sweeps if s.label in ("newton", "gd_log", "least_squares")) or settings.sweeps[:1]
+    )
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     with writing(target) as out:
-        write_tables(out, {"span": result.span},
-                     {"command": "span", "checkpoint": display_path(ckpt.path), "settings": settings.__dict__})
+        write_tables(
+            out,
+            {"span": result.span},
+            {"command": "span", "checkpoint": display_path(ckpt.path), "settings": settings.__dict__},
+        )
         figures.span(result.span, out / "span")
     d = ckpt.config.task.n_dims
     view = result.span[(result.span.kind == "layer") & (result.span.n_examples < d)]
-    print(view.pivot_table(index="index", columns="n_examples", values="residual").rename_axis("layer").to_string(
-        float_format=lambda v: f"{v:.3f}"))
+    print(
+        view.pivot_table(index="index", columns="n_examples", values="residual")
+        .rename_axis("layer")
+        .to_string(float_format=lambda v: f"{v:.3f}")
+    )
     print("random-vector null:", {t: round(((d - t) / d) ** 0.5, 3) for t in range(1, d)})
     print(f"wrote {target.path}")
     return 0

@@ -45,8 +45,15 @@ def run(args: argparse.Namespace) -> int:
     recipe.report_recipe()
     mark_run_directory(out, "study")
     start = time.perf_counter()
-    table = run_study(recipe, out, executor=args.executor, jobs=args.jobs, device=device, cluster=args.slurm_cluster,
-                      progress=not args.quiet)
+    table = run_study(
+        recipe,
+        out,
+        executor=args.executor,
+        jobs=args.jobs,
+        device=device,
+        cluster=args.slurm_cluster,
+        progress=not args.quiet,
+    )
     atomic_write(out / "study.csv", lambda p: table.to_csv(p, index=False))
     summary = write_presentation(table, recipe, out, {"total": round(time.perf_counter() - start, 1)})
     mark_run_directory(out, "study")

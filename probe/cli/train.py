@@ -19,12 +19,22 @@ from .common import add_device, add_out, check_device
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", help="TOML recipe with [model] [task] [train] [curriculum] tables")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one recipe value, e.g. train.steps=500 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one recipe value, e.g. train.steps=500 (repeatable)",
+    )
     add_out(p, "run directory to write")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--keep-every", type=int, default=0, metavar="N",
-                   help="also keep an immutable snapshot every N steps under OUT/snapshots/step_<k>/")
+    p.add_argument(
+        "--keep-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also keep an immutable snapshot every N steps under OUT/snapshots/step_<k>/",
+    )
     add_device(p)
 
 
@@ -47,15 +57,16 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and (out / "config.json").is_file():
         saved = _saved_config(out)
         if saved != cfg.to_dict():
-            raise ConfigError(f"--resume: the config given differs from the one {out} was trained with; "
-                              "drop --recipe/--set to resume with the saved config")
+            raise ConfigError(
+                f"--resume: the config given differs from the one {out} was trained with; "
+                "drop --recipe/--set to resume with the saved config"
+            )
     from ..train import train
 
     device = check_device(args.device)
     if target is not None:
         remove_previous(target)
-    train(cfg, out, resume=args.resume, device=device, progress=not args.quiet,
-          keep_every=args.keep_every)
+    train(cfg, out, resume=args.resume, device=device, progress=not args.quiet, keep_every=args.keep_every)
     print(f"trained model written to {out}")
     return 0
 
@@ -66,7 +77,9 @@ def _saved_config(out: Path) -> dict:
     try:
         data = json.loads((out / "config.json").read_text())["config"]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{out / 'config.json'}: unreadable run config ({err}); pass --recipe to resume") from None
+        raise CheckpointError(
+            f"{out / 'config.json'}: unreadable run config ({err}); pass --recipe to resume"
+        ) from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{out / 'config.json'}: \"config\" must be an object")
+        raise CheckpointError(f'{out / "config.json"}: "config" must be an object')
     return data

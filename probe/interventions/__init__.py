@@ -1,9 +1,9 @@
 """Causal interventions through TransformerLens: the public bridge, ablations, activation patching.
 
-    to_bridge(checkpoint_or_model)   a TransformerBridge fed (xs, ys) prompts   (handle.py)
-    ablate(runner, ...)              heads / MLPs / layer updates removed        (ablate.py)
-    patching_heatmap(runner, ...)    clean -> corrupted patching per layer x token (patch.py)
-    iteration_patching(runner, ...)  the causal check of a layer-to-iteration map (patch.py)
+to_bridge(checkpoint_or_model)   a TransformerBridge fed (xs, ys) prompts   (handle.py)
+ablate(runner, ...)              heads / MLPs / layer updates removed        (ablate.py)
+patching_heatmap(runner, ...)    clean -> corrupted patching per layer x token (patch.py)
+iteration_patching(runner, ...)  the causal check of a layer-to-iteration map (patch.py)
 """
 
 from .ablate import ablate, components
@@ -11,4 +11,12 @@ from .handle import to_bridge
 from .patch import iteration_patching, paired_prompts, patching_heatmap
 from .runner import runner_for
 
-__all__ = ["ablate", "components", "iteration_patching", "paired_prompts", "patching_heatmap", "runner_for", "to_bridge"]
+__all__ = [
+    "ablate",
+    "components",
+    "iteration_patching",
+    "paired_prompts",
+    "patching_heatmap",
+    "runner_for",
+    "to_bridge",
+]

@@ -73,9 +73,18 @@ def hooks_for(runner: Runner, c: Component, means: dict[str, Tensor]) -> list[Ho
     return [replace_hook(_site(c), replacement)]
 
 
-def ablate(runner: Runner, xs: Tensor, ys: Tensor, held_out: tuple[Tensor, Tensor], kinds: tuple[str, ...] = KINDS,
-           heads: bool = True, n_boot: int = 1000, seed: int = 0, batch_size: int = 256,
-           progress: bool = False) -> pd.DataFrame:
+def ablate(
+    runner: Runner,
+    xs: Tensor,
+    ys: Tensor,
+    held_out: tuple[Tensor, Tensor],
+    kinds: tuple[str, ...] = KINDS,
+    heads: bool = True,
+    n_boot: int = 1000,
+    seed: int = 0,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> pd.DataFrame:
     """Error / d per component and number of examples: columns component, layer, head, kind,
     n_examples, error, error_lo, error_hi, increase (over the unablated model's error)."""
     from tqdm.auto import tqdm
@@ -88,16 +97,30 @@ def ablate(runner: Runner, xs: Tensor, ys: Tensor, held_out: tuple[Tensor, Tenso
     baseline = None
     for c in tqdm(comps, desc="ablate", disable=not progress, leave=False):
         hooks = hooks_for(runner, c, means)
-        preds = torch.cat([runner.predict(xs[s : s + batch_size], ys[s : s + batch_size], hooks)
-                           for s in range(0, xs.shape[0], batch_size)])
+        preds = torch.cat(
+            [
+                runner.predict(xs[s : s + batch_size], ys[s : s + batch_size], hooks)
+                for s in range(0, xs.shape[0], batch_size)
+            ]
+        )
         err = ((preds.double() - ys.double()) ** 2) / d  # (P, n)
         lo, hi = bootstrap_mean(err, n_boot=n_boot, seed=seed)
         mean = err.mean(0)
         baseline = mean if baseline is None else baseline
         for t in range(err.shape[1]):
-            rows.append({"component": c.component, "layer": c.layer, "head": c.head, "kind": c.kind, "n_examples": t,
-                         "error": mean[t].item(), "error_lo": lo[t].item(), "error_hi": hi[t].item(),
-                         "increase": (mean[t] - baseline[t]).item()})
+            rows.append(
+                {
+                    "component": c.component,
+                    "layer": c.layer,
+                    "head": c.head,
+                    "kind": c.kind,
+                    "n_examples": t,
+                    "error": mean[t].item(),
+                    "error_lo": lo[t].item(),
+                    "error_hi": hi[t].item(),
+                    "increase": (mean[t] - baseline[t]).item(),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -111,8 +134,16 @@ def summarise_ablation(frame: pd.DataFrame, n_examples: int) -> dict:
         "n_examples": int(n_examples),
         "baseline_error": float(base.error.iloc[0]) if len(base) else float("nan"),
         "skip": {"layer": skip.layer.astype(int).tolist(), "error": skip.error.round(6).tolist()},
-        "most_harmful": [{"component": r.component, "layer": int(r.layer), "head": int(r.head), "kind": r.kind,
-                          "increase": round(float(r.increase), 6)} for r in worst.itertuples()],
+        "most_harmful": [
+            {
+                "component": r.component,
+                "layer": int(r.layer),
+                "head": int(r.head),
+                "kind": r.kind,
+                "increase": round(float(r.increase), 6),
+            }
+            for r in worst.itertuples()
+        ],
     }
 
 

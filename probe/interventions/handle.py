@@ -66,7 +66,9 @@ def _is_prompt(value: Any) -> bool:
     """A prompt pair (xs, ys) of tensors or arrays, as opposed to TransformerLens's own inputs."""
     import numpy as np
 
-    return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(v, (Tensor, np.ndarray)) for v in value)
+    return (
+        isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(v, (Tensor, np.ndarray)) for v in value)
+    )
 
 
 def _model_of(source) -> torch.nn.Module:
@@ -95,9 +97,11 @@ def to_bridge(source, device: str = "cpu"):
 
     model = _model_of(source)
     if not isinstance(model, GPT2ICL):
-        raise ConfigError(f"to_bridge needs a GPT-2 family model (own, Garg or Hugging Face format); got "
-                          f"{type(model).__name__}. Planted models run through TransformerLens one prefix at a time "
-                          "(probe.capture.planted_bridge); the LSTM has no TransformerLens form")
+        raise ConfigError(
+            f"to_bridge needs a GPT-2 family model (own, Garg or Hugging Face format); got "
+            f"{type(model).__name__}. Planted models run through TransformerLens one prefix at a time "
+            "(probe.capture.planted_bridge); the LSTM has no TransformerLens form"
+        )
     device = check_device(device)
     model = model.to(device).eval()
     bridge = native_bridge(model, device)

@@ -52,7 +52,9 @@ SITES = ("resid", "attn_out", "mlp_out")
 STREAM = 9_191_919  # the corrupted functions' sampling stream
 
 
-def paired_prompts(task: TaskConfig, n_prompts: int, seed: int, n_points: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def paired_prompts(
+    task: TaskConfig, n_prompts: int, seed: int, n_points: int | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """(xs, ys_clean, ys_corrupted): the evaluation prompts and the same x's under a fresh function."""
     from ..evaluate import eval_prompts
     from ..tasks import generator_for, relu_network_forward, sample_prompts
@@ -65,7 +67,9 @@ def paired_prompts(task: TaskConfig, n_prompts: int, seed: int, n_points: int | 
     elif task.name == "relu_network":
         ys = relu_network_forward([other.params[f"layer{j}"] for j in range(len(other.params))], clean.xs)
     else:
-        raise ConfigError(f"patching needs a task whose function can be redrawn on the same x's; {task.name!r} is not one")
+        raise ConfigError(
+            f"patching needs a task whose function can be redrawn on the same x's; {task.name!r} is not one"
+        )
     if task.noise_std > 0:
         ys = ys + task.noise_std * torch.randn(ys.shape, generator=g)
     return clean.xs, clean.ys, ys
@@ -82,8 +86,9 @@ def site_name(site: str, layer: int, n_layers: int) -> str:
     return H.block_output(layer, site)
 
 
-def _patched_predictions(runner: Runner, name: str, xs: Tensor, ys_target: Tensor, source: Tensor, masks: Tensor,
-                         query: int, max_rows: int) -> Tensor:
+def _patched_predictions(
+    runner: Runner, name: str, xs: Tensor, ys_target: Tensor, source: Tensor, masks: Tensor, query: int, max_rows: int
+) -> Tensor:
     """Predictions (K, B) for y_{query+1} of the target run with `source` (states captured with the
     same `query`) patched in where masks[k] (2n,) is true; K copies batched, max_rows at a time."""
     b = xs.shape[0]
@@ -102,9 +107,19 @@ def token_label(position: int) -> str:
     return f"{'xy'[position % 2]}{position // 2 + 1}"
 
 
-def patching_heatmap(runner: Runner, xs: Tensor, ys_clean: Tensor, ys_corrupt: Tensor, sites: tuple[str, ...] = ("resid",),
-                     query: int | None = None, n_boot: int = 1000, seed: int = 0, max_rows: int = 4096,
-                     progress: bool = False, max_positions: int = 0) -> pd.DataFrame:
+def patching_heatmap(
+    runner: Runner,
+    xs: Tensor,
+    ys_clean: Tensor,
+    ys_corrupt: Tensor,
+    sites: tuple[str, ...] = ("resid",),
+    query: int | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    max_rows: int = 4096,
+    progress: bool = False,
+    max_positions: int = 0,
+) -> pd.DataFrame:
     """Fraction of the clean prediction at the query restored by patching each site x position.
 
     Columns: site, layer (boundary for "resid", block otherwise), position, token, restored,
@@ -139,8 +154,17 @@ def patching_heatmap(runner: Runner, xs: Tensor, ys_clean: Tensor, ys_corrupt: T
         num = ((patched - f_corr) * (f_clean - f_corr)).T  # (B, K)
         ratio, lo, hi = bootstrap_ratio(num, den.unsqueeze(1).expand_as(num), n_boot=n_boot, seed=seed)
         for j, p in enumerate(positions):
-            rows.append({"site": site, "layer": layer, "position": p, "token": token_label(p),
-                         "restored": ratio[j].item(), "restored_lo": lo[j].item(), "restored_hi": hi[j].item()})
+            rows.append(
+                {
+                    "site": site,
+                    "layer": layer,
+                    "position": p,
+                    "token": token_label(p),
+                    "restored": ratio[j].item(),
+                    "restored_lo": lo[j].item(),
+                    "restored_hi": hi[j].item(),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -174,8 +198,15 @@ class ContextPatch:
     den: Tensor  # (B,)
 
 
-def context_patching(runner: Runner, xs: Tensor, ys: Tensor, ys_src: Tensor, boundaries: list[int],
-                     examples: Sequence[int] | None = None, max_rows: int = 4096) -> ContextPatch:
+def context_patching(
+    runner: Runner,
+    xs: Tensor,
+    ys: Tensor,
+    ys_src: Tensor,
+    boundaries: list[int],
+    examples: Sequence[int] | None = None,
+    max_rows: int = 4096,
+) -> ContextPatch:
     """Patch, at each boundary, every token before each query x_{t+1} from the source run (X, y')
     into the clean run (X, y), the query itself kept clean; pooled over t in `examples` (default 1..n-1)."""
     n_layers, n = runner.n_layers, xs.shape[1]
@@ -193,13 +224,24 @@ def context_patching(runner: Runner, xs: Tensor, ys: Tensor, ys_src: Tensor, bou
             patched = _patched_predictions(runner, name, xs, ys, src_states[name], mask, t, max_rows)[0].double()
             moved[boundary][:, j] = patched - f_clean[:, t]
     num = {b: (moved[b] * change).sum(1) for b in boundaries}
-    return ContextPatch(ts, num, (change ** 2).sum(1))
+    return ContextPatch(ts, num, (change**2).sum(1))
 
 
-def iteration_patching(runner: Runner, xs: Tensor, ys: Tensor, ys_src: Tensor, sweep, layer_map: dict[int, object],
-                       examples: Sequence[int] | None = None, n_boot: int = 1000, n_perm: int = 200, seed: int = 0,
-                       max_rows: int = 4096, min_expected: float = 0.05,
-                       patched: ContextPatch | None = None) -> tuple[pd.DataFrame, dict]:
+def iteration_patching(
+    runner: Runner,
+    xs: Tensor,
+    ys: Tensor,
+    ys_src: Tensor,
+    sweep,
+    layer_map: dict[int, object],
+    examples: Sequence[int] | None = None,
+    n_boot: int = 1000,
+    n_perm: int = 200,
+    seed: int = 0,
+    max_rows: int = 4096,
+    min_expected: float = 0.05,
+    patched: ContextPatch | None = None,
+) -> tuple[pd.DataFrame, dict]:
     """Observed vs expected effect of patching each boundary's context from the source prompts.
 
     layer_map: boundary -> the iteration (value of sweep.axis) the heatmap matched it to; it must
@@ -223,15 +265,23 @@ def iteration_patching(runner: Runner, xs: Tensor, ys: Tensor, ys_src: Tensor, s
     final = a[layer_map[n_layers]][:, t_idx]
 
     def expected(k) -> float:
-        return _phi((final - a[k][:, t_idx]) * final, final ** 2)
+        return _phi((final - a[k][:, t_idx]) * final, final**2)
 
     rows = []
     for boundary in tested:
         ratio, lo, hi = bootstrap_ratio(patched.num[boundary], patched.den, n_boot=n_boot, seed=seed)
         exp = expected(layer_map[boundary])
-        rows.append({"boundary": boundary, "k": layer_map[boundary], "observed": ratio.item(), "observed_lo": lo.item(),
-                     "observed_hi": hi.item(), "expected": exp,
-                     "consistency": ratio.item() / exp if abs(exp) >= min_expected else float("nan")})
+        rows.append(
+            {
+                "boundary": boundary,
+                "k": layer_map[boundary],
+                "observed": ratio.item(),
+                "observed_lo": lo.item(),
+                "observed_hi": hi.item(),
+                "expected": exp,
+                "consistency": ratio.item() / exp if abs(exp) >= min_expected else float("nan"),
+            }
+        )
     frame = pd.DataFrame(rows)
     return frame, _shuffle_null(frame, layer_map, expected, n_perm, seed)
 
@@ -253,7 +303,11 @@ def _shuffle_null(frame: pd.DataFrame, layer_map: dict, expected, n_perm: int, s
     rng = np.random.default_rng(seed)
     ks = [layer_map[b] for b in frame.boundary]
     cache = {k: expected(k) for k in set(ks)}
-    null = np.array([np.mean(np.abs(observed - np.array([cache[k] for k in rng.permutation(ks)])))
-                     for _ in range(n_perm)])
-    return {"deviation": claimed, "null_deviation": float(null.mean()),
-            "p_value": float((np.sum(null <= claimed) + 1) / (n_perm + 1))}
+    null = np.array(
+        [np.mean(np.abs(observed - np.array([cache[k] for k in rng.permutation(ks)]))) for _ in range(n_perm)]
+    )
+    return {
+        "deviation": claimed,
+        "null_deviation": float(null.mean()),
+        "p_value": float((np.sum(null <= claimed) + 1) / (n_perm + 1)),
+    }

@@ -82,7 +82,9 @@ def _grid_value(k):
     return int(value) if value.is_integer() else value
 
 
-def run_interventions(model, task: TaskConfig, settings: InterventionSettings, progress: bool = False) -> InterventionResult:
+def run_interventions(
+    model, task: TaskConfig, settings: InterventionSettings, progress: bool = False
+) -> InterventionResult:
     runner = runner_for(model, settings.device)
     n = task.n_points
     summary: dict = {"settings": {k: v for k, v in settings.__dict__.items() if k != "layer_maps"}}
@@ -91,27 +93,54 @@ def run_interventions(model, task: TaskConfig, settings: InterventionSettings, p
     if settings.ablate:
         xs, ys, _ = paired_prompts(task, settings.n_prompts, settings.seed)
         hx, hy, _ = paired_prompts(task, settings.n_prompts, settings.seed + HELD_OUT_SEED_OFFSET)
-        ablation = ablate(runner, xs, ys, (hx, hy), settings.kinds, settings.heads, settings.n_boot, settings.seed,
-                          progress=progress)
+        ablation = ablate(
+            runner, xs, ys, (hx, hy), settings.kinds, settings.heads, settings.n_boot, settings.seed, progress=progress
+        )
         summary["ablation"] = summarise_ablation(ablation, min(2 * task.n_dims + 1, n - 1))
     if settings.patch or (settings.iteration and settings.layer_maps):
         xs, ys, yc = paired_prompts(task, settings.n_patch, settings.seed)
         if settings.patch:
-            patching = patching_heatmap(runner, xs, ys, yc, settings.sites, settings.query, settings.n_boot,
-                                        settings.seed, progress=progress, max_positions=settings.max_positions)
+            patching = patching_heatmap(
+                runner,
+                xs,
+                ys,
+                yc,
+                settings.sites,
+                settings.query,
+                settings.n_boot,
+                settings.seed,
+                progress=progress,
+                max_positions=settings.max_positions,
+            )
             summary["patching"] = summarise_patching(patching)
         if settings.iteration:
             summary["iteration"] = {}
             examples = spread_examples(n, settings.max_queries)
-            patched = context_patching(runner, xs, ys, yc, list(range(runner.n_layers)), examples)  # shared by every map
+            patched = context_patching(
+                runner, xs, ys, yc, list(range(runner.n_layers)), examples
+            )  # shared by every map
             for label, (sweep, layer_map) in settings.layer_maps.items():
-                frame, null = iteration_patching(runner, xs, ys, yc, sweep, layer_map, n_boot=settings.n_boot,
-                                                 n_perm=settings.n_perm, seed=settings.seed, patched=patched)
+                frame, null = iteration_patching(
+                    runner,
+                    xs,
+                    ys,
+                    yc,
+                    sweep,
+                    layer_map,
+                    n_boot=settings.n_boot,
+                    n_perm=settings.n_perm,
+                    seed=settings.seed,
+                    patched=patched,
+                )
                 iteration[label] = frame
-                summary["iteration"][label] = {**null, "boundary": frame.boundary.tolist(), "k": frame.k.tolist(),
-                                               "observed": frame.observed.round(4).tolist(),
-                                               "expected": frame.expected.round(4).tolist(),
-                                               "consistency": frame.consistency.round(3).tolist()}
+                summary["iteration"][label] = {
+                    **null,
+                    "boundary": frame.boundary.tolist(),
+                    "k": frame.k.tolist(),
+                    "observed": frame.observed.round(4).tolist(),
+                    "expected": frame.expected.round(4).tolist(),
+                    "consistency": frame.consistency.round(3).tolist(),
+                }
     return InterventionResult(ablation, patching, iteration, summary)
 
 
@@ -121,9 +150,12 @@ def summarise_patching(frame: pd.DataFrame) -> dict:
     for site, rows in frame.groupby("site", sort=False):
         top = rows.loc[rows.groupby("layer").restored.idxmax()]
         query = rows[rows.position == rows.position.max()].sort_values("layer")
-        out[site] = {"layer": top.layer.astype(int).tolist(), "top_token": top.token.tolist(),
-                     "top_restored": top.restored.round(4).tolist(),
-                     "query_restored": query.restored.round(4).tolist()}
+        out[site] = {
+            "layer": top.layer.astype(int).tolist(),
+            "top_token": top.token.tolist(),
+            "top_restored": top.restored.round(4).tolist(),
+            "query_restored": query.restored.round(4).tolist(),
+        }
     return out
 
 
@@ -133,5 +165,7 @@ def iteration_verdict(label: str, entry: dict) -> str:
     if math.isnan(dev):
         return f"{label}: no layers to test"
     better = "closer to the claimed map than to shuffled maps" if p < 0.05 else "not closer than shuffled maps"
-    return (f"{label}: patched predictions deviate from the map's expectation by {dev:.3f} on average "
-            f"(shuffled maps {null:.3f}, p = {p:.3f}): {better}")
+    return (
+        f"{label}: patched predictions deviate from the map's expectation by {dev:.3f} on average "
+        f"(shuffled maps {null:.3f}, p = {p:.3f}): {better}"
+    )

@@ -38,8 +38,9 @@ class Runner:
     def predict(self, xs: Tensor, ys: Tensor, hooks: Sequence[Hook] = (), query: int | None = None) -> Tensor:
         raise NotImplementedError
 
-    def states(self, xs: Tensor, ys: Tensor, names: list[str], hooks: Sequence[Hook] = (),
-               query: int | None = None) -> dict[str, Tensor]:
+    def states(
+        self, xs: Tensor, ys: Tensor, names: list[str], hooks: Sequence[Hook] = (), query: int | None = None
+    ) -> dict[str, Tensor]:
         """Activations at `names` in the native layout (after `hooks` have edited the run)."""
         caught: dict[str, Tensor] = {}
 
@@ -112,8 +113,9 @@ class PlantedRunner(Runner):
     def predict(self, xs: Tensor, ys: Tensor, hooks: Sequence[Hook] = (), query: int | None = None) -> Tensor:
         from ..capture.planted_bridge import run_through_bridge
 
-        out, _ = run_through_bridge(self.model, xs.to(self.device), ys.to(self.device), None, self.device, list(hooks),
-                                    only_run=query)
+        out, _ = run_through_bridge(
+            self.model, xs.to(self.device), ys.to(self.device), None, self.device, list(hooks), only_run=query
+        )
         preds = out.pred.float().cpu()
         return preds if query is None else preds[:, 0]
 
@@ -148,18 +150,22 @@ def runner_for(model, device: str = "cpu") -> Runner:
         return GPT2Runner(model.eval(), device)
     if isinstance(model, PlantedICL):
         return PlantedRunner(model.eval(), device)
-    raise ConfigError(f"interventions need a transformer run through TransformerLens (GPT-2 family or planted); "
-                      f"this checkpoint is a {getattr(model, 'family', type(model).__name__)} model, which has no "
-                      "attention heads or residual stream to ablate or patch")
+    raise ConfigError(
+        f"interventions need a transformer run through TransformerLens (GPT-2 family or planted); "
+        f"this checkpoint is a {getattr(model, 'family', type(model).__name__)} model, which has no "
+        "attention heads or residual stream to ablate or patch"
+    )
 
 
 # ------------------------------------------------------------------ hook builders (native layout)
+
 
 def skip_hooks(layers: list[int]) -> list[Hook]:
     """Remove the residual update of each block in `layers`: resid_post(l) := resid_pre(l)."""
     saved: dict[int, Tensor] = {}
     hooks: list[Hook] = []
     for layer in layers:
+
         def keep(value: Tensor, hook, layer: int = layer) -> None:
             saved[layer] = value
 
@@ -172,6 +178,7 @@ def skip_hooks(layers: list[int]) -> list[Hook]:
 
 def head_hook(layer: int, head: int, replacement: Callable[[Tensor], Tensor] | None) -> Hook:
     """Replace head `head`'s output z (..., heads, d_head) at `layer` by zero or `replacement(z)`."""
+
     def edit(z: Tensor, hook) -> Tensor:
         z = z.clone()
         z[..., head, :] = 0.0 if replacement is None else replacement(z)[..., head, :]
@@ -182,6 +189,7 @@ def head_hook(layer: int, head: int, replacement: Callable[[Tensor], Tensor] | N
 
 def replace_hook(name: str, replacement: Callable[[Tensor], Tensor] | None) -> Hook:
     """Replace a whole activation by zero or `replacement(value)`."""
+
     def edit(value: Tensor, hook) -> Tensor:
         return torch.zeros_like(value) if replacement is None else replacement(value)
 
@@ -190,10 +198,12 @@ def replace_hook(name: str, replacement: Callable[[Tensor], Tensor] | None) -> H
 
 def patch_hook(name: str, mask: Tensor, source: Tensor) -> Hook:
     """Where `mask` is true, the activation is taken from `source` (same native layout)."""
+
     def edit(value: Tensor, hook) -> Tensor:
         if source.shape != value.shape:
-            raise ConfigError(f"patch source {tuple(source.shape)} does not match the activation {tuple(value.shape)} "
-                              f"at {name}")
+            raise ConfigError(
+                f"patch source {tuple(source.shape)} does not match the activation {tuple(value.shape)} at {name}"
+            )
         return torch.where(mask, source, value)
 
     return name, edit

@@ -1,7 +1,7 @@
 """Reference learning algorithms, batched over prompts, prefixes and hyper-parameter grids.
 
-    result = run_learner("newton", xs, ys, iterations=range(25))
-    result.preds  # (K, B, n)
+result = run_learner("newton", xs, ys, iterations=range(25))
+result.preds  # (K, B, n)
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None
     check_prompts(xs, ys, queries)
     unknown = set(grid) - set(spec.defaults)
     if unknown:
-        raise ConfigError(f"learner '{name}' has no hyper-parameter {sorted(unknown)}; "
-                          f"it takes {sorted(spec.defaults) or 'none'}")
+        raise ConfigError(
+            f"learner '{name}' has no hyper-parameter {sorted(unknown)}; it takes {sorted(spec.defaults) or 'none'}"
+        )
     grid = check_grid(name, grid)
     try:
         return spec.fn(xs, ys, queries, **grid)

@@ -30,8 +30,9 @@ class LearnerResult:
 
     def select(self, index: int) -> LearnerResult:
         pick = lambda t: None if t is None else t[index : index + 1]
-        return LearnerResult(self.name, [self.grid[index]], self.preds[index : index + 1],
-                             pick(self.weights), pick(self.query_preds))
+        return LearnerResult(
+            self.name, [self.grid[index]], self.preds[index : index + 1], pick(self.weights), pick(self.query_preds)
+        )
 
 
 def check_prompts(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> None:
@@ -39,8 +40,12 @@ def check_prompts(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> None
         raise ConfigError(f"xs must have shape (batch, points, d), got {tuple(xs.shape)}")
     if ys.shape != xs.shape[:2]:
         raise ConfigError(f"ys must have shape {tuple(xs.shape[:2])} to match xs, got {tuple(ys.shape)}")
-    if queries is not None and (queries.ndim != 3 or queries.shape[0] != xs.shape[0] or queries.shape[2] != xs.shape[2]):
-        raise ConfigError(f"queries must have shape (batch={xs.shape[0]}, Q, d={xs.shape[2]}), got {tuple(queries.shape)}")
+    if queries is not None and (
+        queries.ndim != 3 or queries.shape[0] != xs.shape[0] or queries.shape[2] != xs.shape[2]
+    ):
+        raise ConfigError(
+            f"queries must have shape (batch={xs.shape[0]}, Q, d={xs.shape[2]}), got {tuple(queries.shape)}"
+        )
 
 
 def prefix_moments(xs: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
@@ -54,8 +59,9 @@ def prefix_moments(xs: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
     return s, b
 
 
-def linear_result(name: str, grid: list[dict[str, Any]], weights: Tensor, xs: Tensor,
-                  queries: Tensor | None) -> LearnerResult:
+def linear_result(
+    name: str, grid: list[dict[str, Any]], weights: Tensor, xs: Tensor, queries: Tensor | None
+) -> LearnerResult:
     """Predictions of linear learners from their weights (K, B, n, d)."""
     preds = torch.einsum("kbnd,bnd->kbn", weights, xs)
     query_preds = None if queries is None else torch.einsum("kbnd,bqd->kbnq", weights, queries)

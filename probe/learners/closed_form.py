@@ -25,7 +25,9 @@ def least_squares(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> Lear
 
 
 @register("ridge")
-def ridge(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, lam: Sequence[float] = (0.01, 0.1, 1.0)) -> LearnerResult:
+def ridge(
+    xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, lam: Sequence[float] = (0.01, 0.1, 1.0)
+) -> LearnerResult:
     """w_t = (S_t + lambda I)^{-1} X_t^T y_t, minimising ||y - X w||^2 + lambda ||w||^2.
 
     The Bayes-optimal choice for y = x.w + N(0, sigma^2), w ~ N(0, tau^2 I) is

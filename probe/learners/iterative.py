@@ -37,8 +37,15 @@ def _from_eigen(v: Tensor, coef: Tensor) -> Tensor:
 
 
 @register("gd")
-def gd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[float | str] = ("auto",),
-       steps: Sequence[int] = LOG_STEPS, convention: Sequence[str] = ("paper",)) -> LearnerResult:
+def gd(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    *,
+    eta: Sequence[float | str] = ("auto",),
+    steps: Sequence[int] = LOG_STEPS,
+    convention: Sequence[str] = ("paper",),
+) -> LearnerResult:
     """Gradient descent from w_0 = 0 on L(w) = ||y - X w||^2 / (2t) (seed 003 eq. 4, 6).
 
     Step-size conventions: "paper" uses the gradient (S w - X^T y)/t of eq. 4; "code" uses
@@ -86,7 +93,11 @@ def newton_alpha(lam: Tensor, rule: str | float) -> Tensor:
     if isinstance(rule, (int, float)) and not isinstance(rule, bool):
         if rule <= 0:
             raise ValueError(f"newton alpha must be positive, got {rule}")
-        t = torch.arange(lam.shape[-2], dtype=lam.dtype, device=lam.device).clamp_min(1).view(*([1] * (lam.ndim - 2)), -1, 1)
+        t = (
+            torch.arange(lam.shape[-2], dtype=lam.dtype, device=lam.device)
+            .clamp_min(1)
+            .view(*([1] * (lam.ndim - 2)), -1, 1)
+        )
         return torch.full_like(lam[..., :1], float(rule)) / t**2
     sq = lam**2
     if rule == "spectral":
@@ -101,8 +112,14 @@ def newton_alpha(lam: Tensor, rule: str | float) -> Tensor:
 
 
 @register("newton")
-def newton(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, iterations: Sequence[int] = NEWTON_ITERATIONS,
-           alpha: Sequence[str] = ("spectral",)) -> LearnerResult:
+def newton(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    *,
+    iterations: Sequence[int] = NEWTON_ITERATIONS,
+    alpha: Sequence[str] = ("spectral",),
+) -> LearnerResult:
     """Iterative Newton (Newton-Schulz) for S^+ (seed 003 eq. 8):
 
         M_0 = alpha S,  M_{k+1} = 2 M_k - M_k S M_k,  w_k = M_k X^T y.

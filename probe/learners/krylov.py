@@ -40,20 +40,24 @@ def _exact_step(s: Tensor, g: Tensor, p: Tensor) -> Tensor:
     return torch.where(curv > TINY, -_dot(g, p) / curv.clamp_min(TINY), torch.zeros_like(curv))
 
 
-def _run_wolfe(name: str, method: Callable, xs: Tensor, ys: Tensor, queries: Tensor | None, its: list[int],
-               **options) -> LearnerResult:
+def _run_wolfe(
+    name: str, method: Callable, xs: Tensor, ys: Tensor, queries: Tensor | None, its: list[int], **options
+) -> LearnerResult:
     """Iterates of one scipy-faithful method at the requested iteration counts; warns when a line
     search failed away from the minimum (the element then kept its iterate)."""
     s_mat, b = prefix_moments(xs, ys)
     snaps: dict[int, Tensor] = {}
     wanted = set(its)
-    failed = method(s_mat, b, max(its, default=0), lambda k, w: snaps.__setitem__(k, w) if k in wanted else None,
-                    **options)
+    failed = method(
+        s_mat, b, max(its, default=0), lambda k, w: snaps.__setitem__(k, w) if k in wanted else None, **options
+    )
     if int(failed.sum()):
-        log.warning("%s (wolfe): %d line searches failed before the gradient vanished; those prefixes kept their "
-                    "iterate", name, int(failed.sum()))
-    return linear_result(name, [{"iterations": k} for k in its],
-                         torch.stack([snaps[k] for k in its]), xs, queries)
+        log.warning(
+            "%s (wolfe): %d line searches failed before the gradient vanished; those prefixes kept their iterate",
+            name,
+            int(failed.sum()),
+        )
+    return linear_result(name, [{"iterations": k} for k in its], torch.stack([snaps[k] for k in its]), xs, queries)
 
 
 def _check_line_search(line_search: str) -> None:
@@ -69,8 +73,14 @@ def _collect(iterations: Sequence[int], name: str) -> list[int]:
 
 
 @register("cg")
-def cg(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
-       iterations: Sequence[int] = KRYLOV_ITERATIONS, line_search: str = "exact") -> LearnerResult:
+def cg(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    *,
+    iterations: Sequence[int] = KRYLOV_ITERATIONS,
+    line_search: str = "exact",
+) -> LearnerResult:
     """Conjugate gradient on S w = X^T y from w_0 = 0 (Hestenes-Stiefel; with line_search="wolfe",
     scipy's nonlinear CG: Polak-Ribière+ with strong Wolfe searches)."""
     its = _collect(iterations, "cg")
@@ -99,8 +109,14 @@ def cg(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
 
 
 @register("bfgs")
-def bfgs(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
-         iterations: Sequence[int] = KRYLOV_ITERATIONS, line_search: str = "exact") -> LearnerResult:
+def bfgs(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    *,
+    iterations: Sequence[int] = KRYLOV_ITERATIONS,
+    line_search: str = "exact",
+) -> LearnerResult:
     """BFGS with H_0 = I: p = -H g, w += a p, then H <- (I - rho s y^T) H (I - rho y s^T) + rho s s^T
     with s = a p, y = S s, rho = 1/(y.s) (N&W eq. 6.17); a exact, or scipy's Wolfe search."""
     its = _collect(iterations, "bfgs")
@@ -132,8 +148,15 @@ def bfgs(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
 
 
 @register("lbfgs")
-def lbfgs(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *,
-          iterations: Sequence[int] = KRYLOV_ITERATIONS, memory: int = 3, line_search: str = "exact") -> LearnerResult:
+def lbfgs(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    *,
+    iterations: Sequence[int] = KRYLOV_ITERATIONS,
+    memory: int = 3,
+    line_search: str = "exact",
+) -> LearnerResult:
     """L-BFGS (two-loop recursion, the last `memory` pairs): H_0 = I with exact line search, or
     scipy's L-BFGS-B without bounds (H_0 = (s.y / y.y) I, its Moré-Thuente search) with "wolfe"."""
     its = _collect(iterations, "lbfgs")

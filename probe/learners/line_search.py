@@ -70,8 +70,9 @@ def dcstep(stx, fx, dx, sty, fy, dy, stp, fp, dp, brackt, stpmin, stpmax):
     r3 = ((g3 - dp) + theta) / ((g3 + (dx - dp)) + g3)
     stpc3 = torch.where((r3 < 0) & (g3 != 0), stp + r3 * (stx - stp), torch.where(stp > stx, stpmax, stpmin))
     closer = torch.where((stpc3 - stp).abs() < (stpq - stp).abs(), stpc3, stpq)
-    capped = torch.where(stp > stx, torch.minimum(stp + P66 * (sty - stp), closer),
-                         torch.maximum(stp + P66 * (sty - stp), closer))
+    capped = torch.where(
+        stp > stx, torch.minimum(stp + P66 * (sty - stp), closer), torch.maximum(stp + P66 * (sty - stp), closer)
+    )
     farther = torch.where((stpc3 - stp).abs() > (stpq - stp).abs(), stpc3, stpq)
     f3 = torch.where(brackt, capped, torch.clamp(farther, stpmin, stpmax))
 
@@ -94,9 +95,19 @@ def dcstep(stx, fx, dx, sty, fy, dy, stp, fp, dp, brackt, stpmin, stpmax):
     return new_stx, new_fx, new_dx, new_sty, new_fy, new_dy, stpf, brackt
 
 
-def more_thuente(phi: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], phi0: Tensor, dphi0: Tensor, step0: Tensor,
-                 *, ftol: float, gtol: float, xtol: float, stpmin: float, stpmax: float,
-                 maxiter: int = 100) -> SearchResult:
+def more_thuente(
+    phi: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    phi0: Tensor,
+    dphi0: Tensor,
+    step0: Tensor,
+    *,
+    ftol: float,
+    gtol: float,
+    xtol: float,
+    stpmin: float,
+    stpmax: float,
+    maxiter: int = 100,
+) -> SearchResult:
     """Batched `dcsrch`: phi(steps, index) -> (phi, phi') of the elements `index` at `steps`;
     phi0, dphi0, step0 (N,). Finished elements leave the working set, so the cost follows the
     elements still searching. Elements with phi'(0) >= 0 fail at once (scipy: "ERROR: INITIAL G
@@ -107,8 +118,18 @@ def more_thuente(phi: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], phi0: T
     f0, d0, stp = phi0[index], dphi0[index], step0[index].clone()
     gtest = ftol * d0
     width = torch.full_like(stp, stpmax - stpmin)
-    state = [torch.zeros_like(stp), f0.clone(), d0.clone(), torch.zeros_like(stp), f0.clone(), d0.clone(),
-             width, width / P5, torch.zeros_like(stp), stp + XTRAPU * stp]  # stx fx gx sty fy gy width width1 stmin stmax
+    state = [
+        torch.zeros_like(stp),
+        f0.clone(),
+        d0.clone(),
+        torch.zeros_like(stp),
+        f0.clone(),
+        d0.clone(),
+        width,
+        width / P5,
+        torch.zeros_like(stp),
+        stp + XTRAPU * stp,
+    ]  # stx fx gx sty fy gy width width1 stmin stmax
     brackt, stage1 = torch.zeros_like(stp, dtype=torch.bool), torch.ones_like(stp, dtype=torch.bool)
     for _ in range(maxiter):
         if index.numel() == 0:
@@ -117,13 +138,36 @@ def more_thuente(phi: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], phi0: T
         stx, fx, gx, sty, fy, gy, width, width1, stmin, stmax = state
         ftest = f0 + stp * gtest
         stage1 = stage1 & ~((f <= ftest) & (g >= 0))
-        warn = (brackt & ((stp <= stmin) | (stp >= stmax))) | (brackt & (stmax - stmin <= xtol * stmax)) \
-            | ((stp == stpmax) & (f <= ftest) & (g <= gtest)) | ((stp == stpmin) & ((f > ftest) | (g >= gtest)))
+        warn = (
+            (brackt & ((stp <= stmin) | (stp >= stmax)))
+            | (brackt & (stmax - stmin <= xtol * stmax))
+            | ((stp == stpmax) & (f <= ftest) & (g <= gtest))
+            | ((stp == stpmin) & ((f > ftest) | (g >= gtest)))
+        )
         converged = (f <= ftest) & (g.abs() <= gtol * -d0)
         best[index[converged]], best_f[index[converged]] = stp[converged], f[converged]
         done_ok[index[converged]] = True
-        new = _advance(stx, fx, gx, sty, fy, gy, stp, f, g, brackt, stmin, stmax, width, width1,
-                       stage1 & (f <= fx) & (f > ftest), gtest, xtol, stpmin, stpmax)
+        new = _advance(
+            stx,
+            fx,
+            gx,
+            sty,
+            fy,
+            gy,
+            stp,
+            f,
+            g,
+            brackt,
+            stmin,
+            stmax,
+            width,
+            width1,
+            stage1 & (f <= fx) & (f > ftest),
+            gtest,
+            xtol,
+            stpmin,
+            stpmax,
+        )
         keep = ~converged & ~warn & torch.isfinite(new[11])  # a non-finite step ends it with a warning
         state = [v[keep] for v in new[:10]]
         brackt, stp, stage1 = new[10][keep], new[11][keep], stage1[keep]
@@ -131,11 +175,13 @@ def more_thuente(phi: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], phi0: T
     return SearchResult(best, best_f, done_ok)
 
 
-def _advance(stx, fx, gx, sty, fy, gy, stp, f, g, brackt, stmin, stmax, width, width1, mod, gtest, xtol,
-             stpmin, stpmax):
+def _advance(
+    stx, fx, gx, sty, fy, gy, stp, f, g, brackt, stmin, stmax, width, width1, mod, gtest, xtol, stpmin, stpmax
+):
     """The part of one dcsrch call after the convergence tests: a dcstep (on the modified function
     psi(a) = phi(a) - ftol a phi'(0) where `mod`), bisection when the interval shrinks too slowly,
     the new extrapolation bounds and the safeguards. Returns the new state."""
+
     def shift(v, st):
         return torch.where(mod, v - st * gtest, v)
 
@@ -143,8 +189,19 @@ def _advance(stx, fx, gx, sty, fy, gy, stp, f, g, brackt, stmin, stmax, width, w
         return torch.where(mod, v - gtest, v)
 
     n_stx, n_fx, n_gx, n_sty, n_fy, n_gy, n_stp, n_brackt = dcstep(
-        stx, shift(fx, stx), dshift(gx), sty, shift(fy, sty), dshift(gy), stp, shift(f, stp), dshift(g),
-        brackt, stmin, stmax)
+        stx,
+        shift(fx, stx),
+        dshift(gx),
+        sty,
+        shift(fy, sty),
+        dshift(gy),
+        stp,
+        shift(f, stp),
+        dshift(g),
+        brackt,
+        stmin,
+        stmax,
+    )
     n_fx = torch.where(mod, n_fx + n_stx * gtest, n_fx)
     n_fy = torch.where(mod, n_fy + n_sty * gtest, n_fy)
     n_gx = torch.where(mod, n_gx + gtest, n_gx)
@@ -214,8 +271,18 @@ def _zoom_trial(z: _Zoom) -> Tensor:
     return torch.where(ok_c, cubic, torch.where(ok_q, quad, z.lo + 0.5 * dalpha))
 
 
-def wolfe2(phi: Callable[[Tensor], tuple[Tensor, Tensor]], extra: Callable[[Tensor], Tensor], phi0: Tensor,
-           dphi0: Tensor, step0: Tensor, *, c1: float, c2: float, amax: float, maxiter: int = 10) -> SearchResult:
+def wolfe2(
+    phi: Callable[[Tensor], tuple[Tensor, Tensor]],
+    extra: Callable[[Tensor], Tensor],
+    phi0: Tensor,
+    dphi0: Tensor,
+    step0: Tensor,
+    *,
+    c1: float,
+    c2: float,
+    amax: float,
+    maxiter: int = 10,
+) -> SearchResult:
     """Batched `scalar_search_wolfe2` (Nocedal & Wright Alg. 3.5 with the zoom of Alg. 3.6), scipy's
     fallback when the Moré-Thuente search fails; `phi(steps)` and `extra(steps)` (scipy's
     extra_condition) evaluate every element."""
@@ -224,8 +291,16 @@ def wolfe2(phi: Callable[[Tensor], tuple[Tensor, Tensor]], extra: Callable[[Tens
     bracketing = torch.ones_like(phi0, dtype=torch.bool)
     zooming, ok = torch.zeros_like(bracketing), torch.zeros_like(bracketing)
     best, best_f = torch.zeros_like(step0), phi0.clone()
-    zoom = _Zoom(a0.clone(), a1.clone(), f_a0.clone(), f_a1.clone(), d_a0.clone(), a0.clone(), phi0.clone(),
-                 torch.zeros_like(a0, dtype=torch.long))
+    zoom = _Zoom(
+        a0.clone(),
+        a1.clone(),
+        f_a0.clone(),
+        f_a1.clone(),
+        d_a0.clone(),
+        a0.clone(),
+        phi0.clone(),
+        torch.zeros_like(a0, dtype=torch.long),
+    )
     for i in range(maxiter):
         bracketing = bracketing & (a1 != 0) & ~(a0 > amax)
         high = bracketing & ((f_a1 > phi0 + c1 * a1 * dphi0) | ((f_a1 >= f_a0) & (i > 0)))
@@ -235,10 +310,16 @@ def wolfe2(phi: Callable[[Tensor], tuple[Tensor, Tensor]], extra: Callable[[Tens
         best, best_f = torch.where(accept, a1, best), torch.where(accept, f1, best_f)
         ok = ok | accept
         starts = high | turn  # zoom(alpha0, alpha1, ...) when high, zoom(alpha1, alpha0, ...) when turning
-        for field_name, when_high, when_turn in (("lo", a0, a1), ("hi", a1, a0), ("f_lo", f_a0, f1),
-                                                 ("f_hi", f_a1, f_a0), ("d_lo", d_a0, d1)):
-            setattr(zoom, field_name, torch.where(high, when_high, torch.where(turn, when_turn,
-                                                                                 getattr(zoom, field_name))))
+        for field_name, when_high, when_turn in (
+            ("lo", a0, a1),
+            ("hi", a1, a0),
+            ("f_lo", f_a0, f1),
+            ("f_hi", f_a1, f_a0),
+            ("d_lo", d_a0, d1),
+        ):
+            setattr(
+                zoom, field_name, torch.where(high, when_high, torch.where(turn, when_turn, getattr(zoom, field_name)))
+            )
         zoom.rec, zoom.f_rec = torch.where(starts, 0.0, zoom.rec), torch.where(starts, phi0, zoom.f_rec)
         zooming = zooming | starts
         bracketing = bracketing & ~starts & ~accept
@@ -253,8 +334,18 @@ def wolfe2(phi: Callable[[Tensor], tuple[Tensor, Tensor]], extra: Callable[[Tens
     return _run_zoom(phi, extra, zoom, zooming, phi0, dphi0, c1, c2, SearchResult(best, best_f, ok))
 
 
-def _run_zoom(phi, extra, z: _Zoom, zooming: Tensor, phi0: Tensor, dphi0: Tensor, c1: float, c2: float,
-              result: SearchResult, maxiter: int = 10) -> SearchResult:
+def _run_zoom(
+    phi,
+    extra,
+    z: _Zoom,
+    zooming: Tensor,
+    phi0: Tensor,
+    dphi0: Tensor,
+    c1: float,
+    c2: float,
+    result: SearchResult,
+    maxiter: int = 10,
+) -> SearchResult:
     best, best_f, ok = result.step, result.value, result.ok
     for _ in range(maxiter + 1):
         if not bool(zooming.any()):
@@ -271,7 +362,11 @@ def _run_zoom(phi, extra, z: _Zoom, zooming: Tensor, phi0: Tensor, dphi0: Tensor
         new_f_rec = torch.where(high | flip, z.f_hi, torch.where(move, z.f_lo, z.f_rec))
         new_hi = torch.where(high, a_j, torch.where(flip, z.lo, z.hi))
         new_f_hi = torch.where(high, f_j, torch.where(flip, z.f_lo, z.f_hi))
-        z.lo, z.f_lo, z.d_lo = torch.where(move, a_j, z.lo), torch.where(move, f_j, z.f_lo), torch.where(move, d_j, z.d_lo)
+        z.lo, z.f_lo, z.d_lo = (
+            torch.where(move, a_j, z.lo),
+            torch.where(move, f_j, z.f_lo),
+            torch.where(move, d_j, z.d_lo),
+        )
         z.rec, z.f_rec, z.hi, z.f_hi = new_rec, new_f_rec, new_hi, new_f_hi
         z.i = z.i + zooming.long()
         zooming = zooming & ~accept & (z.i <= maxiter)

@@ -51,8 +51,18 @@ def network_forward(params: Sequence[Tensor], x: Tensor) -> Tensor:
 
 
 @register("relu_gd")
-def relu_gd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, steps: Sequence[int] = NETWORK_STEPS, lr: float = 0.01,
-            depth: int = 3, width: int = 32, optimizer: str = "adam", seed: int = 0) -> LearnerResult:
+def relu_gd(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    *,
+    steps: Sequence[int] = NETWORK_STEPS,
+    lr: float = 0.01,
+    depth: int = 3,
+    width: int = 32,
+    optimizer: str = "adam",
+    seed: int = 0,
+) -> LearnerResult:
     """An N-layer ReLU network trained on the first t examples for k full-batch steps of
     `optimizer` ("adam" or "sgd") on the mean squared error / 2, for every prefix t and every k in `steps`."""
     steps = [int(k) for k in steps]
@@ -74,7 +84,11 @@ def relu_gd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, steps: Seq
         on_points = network_forward(params, data)  # (B, t, i): network t on every point of its prompt
         if k in steps:  # the networks after k updates: predictions for x_t, and for the queries
             with torch.no_grad():
-                q = None if queries is None else network_forward(params, queries.unsqueeze(1).expand(b, n, *queries.shape[1:]))
+                q = (
+                    None
+                    if queries is None
+                    else network_forward(params, queries.unsqueeze(1).expand(b, n, *queries.shape[1:]))
+                )
             snaps[k] = (torch.diagonal(on_points.detach(), dim1=1, dim2=2).clone(), q)
         if k == last:
             break

@@ -24,14 +24,22 @@ def _knn_predict(points: Tensor, labels: Tensor, queries: Tensor, n_seen: Tensor
         w = valid.to(y.dtype)
     else:  # scikit-learn's "distance": 1/d, and an exact match takes all the weight
         exact = (nd == 0) & valid
-        w = torch.where(exact.any(-1, keepdim=True), exact.to(y.dtype), torch.where(valid, 1 / nd.clamp_min(1e-300), 0.0))
+        w = torch.where(
+            exact.any(-1, keepdim=True), exact.to(y.dtype), torch.where(valid, 1 / nd.clamp_min(1e-300), 0.0)
+        )
     total = w.sum(-1)
     return torch.where(total > 0, (w * y).sum(-1) / total.clamp_min(1e-300), torch.zeros_like(total))
 
 
 @register("knn")
-def knn(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, k: Sequence[int] = (3,),
-        weighting: Sequence[str] = ("uniform",)) -> LearnerResult:
+def knn(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    *,
+    k: Sequence[int] = (3,),
+    weighting: Sequence[str] = ("uniform",),
+) -> LearnerResult:
     """Mean label of the k nearest prefix examples (all of them while t < k; 0 at t = 0)."""
     xs, ys, queries = as_float64(xs, ys, queries)
     n = xs.shape[1]
@@ -43,9 +51,17 @@ def knn(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, k: Sequence[in
             grid.append({"k": int(kk), "weighting": wt})
             preds.append(_knn_predict(xs, ys, xs, torch.arange(n, device=xs.device), int(kk), wt))
             if queries is not None:
-                qpreds.append(torch.stack([
-                    _knn_predict(xs, ys, queries, torch.full((queries.shape[1],), t, device=xs.device), int(kk), wt)
-                    for t in range(n)], dim=1))  # (B, n, Q)
+                qpreds.append(
+                    torch.stack(
+                        [
+                            _knn_predict(
+                                xs, ys, queries, torch.full((queries.shape[1],), t, device=xs.device), int(kk), wt
+                            )
+                            for t in range(n)
+                        ],
+                        dim=1,
+                    )
+                )  # (B, n, Q)
     return LearnerResult("knn", grid, torch.stack(preds), None, torch.stack(qpreds) if qpreds else None)
 
 

@@ -29,8 +29,9 @@ def minibatch_indices(n: int, batch: int, steps: int, batch_size: int, seed: int
 def minibatch_gradient(w: Tensor, xs: Tensor, ys: Tensor, idx: Tensor) -> Tensor:
     """g = (1/m) sum_{i in batch} (w.x_i - y_i) x_i for w (E, B, n, d), idx (B, n, m) -> (E, B, n, d)."""
     b, n, m = idx.shape
-    xb = torch.gather(xs.unsqueeze(1).expand(b, n, n, xs.shape[-1]), 2,
-                      idx.unsqueeze(-1).expand(b, n, m, xs.shape[-1]))  # (B, n, m, d)
+    xb = torch.gather(
+        xs.unsqueeze(1).expand(b, n, n, xs.shape[-1]), 2, idx.unsqueeze(-1).expand(b, n, m, xs.shape[-1])
+    )  # (B, n, m, d)
     yb = torch.gather(ys.unsqueeze(1).expand(b, n, n), 2, idx)  # (B, n, m)
     resid = torch.einsum("ebnd,bnmd->ebnm", w, xb) - yb
     g = torch.einsum("ebnm,bnmd->ebnd", resid, xb) / m
@@ -43,8 +44,17 @@ def _check(steps: Sequence[int], batch_size: Sequence[int], eta: Sequence[float]
         raise ValueError(f"{name}: steps must be >= 0, batch sizes >= 1 and step sizes > 0")
 
 
-def _run_minibatch(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None, eta: Sequence[float],
-                   batch_size: Sequence[int], steps: Sequence[int], seed: int, update) -> LearnerResult:
+def _run_minibatch(
+    name: str,
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None,
+    eta: Sequence[float],
+    batch_size: Sequence[int],
+    steps: Sequence[int],
+    seed: int,
+    update,
+) -> LearnerResult:
     """Shared loop: for each batch size, iterate `update(w, g, state, k) -> (w, state)` from w = 0
     over the same seeded minibatches for every step size, keeping the requested step counts."""
     _check(steps, batch_size, eta, name)
@@ -68,8 +78,16 @@ def _run_minibatch(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None, et
 
 
 @register("sgd")
-def sgd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[float] = (0.01, 0.03, 0.1),
-        batch_size: Sequence[int] = (1, 4), steps: Sequence[int] = STOCHASTIC_STEPS, seed: int = 0) -> LearnerResult:
+def sgd(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    *,
+    eta: Sequence[float] = (0.01, 0.03, 0.1),
+    batch_size: Sequence[int] = (1, 4),
+    steps: Sequence[int] = STOCHASTIC_STEPS,
+    seed: int = 0,
+) -> LearnerResult:
     """Minibatch SGD (seed 000 eq. 9): w <- w - eta * mean over the batch of (w.x - y) x, from w = 0."""
 
     def update(w, g, state, k):
@@ -79,14 +97,25 @@ def sgd(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[
 
 
 @register("adam")
-def adam(xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[float] = (0.01, 0.03, 0.1),
-         batch_size: Sequence[int] = (4,), steps: Sequence[int] = STOCHASTIC_STEPS, seed: int = 0,
-         beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, eps_placement: str = "paper") -> LearnerResult:
+def adam(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    *,
+    eta: Sequence[float] = (0.01, 0.03, 0.1),
+    batch_size: Sequence[int] = (4,),
+    steps: Sequence[int] = STOCHASTIC_STEPS,
+    seed: int = 0,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    eps: float = 1e-8,
+    eps_placement: str = "paper",
+) -> LearnerResult:
     """Adam (seed 000 eq. 12-15) on minibatch gradients, from w = 0:
 
-        m <- b1 m + (1-b1) g,  v <- b2 v + (1-b2) g^2,
-        w <- w - eta (m/(1-b1^l)) / sqrt(v/(1-b2^l) + eps)        ("paper": eps inside the root)
-        w <- w - eta (m/(1-b1^l)) / (sqrt(v/(1-b2^l)) + eps)      ("torch": torch.optim.Adam)
+    m <- b1 m + (1-b1) g,  v <- b2 v + (1-b2) g^2,
+    w <- w - eta (m/(1-b1^l)) / sqrt(v/(1-b2^l) + eps)        ("paper": eps inside the root)
+    w <- w - eta (m/(1-b1^l)) / (sqrt(v/(1-b2^l)) + eps)      ("torch": torch.optim.Adam)
     """
     if eps_placement not in ("paper", "torch"):
         raise ValueError(f"adam eps_placement must be 'paper' or 'torch', got {eps_placement!r}")

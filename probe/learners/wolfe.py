@@ -51,9 +51,23 @@ def _objective(w: Tensor, s_mat: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return 0.5 * _dot(w, sw) - _dot(b, w), sw - b
 
 
-def _search(s_mat: Tensor, b: Tensor, w: Tensor, f: Tensor, g: Tensor, p: Tensor, step0: Tensor, *,
-            ftol: float, gtol: float, xtol: float = 1e-14, stpmin: float = 1e-100, stpmax: float = 1e100,
-            extra: Callable[[Tensor], Tensor] | None = None, fallback: bool = False):
+def _search(
+    s_mat: Tensor,
+    b: Tensor,
+    w: Tensor,
+    f: Tensor,
+    g: Tensor,
+    p: Tensor,
+    step0: Tensor,
+    *,
+    ftol: float,
+    gtol: float,
+    xtol: float = 1e-14,
+    stpmin: float = 1e-100,
+    stpmax: float = 1e100,
+    extra: Callable[[Tensor], Tensor] | None = None,
+    fallback: bool = False,
+):
     """Line search along p from w for every element (any leading shape): (alpha, f_new, ok).
 
     Moré-Thuente first; with `fallback` (scipy's `_line_search_wolfe12`), elements whose search
@@ -82,8 +96,9 @@ def _search(s_mat: Tensor, b: Tensor, w: Tensor, f: Tensor, g: Tensor, p: Tensor
                 full[sub] = a
                 return extra_flat(full)[sub]
 
-            again = wolfe2(lambda a: phi_at(a, sub), extra_sub, f0[sub], d0[sub], a0[sub], c1=ftol, c2=gtol,
-                           amax=stpmax)
+            again = wolfe2(
+                lambda a: phi_at(a, sub), extra_sub, f0[sub], d0[sub], a0[sub], c1=ftol, c2=gtol, amax=stpmax
+            )
             res.step[sub], res.value[sub], res.ok[sub] = again.step, again.value, again.ok
     return res.step.reshape(shape), res.value.reshape(shape), res.ok.reshape(shape)
 
@@ -115,8 +130,9 @@ def bfgs_wolfe(s_mat: Tensor, b: Tensor, n_iter: int, snapshot: Callable[[int, T
     for k in range(1, n_iter + 1):
         g_start = g
         p = -_matvec(h, g)
-        alpha, f_new, ok = _search(s_mat, b, w, f, g, p, _first_trial(f, f_prev, _dot(g, p)), fallback=True,
-                                   ftol=1e-4, gtol=0.9)
+        alpha, f_new, ok = _search(
+            s_mat, b, w, f, g, p, _first_trial(f, f_prev, _dot(g, p)), fallback=True, ftol=1e-4, gtol=0.9
+        )
         step = torch.where(ok.unsqueeze(-1), alpha.unsqueeze(-1) * p, torch.zeros_like(p))
         w = w + step
         g_new = _objective(w, s_mat, b)[1]
@@ -132,8 +148,9 @@ def bfgs_wolfe(s_mat: Tensor, b: Tensor, n_iter: int, snapshot: Callable[[int, T
     return failed
 
 
-def cg_wolfe(s_mat: Tensor, b: Tensor, n_iter: int, snapshot: Callable[[int, Tensor], None],
-             gtol_stop: float = 1e-5) -> Tensor:
+def cg_wolfe(
+    s_mat: Tensor, b: Tensor, n_iter: int, snapshot: Callable[[int, Tensor], None], gtol_stop: float = 1e-5
+) -> Tensor:
     """scipy's nonlinear CG (Polak-Ribière+) from w = 0; see bfgs_wolfe for the interface."""
     w = torch.zeros_like(b)
     f, g = _objective(w, s_mat, b)
@@ -143,6 +160,7 @@ def cg_wolfe(s_mat: Tensor, b: Tensor, n_iter: int, snapshot: Callable[[int, Ten
     snapshot(0, w)
     for k in range(1, n_iter + 1):
         g_start = g
+
         def next_direction(alpha: Tensor, w=w, g=g, p=p) -> tuple[Tensor, Tensor, Tensor]:
             w_new = w + alpha.unsqueeze(-1) * p
             g_new = _objective(w_new, s_mat, b)[1]
@@ -153,8 +171,9 @@ def cg_wolfe(s_mat: Tensor, b: Tensor, n_iter: int, snapshot: Callable[[int, Ten
             _, g_new, p_new = next_direction(alpha)
             return (g_new.abs().amax(-1) <= gtol_stop) | (_dot(p_new, g_new) <= -0.01 * _dot(g_new, g_new))
 
-        alpha, f_new, ok = _search(s_mat, b, w, f, g, p, _first_trial(f, f_prev, _dot(g, p)), extra=descent,
-                                   fallback=True, ftol=1e-4, gtol=0.4)
+        alpha, f_new, ok = _search(
+            s_mat, b, w, f, g, p, _first_trial(f, f_prev, _dot(g, p)), extra=descent, fallback=True, ftol=1e-4, gtol=0.4
+        )
         w_new, g_new, p_new = next_direction(alpha)
         keep = ok.unsqueeze(-1)
         w, g, p = torch.where(keep, w_new, w), torch.where(keep, g_new, g), torch.where(keep, p_new, p)
@@ -177,8 +196,9 @@ def two_loop(g: Tensor, pairs: list[tuple[Tensor, Tensor, Tensor]], gamma: Tenso
     return r
 
 
-def lbfgs_wolfe(s_mat: Tensor, b: Tensor, n_iter: int, snapshot: Callable[[int, Tensor], None],
-                memory: int = 10) -> Tensor:
+def lbfgs_wolfe(
+    s_mat: Tensor, b: Tensor, n_iter: int, snapshot: Callable[[int, Tensor], None], memory: int = 10
+) -> Tensor:
     """scipy's L-BFGS-B without bounds from w = 0; see bfgs_wolfe for the interface."""
     w = torch.zeros_like(b)
     f, g = _objective(w, s_mat, b)
@@ -190,8 +210,7 @@ def lbfgs_wolfe(s_mat: Tensor, b: Tensor, n_iter: int, snapshot: Callable[[int, 
         g_start = g
         p = -two_loop(g, pairs, gamma)
         first = (1 / p.norm(dim=-1).clamp_min(1e-300)).clamp(max=1e10) if k == 1 else torch.ones_like(f)
-        alpha, f_new, ok = _search(s_mat, b, w, f, g, p, first, ftol=1e-3, gtol=0.9, xtol=0.1, stpmin=0.0,
-                                   stpmax=1e10)
+        alpha, f_new, ok = _search(s_mat, b, w, f, g, p, first, ftol=1e-3, gtol=0.9, xtol=0.1, stpmin=0.0, stpmax=1e10)
         step = torch.where(ok.unsqueeze(-1), alpha.unsqueeze(-1) * p, torch.zeros_like(p))
         w = w + step
         g_new = _objective(w, s_mat, b)[1]

@@ -21,9 +21,7 @@ class LSTMICL(ReadInOutModel, nn.Module):
         super().__init__()
         self.config = cfg
         self._read_in = nn.Linear(cfg.token_dim, cfg.n_embd)
-        self._layers = nn.ModuleList(
-            nn.LSTM(cfg.n_embd, cfg.n_embd, batch_first=True) for _ in range(cfg.n_layer)
-        )
+        self._layers = nn.ModuleList(nn.LSTM(cfg.n_embd, cfg.n_embd, batch_first=True) for _ in range(cfg.n_layer))
         self._read_out = nn.Linear(cfg.n_embd, 1)
 
     def lens(self, resid: Tensor) -> Tensor:

@@ -20,8 +20,18 @@ from .base import ModelOutput
 
 
 class LearnerOracle(nn.Module):
-    def __init__(self, learner: str, axis: str, schedule: Callable[[int], int], n_layers: int, n_dims: int,
-                 n_points: int, d_model: int = 8, fixed: dict[str, Any] | None = None, noise: float = 0.0):
+    def __init__(
+        self,
+        learner: str,
+        axis: str,
+        schedule: Callable[[int], int],
+        n_layers: int,
+        n_dims: int,
+        n_points: int,
+        d_model: int = 8,
+        fixed: dict[str, Any] | None = None,
+        noise: float = 0.0,
+    ):
         super().__init__()
         self.learner, self.axis, self.schedule = learner, axis, schedule
         self.n_layers, self.n_dims, self.n_points, self.d_model = n_layers, n_dims, n_points, d_model

@@ -77,10 +77,22 @@ class Layout:
     """Named slots of the token vector."""
 
     def __init__(self, algorithm: str, d: int):
-        names = {"gd": [("x", d), ("r", 1), ("xq", d)],
-                 "newton": [("x", d), ("y", 1), ("xq", d), ("one", 1), ("e", d), ("m", d), ("u", d), ("b", d), ("z", d),
-                            ("p", 1)],
-                 "newton-relu": [("x", d), ("y", 1), ("xq", d), ("tx", d), ("tq", d), ("p", 1)]}[algorithm]
+        names = {
+            "gd": [("x", d), ("r", 1), ("xq", d)],
+            "newton": [
+                ("x", d),
+                ("y", 1),
+                ("xq", d),
+                ("one", 1),
+                ("e", d),
+                ("m", d),
+                ("u", d),
+                ("b", d),
+                ("z", d),
+                ("p", 1),
+            ],
+            "newton-relu": [("x", d), ("y", 1), ("xq", d), ("tx", d), ("tq", d), ("p", 1)],
+        }[algorithm]
         self.slots, start = {}, 0
         for name, size in names:
             self.slots[name] = slice(start, start + size)
@@ -253,18 +265,44 @@ def plant(cfg: ModelConfig) -> PlantedICL:
             return model
         alpha = cfg.planted_scale
         # layer 0: M_0 = alpha S/t into the column tokens, b = X^T y / t into the query
-        model.q[0, 0], model.k[0, 0], model.v[0, 0] = _sel(s, w, "x", "e"), _sel(s, w, "x", "x"), _sel(s, w, "m", "x", alpha)
-        model.q[0, 1], model.k[0, 1], model.v[0, 1] = _sel(s, w, "one", "one"), _sel(s, w, "one", "y"), _sel(s, w, "b", "x")
+        model.q[0, 0], model.k[0, 0], model.v[0, 0] = (
+            _sel(s, w, "x", "e"),
+            _sel(s, w, "x", "x"),
+            _sel(s, w, "m", "x", alpha),
+        )
+        model.q[0, 1], model.k[0, 1], model.v[0, 1] = (
+            _sel(s, w, "one", "one"),
+            _sel(s, w, "one", "y"),
+            _sel(s, w, "b", "x"),
+        )
         model.per_example[0] = 1
         for l in range(1, cfg.n_layer):
             if l % 2 == 1:  # (A) u_j = S m_j / t; z = M x_q
-                model.q[l, 0], model.k[l, 0], model.v[l, 0] = _sel(s, w, "x", "m"), _sel(s, w, "x", "x"), _sel(s, w, "u", "x")
+                model.q[l, 0], model.k[l, 0], model.v[l, 0] = (
+                    _sel(s, w, "x", "m"),
+                    _sel(s, w, "x", "x"),
+                    _sel(s, w, "u", "x"),
+                )
                 model.per_example[l, 0] = 1
-                model.q[l, 1], model.k[l, 1], model.v[l, 1] = _sel(s, w, "e", "xq"), _sel(s, w, "e", "e"), _sel(s, w, "z", "m")
+                model.q[l, 1], model.k[l, 1], model.v[l, 1] = (
+                    _sel(s, w, "e", "xq"),
+                    _sel(s, w, "e", "e"),
+                    _sel(s, w, "z", "m"),
+                )
             else:  # (B) m_j <- 2 m_j - M u_j, clear u; p = b . M x_q via examples, clear z
-                model.q[l, 0], model.k[l, 0], model.v[l, 0] = _sel(s, w, "e", "u"), _sel(s, w, "e", "e"), _sel(s, w, "m", "m", -1.0)
-                model.q[l, 1], model.k[l, 1], model.v[l, 1] = _sel(s, w, "x", "z"), _sel(s, w, "x", "x"), _sel(s, w, "p", "y")
+                model.q[l, 0], model.k[l, 0], model.v[l, 0] = (
+                    _sel(s, w, "e", "u"),
+                    _sel(s, w, "e", "e"),
+                    _sel(s, w, "m", "m", -1.0),
+                )
+                model.q[l, 1], model.k[l, 1], model.v[l, 1] = (
+                    _sel(s, w, "x", "z"),
+                    _sel(s, w, "x", "x"),
+                    _sel(s, w, "p", "y"),
+                )
                 model.per_example[l, 1] = 1
-                model.skip[l] = _sel(s, w, "m", "m") - _sel(s, w, "u", "u") - _sel(s, w, "z", "z") - _sel(s, w, "p", "p")
+                model.skip[l] = (
+                    _sel(s, w, "m", "m") - _sel(s, w, "u", "u") - _sel(s, w, "z", "z") - _sel(s, w, "p", "p")
+                )
         model.read[s["p"]] = 1.0
     return model

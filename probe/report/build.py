@@ -39,11 +39,26 @@ def layer_settings(recipe: Recipe, device: str):
     from ..analysis.pipeline import LayerSettings
 
     p, r, s = recipe.prompts, recipe.readout, recipe.similarity
-    sweeps = tuple(Sweep(w.label, w.learner, {k: tuple(v) if isinstance(v, list) else v for k, v in w.grid.items()}, w.axis)
-                   for w in recipe.sweeps)
-    return LayerSettings(n_train=p.train, n_val=p.val, n_eval=p.eval, n_simw=min(p.simw, p.eval), n_queries=p.queries,
-                         seed=p.seed, alphas=tuple(r.alphas), readout_method=r.method, finetune_steps=r.finetune_steps,
-                         include_first=s.include_first, n_boot=s.bootstrap, sweeps=sweeps, simw=s.simw, device=device)
+    sweeps = tuple(
+        Sweep(w.label, w.learner, {k: tuple(v) if isinstance(v, list) else v for k, v in w.grid.items()}, w.axis)
+        for w in recipe.sweeps
+    )
+    return LayerSettings(
+        n_train=p.train,
+        n_val=p.val,
+        n_eval=p.eval,
+        n_simw=min(p.simw, p.eval),
+        n_queries=p.queries,
+        seed=p.seed,
+        alphas=tuple(r.alphas),
+        readout_method=r.method,
+        finetune_steps=r.finetune_steps,
+        include_first=s.include_first,
+        n_boot=s.bootstrap,
+        sweeps=sweeps,
+        simw=s.simw,
+        device=device,
+    )
 
 
 def _stage_evaluate(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
@@ -61,10 +76,21 @@ def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
 
     res = analyse_layers(ckpt.model, ckpt.config.task, layer_settings(recipe, device), progress=progress)
     alphas = getattr(res.readouts, "alpha", None)
-    return ({"readout": res.readout, "heatmap_cells": res.cells, "best_match": res.best, "table1": res.table1,
-             "span": res.span, "nulls": res.nulls},
-            {"trends": res.trends, "readout_alpha": None if alphas is None else list(map(float, alphas)),
-             "timings": res.timings})
+    return (
+        {
+            "readout": res.readout,
+            "heatmap_cells": res.cells,
+            "best_match": res.best,
+            "table1": res.table1,
+            "span": res.span,
+            "nulls": res.nulls,
+        },
+        {
+            "trends": res.trends,
+            "readout_alpha": None if alphas is None else list(map(float, alphas)),
+            "timings": res.timings,
+        },
+    )
 
 
 def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
@@ -76,10 +102,20 @@ def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
     if pr.controls:
         torch.manual_seed(recipe.prompts.seed + 99)
         control = build_model(ckpt.config.model).eval()
-    settings = ProbeSettings(kinds=tuple(pr.kinds), targets=tuple(pr.targets), steps=pr.steps, lr=tuple(pr.lr),
-                             hidden=tuple(pr.hidden), patience=pr.patience, eval_every=pr.eval_every,
-                             n_train=pr.prompts, n_test=recipe.prompts.eval, controls=pr.controls,
-                             seed=recipe.prompts.seed, device=device)
+    settings = ProbeSettings(
+        kinds=tuple(pr.kinds),
+        targets=tuple(pr.targets),
+        steps=pr.steps,
+        lr=tuple(pr.lr),
+        hidden=tuple(pr.hidden),
+        patience=pr.patience,
+        eval_every=pr.eval_every,
+        n_train=pr.prompts,
+        n_test=recipe.prompts.eval,
+        controls=pr.controls,
+        seed=recipe.prompts.seed,
+        device=device,
+    )
     return {"probes": probe_study(ckpt.model, ckpt.config.task, settings, control, progress)}, {}
 
 
@@ -88,9 +124,12 @@ def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
     from ..tasks import generator_for, sample_prompts
 
     p = sample_prompts(ckpt.config.task, recipe.forgetting.prompts, generator=generator_for(recipe.prompts.seed, 301))
-    learners: dict[str, dict] = {"newton[3]": {"learner": "newton", "grid": {"iterations": (3,)}},
-                "newton[10]": {"learner": "newton", "grid": {"iterations": (10,)}},
-                "ogd": {"learner": "ogd"}, "least_squares": {"learner": "least_squares"}}
+    learners: dict[str, dict] = {
+        "newton[3]": {"learner": "newton", "grid": {"iterations": (3,)}},
+        "newton[10]": {"learner": "newton", "grid": {"iterations": (10,)}},
+        "ogd": {"learner": "ogd"},
+        "least_squares": {"learner": "least_squares"},
+    }
     return {"forgetting": forgetting_table(ckpt.model, p.xs, p.ys, learners, device)}, {}
 
 
@@ -104,10 +143,20 @@ def _stage_interventions(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, pr
     sweeps = layer_settings(recipe, device).sweeps
     labels = iv.learner_labels(recipe.sweeps)
     maps = layer_maps_from_best(best, [s for s in sweeps if s.label in labels])
-    settings = InterventionSettings(n_prompts=iv.prompts, n_patch=iv.patch_prompts, kinds=tuple(iv.kinds), heads=iv.heads,
-                                    sites=tuple(iv.sites), max_positions=iv.max_positions, max_queries=iv.max_queries,
-                                    iteration=bool(maps), n_boot=recipe.similarity.bootstrap,
-                                    seed=recipe.prompts.seed, device=device, layer_maps=maps)
+    settings = InterventionSettings(
+        n_prompts=iv.prompts,
+        n_patch=iv.patch_prompts,
+        kinds=tuple(iv.kinds),
+        heads=iv.heads,
+        sites=tuple(iv.sites),
+        max_positions=iv.max_positions,
+        max_queries=iv.max_queries,
+        iteration=bool(maps),
+        n_boot=recipe.similarity.bootstrap,
+        seed=recipe.prompts.seed,
+        device=device,
+        layer_maps=maps,
+    )
     res = run_interventions(ckpt.model, ckpt.config.task, settings, progress)
     tables = {"ablation": res.ablation, "patching": res.patching}
     tables.update({f"iteration_{label}": frame for label, frame in res.iteration.items()})
@@ -133,8 +182,12 @@ def adapt_recipe(ckpt: LoadedCheckpoint, recipe: Recipe) -> Recipe:
     recipe.readout.method = "model"
     for sweep in recipe.sweeps:
         if sweep.learner == "gd" and m.planted == "gd":
-            sweep.grid = {**sweep.grid, "eta": [m.planted_scale], "convention": ["paper"],
-                          "steps": sorted(set(sweep.grid.get("steps", [])) | set(range(m.n_layer + 1)))}
+            sweep.grid = {
+                **sweep.grid,
+                "eta": [m.planted_scale],
+                "convention": ["paper"],
+                "steps": sorted(set(sweep.grid.get("steps", [])) | set(range(m.n_layer + 1))),
+            }
         if sweep.learner == "newton" and m.planted in ("newton", "newton-relu"):
             sweep.grid = {**sweep.grid, "alpha": [m.planted_scale]}
     return recipe
@@ -147,29 +200,54 @@ def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
     m, n = ckpt.config.model, ckpt.config.task.n_points
     per_prompt = (m.n_layer + 2) * 2 * n * max(m.n_embd, 2 * m.n_dims + 2) * 4
     p = recipe.prompts
-    for key, count in (("prompts.train", p.train + p.val), ("prompts.eval", p.eval), ("prompts.evaluate", p.evaluate),
-                       ("probes.prompts", recipe.probes.prompts if recipe.probes.enabled else 0)):
+    for key, count in (
+        ("prompts.train", p.train + p.val),
+        ("prompts.eval", p.eval),
+        ("prompts.evaluate", p.evaluate),
+        ("probes.prompts", recipe.probes.prompts if recipe.probes.enabled else 0),
+    ):
         check_memory(count * per_prompt, f"{key}={count} on {ckpt.name}", f"lower {key} (e.g. --set {key}=512)")
     queries = p.queries or 4 * m.n_dims
-    check_memory(min(p.simw, p.eval) * n * queries * (m.n_layer + 1) * 8 * 2,
-                 f"prompts.simw={p.simw} with {queries} queries", "lower prompts.simw or prompts.queries")
+    check_memory(
+        min(p.simw, p.eval) * n * queries * (m.n_layer + 1) * 8 * 2,
+        f"prompts.simw={p.simw} with {queries} queries",
+        "lower prompts.simw or prompts.queries",
+    )
 
 
-def run_stages(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, cache: StageCache, progress: bool,
-               prefix: str = "", only: set[str] | None = None) -> Built:
+def run_stages(
+    ckpt: LoadedCheckpoint,
+    recipe: Recipe,
+    device: str,
+    cache: StageCache,
+    progress: bool,
+    prefix: str = "",
+    only: set[str] | None = None,
+) -> Built:
     """The recipe's stages (all, or those named in `only`), each through the stage cache."""
     built = Built()
     recipe = adapt_recipe(ckpt, recipe)
     sha = ckpt.sha256[:16]
-    stages = [("evaluate", ("prompts",), lambda: _stage_evaluate(ckpt, recipe, device)),
-              ("layers", ("prompts", "readout", "similarity", "sweeps"), lambda: _stage_layers(ckpt, recipe, device, progress))]
+    stages = [
+        ("evaluate", ("prompts",), lambda: _stage_evaluate(ckpt, recipe, device)),
+        (
+            "layers",
+            ("prompts", "readout", "similarity", "sweeps"),
+            lambda: _stage_layers(ckpt, recipe, device, progress),
+        ),
+    ]
     if recipe.probes.enabled or (only is not None and "probes" in only):
         stages.append(("probes", ("prompts", "probes"), lambda: _stage_probes(ckpt, recipe, device, progress)))
     if recipe.forgetting.enabled:
         stages.append(("forgetting", ("prompts", "forgetting"), lambda: _stage_forgetting(ckpt, recipe, device)))
     if recipe.interventions.enabled and ckpt.config.model.family in INTERVENED_FAMILIES:
-        stages.append(("interventions", ("prompts", "readout", "similarity", "sweeps", "interventions"),
-                       lambda: _stage_interventions(ckpt, recipe, device, progress, built.tables[prefix + "best_match"])))
+        stages.append(
+            (
+                "interventions",
+                ("prompts", "readout", "similarity", "sweeps", "interventions"),
+                lambda: _stage_interventions(ckpt, recipe, device, progress, built.tables[prefix + "best_match"]),
+            )
+        )
     for name, sections, fn in stages:
         if only is not None and name not in only:
             continue
@@ -183,8 +261,9 @@ def run_stages(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, cache: Stage
     return built
 
 
-def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: Path,
-                 compare: LoadedCheckpoint | None = None) -> dict[str, Path]:
+def make_figures(
+    built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: Path, compare: LoadedCheckpoint | None = None
+) -> dict[str, Path]:
     """Every figure of the report; returns name -> PNG path."""
     t = built.tables
     out: dict[str, Path] = {}
@@ -198,7 +277,9 @@ def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: 
     out["readout"] = figures.readout_error(t["readout"], fig_dir / "readout", ckpt.config.task.n_dims)[0]
     for sweep in recipe.sweeps:
         key = f"heatmap_{sweep.label}"
-        out[key] = figures.heatmap_pair(t["heatmap_cells"], t["best_match"], sweep.label, sweep.axis, fig_dir / safe_name(key))[0]
+        out[key] = figures.heatmap_pair(
+            t["heatmap_cells"], t["best_match"], sweep.label, sweep.axis, fig_dir / safe_name(key)
+        )[0]
         if sweep.axis:
             key = f"trend_{sweep.label}"
             out[key] = figures.best_match_trend(t["best_match"], sweep.label, "sime", fig_dir / safe_name(key))[0]
@@ -219,20 +300,32 @@ def make_figures(built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: 
             out["iteration_consistency"] = ifig.iteration_consistency(iteration, fig_dir / "iteration_consistency")[0]
     if "compare_readout" in t:
         out["compare_readout"] = figures.readout_comparison(
-            {ckpt.name: t["readout"], compare.name if compare else "compare": t["compare_readout"]}, fig_dir / "compare_readout")[0]
+            {ckpt.name: t["readout"], compare.name if compare else "compare": t["compare_readout"]},
+            fig_dir / "compare_readout",
+        )[0]
     return out
 
 
-def build_report(ckpt: LoadedCheckpoint, recipe: Recipe, out: Path | OutputTarget, device: str = "cpu",
-                 compare: LoadedCheckpoint | None = None, cache_dir: Path | None = None, progress: bool = True,
-                 force: bool = False) -> Path:
+def build_report(
+    ckpt: LoadedCheckpoint,
+    recipe: Recipe,
+    out: Path | OutputTarget,
+    device: str = "cpu",
+    compare: LoadedCheckpoint | None = None,
+    cache_dir: Path | None = None,
+    progress: bool = True,
+    force: bool = False,
+) -> Path:
     """Run the recipe's stages and publish the report into `out` under the output policy
     (probe.outputs): checked before any work, built in a private staging directory."""
     from .html import render_html
     from .summary import build_summary
 
-    target = out if isinstance(out, OutputTarget) else OutputTarget(
-        Path(out), "report", force=force, inputs=(ckpt.path,) + ((compare.path,) if compare else ()))
+    target = (
+        out
+        if isinstance(out, OutputTarget)
+        else OutputTarget(Path(out), "report", force=force, inputs=(ckpt.path,) + ((compare.path,) if compare else ()))
+    )
     check_report_size(ckpt, recipe)
     cache = StageCache(cache_dir)
     built = run_stages(ckpt, recipe, device, cache, progress)

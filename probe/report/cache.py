@@ -45,8 +45,9 @@ class StageCache:
     def _dir(self, key: str) -> Path | None:
         return None if self.root is None else self.root / f"{key}-{self.code}"
 
-    def get_or_run(self, key: str, run: Callable[[], tuple[dict[str, pd.DataFrame], dict[str, Any]]]
-                   ) -> tuple[dict[str, pd.DataFrame], dict[str, Any], bool]:
+    def get_or_run(
+        self, key: str, run: Callable[[], tuple[dict[str, pd.DataFrame], dict[str, Any]]]
+    ) -> tuple[dict[str, pd.DataFrame], dict[str, Any], bool]:
         """Returns (tables, data, hit). `run` returns tables and JSON-serialisable data.
 
         An entry is used only if every file matches the sha256 recorded in its done.json; a
@@ -88,8 +89,9 @@ class StageCache:
             for name, frame in tables.items():
                 frame.to_csv(tmp / f"{name}.csv", index=False)
             sums = {f"{name}.csv": _sha256(tmp / f"{name}.csv") for name in tables}
-            (tmp / "done.json").write_text(json.dumps({"tables": list(tables), "data": data, "sha256": sums},
-                                                      default=_jsonable))
+            (tmp / "done.json").write_text(
+                json.dumps({"tables": list(tables), "data": data, "sha256": sums}, default=_jsonable)
+            )
             old = None
             if folder.exists():
                 old = staging_dir(folder.parent, folder.name + ".old")

@@ -54,14 +54,22 @@ def icl_error(frame: pd.DataFrame, stem: Path, title: str = "") -> list[Path]:
         ax.plot(frame.n_examples, frame.model, color="C0", lw=2, label="model")
         ax.fill_between(frame.n_examples, frame.model_lo, frame.model_hi, color="C0", alpha=0.25)
         for i, name in enumerate(["least_squares", "knn3", "averaging"]):
-            ax.plot(frame.n_examples, frame[name], ls="--", color=f"C{i + 1}", label=_label(name).replace("knn3", "3-NN"))
-        ax.set(xlabel="in-context examples", ylabel="squared error / d", yscale=scale,
-               title=f"{title} ({scale} axis)" if title else f"{scale} axis")
+            ax.plot(
+                frame.n_examples, frame[name], ls="--", color=f"C{i + 1}", label=_label(name).replace("knn3", "3-NN")
+            )
+        ax.set(
+            xlabel="in-context examples",
+            ylabel="squared error / d",
+            yscale=scale,
+            title=f"{title} ({scale} axis)" if title else f"{scale} axis",
+        )
         if scale == "linear":
             ax.set_ylim(bottom=0)
         else:
             positive = frame[["model", "least_squares"]].to_numpy()
-            ax.set_ylim(bottom=max(1e-6, float(np.nanmin(positive[positive > 0])) / 2) if (positive > 0).any() else 1e-6)
+            ax.set_ylim(
+                bottom=max(1e-6, float(np.nanmin(positive[positive > 0])) / 2) if (positive > 0).any() else 1e-6
+            )
     axes[0].legend(fontsize=8)
     return _save(fig, stem)
 
@@ -81,8 +89,17 @@ def readout_error(table: pd.DataFrame, stem: Path, n_dims: int) -> list[Path]:
     return _save(fig, stem)
 
 
-def _heatmap_panel(ax, cells: pd.DataFrame, best: pd.DataFrame, learner: str, metric: str, axis: str | None,
-                   vmin: float, vmax: float, cbar_ax=None) -> None:
+def _heatmap_panel(
+    ax,
+    cells: pd.DataFrame,
+    best: pd.DataFrame,
+    learner: str,
+    metric: str,
+    axis: str | None,
+    vmin: float,
+    vmax: float,
+    cbar_ax=None,
+) -> None:
     import seaborn as sns
 
     rows = cells[(cells.sweep == learner) & (cells.metric == metric)]
@@ -90,8 +107,17 @@ def _heatmap_panel(ax, cells: pd.DataFrame, best: pd.DataFrame, learner: str, me
     grid = rows.pivot_table(index=key, columns="layer", values="value")
     if np.all(np.mod(grid.index.to_numpy(dtype=float), 1) == 0):
         grid.index = grid.index.astype(int)  # 3, not 3.0, for iteration and step counts
-    sns.heatmap(grid, ax=ax, cmap="magma", vmin=vmin, vmax=vmax, cbar=cbar_ax is not None, cbar_ax=cbar_ax,
-                cbar_kws={"label": "similarity"} if cbar_ax is not None else None, yticklabels=False)
+    sns.heatmap(
+        grid,
+        ax=ax,
+        cmap="magma",
+        vmin=vmin,
+        vmax=vmax,
+        cbar=cbar_ax is not None,
+        cbar_ax=cbar_ax,
+        cbar_kws={"label": "similarity"} if cbar_ax is not None else None,
+        yticklabels=False,
+    )
     _thin_ticks(ax, list(grid.index))
     picks = best[(best.sweep == learner) & (best.metric == metric)]
     ylabels = [float(v) for v in grid.index]
@@ -100,8 +126,11 @@ def _heatmap_panel(ax, cells: pd.DataFrame, best: pd.DataFrame, learner: str, me
             continue
         x, y = list(grid.columns).index(r.layer), ylabels.index(float(r.k))
         end = bool(r.get("at_grid_end", False))
-        ax.add_patch(_plt().Rectangle((x, y), 1, 1, fill=False, edgecolor="red" if end else "cyan", lw=2,
-                                      ls="--" if end else "-"))
+        ax.add_patch(
+            _plt().Rectangle(
+                (x, y), 1, 1, fill=False, edgecolor="red" if end else "cyan", lw=2, ls="--" if end else "-"
+            )
+        )
         if bool(r.get("degenerate", False)):
             ax.plot([x + 0.15, x + 0.85], [y + 0.15, y + 0.85], color="white", lw=1.5)
             ax.plot([x + 0.15, x + 0.85], [y + 0.85, y + 0.15], color="white", lw=1.5)
@@ -109,15 +138,23 @@ def _heatmap_panel(ax, cells: pd.DataFrame, best: pd.DataFrame, learner: str, me
     ax.set(xlabel="layer", ylabel=f"{_label(learner)}: {key}", title=f"{_label(metric)}: layers vs {_label(learner)}")
 
 
-def heatmap(cells: pd.DataFrame, best: pd.DataFrame, learner: str, metric: str, axis: str | None, stem: Path) -> list[Path]:
+def heatmap(
+    cells: pd.DataFrame, best: pd.DataFrame, learner: str, metric: str, axis: str | None, stem: Path
+) -> list[Path]:
     """One metric: layers on x, the learner's grid on y, similarity as colour (fixed range -1..1 or
     0..1), best match per layer boxed (dashed red: at the grid's end; white cross: not
     distinguishable from predicting 0)."""
     return heatmap_pair(cells, best, learner, axis, stem, metrics=(metric,))
 
 
-def heatmap_pair(cells: pd.DataFrame, best: pd.DataFrame, learner: str, axis: str | None, stem: Path,
-                 metrics: tuple[str, ...] = ("sime", "simw")) -> list[Path]:
+def heatmap_pair(
+    cells: pd.DataFrame,
+    best: pd.DataFrame,
+    learner: str,
+    axis: str | None,
+    stem: Path,
+    metrics: tuple[str, ...] = ("sime", "simw"),
+) -> list[Path]:
     """SimE and SimW of one sweep side by side with one shared colour range and colour bar."""
     plt = _plt()
     present = [m for m in metrics if ((cells.sweep == learner) & (cells.metric == m)).any()]
@@ -146,7 +183,9 @@ def best_match_trend(best: pd.DataFrame, learner: str, metric: str, stem: Path) 
     positive = rows.k[rows.k > 0]
     if len(positive) and positive.max() / positive.min() > 50:
         ax.set_yscale("symlog", linthresh=1)
-    ax.set(xlabel="layer", ylabel=f"best-matching {_label(learner)} k", title=f"{_label(metric)} best match, 90% bootstrap")
+    ax.set(
+        xlabel="layer", ylabel=f"best-matching {_label(learner)} k", title=f"{_label(metric)} best match, 90% bootstrap"
+    )
     return _save(fig, stem)
 
 
@@ -176,8 +215,14 @@ def probes(table: pd.DataFrame, stem: Path) -> list[Path]:
         for control, style in (("none", "-o"), ("random_model", "--"), ("shuffled", ":")):
             r = rows[rows.control == control].groupby("layer").r2.mean()
             if len(r):
-                ax.plot(r.index, r.values, style, label={"none": "model", "random_model": "random-weights model",
-                                                         "shuffled": "shuffled targets"}[control])
+                ax.plot(
+                    r.index,
+                    r.values,
+                    style,
+                    label={"none": "model", "random_model": "random-weights model", "shuffled": "shuffled targets"}[
+                        control
+                    ],
+                )
         ax.set(title=f"{target} ({kind})", xlabel="layer")
     axes[0][0].set_ylabel("held-out R^2 (mean over prefixes)")
     axes[0][0].legend(fontsize=7)

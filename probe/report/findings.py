@@ -4,12 +4,30 @@ from __future__ import annotations
 
 from ..config import PLANTED_SCHEDULE, planted_layer_map
 
-LABELS = {"ogd": "online GD", "gd_log": "GD (log grid)", "gd_linear": "GD (linear grid)", "gd": "GD",
-          "newton": "Iterative Newton", "least_squares": "least squares", "knn": "k-NN", "sgd": "SGD",
-          "adam": "Adam", "cg": "conjugate gradient", "bfgs": "BFGS", "lbfgs": "L-BFGS", "ridge": "ridge",
-          "averaging": "averaging", "relu_gd": "ReLU network (GD)", "relu_adam": "ReLU network (Adam)",
-          "sime": "SimE", "simw": "SimW", "xty": "X^T y", "w_ols": "w_OLS", "random_model": "a random-weights model",
-          "zero": "the zero predictor"}
+LABELS = {
+    "ogd": "online GD",
+    "gd_log": "GD (log grid)",
+    "gd_linear": "GD (linear grid)",
+    "gd": "GD",
+    "newton": "Iterative Newton",
+    "least_squares": "least squares",
+    "knn": "k-NN",
+    "sgd": "SGD",
+    "adam": "Adam",
+    "cg": "conjugate gradient",
+    "bfgs": "BFGS",
+    "lbfgs": "L-BFGS",
+    "ridge": "ridge",
+    "averaging": "averaging",
+    "relu_gd": "ReLU network (GD)",
+    "relu_adam": "ReLU network (Adam)",
+    "sime": "SimE",
+    "simw": "SimW",
+    "xty": "X^T y",
+    "w_ols": "w_OLS",
+    "random_model": "a random-weights model",
+    "zero": "the zero predictor",
+}
 
 
 def label(name: str) -> str:
@@ -24,8 +42,10 @@ def _icl(summary: dict, d: int) -> str | None:
     if t not in ns:
         return None
     i = ns.index(t)
-    return (f"In-context error / d at 2d+1 = {t} examples: {icl['model'][i]:.4f} "
-            f"(90% band {icl['model_lo'][i]:.4f}-{icl['model_hi'][i]:.4f}); least squares {icl['least_squares'][i]:.4f}.")
+    return (
+        f"In-context error / d at 2d+1 = {t} examples: {icl['model'][i]:.4f} "
+        f"(90% band {icl['model_lo'][i]:.4f}-{icl['model_hi'][i]:.4f}); least squares {icl['least_squares'][i]:.4f}."
+    )
 
 
 def _layers(layers: list) -> str:
@@ -40,8 +60,10 @@ def _verdicts(summary: dict) -> list[str]:
         block = summary.get("best_match", {}).get(name, {}).get("sime", {})
         tail = ""
         if block.get("k"):
-            tail = (f"; final layer {block['k'][-1]} [{block['k_low'][-1]}, {block['k_high'][-1]}]"
-                    f"{' (at grid end)' if block.get('at_grid_end', [False])[-1] else ''}")
+            tail = (
+                f"; final layer {block['k'][-1]} [{block['k_low'][-1]}, {block['k_high'][-1]}]"
+                f"{' (at grid end)' if block.get('at_grid_end', [False])[-1] else ''}"
+            )
         out.append(f"Layers vs {label(name)} (SimE): {tr['verdict'].split(': ', 1)[-1]}{tail}.")
     return out
 
@@ -52,12 +74,14 @@ def _table1(summary: dict) -> str | None:
         return None
     rows.sort(key=lambda r: -r[1]["similarity"])
     (fam, top), rest = rows[0], rows[1:]
-    text = (f"Final layer closest to {label(fam)} (SimE {top['similarity']:.3f} [{top['ci_low']:.3f}, {top['ci_high']:.3f}])")
+    text = f"Final layer closest to {label(fam)} (SimE {top['similarity']:.3f} [{top['ci_low']:.3f}, {top['ci_high']:.3f}])"
     if rest:
         fam2, second = rest[0]
         overlap = second["ci_high"] >= top["ci_low"]
-        text += (f", runner-up {label(fam2)} {second['similarity']:.3f} [{second['ci_low']:.3f}, {second['ci_high']:.3f}]"
-                 + ("; their intervals overlap, so the ranking is not resolved" if overlap else ""))
+        text += (
+            f", runner-up {label(fam2)} {second['similarity']:.3f} [{second['ci_low']:.3f}, {second['ci_high']:.3f}]"
+            + ("; their intervals overlap, so the ranking is not resolved" if overlap else "")
+        )
     return text + "."
 
 
@@ -74,8 +98,10 @@ def _probes(summary: dict) -> str | None:
                 continue
             best = max(range(len(entry["r2"])), key=lambda i: entry["r2"][i])
             control = (entry.get("control_r2") or [None] * len(entry["r2"]))[best]
-            parts.append(f"{kind} {label(target)} R^2 {entry['r2'][best]:.2f} at layer {entry['layer'][best]}"
-                         + (f" (random-weights model {control:.2f})" if control is not None else ""))
+            parts.append(
+                f"{kind} {label(target)} R^2 {entry['r2'][best]:.2f} at layer {entry['layer'][best]}"
+                + (f" (random-weights model {control:.2f})" if control is not None else "")
+            )
     return "Probes: " + "; ".join(parts) + "." if parts else None
 
 
@@ -84,17 +110,27 @@ def _span(summary: dict, d: int) -> str | None:
     if not span or not span.get("layer"):
         return None
     last = max(span["layer"])
-    pairs = [(t, r, nul) for l, t, r, nul in zip(span["layer"], span["n_examples"], span["residual"], span["random_null"])
-             if l == last and 1 <= t < d]
+    pairs = [
+        (t, r, nul)
+        for l, t, r, nul in zip(span["layer"], span["n_examples"], span["residual"], span["random_null"])
+        if l == last and 1 <= t < d
+    ]
     if not pairs:
         return None
-    return ("Span of the examples (final layer): relative residual " + ", ".join(f"{r:.2f}" for _, r, _ in pairs)
-            + f" at t = 1..{d - 1}, against " + ", ".join(f"{n:.2f}" for *_, n in pairs) + " for a random vector.")
+    return (
+        "Span of the examples (final layer): relative residual "
+        + ", ".join(f"{r:.2f}" for _, r, _ in pairs)
+        + f" at t = 1..{d - 1}, against "
+        + ", ".join(f"{n:.2f}" for *_, n in pairs)
+        + " for a random vector."
+    )
 
 
-CONSTRUCTIONS = {"gd": ("GD with linear attention (von Oswald et al.)", "step"),
-                 "newton": ("Iterative Newton with linear attention", "iteration"),
-                 "newton-relu": ("Iterative Newton with ReLU attention (seed 003 Thm. 1)", "iteration")}
+CONSTRUCTIONS = {
+    "gd": ("GD with linear attention (von Oswald et al.)", "step"),
+    "newton": ("Iterative Newton with linear attention", "iteration"),
+    "newton-relu": ("Iterative Newton with ReLU attention (seed 003 Thm. 1)", "iteration"),
+}
 
 
 def _construction(summary: dict) -> str | None:
@@ -104,8 +140,10 @@ def _construction(summary: dict) -> str | None:
         return None
     name, unit = CONSTRUCTIONS[algorithm]
     first, per_step = PLANTED_SCHEDULE[algorithm]
-    text = (f"Planted construction: {name}, {per_step} layer{'s' if per_step > 1 else ''} per {unit}, "
-            f"first prediction at layer {first}")
+    text = (
+        f"Planted construction: {name}, {per_step} layer{'s' if per_step > 1 else ''} per {unit}, "
+        f"first prediction at layer {first}"
+    )
     if algorithm != "gd":
         other = "newton" if algorithm == "newton-relu" else "newton-relu"
         text += f" (the {'linear' if other == 'newton' else 'ReLU'}-attention construction needs {PLANTED_SCHEDULE[other][1]})"
@@ -113,8 +151,11 @@ def _construction(summary: dict) -> str | None:
     pairs = [(l, k) for l, k in zip(block.get("layer", []), block.get("k", [])) if l >= first]
     if pairs:
         wrong = [l for l, k in pairs if k != planted_layer_map(algorithm, l)]
-        text += ("; the SimE best matches recover this map at every predicting layer" if not wrong
-                 else f"; the SimE best matches differ from it at {_layers(wrong)}")
+        text += (
+            "; the SimE best matches recover this map at every predicting layer"
+            if not wrong
+            else f"; the SimE best matches differ from it at {_layers(wrong)}"
+        )
     return text + "."
 
 
@@ -123,40 +164,59 @@ def caveats(summary: dict) -> list[str]:
     nulls = summary.get("nulls", {})
     zero_layers = [l for l, z in zip(nulls.get("layer", []), nulls.get("predicts_zero", [])) if z]
     if zero_layers:
-        out.append(f"{_layers(zero_layers).capitalize()} predict{'s' if len(zero_layers) == 1 else ''} ~0 (||f|| < 0.1 ||y||): their matches are not "
-                   "distinguishable from predicting 0, whatever learner step they name.")
+        out.append(
+            f"{_layers(zero_layers).capitalize()} predict{'s' if len(zero_layers) == 1 else ''} ~0 (||f|| < 0.1 ||y||): their matches are not "
+            "distinguishable from predicting 0, whatever learner step they name."
+        )
     for name, metrics in summary.get("best_match", {}).items():
-        if name in ("gd", "newton") and name not in [s.get("label") for s in summary.get("recipe", {}).get("sweeps", [])]:
+        if name in ("gd", "newton") and name not in [
+            s.get("label") for s in summary.get("recipe", {}).get("sweeps", [])
+        ]:
             continue
         block = metrics.get("sime", {})
         bad = [l for l, dg in zip(block.get("layer", []), block.get("degenerate", [])) if dg and l not in zero_layers]
         if bad:
-            out.append(f"{label(name)}: SimE matches at {_layers(bad)} are not distinguishable from "
-                       "predicting 0 (the zero predictor scores within their interval).")
+            out.append(
+                f"{label(name)}: SimE matches at {_layers(bad)} are not distinguishable from "
+                "predicting 0 (the zero predictor scores within their interval)."
+            )
         ends = [l for l, e in zip(block.get("layer", []), block.get("at_grid_end", [])) if e]
         if ends:
-            out.append(f"{label(name)}: best matches at {_layers(ends)} lie at the grid's end; the "
-                       "true match may lie beyond it.")
-    top = sorted(((f, e) for f, e in summary.get("table1", {}).get("sime", {}).items() if f != "null"),
-                 key=lambda r: -r[1]["similarity"])
+            out.append(
+                f"{label(name)}: best matches at {_layers(ends)} lie at the grid's end; the "
+                "true match may lie beyond it."
+            )
+    top = sorted(
+        ((f, e) for f, e in summary.get("table1", {}).get("sime", {}).items() if f != "null"),
+        key=lambda r: -r[1]["similarity"],
+    )
     if top and top[0][1].get("degenerate"):
-        out.append("The final layer's closest learner is not distinguishable from predicting 0: Table 1 says nothing "
-                   "about which algorithm the model runs.")
+        out.append(
+            "The final layer's closest learner is not distinguishable from predicting 0: Table 1 says nothing "
+            "about which algorithm the model runs."
+        )
     for target, kinds in (summary.get("probes") or {}).items():
-        for kind, entry in (kinds.items() if isinstance(kinds, dict) else ()):
+        for kind, entry in kinds.items() if isinstance(kinds, dict) else ():
             share = entry.get("converged_share") if isinstance(entry, dict) else None
             if share is not None and share < 1:
-                out.append(f"{(1 - share) * 100:.0f}% of the {kind} probes for {label(target)} stopped at the step limit "
-                           f"({entry.get('max_steps_used')} steps) before their validation R^2 settled: their R^2 is "
-                           "a lower bound; raise probes.steps.")
+                out.append(
+                    f"{(1 - share) * 100:.0f}% of the {kind} probes for {label(target)} stopped at the step limit "
+                    f"({entry.get('max_steps_used')} steps) before their validation R^2 settled: their R^2 is "
+                    "a lower bound; raise probes.steps."
+                )
     return out
 
 
 def findings(summary: dict) -> tuple[list[str], list[str]]:
     """(findings, caveats): short sentences for the top of the report."""
     d = summary["checkpoint"]["task"]["n_dims"]
-    items = [_construction(summary), _icl(summary, d), *_verdicts(summary), _table1(summary), _probes(summary),
-             _span(summary, d)]
+    items = [
+        _construction(summary),
+        _icl(summary, d),
+        *_verdicts(summary),
+        _table1(summary),
+        _probes(summary),
+        _span(summary, d),
+    ]
     items += [f"Causal check: {v}." for v in summary.get("interventions", {}).get("verdicts", [])]
     return [i for i in items if i], caveats(summary)
-

@@ -26,8 +26,10 @@ code{background:#f3f3f3;padding:0 .2em} .grid{display:flex;flex-wrap:wrap;gap:1e
 
 def _img(path: Path, alt: str, caption: str) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
 
 
 def _table(frame: pd.DataFrame, floatfmt: str = "{:.4f}") -> str:
@@ -52,13 +54,22 @@ def _readable(frame: pd.DataFrame) -> pd.DataFrame:
         if col in out:
             out[col] = out[col].map(lambda v, t=text: t if bool(v) else "")
     out = out.drop(columns=[c for c in ("predicts_zero",) if c in out])
-    return out.rename(columns={"zero_similarity": "SimE vs zero predictor", "random_similarity": "SimE vs random model",
-                               "degenerate": "null check", "at_grid_end": "grid"})
+    return out.rename(
+        columns={
+            "zero_similarity": "SimE vs zero predictor",
+            "random_similarity": "SimE vs random model",
+            "degenerate": "null check",
+            "at_grid_end": "grid",
+        }
+    )
 
 
 GD_STEP = {"auto": "per-prompt step 1/lambda_max of the loss Hessian ('auto')"}
-NEWTON_ALPHA = {"spectral": "M_0 = S/||S S^T||_2 ('spectral')", "frobenius": "M_0 = S/||S S^T||_F ('frobenius', the "
-                "paper's code)", "paper": "M_0 = 2 S/||S S^T||_2 ('paper', seed 003 eq. 8)"}
+NEWTON_ALPHA = {
+    "spectral": "M_0 = S/||S S^T||_2 ('spectral')",
+    "frobenius": "M_0 = S/||S S^T||_F ('frobenius', the paper's code)",
+    "paper": "M_0 = 2 S/||S S^T||_2 ('paper', seed 003 eq. 8)",
+}
 
 
 def learner_methods(recipe) -> list[str]:
@@ -67,14 +78,21 @@ def learner_methods(recipe) -> list[str]:
     for sweep in recipe.sweeps:
         grid = sweep.grid
         if sweep.learner == "gd":
-            etas = [GD_STEP.get(e, str(e)) if isinstance(e, str) else f"fixed step eta = {e:g}"
-                    for e in grid.get("eta", ["auto"])]
+            etas = [
+                GD_STEP.get(e, str(e)) if isinstance(e, str) else f"fixed step eta = {e:g}"
+                for e in grid.get("eta", ["auto"])
+            ]
             conv = ", ".join(grid.get("convention", ["paper"]))
-            lines.append(f"{_label(sweep.label)}: {conv} convention (gradient of ||y - Xw||^2/(2t) for 'paper'), "
-                         + "; ".join(etas) + ".")
+            lines.append(
+                f"{_label(sweep.label)}: {conv} convention (gradient of ||y - Xw||^2/(2t) for 'paper'), "
+                + "; ".join(etas)
+                + "."
+            )
         elif sweep.learner == "newton":
-            alphas = [NEWTON_ALPHA.get(a, str(a)) if isinstance(a, str) else f"M_0 = {a:g} S/t (fixed alpha)"
-                      for a in grid.get("alpha", ["spectral"])]
+            alphas = [
+                NEWTON_ALPHA.get(a, str(a)) if isinstance(a, str) else f"M_0 = {a:g} S/t (fixed alpha)"
+                for a in grid.get("alpha", ["spectral"])
+            ]
             lines.append(f"{_label(sweep.label)}: M_(k+1) = 2 M_k - M_k S M_k with " + "; ".join(alphas) + ".")
     return lines
 
@@ -84,8 +102,13 @@ def _training_rows(ckpt) -> list[tuple[str, Any]]:
     if ckpt.format != "icl-probe":
         return [("training recipe", f"not recorded in the {ckpt.format} format")]
     tr, cur = ckpt.config.train, ckpt.config.curriculum
-    rows = [("optimizer", f"AdamW lr {tr.lr:g}, {tr.warmup_steps} warm-up steps, {tr.schedule} decay, batch {tr.batch_size}, "
-                          f"clip {tr.grad_clip:g}, seed {tr.seed}")]
+    rows = [
+        (
+            "optimizer",
+            f"AdamW lr {tr.lr:g}, {tr.warmup_steps} warm-up steps, {tr.schedule} decay, batch {tr.batch_size}, "
+            f"clip {tr.grad_clip:g}, seed {tr.seed}",
+        )
+    ]
     if cur.dims or cur.points:
         stage = lambda s: "fixed" if s is None else f"{s.start} -> {s.end} (+{s.inc} every {s.interval} steps)"
         rows.append(("curriculum", f"dims {stage(cur.dims)}; points {stage(cur.points)}"))
@@ -97,48 +120,90 @@ def _training_rows(ckpt) -> list[tuple[str, Any]]:
 def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, recipe, compare) -> str:
     """The report page: findings and contents (template), then one block of HTML per section."""
     t = built.tables
-    parts = [*_model_card(summary, figs, ckpt), *_readout_section(summary, figs, recipe, compare),
-             *_matching_section(t, summary, figs, recipe), *_table1_section(t, summary, compare),
-             *_span_probes_forgetting(t, figs), *_causal_section(summary.get("interventions"), figs),
-             *_methods_section(summary, ckpt, recipe)]
+    parts = [
+        *_model_card(summary, figs, ckpt),
+        *_readout_section(summary, figs, recipe, compare),
+        *_matching_section(t, summary, figs, recipe),
+        *_table1_section(t, summary, compare),
+        *_span_probes_forgetting(t, figs),
+        *_causal_section(summary.get("interventions"), figs),
+        *_methods_section(summary, ckpt, recipe),
+    ]
     return _page(summary, recipe, "\n".join(parts))
 
 
 def _model_card(summary: dict[str, Any], figs: dict[str, Path], ckpt) -> list[str]:
     c = summary["checkpoint"]
     m = c["model"]
-    card = pd.DataFrame([
-        ("format", c["format"]), ("family", m["family"]), ("layers", m["n_layer"]), ("width", m["n_embd"]),
-        ("heads", m["n_head"] if m["family"] == "gpt2" else "-"), ("d", m["n_dims"]), ("points", m["n_positions"]),
-        ("parameters", f"{c['parameters']:,}"), ("task", f"{c['task']['name']} ({c['task']['covariance']})"),
-        ("trained steps", c.get("train_step", "unknown")), ("sha256", c["sha256"][:16] + "..."),
-    ] + _training_rows(ckpt), columns=["field", "value"])
-    parts = ["<h2>Model card</h2>", _table(card),
-             _img(figs["icl_error"], "error vs examples",
-                  "Squared error / d of the model's own predictions against the number of in-context examples "
-                  "(band: bootstrap 5-95% over prompts), beside least squares, 3-nearest neighbours and averaging; "
-                  "linear axis (left) and log axis (right).")]
+    card = pd.DataFrame(
+        [
+            ("format", c["format"]),
+            ("family", m["family"]),
+            ("layers", m["n_layer"]),
+            ("width", m["n_embd"]),
+            ("heads", m["n_head"] if m["family"] == "gpt2" else "-"),
+            ("d", m["n_dims"]),
+            ("points", m["n_positions"]),
+            ("parameters", f"{c['parameters']:,}"),
+            ("task", f"{c['task']['name']} ({c['task']['covariance']})"),
+            ("trained steps", c.get("train_step", "unknown")),
+            ("sha256", c["sha256"][:16] + "..."),
+        ]
+        + _training_rows(ckpt),
+        columns=["field", "value"],
+    )
+    parts = [
+        "<h2>Model card</h2>",
+        _table(card),
+        _img(
+            figs["icl_error"],
+            "error vs examples",
+            "Squared error / d of the model's own predictions against the number of in-context examples "
+            "(band: bootstrap 5-95% over prompts), beside least squares, 3-nearest neighbours and averaging; "
+            "linear axis (left) and log axis (right).",
+        ),
+    ]
     if "icl_r2" in figs:
-        parts.append(_img(figs["icl_r2"], "R^2 vs examples", "R^2 (over prompts) of the model's predictions against the "
-                          "number of examples, beside training the task's ReLU network directly on each prompt's examples "
-                          "(last epoch, and best epoch as seed 001 reports), least squares and 3-NN."))
+        parts.append(
+            _img(
+                figs["icl_r2"],
+                "R^2 vs examples",
+                "R^2 (over prompts) of the model's predictions against the "
+                "number of examples, beside training the task's ReLU network directly on each prompt's examples "
+                "(last epoch, and best epoch as seed 001 reports), least squares and 3-NN.",
+            )
+        )
     return parts
 
 
 def _readout_section(summary: dict[str, Any], figs: dict[str, Path], recipe, compare) -> list[str]:
-    ro = pd.DataFrame({"layer": summary["readout"]["layer"], "error / d (mean over t >= 1)": summary["readout"]["error"]})
+    ro = pd.DataFrame(
+        {"layer": summary["readout"]["layer"], "error / d (mean over t >= 1)": summary["readout"]["error"]}
+    )
     if summary["readout"].get("error_at_2d1"):
         ro["error / d at t = 2d+1"] = summary["readout"]["error_at_2d1"]
-    parts = ["<h2>Per-layer readout retraining</h2>",
-             f"<p>A fresh linear read-out ({html.escape(recipe.readout.method)}) is fitted on each layer's frozen "
-             "residual stream at the x tokens (seed 003 §4.1); layer 0 is the embedding output.</p>", _table(ro),
-             _img(figs["readout"], "readout error", "Error / d of each layer's retrained read-out against the number of "
-                  "examples on held-out prompts; the dotted line marks t = d.")]
+    parts = [
+        "<h2>Per-layer readout retraining</h2>",
+        f"<p>A fresh linear read-out ({html.escape(recipe.readout.method)}) is fitted on each layer's frozen "
+        "residual stream at the x tokens (seed 003 §4.1); layer 0 is the embedding output.</p>",
+        _table(ro),
+        _img(
+            figs["readout"],
+            "readout error",
+            "Error / d of each layer's retrained read-out against the number of "
+            "examples on held-out prompts; the dotted line marks t = d.",
+        ),
+    ]
     if "compare_readout" in figs:
-        parts.append(_img(figs["compare_readout"], "readout comparison",
-                          f"Mean error / d (examples >= 1) of each layer's retrained read-out for "
-                          f"{summary['checkpoint']['name']} and {compare.name}: how much each layer improves on the one "
-                          "before."))
+        parts.append(
+            _img(
+                figs["compare_readout"],
+                "readout comparison",
+                f"Mean error / d (examples >= 1) of each layer's retrained read-out for "
+                f"{summary['checkpoint']['name']} and {compare.name}: how much each layer improves on the one "
+                "before.",
+            )
+        )
     return parts
 
 
@@ -149,35 +214,55 @@ def _matching_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], figs:
     for sweep in recipe.sweeps:
         key = f"heatmap_{sweep.label}"
         if key in figs:
-            parts.append(_img(figs[key], key, f"SimE (left) and SimW (right, when computed) between every layer (x) and "
-                              f"{_label(sweep.label)} over its {sweep.axis or 'setting'} (y), on one colour scale; the "
-                              "boxed cell is the best match per layer (dashed red: at the grid's end, the true match may "
-                              "lie beyond; white cross: not distinguishable from predicting 0)."))
+            parts.append(
+                _img(
+                    figs[key],
+                    key,
+                    f"SimE (left) and SimW (right, when computed) between every layer (x) and "
+                    f"{_label(sweep.label)} over its {sweep.axis or 'setting'} (y), on one colour scale; the "
+                    "boxed cell is the best match per layer (dashed red: at the grid's end, the true match may "
+                    "lie beyond; white cross: not distinguishable from predicting 0).",
+                )
+            )
     parts.append("<div class='grid'>")
     for sweep in recipe.sweeps:
         key = f"trend_{sweep.label}"
         if key in figs:
-            parts.append(_img(figs[key], key, f"Best-matching {_label(sweep.label)} {sweep.axis} per layer by SimE, "
-                              "with its 90% bootstrap interval over prompts."))
+            parts.append(
+                _img(
+                    figs[key],
+                    key,
+                    f"Best-matching {_label(sweep.label)} {sweep.axis} per layer by SimE, "
+                    "with its 90% bootstrap interval over prompts.",
+                )
+            )
     parts.append("</div>")
     best = t["best_match"]
-    parts += ["<h3>Best matches</h3>", "<p><em>not distinguishable from 0</em>: the zero predictor's SimE lies within "
-              "the match's interval, or the layer predicts ~0; <em>at grid end</em>: the true match may lie beyond the "
-              "grid.</p>", _table(_readable(best[best.sweep.isin([s.label for s in recipe.sweeps if s.axis])]), "{:.3f}")]
+    parts += [
+        "<h3>Best matches</h3>",
+        "<p><em>not distinguishable from 0</em>: the zero predictor's SimE lies within "
+        "the match's interval, or the layer predicts ~0; <em>at grid end</em>: the true match may lie beyond the "
+        "grid.</p>",
+        _table(_readable(best[best.sweep.isin([s.label for s in recipe.sweeps if s.axis])]), "{:.3f}"),
+    ]
     return parts
 
 
 def _table1_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], compare) -> list[str]:
     t1 = _readable(t["table1"]).rename(columns={"similarity": "SimE (final layer)"})
     if compare is not None and "compare_table1" in t:
-        other = _readable(t["compare_table1"][["family", "similarity"]]).rename(columns={"similarity": f"SimE ({compare.name})"})
+        other = _readable(t["compare_table1"][["family", "similarity"]]).rename(
+            columns={"similarity": f"SimE ({compare.name})"}
+        )
         t1 = t1.merge(other, on="family", how="left")
     parts = ["<h2>Table 1: final layer against each learner</h2>", _table(t1, "{:.3f}")]
     null = summary["table1"].get("null")
     if null:
-        parts.append("<p>Null baselines for the final layer (SimE): " + "; ".join(
-            f"{html.escape(_label(name))} {entry['similarity']:.3f}" for name, entry in null.items()) +
-            ". A learner that does not beat the zero predictor beyond its interval is marked not distinguishable from 0.</p>")
+        parts.append(
+            "<p>Null baselines for the final layer (SimE): "
+            + "; ".join(f"{html.escape(_label(name))} {entry['similarity']:.3f}" for name, entry in null.items())
+            + ". A learner that does not beat the zero predictor beyond its interval is marked not distinguishable from 0.</p>"
+        )
     return parts
 
 
@@ -186,56 +271,91 @@ def _probe_training(pr: pd.DataFrame) -> list[str]:
     if "converged" not in pr:
         return []
     own = pr[pr.control == "none"]
-    grouped = own.groupby(["target", "kind"]).agg(converged=("converged", "mean"), median_steps=("steps", "median"),
-                                                  max_steps=("steps", "max")).reset_index()
-    return ["<p>Training: each probe stops once its R<sup>2</sup> on held-out validation prompts has not improved "
-            "for several evaluations and keeps its best parameters; learning rate and width are chosen per probe on "
-            "validation. Share of probes that converged before the step limit, and steps used:</p>",
-            _table(grouped, "{:.2f}")]
+    grouped = (
+        own.groupby(["target", "kind"])
+        .agg(converged=("converged", "mean"), median_steps=("steps", "median"), max_steps=("steps", "max"))
+        .reset_index()
+    )
+    return [
+        "<p>Training: each probe stops once its R<sup>2</sup> on held-out validation prompts has not improved "
+        "for several evaluations and keeps its best parameters; learning rate and width are chosen per probe on "
+        "validation. Share of probes that converged before the step limit, and steps used:</p>",
+        _table(grouped, "{:.2f}"),
+    ]
 
 
 def _span_probes_forgetting(t: dict[str, pd.DataFrame], figs: dict[str, Path]) -> list[str]:
     parts = []
     if "span" in figs:
-        parts += ["<h2>Span of the examples</h2>",
-                  _img(figs["span"], "span test", "Root-mean-square relative residual of each layer's induced weight "
-                       "vector outside span{x_1..x_t}, against t; the dashed line is a random vector's sqrt((d-t)/d).")]
+        parts += [
+            "<h2>Span of the examples</h2>",
+            _img(
+                figs["span"],
+                "span test",
+                "Root-mean-square relative residual of each layer's induced weight "
+                "vector outside span{x_1..x_t}, against t; the dashed line is a random vector's sqrt((d-t)/d).",
+            ),
+        ]
     if "probes" in figs:
         pr = t["probes"]
-        attn = pr[pr.control == "none"].groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()
-        parts += ["<h2>Probes for X<sup>T</sup>y and w</h2>",
-                  "<p>Attention-pooled probes (seed 002 §5) per layer, prefix and target; targets standardised per "
-                  "prefix and coordinate with training statistics. Controls: the same probes on a random-weights model "
-                  "of the same architecture, and on shuffled targets.</p>",
-                  _img(figs["probes"], "probes", "Held-out R^2 of probes by layer (mean over probed prefixes) for each "
-                       "target and probe kind, beside both controls."),
-                  "<p>Where the probes' attention falls (mean over layers and prefixes):</p>", _table(attn, "{:.3f}"),
-                  *_probe_training(pr)]
+        attn = (
+            pr[pr.control == "none"].groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()
+        )
+        parts += [
+            "<h2>Probes for X<sup>T</sup>y and w</h2>",
+            "<p>Attention-pooled probes (seed 002 §5) per layer, prefix and target; targets standardised per "
+            "prefix and coordinate with training statistics. Controls: the same probes on a random-weights model "
+            "of the same architecture, and on shuffled targets.</p>",
+            _img(
+                figs["probes"],
+                "probes",
+                "Held-out R^2 of probes by layer (mean over probed prefixes) for each "
+                "target and probe kind, beside both controls.",
+            ),
+            "<p>Where the probes' attention falls (mean over layers and prefixes):</p>",
+            _table(attn, "{:.3f}"),
+            *_probe_training(pr),
+        ]
     if "forgetting" in figs:
-        parts += ["<h2>Forgetting</h2>", _img(figs["forgetting"], "forgetting",
-                  "Squared error / d when an earlier example x_i is asked again after n-1 examples, by how long ago it "
-                  "was seen (seed 003 App. A.4), for the model and reference learners.")]
+        parts += [
+            "<h2>Forgetting</h2>",
+            _img(
+                figs["forgetting"],
+                "forgetting",
+                "Squared error / d when an earlier example x_i is asked again after n-1 examples, by how long ago it "
+                "was seen (seed 003 App. A.4), for the model and reference learners.",
+            ),
+        ]
     return parts
 
 
 def _methods_section(summary: dict[str, Any], ckpt, recipe) -> list[str]:
     p = recipe.prompts
-    return ["<h2>Methods</h2><ul>",
-            f"<li>Prompts: {p.evaluate} for the error curve; {p.train} / {p.val} / {p.eval} for read-out training, "
-            f"penalty selection and held-out scoring; {p.simw} of the held-out prompts for SimW and the span test, with "
-            f"{p.queries or 4 * ckpt.config.task.n_dims} fresh queries per prefix. Seed {p.seed}.</li>",
-            f"<li>SimE: cosine of error vectors over positions {'1' if recipe.similarity.include_first else '2'}..n "
-            "(seed 003 eq. 9-10). SimW: cosine of induced weights fitted by least squares to query predictions, "
-            "averaged over prefixes (eq. 11-12).</li>",
-            f"<li>Intervals: percentile bootstrap over prompts, {recipe.similarity.bootstrap} resamples, 90% "
-            "(5-95%), for similarities and for the best-matching index itself.</li>",
-            *[f"<li>{html.escape(line)}</li>" for line in learner_methods(recipe)],
-            "<li>Trend: linear and exponential least-squares fits of the best k against layer over layers l >= 1 "
-            "whose best match is neither k = 0 nor the grid's end.</li>",
-            f"<li>Recipe, versions and git commit: see summary.json (git {html.escape(str(summary['git_commit']))}).</li>",
-            "</ul>",
-            "<h2>Grids</h2>", _table(pd.DataFrame([{"label": s.label, "learner": s.learner, "axis": s.axis,
-                                                    "grid": json.dumps(s.grid)} for s in recipe.sweeps]))]
+    return [
+        "<h2>Methods</h2><ul>",
+        f"<li>Prompts: {p.evaluate} for the error curve; {p.train} / {p.val} / {p.eval} for read-out training, "
+        f"penalty selection and held-out scoring; {p.simw} of the held-out prompts for SimW and the span test, with "
+        f"{p.queries or 4 * ckpt.config.task.n_dims} fresh queries per prefix. Seed {p.seed}.</li>",
+        f"<li>SimE: cosine of error vectors over positions {'1' if recipe.similarity.include_first else '2'}..n "
+        "(seed 003 eq. 9-10). SimW: cosine of induced weights fitted by least squares to query predictions, "
+        "averaged over prefixes (eq. 11-12).</li>",
+        f"<li>Intervals: percentile bootstrap over prompts, {recipe.similarity.bootstrap} resamples, 90% "
+        "(5-95%), for similarities and for the best-matching index itself.</li>",
+        *[f"<li>{html.escape(line)}</li>" for line in learner_methods(recipe)],
+        "<li>Trend: linear and exponential least-squares fits of the best k against layer over layers l >= 1 "
+        "whose best match is neither k = 0 nor the grid's end.</li>",
+        f"<li>Recipe, versions and git commit: see summary.json (git {html.escape(str(summary['git_commit']))}).</li>",
+        "</ul>",
+        "<h2>Grids</h2>",
+        _table(
+            pd.DataFrame(
+                [
+                    {"label": s.label, "learner": s.learner, "axis": s.axis, "grid": json.dumps(s.grid)}
+                    for s in recipe.sweeps
+                ]
+            )
+        ),
+    ]
 
 
 def _sections(body: str) -> list[dict[str, str]]:
@@ -257,49 +377,86 @@ def _page(summary: dict[str, Any], recipe, body: str) -> str:
     from .. import __version__
     from .findings import findings
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("probe.report", "templates"),
-                             autoescape=jinja2.select_autoescape(["j2", "html"]), keep_trailing_newline=True)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("probe.report", "templates"),
+        autoescape=jinja2.select_autoescape(["j2", "html"]),
+        keep_trailing_newline=True,
+    )
     items, caveat_items = findings(summary)
     return env.get_template("report.html.j2").render(
-        name=summary["checkpoint"]["name"], recipe=recipe.name, css=markupsafe.Markup(CSS), findings=items,
-        caveats=caveat_items, sections=_sections(body), version=__version__, git=str(summary.get("git_commit")))
+        name=summary["checkpoint"]["name"],
+        recipe=recipe.name,
+        css=markupsafe.Markup(CSS),
+        findings=items,
+        caveats=caveat_items,
+        sections=_sections(body),
+        version=__version__,
+        git=str(summary.get("git_commit")),
+    )
 
 
 def _causal_section(block: dict | None, figs: dict[str, Path]) -> list[str]:
-    """"Causal checks": ablations, the patching heatmap, iteration-consistent patching."""
+    """ "Causal checks": ablations, the patching heatmap, iteration-consistent patching."""
     if not block:
         return []
-    parts = ["<h2>Causal checks</h2>",
-             "<p>Interventions through TransformerLens hooks (probe/interventions). Correlation says a layer "
-             "<em>resembles</em> a learner's iterate; these runs change what a layer writes and measure the prediction.</p>"]
+    parts = [
+        "<h2>Causal checks</h2>",
+        "<p>Interventions through TransformerLens hooks (probe/interventions). Correlation says a layer "
+        "<em>resembles</em> a learner's iterate; these runs change what a layer writes and measure the prediction.</p>",
+    ]
     if "ablation" in block:
         ab = block["ablation"]
-        skip = pd.DataFrame({"layer skipped": ab["skip"]["layer"], f"error / d at t = {ab['n_examples']}": ab["skip"]["error"]})
-        parts += [f"<h3>Ablations</h3><p>Unablated error / d at t = {ab['n_examples']}: {ab['baseline_error']:.4f}. "
-                  "Removing one layer's whole residual update (skip):</p>", _table(skip, "{:.4f}")]
+        skip = pd.DataFrame(
+            {"layer skipped": ab["skip"]["layer"], f"error / d at t = {ab['n_examples']}": ab["skip"]["error"]}
+        )
+        parts += [
+            f"<h3>Ablations</h3><p>Unablated error / d at t = {ab['n_examples']}: {ab['baseline_error']:.4f}. "
+            "Removing one layer's whole residual update (skip):</p>",
+            _table(skip, "{:.4f}"),
+        ]
         if "ablation" in figs:
-            parts.append(_img(figs["ablation"], "ablation", "Increase of the error / d over the unablated model when each "
-                              "head (output z zeroed, or replaced by its mean over held-out prompts), MLP block or whole "
-                              "layer update is removed, against the number of examples."))
+            parts.append(
+                _img(
+                    figs["ablation"],
+                    "ablation",
+                    "Increase of the error / d over the unablated model when each "
+                    "head (output z zeroed, or replaced by its mean over held-out prompts), MLP block or whole "
+                    "layer update is removed, against the number of examples.",
+                )
+            )
     for key in sorted(k for k in figs if k.startswith("patching_")):
         site = key.removeprefix("patching_")
-        parts.append(_img(figs[key], key, f"Activation patching ({site}): clean prompts (X, y) and corrupted prompts "
-                          "(X, y') with a fresh function; the clean activation at one layer and token replaces the "
-                          "corrupted one, and the cell is the fraction of the clean prediction restored at the final "
-                          "query (1: fully restored; a ratio of sums over prompts)."))
+        parts.append(
+            _img(
+                figs[key],
+                key,
+                f"Activation patching ({site}): clean prompts (X, y) and corrupted prompts "
+                "(X, y') with a fresh function; the clean activation at one layer and token replaces the "
+                "corrupted one, and the cell is the fraction of the clean prediction restored at the final "
+                "query (1: fully restored; a ratio of sums over prompts).",
+            )
+        )
     if block.get("iteration"):
-        parts += ["<h3>Is the layer-to-iteration map causal?</h3>",
-                  "<p>At boundary l every token before the query is patched from a source run (X, y'); under the map "
-                  "'boundary l holds the learner after k(l) steps, the blocks above add the remaining steps' the "
-                  "patched prediction moves by a fraction 1 - sum a_k(l) a_k(L) / sum a_k(L)^2 of the full change, "
-                  "with a_k the learner's change of prediction from y to y' (probe/interventions/patch.py). "
-                  "Consistency = observed / expected; the null shuffles the map's iteration counts across layers.</p>",
-                  "<div class='verdict'>" + "".join(f"<p>{html.escape(v)}</p>" for v in block.get("verdicts", [])) + "</div>"]
+        parts += [
+            "<h3>Is the layer-to-iteration map causal?</h3>",
+            "<p>At boundary l every token before the query is patched from a source run (X, y'); under the map "
+            "'boundary l holds the learner after k(l) steps, the blocks above add the remaining steps' the "
+            "patched prediction moves by a fraction 1 - sum a_k(l) a_k(L) / sum a_k(L)^2 of the full change, "
+            "with a_k the learner's change of prediction from y to y' (probe/interventions/patch.py). "
+            "Consistency = observed / expected; the null shuffles the map's iteration counts across layers.</p>",
+            "<div class='verdict'>" + "".join(f"<p>{html.escape(v)}</p>" for v in block.get("verdicts", [])) + "</div>",
+        ]
         for label, entry in block["iteration"].items():
             frame = pd.DataFrame({k: entry[k] for k in ("boundary", "k", "observed", "expected", "consistency")})
             parts += [f"<p>{html.escape(label)}</p>", _table(frame, "{:.3f}")]
         if "iteration_consistency" in figs:
-            parts.append(_img(figs["iteration_consistency"], "iteration consistency", "Observed fraction of the "
-                              "source's change after patching each boundary (with its 90% bootstrap interval), beside "
-                              "the fraction each learner's layer map predicts."))
+            parts.append(
+                _img(
+                    figs["iteration_consistency"],
+                    "iteration consistency",
+                    "Observed fraction of the "
+                    "source's change after patching each boundary (with its 90% bootstrap interval), beside "
+                    "the fraction each learner's layer map predicts.",
+                )
+            )
     return parts

@@ -34,7 +34,9 @@ def patching(frame: pd.DataFrame, site: str, stem: Path) -> list[Path]:
     matrix = view.pivot_table(index="layer", columns="position", values="restored")
     tokens = view.drop_duplicates("position").set_index("position").token.reindex(matrix.columns)
     fig, ax = plt.subplots(figsize=(max(5.0, 0.22 * matrix.shape[1] + 2), 0.3 * matrix.shape[0] + 1.6))
-    im = ax.imshow(matrix.to_numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, origin="lower", interpolation="nearest")
+    im = ax.imshow(
+        matrix.to_numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, origin="lower", interpolation="nearest"
+    )
     ax.set_xticks(range(matrix.shape[1]), tokens.tolist(), rotation=90, fontsize=7)
     ax.set_yticks(range(matrix.shape[0]), matrix.index, fontsize=8)
     what = "boundary (0 = embeddings)" if site == "resid" else "block"
@@ -48,8 +50,15 @@ def iteration_consistency(frames: dict[str, pd.DataFrame], stem: Path) -> list[P
     plt = _plt()
     fig, axes = plt.subplots(1, max(1, len(frames)), figsize=(4.2 * max(1, len(frames)), 3.4), squeeze=False)
     for ax, (label, frame) in zip(axes[0], frames.items()):
-        ax.errorbar(frame.boundary, frame.observed, yerr=[frame.observed - frame.observed_lo, frame.observed_hi - frame.observed],
-                    fmt="o-", color="C0", label="observed (model)", capsize=2)
+        ax.errorbar(
+            frame.boundary,
+            frame.observed,
+            yerr=[frame.observed - frame.observed_lo, frame.observed_hi - frame.observed],
+            fmt="o-",
+            color="C0",
+            label="observed (model)",
+            capsize=2,
+        )
         ax.plot(frame.boundary, frame.expected, "s--", color="C1", label=f"expected from the {label} map")
         ax.set(xlabel="patched boundary", ylabel="fraction of the source's change", title=label, ylim=(-0.1, 1.15))
         ax.legend(fontsize=7)

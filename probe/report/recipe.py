@@ -97,7 +97,9 @@ class InterventionsSection:
     sites: tuple[str, ...] = ("resid",)
     max_positions: int = 0  # patching heatmap: the query token and this many - 1 before it (0: every token)
     max_queries: int = 0  # layer-map check: pool at most this many numbers of examples (0: all)
-    learners: tuple[str, ...] = ("auto",)  # sweep labels whose layer maps are checked; auto: newton and gd_log if present
+    learners: tuple[str, ...] = (
+        "auto",
+    )  # sweep labels whose layer maps are checked; auto: newton and gd_log if present
 
     def learner_labels(self, sweeps: list) -> list[str]:
         if tuple(self.learners) == ("auto",):
@@ -128,13 +130,17 @@ class Recipe:
             spec = LEARNERS.get(s.learner)  # unknown learner -> close-match suggestion
             unknown = set(s.grid) - set(spec.defaults)
             if unknown:
-                raise ConfigError(f"sweep '{s.label}': learner '{s.learner}' has no hyper-parameter {sorted(unknown)}; "
-                                  f"it takes {sorted(spec.defaults)}")
+                raise ConfigError(
+                    f"sweep '{s.label}': learner '{s.learner}' has no hyper-parameter {sorted(unknown)}; "
+                    f"it takes {sorted(spec.defaults)}"
+                )
             if s.axis is not None and s.axis not in spec.defaults:
                 raise ConfigError(f"sweep '{s.label}': axis '{s.axis}' is not a hyper-parameter of '{s.learner}'")
             if not SWEEP_LABEL.fullmatch(s.label):
-                raise ConfigError(f"sweep label {s.label!r} must be letters, digits, '_', '-' or '.' "
-                                  "(it names output files), e.g. gd_log")
+                raise ConfigError(
+                    f"sweep label {s.label!r} must be letters, digits, '_', '-' or '.' "
+                    "(it names output files), e.g. gd_log"
+                )
             s.grid = check_grid(s.learner, s.grid, where=f"sweep '{s.label}'")
         self._check_numbers()
         if self.readout.method not in ("ridge", "adam", "model"):
@@ -159,8 +165,10 @@ class Recipe:
         with_axis = [s.label for s in self.sweeps if s.axis]
         for label in iv.learner_labels(self.sweeps):
             if label not in with_axis:
-                raise ConfigError(f"interventions.learners: '{label}' is not a sweep with an iteration axis in this "
-                                  f"recipe; choose among {with_axis}")
+                raise ConfigError(
+                    f"interventions.learners: '{label}' is not a sweep with an iteration axis in this "
+                    f"recipe; choose among {with_axis}"
+                )
         positive_int(iv.prompts, "interventions.prompts")
         positive_int(iv.patch_prompts, "interventions.patch_prompts")
         positive_int(iv.max_positions, "interventions.max_positions", 0)

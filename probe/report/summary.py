@@ -41,8 +41,9 @@ def best_match_block(best: pd.DataFrame, recipe: Recipe) -> dict[str, Any]:
     for label, rows in best.groupby("sweep", sort=False):
         columns = ["layer", "k", "k_low", "k_high", "similarity", "ci_low", "ci_high", "at_grid_end"]
         columns += [c for c in ("zero_similarity", "degenerate") if c in rows]
-        out[label] = {metric: {c: _col(r.sort_values("layer"), c) for c in columns}
-                      for metric, r in rows.groupby("metric")}
+        out[label] = {
+            metric: {c: _col(r.sort_values("layer"), c) for c in columns} for metric, r in rows.groupby("metric")
+        }
     gd = [s for s in recipe.sweeps if s.learner == "gd"]
     if gd:
         widest = max(gd, key=lambda s: max(s.grid.get("steps", [0]) or [0]))
@@ -56,11 +57,14 @@ def best_match_block(best: pd.DataFrame, recipe: Recipe) -> dict[str, Any]:
 def nulls_block(nulls: pd.DataFrame) -> dict[str, Any]:
     """Per layer: SimE against the zero predictor and a random-weights model; predicts ~0."""
     first = nulls.drop_duplicates("layer").sort_values("layer")
-    return {"layer": _col(first, "layer"), "predicts_zero": [bool(v) for v in first.predicts_zero],
-            "relative_norm": _col(first, "relative_norm"),
-            "sime": {name: _col(r.sort_values("layer"), "similarity") for name, r in nulls.groupby("null", sort=False)},
-            "rule": "a best match is degenerate when SimE(layer, zero predictor) >= its ci_low, or the layer predicts ~0 "
-                    "(||f|| < 0.1 ||y||)"}
+    return {
+        "layer": _col(first, "layer"),
+        "predicts_zero": [bool(v) for v in first.predicts_zero],
+        "relative_norm": _col(first, "relative_norm"),
+        "sime": {name: _col(r.sort_values("layer"), "similarity") for name, r in nulls.groupby("null", sort=False)},
+        "rule": "a best match is degenerate when SimE(layer, zero predictor) >= its ci_low, or the layer predicts ~0 "
+        "(||f|| < 0.1 ||y||)",
+    }
 
 
 def trend_block(trends: list[dict[str, Any]], recipe: Recipe) -> dict[str, Any]:
@@ -91,8 +95,10 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         "seed": recipe.prompts.seed,
         "timings": built.timings,
         "cached_stages": [name for name, hit in built.cached.items() if hit],
-        "icl_error": {c: _col(icl, c) for c in ("n_examples", "model", "model_lo", "model_hi", "least_squares", "knn3",
-                                                 "averaging")},
+        "icl_error": {
+            c: _col(icl, c)
+            for c in ("n_examples", "model", "model_lo", "model_hi", "least_squares", "knn3", "averaging")
+        },
         "readout": readout_block(t["readout"], ckpt.config.task.n_dims, recipe, built.data.get("readout_alpha")),
         "best_match": best_match_block(t["best_match"], recipe),
         "trend": trend_block(built.data.get("trends", []), recipe),
@@ -106,9 +112,16 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         summary["compare"] = {
             "checkpoint": {"path": display_path(compare.path), "format": compare.format, "sha256": compare.sha256},
             "table1": {"sime": table1_block(t["compare_table1"], degenerate=False)},
-            "readout": {"layer": sorted(int(i) for i in t["compare_readout"].layer.unique()),
-                        "error": [float(v) for v in t["compare_readout"][t["compare_readout"].n_examples >= 1]
-                                  .groupby("layer").error.mean().values]},
+            "readout": {
+                "layer": sorted(int(i) for i in t["compare_readout"].layer.unique()),
+                "error": [
+                    float(v)
+                    for v in t["compare_readout"][t["compare_readout"].n_examples >= 1]
+                    .groupby("layer")
+                    .error.mean()
+                    .values
+                ],
+            },
         }
     return summary
 
@@ -116,26 +129,42 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
 def checkpoint_block(ckpt: LoadedCheckpoint) -> dict[str, Any]:
     meta = {key: value for key, value in ckpt.meta.items() if key in ("train_step", "train_seconds")}
     task = {**ckpt.config.task.__dict__, "mixture_weights": list(ckpt.config.task.mixture_weights)}
-    return {"path": display_path(ckpt.path), "format": ckpt.format, "sha256": ckpt.sha256, "name": ckpt.name,
-            "model": ckpt.config.model.__dict__, "task": task,
-            "parameters": int(sum(p.numel() for p in ckpt.model.parameters())), **meta}
+    return {
+        "path": display_path(ckpt.path),
+        "format": ckpt.format,
+        "sha256": ckpt.sha256,
+        "name": ckpt.name,
+        "model": ckpt.config.model.__dict__,
+        "task": task,
+        "parameters": int(sum(p.numel() for p in ckpt.model.parameters())),
+        **meta,
+    }
 
 
 def readout_block(readout: pd.DataFrame, d: int, recipe: Recipe, alpha) -> dict[str, Any]:
     by_layer = readout[readout.n_examples >= 1].groupby("layer").error.mean()
     k = 2 * d + 1
     at_k = readout[readout.n_examples == k].set_index("layer").error if k in set(readout.n_examples) else None
-    return {"layer": [int(i) for i in by_layer.index], "error": [float(v) for v in by_layer.values],
-            "error_at_2d1": None if at_k is None else [float(at_k[l]) for l in by_layer.index],
-            "method": recipe.readout.method, "alpha": alpha,
-            "error_definition": "mean over n_examples >= 1 of squared error / d on held-out prompts"}
+    return {
+        "layer": [int(i) for i in by_layer.index],
+        "error": [float(v) for v in by_layer.values],
+        "error_at_2d1": None if at_k is None else [float(at_k[l]) for l in by_layer.index],
+        "method": recipe.readout.method,
+        "alpha": alpha,
+        "error_definition": "mean over n_examples >= 1 of squared error / d on held-out prompts",
+    }
 
 
 def table1_block(table: pd.DataFrame, degenerate: bool = True) -> dict[str, Any]:
     out = {}
     for r in table.itertuples():
-        entry = {"sweep": r.sweep, "k": _int_if_integral(r.k), "similarity": r.similarity, "ci_low": r.ci_low,
-                 "ci_high": r.ci_high}
+        entry = {
+            "sweep": r.sweep,
+            "k": _int_if_integral(r.k),
+            "similarity": r.similarity,
+            "ci_low": r.ci_low,
+            "ci_high": r.ci_high,
+        }
         if degenerate:
             entry["degenerate"] = bool(getattr(r, "degenerate", False))
         out[r.family] = entry
@@ -150,17 +179,24 @@ def optional_blocks(built) -> dict[str, Any]:
         out["icl_r2"] = {c: _col(t["icl_r2"], c) for c in t["icl_r2"].columns}
     if not t["span"].empty:
         layers = t["span"][t["span"].kind == "layer"]
-        out["span"] = {"layer": _col(layers, "index"), "n_examples": _col(layers, "n_examples"),
-                       "residual": _col(layers, "residual"), "random_null": _col(layers, "random_null"),
-                       "statistic": "root mean square over prompts of ||w - P_t w|| / ||w||"}
+        out["span"] = {
+            "layer": _col(layers, "index"),
+            "n_examples": _col(layers, "n_examples"),
+            "residual": _col(layers, "residual"),
+            "random_null": _col(layers, "random_null"),
+            "statistic": "root mean square over prompts of ||w - P_t w|| / ||w||",
+        }
     if "probes" in t:
         from ..analysis.probes import probe_summary
 
         out["probes"] = probe_summary(t["probes"])
-        out["probes"]["target_normalisation"] = "standardised per prefix and coordinate with training-prompt mean and std"
+        out["probes"]["target_normalisation"] = (
+            "standardised per prefix and coordinate with training-prompt mean and std"
+        )
     if "forgetting" in t:
-        out["forgetting"] = {name: {"gap": _col(r, "gap"), "error": _col(r, "error")}
-                             for name, r in t["forgetting"].groupby("predictor")}
+        out["forgetting"] = {
+            name: {"gap": _col(r, "gap"), "error": _col(r, "error")} for name, r in t["forgetting"].groupby("predictor")
+        }
     if "interventions" in built.data:
         from ..interventions.pipeline import iteration_verdict
 

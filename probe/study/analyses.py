@@ -18,11 +18,28 @@ import torch
 COLUMNS = ["model", "analysis", "metric", "learner", "layer", "n_examples", "shift", "value", "ci_low", "ci_high"]
 
 
-def _row(analysis: str, metric: str, value: float, learner: str = "", layer: int | None = None,
-         n_examples: int | None = None, shift: str = "", ci_low: float = np.nan, ci_high: float = np.nan) -> dict:
-    return {"analysis": analysis, "metric": metric, "learner": learner, "layer": -1 if layer is None else int(layer),
-            "n_examples": -1 if n_examples is None else int(n_examples), "shift": shift, "value": float(value),
-            "ci_low": float(ci_low), "ci_high": float(ci_high)}
+def _row(
+    analysis: str,
+    metric: str,
+    value: float,
+    learner: str = "",
+    layer: int | None = None,
+    n_examples: int | None = None,
+    shift: str = "",
+    ci_low: float = np.nan,
+    ci_high: float = np.nan,
+) -> dict:
+    return {
+        "analysis": analysis,
+        "metric": metric,
+        "learner": learner,
+        "layer": -1 if layer is None else int(layer),
+        "n_examples": -1 if n_examples is None else int(n_examples),
+        "shift": shift,
+        "value": float(value),
+        "ci_low": float(ci_low),
+        "ci_high": float(ci_high),
+    }
 
 
 def evaluate_rows(tables: dict[str, pd.DataFrame], task, shift: str = "") -> list[dict]:
@@ -32,8 +49,18 @@ def evaluate_rows(tables: dict[str, pd.DataFrame], task, shift: str = "") -> lis
     metric = "r2" if "icl_r2" in tables else "error"
     for rec in frame.to_dict("records"):
         n = int(rec["n_examples"])
-        rows.append(_row("evaluate", metric, rec["model"], "model", n_examples=n, shift=shift,
-                         ci_low=rec.get("model_lo", np.nan), ci_high=rec.get("model_hi", np.nan)))
+        rows.append(
+            _row(
+                "evaluate",
+                metric,
+                rec["model"],
+                "model",
+                n_examples=n,
+                shift=shift,
+                ci_low=rec.get("model_lo", np.nan),
+                ci_high=rec.get("model_hi", np.nan),
+            )
+        )
         for name in ("least_squares", "direct", "knn3", "averaging"):
             if name in rec:
                 rows.append(_row("evaluate", metric, rec[name], name, n_examples=n, shift=shift))
@@ -41,8 +68,18 @@ def evaluate_rows(tables: dict[str, pd.DataFrame], task, shift: str = "") -> lis
     hit = frame[frame.n_examples == at]
     if not hit.empty:
         rec = hit.iloc[0]
-        rows.append(_row("evaluate", f"{metric}_at_2d1", rec["model"], "model", n_examples=at, shift=shift,
-                         ci_low=rec.get("model_lo", np.nan), ci_high=rec.get("model_hi", np.nan)))
+        rows.append(
+            _row(
+                "evaluate",
+                f"{metric}_at_2d1",
+                rec["model"],
+                "model",
+                n_examples=at,
+                shift=shift,
+                ci_low=rec.get("model_lo", np.nan),
+                ci_high=rec.get("model_hi", np.nan),
+            )
+        )
     return rows
 
 
@@ -54,28 +91,63 @@ def layer_rows(tables: dict[str, pd.DataFrame], analyses: list[str], task) -> li
             rows.append(_row("readout", "readout_error", part.error.mean(), layer=layer))
         at = r[r.n_examples == 2 * task.n_dims + 1]
         for rec in at.to_dict("records"):
-            rows.append(_row("readout", "readout_error_at_2d1", rec["error"], layer=rec["layer"],
-                             n_examples=rec["n_examples"], ci_low=rec["ci_low"], ci_high=rec["ci_high"]))
+            rows.append(
+                _row(
+                    "readout",
+                    "readout_error_at_2d1",
+                    rec["error"],
+                    layer=rec["layer"],
+                    n_examples=rec["n_examples"],
+                    ci_low=rec["ci_low"],
+                    ci_high=rec["ci_high"],
+                )
+            )
     if "heatmap" in analyses:
         for rec in tables["best_match"].to_dict("records"):
-            rows.append(_row("heatmap", f"{rec['metric']}_best_k", rec["k"], rec["sweep"], layer=rec["layer"],
-                             ci_low=rec["k_low"], ci_high=rec["k_high"]))
-            rows.append(_row("heatmap", f"{rec['metric']}_best_similarity", rec["similarity"], rec["sweep"],
-                             layer=rec["layer"], ci_low=rec["ci_low"], ci_high=rec["ci_high"]))
+            rows.append(
+                _row(
+                    "heatmap",
+                    f"{rec['metric']}_best_k",
+                    rec["k"],
+                    rec["sweep"],
+                    layer=rec["layer"],
+                    ci_low=rec["k_low"],
+                    ci_high=rec["k_high"],
+                )
+            )
+            rows.append(
+                _row(
+                    "heatmap",
+                    f"{rec['metric']}_best_similarity",
+                    rec["similarity"],
+                    rec["sweep"],
+                    layer=rec["layer"],
+                    ci_low=rec["ci_low"],
+                    ci_high=rec["ci_high"],
+                )
+            )
     return rows
 
 
 def probe_rows(table: pd.DataFrame) -> list[dict]:
     rows = []
     for (target, kind, control, layer), part in table.groupby(["target", "kind", "control", "layer"]):
-        rows.append(_row("probes", f"probe_r2_{target}_{kind}", part.r2.mean(),
-                         "model" if control == "none" else control, layer=layer))
+        rows.append(
+            _row(
+                "probes",
+                f"probe_r2_{target}_{kind}",
+                part.r2.mean(),
+                "model" if control == "none" else control,
+                layer=layer,
+            )
+        )
     return rows
 
 
 @torch.no_grad()
-def model_query_preds(model, xs: torch.Tensor, ys: torch.Tensor, queries: torch.Tensor, device: str,
-                      batch_size: int = 4096) -> torch.Tensor:
+def model_query_preds(
+    model, xs: torch.Tensor, ys: torch.Tensor, queries: torch.Tensor, device: str, batch_size: int = 4096
+) -> torch.Tensor:
     """The model's own prediction for each fresh query after t examples: (B, n, Q).
 
     For prefix t the model sees (x_1, y_1, ..., x_t, y_t, x~_q), so causality makes its output
@@ -85,10 +157,16 @@ def model_query_preds(model, xs: torch.Tensor, ys: torch.Tensor, queries: torch.
     out = torch.empty(b, n, q, dtype=torch.float64)
     model = model.to(device).eval()
     for t in range(n):
-        seq_x = torch.cat([xs[:, :t].unsqueeze(1).expand(b, q, t, d), queries.unsqueeze(2)], dim=2).reshape(b * q, t + 1, d)
+        seq_x = torch.cat([xs[:, :t].unsqueeze(1).expand(b, q, t, d), queries.unsqueeze(2)], dim=2).reshape(
+            b * q, t + 1, d
+        )
         seq_y = torch.cat([ys[:, :t].unsqueeze(1).expand(b, q, t), torch.zeros(b, q, 1)], dim=2).reshape(b * q, t + 1)
-        preds = torch.cat([model(seq_x[i:i + batch_size].to(device), seq_y[i:i + batch_size].to(device))[:, t].cpu()
-                           for i in range(0, b * q, batch_size)])
+        preds = torch.cat(
+            [
+                model(seq_x[i : i + batch_size].to(device), seq_y[i : i + batch_size].to(device))[:, t].cpu()
+                for i in range(0, b * q, batch_size)
+            ]
+        )
         out[:, t] = preds.double().view(b, q)
     return out
 
@@ -129,8 +207,11 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
         result = run_learner(c.learner, prompts.xs, prompts.ys, queries, **resolve_grid(c.grid, task))
         w = learner_weights(result, queries).cpu()
         assert result.query_preds is not None  # queries were given
-        values = {"spd": spd(qp[None], result.query_preds.cpu())[0], "ilw": ilw(w_model, w)[0],
-                  "sime": sime(own[None], result.preds.cpu(), prompts.ys.double())[0]}  # each (K, B)
+        values = {
+            "spd": spd(qp[None], result.query_preds.cpu())[0],
+            "ilw": ilw(w_model, w)[0],
+            "sime": sime(own[None], result.preds.cpu(), prompts.ys.double())[0],
+        }  # each (K, B)
         means = {k: v.mean(-1) for k, v in values.items()}
         picks = [int(torch.argmin(means["spd"]))] if c.pick == "best" else range(len(result.grid))
         for i in picks:
@@ -176,8 +257,16 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
             shifted = dataclasses.replace(task, **changes)  # type: ignore[arg-type]  # keys validated by the recipe
             points = shifted.n_points if shifted.n_points != task.n_points else None
             if task.name == "relu_network":
-                frame = r2_curve(ckpt.model, shifted, recipe.evaluate_prompts // 2, recipe.seed, points, device=device,
-                                 epochs=recipe.direct_epochs, direct_prompts=recipe.direct_prompts)
+                frame = r2_curve(
+                    ckpt.model,
+                    shifted,
+                    recipe.evaluate_prompts // 2,
+                    recipe.seed,
+                    points,
+                    device=device,
+                    epochs=recipe.direct_epochs,
+                    direct_prompts=recipe.direct_prompts,
+                )
                 rows += evaluate_rows({"icl_r2": frame}, shifted, shift["label"])
             else:
                 from ..evaluate import error_curve
@@ -201,6 +290,16 @@ def model_fields(path: Path) -> dict[str, Any]:
     ckpt = load_checkpoint(path)
     m, t = ckpt.config.model, ckpt.config.task
     step = ckpt.meta.get("train_step") if isinstance(ckpt.meta, dict) else None
-    return {"family": m.family, "n_layer": m.n_layer, "n_embd": m.n_embd, "n_head": m.n_head, "n_dims": t.n_dims,
-            "n_points": t.n_points, "task": t.name, "noise_std": t.noise_std, "relu_depth":
-            t.relu_depth if t.name == "relu_network" else None, "train_step": step, "format": ckpt.format}
+    return {
+        "family": m.family,
+        "n_layer": m.n_layer,
+        "n_embd": m.n_embd,
+        "n_head": m.n_head,
+        "n_dims": t.n_dims,
+        "n_points": t.n_points,
+        "task": t.name,
+        "noise_std": t.noise_std,
+        "relu_depth": t.relu_depth if t.name == "relu_network" else None,
+        "train_step": step,
+        "format": ckpt.format,
+    }

@@ -12,8 +12,13 @@ import numpy as np
 import pandas as pd
 
 SCALAR = {"spd_ilw": ("spd", "ilw", "sime")}
-LABELS = {"spd": "SPD (lower: closer)", "ilw": "ILW (lower: closer)", "sime": "SimE (higher: closer)",
-          "error_at_2d1": "error / d at 2d+1 examples", "r2_at_2d1": "R² at 2d+1 examples"}
+LABELS = {
+    "spd": "SPD (lower: closer)",
+    "ilw": "ILW (lower: closer)",
+    "sime": "SimE (higher: closer)",
+    "error_at_2d1": "error / d at 2d+1 examples",
+    "r2_at_2d1": "R² at 2d+1 examples",
+}
 
 
 def _plt():
@@ -53,8 +58,15 @@ def phase_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
         part = rows[rows.metric == metric]
         for i, (learner, g) in enumerate(part.groupby("learner", sort=True)):
             g = g.sort_values(x)
-            ax.errorbar(g[x], g.value, yerr=[g.value - g.ci_low, g.ci_high - g.value], marker="o", capsize=3,
-                        label=learner, color=f"C{i}")
+            ax.errorbar(
+                g[x],
+                g.value,
+                yerr=[g.value - g.ci_low, g.ci_high - g.value],
+                marker="o",
+                capsize=3,
+                label=learner,
+                color=f"C{i}",
+            )
         ax.set_xlabel(x.replace("_", " "))
         ax.set_title(LABELS.get(metric, metric))
         if metric in ("spd", "ilw"):
@@ -71,8 +83,15 @@ def icl_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     for i, (shift, g) in enumerate(rows.groupby("shift", sort=True)):
         g = g.sort_values(x)
-        ax.errorbar(g[x], g.value, yerr=[g.value - g.ci_low, g.ci_high - g.value], marker="o", capsize=3,
-                    label=shift or "in distribution", color=f"C{i}")
+        ax.errorbar(
+            g[x],
+            g.value,
+            yerr=[g.value - g.ci_low, g.ci_high - g.value],
+            marker="o",
+            capsize=3,
+            label=shift or "in distribution",
+            color=f"C{i}",
+        )
     metric = rows.metric.iloc[0]
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel(LABELS[metric])
@@ -98,8 +117,13 @@ def curves_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
             for learner, style in (("model", "-"), ("direct", "--")):
                 h = g[g.learner == learner].sort_values("n_examples")
                 if not h.empty:
-                    ax.plot(h.n_examples, h.value, style, color=f"C{i}",
-                            label=f"{label} ({'ICL' if learner == 'model' else 'direct'})")
+                    ax.plot(
+                        h.n_examples,
+                        h.value,
+                        style,
+                        color=f"C{i}",
+                        label=f"{label} ({'ICL' if learner == 'model' else 'direct'})",
+                    )
         ax.set_title(shift or "in distribution")
         ax.set_xlabel("in-context examples")
         if part.metric.iloc[0] == "r2":
@@ -121,7 +145,15 @@ def best_k_figure(table: pd.DataFrame, x: str, learner: str, path: Path) -> Path
     ax.set_yticks(range(grid.shape[0]), [str(i) for i in grid.index])
     for (i, j), v in np.ndenumerate(grid.values):
         if np.isfinite(v):
-            ax.text(j, i, f"{v:g}", ha="center", va="center", fontsize=8, color="white" if v < np.nanmax(grid.values) / 2 else "black")
+            ax.text(
+                j,
+                i,
+                f"{v:g}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if v < np.nanmax(grid.values) / 2 else "black",
+            )
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel("layer")
     ax.set_title(f"best-matching {learner} iteration by SimE")
@@ -155,8 +187,11 @@ def verdicts(table: pd.DataFrame) -> dict[str, Any]:
         for metric, better in (("spd", "min"), ("ilw", "min"), ("sime", "max")):
             part = g[g.metric == metric].sort_values("value", ascending=better == "min")
             if not part.empty:
-                entry[metric] = {"closest": part.learner.iloc[0], "value": float(part.value.iloc[0]),
-                                 "runner_up": part.learner.iloc[1] if len(part) > 1 else None}
+                entry[metric] = {
+                    "closest": part.learner.iloc[0],
+                    "value": float(part.value.iloc[0]),
+                    "runner_up": part.learner.iloc[1] if len(part) > 1 else None,
+                }
         out[model] = entry
     return out
 
@@ -178,10 +213,17 @@ def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str
     stable = {lr: stabilisation(table, x, lr) for lr in learners} if x == "train_step" else {}
     icl = table[(table.analysis == "evaluate") & table.metric.isin(["error_at_2d1", "r2_at_2d1"])]
     summary = {
-        "schema_version": 1, "study": recipe.name, "description": recipe.description, "x": x,
-        "recipe": recipe.to_dict(), "models": sorted(table.model.unique(), key=lambda m: (table[table.model == m][x].iloc[0], m)),
+        "schema_version": 1,
+        "study": recipe.name,
+        "description": recipe.description,
+        "x": x,
+        "recipe": recipe.to_dict(),
+        "models": sorted(table.model.unique(), key=lambda m: (table[table.model == m][x].iloc[0], m)),
         "icl_at_2d1": {f"{r.model}|{r['shift']}": float(r.value) for _, r in icl.iterrows()},
-        "closest_learner": verdicts(table), "stabilises_at": stable, "timings": timings, **stamp(),
+        "closest_learner": verdicts(table),
+        "stabilises_at": stable,
+        "timings": timings,
+        **stamp(),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     (out / "index.html").write_text(render(summary, figs, table, x))
@@ -198,22 +240,33 @@ def render(summary: dict[str, Any], figs: dict[str, Path], table: pd.DataFrame, 
     parts = [f"<h1>Study: {esc(summary['study'])}</h1><p>{esc(summary['description'])}</p>", "<h2>Findings</h2><ul>"]
     for model, entry in summary["closest_learner"].items():
         if entry:
-            text = "; ".join(f"{m.upper()}: closest {v['closest']} ({v['value']:.4g}), then {v['runner_up']}"
-                             for m, v in entry.items())
+            text = "; ".join(
+                f"{m.upper()}: closest {v['closest']} ({v['value']:.4g}), then {v['runner_up']}"
+                for m, v in entry.items()
+            )
             parts.append(f"<li><b>{esc(model)}</b>: {esc(text)}</li>")
     for key, value in summary["icl_at_2d1"].items():
         model, shift = key.split("|")
         parts.append(f"<li>{esc(model)} {esc(shift or 'in distribution')}: at 2d+1 examples {value:.4g}</li>")
     for learner, layers in summary["stabilises_at"].items():
-        parts.append(f"<li>{esc(learner)}: best match stabilises (within 1 of its final value) at step "
-                     + ", ".join(f"layer {l}: {s}" for l, s in layers.items()) + "</li>")
+        parts.append(
+            f"<li>{esc(learner)}: best match stabilises (within 1 of its final value) at step "
+            + ", ".join(f"layer {l}: {s}" for l, s in layers.items())
+            + "</li>"
+        )
     parts.append("</ul><h2>Figures</h2>")
     parts += [_img(p, name.replace("_", " ")) for name, p in figs.items()]
     cols = ["model", x, "analysis", "metric", "learner", "layer", "shift", "value"]
     small = table[(table.layer == -1) & (table.n_examples == -1) | table.metric.str.endswith("_at_2d1")][cols]
-    parts.append("<h2>Per-model scalars</h2>" + small.to_html(index=False, float_format=lambda v: f"{v:.4g}", escape=True))
+    parts.append(
+        "<h2>Per-model scalars</h2>" + small.to_html(index=False, float_format=lambda v: f"{v:.4g}", escape=True)
+    )
     parts.append("<p>All rows: <code>study.csv</code>; provenance: <code>summary.json</code>.</p>")
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}img{max-width:100%}"
-             "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(summary['study'])}</title>"
-            f"<style>{style}</style></head><body>" + "\n".join(parts) + "</body></html>\n")
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}img{max-width:100%}"
+        "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(summary['study'])}</title>"
+        f"<style>{style}</style></head><body>" + "\n".join(parts) + "</body></html>\n"
+    )

@@ -61,16 +61,19 @@ class StudyRecipe:
     def __post_init__(self) -> None:
         from ..validate import check_grid, positive_int
 
-        self.compare = [c if isinstance(c, CompareSection) else from_dict(CompareSection, c, "compare")
-                        for c in self.compare]
+        self.compare = [
+            c if isinstance(c, CompareSection) else from_dict(CompareSection, c, "compare") for c in self.compare
+        ]
         if not self.analyses:
             raise ConfigError("study analyses is empty; choose from " + ", ".join(ANALYSES))
         for name in self.analyses:
             if name not in ANALYSES:
                 raise ConfigError("study analyses: " + unknown_name_message("analysis", name, list(ANALYSES)))
         if bool(self.checkpoints) == bool(self.run):
-            raise ConfigError("a study names its models with either `checkpoints` (paths or globs) or `run` "
-                              "(a run directory with snapshots), not both and not neither")
+            raise ConfigError(
+                "a study names its models with either `checkpoints` (paths or globs) or `run` "
+                "(a run directory with snapshots), not both and not neither"
+            )
         if "spd_ilw" in self.analyses and not self.compare:
             raise ConfigError("analysis spd_ilw needs at least one [[compare]] learner")
         for c in self.compare:
@@ -81,8 +84,10 @@ class StudyRecipe:
             check_grid(c.learner, grid, where=f"compare '{c.label}'")
         for shift in self.shifts:
             if not isinstance(shift, dict) or not isinstance(shift.get("label"), str):
-                raise ConfigError("each [[shifts]] entry needs a label and TaskConfig fields, e.g. "
-                                  "label = 'mix-0.9' with mixture_weights = [0.9, 0.1]")
+                raise ConfigError(
+                    "each [[shifts]] entry needs a label and TaskConfig fields, e.g. "
+                    "label = 'mix-0.9' with mixture_weights = [0.9, 0.1]"
+                )
         for name in ("prompts", "evaluate_prompts", "direct_epochs", "direct_prompts"):
             positive_int(getattr(self, name), f"study {name}")
         positive_int(self.queries, "study queries", 0)
@@ -114,8 +119,9 @@ def resolve_study(name_or_path: str, overrides: list[dict[str, Any]] | None = No
     if not path.suffix:
         path = STUDY_DIR / f"{name_or_path}.toml"
     if not path.is_file():
-        known = sorted(p.stem for p in STUDY_DIR.glob("*.toml") if "checkpoints" in p.read_text()
-                       or "run =" in p.read_text())
+        known = sorted(
+            p.stem for p in STUDY_DIR.glob("*.toml") if "checkpoints" in p.read_text() or "run =" in p.read_text()
+        )
         raise ConfigError(unknown_name_message("study recipe", str(name_or_path), known) + " (or a path to a .toml)")
     data = load_recipe(path)
     data.setdefault("name", path.stem)
@@ -134,8 +140,9 @@ def resolve_models(recipe: StudyRecipe, base: Path | None = None) -> list[Path]:
     base = base or Path.cwd()
     if recipe.run:
         run = base / recipe.run
-        snaps = sorted((p for p in (run / "snapshots").glob("step_*") if p.is_dir() and snapshot_step(p) >= 0),
-                       key=snapshot_step)
+        snaps = sorted(
+            (p for p in (run / "snapshots").glob("step_*") if p.is_dir() and snapshot_step(p) >= 0), key=snapshot_step
+        )
         if not snaps:
             raise ConfigError(f"study run {run}: no snapshots/step_<k>/ directories; train it with --keep-every N")
         return snaps

@@ -60,8 +60,11 @@ def check_models(models: list[Path]) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"study model {path}: {err}") from None
     kinds = {(f["task"], f["n_dims"]) for f in fields.values()}
     if len(kinds) > 1:
-        raise ConfigError("study models have different tasks: " + ", ".join(
-            f"{m} ({f['task']}, d={f['n_dims']})" for m, f in fields.items()) + "; a study compares one task")
+        raise ConfigError(
+            "study models have different tasks: "
+            + ", ".join(f"{m} ({f['task']}, d={f['n_dims']})" for m, f in fields.items())
+            + "; a study compares one task"
+        )
     return fields
 
 
@@ -71,32 +74,50 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _submit_local(pending: list[tuple[str, Path]], args: tuple, jobs: int,
-                  on_done: Callable[[str, pd.DataFrame], None]) -> None:
+def _submit_local(
+    pending: list[tuple[str, Path]], args: tuple, jobs: int, on_done: Callable[[str, pd.DataFrame], None]
+) -> None:
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(threads,)) as pool:
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(threads,)
+    ) as pool:
         futures = {pool.submit(analyse_model, str(path), *args): name for name, path in pending}
         for future in as_completed(futures):
             on_done(futures[future], future.result())
 
 
-def _submit_slurm(pending: list[tuple[str, Path]], args: tuple, jobs: int, folder: Path, cluster: str,
-                  on_done: Callable[[str, pd.DataFrame], None]) -> None:
+def _submit_slurm(
+    pending: list[tuple[str, Path]],
+    args: tuple,
+    jobs: int,
+    folder: Path,
+    cluster: str,
+    on_done: Callable[[str, pd.DataFrame], None],
+) -> None:
     try:
         import submitit
     except ImportError:
         raise ConfigError("--executor slurm needs submitit: pip install submitit") from None
     executor = submitit.AutoExecutor(folder=str(folder), cluster=None if cluster == "auto" else cluster)
-    executor.update_parameters(timeout_min=240, cpus_per_task=max(1, (os.cpu_count() or 1) // jobs),
-                               slurm_array_parallelism=jobs)
+    executor.update_parameters(
+        timeout_min=240, cpus_per_task=max(1, (os.cpu_count() or 1) // jobs), slurm_array_parallelism=jobs
+    )
     submitted = [(name, executor.submit(analyse_model, str(path), *args)) for name, path in pending]
     for name, job in submitted:
         on_done(name, job.result())
 
 
-def run_study(recipe: StudyRecipe, out: Path, *, executor: str = "local", jobs: int = 1, device: str = "cpu",
-              cluster: str = "auto", progress: bool = True, base: Path | None = None) -> pd.DataFrame:
+def run_study(
+    recipe: StudyRecipe,
+    out: Path,
+    *,
+    executor: str = "local",
+    jobs: int = 1,
+    device: str = "cpu",
+    cluster: str = "auto",
+    progress: bool = True,
+    base: Path | None = None,
+) -> pd.DataFrame:
     """Run (or resume) the study into `out`; returns the tidy study table."""
     from tqdm.auto import tqdm
 
