@@ -91,6 +91,10 @@ def test_bad_input_fails_fast_with_a_message(ckpt, tmp_path, capsys):
     bad.write_text('[[sweeps]]\nlabel = "n"\nlearner = "newtn"\n')
     assert main(["report", str(ckpt), "--out", str(out), "--recipe", str(bad)]) == 2
     assert "Unknown learner 'newtn'. Did you mean: newton?" in capsys.readouterr().err
+    bad.write_text('[[sweeps]]\nlabel = "n"\nlearner = "newton"\n[[forgetting.learners]]\nlabel = "g[2]"\n'
+                   'learner = "gd"\ngrid = { iters = [2] }\n')
+    assert main(["report", str(ckpt), "--out", str(out), "--recipe", str(bad)]) == 2
+    assert "forgetting learner 'g[2]': learner 'gd' has no hyper-parameter ['iters']" in capsys.readouterr().err
     assert main(["report", str(tmp_path), "--out", str(out)]) == 2
     assert "not a checkpoint in any known format" in capsys.readouterr().err
     assert main(["report", str(ckpt), "--recipe", "quik", "--out", str(out)]) == 2

@@ -124,12 +124,7 @@ def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
     from ..tasks import generator_for, sample_prompts
 
     p = sample_prompts(ckpt.config.task, recipe.forgetting.prompts, generator=generator_for(recipe.prompts.seed, 301))
-    learners: dict[str, dict] = {
-        "newton[3]": {"learner": "newton", "grid": {"iterations": (3,)}},
-        "newton[10]": {"learner": "newton", "grid": {"iterations": (10,)}},
-        "ogd": {"learner": "ogd"},
-        "least_squares": {"learner": "least_squares"},
-    }
+    learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in recipe.forgetting.learners}
     return {"forgetting": forgetting_table(ckpt.model, p.xs, p.ys, learners, device)}, {}
 
 

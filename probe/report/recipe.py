@@ -5,7 +5,7 @@
     [similarity]  include_first, bootstrap, simw
     [[sweeps]]    label, learner, axis, grid = { ... }   (one per heatmap family)
     [probes]      enabled, kinds, targets, steps, lr, prompts, controls
-    [forgetting]  enabled, prompts
+    [forgetting]  enabled, prompts, learners (as [[sweeps]] entries)
     [interventions] enabled, prompts, patch_prompts, kinds, heads, sites, learners (causal checks)
 
 Flags override recipe values (`--set prompts.eval=256`); the resolved recipe is written into
@@ -82,6 +82,15 @@ class ProbesSection:
 class ForgettingSection:
     enabled: bool = True
     prompts: int = 512
+    # learners whose forgetting curves are drawn beside the model's (seed 003 App. A.4, Fig. 11)
+    learners: list[SweepSection] = field(
+        default_factory=lambda: [
+            SweepSection("newton[3]", "newton", grid={"iterations": [3]}),
+            SweepSection("newton[10]", "newton", grid={"iterations": [10]}),
+            SweepSection("ogd", "ogd"),
+            SweepSection("least_squares", "least_squares"),
+        ]
+    )
 
 
 @dataclass
@@ -107,6 +116,20 @@ class InterventionsSection:
         return list(self.learners)
 
 
+def _check_sweep(s: SweepSection, what: str) -> None:
+    """A learner sweep's learner, grid keys and axis exist; its grid is validated in place."""
+    spec = LEARNERS.get(s.learner)  # unknown learner -> close-match suggestion
+    unknown = set(s.grid) - set(spec.defaults)
+    if unknown:
+        raise ConfigError(
+            f"{what} '{s.label}': learner '{s.learner}' has no hyper-parameter {sorted(unknown)}; "
+            f"it takes {sorted(spec.defaults)}"
+        )
+    if s.axis is not None and s.axis not in spec.defaults:
+        raise ConfigError(f"{what} '{s.label}': axis '{s.axis}' is not a hyper-parameter of '{s.learner}'")
+    s.grid = check_grid(s.learner, s.grid, where=f"{what} '{s.label}'")
+
+
 @dataclass
 class Recipe:
     name: str = "quick"
@@ -127,21 +150,14 @@ class Recipe:
         if len(set(labels)) != len(labels):
             raise ConfigError(f"sweep labels must be unique, got {labels}")
         for s in self.sweeps:
-            spec = LEARNERS.get(s.learner)  # unknown learner -> close-match suggestion
-            unknown = set(s.grid) - set(spec.defaults)
-            if unknown:
-                raise ConfigError(
-                    f"sweep '{s.label}': learner '{s.learner}' has no hyper-parameter {sorted(unknown)}; "
-                    f"it takes {sorted(spec.defaults)}"
-                )
-            if s.axis is not None and s.axis not in spec.defaults:
-                raise ConfigError(f"sweep '{s.label}': axis '{s.axis}' is not a hyper-parameter of '{s.learner}'")
+            _check_sweep(s, "sweep")
             if not SWEEP_LABEL.fullmatch(s.label):
                 raise ConfigError(
                     f"sweep label {s.label!r} must be letters, digits, '_', '-' or '.' "
                     "(it names output files), e.g. gd_log"
                 )
-            s.grid = check_grid(s.learner, s.grid, where=f"sweep '{s.label}'")
+        for s in self.forgetting.learners:
+            _check_sweep(s, "forgetting learner")
         self._check_numbers()
         if self.readout.method not in ("ridge", "adam", "model"):
             raise ConfigError(f"readout.method must be 'ridge', 'adam' or 'model', got {self.readout.method!r}")
