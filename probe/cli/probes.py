@@ -43,14 +43,14 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    import dataclasses
 
-    from ..analysis.probes import ProbeSettings, probe_study, probe_summary
+    from ..analysis.probes import probe_study, probe_summary
     from ..errors import ConfigError
     from ..formats import load_checkpoint
-    from ..models import build_model
     from ..provenance import stamp
     from ..report import figures
+    from ..report.build import probe_control_model, probe_settings
 
     out_target = output_target(args, "probes", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
@@ -58,29 +58,23 @@ def run(args: argparse.Namespace) -> int:
     if args.prefixes and max(args.prefixes) >= n:
         raise ConfigError(f"--prefixes must be below the number of points ({n}), got {args.prefixes}")
     recipe = recipe_from_args(args, ckpt)
-    pr = recipe.probes
-    pick = lambda flag, default: default if flag is None else flag
-    seed = pick(args.seed, recipe.prompts.seed)
-    controls = pr.controls and not args.no_controls
-    control = None
-    if controls:
-        torch.manual_seed(seed + 99)  # the report's probes stage uses the same control
-        control = build_model(ckpt.config.model).eval()
-    settings = ProbeSettings(
-        kinds=tuple(pick(args.kinds, pr.kinds)),
-        targets=tuple(pick(args.targets, pr.targets)),
-        prefixes=tuple(args.prefixes) if args.prefixes else None,
-        steps=pick(args.steps, pr.steps),
-        lr=tuple(pick(args.lr, pr.lr)),
-        hidden=tuple(pick(args.hidden, pr.hidden)),
-        patience=pr.patience,
-        eval_every=pr.eval_every,
-        n_train=pick(args.prompts, pr.prompts),
-        n_test=pick(args.test_prompts, recipe.prompts.eval),
-        controls=controls,
-        seed=seed,
-        device=check_device(args.device),
+    flags = {
+        "kinds": args.kinds,
+        "targets": args.targets,
+        "steps": args.steps,
+        "lr": args.lr,
+        "hidden": args.hidden,
+        "n_train": args.prompts,
+        "n_test": args.test_prompts,
+        "seed": args.seed,
+        "prefixes": args.prefixes or None,
+        "controls": False if args.no_controls else None,
+    }
+    settings = dataclasses.replace(  # the report's settings (same recipe, same numbers), then the flags
+        probe_settings(recipe, check_device(args.device)),
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in flags.items() if v is not None},
     )
+    control = probe_control_model(ckpt, settings.seed) if settings.controls else None
     table = probe_study(ckpt.model, ckpt.config.task, settings, control, progress=not args.quiet)
     summary = probe_summary(table)
     with writing(out_target) as out:

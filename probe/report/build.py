@@ -93,16 +93,12 @@ def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
     )
 
 
-def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
-    from ..analysis.probes import ProbeSettings, probe_study
-    from ..models import build_model
+def probe_settings(recipe: Recipe, device: str):
+    """The probes stage's ProbeSettings from the recipe's [probes] (test prompts: prompts.eval)."""
+    from ..analysis.probes import ProbeSettings
 
     pr = recipe.probes
-    control = None
-    if pr.controls:
-        torch.manual_seed(recipe.prompts.seed + 99)
-        control = build_model(ckpt.config.model).eval()
-    settings = ProbeSettings(
+    return ProbeSettings(
         kinds=tuple(pr.kinds),
         targets=tuple(pr.targets),
         steps=pr.steps,
@@ -116,6 +112,21 @@ def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
         seed=recipe.prompts.seed,
         device=device,
     )
+
+
+def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
+    """The probes' random-weights control: the checkpoint's architecture, initialised from seed + 99."""
+    from ..models import build_model
+
+    torch.manual_seed(seed + 99)
+    return build_model(ckpt.config.model).eval()
+
+
+def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
+    from ..analysis.probes import probe_study
+
+    settings = probe_settings(recipe, device)
+    control = probe_control_model(ckpt, settings.seed) if settings.controls else None
     return {"probes": probe_study(ckpt.model, ckpt.config.task, settings, control, progress)}, {}
 
 
