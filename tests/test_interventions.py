@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import GargTransformerModel, build_cfg, write_garg_run
+from conftest import REPO, GargTransformerModel, build_cfg, write_garg_run
 
 from probe.analysis.matching import Sweep
 from probe.checkpoint import save_model
@@ -224,3 +224,73 @@ def test_position_and_query_limits_keep_the_latest_tokens_and_spread_the_queries
     merged = cut.merge(full, on=["site", "layer", "position"], suffixes=("", "_full"))
     np.testing.assert_allclose(merged.restored, merged.restored_full, atol=1e-9)
     assert spread_examples(10, 0) == list(range(1, 10)) and spread_examples(41, 8) == [1, 7, 12, 18, 23, 29, 34, 40]
+
+
+@pytest.mark.parametrize("which", ["default", "garg"])
+def test_resumed_patching_equals_patching_through_hooks(which, tmp_path):
+    """Residual patching that resumes the native blocks from the patched boundary (and, for the
+    context check, recomputes only the query token) against TransformerLens hooks on full runs."""
+    from probe.capture.hooks import resid
+    from probe.interventions.patch import context_patching
+    from probe.interventions.runner import GPT2Runner
+
+    if which == "default":
+        loaded = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    else:
+        write_garg_run(tmp_path / "g", GargTransformerModel(3, 8, 16, 2, 2).eval(), 3, 8, 16, 2, 2)
+        loaded = load_checkpoint(tmp_path / "g")
+    model, task = loaded.model, loaded.config.task
+    xs, ys, yc = paired_prompts(task, 6, seed=3)
+    fast, hooked = GPT2Runner(model.eval(), "cpu"), GPT2Runner(model.eval(), "cpu", resumed=False)
+    for query, positions in ((task.n_points - 1, list(range(2 * task.n_points - 1))), (task.n_points - 3, [2 * task.n_points - 10, 2 * task.n_points - 9, 2 * task.n_points - 6])):
+        direct = fast.patched_resid(xs, yc, ys, list(range(model.n_layers + 1)), positions, query)
+        masks = torch.zeros(len(positions), 2 * task.n_points, dtype=torch.bool)
+        masks[torch.arange(len(positions)), torch.tensor(positions)] = True
+        for b, got in direct.items():
+            src = hooked.states(xs, ys, [resid(b)], query=query)[resid(b)]
+            want = _patched_predictions(hooked, resid(b), xs, yc, src, masks, query, 4096)
+            np.testing.assert_allclose(got, want, atol=1e-5)
+    if which == "default":  # the ratios too (the random Garg model's clean and corrupted predictions differ by ~1e-3)
+        a = patching_heatmap(fast, xs, ys, yc, n_boot=10, max_positions=9)
+        b = patching_heatmap(hooked, xs, ys, yc, n_boot=10, max_positions=9)
+        assert len(a) == len(b) == 9 * (model.n_layers + 1)
+        np.testing.assert_allclose(a.restored, b.restored, atol=1e-4)
+    boundaries, examples = list(range(model.n_layers)), [1, 3, task.n_points - 1]
+    direct = fast.context_patched(xs, ys, yc, boundaries, examples)
+    for b in boundaries:  # predictions, before any ratio
+        for j, t in enumerate(examples):
+            mask = (torch.arange(2 * task.n_points) < 2 * t).view(1, -1)
+            name = resid(b)
+            src = hooked.states(xs, yc, [name], query=t)[name]
+            want = _patched_predictions(hooked, name, xs, ys, src, mask, t, 4096)[0]
+            np.testing.assert_allclose(direct[b][:, j], want, atol=1e-5)
+    pa = context_patching(fast, xs, ys, yc, boundaries, examples)
+    pb = context_patching(hooked, xs, ys, yc, boundaries, examples)
+    for b in boundaries:
+        np.testing.assert_allclose(pa.num[b], pb.num[b], atol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["default", "garg"])
+def test_resumed_ablation_equals_ablation_through_hooks(which, tmp_path):
+    """Every head / MLP / layer ablation of the native path against TransformerLens hooks."""
+    from probe.interventions.ablate import ablate, components
+    from probe.interventions.runner import GPT2Runner
+
+    if which == "default":
+        loaded = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    else:
+        write_garg_run(tmp_path / "g", GargTransformerModel(3, 8, 16, 2, 2).eval(), 3, 8, 16, 2, 2)
+        loaded = load_checkpoint(tmp_path / "g")
+    model, task = loaded.model, loaded.config.task
+    xs, ys, _ = paired_prompts(task, 12, seed=3)
+    held = paired_prompts(task, 12, seed=4)[:2]
+    fast, hooked = GPT2Runner(model.eval(), "cpu"), GPT2Runner(model.eval(), "cpu", resumed=False)
+    comps = components(fast)
+    assert {c.component for c in comps} == {"none", "head", "mlp", "layer"}
+    direct = fast.ablated(comps, {}, xs, ys)
+    assert direct is not None and len(direct) == len(comps)
+    a = ablate(fast, xs, ys, held, n_boot=10, batch_size=5)
+    b = ablate(hooked, xs, ys, held, n_boot=10, batch_size=5)
+    assert len(a) == len(b) == len(comps) * task.n_points
+    np.testing.assert_allclose(a.error, b.error, rtol=1e-4, atol=1e-6)
+    assert (a.increase.abs() > 1e-3).any()  # the ablations do something

@@ -94,21 +94,31 @@ def fit_layer_readouts(
 ) -> LayerReadouts:
     """Closed-form ridge read-outs for every layer, penalty chosen on validation prompts.
 
-    train_states (L+1, P, n, D) at the x tokens, train_ys (P, n); likewise for validation.
+    train_states (L+1, P, n, D) at the x tokens, train_ys (P, n); likewise for validation. Works one
+    layer at a time in float64, so at most one layer's states are converted at once.
     """
-    h = torch.as_tensor(np.asarray(train_states), dtype=torch.float64).flatten(1, 2)  # (L+1, P*n, D)
     y = torch.as_tensor(np.asarray(train_ys), dtype=torch.float64).flatten()
-    a = _design(h)
-    gram = a.transpose(1, 2) @ a  # (L+1, D+1, D+1)
-    rhs = torch.einsum("lnd,n->ld", a, y)
-    alphas_t = torch.tensor(list(alphas), dtype=torch.float64)
-    beta = ridge_solve(gram, rhs, alphas_t, len(y))  # (A, L+1, D+1)
-    hv = _design(torch.as_tensor(np.asarray(val_states), dtype=torch.float64).flatten(1, 2))
     yv = torch.as_tensor(np.asarray(val_ys), dtype=torch.float64).flatten()
-    val_err = ((torch.einsum("lnd,ald->aln", hv, beta) - yv) ** 2).mean(-1)  # (A, L+1)
+    alphas_t = torch.tensor(list(alphas), dtype=torch.float64)
+    grams, rhss = [], []
+    for layer_states in train_states:
+        a = _layer_design(layer_states)  # (P*n, D+1)
+        grams.append(a.T @ a)
+        rhss.append(a.T @ y)
+        del a
+    beta = ridge_solve(torch.stack(grams), torch.stack(rhss), alphas_t, len(y))  # (A, L+1, D+1)
+    val_err = torch.stack(
+        [((_layer_design(s) @ beta[:, layer].T - yv[:, None]) ** 2).mean(0) for layer, s in enumerate(val_states)],
+        dim=1,
+    )  # (A, L+1)
     pick = val_err.argmin(0)
     chosen = beta[pick, torch.arange(beta.shape[1])]
     return LayerReadouts(chosen[:, :-1].numpy(), chosen[:, -1].numpy(), alphas_t[pick].numpy(), val_err.numpy())
+
+
+def _layer_design(states) -> torch.Tensor:
+    """One layer's states (P, n, D) as a float64 design matrix with an intercept column (P*n, D+1)."""
+    return _design(torch.as_tensor(np.asarray(states), dtype=torch.float64).flatten(0, 1))
 
 
 def finetune_layer_readouts(

@@ -95,15 +95,16 @@ def ablate(
     d = xs.shape[-1]
     rows = []
     baseline = None
-    for c in tqdm(comps, desc="ablate", disable=not progress, leave=False):
-        hooks = hooks_for(runner, c, means)
-        preds = torch.cat(
-            [
-                runner.predict(xs[s : s + batch_size], ys[s : s + batch_size], hooks)
-                for s in range(0, xs.shape[0], batch_size)
-            ]
-        )
-        err = ((preds.double() - ys.double()) ** 2) / d  # (P, n)
+    batches: list[list[Tensor]] = [[] for _ in comps]
+    for s in tqdm(range(0, xs.shape[0], batch_size), desc="ablate", disable=not progress, leave=False):
+        bx, by = xs[s : s + batch_size], ys[s : s + batch_size]
+        got = runner.ablated(comps, means, bx, by)
+        if got is None:
+            got = [runner.predict(bx, by, hooks_for(runner, c, means)) for c in comps]
+        for kept, preds in zip(batches, got):
+            kept.append(preds)
+    for c, kept in zip(comps, batches):
+        err = ((torch.cat(kept).double() - ys.double()) ** 2) / d  # (P, n)
         lo, hi = bootstrap_mean(err, n_boot=n_boot, seed=seed)
         mean = err.mean(0)
         baseline = mean if baseline is None else baseline

@@ -146,11 +146,22 @@ def patching_heatmap(
     masks[torch.arange(len(positions)), torch.tensor(positions)] = True
     layers = {s: range(runner.n_layers + 1) if s == "resid" else range(runner.n_layers) for s in sites}
     names = [(s, l, site_name(s, l, runner.n_layers)) for s in sites for l in layers[s]]
-    clean_states = runner.states(xs, ys_clean, [name for _, _, name in names], query=q)
+    resumed = (
+        runner.patched_resid(xs, ys_corrupt, ys_clean, list(layers["resid"]), positions, q)
+        if "resid" in sites
+        else None
+    )
+    resumed = resumed or {}
+    hooked = [name for site, layer, name in names if not (site == "resid" and layer in resumed)]
+    clean_states = runner.states(xs, ys_clean, hooked, query=q) if hooked else {}
     den = (f_clean - f_corr) ** 2
     rows = []
     for site, layer, name in tqdm(names, desc="patch", disable=not progress, leave=False):
-        patched = _patched_predictions(runner, name, xs, ys_corrupt, clean_states[name], masks, q, max_rows).double()
+        if name in clean_states:
+            patched = _patched_predictions(runner, name, xs, ys_corrupt, clean_states[name], masks, q, max_rows)
+        else:
+            patched = resumed[layer]
+        patched = patched.double()
         num = ((patched - f_corr) * (f_clean - f_corr)).T  # (B, K)
         ratio, lo, hi = bootstrap_ratio(num, den.unsqueeze(1).expand_as(num), n_boot=n_boot, seed=seed)
         for j, p in enumerate(positions):
@@ -216,6 +227,10 @@ def context_patching(
     f_clean, f_src = runner.predict(xs, ys).double(), runner.predict(xs, ys_src).double()
     change = (f_src - f_clean)[:, ts]  # (B, T)
     names = {b: boundary_hook_name(b, n_layers) for b in boundaries}
+    resumed = runner.context_patched(xs, ys, ys_src, list(boundaries), ts)
+    if resumed is not None:
+        moved = {b: resumed[b].double() - f_clean[:, ts] for b in boundaries}
+        return ContextPatch(ts, {b: (moved[b] * change).sum(1) for b in boundaries}, (change**2).sum(1))
     moved = {b: torch.zeros_like(change) for b in boundaries}
     for j, t in enumerate(ts):  # query x_{t+1}: every token before it comes from the source
         mask = (torch.arange(2 * n) < 2 * t).view(1, -1)

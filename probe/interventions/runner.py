@@ -50,6 +50,26 @@ class Runner:
         self.predict(xs, ys, [*hooks, *[(name, _bind(keep, name=name)) for name in names]], query)
         return caught
 
+    def patched_resid(
+        self, xs: Tensor, ys_target: Tensor, ys_source: Tensor, boundaries: list[int], positions: list[int], query: int
+    ) -> dict[int, Tensor] | None:
+        """boundary -> (K, B) predictions with the source's residual stream patched in at one
+        position each, computed without hooks (probe/interventions/resumed.py); None where this
+        runner has no such path and the caller patches through hooks."""
+        return None
+
+    def context_patched(
+        self, xs: Tensor, ys: Tensor, ys_source: Tensor, boundaries: list[int], examples: list[int]
+    ) -> dict[int, Tensor] | None:
+        """boundary -> (B, T) predictions with every token before each query from the source
+        (resumed.py), or None (the caller patches through hooks)."""
+        return None
+
+    def ablated(self, components: list, means: dict[str, Tensor], xs: Tensor, ys: Tensor) -> list[Tensor] | None:
+        """Predictions (B, n) with each component ablated, computed without hooks (resumed.py),
+        or None (the caller ablates through hooks)."""
+        return None
+
     def stream_mask(self, token_mask: Tensor, n_prompts: int, query: int | None = None) -> Tensor:
         """A (K, 2n) boolean mask over interleaved positions, for K copies of n_prompts prompts
         stacked copy-major, as a mask broadcastable to the native stream (K*B..., T, 1)."""
@@ -71,15 +91,46 @@ def _bind(fn: Callable, **kwargs) -> Callable:
 
 
 class GPT2Runner(Runner):
-    def __init__(self, model, device: str):
+    """GPT-2 family through the TransformerLens bridge; ablation and residual patching resume the
+    native blocks from the edited boundary instead (`resumed=False`: through hooks as well)."""
+
+    def __init__(self, model, device: str, resumed: bool = True):
         from .handle import to_bridge
 
-        self.model = model
+        self.model = model.to(device)
         self.bridge = to_bridge(model, device)
         self.n_layers = model.n_layers
         self.heads = list(range(model.config.n_head))
         self.has_mlp = True
         self.device = device
+        self.resumed = resumed
+
+    def patched_resid(self, xs, ys_target, ys_source, boundaries, positions, query):
+        if not self.resumed:
+            return None
+        from .resumed import patched_resid_predictions
+
+        moved = (z.to(self.device) for z in (xs, ys_target, ys_source))
+        out = patched_resid_predictions(self.model, *moved, boundaries, positions, query)
+        return {b: p.float().cpu() for b, p in out.items()}
+
+    def ablated(self, components, means, xs, ys):
+        if not self.resumed:
+            return None
+        from .resumed import ablated_predictions
+
+        means = {name: m.to(self.device) for name, m in means.items()}
+        out = ablated_predictions(self.model, xs.to(self.device), ys.to(self.device), components, means)
+        return [p.float().cpu() for p in out]
+
+    def context_patched(self, xs, ys, ys_source, boundaries, examples):
+        if not self.resumed:
+            return None
+        from .resumed import context_patch_predictions
+
+        moved = (z.to(self.device) for z in (xs, ys, ys_source))
+        out = context_patch_predictions(self.model, *moved, boundaries, examples)
+        return {b: p.float().cpu() for b, p in out.items()}
 
     @torch.no_grad()
     def predict(self, xs: Tensor, ys: Tensor, hooks: Sequence[Hook] = (), query: int | None = None) -> Tensor:
