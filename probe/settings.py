@@ -18,7 +18,10 @@ import argparse
 import dataclasses
 import typing
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from .errors import ConfigError
 
 
 def setting(default: Any, help: str, choices: Iterable[Any] | None = None) -> Any:
@@ -55,7 +58,6 @@ def add_flags(
     section: str,
     cls: type,
     names: Iterable[str] | Mapping[str, str],
-    note: str = "",
 ) -> None:
     """One flag per named field of settings class `cls` (recipe section `section`).
 
@@ -72,13 +74,13 @@ def add_flags(
         kwargs: dict[str, Any] = {
             "dest": f"{section}.{name}",
             "default": None,
-            "help": f"{field.metadata.get('help', '')}{note} (recipe: {section}.{name}; default {shown})",
+            "help": f"{field.metadata.get('help', '')} (default: the recipe's {section}.{name}; built in: {shown})",
         }
         if hint is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = _scalar(hint)
-            kwargs["metavar"] = name.upper()
+            kwargs["metavar"] = {int: "N", float: "X"}.get(kwargs["type"], "NAME")
             if _is_sequence(hint):
                 kwargs["nargs"] = "+"
             choices = field.metadata.get("choices")
@@ -95,3 +97,202 @@ def flag_overrides(args: argparse.Namespace) -> list[dict[str, Any]]:
             section, key = dest.split(".", 1)
             out.append({section: {key: list(value) if isinstance(value, tuple) else value}})
     return out
+
+
+# ------------------------------------------------------------------ the analyses' settings
+
+
+PROBE_KINDS = ("linear", "mlp")
+PROBE_TARGETS = ("xty", "w_ols")
+
+
+@dataclass
+class ProbeSettings:
+    """Attention-pooled probes (probe/analysis/probes.py `probe_study`): recipe section [probes],
+    `icl-probe probes` flags. The prompts' seed and test-set size come from [prompts]."""
+
+    enabled: bool = setting(True, "run the probes in reports")
+    kinds: tuple[str, ...] = setting(PROBE_KINDS, "probe kinds", PROBE_KINDS)
+    targets: tuple[str, ...] = setting(PROBE_TARGETS, "probe targets: X^T y and w_OLS of the prefix", PROBE_TARGETS)
+    prefixes: tuple[int, ...] | None = setting(None, "prefix lengths t probed (none: 1, d, 2d and n-1 below n)")
+    steps: int = setting(300, "the most Adam steps; probes stop once their validation R^2 settles")
+    lr: tuple[float, ...] = setting((1e-2,), "Adam learning rates, chosen per probe on validation")
+    hidden: tuple[int, ...] = setting((128,), "MLP probe widths, chosen per probe on validation")
+    patience: int = setting(5, "evaluations without improvement before a probe counts as converged")
+    eval_every: int = setting(25, "steps between validation evaluations")
+    prompts: int = setting(1024, "training prompts, a fifth held out for validation")
+    controls: bool = setting(True, "random-weights model and shuffled-target controls")
+
+    def __post_init__(self) -> None:
+        from .validate import finite_float, positive_int
+
+        for name in ("steps", "patience", "eval_every"):
+            positive_int(getattr(self, name), f"probes.{name}")
+        positive_int(self.prompts, "probes.prompts (a fifth is held out for validation)", 2)
+        self.kinds, self.targets = tuple(self.kinds), tuple(self.targets)
+        self.lr = tuple(self.lr) if isinstance(self.lr, (list, tuple)) else (self.lr,)
+        self.hidden = tuple(self.hidden) if isinstance(self.hidden, (list, tuple)) else (self.hidden,)
+        if not self.lr or not self.hidden:
+            raise ConfigError("probes.lr and probes.hidden need at least one value each, e.g. lr = [1e-2, 1e-3]")
+        for lr in self.lr:
+            finite_float(lr, "probes.lr", low=0.0)
+        for width in self.hidden:
+            positive_int(width, "probes.hidden")
+        if self.prefixes is not None:
+            self.prefixes = tuple(self.prefixes)
+            if not self.prefixes:
+                raise ConfigError("probes.prefixes is empty; give prefix lengths t >= 1, or leave it out")
+            for t in self.prefixes:
+                positive_int(t, "probes.prefixes")
+        for kind in self.kinds:
+            if kind not in PROBE_KINDS:
+                raise ConfigError(f"probes.kinds: unknown probe kind '{kind}' (linear, mlp)")
+        for target in self.targets:
+            if target not in PROBE_TARGETS:
+                raise ConfigError(f"probes.targets: unknown target '{target}' (xty, w_ols)")
+
+
+@dataclass
+class PromptSettings:
+    """How many prompts each analysis draws, and the seed of every draw: recipe section [prompts]."""
+
+    evaluate: int = setting(1280, "prompts for the error against the number of examples (Garg et al.'s 1280)")
+    train: int = setting(2048, "prompts to fit the per-layer read-outs")
+    val: int = setting(512, "prompts to choose the read-outs' ridge penalty")
+    eval: int = setting(512, "held-out prompts for SimE, read-out errors and probe tests")
+    simw: int = setting(128, "of the held-out prompts, those used for SimW and the span test")
+    queries: int = setting(0, "fresh queries per prefix for SimW (0: 4 d)")
+    seed: int = setting(0, "seed of every prompt draw")
+
+    def __post_init__(self) -> None:
+        from .validate import positive_int
+
+        for name in ("evaluate", "train", "val", "eval", "simw"):
+            positive_int(getattr(self, name), f"prompts.{name}")
+        positive_int(self.queries, "prompts.queries", 0)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"prompts.seed must be an integer, got {self.seed!r}")
+
+
+READOUT_METHODS = ("ridge", "adam", "model")
+
+
+@dataclass
+class ReadoutSettings:
+    """Per-layer read-outs (probe/analysis/readout.py): recipe section [readout]."""
+
+    method: str = setting(
+        "ridge", "closed-form ridge, ridge fine-tuned by Adam, or the model's own read-out", READOUT_METHODS
+    )
+    alphas: tuple[float, ...] = setting((1e-6, 1e-4, 1e-2, 1.0), "ridge penalties, one chosen per layer on validation")
+    finetune_steps: int = setting(500, "Adam steps of the 'adam' method")
+
+    def __post_init__(self) -> None:
+        from .validate import finite_float, positive_int
+
+        if self.method not in READOUT_METHODS:
+            raise ConfigError(f"readout.method must be 'ridge', 'adam' or 'model', got {self.method!r}")
+        self.alphas = tuple(self.alphas)
+        if not self.alphas:
+            raise ConfigError("readout.alphas is empty; give at least one ridge penalty, e.g. [1e-4, 1e-2]")
+        for a in self.alphas:
+            finite_float(a, "readout.alphas", low=0.0)
+        positive_int(self.finetune_steps, "readout.finetune_steps", 0)
+
+
+@dataclass
+class SimilaritySettings:
+    """Layer-vs-learner similarities (probe/similarity.py): recipe section [similarity]."""
+
+    include_first: bool = setting(False, "SimE over positions 1..n (the paper's code) instead of 2..n")
+    bootstrap: int = setting(1000, "bootstrap resamples for every interval")
+    simw: bool = setting(True, "compute SimW (induced weights from fresh queries)")
+
+    def __post_init__(self) -> None:
+        from .validate import positive_int
+
+        positive_int(self.bootstrap, "similarity.bootstrap")
+
+
+@dataclass
+class SweepSettings:
+    """One learner and its hyper-parameter grid: a [[sweeps]] entry (one heatmap family) or a
+    [[forgetting.learners]] entry. Checked against the learner registry by the recipe."""
+
+    label: str
+    learner: str
+    axis: str | None = None
+    grid: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _forgetting_learners() -> list[SweepSettings]:
+    return [
+        SweepSettings("newton[3]", "newton", grid={"iterations": [3]}),
+        SweepSettings("newton[10]", "newton", grid={"iterations": [10]}),
+        SweepSettings("ogd", "ogd"),
+        SweepSettings("least_squares", "least_squares"),
+    ]
+
+
+@dataclass
+class ForgettingSettings:
+    """Forgetting curves (probe/analysis/forgetting.py): recipe section [forgetting]."""
+
+    enabled: bool = setting(True, "draw forgetting curves in reports")
+    prompts: int = setting(512, "prompts for the forgetting curves")
+    # learners whose curves are drawn beside the model's (seed 003 App. A.4, Fig. 11)
+    learners: list[SweepSettings] = dataclasses.field(default_factory=_forgetting_learners)
+
+    def __post_init__(self) -> None:
+        from .validate import positive_int
+
+        positive_int(self.prompts, "forgetting.prompts")
+
+
+ABLATION_KINDS = ("zero", "mean", "skip")
+PATCH_SITES = ("resid", "attn_out", "mlp_out")
+AUTO_CAUSAL_SWEEPS = ("newton", "gd_log")
+
+
+@dataclass
+class InterventionSettings:
+    """Causal checks (probe/interventions/pipeline.py `run_interventions`): ablations, the
+    patching heatmap, and iteration-consistent patching of the SimE layer maps of the sweeps in
+    `learners`. Recipe section [interventions]; `icl-probe ablate` / `patch` flags."""
+
+    enabled: bool = setting(True, "run the causal checks in reports (transformers only)")
+    prompts: int = setting(256, "ablation prompts (and as many held out for mean-ablation)")
+    patch_prompts: int = setting(128, "clean / corrupted prompt pairs for patching")
+    kinds: tuple[str, ...] = setting(ABLATION_KINDS, "ablation kinds", ABLATION_KINDS)
+    heads: bool = setting(True, "ablate single heads and MLPs (--no-heads: layer skips and MLPs only)")
+    sites: tuple[str, ...] = setting(("resid",), "patching sites", PATCH_SITES)
+    query: int | None = setting(None, "examples before the patching heatmap's query (none: n - 1)")
+    max_positions: int = setting(0, "patching heatmap: the query token and this many - 1 before it (0: every token)")
+    max_queries: int = setting(0, "layer-map check: pool at most this many numbers of examples, evenly spread (0: all)")
+    learners: tuple[str, ...] = setting(
+        ("auto",), "sweeps whose SimE layer maps are checked causally (auto: newton and gd_log if present)"
+    )
+    permutations: int = setting(200, "shuffled layer maps of the map check's null")
+
+    def __post_init__(self) -> None:
+        from .validate import positive_int
+
+        for name in ("prompts", "patch_prompts", "permutations"):
+            positive_int(getattr(self, name), f"interventions.{name}")
+        for name in ("max_positions", "max_queries"):
+            positive_int(getattr(self, name), f"interventions.{name}", 0)
+        if self.query is not None:
+            positive_int(self.query, "interventions.query", 0)
+        self.kinds, self.sites, self.learners = tuple(self.kinds), tuple(self.sites), tuple(self.learners)
+        for kind in self.kinds:
+            if kind not in ABLATION_KINDS:
+                raise ConfigError(f"interventions.kinds: unknown ablation kind '{kind}' (zero, mean, skip)")
+        for site in self.sites:
+            if site not in PATCH_SITES:
+                raise ConfigError(f"interventions.sites: unknown site '{site}' (resid, attn_out, mlp_out)")
+
+    def learner_labels(self, sweeps: list) -> list[str]:
+        """The sweep labels whose maps are checked ("auto": newton and gd_log, if swept with an axis)."""
+        if self.learners == ("auto",):
+            return [s.label for s in sweeps if s.label in AUTO_CAUSAL_SWEEPS and s.axis]
+        return list(self.learners)

@@ -254,7 +254,7 @@ for override, culprit in [
     ("prompts.simw=0", "prompts.simw"), ("forgetting.prompts=0", "forgetting.prompts"),
     ("prompts.seed=x", "prompts.seed must be an integer"), ("similarity.simw=maybe", "similarity.simw must be true or false"),
     ("interventions.kinds=['cut']", "unknown ablation kind 'cut'"), ("interventions.sites=['q']", "unknown site 'q'"),
-    ("interventions.learners=['ogd']", "'ogd' is not a sweep with an iteration axis"),
+    ("interventions.learners=['ogd']", "Unknown sweep with an iteration axis 'ogd'"),
     ("interventions.prompts=0", "interventions.prompts"), ("interventions.heads=some", "interventions.heads must be true"),
 ]:
     case(f"report-set-{override}", [*REPORT, "--set", override], culprit)
@@ -382,18 +382,18 @@ case("planted-dims-zero", [*PL, "gd", "--layers", "2", "--dims", "0", "--out", "
 case("planted-dims-huge", [*PL, "gd", "--layers", "2", "--dims", "100000", "--out", "pl"], "--dims must be")
 
 # ---- layer commands' flags
-case("readout-bootstrap-zero", ["readout", "ck", "--out", "o", "--bootstrap", "0"], "positive integer")
+case("readout-bootstrap-zero", ["readout", "ck", "--out", "o", "--bootstrap", "0"], "similarity.bootstrap must be an integer >= 1")
 case("heatmap-unknown-sweep", ["heatmap", "ck", "--out", "o", "--learners", "newtn"], "Did you mean: newton")
 case("heatmap-queries-negative", ["heatmap", "ck", "--out", "o", "--queries", "-2"], "queries must be an integer >= 0")
 case("probes-prefix-beyond", ["probes", "ck", "--out", "o", "--prefixes", "99"], "--prefixes must be below")
-case("probes-lr-nan", ["probes", "ck", "--out", "o", "--lr", "nan"], "probe lr")
-case("probes-lr-negative", ["probes", "ck", "--out", "o", "--lr", "-1"], "probe lr")
+case("probes-lr-nan", ["probes", "ck", "--out", "o", "--lr", "nan"], "probes.lr")
+case("probes-lr-negative", ["probes", "ck", "--out", "o", "--lr", "-1"], "probes.lr")
 case("unknown-command", ["frobnicate"], "invalid choice")
 
 # ---- interventions
 case("ablate-over-cwd", ["ablate", "ck", "--out", "."], "contains the input ck")
 case("ablate-kind-unknown", ["ablate", "ck", "--out", "o", "--kinds", "cut"], "invalid choice")
-case("ablate-prompts-zero", ["ablate", "ck", "--out", "o", "--prompts", "0"], "positive integer")
+case("ablate-prompts-zero", ["ablate", "ck", "--out", "o", "--prompts", "0"], "interventions.prompts must be an integer >= 1")
 case("patch-map-missing", ["patch", "ck", "--out", "o", "--map-from", "nope.csv"], "--map-from nope.csv: no such file")
 case("patch-map-wrong-table", ["patch", "ck", "--out", "o", "--map-from", "m.csv"], "needs columns sweep, metric",
      write("m.csv", "a,b\n1,2\n"))

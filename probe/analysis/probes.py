@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from ..errors import ConfigError
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
+from ..settings import ProbeSettings
 from ..stats import r2_score
 
 
@@ -386,66 +387,35 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
         return self.grid_.attention(torch.ones(1, self.grid_.scores.shape[1], dtype=torch.bool))[0].detach().numpy()
 
 
-@dataclass
-class ProbeSettings:
-    kinds: tuple[str, ...] = ("linear", "mlp")
-    targets: tuple[str, ...] = ("xty", "w_ols")
-    prefixes: tuple[int, ...] | None = None  # default: 1, d, 2d and n-1 (those below n)
-    steps: int = 300  # the most Adam steps; probes stop earlier once their validation R^2 settles
-    lr: float | tuple[float, ...] = 1e-2  # Adam; several: chosen per probe on validation (seed 002: {1e-2, 1e-3, 1e-4})
-    hidden: int | tuple[int, ...] = 128  # MLP width; several: chosen per probe on validation
-    patience: int = 5  # evaluations without improvement before a probe counts as converged
-    eval_every: int = 25  # steps between validation evaluations
-    n_train: int = 1024  # of which a fifth is held out for validation
-    n_test: int = 256
-    controls: bool = True
-    seed: int = 0
-    device: str = "cpu"
-
-    def __post_init__(self) -> None:
-        from ..validate import check_device, finite_float, positive_int
-
-        for name in ("steps", "n_train", "n_test", "patience", "eval_every"):
-            positive_int(getattr(self, name), f"probe {name}")
-        if self.n_train < 2:
-            raise ConfigError(f"probe n_train must be >= 2 (a fifth is held out for validation), got {self.n_train}")
-        self.lr = tuple(self.lr) if isinstance(self.lr, (list, tuple)) else (self.lr,)
-        self.hidden = tuple(self.hidden) if isinstance(self.hidden, (list, tuple)) else (self.hidden,)
-        if not self.lr or not self.hidden:
-            raise ConfigError("probe lr and hidden need at least one value each")
-        for lr in self.lr:
-            finite_float(lr, "probe lr", low=0.0)
-        for width in self.hidden:
-            positive_int(width, "probe hidden width")
-        if self.prefixes is not None:
-            if not self.prefixes:
-                raise ConfigError("probe prefixes is empty; give prefix lengths t >= 1 or None for the default")
-            for t in self.prefixes:
-                positive_int(t, "probe prefix t")
-        for kind in self.kinds:
-            if kind not in ("linear", "mlp"):
-                raise ConfigError(f"unknown probe kind {kind!r} (linear, mlp)")
-        for target in self.targets:
-            if target not in ("xty", "w_ols"):
-                raise ConfigError(f"unknown probe target {target!r} (xty, w_ols)")
-        check_device(self.device)
-
-
 def default_prefixes(n_dims: int, n_points: int) -> tuple[int, ...]:
     return tuple(sorted({t for t in (1, n_dims, 2 * n_dims, n_points - 1) if 1 <= t < n_points}))
 
 
-def probe_study(model, task, settings: ProbeSettings, control_model=None, progress: bool = False) -> pd.DataFrame:
-    """Probes for every layer x prefix x target x kind on `model`, with controls:
-    `random_model` (the same probes on `control_model`, e.g. the architecture with random weights)
-    and `shuffled` (targets permuted across prompts). Column `control` says which rows are which."""
+def probe_study(
+    model,
+    task,
+    settings: ProbeSettings,
+    n_test: int = 256,
+    seed: int = 0,
+    device: str = "cpu",
+    control_model=None,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Probes for every layer x prefix x target x kind on `model`, tested on `n_test` held-out
+    prompts, with controls: `random_model` (the same probes on `control_model`, e.g. the
+    architecture with random weights) and `shuffled` (targets permuted across prompts). Column
+    `control` says which rows are which."""
     from ..capture import RESID, capture
     from ..tasks import generator_for, sample_prompts
 
     prefixes = settings.prefixes or default_prefixes(task.n_dims, task.n_points)
     combos = [(t, target) for t in prefixes for target in settings.targets]
-    train = sample_prompts(task, settings.n_train, generator=generator_for(settings.seed, 201))
-    test = sample_prompts(task, settings.n_test, generator=generator_for(settings.seed, 202))
+    from ..validate import check_device, positive_int
+
+    device = check_device(device)
+    n_test = positive_int(n_test, "probe test prompts")
+    train = sample_prompts(task, settings.prompts, generator=generator_for(seed, 201))
+    test = sample_prompts(task, n_test, generator=generator_for(seed, 202))
     targets_train = {k: probe_targets(train.xs, train.ys, k) for k in settings.targets}
     targets_test = {k: probe_targets(test.xs, test.ys, k) for k in settings.targets}
     models = [("none", model)] + (
@@ -461,12 +431,10 @@ def probe_study(model, task, settings: ProbeSettings, control_model=None, progre
         "hidden": settings.hidden,
         "patience": settings.patience,
         "eval_every": settings.eval_every,
-        "seed": settings.seed,
-        "device": settings.device,
+        "seed": seed,
+        "device": device,
     }
-    streams = lambda m, p: torch.as_tensor(
-        np.asarray(capture(m, p.xs, p.ys, hooks=[RESID], device=settings.device).acts[RESID])
-    )
+    streams = lambda m, p: torch.as_tensor(np.asarray(capture(m, p.xs, p.ys, hooks=[RESID], device=device).acts[RESID]))
     states: dict[str, tuple[Tensor, Tensor]] = {}  # control -> (train, test) residual streams, captured once
     for control, m, kind in tqdm(jobs, desc="probes", disable=not progress, leave=False):
         if control not in states:
@@ -476,7 +444,7 @@ def probe_study(model, task, settings: ProbeSettings, control_model=None, progre
         frame = fit_probes(states_train, targets_train, states_test, targets_test, combos, kind, **fit)
         frames.append(frame.assign(control=control))
         if control == "none" and settings.controls:
-            perm = torch.randperm(settings.n_train, generator=torch.Generator().manual_seed(settings.seed + 7))
+            perm = torch.randperm(settings.prompts, generator=torch.Generator().manual_seed(seed + 7))
             shuffled = {k: v[perm] for k, v in targets_train.items()}
             frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kind, **fit)
             frames.append(frame.assign(control="shuffled"))

@@ -16,60 +16,44 @@ import argparse
 import json
 
 from ..resources import DEFAULT_CHECKPOINT
-from .common import add_device, add_out, check_device, output_target, positive_int, writing
+from .common import add_device, add_out, check_device, output_target, writing
 from .layers import add_recipe_args, recipe_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
+    from ..settings import InterventionSettings, PromptSettings, SimilaritySettings, add_flags
+
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
     )
     add_out(p, "directory for ablation.csv, the figure and summary.json")
-    p.add_argument(
-        "--prompts",
-        type=positive_int,
-        help="evaluation prompts, and as many held out (default: the recipe's interventions.prompts)",
-    )
-    p.add_argument(
-        "--kinds",
-        nargs="+",
-        choices=["zero", "mean", "skip"],
-        help="ablation kinds (default: the recipe's interventions.kinds)",
-    )
-    p.add_argument("--seed", type=int, help="seed (default: the recipe's prompts.seed)")
-    p.add_argument(
-        "--bootstrap", type=positive_int, help="bootstrap resamples (default: the recipe's similarity.bootstrap)"
-    )
-    p.add_argument(
-        "--no-heads",
-        action="store_true",
-        help="layer skips and MLPs only (default: every attention head too, whatever the recipe says)",
-    )
+    add_flags(p, "interventions", InterventionSettings, ["prompts", "kinds", "heads"])
+    p.set_defaults(**{"interventions.heads": True})  # this command ablates every head unless --no-heads
+    add_flags(p, "prompts", PromptSettings, ["seed"])
+    add_flags(p, "similarity", SimilaritySettings, ["bootstrap"])
     add_recipe_args(p)
     add_device(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..formats import load_checkpoint
-    from ..interventions.pipeline import InterventionSettings, run_interventions
+    from ..interventions.pipeline import run_interventions
     from ..provenance import display_path, stamp
     from ..report import intervention_figures
 
     target = output_target(args, "ablate", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     recipe = recipe_from_args(args, ckpt)
-    iv = recipe.interventions
-    settings = InterventionSettings(
-        n_prompts=args.prompts or iv.prompts,
-        kinds=tuple(args.kinds or iv.kinds),
-        heads=not args.no_heads,
-        patch=False,
-        iteration=False,
+    result = run_interventions(
+        ckpt.model,
+        ckpt.config.task,
+        recipe.interventions,
+        parts=("ablate",),
         n_boot=recipe.similarity.bootstrap,
         seed=recipe.prompts.seed,
         device=check_device(args.device),
+        progress=not args.quiet,
     )
-    result = run_interventions(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     assert result.ablation is not None  # ablate=True
     with writing(target) as out:
         result.ablation.to_csv(out / "ablation.csv", index=False)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from ..resources import DEFAULT_CHECKPOINT
-from .common import add_device, add_out, check_device, positive_int
+from .common import add_device, add_out, check_device
 
 
 def add_recipe_args(p: argparse.ArgumentParser) -> None:
@@ -22,54 +22,31 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_layer_args(p: argparse.ArgumentParser, simw: bool = True) -> None:
+    from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings, add_flags
+
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
     )
     add_out(p, "directory for CSV tables and PNG/SVG figures")
     add_recipe_args(p)
-    p.add_argument(
-        "--train-prompts", type=positive_int, help="prompts to fit read-outs (default: the recipe's prompts.train)"
-    )
-    p.add_argument("--val-prompts", type=positive_int, help="prompts to pick the ridge penalty (recipe: prompts.val)")
-    p.add_argument("--eval-prompts", type=positive_int, help="held-out prompts (recipe: prompts.eval)")
-    p.add_argument(
-        "--readout-method",
-        choices=["ridge", "adam", "model"],
-        help="closed-form ridge, ridge fine-tuned by Adam, or the model's own read-out (recipe: readout.method)",
-    )
-    p.add_argument("--seed", type=int, help="seed (recipe: prompts.seed)")
-    p.add_argument(
-        "--bootstrap", type=positive_int, help="bootstrap resamples for intervals (recipe: similarity.bootstrap)"
-    )
+    prompts = {"train": "train-prompts", "val": "val-prompts", "eval": "eval-prompts", "seed": "seed"}
     if simw:
-        p.add_argument("--simw-prompts", type=positive_int, help="prompts for SimW / span (recipe: prompts.simw)")
-        p.add_argument("--queries", type=int, help="fresh queries per prefix for SimW (recipe: prompts.queries; 0: 4d)")
+        prompts.update({"simw": "simw-prompts", "queries": "queries"})
+    add_flags(p, "prompts", PromptSettings, prompts)
+    add_flags(p, "readout", ReadoutSettings, {"method": "readout-method"})
+    add_flags(p, "similarity", SimilaritySettings, ["bootstrap"])
     add_device(p)
 
 
 def recipe_from_args(args: argparse.Namespace, ckpt):
-    """The report recipe, with --set and the explicit flags applied, adapted to the checkpoint as
-    the report adapts it."""
+    """The report recipe, with --set and then the settings flags (probe/settings.py) applied,
+    adapted to the checkpoint as the report adapts it."""
     from ..config import parse_override
     from ..report.build import adapt_recipe
     from ..report.recipe import resolve_recipe
+    from ..settings import flag_overrides
 
-    flags = {
-        "train_prompts": "prompts.train",
-        "val_prompts": "prompts.val",
-        "eval_prompts": "prompts.eval",
-        "simw_prompts": "prompts.simw",
-        "queries": "prompts.queries",
-        "seed": "prompts.seed",
-        "readout_method": "readout.method",
-        "bootstrap": "similarity.bootstrap",
-    }
-    overrides = [parse_override(s) for s in args.set]
-    for attr, key in flags.items():
-        value = getattr(args, attr, None)
-        if value is not None:
-            section, name = key.split(".")
-            overrides.append({section: {name: value}})
+    overrides = [parse_override(s) for s in args.set] + flag_overrides(args)
     return adapt_recipe(ckpt, resolve_recipe(args.recipe, overrides))
 
 

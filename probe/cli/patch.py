@@ -24,50 +24,47 @@ import json
 from pathlib import Path
 
 from ..resources import DEFAULT_CHECKPOINT
-from .common import add_device, add_out, check_device, output_target, positive_int, writing
+from .common import add_device, add_out, check_device, output_target, writing
 from .layers import add_recipe_args, recipe_from_args, settings_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
+    from ..settings import InterventionSettings, PromptSettings, SimilaritySettings, add_flags
+
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
     )
     add_out(p, "directory for patching.csv, iteration_*.csv, figures and summary.json")
-    p.add_argument(
-        "--prompts", type=positive_int, help="prompt pairs (default: the recipe's interventions.patch_prompts)"
+    add_flags(
+        p,
+        "interventions",
+        InterventionSettings,
+        {"patch_prompts": "prompts", "sites": "sites", "query": "query", "max_positions": "max-positions"},
     )
-    p.add_argument(
-        "--sites",
-        nargs="+",
-        choices=["resid", "attn_out", "mlp_out"],
-        help="what is patched (default: the recipe's interventions.sites)",
-    )
-    p.add_argument("--query", type=int, default=None, help="examples before the patching query (default n - 1)")
     p.add_argument(
         "--learners",
         nargs="*",
-        default=["newton", "gd_log"],
-        help="learner maps to check causally (default: newton gd_log; none: skip the check)",
+        dest="interventions.learners",
+        help="sweeps whose layer maps are checked causally; none: skip the check "
+        "(recipe: interventions.learners; default auto = newton and gd_log)",
     )
     p.add_argument("--map-from", default=None, help="best_match.csv with the layer maps (default: computed with SimE)")
-    p.add_argument("--seed", type=int, help="seed (default: the recipe's prompts.seed)")
-    p.add_argument(
-        "--bootstrap", type=positive_int, help="bootstrap resamples (default: the recipe's similarity.bootstrap)"
-    )
+    add_flags(p, "prompts", PromptSettings, ["seed"])
+    add_flags(p, "similarity", SimilaritySettings, ["bootstrap"])
     add_recipe_args(p)
     add_device(p)
 
 
-def layer_maps(args, ckpt) -> dict:
+def layer_maps(args, ckpt, labels: list[str]) -> dict:
     import pandas as pd
 
     from ..analysis.pipeline import analyse_layers
     from ..errors import ConfigError
     from ..interventions.pipeline import layer_maps_from_best
 
-    if not args.learners:
+    if not labels:
         return {}
-    settings = settings_from_args(args, ckpt, tuple(args.learners), simw=False)  # the report's layer settings
+    settings = settings_from_args(args, ckpt, tuple(labels), simw=False)  # the report's layer settings
     sweeps = settings.sweeps
     if args.map_from is not None:
         path = Path(args.map_from)
@@ -91,34 +88,31 @@ def layer_maps(args, ckpt) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import ConfigError
     from ..formats import load_checkpoint
-    from ..interventions.pipeline import InterventionSettings, iteration_verdict, run_interventions
+    from ..interventions.pipeline import iteration_verdict, run_interventions
     from ..provenance import display_path, stamp
     from ..report import intervention_figures
 
     target = output_target(args, "patch", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
-    n = ckpt.config.task.n_points
-    if args.query is not None and not 0 <= args.query < n:
-        from ..errors import ConfigError
-
-        raise ConfigError(f"--query must lie in 0..{n - 1} (examples before the query), got {args.query}")
     recipe = recipe_from_args(args, ckpt)
-    iv = recipe.interventions
-    settings = InterventionSettings(
-        n_patch=args.prompts or iv.patch_prompts,
-        sites=tuple(args.sites or iv.sites),
-        query=args.query,
-        ablate=False,
-        iteration=bool(args.learners),
-        max_positions=iv.max_positions,
-        max_queries=iv.max_queries,
+    settings = recipe.interventions
+    n = ckpt.config.task.n_points
+    if settings.query is not None and not 0 <= settings.query < n:
+        raise ConfigError(f"--query must lie in 0..{n - 1} (examples before the query), got {settings.query}")
+    labels = settings.learner_labels(recipe.sweeps)
+    result = run_interventions(
+        ckpt.model,
+        ckpt.config.task,
+        settings,
+        parts=("patch", "iteration"),
+        layer_maps=layer_maps(args, ckpt, labels),
         n_boot=recipe.similarity.bootstrap,
         seed=recipe.prompts.seed,
         device=check_device(args.device),
+        progress=not args.quiet,
     )
-    settings.layer_maps = layer_maps(args, ckpt)
-    result = run_interventions(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     assert result.patching is not None  # patch=True
     with writing(target) as out:
         result.patching.to_csv(out / "patching.csv", index=False)

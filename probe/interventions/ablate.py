@@ -16,11 +16,12 @@ import torch
 from torch import Tensor
 
 from ..capture import hooks as H
+from ..settings import ABLATION_KINDS
 from ..stats import bootstrap_mean
 from ..validate import positive_int
 from .runner import Hook, Runner, head_hook, replace_hook, skip_hooks
 
-KINDS = ("zero", "mean", "skip")
+KINDS = ABLATION_KINDS
 
 
 @dataclass(frozen=True)

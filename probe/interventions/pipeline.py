@@ -1,6 +1,6 @@
 """The causal checks end to end: prompts -> ablations, patching heatmap, iteration-consistent patching.
 
-    settings = InterventionSettings(n_prompts=256)
+    settings = InterventionSettings(prompts=256)     # probe/settings.py: recipe section [interventions]
     result = run_interventions(model, task, settings, layer_maps={"newton": (sweep, {0: 0, ...})})
     result.summary   # what summary.json stores under "interventions"
 
@@ -11,51 +11,19 @@ them with the layer analyses when no report's best_match.csv is given.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 
-from ..config import TaskConfig
+from ..config import TaskConfig, to_dict
 from ..errors import ConfigError
-from .ablate import KINDS, ablate, summarise_ablation
-from .patch import SITES, context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
+from ..settings import InterventionSettings
+from .ablate import ablate, summarise_ablation
+from .patch import context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
 from .runner import runner_for
 
 HELD_OUT_SEED_OFFSET = 1  # mean-ablation means come from prompts of seed + 1
-
-
-@dataclass
-class InterventionSettings:
-    n_prompts: int = 256  # evaluation prompts for ablations (and as many held out for mean-ablation)
-    n_patch: int = 128  # prompt pairs for patching
-    kinds: tuple[str, ...] = KINDS  # ablation kinds: zero, mean (per head and MLP), skip (per layer)
-    heads: bool = True  # ablate single heads and MLPs (False: layer skips only)
-    sites: tuple[str, ...] = ("resid",)  # patching sites: resid, attn_out, mlp_out
-    query: int | None = None  # examples before the patching query (None: n - 1)
-    max_positions: int = 0  # patching heatmap: the query token and this many - 1 before it (0: every token)
-    max_queries: int = 0  # iteration check: pool at most this many numbers of examples t, evenly spread (0: all)
-    ablate: bool = True
-    patch: bool = True
-    iteration: bool = True  # iteration-consistent patching of the layer maps given
-    n_boot: int = 1000
-    n_perm: int = 200
-    seed: int = 0
-    device: str = "cpu"
-    layer_maps: dict = field(default_factory=dict, repr=False)  # filled by the caller: label -> (sweep, {boundary: k})
-
-    def __post_init__(self) -> None:
-        from ..validate import check_device, positive_int
-
-        for name in ("n_prompts", "n_patch", "n_boot", "n_perm"):
-            positive_int(getattr(self, name), f"interventions {name}")
-        for name in ("max_positions", "max_queries"):
-            positive_int(getattr(self, name), f"interventions {name}", 0)
-        self.kinds, self.sites = tuple(self.kinds), tuple(self.sites)
-        if set(self.kinds) - set(KINDS):
-            raise ConfigError(f"interventions kinds must be among {KINDS}, got {list(self.kinds)}")
-        if set(self.sites) - set(SITES):
-            raise ConfigError(f"interventions sites must be among {SITES}, got {list(self.sites)}")
-        check_device(self.device)
+PARTS = ("ablate", "patch", "iteration")
 
 
 @dataclass
@@ -83,23 +51,39 @@ def _grid_value(k):
 
 
 def run_interventions(
-    model, task: TaskConfig, settings: InterventionSettings, progress: bool = False
+    model,
+    task: TaskConfig,
+    settings: InterventionSettings,
+    parts: tuple[str, ...] = PARTS,
+    layer_maps: dict | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    device: str = "cpu",
+    progress: bool = False,
 ) -> InterventionResult:
-    runner = runner_for(model, settings.device)
+    """The causal checks in `parts` (ablate, patch, iteration); the iteration check tests
+    `layer_maps` (label -> (sweep, {boundary: k}), e.g. from `layer_maps_from_best`)."""
+    from ..validate import check_device, positive_int
+
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ConfigError(f"intervention parts must be among {PARTS}, got {sorted(unknown)}")
+    device, n_boot = check_device(device), positive_int(n_boot, "bootstrap resamples")
+    layer_maps = layer_maps or {}
+    runner = runner_for(model, device)
     n = task.n_points
-    summary: dict = {"settings": {k: v for k, v in settings.__dict__.items() if k != "layer_maps"}}
+    summary: dict = {"settings": {**to_dict(settings), "bootstrap": n_boot, "seed": seed}}
     ablation = patching = None
     iteration: dict[str, pd.DataFrame] = {}
-    if settings.ablate:
-        xs, ys, _ = paired_prompts(task, settings.n_prompts, settings.seed)
-        hx, hy, _ = paired_prompts(task, settings.n_prompts, settings.seed + HELD_OUT_SEED_OFFSET)
-        ablation = ablate(
-            runner, xs, ys, (hx, hy), settings.kinds, settings.heads, settings.n_boot, settings.seed, progress=progress
-        )
+    if "ablate" in parts:
+        xs, ys, _ = paired_prompts(task, settings.prompts, seed)
+        hx, hy, _ = paired_prompts(task, settings.prompts, seed + HELD_OUT_SEED_OFFSET)
+        ablation = ablate(runner, xs, ys, (hx, hy), settings.kinds, settings.heads, n_boot, seed, progress=progress)
         summary["ablation"] = summarise_ablation(ablation, min(2 * task.n_dims + 1, n - 1))
-    if settings.patch or (settings.iteration and settings.layer_maps):
-        xs, ys, yc = paired_prompts(task, settings.n_patch, settings.seed)
-        if settings.patch:
+    check_maps = "iteration" in parts and bool(layer_maps)
+    if "patch" in parts or check_maps:
+        xs, ys, yc = paired_prompts(task, settings.patch_prompts, seed)
+        if "patch" in parts:
             patching = patching_heatmap(
                 runner,
                 xs,
@@ -107,19 +91,19 @@ def run_interventions(
                 yc,
                 settings.sites,
                 settings.query,
-                settings.n_boot,
-                settings.seed,
+                n_boot,
+                seed,
                 progress=progress,
                 max_positions=settings.max_positions,
             )
             summary["patching"] = summarise_patching(patching)
-        if settings.iteration:
+        if check_maps:
             summary["iteration"] = {}
             examples = spread_examples(n, settings.max_queries)
             patched = context_patching(
                 runner, xs, ys, yc, list(range(runner.n_layers)), examples
             )  # shared by every map
-            for label, (sweep, layer_map) in settings.layer_maps.items():
+            for label, (sweep, layer_map) in layer_maps.items():
                 frame, null = iteration_patching(
                     runner,
                     xs,
@@ -127,9 +111,9 @@ def run_interventions(
                     yc,
                     sweep,
                     layer_map,
-                    n_boot=settings.n_boot,
-                    n_perm=settings.n_perm,
-                    seed=settings.seed,
+                    n_boot=n_boot,
+                    n_perm=settings.permutations,
+                    seed=seed,
                     patched=patched,
                 )
                 iteration[label] = frame

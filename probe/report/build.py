@@ -93,27 +93,6 @@ def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
     )
 
 
-def probe_settings(recipe: Recipe, device: str):
-    """The probes stage's ProbeSettings from the recipe's [probes] (test prompts: prompts.eval)."""
-    from ..analysis.probes import ProbeSettings
-
-    pr = recipe.probes
-    return ProbeSettings(
-        kinds=tuple(pr.kinds),
-        targets=tuple(pr.targets),
-        steps=pr.steps,
-        lr=tuple(pr.lr),
-        hidden=tuple(pr.hidden),
-        patience=pr.patience,
-        eval_every=pr.eval_every,
-        n_train=pr.prompts,
-        n_test=recipe.prompts.eval,
-        controls=pr.controls,
-        seed=recipe.prompts.seed,
-        device=device,
-    )
-
-
 def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
     """The probes' random-weights control: the checkpoint's architecture, initialised from seed + 99."""
     from ..models import build_model
@@ -125,9 +104,10 @@ def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
 def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
     from ..analysis.probes import probe_study
 
-    settings = probe_settings(recipe, device)
-    control = probe_control_model(ckpt, settings.seed) if settings.controls else None
-    return {"probes": probe_study(ckpt.model, ckpt.config.task, settings, control, progress)}, {}
+    settings, seed = recipe.probes, recipe.prompts.seed
+    control = probe_control_model(ckpt, seed) if settings.controls else None
+    table = probe_study(ckpt.model, ckpt.config.task, settings, recipe.prompts.eval, seed, device, control, progress)
+    return {"probes": table}, {}
 
 
 def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
@@ -143,27 +123,21 @@ INTERVENED_FAMILIES = ("gpt2", "planted")  # models with a TransformerLens form 
 
 
 def _stage_interventions(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool, best: pd.DataFrame):
-    from ..interventions.pipeline import InterventionSettings, layer_maps_from_best, run_interventions
+    from ..interventions.pipeline import layer_maps_from_best, run_interventions
 
     iv = recipe.interventions
-    sweeps = layer_settings(recipe, device).sweeps
     labels = iv.learner_labels(recipe.sweeps)
-    maps = layer_maps_from_best(best, [s for s in sweeps if s.label in labels])
-    settings = InterventionSettings(
-        n_prompts=iv.prompts,
-        n_patch=iv.patch_prompts,
-        kinds=tuple(iv.kinds),
-        heads=iv.heads,
-        sites=tuple(iv.sites),
-        max_positions=iv.max_positions,
-        max_queries=iv.max_queries,
-        iteration=bool(maps),
+    maps = layer_maps_from_best(best, [s for s in layer_settings(recipe, device).sweeps if s.label in labels])
+    res = run_interventions(
+        ckpt.model,
+        ckpt.config.task,
+        iv,
+        layer_maps=maps,
         n_boot=recipe.similarity.bootstrap,
         seed=recipe.prompts.seed,
         device=device,
-        layer_maps=maps,
+        progress=progress,
     )
-    res = run_interventions(ckpt.model, ckpt.config.task, settings, progress)
     tables = {"ablation": res.ablation, "patching": res.patching}
     tables.update({f"iteration_{label}": frame for label, frame in res.iteration.items()})
     return {k: v for k, v in tables.items() if v is not None}, {"interventions": res.summary}
