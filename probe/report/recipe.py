@@ -95,8 +95,7 @@ class Recipe:
                 from ..registry import unknown_name_message
 
                 raise ConfigError(
-                    "interventions.learners: "
-                    + unknown_name_message("sweep with an iteration axis", label, with_axis)
+                    "interventions.learners: " + unknown_name_message("sweep with an iteration axis", label, with_axis)
                 )
 
     def to_dict(self) -> dict[str, Any]:
