@@ -240,17 +240,23 @@ def fit_probes(
     eval_every: int = 25,
     patience: int = 5,
     val_fraction: float = 0.2,
+    layout: str = "lnpd",
 ) -> pd.DataFrame:
     """Train a probe for every layer x (prefix, target) combination at once; score on held-out prompts.
 
-    states (L+1, N, 2n, D) at all token positions; targets name -> (N, n, d); combos [(t, target)].
+    states (L+1, N, 2n, D) at all token positions, or (L+1, 2n, N, D) with layout "lpnd" (used in
+    place, no copy: `by_position_streams`); targets name -> (N, n, d); combos [(t, target)].
     The last `val_fraction` of the training prompts is held out for validation: early stopping
     (see _train_until_stable) and the choice, per probe, of the learning rate in `lr` and the MLP
     width in `hidden`. Returns one row per probe: layer, prefix, target, kind, r2 (test), nmse,
     val_r2, lr, hidden, steps (of the kept parameters), converged (False: stopped by the step
     limit), y_mass (attention on y tokens), last_example_mass, peak_position.
     """
-    _, n_train, n_pos, _ = train_states.shape
+    if layout not in ("lnpd", "lpnd"):
+        raise ConfigError(f"states layout must be 'lnpd' or 'lpnd', got {layout!r}")
+    if layout == "lnpd":  # by position (L+1, P, N, D): a minibatch is a block of prompts (see _minibatches)
+        train_states, test_states = (s.float().transpose(1, 2).contiguous() for s in (train_states, test_states))
+    _, n_pos, n_train, _ = train_states.shape
     n_val = max(1, round(n_train * val_fraction))
     if n_train - n_val < 1:
         raise ConfigError(f"probes need at least 2 training prompts (one for validation), got {n_train}")
@@ -263,14 +269,13 @@ def fit_probes(
     norm = lambda k, v: (v - stats[k][0]) / stats[k][1]
     y_train = torch.stack([norm(tg, train_targets[tg])[:, t] for t, tg in combos]).float()  # (M, N, d)
     y_test = torch.stack([norm(tg, test_targets[tg])[:, t] for t, tg in combos]).float()
-    # by position (L+1, P, N, D): a minibatch is a block of prompts, read in place (see _minibatches)
-    by_position = lambda s: s.float().transpose(1, 2).contiguous().to(device)
-    fit_states, val_states = by_position(train_states[:, fit_part]), by_position(train_states[:, n_train - n_val :])
+    on_device = lambda s: s.float().to(device)
+    fit_states, val_states = on_device(train_states[:, :, fit_part]), on_device(train_states[:, :, n_train - n_val :])
     opts = {"steps": steps, "batch_size": batch_size, "eval_every": eval_every, "patience": patience, "seed": seed}
     configs = [(float(r), int(h)) for r in np.atleast_1d(lr) for h in (np.atleast_1d(hidden) if kind == "mlp" else [0])]
     targets = (y_train[:, fit_part].to(device), y_train[:, n_train - n_val :].to(device))
     fits = [
-        _fit_once((fit_states, val_states, by_position(test_states)), targets, combos, kind, r, h or 128, opts)
+        _fit_once((fit_states, val_states, on_device(test_states)), targets, combos, kind, r, h or 128, opts)
         for r, h in configs
     ]
     choice = torch.stack([f.val_r2 for f in fits]).argmax(0)  # (L+1, M): best configuration per probe
@@ -391,6 +396,30 @@ def default_prefixes(n_dims: int, n_points: int) -> tuple[int, ...]:
     return tuple(sorted({t for t in (1, n_dims, 2 * n_dims, n_points - 1) if 1 <= t < n_points}))
 
 
+def by_position_streams(model, xs: Tensor, ys: Tensor, device: str = "cpu", chunk: int = 64) -> Tensor:
+    """Every layer boundary's residual stream at every token, by position: (L+1, 2n, N, D) float32.
+
+    Captured `chunk` prompts at a time straight into that layout, so the probes never hold a
+    second copy; above half the memory budget (`--max-memory`) the array is a memmap on disk."""
+    import os
+
+    from ..capture import RESID, capture
+    from ..capture.capture import spill_dir
+    from ..validate import memory_budget
+
+    n_prompts, n = xs.shape[:2]
+    shape = (model.n_layers + 1, 2 * n, n_prompts, model.d_model)
+    if 4 * math.prod(shape) > memory_budget() // 2:
+        path = os.path.join(spill_dir(), "probe_streams.npy")
+        array: np.ndarray = np.lib.format.open_memmap(path, "w+", np.float32, shape)
+    else:
+        array = np.empty(shape, dtype=np.float32)
+    for lo in range(0, n_prompts, chunk):
+        cap = capture(model, xs[lo : lo + chunk], ys[lo : lo + chunk], hooks=[RESID], device=device)
+        array[:, :, lo : lo + chunk] = np.asarray(cap.acts[RESID]).transpose(0, 2, 1, 3)
+    return torch.from_numpy(array)
+
+
 def probe_study(
     model,
     task,
@@ -405,7 +434,6 @@ def probe_study(
     prompts, with controls: `random_model` (the same probes on `control_model`, e.g. the
     architecture with random weights) and `shuffled` (targets permuted across prompts). Column
     `control` says which rows are which."""
-    from ..capture import RESID, capture
     from ..tasks import generator_for, sample_prompts
 
     prefixes = settings.prefixes or default_prefixes(task.n_dims, task.n_points)
@@ -434,19 +462,19 @@ def probe_study(
         "seed": seed,
         "device": device,
     }
-    streams = lambda m, p: torch.as_tensor(np.asarray(capture(m, p.xs, p.ys, hooks=[RESID], device=device).acts[RESID]))
+    streams = lambda m, p: by_position_streams(m, p.xs, p.ys, device)
     states: dict[str, tuple[Tensor, Tensor]] = {}  # control -> (train, test) residual streams, captured once
     for control, m, kind in tqdm(jobs, desc="probes", disable=not progress, leave=False):
         if control not in states:
             states.clear()  # one model's streams at a time
             states[control] = (streams(m, train), streams(m, test))
         states_train, states_test = states[control]
-        frame = fit_probes(states_train, targets_train, states_test, targets_test, combos, kind, **fit)
+        frame = fit_probes(states_train, targets_train, states_test, targets_test, combos, kind, **fit, layout="lpnd")
         frames.append(frame.assign(control=control))
         if control == "none" and settings.controls:
             perm = torch.randperm(settings.prompts, generator=torch.Generator().manual_seed(seed + 7))
             shuffled = {k: v[perm] for k, v in targets_train.items()}
-            frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kind, **fit)
+            frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kind, **fit, layout="lpnd")
             frames.append(frame.assign(control="shuffled"))
     return pd.concat(frames, ignore_index=True)
 
