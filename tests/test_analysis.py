@@ -13,9 +13,14 @@ from probe.analysis.readout import RidgeReadout, fit_layer_readouts
 from probe.analysis.span import span_residuals
 from probe.config import TaskConfig
 from probe.models.oracle import LearnerOracle
+from probe.settings import PromptSettings, ReadoutSettings, SimilaritySettings
 
 TASK = TaskConfig(n_dims=4, n_points=14)
-SMALL = {"n_train": 64, "n_val": 32, "n_eval": 96, "n_simw": 24, "n_queries": 12, "n_boot": 100}
+SMALL_PROMPTS = PromptSettings(train=64, val=32, eval=96, simw=24, queries=12)
+
+
+def small(sweeps, method="ridge"):
+    return LayerSettings(SMALL_PROMPTS, ReadoutSettings(method=method), SimilaritySettings(bootstrap=100), sweeps)
 
 
 def test_newton_oracle_is_matched_at_3l_with_a_linear_verdict():
@@ -23,12 +28,12 @@ def test_newton_oracle_is_matched_at_3l_with_a_linear_verdict():
     sweeps = (Sweep("newton", "newton", {"iterations": tuple(range(19))}, "iterations"),
               Sweep("gd_log", "gd", {"steps": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)}, "steps"))
     # SimW is invariant to the rescaling a retrained read-out applies, so it recovers 3l exactly
-    res = analyse_layers(oracle, TASK, LayerSettings(sweeps=sweeps, **SMALL))
+    res = analyse_layers(oracle, TASK, small(sweeps))
     rows = res.best[(res.best.sweep == "newton") & (res.best.metric == "simw")].sort_values("layer")
     assert rows.k.tolist() == [0, 3, 6, 9, 12, 15]
     assert (rows.similarity[rows.layer >= 1] > 0.99).all()  # the read-out's intercept costs a little
     # SimE compares errors; with the model's own read-out the layer predictor is Newton itself
-    res = analyse_layers(oracle, TASK, LayerSettings(sweeps=sweeps, readout_method="model", **SMALL))
+    res = analyse_layers(oracle, TASK, small(sweeps, "model"))
     for metric in ("sime", "simw"):
         rows = res.best[(res.best.sweep == "newton") & (res.best.metric == metric)].sort_values("layer")
         assert rows.k.tolist() == [0, 3, 6, 9, 12, 15], metric
@@ -44,7 +49,7 @@ def test_gd_oracle_is_matched_at_l_steps():
     oracle = LearnerOracle("gd", "steps", lambda l: l, n_layers=6, n_dims=4, n_points=14, noise=0.1)
     sweeps = (Sweep("gd_linear", "gd", {"steps": tuple(range(12))}, "steps"),
               Sweep("newton", "newton", {"iterations": tuple(range(10))}, "iterations"))
-    res = analyse_layers(oracle, TASK, LayerSettings(sweeps=sweeps, readout_method="model", **SMALL))
+    res = analyse_layers(oracle, TASK, small(sweeps, "model"))
     rows = res.best[(res.best.sweep == "gd_linear") & (res.best.metric == "sime")].sort_values("layer")
     assert rows.k.tolist() == list(range(7))
     assert (rows.similarity[rows.layer >= 1] > 0.999).all()

@@ -154,8 +154,10 @@ def test_planted_models_run_through_transformer_lens(algorithm, layers):
 def test_zero_predictor_baseline_flags_layers_that_predict_zero_and_not_the_gd_layers():
     from probe.analysis.matching import Sweep
     from probe.analysis.pipeline import LayerSettings, analyse_layers
+    from probe.settings import PromptSettings, ReadoutSettings, SimilaritySettings
 
-    settings = LayerSettings(n_train=64, n_val=32, n_eval=128, n_simw=32, readout_method="model", n_boot=100,
+    settings = LayerSettings(PromptSettings(train=64, val=32, eval=128, simw=32), ReadoutSettings(method="model"),
+                             SimilaritySettings(bootstrap=100),
                              sweeps=(Sweep("gd", "gd", {"eta": (0.1,), "steps": tuple(range(5))}, "steps"),))
     gd = planted_config("gd", 4, 4, 10, step_size=0.1)
     best = analyse_layers(plant(gd.model), gd.task, settings).best

@@ -1,6 +1,6 @@
 """The layer analyses end to end: prompts -> states -> read-outs -> heatmaps, trend, span.
 
-settings = LayerSettings(n_eval=512)
+settings = LayerSettings(prompts=PromptSettings(eval=512))
 result = analyse_layers(model, task, settings)
 result.best   # one row per (learner, metric, layer): best-matching k with intervals
 """
@@ -18,11 +18,12 @@ import torch
 
 from ..config import TaskConfig
 from ..errors import ConfigError
+from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings
 from ..similarity import induced_weights
 from ..tasks import generator_for, sample_prompts
 from .matching import DEFAULT_SWEEPS, Sweep, compare_layers, learner_weights, run_sweep, table1, trend
 from .nulls import flag_degenerate, null_predictions, null_table
-from .readout import ALPHAS, LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
+from .readout import LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .span import span_table
 from .states import query_states, x_states
 
@@ -32,38 +33,28 @@ STREAMS = {"train": 101, "val": 102, "eval": 103, "queries": 104}
 
 @dataclass
 class LayerSettings:
-    n_train: int = 2048  # prompts to fit read-outs
-    n_val: int = 512  # prompts to choose the ridge penalty
-    n_eval: int = 512  # held-out prompts for errors and SimE
-    n_simw: int = 128  # of those, prompts used for SimW and the span test
-    n_queries: int = 0  # fresh queries per prefix for SimW (0: 4 d)
-    seed: int = 0
-    alphas: tuple[float, ...] = ALPHAS
-    readout_method: str = "ridge"  # "ridge" (closed form), "adam" (ridge, then fine-tuned) or "model" (own read-out)
-    finetune_steps: int = 500
-    include_first: bool = False  # SimE over positions 1..n (the paper's code) instead of 2..n
-    n_boot: int = 1000
+    """The layer analyses' settings: the recipe's [prompts], [readout] and [similarity] sections
+    (probe/settings.py, where each key's default and meaning are written) and its sweeps, plus
+    how to run (batch size, device)."""
+
+    prompts: PromptSettings = field(default_factory=PromptSettings)
+    readout: ReadoutSettings = field(default_factory=ReadoutSettings)
+    similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
     sweeps: tuple[Sweep, ...] = DEFAULT_SWEEPS
-    simw: bool = True
     batch_size: int = 256
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        from ..validate import check_device, finite_float, positive_int
+        from ..validate import check_device, positive_int
 
-        for name in ("n_train", "n_val", "n_eval", "n_simw", "n_boot", "batch_size"):
-            positive_int(getattr(self, name), name)
-        positive_int(self.n_queries, "n_queries", 0)
-        positive_int(self.finetune_steps, "finetune_steps", 0)
-        if not self.alphas:
-            raise ConfigError("alphas is empty; give at least one ridge penalty")
-        for a in self.alphas:
-            finite_float(a, "ridge penalty (alphas)", low=0.0)
+        positive_int(self.batch_size, "batch_size")
+        self.sweeps = tuple(self.sweeps)
         check_device(self.device)
-        if self.n_simw > self.n_eval:
-            raise ConfigError(f"n_simw ({self.n_simw}) cannot exceed n_eval ({self.n_eval})")
-        if self.readout_method not in ("ridge", "adam", "model"):
-            raise ConfigError(f"readout_method must be 'ridge', 'adam' or 'model', got {self.readout_method!r}")
+
+    @property
+    def n_simw(self) -> int:
+        """Held-out prompts used for SimW and the span test: the first prompts.simw of prompts.eval."""
+        return min(self.prompts.simw, self.prompts.eval)
 
 
 class ModelLens:
@@ -98,7 +89,7 @@ class LayerAnalysis:
 
 
 def analysis_prompts(task: TaskConfig, settings: LayerSettings, split: str, n: int):
-    return sample_prompts(task, n, generator=generator_for(settings.seed, STREAMS[split]))
+    return sample_prompts(task, n, generator=generator_for(settings.prompts.seed, STREAMS[split]))
 
 
 def fresh_queries(task: TaskConfig, prompts, n_queries: int, seed: int) -> torch.Tensor:
@@ -127,20 +118,20 @@ def fit_readouts(model, task: TaskConfig, settings: LayerSettings, progress: boo
 
     Returns (readouts, eval prompts, layer_preds (L+1, B, n))."""
     dev, bs = settings.device, settings.batch_size
-    train = analysis_prompts(task, settings, "train", settings.n_train)
-    val = analysis_prompts(task, settings, "val", settings.n_val)
-    ev = analysis_prompts(task, settings, "eval", settings.n_eval)
+    train = analysis_prompts(task, settings, "train", settings.prompts.train)
+    val = analysis_prompts(task, settings, "val", settings.prompts.val)
+    ev = analysis_prompts(task, settings, "eval", settings.prompts.eval)
     h_eval, _ = x_states(model, ev.xs, ev.ys, dev, bs, progress)
     readouts: LayerReadouts | ModelLens
-    if settings.readout_method == "model":
+    if settings.readout.method == "model":
         readouts = ModelLens(model)
     else:
         h_train, _ = x_states(model, train.xs, train.ys, dev, bs, progress)
         h_val, _ = x_states(model, val.xs, val.ys, dev, bs, progress)
-        fitted = fit_layer_readouts(h_train, train.ys.numpy(), h_val, val.ys.numpy(), settings.alphas)
-        if settings.readout_method == "adam":
+        fitted = fit_layer_readouts(h_train, train.ys.numpy(), h_val, val.ys.numpy(), settings.readout.alphas)
+        if settings.readout.method == "adam":
             fitted = finetune_layer_readouts(
-                fitted, h_train, train.ys.numpy(), settings.finetune_steps, seed=settings.seed
+                fitted, h_train, train.ys.numpy(), settings.readout.finetune_steps, seed=settings.prompts.seed
             )
         readouts = fitted
     return readouts, ev, readouts.predict(h_eval)
@@ -151,7 +142,7 @@ def induced_layer_weights(model, task: TaskConfig, settings: LayerSettings, read
     (weights (L+1, m, n, d), the fresh queries (m, Q, d))."""
     m = settings.n_simw
     sub = type(ev)(ev.xs[:m], ev.ys[:m], None if ev.w is None else ev.w[:m], {k: v[:m] for k, v in ev.params.items()})
-    queries = fresh_queries(task, sub, settings.n_queries or 4 * task.n_dims, settings.seed)
+    queries = fresh_queries(task, sub, settings.prompts.queries or 4 * task.n_dims, settings.prompts.seed)
     q_preds = query_states(
         model,
         sub.xs,
@@ -182,7 +173,15 @@ def compare_sweeps(
     for sweep in tqdm(settings.sweeps, desc="learners", disable=not progress, leave=False):
         result = run_sweep(sweep, ev.xs, ev.ys, None, dev)
         c, b = compare_layers(
-            layer_preds, None, ev.ys, sweep, result, None, settings.include_first, settings.n_boot, settings.seed
+            layer_preds,
+            None,
+            ev.ys,
+            sweep,
+            result,
+            None,
+            settings.similarity.include_first,
+            settings.similarity.bootstrap,
+            settings.prompts.seed,
         )
         cells.append(c)
         best.append(b)
@@ -196,9 +195,9 @@ def compare_sweeps(
             sweep,
             sub_result,
             queries,
-            settings.include_first,
-            settings.n_boot,
-            settings.seed,
+            settings.similarity.include_first,
+            settings.similarity.bootstrap,
+            settings.prompts.seed,
         )
         cells.append(c[c.metric == "simw"])
         best.append(b[b.metric == "simw"])
@@ -215,10 +214,12 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
     baselines, trends, Table 1 and the span test."""
     clock = _Clock()
     readouts, ev, layer_preds = fit_readouts(model, task, settings, progress)
-    readout = readout_table(layer_preds, ev.ys.numpy(), task.n_dims, settings.n_boot, settings.seed)
+    readout = readout_table(
+        layer_preds, ev.ys.numpy(), task.n_dims, settings.similarity.bootstrap, settings.prompts.seed
+    )
     clock.lap("readout")
     layer_weights, queries = None, None
-    if settings.simw:
+    if settings.similarity.simw:
         layer_weights, queries = induced_layer_weights(model, task, settings, readouts, ev, progress)
         clock.lap("query_states")
     cells, best, span_parts = compare_sweeps(layer_preds, layer_weights, queries, ev, settings, progress)
@@ -226,10 +227,10 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
     nulls = null_table(
         layer_preds,
         ev.ys,
-        null_predictions(model, ev.xs, ev.ys, settings.seed, settings.device),
-        settings.include_first,
-        settings.n_boot,
-        settings.seed,
+        null_predictions(model, ev.xs, ev.ys, settings.prompts.seed, settings.device),
+        settings.similarity.include_first,
+        settings.similarity.bootstrap,
+        settings.prompts.seed,
     )
     trends, t1 = [], pd.DataFrame()
     if not best.empty:

@@ -38,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
     target = output_target(args, "heatmap", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     labels = tuple(args.learners) if args.learners is not None else None
-    extra = {"simw": False} if args.no_simw else {}
+    extra: dict = {"simw": False} if args.no_simw else {}
     if args.include_first:
         extra["include_first"] = True
-    settings = settings_from_args(args, ckpt, labels, **extra)
+    settings = settings_from_args(args, ckpt, labels, similarity=extra)
     sweeps = settings.sweeps
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     with writing(target) as out:

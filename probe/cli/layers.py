@@ -50,8 +50,15 @@ def recipe_from_args(args: argparse.Namespace, ckpt):
     return adapt_recipe(ckpt, resolve_recipe(args.recipe, overrides))
 
 
-def settings_from_args(args: argparse.Namespace, ckpt, labels: tuple[str, ...] | None = None, **overrides):
-    """LayerSettings exactly as the report's layers stage builds them; `labels` picks sweeps."""
+def settings_from_args(
+    args: argparse.Namespace,
+    ckpt,
+    labels: tuple[str, ...] | None = None,
+    sweeps: tuple | None = None,
+    similarity: dict | None = None,
+):
+    """LayerSettings exactly as the report's layers stage builds them; `labels` picks sweeps
+    (or `sweeps` replaces them), `similarity` overrides [similarity] keys (e.g. simw=False)."""
     from dataclasses import replace
 
     from ..errors import ConfigError
@@ -66,8 +73,10 @@ def settings_from_args(args: argparse.Namespace, ckpt, labels: tuple[str, ...] |
                 raise ConfigError(
                     unknown_name_message("learner sweep", name, list(known)) + f" (in recipe {args.recipe})"
                 )
-        overrides["sweeps"] = tuple(known[n] for n in labels)
-    return replace(settings, **overrides)
+        sweeps = tuple(known[n] for n in labels)
+    if sweeps is not None:
+        settings = replace(settings, sweeps=sweeps)
+    return replace(settings, similarity=replace(settings.similarity, **similarity)) if similarity else settings
 
 
 def write_tables(out: Path, tables: dict, meta: dict) -> None:

@@ -64,7 +64,7 @@ def layer_maps(args, ckpt, labels: list[str]) -> dict:
 
     if not labels:
         return {}
-    settings = settings_from_args(args, ckpt, tuple(labels), simw=False)  # the report's layer settings
+    settings = settings_from_args(args, ckpt, tuple(labels), similarity={"simw": False})  # the report's layer settings
     sweeps = settings.sweeps
     if args.map_from is not None:
         path = Path(args.map_from)

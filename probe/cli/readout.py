@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
 
     target = output_target(args, "readout", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
-    settings = settings_from_args(args, ckpt, sweeps=(), simw=False)
+    settings = settings_from_args(args, ckpt, sweeps=(), similarity={"simw": False})
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     summary = result.readout[result.readout.n_examples >= 1].groupby("layer").error.mean().reset_index()
     with writing(target) as out:

@@ -35,30 +35,15 @@ class Built:
 
 
 def layer_settings(recipe: Recipe, device: str):
+    """The layer analyses' settings: the recipe's own [prompts], [readout], [similarity] and sweeps."""
     from ..analysis.matching import Sweep
     from ..analysis.pipeline import LayerSettings
 
-    p, r, s = recipe.prompts, recipe.readout, recipe.similarity
     sweeps = tuple(
         Sweep(w.label, w.learner, {k: tuple(v) if isinstance(v, list) else v for k, v in w.grid.items()}, w.axis)
         for w in recipe.sweeps
     )
-    return LayerSettings(
-        n_train=p.train,
-        n_val=p.val,
-        n_eval=p.eval,
-        n_simw=min(p.simw, p.eval),
-        n_queries=p.queries,
-        seed=p.seed,
-        alphas=tuple(r.alphas),
-        readout_method=r.method,
-        finetune_steps=r.finetune_steps,
-        include_first=s.include_first,
-        n_boot=s.bootstrap,
-        sweeps=sweeps,
-        simw=s.simw,
-        device=device,
-    )
+    return LayerSettings(recipe.prompts, recipe.readout, recipe.similarity, sweeps, device=device)
 
 
 def _stage_evaluate(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
