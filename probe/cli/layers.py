@@ -42,12 +42,11 @@ def recipe_from_args(args: argparse.Namespace, ckpt):
     """The report recipe, with --set and then the settings flags (probe/settings.py) applied,
     adapted to the checkpoint as the report adapts it."""
     from ..config import parse_override
-    from ..report.build import adapt_recipe
-    from ..report.recipe import resolve_recipe
+    from ..report.recipe import adapt_recipe, resolve_recipe
     from ..settings import flag_overrides
 
     overrides = [parse_override(s) for s in args.set] + flag_overrides(args)
-    return adapt_recipe(ckpt, resolve_recipe(args.recipe, overrides))
+    return adapt_recipe(resolve_recipe(args.recipe, overrides), ckpt.config)
 
 
 def settings_from_args(

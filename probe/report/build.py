@@ -21,7 +21,7 @@ from ..checkpoint import LoadedCheckpoint
 from ..outputs import OutputTarget, safe_name
 from . import figures
 from .cache import StageCache, _jsonable
-from .recipe import Recipe
+from .recipe import Recipe, adapt_recipe
 
 log = logging.getLogger(__name__)
 
@@ -128,36 +128,6 @@ def _stage_interventions(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, pr
     return {k: v for k, v in tables.items() if v is not None}, {"interventions": res.summary}
 
 
-def adapt_recipe(ckpt: LoadedCheckpoint, recipe: Recipe) -> Recipe:
-    """ReLU-network tasks compare layers with networks of the task's depth. Planted models are
-    judged with their own read-out (retraining would rescale the planted
-    predictor) and against their learner's exact hyper-parameter: GD sweeps get the planted step
-    and every step count up to the depth; Newton sweeps the planted fixed alpha."""
-    import copy
-
-    m, task = ckpt.config.model, ckpt.config.task
-    if task.name == "relu_network":  # direct training uses the task's own network depth
-        recipe = copy.deepcopy(recipe)
-        for sweep in recipe.sweeps:
-            if sweep.learner == "relu_gd":
-                sweep.grid = {**sweep.grid, "depth": task.relu_depth}
-    if m.family != "planted":
-        return recipe
-    recipe = copy.deepcopy(recipe)
-    recipe.readout.method = "model"
-    for sweep in recipe.sweeps:
-        if sweep.learner == "gd" and m.planted == "gd":
-            sweep.grid = {
-                **sweep.grid,
-                "eta": [m.planted_scale],
-                "convention": ["paper"],
-                "steps": sorted(set(sweep.grid.get("steps", [])) | set(range(m.n_layer + 1))),
-            }
-        if sweep.learner == "newton" and m.planted in ("newton", "newton-relu"):
-            sweep.grid = {**sweep.grid, "alpha": [m.planted_scale]}
-    return recipe
-
-
 def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
     """Refuse a recipe whose captured activations would not fit in memory, naming the key."""
     from ..validate import check_memory
@@ -191,7 +161,7 @@ def run_stages(
 ) -> Built:
     """The recipe's stages (all, or those named in `only`), each through the stage cache."""
     built = Built()
-    recipe = adapt_recipe(ckpt, recipe)
+    recipe = adapt_recipe(recipe, ckpt.config)
     sha = ckpt.sha256[:16]
     stages = [
         ("evaluate", ("prompts",), lambda: _stage_evaluate(ckpt, recipe, device)),
@@ -294,7 +264,7 @@ def build_report(
     check_report_size(ckpt, recipe)
     cache = StageCache(cache_dir)
     built = run_stages(ckpt, recipe, device, cache, progress)
-    recipe = adapt_recipe(ckpt, recipe)  # what the stages ran, for figures, summary and methods
+    recipe = adapt_recipe(recipe, ckpt.config)  # what the stages ran, for figures, summary and methods
     if compare is not None:
         other = run_stages(compare, recipe, device, cache, progress, prefix="compare_")
         built.tables.update(other.tables)

@@ -108,6 +108,38 @@ class Recipe:
         return hashlib.sha256(json.dumps(part, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def adapt_recipe(recipe: Recipe, config) -> Recipe:
+    """The recipe as it applies to a checkpoint of run config `config` (what the report runs).
+
+    ReLU-network tasks compare layers with networks of the task's depth. Planted models are
+    judged with their own read-out (retraining would rescale the planted
+    predictor) and against their learner's exact hyper-parameter: GD sweeps get the planted step
+    and every step count up to the depth; Newton sweeps the planted fixed alpha."""
+    import copy
+
+    m, task = config.model, config.task
+    if task.name == "relu_network":  # direct training uses the task's own network depth
+        recipe = copy.deepcopy(recipe)
+        for sweep in recipe.sweeps:
+            if sweep.learner == "relu_gd":
+                sweep.grid = {**sweep.grid, "depth": task.relu_depth}
+    if m.family != "planted":
+        return recipe
+    recipe = copy.deepcopy(recipe)
+    recipe.readout.method = "model"
+    for sweep in recipe.sweeps:
+        if sweep.learner == "gd" and m.planted == "gd":
+            sweep.grid = {
+                **sweep.grid,
+                "eta": [m.planted_scale],
+                "convention": ["paper"],
+                "steps": sorted(set(sweep.grid.get("steps", [])) | set(range(m.n_layer + 1))),
+            }
+        if sweep.learner == "newton" and m.planted in ("newton", "newton-relu"):
+            sweep.grid = {**sweep.grid, "alpha": [m.planted_scale]}
+    return recipe
+
+
 def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | None = None) -> Recipe:
     """A recipe by name (analyses/<name>.toml) or path, with overrides applied and validated."""
     name_or_path = name_or_path or "quick"

@@ -231,15 +231,16 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
     """Every analysis of the study recipe on one checkpoint; a picklable entry for executors."""
     from ..evaluate import r2_curve
     from ..formats import load_checkpoint
-    from ..report.build import adapt_recipe, run_stages
+    from ..report.build import run_stages
     from ..report.cache import StageCache
+    from ..report.recipe import adapt_recipe
     from .recipe import StudyRecipe
 
     recipe = StudyRecipe(**{**recipe_data, "compare": recipe_data.get("compare", [])})
     torch.manual_seed(recipe.seed)
     ckpt = load_checkpoint(path)
     task = ckpt.config.task
-    report = adapt_recipe(ckpt, recipe.report_recipe())
+    report = adapt_recipe(recipe.report_recipe(), ckpt.config)
     report.prompts.evaluate = recipe.evaluate_prompts
     stages = set()
     if "evaluate" in recipe.analyses:
