@@ -194,6 +194,22 @@ def memory_budget() -> int:
     return _BUDGET[0] if _BUDGET else int(0.5 * available_memory())
 
 
+def resident_memory() -> int:
+    """Bytes this process holds in memory now (resident set size; 0 where unknown)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0
+
+
+def memory_headroom(floor: int = 64 << 20) -> int:
+    """What the memory budget leaves beside what the process already holds (at least `floor`):
+    capture, query states and probes size their work from this, so that the whole process,
+    not each step alone, stays within `--max-memory`."""
+    return max(floor, memory_budget() - resident_memory())
+
+
 def parse_bytes(text: str) -> int:
     """'4G', '512M', '2.5GB' or a plain number of bytes -> bytes."""
     import re

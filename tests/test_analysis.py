@@ -250,3 +250,33 @@ def test_probes_that_hit_the_step_limit_say_so():
     summary = {"probes": probe_summary(table.assign(control="none"))}
     assert summary["probes"]["xty"]["mlp"]["converged_share"] == 0.0
     assert any("stopped at the step limit (10 steps)" in c for c in caveats(summary))
+
+
+def test_probe_streams_go_to_disk_when_the_memory_budget_is_spent(tmp_path, monkeypatch):
+    """`--max-memory` counts what the process already holds: with none left, the probes' streams
+    are a memmap on disk, equal to the in-memory ones."""
+    import importlib
+
+    from probe.analysis.probes import by_position_streams
+    from probe.formats import load_checkpoint
+    from probe.validate import memory_headroom, resident_memory, set_memory_budget
+
+    model = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
+    g = torch.Generator().manual_seed(0)
+    xs, ys = torch.randn(512, 16, 4, generator=g), torch.randn(512, 16, generator=g)
+    in_memory = by_position_streams(model, xs, ys, chunk=128)
+    assert in_memory.shape == (9, 32, 512, 64)
+    monkeypatch.setattr(importlib.import_module("probe.capture.capture"), "spill_dir", lambda: str(tmp_path))
+    set_memory_budget(resident_memory())
+    try:
+        assert memory_headroom() < 128 << 20  # the floor, or what was allocated since
+        on_disk = by_position_streams(model, xs, ys, chunk=128)
+    finally:
+        set_memory_budget(None)
+    assert (tmp_path / "probe_streams.npy").is_file()
+    np.testing.assert_array_equal(on_disk.numpy(), in_memory.numpy())
+    # the layout is the capture's, by position
+    from probe.capture import RESID, capture
+
+    direct = np.asarray(capture(model, xs[:3], ys[:3], hooks=[RESID]).acts[RESID])
+    np.testing.assert_allclose(in_memory[:, :, :3].numpy(), direct.transpose(0, 2, 1, 3), atol=1e-6)

@@ -400,16 +400,17 @@ def by_position_streams(model, xs: Tensor, ys: Tensor, device: str = "cpu", chun
     """Every layer boundary's residual stream at every token, by position: (L+1, 2n, N, D) float32.
 
     Captured `chunk` prompts at a time straight into that layout, so the probes never hold a
-    second copy; above half the memory budget (`--max-memory`) the array is a memmap on disk."""
+    second copy; above half the memory headroom (`--max-memory` less what the process holds) the
+    array is a memmap on disk."""
     import os
 
     from ..capture import RESID, capture
     from ..capture.capture import spill_dir
-    from ..validate import memory_budget
+    from ..validate import memory_headroom
 
     n_prompts, n = xs.shape[:2]
     shape = (model.n_layers + 1, 2 * n, n_prompts, model.d_model)
-    if 4 * math.prod(shape) > memory_budget() // 2:
+    if 4 * math.prod(shape) > memory_headroom() // 2:
         path = os.path.join(spill_dir(), "probe_streams.npy")
         array: np.ndarray = np.lib.format.open_memmap(path, "w+", np.float32, shape)
     else:
@@ -476,6 +477,7 @@ def probe_study(
             shuffled = {k: v[perm] for k, v in targets_train.items()}
             frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kind, **fit, layout="lpnd")
             frames.append(frame.assign(control="shuffled"))
+        del states_train, states_test  # so that the next model's capture does not sit beside them
     return pd.concat(frames, ignore_index=True)
 
 

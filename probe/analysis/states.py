@@ -132,9 +132,9 @@ def cached_query_states(
     )
     keep = (lambda layer, s: s) if readout is None else readout
     if max_bytes is None:
-        from ..validate import memory_budget
+        from ..validate import memory_headroom
 
-        max_bytes = memory_budget() // 4  # the output array and the prompt's capture hold the rest
+        max_bytes = memory_headroom() // 4  # the output array and the prompt's capture hold the rest
     scratch = max_bytes
     per_prompt = 4 * (steps * q * (4 * width + heads * (2 * n + 1)) + 2 * n * 4 * width) * 3
     chunk = max(1, int(scratch // max(per_prompt, 1)))

@@ -216,9 +216,9 @@ def _storage(model, hooks: list[str], b: int, n_pos: int, out_dir, max_bytes: in
     """(out_dir, spilled): stream to memmaps in a temporary directory when the result would exceed max_bytes."""
     per_prompt = (model.n_layers + 2) * n_pos * model.d_model * 4 if RESID in hooks else n_pos * model.d_model * 4
     if max_bytes is None:
-        from ..validate import memory_budget
+        from ..validate import memory_headroom
 
-        max_bytes = memory_budget()
+        max_bytes = memory_headroom()
     if out_dir is None and per_prompt * b > max_bytes:
         out_dir = spill_dir()
         log.warning(
