@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import GargTransformerModel, build_cfg, write_garg_run
+from conftest import REPO, GargTransformerModel, build_cfg, write_garg_run
 
 from probe.capture import FINAL, READOUT, RESID, capture, resid
 from probe.checkpoint import save_model
@@ -194,3 +194,32 @@ def test_hf_options_that_keep_the_forward_are_accepted_and_match_hugging_face(tm
     xs, ys = torch.randn(4, 8, 3), torch.randn(4, 8)
     with torch.no_grad():
         assert (loaded.model(xs, ys) - ref(xs, ys)).abs().max() < TOL
+
+
+def test_capture_batches_shrink_to_fit_the_memory_budget_with_the_same_numbers(monkeypatch):
+    import importlib
+
+    import probe.validate
+
+    capture_module = importlib.import_module("probe.capture.capture")
+    model = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
+    g = torch.Generator().manual_seed(1)
+    xs, ys = torch.randn(40, 16, 4, generator=g), torch.randn(40, 16, generator=g)
+    full = capture_module.capture(model, xs, ys, hooks=[RESID])
+    per_prompt = 8 * (model.n_layers + 2) * 32 * model.d_model * 4
+    kept = capture_module._stored_bytes(model, [RESID], 40, 32)
+    batches = []
+    real_backend_for = capture_module.backend_for
+
+    def counting_backend_for(*args):
+        runner = real_backend_for(*args)
+        run = runner.run
+        runner.run = lambda bx, by, request: batches.append(len(bx)) or run(bx, by, request)
+        return runner
+
+    monkeypatch.setattr(capture_module, "backend_for", counting_backend_for)
+    monkeypatch.setattr(probe.validate, "memory_headroom", lambda floor=0: kept + 10 * per_prompt)
+    small = capture_module.capture(model, xs, ys, hooks=[RESID])
+    assert batches == [10, 10, 10, 10]  # what the budget leaves beside the kept streams: 10 prompts
+    np.testing.assert_allclose(np.asarray(small.acts[RESID]), np.asarray(full.acts[RESID]), atol=1e-6)
+    np.testing.assert_allclose(small.pred, full.pred, atol=1e-6)

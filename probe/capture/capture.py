@@ -144,6 +144,9 @@ def capture(
     pos = _positions(positions, n)
     n_pos = 2 * n if pos is None else len(pos)
     out_dir, spilled = _storage(model, hooks, b, n_pos, out_dir, max_bytes)
+    if max_bytes is None:  # the batch's own forward pass must fit beside what is kept
+        kept = 0 if out_dir is not None else _stored_bytes(model, hooks, b, n_pos)
+        batch_size = _batch_within_budget(model, n, batch_size, kept)
     sink = _Sink(Path(out_dir) if out_dir is not None else None)
     preds = np.empty((b, n), dtype=np.float32)
     stream_shape = (b, n_pos, model.d_model)
@@ -214,7 +217,7 @@ def _positions(positions: str | Sequence[int], n: int) -> Tensor | None:
 
 def _storage(model, hooks: list[str], b: int, n_pos: int, out_dir, max_bytes: int | None):
     """(out_dir, spilled): stream to memmaps in a temporary directory when the result would exceed max_bytes."""
-    per_prompt = (model.n_layers + 2) * n_pos * model.d_model * 4 if RESID in hooks else n_pos * model.d_model * 4
+    per_prompt = _stored_bytes(model, hooks, 1, n_pos)
     if max_bytes is None:
         from ..validate import memory_headroom
 
@@ -229,6 +232,20 @@ def _storage(model, hooks: list[str], b: int, n_pos: int, out_dir, max_bytes: in
         )
         return out_dir, True
     return out_dir, False
+
+
+def _stored_bytes(model, hooks: list[str], b: int, n_pos: int) -> int:
+    return ((model.n_layers + 2) if RESID in hooks else 1) * n_pos * model.d_model * 4 * b
+
+
+def _batch_within_budget(model, n: int, batch_size: int, kept: int) -> int:
+    """The batch size, lowered so that one batch's forward pass (every boundary, the MLP's 4x
+    hidden width and the attention scores: about 8 (L+2) 2n D floats a prompt) fits in what the
+    memory budget leaves beside `kept` bytes."""
+    from ..validate import memory_headroom
+
+    per_prompt = 8 * (model.n_layers + 2) * 2 * n * model.d_model * 4
+    return max(1, min(batch_size, (memory_headroom() - kept) // per_prompt))
 
 
 def _public_bridge(model: GPT2ICL, device: str):

@@ -35,8 +35,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute every stage")
     p.add_argument(
         "--max-memory",
-        help="memory budget, e.g. 4G (default: half the available memory); capture "
-        "streams to disk and query states work in chunks to stay under it",
+        help="memory budget of the whole process, e.g. 2G (default: half the available memory); "
+        "capture and the probes' streams go to disk and query states work in smaller chunks as "
+        "what the process already holds approaches it",
     )
     add_device(p)
 
