@@ -416,7 +416,8 @@ def by_position_streams(model, xs: Tensor, ys: Tensor, device: str = "cpu", chun
     else:
         array = np.empty(shape, dtype=np.float32)
     for lo in range(0, n_prompts, chunk):
-        cap = capture(model, xs[lo : lo + chunk], ys[lo : lo + chunk], hooks=[RESID], device=device)
+        # a chunk is copied out at once: never spilled on its own (its batch still fits the budget)
+        cap = capture(model, xs[lo : lo + chunk], ys[lo : lo + chunk], hooks=[RESID], device=device, max_bytes=1 << 62)
         array[:, :, lo : lo + chunk] = np.asarray(cap.acts[RESID]).transpose(0, 2, 1, 3)
     return torch.from_numpy(array)
 
