@@ -226,6 +226,16 @@ def test_position_and_query_limits_keep_the_latest_tokens_and_spread_the_queries
     assert spread_examples(10, 0) == list(range(1, 10)) and spread_examples(41, 8) == [1, 7, 12, 18, 23, 29, 34, 40]
 
 
+def _gpt2(which: str, tmp_path):
+    """(model, task): the trained default checkpoint, or a random Garg-layout run."""
+    if which == "default":
+        loaded = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    else:
+        write_garg_run(tmp_path / "g", GargTransformerModel(3, 8, 16, 2, 2).eval(), 3, 8, 16, 2, 2)
+        loaded = load_checkpoint(tmp_path / "g")
+    return loaded.model, loaded.config.task
+
+
 @pytest.mark.parametrize("which", ["default", "garg"])
 def test_resumed_patching_equals_patching_through_hooks(which, tmp_path):
     """Residual patching that resumes the native blocks from the patched boundary (and, for the
@@ -234,12 +244,7 @@ def test_resumed_patching_equals_patching_through_hooks(which, tmp_path):
     from probe.interventions.patch import context_patching
     from probe.interventions.runner import GPT2Runner
 
-    if which == "default":
-        loaded = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
-    else:
-        write_garg_run(tmp_path / "g", GargTransformerModel(3, 8, 16, 2, 2).eval(), 3, 8, 16, 2, 2)
-        loaded = load_checkpoint(tmp_path / "g")
-    model, task = loaded.model, loaded.config.task
+    model, task = _gpt2(which, tmp_path)
     xs, ys, yc = paired_prompts(task, 6, seed=3)
     fast, hooked = GPT2Runner(model.eval(), "cpu"), GPT2Runner(model.eval(), "cpu", resumed=False)
     for query, positions in ((task.n_points - 1, list(range(2 * task.n_points - 1))), (task.n_points - 3, [2 * task.n_points - 10, 2 * task.n_points - 9, 2 * task.n_points - 6])):
@@ -276,12 +281,7 @@ def test_resumed_ablation_equals_ablation_through_hooks(which, tmp_path):
     from probe.interventions.ablate import ablate, components
     from probe.interventions.runner import GPT2Runner
 
-    if which == "default":
-        loaded = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
-    else:
-        write_garg_run(tmp_path / "g", GargTransformerModel(3, 8, 16, 2, 2).eval(), 3, 8, 16, 2, 2)
-        loaded = load_checkpoint(tmp_path / "g")
-    model, task = loaded.model, loaded.config.task
+    model, task = _gpt2(which, tmp_path)
     xs, ys, _ = paired_prompts(task, 12, seed=3)
     held = paired_prompts(task, 12, seed=4)[:2]
     fast, hooked = GPT2Runner(model.eval(), "cpu"), GPT2Runner(model.eval(), "cpu", resumed=False)
