@@ -145,8 +145,7 @@ def capture(
     n_pos = 2 * n if pos is None else len(pos)
     out_dir, spilled = _storage(model, hooks, b, n_pos, out_dir, max_bytes)
     if max_bytes is None:  # the batch's own forward pass must fit beside what is kept
-        kept = 0 if out_dir is not None else _stored_bytes(model, hooks, b, n_pos)
-        batch_size = _batch_within_budget(model, n, batch_size, kept)
+        batch_size = _batch_within_budget(model, n, batch_size, 0 if out_dir else _stored_bytes(model, hooks, b, n_pos))
     sink = _Sink(Path(out_dir) if out_dir is not None else None)
     preds = np.empty((b, n), dtype=np.float32)
     stream_shape = (b, n_pos, model.d_model)

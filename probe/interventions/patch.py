@@ -108,6 +108,22 @@ def token_label(position: int) -> str:
     return f"{'xy'[position % 2]}{position // 2 + 1}"
 
 
+def _hooked_patches(runner: Runner, names, resumed: dict, xs, ys_clean, ys_corrupt, positions, q: int, max_rows: int):
+    """(site, layer, name) -> patched predictions (K, B): from `resumed` (the runner's hook-free
+    residual path) where it has the layer, else through hooks with the clean states captured once."""
+    masks = torch.zeros(len(positions), xs.shape[1] * 2, dtype=torch.bool)
+    masks[torch.arange(len(positions)), torch.tensor(positions)] = True
+    hooked = [name for site, layer, name in names if not (site == "resid" and layer in resumed)]
+    clean_states = runner.states(xs, ys_clean, hooked, query=q) if hooked else {}
+
+    def patched_at(site: str, layer: int, name: str) -> Tensor:
+        if name in clean_states:
+            return _patched_predictions(runner, name, xs, ys_corrupt, clean_states[name], masks, q, max_rows)
+        return resumed[layer]
+
+    return patched_at
+
+
 def patching_heatmap(
     runner: Runner,
     xs: Tensor,
@@ -143,8 +159,6 @@ def patching_heatmap(
     positions = list(range(2 * q + 1))
     if max_positions > 0:
         positions = positions[-max_positions:]
-    masks = torch.zeros(len(positions), 2 * n, dtype=torch.bool)
-    masks[torch.arange(len(positions)), torch.tensor(positions)] = True
     layers = {s: range(runner.n_layers + 1) if s == "resid" else range(runner.n_layers) for s in sites}
     names = [(s, l, site_name(s, l, runner.n_layers)) for s in sites for l in layers[s]]
     resumed = (
@@ -152,17 +166,11 @@ def patching_heatmap(
         if "resid" in sites
         else None
     )
-    resumed = resumed or {}
-    hooked = [name for site, layer, name in names if not (site == "resid" and layer in resumed)]
-    clean_states = runner.states(xs, ys_clean, hooked, query=q) if hooked else {}
+    patched_at = _hooked_patches(runner, names, resumed or {}, xs, ys_clean, ys_corrupt, positions, q, max_rows)
     den = (f_clean - f_corr) ** 2
     rows = []
     for site, layer, name in tqdm(names, desc="patch", disable=not progress, leave=False):
-        if name in clean_states:
-            patched = _patched_predictions(runner, name, xs, ys_corrupt, clean_states[name], masks, q, max_rows)
-        else:
-            patched = resumed[layer]
-        patched = patched.double()
+        patched = patched_at(site, layer, name).double()
         num = ((patched - f_corr) * (f_clean - f_corr)).T  # (B, K)
         ratio, lo, hi = bootstrap_ratio(num, den.unsqueeze(1).expand_as(num), n_boot=n_boot, seed=seed)
         for j, p in enumerate(positions):

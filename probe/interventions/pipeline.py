@@ -98,34 +98,41 @@ def run_interventions(
             )
             summary["patching"] = summarise_patching(patching)
         if check_maps:
-            summary["iteration"] = {}
-            examples = spread_examples(n, settings.max_queries)
-            patched = context_patching(
-                runner, xs, ys, yc, list(range(runner.n_layers)), examples
-            )  # shared by every map
-            for label, (sweep, layer_map) in layer_maps.items():
-                frame, null = iteration_patching(
-                    runner,
-                    xs,
-                    ys,
-                    yc,
-                    sweep,
-                    layer_map,
-                    n_boot=n_boot,
-                    n_perm=settings.permutations,
-                    seed=seed,
-                    patched=patched,
-                )
-                iteration[label] = frame
-                summary["iteration"][label] = {
-                    **null,
-                    "boundary": frame.boundary.tolist(),
-                    "k": frame.k.tolist(),
-                    "observed": frame.observed.round(4).tolist(),
-                    "expected": frame.expected.round(4).tolist(),
-                    "consistency": frame.consistency.round(3).tolist(),
-                }
+            iteration, summary["iteration"] = _check_layer_maps(runner, xs, ys, yc, settings, layer_maps, n_boot, seed)
     return InterventionResult(ablation, patching, iteration, summary)
+
+
+def _check_layer_maps(
+    runner, xs, ys, yc, settings: InterventionSettings, layer_maps: dict, n_boot: int, seed: int
+) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Iteration-consistent patching of every map: the model's context patch is run once and
+    shared; returns the per-map tables and their summary entries."""
+    examples = spread_examples(xs.shape[1], settings.max_queries)
+    patched = context_patching(runner, xs, ys, yc, list(range(runner.n_layers)), examples)
+    frames, entries = {}, {}
+    for label, (sweep, layer_map) in layer_maps.items():
+        frame, null = iteration_patching(
+            runner,
+            xs,
+            ys,
+            yc,
+            sweep,
+            layer_map,
+            n_boot=n_boot,
+            n_perm=settings.permutations,
+            seed=seed,
+            patched=patched,
+        )
+        frames[label] = frame
+        entries[label] = {
+            **null,
+            "boundary": frame.boundary.tolist(),
+            "k": frame.k.tolist(),
+            "observed": frame.observed.round(4).tolist(),
+            "expected": frame.expected.round(4).tolist(),
+            "consistency": frame.consistency.round(3).tolist(),
+        }
+    return frames, entries
 
 
 def summarise_patching(frame: pd.DataFrame) -> dict:
