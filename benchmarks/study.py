@@ -27,8 +27,8 @@ evaluate_prompts = 256
 [set]
 "prompts.train" = 256
 "prompts.val" = 64
-"prompts.eval" = 128
-"prompts.simw" = 16
+"prompts.test" = 128
+"prompts.induced" = 16
 "similarity.bootstrap" = 100
 [[compare]]
 label = "least_squares"

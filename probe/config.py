@@ -11,11 +11,12 @@ import dataclasses
 import math
 import tomllib
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, RenamedSetting
 from .registry import unknown_name_message
 
 MODEL_FAMILIES = ("gpt2", "lstm", "planted")
@@ -242,16 +243,54 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def _rename_keys(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
+    """`data` with the old keys of `cls.RENAMED` (old -> new) under their new names, warning."""
+    renamed = getattr(cls, "RENAMED", {})
+    if not renamed or not set(data) & set(renamed):
+        return data
+    out = {}
+    for key, value in data.items():
+        new = renamed.get(key, key)
+        if new != key:
+            old_name, new_name = (f"{where}.{k}" if where else k for k in (key, new))
+            if new in data:
+                raise ConfigError(
+                    f"{old_name} and {new_name} are both given; {old_name} is the old name, keep only {new_name}"
+                )
+            warnings.warn(
+                f"{old_name} is now {new_name}; the old name still works for now", RenamedSetting, stacklevel=4
+            )
+        out[new] = value
+    return out
+
+
+def current_names(cls: type, data: Any, where: str = "") -> Any:
+    """A (partial) table of dataclass `cls`, e.g. a recipe override, with renamed keys under their
+    new names at every level, so that an old-name override replaces the new-name value."""
+    if not isinstance(data, dict) or not dataclasses.is_dataclass(cls):
+        return data
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for key, value in _rename_keys(cls, data, where).items():
+        hint = hints.get(key)
+        nested = [a for a in (*typing.get_args(hint), hint) if isinstance(a, type) and dataclasses.is_dataclass(a)]
+        out[key] = current_names(nested[0], value, f"{where}.{key}" if where else key) if nested else value
+    return out
+
+
 def from_dict(cls: type, data: Any, where: str = "") -> Any:
-    """Build dataclass `cls` from a dict, rejecting unknown keys with a close-match hint."""
+    """Build dataclass `cls` from a dict, rejecting unknown keys with a close-match hint (keys a
+    settings class renamed are accepted under their old names, with a RenamedSetting warning)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where or cls.__name__} must be a table/dict, got {type(data).__name__}")
+    data = _rename_keys(cls, data, where)
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
         if key not in known:
-            raise ConfigError(f"{where + '.' if where else ''}" + unknown_name_message("key", key, known))
+            renamed = getattr(cls, "RENAMED", {})
+            raise ConfigError(f"{where + '.' if where else ''}" + unknown_name_message("key", key, known, renamed))
         kwargs[key] = _coerce(hints[key], value, f"{where}.{key}" if where else key)
     try:
         return cls(**kwargs)

@@ -19,3 +19,7 @@ class TrainingDiverged(ProbeError):
 
 class OutputError(ProbeError):
     """An output path that must not be written (it would lose or overwrite the user's files)."""
+
+
+class RenamedSetting(FutureWarning):
+    """A settings key or flag was given under its old name; it still works, under its new one."""

@@ -11,10 +11,18 @@ from .errors import ConfigError
 T = TypeVar("T")
 
 
-def unknown_name_message(kind: str, name: str, known: list[str]) -> str:
-    """'Unknown learner 'newtn'. Did you mean: newton? Known: ...'"""
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-    hint = f" Did you mean: {close[0]}?" if close else ""
+def unknown_name_message(kind: str, name: str, known: list[str], renamed: dict[str, str] | None = None) -> str:
+    """'Unknown learner 'newtn'. Did you mean: newton? Known: ...'; a name close to an old name
+    of `renamed` (old -> new) suggests the new one ('Did you mean: curve (formerly evaluate)?')."""
+    renamed = renamed or {}
+    close = difflib.get_close_matches(name, [*known, *renamed], n=1, cutoff=0.5)
+    hint = ""
+    if close:
+        hint = (
+            f" Did you mean: {renamed[close[0]]} (formerly {close[0]})?"
+            if close[0] in renamed
+            else f" Did you mean: {close[0]}?"
+        )
     return f"Unknown {kind} '{name}'.{hint} Known: {', '.join(sorted(known))}."
 
 

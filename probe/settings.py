@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, RenamedSetting
 
 
 def setting(default: Any, help: str, choices: Iterable[Any] | None = None) -> Any:
@@ -57,17 +58,18 @@ def add_flags(
     parser: argparse.ArgumentParser,
     section: str,
     cls: type,
-    names: Iterable[str] | Mapping[str, str],
+    names: Iterable[str] | Mapping[str, str | tuple[str, ...]],
 ) -> None:
     """One flag per named field of settings class `cls` (recipe section `section`).
 
     names: field names, or {field name: flag name} to spell a flag differently (e.g.
-    {"eval": "test-prompts"}). Values are stored as args."section.field" (None when not given);
-    booleans get --x / --no-x."""
+    {"test": "test-prompts"}, or a tuple whose later names are old spellings still accepted).
+    Values are stored as args."section.field" (None when not given); booleans get --x / --no-x."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     spelled = dict(names) if isinstance(names, Mapping) else {n: n.replace("_", "-") for n in names}
-    for name, flag in spelled.items():
+    for name, spelling in spelled.items():
+        flags = (spelling,) if isinstance(spelling, str) else tuple(spelling)
         field, hint = fields[name], hints[name]
         default = field_default(field)
         shown = " ".join(map(str, default)) if isinstance(default, (tuple, list)) else default
@@ -86,7 +88,22 @@ def add_flags(
             choices = field.metadata.get("choices")
             if choices:
                 kwargs["choices"], kwargs["metavar"] = choices, None
-        parser.add_argument(f"--{flag}", **kwargs)
+        parser.add_argument(f"--{flags[0]}", **kwargs)
+        for old in flags[1:]:  # old spellings: same value, a warning, not listed in --help
+            parser.add_argument(f"--{old}", **{**kwargs, "help": argparse.SUPPRESS, "action": _renamed(flags[0])})
+
+
+def _renamed(new: str) -> type[argparse.Action]:
+    """An argparse action storing like the flag --`new`, with a RenamedSetting warning."""
+
+    class RenamedFlag(argparse._StoreAction):
+        def __call__(self, parser, namespace, values, option_string=None):
+            warnings.warn(
+                f"{option_string} is now --{new}; the old name still works for now", RenamedSetting, stacklevel=2
+            )
+            super().__call__(parser, namespace, values, option_string)
+
+    return RenamedFlag
 
 
 def flag_overrides(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -154,20 +171,25 @@ class ProbeSettings:
 
 @dataclass
 class PromptSettings:
-    """How many prompts each analysis draws, and the seed of every draw: recipe section [prompts]."""
+    """How many prompts each analysis draws, and the seed of every draw: recipe section [prompts].
 
-    evaluate: int = setting(1280, "prompts for the error against the number of examples (Garg et al.'s 1280)")
+    Renamed keys (the old name still works, with a warning): evaluate -> curve, eval -> test,
+    simw -> induced."""
+
+    RENAMED: typing.ClassVar[dict[str, str]] = {"evaluate": "curve", "eval": "test", "simw": "induced"}
+
+    curve: int = setting(1280, "prompts for the error against the number of examples (Garg et al.'s 1280)")
     train: int = setting(2048, "prompts to fit the per-layer read-outs")
     val: int = setting(512, "prompts to choose the read-outs' ridge penalty")
-    eval: int = setting(512, "held-out prompts for SimE, read-out errors and probe tests")
-    simw: int = setting(128, "of the held-out prompts, those used for SimW and the span test")
-    queries: int = setting(0, "fresh queries per prefix for SimW (0: 4 d)")
+    test: int = setting(512, "held-out test prompts for SimE, read-out errors and probe tests")
+    induced: int = setting(128, "of the test prompts, those whose induced weights are compared (SimW, span test)")
+    queries: int = setting(0, "fresh queries per prefix for the induced weights (0: 4 d)")
     seed: int = setting(0, "seed of every prompt draw")
 
     def __post_init__(self) -> None:
         from .validate import positive_int
 
-        for name in ("evaluate", "train", "val", "eval", "simw"):
+        for name in ("curve", "train", "val", "test", "induced"):
             positive_int(getattr(self, name), f"prompts.{name}")
         positive_int(self.queries, "prompts.queries", 0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
@@ -223,6 +245,17 @@ class SweepSettings:
     learner: str
     axis: str | None = None
     grid: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def quick_sweeps() -> tuple[SweepSettings, ...]:
+    """The quick recipe's [[sweeps]] (analyses/quick.toml): what `LayerSettings()` compares layers
+    with when given no sweeps, so the Python API's default and the default report agree."""
+    import tomllib
+
+    from .resources import RECIPE_DIR
+
+    tables = tomllib.loads((RECIPE_DIR / "quick.toml").read_text(encoding="utf-8"))["sweeps"]
+    return tuple(SweepSettings(**table) for table in tables)
 
 
 def _forgetting_learners() -> list[SweepSettings]:

@@ -205,10 +205,33 @@ def train(
     keep_every > 0 also keeps an immutable snapshot every that many steps (and at the end)
     under `out/snapshots/step_<k>/`, each loadable with `load_checkpoint`.
     """
-    if not isinstance(keep_every, int) or keep_every < 0:
-        raise ConfigError(f"--keep-every must be a non-negative integer, got {keep_every!r}")
     out = Path(out)
     dist_info = init_distributed(device)
+    device = _check_training(cfg, out, resume, device, keep_every, dist_info)
+    model, optimizer, start, elapsed = _training_state(cfg, out, resume, device, dist_info)
+    net = model
+    if dist_info.world > 1:
+        net = nn.parallel.DistributedDataParallel(model)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        _loop(cfg, out, model, net, optimizer, start, elapsed, device, dist_info, progress, keep_every)
+    except BaseException:
+        if created and dist_info.main and not (out / TRAIN_STATE).exists():
+            shutil.rmtree(out, ignore_errors=True)  # nothing worth keeping was written
+        raise
+    if dist_info.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    return model.eval()
+
+
+def _check_training(cfg: RunConfig, out: Path, resume: bool, device: str, keep_every: int, dist_info) -> str:
+    """Refuse a run that cannot start (bad --keep-every, no GPU, an existing run without --resume,
+    a batch that does not fit in memory); returns this process's device."""
+    if not isinstance(keep_every, int) or keep_every < 0:
+        raise ConfigError(f"--keep-every must be a non-negative integer, got {keep_every!r}")
     if device.startswith("cuda") and dist_info.world > 1:
         device = f"cuda:{dist_info.rank % torch.cuda.device_count()}"
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -227,7 +250,12 @@ def train(
         f"training with train.batch_size={cfg.train.batch_size}",
         "lower train.batch_size or the model size",
     )
+    return device
 
+
+def _training_state(cfg: RunConfig, out: Path, resume: bool, device: str, dist_info):
+    """The seeded model and AdamW optimizer on `device`, at step 0 or where a resumed run stopped
+    (its logs cut back to that step); returns (model, optimizer, start step, elapsed seconds)."""
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -244,22 +272,60 @@ def train(
         for k, v in st.items():
             if isinstance(v, torch.Tensor) and k != "step":
                 st[k] = v.to(device)
-    net = model
-    if dist_info.world > 1:
-        net = nn.parallel.DistributedDataParallel(model)
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        _loop(cfg, out, model, net, optimizer, start, elapsed, device, dist_info, progress, keep_every)
-    except BaseException:
-        if created and dist_info.main and not (out / TRAIN_STATE).exists():
-            shutil.rmtree(out, ignore_errors=True)  # nothing worth keeping was written
-        raise
-    if dist_info.world > 1:
-        import torch.distributed as dist
+    return model, optimizer, start, elapsed
 
-        dist.barrier()
-    return model.eval()
+
+def _train_step(
+    cfg: RunConfig,
+    model: nn.Module,
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    lr: float,
+    shape: tuple[int, int, int],
+    device: str,
+    rank: int,
+    out: Path,
+) -> torch.Tensor:
+    """One AdamW step on fresh prompts (batch, points, active dims = `shape`) seeded by (seed,
+    step, rank); the loss is the squared error averaged over every prefix (Garg et al.'s
+    training objective). Returns the loss."""
+    batch, points, dims = shape
+    prompts = sample_prompts(
+        cfg.task, batch, points, generator=generator_for(cfg.train.seed, step, rank), active_dims=dims
+    ).to(device)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss = ((net(prompts.xs, prompts.ys) - prompts.ys) ** 2).mean()
+    if not torch.isfinite(loss):
+        raise TrainingDiverged(
+            f"training diverged at step {step}: the loss is {loss.item()} (train.lr={cfg.train.lr:g}, "
+            f"task.w_scale={cfg.task.w_scale:g}); lower train.lr or the task's scale. The last finite "
+            f"checkpoint in {out} is kept (train_state.pt)"
+        )
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.train.grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+    optimizer.step()
+    return loss
+
+
+def _commit(model, optimizer, cfg: RunConfig, out: Path, done: int, rows: list[dict], elapsed: float) -> None:
+    """Write the pending log rows (emptying `rows`) and the training state after `done` steps,
+    refusing non-finite weights so that train_state.pt always holds the last finite state."""
+    from .outputs import mark_run_directory
+
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        raise TrainingDiverged(
+            f"training diverged before step {done}: the weights hold NaN or infinite "
+            f"values; lower train.lr (now {cfg.train.lr:g}). {out}/train_state.pt keeps "
+            "the last finite state"
+        )
+    _append_rows(out / TRAIN_LOG, TRAIN_LOG_FIELDS, rows)
+    rows.clear()
+    save_training_state(model, optimizer, cfg, out, done, elapsed)
+    mark_run_directory(out, "train")
 
 
 def _loop(
@@ -299,56 +365,22 @@ def _loop(
     model.train()
     for step in bar:
         dims, points = curriculum_at(cfg, step)
-        prompts = sample_prompts(
-            cfg.task,
-            local_batch,
-            points,
-            generator=generator_for(cfg.train.seed, step, dist_info.rank),
-            active_dims=dims,
-        ).to(device)
         lr = learning_rate(cfg, step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = ((net(prompts.xs, prompts.ys) - prompts.ys) ** 2).mean()
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(
-                f"training diverged at step {step}: the loss is {loss.item()} (train.lr={cfg.train.lr:g}, "
-                f"task.w_scale={cfg.task.w_scale:g}); lower train.lr or the task's scale. The last finite "
-                f"checkpoint in {out} is kept (train_state.pt)"
-            )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.train.grad_clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        optimizer.step()
+        loss = _train_step(
+            cfg, model, net, optimizer, step, lr, (local_batch, points, dims), device, dist_info.rank, out
+        )
         done = step + 1
         if dist_info.main and (step % cfg.train.log_every == 0 or done == cfg.train.steps):
-            rows.append(
-                {
-                    "step": step,
-                    "loss": f"{loss.item():.6g}",
-                    "lr": f"{lr:.4g}",
-                    "dims": dims,
-                    "points": points,
-                    "elapsed_s": f"{time.perf_counter() - t0:.1f}",
-                }
-            )
+            elapsed_s = f"{time.perf_counter() - t0:.1f}"
+            row = {"step": step, "loss": f"{loss.item():.6g}", "lr": f"{lr:.4g}", "dims": dims, "points": points}
+            rows.append({**row, "elapsed_s": elapsed_s})
             bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.1e}")
         if dist_info.main and (done % cfg.train.eval_every == 0 or done == cfg.train.steps):
             ev = held_out_error(model, cfg, device)
             _append_rows(out / EVAL_LOG, EVAL_LOG_FIELDS, [{"step": step, **{k: f"{v:.6g}" for k, v in ev.items()}}])
             log.info("step %d: held-out error/d %.4f, at 2d+1 %.4f", done, ev["error_mean"], ev["error_at_2d1"])
         if dist_info.main and (done % cfg.train.save_every == 0 or done == cfg.train.steps):
-            if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-                raise TrainingDiverged(
-                    f"training diverged before step {done}: the weights hold NaN or infinite "
-                    f"values; lower train.lr (now {cfg.train.lr:g}). {out}/train_state.pt keeps "
-                    "the last finite state"
-                )
-            _append_rows(out / TRAIN_LOG, TRAIN_LOG_FIELDS, rows)
-            rows = []
-            save_training_state(model, optimizer, cfg, out, done, time.perf_counter() - t0)
-            mark_run_directory(out, "train")
+            _commit(model, optimizer, cfg, out, done, rows, time.perf_counter() - t0)
         if dist_info.main and keep_every and (done % keep_every == 0 or done == cfg.train.steps):
             save_snapshot(model, cfg, out, done, time.perf_counter() - t0)
             mark_run_directory(out, "train")

@@ -7,16 +7,16 @@ import torch
 from conftest import REPO
 from sklearn.linear_model import Ridge
 
-from probe.analysis.matching import Sweep, trend
+from probe.analysis.matching import trend
 from probe.analysis.pipeline import LayerSettings, analyse_layers
 from probe.analysis.readout import RidgeReadout, fit_layer_readouts
 from probe.analysis.span import span_residuals
 from probe.config import TaskConfig
 from probe.models.oracle import LearnerOracle
-from probe.settings import PromptSettings, ReadoutSettings, SimilaritySettings
+from probe.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings
 
 TASK = TaskConfig(n_dims=4, n_points=14)
-SMALL_PROMPTS = PromptSettings(train=64, val=32, eval=96, simw=24, queries=12)
+SMALL_PROMPTS = PromptSettings(train=64, val=32, test=96, induced=24, queries=12)
 
 
 def small(sweeps, method="ridge"):
@@ -25,8 +25,8 @@ def small(sweeps, method="ridge"):
 
 def test_newton_oracle_is_matched_at_3l_with_a_linear_verdict():
     oracle = LearnerOracle("newton", "iterations", lambda l: 3 * l, n_layers=5, n_dims=4, n_points=14)
-    sweeps = (Sweep("newton", "newton", {"iterations": tuple(range(19))}, "iterations"),
-              Sweep("gd_log", "gd", {"steps": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)}, "steps"))
+    sweeps = (SweepSettings("newton", "newton", "iterations", {"iterations": tuple(range(19))}),
+              SweepSettings("gd_log", "gd", "steps", {"steps": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)}))
     # SimW is invariant to the rescaling a retrained read-out applies, so it recovers 3l exactly
     res = analyse_layers(oracle, TASK, small(sweeps))
     rows = res.best[(res.best.sweep == "newton") & (res.best.metric == "simw")].sort_values("layer")
@@ -47,8 +47,8 @@ def test_newton_oracle_is_matched_at_3l_with_a_linear_verdict():
 
 def test_gd_oracle_is_matched_at_l_steps():
     oracle = LearnerOracle("gd", "steps", lambda l: l, n_layers=6, n_dims=4, n_points=14, noise=0.1)
-    sweeps = (Sweep("gd_linear", "gd", {"steps": tuple(range(12))}, "steps"),
-              Sweep("newton", "newton", {"iterations": tuple(range(10))}, "iterations"))
+    sweeps = (SweepSettings("gd_linear", "gd", "steps", {"steps": tuple(range(12))}),
+              SweepSettings("newton", "newton", "iterations", {"iterations": tuple(range(10))}))
     res = analyse_layers(oracle, TASK, small(sweeps, "model"))
     rows = res.best[(res.best.sweep == "gd_linear") & (res.best.metric == "sime")].sort_values("layer")
     assert rows.k.tolist() == list(range(7))

@@ -78,7 +78,7 @@ def test_inspect_and_capture_on_shipped_checkpoints(name, tmp_path, capsys):
     assert np.load(tmp_path / "a.npz")["resid"].shape == (info["n_layer"] + 1, 3, 32, info["n_embd"])
 
 
-LAYER_ARGS = ["--train-prompts", "48", "--val-prompts", "16", "--eval-prompts", "32", "--bootstrap", "30"]
+LAYER_ARGS = ["--train-prompts", "48", "--val-prompts", "16", "--test-prompts", "32", "--bootstrap", "30"]
 
 
 def test_layer_commands_on_garg_directory_and_lstm(tmp_path, capsys):
@@ -94,9 +94,9 @@ def test_layer_commands_on_garg_directory_and_lstm(tmp_path, capsys):
     for ckpt in (garg, tmp_path / "lstm"):
         out = tmp_path / f"out-{ckpt.name}"
         assert main(["-q", "readout", str(ckpt), "--out", str(out / "r"), *LAYER_ARGS]) == 0
-        assert main(["-q", "heatmap", str(ckpt), "--out", str(out / "h"), "--simw-prompts", "8", "--learners", "newton",
+        assert main(["-q", "heatmap", str(ckpt), "--out", str(out / "h"), "--induced-prompts", "8", "--learners", "newton",
                      "gd_log", *LAYER_ARGS]) == 0
-        assert main(["-q", "span", str(ckpt), "--out", str(out / "s"), "--simw-prompts", "8", *LAYER_ARGS]) == 0
+        assert main(["-q", "span", str(ckpt), "--out", str(out / "s"), "--induced-prompts", "8", *LAYER_ARGS]) == 0
         best = pd.read_csv(out / "h" / "best_match.csv")
         assert set(best.sweep) == {"newton", "gd_log"} and set(best.learner) == {"newton", "gd"} and set(best.metric) == {"sime", "simw"}
         assert (out / "h" / "heatmap_newton.png").exists() and (out / "s" / "span.csv").exists()

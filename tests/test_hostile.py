@@ -30,7 +30,7 @@ D, N = 3, 8
 
 def _tiny_sweep_recipe(extra: str) -> str:
     return (
-        'description = "hostile"\n[prompts]\nevaluate = 16\ntrain = 16\nval = 8\neval = 16\nsimw = 4\n'
+        'description = "hostile"\n[prompts]\ncurve = 16\ntrain = 16\nval = 8\ntest = 16\ninduced = 4\n'
         "[[sweeps]]\n" + extra + "\n"
     )
 
@@ -245,13 +245,13 @@ case("resume-corrupt-config", ["train", "--out", "run", "--resume"], "config.jso
 # ---- report recipes
 REPORT = ["report", "ck", "--out", "rep"]
 for override, culprit in [
-    ("prompts.evaluate=1e12", "prompts.evaluate must be an integer"),
-    ("prompts.evaluate=1000000000000", "prompts.evaluate"), ("prompts.eval=0", "prompts.eval must be an integer >= 1"),
+    ("prompts.curve=1e12", "prompts.curve must be an integer"),
+    ("prompts.curve=1000000000000", "prompts.curve"), ("prompts.test=0", "prompts.test must be an integer >= 1"),
     ("prompts.train=-5", "prompts.train"), ("similarity.bootstrap=0", "similarity.bootstrap"),
     ("probes.steps=-1", "probes.steps"), ("probes.lr=nan", "probes.lr"), ("readout.alphas=[-1.0]", "readout.alphas"),
     ("readout.alphas=[]", "readout.alphas is empty"), ("readout.method=bogus", "readout.method"),
     ("probes.kinds=['cnn']", "probe kind 'cnn'"), ("prompts.queries=-1", "prompts.queries"),
-    ("prompts.simw=0", "prompts.simw"), ("forgetting.prompts=0", "forgetting.prompts"),
+    ("prompts.induced=0", "prompts.induced"), ("forgetting.prompts=0", "forgetting.prompts"),
     ("prompts.seed=x", "prompts.seed must be an integer"), ("similarity.simw=maybe", "similarity.simw must be true or false"),
     ("interventions.kinds=['cut']", "unknown ablation kind 'cut'"), ("interventions.sites=['q']", "unknown site 'q'"),
     ("interventions.learners=['ogd']", "Unknown sweep with an iteration axis 'ogd'"),
@@ -275,7 +275,7 @@ for label, sweep, culprit in [
          write("s.toml", _tiny_sweep_recipe(sweep)))
 case("report-recipe-unknown", [*REPORT, "--recipe", "quik"], "Did you mean: quick")
 case("report-recipe-no-sweeps", ["report", "ck", "--recipe", "s.toml", "--out", "rep"], "at least one",
-     write("s.toml", "[prompts]\neval = 16\n"))
+     write("s.toml", "[prompts]\ntest = 16\n"))
 case("report-recipe-not-utf8", ["report", "ck", "--recipe", "s.toml", "--out", "rep"], "not UTF-8",
      write("s.toml", b"description = '\xff'\n"))
 case("report-device-cuda", [*REPORT, "--device", "cuda"], "no GPU")

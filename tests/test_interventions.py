@@ -8,7 +8,6 @@ import pytest
 import torch
 from conftest import REPO, GargTransformerModel, build_cfg, write_garg_run
 
-from probe.analysis.matching import Sweep
 from probe.checkpoint import save_model
 from probe.cli import main
 from probe.errors import ConfigError
@@ -20,6 +19,7 @@ from probe.learners import run_learner
 from probe.models import build_model
 from probe.models.planted import plant
 from probe.planted_io import planted_config
+from probe.settings import SweepSettings
 
 ETA = 0.1
 
@@ -105,7 +105,7 @@ def test_patching_example_tokens_at_layer_0_restores_the_closed_form_fraction(pl
 def test_iteration_patching_confirms_the_planted_map_and_rejects_shuffled_ones(planted_gd):
     model, task = planted_gd
     xs, ys, yc = paired_prompts(task, 48, 0)
-    sweep = Sweep("gd", "gd", {"eta": (ETA,), "steps": tuple(range(6))}, "steps")
+    sweep = SweepSettings("gd", "gd", "steps", {"eta": (ETA,), "steps": tuple(range(6))})
     frame, null = iteration_patching(runner_for(model), xs, ys, yc, sweep, {b: b for b in range(6)}, n_boot=50)
     np.testing.assert_allclose(frame.observed, frame.expected, atol=1e-5)
     assert frame.expected.iloc[0] == pytest.approx(1.0)  # GD at 0 steps predicts 0: the whole change comes later

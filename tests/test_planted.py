@@ -14,8 +14,8 @@ from probe.models.planted import plant
 from probe.planted_io import planted_config
 from probe.tasks import generator_for, sample_prompts
 
-SMALL = ["--set", "prompts.evaluate=64", "--set", "prompts.train=64", "--set", "prompts.val=32", "--set", "prompts.eval=128",
-         "--set", "prompts.simw=32", "--set", "probes.enabled=false", "--set", "forgetting.prompts=16",
+SMALL = ["--set", "prompts.curve=64", "--set", "prompts.train=64", "--set", "prompts.val=32", "--set", "prompts.test=128",
+         "--set", "prompts.induced=32", "--set", "probes.enabled=false", "--set", "forgetting.prompts=16",
          "--set", "similarity.bootstrap=100", "--set", "interventions.prompts=16", "--set", "interventions.patch_prompts=8"]
 
 
@@ -152,21 +152,19 @@ def test_planted_models_run_through_transformer_lens(algorithm, layers):
 
 
 def test_zero_predictor_baseline_flags_layers_that_predict_zero_and_not_the_gd_layers():
-    from probe.analysis.matching import Sweep
     from probe.analysis.pipeline import LayerSettings, analyse_layers
-    from probe.settings import PromptSettings, ReadoutSettings, SimilaritySettings
+    from probe.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings
 
-    settings = LayerSettings(PromptSettings(train=64, val=32, eval=128, simw=32), ReadoutSettings(method="model"),
+    settings = LayerSettings(PromptSettings(train=64, val=32, test=128, induced=32), ReadoutSettings(method="model"),
                              SimilaritySettings(bootstrap=100),
-                             sweeps=(Sweep("gd", "gd", {"eta": (0.1,), "steps": tuple(range(5))}, "steps"),))
+                             sweeps=(SweepSettings("gd", "gd", "steps", {"eta": (0.1,), "steps": tuple(range(5))}),))
     gd = planted_config("gd", 4, 4, 10, step_size=0.1)
     best = analyse_layers(plant(gd.model), gd.task, settings).best
     for metric, rows in best.groupby("metric"):
         assert rows.sort_values("layer").degenerate.tolist() == [True, False, False, False, False], metric
     assert best[best.layer == 0].predicts_zero.all() and (best[best.layer == 0].zero_similarity > 0.999).all()
     newton = planted_config("newton", 7, 4, 10)
-    settings.sweeps = (Sweep("newton", "newton", {"alpha": (newton.model.planted_scale,), "iterations": tuple(range(4))},
-                             "iterations"),)
+    settings.sweeps = (SweepSettings("newton", "newton", "iterations", {"alpha": (newton.model.planted_scale,), "iterations": tuple(range(4))}),)
     rows = analyse_layers(plant(newton.model), newton.task, settings).best.query("metric == 'sime'").sort_values("layer")
     assert rows.degenerate.tolist()[:3] == [True, True, True]  # boundaries 0-2 of the construction predict 0
     assert rows.predicts_zero.tolist()[:3] == [True, True, True]

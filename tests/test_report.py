@@ -86,7 +86,7 @@ def test_cached_rerun_matches(ckpt, tmp_path):
 def test_bad_input_fails_fast_with_a_message(ckpt, tmp_path, capsys):
     out = tmp_path / "never"
     assert main(["report", str(ckpt), "--out", str(out), "--set", "prompts.evaluat=10"]) == 2
-    assert "Did you mean: evaluate?" in capsys.readouterr().err
+    assert "Did you mean: curve (formerly evaluate)?" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
     bad.write_text('[[sweeps]]\nlabel = "n"\nlearner = "newtn"\n')
     assert main(["report", str(ckpt), "--out", str(out), "--recipe", str(bad)]) == 2
@@ -122,9 +122,9 @@ def test_a_failing_stage_leaves_no_half_report(ckpt, report, tmp_path, monkeypat
 
 @pytest.mark.slow
 def test_standalone_heatmap_agrees_with_the_report_on_the_shipped_default(tmp_path):
-    small = ["--set", "prompts.train=256", "--set", "prompts.val=64", "--set", "prompts.eval=128", "--set",
-             "prompts.simw=16", "--set", "similarity.bootstrap=100"]
-    off = ["--set", "prompts.evaluate=64", "--set", "probes.enabled=false", "--set", "forgetting.enabled=false",
+    small = ["--set", "prompts.train=256", "--set", "prompts.val=64", "--set", "prompts.test=128", "--set",
+             "prompts.induced=16", "--set", "similarity.bootstrap=100"]
+    off = ["--set", "prompts.curve=64", "--set", "probes.enabled=false", "--set", "forgetting.enabled=false",
            "--set", "interventions.enabled=false"]
     assert main(["-q", "heatmap", "--out", str(tmp_path / "h"), *small]) == 0
     assert main(["-q", "report", "--out", str(tmp_path / "r"), "--no-cache", *small, *off]) == 0

@@ -7,7 +7,7 @@ from conftest import REPO
 
 from probe.cli import build_parser
 from probe.cli.layers import recipe_from_args
-from probe.errors import ConfigError
+from probe.errors import ConfigError, RenamedSetting
 from probe.formats import load_checkpoint
 from probe.report.recipe import Recipe, resolve_recipe
 from probe.settings import (
@@ -48,7 +48,7 @@ def test_flags_set_the_same_values_as_recipe_overrides():
                    "--test-prompts", "33", "--seed", "4"])
     via_flags = resolve_recipe("quick", flag_overrides(args))
     via_set = resolve_recipe("quick", [{"probes": {"steps": 7, "lr": [0.1, 0.01], "controls": False, "kinds": ["mlp"]}},
-                                       {"prompts": {"eval": 33, "seed": 4}}])
+                                       {"prompts": {"test": 33, "seed": 4}}])
     assert via_flags.to_dict() == via_set.to_dict()
     assert via_flags.probes == ProbeSettings(steps=7, lr=(0.1, 0.01), controls=False, kinds=("mlp",),
                                              prompts=via_set.probes.prompts, patience=via_set.probes.patience,
@@ -88,3 +88,43 @@ def test_patch_learners_flag_selects_or_skips_the_map_check():
 def test_bad_settings_name_their_recipe_key(cls, kwargs, match):
     with pytest.raises(ConfigError, match=match):
         cls(**kwargs)
+
+
+def test_renamed_prompt_keys_still_work_with_a_warning_and_override_the_new_name(tmp_path):
+    with pytest.warns(RenamedSetting) as warned:
+        old = resolve_recipe("quick", [{"prompts": {"eval": 33, "simw": 5, "evaluate": 70}}])
+    assert sorted(str(w.message).split(" is now ")[0] for w in warned) == ["prompts.eval", "prompts.evaluate", "prompts.simw"]
+    assert (old.prompts.test, old.prompts.induced, old.prompts.curve) == (33, 5, 70)  # quick.toml says test = 256
+    assert old.to_dict() == resolve_recipe("quick", [{"prompts": {"test": 33, "induced": 5, "curve": 70}}]).to_dict()
+    recipe = tmp_path / "old.toml"
+    recipe.write_text((REPO / "analyses" / "quick.toml").read_text().replace("test = 256", "eval = 256")
+                      .replace("induced = 64", "simw = 64"))
+    with pytest.warns(RenamedSetting) as warned:
+        assert resolve_recipe(str(recipe)).to_dict() == resolve_recipe("quick").to_dict() | {"name": "old"}
+    assert [str(w.message) for w in warned] == [f"prompts.{old} is now prompts.{new}; the old name still works for now"
+                                                for old, new in (("eval", "test"), ("simw", "induced"))]
+    both = tmp_path / "both.toml"
+    both.write_text(recipe.read_text().replace("eval = 256", "eval = 256\ntest = 128"))
+    with pytest.raises(ConfigError, match=r"prompts\.eval and prompts\.test are both given; .* keep only prompts\.test"):
+        resolve_recipe(str(both))
+
+
+def test_renamed_flags_still_work_with_one_warning_line(capsys):
+    from probe.cli import main
+
+    argv = ["heatmap", "missing-run", "--out", "unused", "--eval-prompts", "9", "--simw-prompts", "3"]
+    assert main(argv) == 2  # the run directory is missing
+    err = capsys.readouterr().err.splitlines()
+    assert err[:2] == ["icl-probe: warning: --eval-prompts is now --test-prompts; the old name still works for now",
+                       "icl-probe: warning: --simw-prompts is now --induced-prompts; the old name still works for now"]
+    with pytest.warns(RenamedSetting, match="is now --"):
+        args = _parse(["span", "--eval-prompts", "9", "--simw-prompts", "3"])
+    assert resolve_recipe("quick", flag_overrides(args)).prompts == PromptSettings(
+        curve=1280, train=1024, val=256, test=9, induced=3)
+
+
+def test_layer_settings_default_sweeps_are_the_quick_recipes():
+    from probe.analysis.pipeline import LayerSettings
+    from probe.config import to_dict
+
+    assert to_dict(list(LayerSettings().sweeps)) == to_dict(resolve_recipe("quick").sweeps)

@@ -26,8 +26,8 @@ evaluate_prompts = 32
 [set]
 "prompts.train" = 32
 "prompts.val" = 16
-"prompts.eval" = 32
-"prompts.simw" = 8
+"prompts.test" = 32
+"prompts.induced" = 8
 "similarity.bootstrap" = 20
 "similarity.simw" = false
 sweeps = [{label = "newton", learner = "newton", axis = "iterations", grid = {iterations = [0, 1, 2, 3]}}]
@@ -86,11 +86,11 @@ def test_study_matches_single_analyses_and_resumes(family, monkeypatch):
 
     # the same numbers as the standalone report on one of the models
     assert main(["-q", "report", "m/L2", "--recipe", "quick", "--out", "rep", "--set", "prompts.train=32",
-                 "--set", "prompts.val=16", "--set", "prompts.eval=32", "--set", "prompts.simw=8",
+                 "--set", "prompts.val=16", "--set", "prompts.test=32", "--set", "prompts.induced=8",
                  "--set", "similarity.bootstrap=20", "--set", "similarity.simw=false", "--set",
                  'sweeps=[{label = "newton", learner = "newton", axis = "iterations", grid = {iterations = [0, 1, 2, 3]}}]',
                  "--set", "probes.enabled=false", "--set", "forgetting.enabled=false",
-                 "--set", "prompts.evaluate=32"]) == 0
+                 "--set", "prompts.curve=32"]) == 0
     best = pd.read_csv(family / "rep" / "data" / "best_match.csv")
     mine = table[(table.model == "m/L2") & (table.metric == "sime_best_k")].sort_values("layer")
     assert mine.value.tolist() == best[best.metric == "sime"].sort_values("layer").k.tolist()

@@ -3,7 +3,6 @@ reference learner over its grid, by SimE and SimW, with best matches and a trend
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -11,32 +10,13 @@ import pandas as pd
 import torch
 
 from ..learners import LearnerResult, run_learner
-from ..learners.iterative import LOG_STEPS
+from ..settings import SweepSettings
 from ..similarity import best_match, induced_weights, sime, similarity_frame, simw
 from ..stats import r2_score
 
 
-@dataclass(frozen=True)
-class Sweep:
-    """One heatmap row family: a learner over a grid; `axis` is the hyper-parameter on the y axis."""
-
-    label: str
-    learner: str
-    grid: dict[str, Any] = field(default_factory=dict)
-    axis: str | None = None
-
-
-DEFAULT_SWEEPS = (
-    Sweep("newton", "newton", {"iterations": tuple(range(25))}, "iterations"),
-    Sweep("gd_linear", "gd", {"steps": tuple(range(0, 101, 5))}, "steps"),
-    Sweep("gd_log", "gd", {"steps": LOG_STEPS}, "steps"),
-    Sweep("ogd", "ogd", {}, None),
-    Sweep("least_squares", "least_squares", {}, None),
-)
-
-
 def run_sweep(
-    sweep: Sweep, xs: torch.Tensor, ys: torch.Tensor, queries: torch.Tensor | None, device: str = "cpu"
+    sweep: SweepSettings, xs: torch.Tensor, ys: torch.Tensor, queries: torch.Tensor | None, device: str = "cpu"
 ) -> LearnerResult:
     return run_learner(
         sweep.learner, xs.to(device), ys.to(device), None if queries is None else queries.to(device), **sweep.grid
@@ -56,7 +36,7 @@ def compare_layers(
     layer_preds: np.ndarray,
     layer_weights: np.ndarray | None,
     ys: torch.Tensor,
-    sweep: Sweep,
+    sweep: SweepSettings,
     result: LearnerResult,
     queries: torch.Tensor | None,
     include_first: bool = False,

@@ -18,17 +18,17 @@ import torch
 
 from ..config import TaskConfig
 from ..errors import ConfigError
-from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings
+from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings, quick_sweeps
 from ..similarity import induced_weights
 from ..tasks import generator_for, sample_prompts
-from .matching import DEFAULT_SWEEPS, Sweep, compare_layers, learner_weights, run_sweep, table1, trend
+from .matching import compare_layers, learner_weights, run_sweep, table1, trend
 from .nulls import flag_degenerate, null_predictions, null_table
 from .readout import LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .span import span_table
 from .states import query_states, x_states
 
 log = logging.getLogger(__name__)
-STREAMS = {"train": 101, "val": 102, "eval": 103, "queries": 104}
+STREAMS = {"train": 101, "val": 102, "test": 103, "queries": 104}
 
 
 @dataclass
@@ -40,7 +40,7 @@ class LayerSettings:
     prompts: PromptSettings = field(default_factory=PromptSettings)
     readout: ReadoutSettings = field(default_factory=ReadoutSettings)
     similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
-    sweeps: tuple[Sweep, ...] = DEFAULT_SWEEPS
+    sweeps: tuple[SweepSettings, ...] = field(default_factory=quick_sweeps)  # analyses/quick.toml's
     batch_size: int = 256
     device: str = "cpu"
 
@@ -52,9 +52,9 @@ class LayerSettings:
         check_device(self.device)
 
     @property
-    def n_simw(self) -> int:
-        """Held-out prompts used for SimW and the span test: the first prompts.simw of prompts.eval."""
-        return min(self.prompts.simw, self.prompts.eval)
+    def n_induced(self) -> int:
+        """Test prompts whose induced weights are compared (SimW, span test): the first prompts.induced."""
+        return min(self.prompts.induced, self.prompts.test)
 
 
 class ModelLens:
@@ -120,7 +120,7 @@ def fit_readouts(model, task: TaskConfig, settings: LayerSettings, progress: boo
     dev, bs = settings.device, settings.batch_size
     train = analysis_prompts(task, settings, "train", settings.prompts.train)
     val = analysis_prompts(task, settings, "val", settings.prompts.val)
-    ev = analysis_prompts(task, settings, "eval", settings.prompts.eval)
+    ev = analysis_prompts(task, settings, "test", settings.prompts.test)
     h_eval, _ = x_states(model, ev.xs, ev.ys, dev, bs, progress)
     readouts: LayerReadouts | ModelLens
     if settings.readout.method == "model":
@@ -138,9 +138,9 @@ def fit_readouts(model, task: TaskConfig, settings: LayerSettings, progress: boo
 
 
 def induced_layer_weights(model, task: TaskConfig, settings: LayerSettings, readouts, ev, progress: bool = False):
-    """Each layer's induced weights (seed 003 eq. 11-12) on the first n_simw held-out prompts:
+    """Each layer's induced weights (seed 003 eq. 11-12) on the first n_induced held-out prompts:
     (weights (L+1, m, n, d), the fresh queries (m, Q, d))."""
-    m = settings.n_simw
+    m = settings.n_induced
     sub = type(ev)(ev.xs[:m], ev.ys[:m], None if ev.w is None else ev.w[:m], {k: v[:m] for k, v in ev.params.items()})
     queries = fresh_queries(task, sub, settings.prompts.queries or 4 * task.n_dims, settings.prompts.seed)
     q_preds = query_states(
@@ -165,10 +165,10 @@ def compare_sweeps(
     progress: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame, list[pd.DataFrame]]:
     """Heatmap cells and best matches of every sweep (SimE on all held-out prompts, SimW on the
-    first n_simw), and span tables of a few iterates of each learner."""
+    first n_induced), and span tables of a few iterates of each learner."""
     from tqdm.auto import tqdm
 
-    m, dev = settings.n_simw, settings.device
+    m, dev = settings.n_induced, settings.device
     cells, best, span_parts = [], [], []
     for sweep in tqdm(settings.sweeps, desc="learners", disable=not progress, leave=False):
         result = run_sweep(sweep, ev.xs, ev.ys, None, dev)
@@ -244,7 +244,7 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
         t1 = table1(best, int(layer_preds.shape[0] - 1))
     span = pd.DataFrame()
     if layer_weights is not None:
-        layers = span_table(torch.as_tensor(layer_weights), ev.xs[: settings.n_simw], "layer", "index").assign(
+        layers = span_table(torch.as_tensor(layer_weights), ev.xs[: settings.n_induced], "layer", "index").assign(
             kind="layer"
         )
         span = pd.concat([layers, *span_parts], ignore_index=True)

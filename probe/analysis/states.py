@@ -95,6 +95,35 @@ def sequence_query_states(
     return out
 
 
+def _query_chunk(max_bytes: int | None, n: int, steps: int, q: int, width: int, heads: int) -> int:
+    """Prompts per chunk of `cached_query_states` within `max_bytes` (default: a quarter of the
+    memory budget; the output array and the prompt's capture hold the rest)."""
+    if max_bytes is None:
+        from ..validate import memory_headroom
+
+        max_bytes = memory_headroom() // 4
+    per_prompt = 4 * (steps * q * (4 * width + heads * (2 * n + 1)) + 2 * n * 4 * width) * 3
+    return max(1, int(max_bytes // max(per_prompt, 1)))
+
+
+def _query_block(block, h: Tensor, hq: Tensor, key_mask: Tensor, heads: int) -> Tensor:
+    """One GPT-2 block on the query tokens hq (m, S, Q, D), each attending to the prompt's tokens
+    before it (h (m, 2n, D), keys masked by key_mask (S, 2n)) and to itself."""
+    m, steps, q, width = hq.shape
+    hs = width // heads
+    a_p = block.attn.c_attn(block.ln_1(h))
+    _, k_p, v_p = (z.view(m, h.shape[1], heads, hs).transpose(1, 2) for z in a_p.split(width, dim=-1))  # (m, H, 2n, hs)
+    a_q = block.attn.c_attn(block.ln_1(hq))
+    q_q, k_q, v_q = (z.reshape(m, steps, q, heads, hs) for z in a_q.split(width, dim=-1))  # (m, S, Q, H, hs)
+    scores = torch.einsum("msqhe,mhje->msqhj", q_q, k_p) / math.sqrt(hs)  # (m, S, Q, H, 2n)
+    scores = scores.masked_fill(~key_mask[None, :, None, None, :], float("-inf"))
+    self_score = (q_q * k_q).sum(-1, keepdim=True) / math.sqrt(hs)  # (m, S, Q, H, 1)
+    weights = torch.softmax(torch.cat([scores, self_score], dim=-1), dim=-1)
+    mixed = torch.einsum("msqhj,mhje->msqhe", weights[..., :-1], v_p) + weights[..., -1:] * v_q
+    hq = hq + block.attn.c_proj(mixed.reshape(m, steps, q, width))
+    return hq + block.mlp(block.ln_2(hq))
+
+
 @torch.no_grad()
 def cached_query_states(
     model,
@@ -123,7 +152,6 @@ def cached_query_states(
     q = queries.shape[1]
     bb = model._backbone
     width, heads = model.config.n_embd, model.config.n_head
-    hs = width // heads
     steps = n - start
     out = (
         np.empty((len(bb.h) + 1, b, steps, q, width), dtype=np.float32)
@@ -131,13 +159,7 @@ def cached_query_states(
         else np.empty((len(bb.h) + 1, b, steps, q), dtype=np.float64)
     )
     keep = (lambda layer, s: s) if readout is None else readout
-    if max_bytes is None:
-        from ..validate import memory_headroom
-
-        max_bytes = memory_headroom() // 4  # the output array and the prompt's capture hold the rest
-    scratch = max_bytes
-    per_prompt = 4 * (steps * q * (4 * width + heads * (2 * n + 1)) + 2 * n * 4 * width) * 3
-    chunk = max(1, int(scratch // max(per_prompt, 1)))
+    chunk = _query_chunk(max_bytes, n, steps, q, width, heads)
     model = model.to(device).eval()
     pos = bb.wpe.weight[: 2 * n]
     q_pos = pos[2 * start : 2 * n : 2]  # (steps, D): the query sits at the x position 2t
@@ -153,19 +175,7 @@ def cached_query_states(
         hq = model._read_in(q_tokens)[:, None] + q_pos[None, :, None]  # (m, steps, Q, D)
         out[0, lo : lo + m] = keep(0, hq.float().cpu().numpy())
         for layer, block in enumerate(bb.h, start=1):
-            a_p = block.attn.c_attn(block.ln_1(h))
-            _, k_p, v_p = (
-                z.view(m, 2 * n, heads, hs).transpose(1, 2) for z in a_p.split(width, dim=-1)
-            )  # (m, H, 2n, hs)
-            a_q = block.attn.c_attn(block.ln_1(hq))
-            q_q, k_q, v_q = (z.reshape(m, steps, q, heads, hs) for z in a_q.split(width, dim=-1))  # (m, S, Q, H, hs)
-            scores = torch.einsum("msqhe,mhje->msqhj", q_q, k_p) / math.sqrt(hs)  # (m, S, Q, H, 2n)
-            scores = scores.masked_fill(~key_mask[None, :, None, None, :], float("-inf"))
-            self_score = (q_q * k_q).sum(-1, keepdim=True) / math.sqrt(hs)  # (m, S, Q, H, 1)
-            weights = torch.softmax(torch.cat([scores, self_score], dim=-1), dim=-1)
-            mixed = torch.einsum("msqhj,mhje->msqhe", weights[..., :-1], v_p) + weights[..., -1:] * v_q
-            hq = hq + block.attn.c_proj(mixed.reshape(m, steps, q, width))
-            hq = hq + block.mlp(block.ln_2(hq))
+            hq = _query_block(block, h, hq, key_mask, heads)
             h = block(h)
             out[layer, lo : lo + m] = keep(layer, hq.float().cpu().numpy())
     return out

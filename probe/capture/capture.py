@@ -148,7 +148,6 @@ def capture(
         batch_size = _batch_within_budget(model, n, batch_size, 0 if out_dir else _stored_bytes(model, hooks, b, n_pos))
     sink = _Sink(Path(out_dir) if out_dir is not None else None)
     preds = np.empty((b, n), dtype=np.float32)
-    stream_shape = (b, n_pos, model.d_model)
 
     from tqdm.auto import tqdm
 
@@ -158,22 +157,26 @@ def capture(
                 xs[start : start + batch_size].to(device), ys[start : start + batch_size].to(device), request
             )
             preds[start : start + len(acts.pred)] = acts.pred.float().cpu().numpy()
-            for boundary, stream in enumerate(acts.resid):
-                sink.put(
-                    RESID, (model.n_layers + 1, *stream_shape), 1, start, _numpy(_select(stream, pos))[None], boundary
-                )
-            if request.readout:
-                sink.put(H.READOUT, stream_shape, 0, start, _numpy(_select(_present(acts.readout), pos)))
-            if request.normalized:
-                sink.put(H.FINAL, stream_shape, 0, start, _numpy(_select(_present(acts.normalized), pos)))
-            for name, value in acts.named.items():
-                sink.put(name, (b, *value.shape[1:]), 0, start, _numpy(value))
+            _store_batch(sink, acts, request, pos, start, (b, n_pos, model.d_model), model.n_layers)
     result = Capture(pred=preds, acts=sink.arrays, positions=None if pos is None else pos.numpy())
     if spilled:  # our own temporary directory goes when the result does (the memmaps stay readable until then)
         weakref.finalize(result, shutil.rmtree, str(out_dir), True)
     if as_cache:
         return result.as_cache(_public_bridge(model, device) if isinstance(model, GPT2ICL) else None)
     return result
+
+
+def _store_batch(sink, acts, request, pos, start: int, stream_shape: tuple[int, int, int], n_layers: int) -> None:
+    """One batch's activations (prompts start.., positions `pos`) into the sink's arrays, whose
+    whole shape is stream_shape (B, P, D) per stream, with L+1 boundaries for the residual stream."""
+    for boundary, stream in enumerate(acts.resid):
+        sink.put(RESID, (n_layers + 1, *stream_shape), 1, start, _numpy(_select(stream, pos))[None], boundary)
+    if request.readout:
+        sink.put(H.READOUT, stream_shape, 0, start, _numpy(_select(_present(acts.readout), pos)))
+    if request.normalized:
+        sink.put(H.FINAL, stream_shape, 0, start, _numpy(_select(_present(acts.normalized), pos)))
+    for name, value in acts.named.items():
+        sink.put(name, (stream_shape[0], *value.shape[1:]), 0, start, _numpy(value))
 
 
 def _numpy(t: Tensor) -> np.ndarray:

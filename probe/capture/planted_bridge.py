@@ -106,16 +106,6 @@ def run_through_bridge(
     def keep_output(value: Tensor, hook, layer: int) -> None:
         states[layer] = value
 
-    def planted_pattern(pattern: Tensor, hook, layer: int) -> Tensor:
-        h = layer_in[layer]
-        out = torch.zeros_like(pattern)
-        for head in range(model.q.shape[1]):
-            q, k = h @ model.q[layer, head].float().T, h @ model.k[layer, head].float().T
-            scores = model.scores(q, k)  # [j, i] = sigma(<K h_i, Q h_j>)
-            out[:, head] = scores * (scale.view(-1, 1, 1) if model.per_example[layer, head] else 1.0)
-        out[:, -1] = torch.eye(pattern.shape[-1], device=pattern.device)  # the skip head
-        return out
-
     def keep_named(value: Tensor, hook, name: str) -> None:
         caught[name] = value.detach()
 
@@ -123,20 +113,33 @@ def run_through_bridge(
     for l in range(model.config.n_layer):
         hooks += [
             (H.resid_pre(l), partial(keep_input, layer=l)),
-            (H.attn_pattern(l), partial(planted_pattern, layer=l)),
+            (H.attn_pattern(l), partial(_planted_pattern, model=model, scale=scale, layer_in=layer_in, layer=l)),
             (H.resid_post(l), partial(keep_output, layer=l)),
         ]
     for name in extra_hooks or {}:
         hooks.append((name, partial(keep_named, name=name)))
     with torch.no_grad():
         bridge.run_with_hooks(seq, fwd_hooks=hooks)
+    named = {k: v.reshape(b, n, *v.shape[1:]) for k, v in caught.items()}
     if only_run is not None:
         final = states[model.config.n_layer - 1] if model.config.n_layer else seq
-        pred = model.readout(final[:, -1]).view(b, 1)
-        return ModelOutput(pred=pred, resid=[], final=final), {
-            k: v.reshape(b, 1, *v.shape[1:]) for k, v in caught.items()
-        }
+        return ModelOutput(pred=model.readout(final[:, -1]).view(b, 1), resid=[], final=final), named
     runs = [seq] + [states[l] for l in range(model.config.n_layer)]
     resid = [model.interleave_runs(r.view(b, n, *r.shape[1:])) for r in runs]
-    out = ModelOutput(pred=model.readout(resid[-1][:, X_TOKENS]), resid=resid, final=resid[-1])
-    return out, {k: v.reshape(b, n, *v.shape[1:]) for k, v in caught.items()}
+    return ModelOutput(pred=model.readout(resid[-1][:, X_TOKENS]), resid=resid, final=resid[-1]), named
+
+
+def _planted_pattern(
+    pattern: Tensor, hook, model: PlantedICL, scale: Tensor, layer_in: dict[int, Tensor], layer: int
+) -> Tensor:
+    """The bridge's attention pattern replaced by the planted one (probe/models/planted.py): each
+    head's scores sigma(<K h_i, Q h_j>) of the layer's input, times 1/t for per-example heads,
+    and the identity for the skip head."""
+    h = layer_in[layer]
+    out = torch.zeros_like(pattern)
+    for head in range(model.q.shape[1]):
+        q, k = h @ model.q[layer, head].float().T, h @ model.k[layer, head].float().T
+        scores = model.scores(q, k)  # [j, i] = sigma(<K h_i, Q h_j>)
+        out[:, head] = scores * (scale.view(-1, 1, 1) if model.per_example[layer, head] else 1.0)
+    out[:, -1] = torch.eye(pattern.shape[-1], device=pattern.device)  # the skip head
+    return out

@@ -9,8 +9,9 @@ import argparse
 import importlib
 import logging
 import sys
+import warnings
 
-from ..errors import ProbeError
+from ..errors import ProbeError, RenamedSetting
 
 COMMANDS = {
     "train": "Train an in-context regression model from a recipe",
@@ -59,6 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with warnings.catch_warnings():
+        show = warnings.showwarning
+
+        def one_line(message, category, *where, **kwargs) -> None:
+            """Warnings meant for the user (renamed settings) as one `icl-probe: warning:` line."""
+            if issubclass(category, RenamedSetting):
+                print(f"icl-probe: warning: {message}", file=sys.stderr)
+            else:
+                show(message, category, *where, **kwargs)
+
+        warnings.showwarning = one_line
+        warnings.simplefilter("always", RenamedSetting)
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -29,9 +29,14 @@ def add_layer_args(p: argparse.ArgumentParser, simw: bool = True) -> None:
     )
     add_out(p, "directory for CSV tables and PNG/SVG figures")
     add_recipe_args(p)
-    prompts = {"train": "train-prompts", "val": "val-prompts", "eval": "eval-prompts", "seed": "seed"}
+    prompts: dict[str, str | tuple[str, ...]] = {
+        "train": "train-prompts",
+        "val": "val-prompts",
+        "test": ("test-prompts", "eval-prompts"),
+        "seed": "seed",
+    }
     if simw:
-        prompts.update({"simw": "simw-prompts", "queries": "queries"})
+        prompts.update({"induced": ("induced-prompts", "simw-prompts"), "queries": "queries"})
     add_flags(p, "prompts", PromptSettings, prompts)
     add_flags(p, "readout", ReadoutSettings, {"method": "readout-method"})
     add_flags(p, "similarity", SimilaritySettings, ["bootstrap"])

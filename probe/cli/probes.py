@@ -25,7 +25,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory")
     add_out(p, "directory for probes.csv, probes_summary.json and probes.png")
     add_flags(p, "probes", ProbeSettings, [f.name for f in fields(ProbeSettings) if f.name != "enabled"])
-    add_flags(p, "prompts", PromptSettings, {"eval": "test-prompts", "seed": "seed"})
+    add_flags(p, "prompts", PromptSettings, {"test": "test-prompts", "seed": "seed"})
     add_recipe_args(p)
     add_device(p)
 
@@ -48,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
     device = check_device(args.device)
     control = probe_control_model(ckpt, seed) if settings.controls else None
     table = probe_study(
-        ckpt.model, ckpt.config.task, settings, recipe.prompts.eval, seed, device, control, progress=not args.quiet
+        ckpt.model, ckpt.config.task, settings, recipe.prompts.test, seed, device, control, progress=not args.quiet
     )
     summary = probe_summary(table)
-    record = {**to_dict(settings), "test_prompts": recipe.prompts.eval, "seed": seed}
+    record = {**to_dict(settings), "test_prompts": recipe.prompts.test, "seed": seed}
     with writing(out_target) as out:
         table.to_csv(out / "probes.csv", index=False)
         (out / "probes_summary.json").write_text(

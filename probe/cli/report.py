@@ -8,7 +8,7 @@ examples:
   icl-probe report
   icl-probe report checkpoints/gpt2-default --recipe full --device cuda
   icl-probe report checkpoints/gpt2-default --compare checkpoints/lstm-default --out reports/vs-lstm
-  icl-probe report path/to/garg/run --set prompts.eval=256 --set probes.enabled=false
+  icl-probe report path/to/garg/run --set prompts.test=256 --set probes.enabled=false
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--recipe", default="quick", help="recipe name in analyses/ or a .toml path (default: quick)")
     p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value, e.g. prompts.eval=256"
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value, e.g. prompts.test=256"
     )
     add_out(p, "report directory (default: reports/<checkpoint>-<recipe>)", required=False)
     p.add_argument("--compare", help="a second checkpoint (e.g. the LSTM) whose Table 1 is shown beside")

@@ -145,15 +145,7 @@ def patching_heatmap(
     """
     from tqdm.auto import tqdm
 
-    n = xs.shape[1]
-    q = n - 1 if query is None else int(query)
-    if not 0 <= q < n:
-        raise ConfigError(f"query must lie in 0..{n - 1} (examples before the query), got {query}")
-    bad = set(sites) - set(SITES)
-    if bad:
-        raise ConfigError(f"patching sites must be among {SITES}, got {sorted(bad)}")
-    if "mlp_out" in sites and not runner.has_mlp:
-        sites = tuple(s for s in sites if s != "mlp_out")
+    q, sites = _patch_request(runner, xs.shape[1], query, sites)
     f_clean = runner.predict(xs, ys_clean, query=q).double()
     f_corr = runner.predict(xs, ys_corrupt, query=q).double()
     positions = list(range(2 * q + 1))
@@ -186,6 +178,17 @@ def patching_heatmap(
                 }
             )
     return pd.DataFrame(rows)
+
+
+def _patch_request(runner: Runner, n: int, query: int | None, sites: tuple[str, ...]) -> tuple[int, tuple[str, ...]]:
+    """The query index (default n - 1) and the sites the runner has (no mlp_out without MLPs)."""
+    q = n - 1 if query is None else int(query)
+    if not 0 <= q < n:
+        raise ConfigError(f"query must lie in 0..{n - 1} (examples before the query), got {query}")
+    bad = set(sites) - set(SITES)
+    if bad:
+        raise ConfigError(f"patching sites must be among {SITES}, got {sorted(bad)}")
+    return q, tuple(s for s in sites if s != "mlp_out" or runner.has_mlp)
 
 
 def _learner_changes(sweep, xs: Tensor, ys: Tensor, ys_src: Tensor, ks: list) -> dict:

@@ -111,7 +111,8 @@ def more_thuente(
     """Batched `dcsrch`: phi(steps, index) -> (phi, phi') of the elements `index` at `steps`;
     phi0, dphi0, step0 (N,). Finished elements leave the working set, so the cost follows the
     elements still searching. Elements with phi'(0) >= 0 fail at once (scipy: "ERROR: INITIAL G
-    .GE. ZERO")."""
+    .GE. ZERO"). Longer than 60 lines on purpose: one loop mirroring scipy's state machine step
+    for step, so the two can be read side by side (and are tested against each other)."""
     best, best_f = torch.zeros_like(step0), phi0.clone()
     done_ok = torch.zeros_like(phi0, dtype=torch.bool)
     index = (dphi0 < 0).nonzero().squeeze(-1)
@@ -285,7 +286,8 @@ def wolfe2(
 ) -> SearchResult:
     """Batched `scalar_search_wolfe2` (Nocedal & Wright Alg. 3.5 with the zoom of Alg. 3.6), scipy's
     fallback when the Moré-Thuente search fails; `phi(steps)` and `extra(steps)` (scipy's
-    extra_condition) evaluate every element."""
+    extra_condition) evaluate every element. One function, as scipy writes it, so that the
+    bracketing and zoom branches can be checked against scipy's line by line."""
     a0, a1 = torch.zeros_like(step0), step0.clamp(max=amax)
     f_a0, d_a0, f_a1 = phi0.clone(), dphi0.clone(), phi(step0.clamp(max=amax))[0]
     bracketing = torch.ones_like(phi0, dtype=torch.bool)

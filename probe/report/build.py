@@ -36,23 +36,18 @@ class Built:
 
 def layer_settings(recipe: Recipe, device: str):
     """The layer analyses' settings: the recipe's own [prompts], [readout], [similarity] and sweeps."""
-    from ..analysis.matching import Sweep
     from ..analysis.pipeline import LayerSettings
 
-    sweeps = tuple(
-        Sweep(w.label, w.learner, {k: tuple(v) if isinstance(v, list) else v for k, v in w.grid.items()}, w.axis)
-        for w in recipe.sweeps
-    )
-    return LayerSettings(recipe.prompts, recipe.readout, recipe.similarity, sweeps, device=device)
+    return LayerSettings(recipe.prompts, recipe.readout, recipe.similarity, tuple(recipe.sweeps), device=device)
 
 
 def _stage_evaluate(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
     from ..evaluate import error_curve, r2_curve
 
     task = ckpt.config.task
-    tables = {"icl_error": error_curve(ckpt.model, task, recipe.prompts.evaluate, recipe.prompts.seed, device=device)}
+    tables = {"icl_error": error_curve(ckpt.model, task, recipe.prompts.curve, recipe.prompts.seed, device=device)}
     if task.name == "relu_network":  # seed 001 App. G: R^2 beside direct training of the network
-        tables["icl_r2"] = r2_curve(ckpt.model, task, recipe.prompts.evaluate, recipe.prompts.seed, device=device)
+        tables["icl_r2"] = r2_curve(ckpt.model, task, recipe.prompts.curve, recipe.prompts.seed, device=device)
     return tables, {}
 
 
@@ -91,7 +86,7 @@ def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
 
     settings, seed = recipe.probes, recipe.prompts.seed
     control = probe_control_model(ckpt, seed) if settings.controls else None
-    table = probe_study(ckpt.model, ckpt.config.task, settings, recipe.prompts.eval, seed, device, control, progress)
+    table = probe_study(ckpt.model, ckpt.config.task, settings, recipe.prompts.test, seed, device, control, progress)
     return {"probes": table}, {}
 
 
@@ -137,16 +132,16 @@ def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
     p = recipe.prompts
     for key, count in (
         ("prompts.train", p.train + p.val),
-        ("prompts.eval", p.eval),
-        ("prompts.evaluate", p.evaluate),
+        ("prompts.test", p.test),
+        ("prompts.curve", p.curve),
         ("probes.prompts", recipe.probes.prompts if recipe.probes.enabled else 0),
     ):
         check_memory(count * per_prompt, f"{key}={count} on {ckpt.name}", f"lower {key} (e.g. --set {key}=512)")
     queries = p.queries or 4 * m.n_dims
     check_memory(
-        min(p.simw, p.eval) * n * queries * (m.n_layer + 1) * 8 * 2,
-        f"prompts.simw={p.simw} with {queries} queries",
-        "lower prompts.simw or prompts.queries",
+        min(p.induced, p.test) * n * queries * (m.n_layer + 1) * 8 * 2,
+        f"prompts.induced={p.induced} with {queries} queries",
+        "lower prompts.induced or prompts.queries",
     )
 
 

@@ -333,8 +333,8 @@ def _methods_section(summary: dict[str, Any], ckpt, recipe) -> list[str]:
     p = recipe.prompts
     return [
         "<h2>Methods</h2><ul>",
-        f"<li>Prompts: {p.evaluate} for the error curve; {p.train} / {p.val} / {p.eval} for read-out training, "
-        f"penalty selection and held-out scoring; {p.simw} of the held-out prompts for SimW and the span test, with "
+        f"<li>Prompts: {p.curve} for the error curve; {p.train} / {p.val} / {p.test} for read-out training, "
+        f"penalty selection and held-out scoring; {p.induced} of the held-out prompts for SimW and the span test, with "
         f"{p.queries or 4 * ckpt.config.task.n_dims} fresh queries per prefix. Seed {p.seed}.</li>",
         f"<li>SimE: cosine of error vectors over positions {'1' if recipe.similarity.include_first else '2'}..n "
         "(seed 003 eq. 9-10). SimW: cosine of induced weights fitted by least squares to query predictions, "
@@ -399,64 +399,79 @@ def _causal_section(block: dict | None, figs: dict[str, Path]) -> list[str]:
     """ "Causal checks": ablations, the patching heatmap, iteration-consistent patching."""
     if not block:
         return []
-    parts = [
+    return [
         "<h2>Causal checks</h2>",
-        "<p>Interventions through TransformerLens hooks (probe/interventions). Correlation says a layer "
-        "<em>resembles</em> a learner's iterate; these runs change what a layer writes and measure the prediction.</p>",
+        "<p>Interventions (probe/interventions): TransformerLens hooks, or for GPT-2 models the same edit "
+        "applied by resuming the forward pass from the edited layer (equal to the hooks to 1e-5). Correlation "
+        "says a layer <em>resembles</em> a learner's iterate; these runs change what a layer writes and "
+        "measure the prediction.</p>",
+        *_ablation_part(block.get("ablation"), figs),
+        *_patching_part(figs),
+        *_iteration_part(block, figs),
     ]
-    if "ablation" in block:
-        ab = block["ablation"]
-        skip = pd.DataFrame(
-            {"layer skipped": ab["skip"]["layer"], f"error / d at t = {ab['n_examples']}": ab["skip"]["error"]}
-        )
-        parts += [
-            f"<h3>Ablations</h3><p>Unablated error / d at t = {ab['n_examples']}: {ab['baseline_error']:.4f}. "
-            "Removing one layer's whole residual update (skip):</p>",
-            _table(skip, "{:.4f}"),
-        ]
-        if "ablation" in figs:
-            parts.append(
-                _img(
-                    figs["ablation"],
-                    "ablation",
-                    "Increase of the error / d over the unablated model when each "
-                    "head (output z zeroed, or replaced by its mean over held-out prompts), MLP block or whole "
-                    "layer update is removed, against the number of examples.",
-                )
-            )
-    for key in sorted(k for k in figs if k.startswith("patching_")):
-        site = key.removeprefix("patching_")
+
+
+def _ablation_part(ab: dict | None, figs: dict[str, Path]) -> list[str]:
+    if not ab:
+        return []
+    skip = pd.DataFrame(
+        {"layer skipped": ab["skip"]["layer"], f"error / d at t = {ab['n_examples']}": ab["skip"]["error"]}
+    )
+    parts = [
+        f"<h3>Ablations</h3><p>Unablated error / d at t = {ab['n_examples']}: {ab['baseline_error']:.4f}. "
+        "Removing one layer's whole residual update (skip):</p>",
+        _table(skip, "{:.4f}"),
+    ]
+    if "ablation" in figs:
         parts.append(
             _img(
-                figs[key],
-                key,
-                f"Activation patching ({site}): clean prompts (X, y) and corrupted prompts "
-                "(X, y') with a fresh function; the clean activation at one layer and token replaces the "
-                "corrupted one, and the cell is the fraction of the clean prediction restored at the final "
-                "query (1: fully restored; a ratio of sums over prompts).",
+                figs["ablation"],
+                "ablation",
+                "Increase of the error / d over the unablated model when each "
+                "head (output z zeroed, or replaced by its mean over held-out prompts), MLP block or whole "
+                "layer update is removed, against the number of examples.",
             )
         )
-    if block.get("iteration"):
-        parts += [
-            "<h3>Is the layer-to-iteration map causal?</h3>",
-            "<p>At boundary l every token before the query is patched from a source run (X, y'); under the map "
-            "'boundary l holds the learner after k(l) steps, the blocks above add the remaining steps' the "
-            "patched prediction moves by a fraction 1 - sum a_k(l) a_k(L) / sum a_k(L)^2 of the full change, "
-            "with a_k the learner's change of prediction from y to y' (probe/interventions/patch.py). "
-            "Consistency = observed / expected; the null shuffles the map's iteration counts across layers.</p>",
-            "<div class='verdict'>" + "".join(f"<p>{html.escape(v)}</p>" for v in block.get("verdicts", [])) + "</div>",
-        ]
-        for label, entry in block["iteration"].items():
-            frame = pd.DataFrame({k: entry[k] for k in ("boundary", "k", "observed", "expected", "consistency")})
-            parts += [f"<p>{html.escape(label)}</p>", _table(frame, "{:.3f}")]
-        if "iteration_consistency" in figs:
-            parts.append(
-                _img(
-                    figs["iteration_consistency"],
-                    "iteration consistency",
-                    "Observed fraction of the "
-                    "source's change after patching each boundary (with its 90% bootstrap interval), beside "
-                    "the fraction each learner's layer map predicts.",
-                )
+    return parts
+
+
+def _patching_part(figs: dict[str, Path]) -> list[str]:
+    return [
+        _img(
+            figs[key],
+            key,
+            f"Activation patching ({key.removeprefix('patching_')}): clean prompts (X, y) and corrupted prompts "
+            "(X, y') with a fresh function; the clean activation at one layer and token replaces the "
+            "corrupted one, and the cell is the fraction of the clean prediction restored at the final "
+            "query (1: fully restored; a ratio of sums over prompts).",
+        )
+        for key in sorted(k for k in figs if k.startswith("patching_"))
+    ]
+
+
+def _iteration_part(block: dict, figs: dict[str, Path]) -> list[str]:
+    if not block.get("iteration"):
+        return []
+    parts = [
+        "<h3>Is the layer-to-iteration map causal?</h3>",
+        "<p>At boundary l every token before the query is patched from a source run (X, y'); under the map "
+        "'boundary l holds the learner after k(l) steps, the blocks above add the remaining steps' the "
+        "patched prediction moves by a fraction 1 - sum a_k(l) a_k(L) / sum a_k(L)^2 of the full change, "
+        "with a_k the learner's change of prediction from y to y' (probe/interventions/patch.py). "
+        "Consistency = observed / expected; the null shuffles the map's iteration counts across layers.</p>",
+        "<div class='verdict'>" + "".join(f"<p>{html.escape(v)}</p>" for v in block.get("verdicts", [])) + "</div>",
+    ]
+    for label, entry in block["iteration"].items():
+        frame = pd.DataFrame({k: entry[k] for k in ("boundary", "k", "observed", "expected", "consistency")})
+        parts += [f"<p>{html.escape(label)}</p>", _table(frame, "{:.3f}")]
+    if "iteration_consistency" in figs:
+        parts.append(
+            _img(
+                figs["iteration_consistency"],
+                "iteration consistency",
+                "Observed fraction of the "
+                "source's change after patching each boundary (with its 90% bootstrap interval), beside "
+                "the fraction each learner's layer map predicts.",
             )
+        )
     return parts

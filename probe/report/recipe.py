@@ -11,7 +11,7 @@
 Every section is a settings class of probe/settings.py, where its keys, defaults and help are
 written once; the commands' flags are derived from the same classes.
 
-Flags override recipe values (`--set prompts.eval=256`); the resolved recipe is written into
+Flags override recipe values (`--set prompts.test=256`); the resolved recipe is written into
 the report. Unknown keys and unknown learners fail before any heavy work.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import from_dict, load_recipe, merge, to_dict
+from ..config import current_names, from_dict, load_recipe, merge, to_dict
 from ..errors import ConfigError
 from ..learners import LEARNERS
 from ..resources import RECIPE_DIR
@@ -151,8 +151,8 @@ def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | N
 
             known = sorted(p.stem for p in RECIPE_DIR.glob("*.toml") if "[[sweeps]]" in p.read_text())
             raise ConfigError(unknown_name_message("recipe", name_or_path, known) + " (or pass a path to a .toml file)")
-    data = load_recipe(path)
+    data = current_names(Recipe, load_recipe(path))
     data.setdefault("name", path.stem)
     for override in overrides or []:
-        data = merge(data, override)
+        data = merge(data, current_names(Recipe, override))
     return from_dict(Recipe, data)

@@ -241,7 +241,7 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
     ckpt = load_checkpoint(path)
     task = ckpt.config.task
     report = adapt_recipe(recipe.report_recipe(), ckpt.config)
-    report.prompts.evaluate = recipe.evaluate_prompts
+    report.prompts.curve = recipe.evaluate_prompts
     stages = set()
     if "evaluate" in recipe.analyses:
         stages.add("evaluate")

@@ -6,7 +6,7 @@
     analyses = ["evaluate", "heatmap", "spd_ilw"]  any of ANALYSES
     x = "n_layer"                                   the model field figures put on the x axis
     report = "quick"                                the report recipe whose stages are reused
-    set = { "prompts.eval" = 256 }                  overrides of that report recipe
+    set = { "prompts.test" = 256 }                  overrides of that report recipe
     [[compare]] label, learner, grid, pick         learners for spd_ilw ("pick = 'best'": the
                                                     grid setting with the lowest SPD per model)
     [[shifts]]  label, plus TaskConfig fields       task shifts for `evaluate` (seed 001 App. G)

@@ -107,6 +107,26 @@ def _submit_slurm(
         on_done(name, job.result())
 
 
+def _check_run_options(executor: str, cluster: str, jobs: int, device: str) -> tuple[int, str]:
+    from ..validate import check_device, positive_int
+
+    if executor not in EXECUTORS:
+        from ..registry import unknown_name_message
+
+        raise ConfigError(unknown_name_message("executor", executor, list(EXECUTORS)))
+    if cluster not in SLURM_CLUSTERS:
+        raise ConfigError(f"--slurm-cluster must be one of {', '.join(SLURM_CLUSTERS)}, got {cluster!r}")
+    return positive_int(jobs, "--jobs"), check_device(device)
+
+
+def _finished(folder: Path, key: str) -> bool:
+    """Whether a model's rows were written by a finished run of the same study key (resume)."""
+    try:
+        return json.loads((folder / "done.json").read_text()).get("key") == key and (folder / "rows.csv").is_file()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def run_study(
     recipe: StudyRecipe,
     out: Path,
@@ -121,16 +141,7 @@ def run_study(
     """Run (or resume) the study into `out`; returns the tidy study table."""
     from tqdm.auto import tqdm
 
-    from ..validate import check_device, positive_int
-
-    if executor not in EXECUTORS:
-        from ..registry import unknown_name_message
-
-        raise ConfigError(unknown_name_message("executor", executor, list(EXECUTORS)))
-    if cluster not in SLURM_CLUSTERS:
-        raise ConfigError(f"--slurm-cluster must be one of {', '.join(SLURM_CLUSTERS)}, got {cluster!r}")
-    jobs = positive_int(jobs, "--jobs")
-    device = check_device(device)
+    jobs, device = _check_run_options(executor, cluster, jobs, device)
     models = resolve_models(recipe, base)
     fields = check_models(models)
     recipe.report_recipe()  # a bad report recipe or override fails here, before any work
@@ -139,15 +150,7 @@ def run_study(
     if len(set(folders.values())) != len(folders):
         raise ConfigError("two study models map to the same output folder; rename one")
     keys = {name: model_key(path, recipe) for name, path in names.items()}
-    pending = []
-    for name, path in names.items():
-        done = folders[name] / "done.json"
-        try:
-            if json.loads(done.read_text()).get("key") == keys[name] and (folders[name] / "rows.csv").is_file():
-                continue
-        except (OSError, ValueError, AttributeError):
-            pass
-        pending.append((name, path))
+    pending = [(name, path) for name, path in names.items() if not _finished(folders[name], keys[name])]
     log.info("study %s: %d models, %d to run", recipe.name, len(names), len(pending))
     bar = tqdm(total=len(pending), desc="study models", disable=not progress)
 
