@@ -111,18 +111,32 @@ def similarity_frame(
     return pd.DataFrame(rows)
 
 
+TIE_RTOL = 1e-9
+
+
+def first_best(means: Tensor, rtol: float = TIE_RTOL) -> Tensor:
+    """Index of the largest entry along the last axis, where entries within `rtol` (relative) of
+    it tie and the first wins. On an iteration axis that is the fewest iterations reaching the
+    best predictor: a learner that has converged (exact-line-search BFGS after d steps, Newton
+    after ~10) repeats one predictor up to float round-off, and a plain argmax would pick
+    whichever repetition the round-off favours."""
+    top = means.max(-1, keepdim=True).values
+    return (means >= top - rtol * top.abs()).to(torch.uint8).argmax(-1)
+
+
 def best_match(
     values: Tensor, higher_is_better: bool = True, n_boot: int = 1000, seed: int = 0, level: float = 0.90
 ) -> pd.DataFrame:
     """Hyper-parameter matching (seed 003 Def. 4): per index a, the grid index k maximising the
     mean similarity over prompts (minimising, for distances), with bootstrap intervals on both
-    the best similarity and the argmax itself (prompts resampled)."""
+    the best similarity and the argmax itself (prompts resampled). Ties up to float round-off
+    go to the first grid index (`first_best`)."""
     vals = values.double() if higher_is_better else -values.double()  # (A, K, B)
     n_a, _, n_b = vals.shape
-    best = vals.mean(-1).argmax(-1)  # (A,)
+    best = first_best(vals.mean(-1))  # (A,)
     (idx,) = resamples(n_b, n_boot, seed)
     boot_means = torch.stack([vals[:, :, i].mean(-1) for i in idx])  # (n_boot, A, K)
-    boot_arg = boot_means.argmax(-1).numpy()  # (n_boot, A)
+    boot_arg = first_best(boot_means).numpy()  # (n_boot, A)
     boot_best = boot_means.max(-1).values.numpy()
     sign = 1 if higher_is_better else -1
     q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]

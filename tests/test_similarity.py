@@ -81,3 +81,20 @@ def test_best_match_minimises_distances(data):
     newton = run_learner("newton", xs, ys, queries, iterations=range(8))
     table = best_match(ilw(newton.weights[[3]], newton.weights), higher_is_better=False, n_boot=50)
     assert table.best_index.tolist() == [3] and table.similarity[0] == pytest.approx(0, abs=1e-12)
+
+
+def test_best_match_ties_up_to_round_off_go_to_the_fewest_iterations(data):
+    """Exact-line-search BFGS on a quadratic reaches OLS after d steps and then repeats it up to
+    float round-off; a layer equal to OLS is matched at k = d, not at a later repetition."""
+    xs, ys, _ = data
+    d = xs.shape[-1]
+    bfgs = run_learner("bfgs", xs, ys, iterations=range(12))
+    ols = run_learner("least_squares", xs, ys).preds
+    later = (bfgs.preds[d:, :, d + 1 :] - ols[:, :, d + 1 :]).abs().max()
+    assert 0 < later < 1e-9  # converged, up to round-off
+    noise = 1e-13 * torch.arange(12.0, dtype=torch.float64)[None, :, None]  # later k favoured by noise alone
+    values = sime(ols, bfgs.preds, ys) + noise
+    assert torch.argmax(values.mean(-1)).item() == 11  # what a plain argmax reports
+    table = best_match(values, n_boot=100)
+    assert table.best_index.tolist() == [d] and table.best_index_high.tolist() == [d]
+    assert best_match(-values, higher_is_better=False, n_boot=10).best_index.tolist() == [d]

@@ -189,7 +189,7 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
     predictions against each [[compare]] learner, on fresh queries per prefix."""
     from ..analysis.matching import learner_weights
     from ..learners import run_learner
-    from ..similarity import ilw, induced_weights, sime, spd
+    from ..similarity import first_best, ilw, induced_weights, sime, spd
     from ..tasks import generator_for, sample_prompts
 
     prompts = sample_prompts(task, recipe.prompts, generator=generator_for(recipe.seed, 401))
@@ -213,7 +213,7 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
             "sime": sime(own[None], result.preds.cpu(), prompts.ys.double())[0],
         }  # each (K, B)
         means = {k: v.mean(-1) for k, v in values.items()}
-        picks = [int(torch.argmin(means["spd"]))] if c.pick == "best" else range(len(result.grid))
+        picks = [int(first_best(-means["spd"]))] if c.pick == "best" else range(len(result.grid))
         for i in picks:
             label = c.label if (c.pick == "best" or len(result.grid) == 1) else f"{c.label}[{i}]"
             for metric, per_prompt in values.items():
