@@ -312,6 +312,7 @@ def test_wolfe_iterates_equal_scipy_minimize(name):
     assert compared > 200
 
 
+@pytest.mark.slow
 def test_wolfe_searches_differ_between_methods_and_agree_with_exact_at_convergence(prompts):
     xs, ys = prompts
     def second(name, search):

@@ -72,6 +72,7 @@ def test_a_relu_head_pair_with_opposite_values_computes_the_product_that_equal_v
     assert torch.equal(a.relu() + (-a).relu(), a.abs())
 
 
+@pytest.mark.slow
 def test_report_on_planted_gd_recovers_steps(tmp_path):
     assert main(["planted", "--algorithm", "gd", "--layers", "6", "--out", str(tmp_path / "gd")]) == 0
     assert main(["-q", "report", str(tmp_path / "gd"), "--out", str(tmp_path / "r"), *SMALL]) == 0
@@ -88,6 +89,7 @@ def test_report_on_planted_gd_recovers_steps(tmp_path):
     assert check["k"] == list(range(6)) and check["deviation"] < 1e-4 < check["null_deviation"]
 
 
+@pytest.mark.slow
 def test_report_on_planted_newton_recovers_the_layer_map(tmp_path):
     assert main(["planted", "--algorithm", "newton", "--layers", "11", "--out", str(tmp_path / "nt")]) == 0
     assert main(["-q", "report", str(tmp_path / "nt"), "--out", str(tmp_path / "r"), *SMALL]) == 0
@@ -101,6 +103,7 @@ def test_report_on_planted_newton_recovers_the_layer_map(tmp_path):
     assert max(s["span"]["residual"]) < 1e-5
 
 
+@pytest.mark.slow
 def test_report_on_relu_attention_newton_recovers_one_iteration_per_layer(tmp_path):
     assert main(["planted", "--algorithm", "newton-relu", "--layers", "7", "--out", str(tmp_path / "nr")]) == 0
     assert main(["-q", "report", str(tmp_path / "nr"), "--out", str(tmp_path / "r"), *SMALL]) == 0
