@@ -228,7 +228,7 @@ class SimilaritySettings:
 
     include_first: bool = setting(False, "SimE over positions 1..n (the paper's code) instead of 2..n")
     bootstrap: int = setting(1000, "bootstrap resamples for every interval")
-    simw: bool = setting(True, "compute SimW (induced weights from fresh queries)")
+    simw: bool = setting(True, "compute SimW (induced weights from fresh query forward passes; off: SimE only)")
 
     def __post_init__(self) -> None:
         from .validate import positive_int

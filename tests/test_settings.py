@@ -128,3 +128,10 @@ def test_layer_settings_default_sweeps_are_the_quick_recipes():
     from probe.config import to_dict
 
     assert to_dict(list(LayerSettings().sweeps)) == to_dict(resolve_recipe("quick").sweeps)
+
+
+def test_heatmap_similarity_switches_are_the_recipe_keys():
+    args = _parse(["heatmap", "--no-simw", "--include-first"])
+    recipe = resolve_recipe("quick", flag_overrides(args))
+    assert (recipe.similarity.simw, recipe.similarity.include_first) == (False, True)
+    assert resolve_recipe("quick", flag_overrides(_parse(["heatmap"]))).similarity == SimilaritySettings(bootstrap=500)

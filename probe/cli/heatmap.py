@@ -17,6 +17,8 @@ from .layers import add_layer_args, settings_from_args, write_tables
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
+    from ..settings import SimilaritySettings, add_flags
+
     add_layer_args(p)
     p.add_argument(
         "--learners",
@@ -24,8 +26,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         default=None,
         help="sweep labels of the recipe to run (default: all of the recipe's sweeps)",
     )
-    p.add_argument("--no-simw", action="store_true", help="SimE only (skips the query forward passes)")
-    p.add_argument("--include-first", action="store_true", help="SimE over positions 1..n as the paper's code")
+    add_flags(p, "similarity", SimilaritySettings, ["simw", "include_first"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,10 +39,7 @@ def run(args: argparse.Namespace) -> int:
     target = output_target(args, "heatmap", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     labels = tuple(args.learners) if args.learners is not None else None
-    extra: dict = {"simw": False} if args.no_simw else {}
-    if args.include_first:
-        extra["include_first"] = True
-    settings = settings_from_args(args, ckpt, labels, similarity=extra)
+    settings = settings_from_args(args, ckpt, labels)
     sweeps = settings.sweeps
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     with writing(target) as out:
