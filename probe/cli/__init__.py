@@ -61,14 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
-        show = warnings.showwarning
+        show, shown = warnings.showwarning, set()
 
         def one_line(message, category, *where, **kwargs) -> None:
-            """Warnings meant for the user (renamed settings) as one `icl-probe: warning:` line."""
-            if issubclass(category, RenamedSetting):
-                print(f"icl-probe: warning: {message}", file=sys.stderr)
-            else:
+            """Warnings meant for the user (renamed settings) as one `icl-probe: warning:` line,
+            each once per command however often the recipe is resolved."""
+            if not issubclass(category, RenamedSetting):
                 show(message, category, *where, **kwargs)
+            elif str(message) not in shown:
+                shown.add(str(message))
+                print(f"icl-probe: warning: {message}", file=sys.stderr)
 
         warnings.showwarning = one_line
         warnings.simplefilter("always", RenamedSetting)

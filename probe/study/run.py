@@ -69,9 +69,14 @@ def check_models(models: list[Path]) -> dict[str, dict[str, Any]]:
 
 
 def _init_worker(threads: int) -> None:
+    import warnings
+
     import torch
 
+    from ..errors import RenamedSetting
+
     torch.set_num_threads(threads)
+    warnings.simplefilter("ignore", RenamedSetting)  # the command has said it once already
 
 
 def _submit_local(
