@@ -259,13 +259,13 @@ def build_report(
     check_report_size(ckpt, recipe)
     cache = StageCache(cache_dir)
     built = run_stages(ckpt, recipe, device, cache, progress)
-    recipe = adapt_recipe(recipe, ckpt.config)  # what the stages ran, for figures, summary and methods
-    if compare is not None:
+    if compare is not None:  # the user's recipe, adapted to the compared checkpoint by run_stages
         other = run_stages(compare, recipe, device, cache, progress, prefix="compare_")
         built.tables.update(other.tables)
         built.data.update(other.data)
         built.timings.update(other.timings)
         built.cached.update(other.cached)
+    recipe = adapt_recipe(recipe, ckpt.config)  # what the stages ran, for figures, summary and methods
     tmp = target.stage()
     try:
         start = time.perf_counter()
