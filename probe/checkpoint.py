@@ -363,6 +363,11 @@ def export_garg(
 
     if config.model.family != "gpt2" or config.model.encoding != "garg":
         raise ConfigError("Only GPT-2 models with Garg's token encoding can be exported to their layout")
+    if config.model.attn_activation != "softmax":
+        raise ConfigError(
+            f"this model's attention is {config.model.attn_activation!r}; Garg et al.'s code has softmax "
+            "attention only, so it cannot be exported to their layout"
+        )
     directory = Path(directory)
     state = {}
     for key, value in model.state_dict().items():

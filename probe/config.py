@@ -32,6 +32,7 @@ def planted_layer_map(algorithm: str, layer: int) -> int | None:
 
 
 ENCODINGS = ("garg", "akyurek")
+ATTENTION_ACTIVATIONS = ("softmax", "relu")  # GPT-2 attention weights: softmax, or ReLU / #keys (seed 001 Def. 7)
 TASKS = ("linear_regression", "sparse_linear_regression", "relu_network")
 COVARIANCES = ("isotropic", "ill_conditioned")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -75,11 +76,17 @@ class ModelConfig:
     encoding: str = "garg"  # "garg": x, [y,0..0] (width d); "akyurek": [0,x], [y,0..0] (width d+1)
     planted: str = ""  # family "planted" only: the construction its weights implement (gd, newton, newton-relu)
     planted_scale: float = 0.0  # family "planted" only: GD step size eta, or Newton's fixed alpha
+    attn_activation: str = "softmax"  # family "gpt2" only: "softmax", or "relu" (ReLU(q.k / sqrt(hs)) / #keys)
 
     def __post_init__(self) -> None:
         _check_numbers(self, "model")
         _check_choice("model", "family", self.family, MODEL_FAMILIES)
         _check_choice("model", "encoding", self.encoding, ENCODINGS)
+        _check_choice("model", "attn_activation", self.attn_activation, ATTENTION_ACTIVATIONS)
+        _check(
+            self.family == "gpt2" or self.attn_activation == "softmax",
+            f"model.attn_activation applies to the gpt2 family only; remove it for a {self.family} model",
+        )
         for name in ("n_dims", "n_positions", "n_embd", "n_layer", "n_head"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= 1, f"model.{name} must be a positive integer, got {value!r}")

@@ -24,6 +24,22 @@ def build_cfg(family: str = "gpt2", d: int = 3, points: int = 8, width: int = 16
     )
 
 
+def relu_attention_model(d: int = 3, points: int = 8, width: int = 16, layers: int = 2, heads: int = 2):
+    """(model, task): a random GPT-2 with ReLU attention (seed 001 Def. 7), its weights scaled up
+    from GPT-2's init so that attention scores are O(1) and many pass the ReLU."""
+    from probe.models import build_model
+
+    cfg = build_cfg(d=d, points=points, width=width, layers=layers, heads=heads)
+    cfg.model.attn_activation = "relu"
+    torch.manual_seed(11)
+    model = build_model(cfg.model).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "c_attn" in name or "_read_in" in name:
+                p.mul_(20.0)
+    return model, cfg.task
+
+
 class GargTransformerModel(torch.nn.Module):
     """Garg et al.'s `TransformerModel` rebuilt from REFERENCE.md §1 with Hugging Face GPT-2."""
 

@@ -135,7 +135,7 @@ def test_batched_probes_and_r2_match_sklearn():
     assert table.set_index("layer").peak_position[1] == 5
 
 
-@pytest.mark.parametrize("which", ["default", "garg"])
+@pytest.mark.parametrize("which", ["default", "garg", "relu-attention"])
 def test_cached_query_states_equal_one_sequence_per_query(which, tmp_path):
     """The key/value-cache path (each prompt once) against one TransformerLens-captured
     sequence per prefix and query, on the trained default checkpoint and a Garg-layout run."""
@@ -147,6 +147,10 @@ def test_cached_query_states_equal_one_sequence_per_query(which, tmp_path):
     torch.manual_seed(5)
     if which == "default":
         model, d, n = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model, 4, 16
+    elif which == "relu-attention":
+        from conftest import relu_attention_model
+
+        model, d, n = relu_attention_model()[0], 3, 8
     else:
         write_garg_run(tmp_path / "g", GargTransformerModel(3, 8, 16, 2, 2).eval(), 3, 8, 16, 2, 2)
         model, d, n = load_checkpoint(tmp_path / "g").model, 3, 8

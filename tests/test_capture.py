@@ -223,3 +223,55 @@ def test_capture_batches_shrink_to_fit_the_memory_budget_with_the_same_numbers(m
     assert batches == [10, 10, 10, 10]  # what the budget leaves beside the kept streams: 10 prompts
     np.testing.assert_allclose(np.asarray(small.acts[RESID]), np.asarray(full.acts[RESID]), atol=1e-6)
     np.testing.assert_allclose(small.pred, full.pred, atol=1e-6)
+
+
+def test_relu_attention_bridge_equals_the_plain_forward_and_seed_001_definition(tmp_path):
+    """A ReLU-attention GPT-2 (seed 001 Def. 7) through TransformerLens: predictions and every
+    boundary equal the plain forward, and the pattern is ReLU(q.k / sqrt(hs)) / (i + 1), computed
+    here from the weights with numpy; saved and loaded, the option survives."""
+    from conftest import relu_attention_model
+
+    model, _ = relu_attention_model()
+    cfg = build_cfg()
+    cfg.model.attn_activation = "relu"
+    save_model(model, cfg, tmp_path / "relu")
+    loaded = load_checkpoint(tmp_path / "relu")
+    assert loaded.config.model.attn_activation == "relu"
+    model = loaded.model
+    torch.manual_seed(1)
+    xs, ys = torch.randn(5, 8, 3), torch.randn(5, 8)
+    cap = capture(model, xs, ys, hooks=[RESID, "blocks.0.attn.hook_pattern"], batch_size=2)
+    out = model.run(xs, ys)
+    np.testing.assert_allclose(cap.pred, out.pred.detach().numpy(), atol=TOL)
+    for b in range(3):
+        np.testing.assert_allclose(cap.acts[RESID][b], out.resid[b].detach().numpy(), atol=TOL)
+    # layer 0's pattern from the weights: ln_1, then Conv1D q and k, per head
+    h = out.resid[0].detach().numpy().astype(np.float64)
+    sd = {k: v.detach().numpy().astype(np.float64) for k, v in model.state_dict().items()}
+    z = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    z = z * sd["_backbone.h.0.ln_1.weight"] + sd["_backbone.h.0.ln_1.bias"]
+    qkv = z @ sd["_backbone.h.0.attn.c_attn.weight"] + sd["_backbone.h.0.attn.c_attn.bias"]
+    q, k = qkv[..., :16].reshape(5, 16, 2, 8), qkv[..., 16:32].reshape(5, 16, 2, 8)
+    scores = np.einsum("bihe,bjhe->bhij", q, k) / np.sqrt(8)
+    want = np.maximum(scores, 0) * np.tril(np.ones((16, 16))) / np.arange(1, 17)[:, None]
+    pattern = cap.acts["blocks.0.attn.hook_pattern"]
+    np.testing.assert_allclose(pattern, want, atol=1e-5)
+    assert np.abs(pattern.sum(-1) - 1).max() > 0.1  # not a softmax
+    assert (pattern[..., np.tril(np.ones((16, 16), bool))] == 0).mean() > 0.1  # the ReLU cuts
+
+
+def test_relu_attention_is_refused_where_it_does_not_exist(tmp_path):
+    from probe.checkpoint import export_garg
+    from probe.config import ModelConfig
+
+    with pytest.raises(ConfigError, match="attn_activation applies to the gpt2 family only"):
+        ModelConfig(family="lstm", attn_activation="relu")
+    with pytest.raises(ConfigError, match="attn_activation.*Did you mean: relu"):
+        ModelConfig(attn_activation="rel")
+    from conftest import relu_attention_model
+
+    model, _ = relu_attention_model()
+    cfg = build_cfg()
+    cfg.model.attn_activation = "relu"
+    with pytest.raises(ConfigError, match="softmax attention only"):
+        export_garg(model, cfg, tmp_path / "g")

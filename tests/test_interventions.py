@@ -230,13 +230,17 @@ def _gpt2(which: str, tmp_path):
     """(model, task): the trained default checkpoint, or a random Garg-layout run."""
     if which == "default":
         loaded = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    elif which == "relu-attention":
+        from conftest import relu_attention_model
+
+        return relu_attention_model()
     else:
         write_garg_run(tmp_path / "g", GargTransformerModel(3, 8, 16, 2, 2).eval(), 3, 8, 16, 2, 2)
         loaded = load_checkpoint(tmp_path / "g")
     return loaded.model, loaded.config.task
 
 
-@pytest.mark.parametrize("which", ["default", "garg"])
+@pytest.mark.parametrize("which", ["default", "garg", "relu-attention"])
 def test_resumed_patching_equals_patching_through_hooks(which, tmp_path):
     """Residual patching that resumes the native blocks from the patched boundary (and, for the
     context check, recomputes only the query token) against TransformerLens hooks on full runs."""
@@ -275,7 +279,7 @@ def test_resumed_patching_equals_patching_through_hooks(which, tmp_path):
         np.testing.assert_allclose(pa.num[b], pb.num[b], atol=1e-5)
 
 
-@pytest.mark.parametrize("which", ["default", "garg"])
+@pytest.mark.parametrize("which", ["default", "garg", "relu-attention"])
 def test_resumed_ablation_equals_ablation_through_hooks(which, tmp_path):
     """Every head / MLP / layer ablation of the native path against TransformerLens hooks."""
     from probe.interventions.ablate import ablate, components

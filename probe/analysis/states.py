@@ -7,7 +7,6 @@ retrained read-out (probe.analysis.readout).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -49,9 +48,7 @@ def query_states(
     models take the key/value-cache path (`cached_query_states`: each prompt runs once); others
     run every prefix and query as its own sequence.
     """
-    from ..models.gpt2 import GPT2ICL
-
-    if isinstance(model, GPT2ICL):
+    if hasattr(model, "resume"):
         return cached_query_states(model, xs, ys, queries, device, progress, start, max_bytes, readout)
     return sequence_query_states(model, xs, ys, queries, device, batch_size, progress, start, readout)
 
@@ -106,24 +103,6 @@ def _query_chunk(max_bytes: int | None, n: int, steps: int, q: int, width: int, 
     return max(1, int(max_bytes // max(per_prompt, 1)))
 
 
-def _query_block(block, h: Tensor, hq: Tensor, key_mask: Tensor, heads: int) -> Tensor:
-    """One GPT-2 block on the query tokens hq (m, S, Q, D), each attending to the prompt's tokens
-    before it (h (m, 2n, D), keys masked by key_mask (S, 2n)) and to itself."""
-    m, steps, q, width = hq.shape
-    hs = width // heads
-    a_p = block.attn.c_attn(block.ln_1(h))
-    _, k_p, v_p = (z.view(m, h.shape[1], heads, hs).transpose(1, 2) for z in a_p.split(width, dim=-1))  # (m, H, 2n, hs)
-    a_q = block.attn.c_attn(block.ln_1(hq))
-    q_q, k_q, v_q = (z.reshape(m, steps, q, heads, hs) for z in a_q.split(width, dim=-1))  # (m, S, Q, H, hs)
-    scores = torch.einsum("msqhe,mhje->msqhj", q_q, k_p) / math.sqrt(hs)  # (m, S, Q, H, 2n)
-    scores = scores.masked_fill(~key_mask[None, :, None, None, :], float("-inf"))
-    self_score = (q_q * k_q).sum(-1, keepdim=True) / math.sqrt(hs)  # (m, S, Q, H, 1)
-    weights = torch.softmax(torch.cat([scores, self_score], dim=-1), dim=-1)
-    mixed = torch.einsum("msqhj,mhje->msqhe", weights[..., :-1], v_p) + weights[..., -1:] * v_q
-    hq = hq + block.attn.c_proj(mixed.reshape(m, steps, q, width))
-    return hq + block.mlp(block.ln_2(hq))
-
-
 @torch.no_grad()
 def cached_query_states(
     model,
@@ -136,46 +115,45 @@ def cached_query_states(
     max_bytes: int | None = None,
     readout: LayerReadout | None = None,
 ) -> np.ndarray:
-    """query_states for the GPT-2 family without recomputing prefixes.
+    """query_states for models with a key/value cache (`model.resume`, the GPT-2 family).
 
     Causal attention means tokens 1..2t of a prompt never see what follows them, so their keys
     and values at every layer are the same with or without a query appended. Each prompt runs
-    once; then every query of every prefix t is one token at position 2t whose attention at
-    layer l is softmax over [q k_j / sqrt(h) for j < 2t] + [q k_self / sqrt(h)] applied to the
-    cached values and its own (GPT-2's attention, Radford et al. 2019, restricted to the row
-    of the query). Equal to `sequence_query_states` up to float round-off (tested to 1e-5).
-    Prompts are processed in chunks sized from `max_bytes` (default: a quarter of the memory budget).
+    once; then every query of every prefix t is one token at position 2t, resumed block by block
+    after the prompt's cached keys and values, of which it sees those before 2t (seed 003 eq. 11).
+    Equal to `sequence_query_states` up to float round-off (tested to 1e-5). Prompts are
+    processed in chunks sized from `max_bytes` (default: a quarter of the memory budget).
     """
     from ..models.encoding import interleave
 
     b, n, _ = xs.shape
     q = queries.shape[1]
-    bb = model._backbone
-    width, heads = model.config.n_embd, model.config.n_head
+    layers, width, heads = model.n_layers, model.d_model, model.config.n_head
     steps = n - start
     out = (
-        np.empty((len(bb.h) + 1, b, steps, q, width), dtype=np.float32)
+        np.empty((layers + 1, b, steps, q, width), dtype=np.float32)
         if readout is None
-        else np.empty((len(bb.h) + 1, b, steps, q), dtype=np.float64)
+        else np.empty((layers + 1, b, steps, q), dtype=np.float64)
     )
     keep = (lambda layer, s: s) if readout is None else readout
     chunk = _query_chunk(max_bytes, n, steps, q, width, heads)
     model = model.to(device).eval()
-    pos = bb.wpe.weight[: 2 * n]
-    q_pos = pos[2 * start : 2 * n : 2]  # (steps, D): the query sits at the x position 2t
     t_idx = torch.arange(start, n, device=device)
-    key_mask = torch.arange(2 * n, device=device)[None, :] < 2 * t_idx[:, None]  # (steps, 2n): keys j < 2t
+    visible = torch.arange(2 * n, device=device)[None, :] < 2 * t_idx[:, None]  # (steps, 2n): keys j < 2t
+    visible = visible.repeat_interleave(q, dim=0)  # (steps * Q, 2n): one window copy per (t, query)
+    positions = (2 * t_idx).repeat_interleave(q)[:, None, None]  # the query sits at the x position 2t
     from tqdm.auto import tqdm
 
     for lo in tqdm(range(0, b, chunk), desc="query states", disable=not progress, leave=False):
         bx, by, bq = xs[lo : lo + chunk].to(device), ys[lo : lo + chunk].to(device), queries[lo : lo + chunk].to(device)
         m = bx.shape[0]
-        h = model._read_in(interleave(bx, by, model.config.encoding)) + pos  # (m, 2n, D)
+        past = model.keys_values(model.run(bx, by).resid)
         q_tokens = interleave(bq, torch.zeros(m, q, device=device, dtype=bq.dtype), model.config.encoding)[:, X_TOKENS]
-        hq = model._read_in(q_tokens)[:, None] + q_pos[None, :, None]  # (m, steps, Q, D)
-        out[0, lo : lo + m] = keep(0, hq.float().cpu().numpy())
-        for layer, block in enumerate(bb.h, start=1):
-            hq = _query_block(block, h, hq, key_mask, heads)
-            h = block(h)
-            out[layer, lo : lo + m] = keep(layer, hq.float().cpu().numpy())
+        tokens = q_tokens.transpose(0, 1).repeat(steps, 1, 1)[:, :, None]  # (steps * Q, m, 1, token_dim)
+        hq = model.embed(tokens, positions)  # (steps * Q, m, 1, D)
+        for layer in range(layers + 1):
+            if layer:
+                hq = model.resume(hq, layer - 1, layer, past, visible)
+            states = hq[:, :, 0].reshape(steps, q, m, width).permute(2, 0, 1, 3)  # (m, steps, Q, D)
+            out[layer, lo : lo + m] = keep(layer, states.float().cpu().numpy())
     return out

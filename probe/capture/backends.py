@@ -8,6 +8,8 @@ architectures to adapters:
     "transformer_lens"   GPT-2 family: a TransformerBridge (probe/capture/bridge.py)
     "planted"            planted linear-attention models: one bridge sequence per prefix run
     "native"             anything with the ICLModel protocol's `run` (the LSTM, your own model)
+
+A model class names its own in `capture_backend` (default "native").
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Request:
 
 def final_norm(model) -> torch.nn.LayerNorm | None:
     """The model's final LayerNorm (GPT-2 family), or None."""
-    ln_f = getattr(getattr(model, "_backbone", None), "ln_f", None)
+    ln_f = getattr(model, "final_norm", None)
     return ln_f if isinstance(ln_f, torch.nn.LayerNorm) else None
 
 
@@ -149,11 +151,10 @@ def _examples() -> str:
 
 
 def backend_for(model, choice: str, device: str) -> Backend:
-    """The back-end for `model`: "auto" picks TransformerLens for transformers, else "native"."""
-    from ..models.gpt2 import GPT2ICL
-    from ..models.planted import PlantedICL
-
-    lens = "transformer_lens" if isinstance(model, GPT2ICL) else "planted" if isinstance(model, PlantedICL) else None
+    """The back-end for `model`: "auto" picks the one its class declares (`capture_backend`:
+    TransformerLens for transformers), else "native"."""
+    declared = getattr(model, "capture_backend", "native")
+    lens = declared if declared != "native" else None
     if choice == "auto":
         choice = lens or "native"
     elif choice == "transformer_lens":

@@ -5,17 +5,25 @@ Hugging Face Conv1D weights are [in, out] and become nn.Linear [out, in]; `c_att
 into q, k, v. The read-out Linear(D, 1) becomes the unembedding (d_vocab = 1), so the bridge's
 logits at the x tokens are the model's predictions. The read-in stays outside: the bridge is
 fed input embeddings (a float tensor), to which it adds the positional embedding itself.
+
+TransformerLens has softmax attention only: a ReLU-attention model (`attn_activation = "relu"`,
+probe/models/gpt2.py) gets permanent hooks that replace each block's `hook_pattern` by
+ReLU(q.k / sqrt(hs)) / (i + 1) from the same forward's `hook_q` and `hook_k`. The pattern is
+applied before the value product, so every hook after it (and `run_with_cache`) sees the model's
+real attention.
 """
 
 from __future__ import annotations
 
+import math
 import weakref
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from ..models.encoding import interleave
-from ..models.gpt2 import GPT2ICL, LN_EPS
+from ..models.gpt2 import GPT2ICL, LN_EPS, attention_weights
+from . import hooks as H
 
 
 def bridge_config(model: GPT2ICL):
@@ -76,12 +84,34 @@ def to_bridge(model: GPT2ICL, device: str = "cpu"):
 
     bridge = TransformerBridge.boot_native(bridge_config(model), device=device)
     bridge.load_state_dict(bridge_state_dict(model), strict=True)
+    if model.config.attn_activation != "softmax":
+        _add_pattern_hooks(bridge, model.config.n_layer, model.config.attn_activation)
     return bridge.eval()
+
+
+def _add_pattern_hooks(bridge, n_layers: int, activation: str) -> None:
+    """Permanent hooks making the bridge's attention `activation` instead of softmax."""
+    seen: dict[str, Tensor] = {}
+
+    def keep(value: Tensor, hook, key: str) -> None:
+        seen[key] = value  # (B, T, H, hs)
+
+    def pattern(value: Tensor, hook, layer: int) -> Tensor:
+        q, k = seen.pop(f"q{layer}"), seen.pop(f"k{layer}")
+        scores = torch.einsum("bihe,bjhe->bhij", q, k) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+        t = scores.shape[-1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=scores.device).tril()
+        return attention_weights([(scores, causal)], activation).to(value.dtype)
+
+    for layer in range(n_layers):
+        bridge.add_hook(H.attn_site(layer, "q"), partial(keep, key=f"q{layer}"), is_permanent=True)
+        bridge.add_hook(H.attn_site(layer, "k"), partial(keep, key=f"k{layer}"), is_permanent=True)
+        bridge.add_hook(H.attn_pattern(layer), partial(pattern, layer=layer), is_permanent=True)
 
 
 def bridge_inputs(model: GPT2ICL, xs: Tensor, ys: Tensor) -> Tensor:
     """The float input embeddings the bridge is fed: read-in of the token sequence (no positions)."""
-    return model._read_in(interleave(xs, ys, model.config.encoding))
+    return model.embed_prompts(xs, ys, positions=False)
 
 
 _BRIDGES: weakref.WeakKeyDictionary[GPT2ICL, tuple[str, object]] = weakref.WeakKeyDictionary()

@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..models.gpt2 import GPT2ICL
 from ..validate import check_device, check_prompts_for, positive_int
 from . import hooks as H
 from .backends import Request, backend_for, final_norm
@@ -162,7 +161,9 @@ def capture(
     if spilled:  # our own temporary directory goes when the result does (the memmaps stay readable until then)
         weakref.finalize(result, shutil.rmtree, str(out_dir), True)
     if as_cache:
-        return result.as_cache(_public_bridge(model, device) if isinstance(model, GPT2ICL) else None)
+        return result.as_cache(
+            _public_bridge(model, device) if getattr(model, "capture_backend", "") == "transformer_lens" else None
+        )
     return result
 
 
@@ -250,7 +251,7 @@ def _batch_within_budget(model, n: int, batch_size: int, kept: int) -> int:
     return max(1, min(batch_size, (memory_headroom() - kept) // per_prompt))
 
 
-def _public_bridge(model: GPT2ICL, device: str):
+def _public_bridge(model, device: str):
     from ..interventions.handle import to_bridge
 
     return to_bridge(model, device)

@@ -28,6 +28,11 @@ def attn_pattern(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_pattern"
 
 
+def attn_site(layer: int, name: str) -> str:
+    """Block `layer`'s queries, keys or values (name "q", "k", "v"), (..., T, heads, d_head)."""
+    return f"blocks.{layer}.attn.hook_{name}"
+
+
 def resid_pre(layer: int) -> str:
     """Block `layer`'s input (the same tensor as boundary `layer`)."""
     return f"blocks.{layer}.hook_resid_pre"

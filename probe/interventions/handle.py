@@ -92,11 +92,10 @@ def to_bridge(source, device: str = "cpu"):
     are refused here with a message.
     """
     from ..capture.bridge import to_bridge as native_bridge
-    from ..models.gpt2 import GPT2ICL
     from ..validate import check_device
 
-    model = _model_of(source)
-    if not isinstance(model, GPT2ICL):
+    model: Any = _model_of(source)
+    if getattr(model, "capture_backend", "") != "transformer_lens":
         raise ConfigError(
             f"to_bridge needs a GPT-2 family model (own, Garg or Hugging Face format); got "
             f"{type(model).__name__}. Planted models run through TransformerLens one prefix at a time "

@@ -2,14 +2,9 @@
 
 Patching the residual stream at boundary l and token p leaves every block below l untouched,
 and (causal attention) every token before p untouched at every layer. So a patched run is the
-target run's blocks l..L-1 resumed on a window of tokens w_0..w_end that contains p, the tokens
-before w_0 entering only through their keys and values, which are the unpatched run's:
-
-    attention row of window token i at block j = softmax([q_i k_m / sqrt(h)]_{m < w_0, visible}
-                                                        + [q_i k_v / sqrt(h)]_{w_0 <= v <= i}) V
-
-(GPT-2's attention, Radford et al. 2019, split into a cached part and a recomputed part, as
-probe/analysis/states.py does for fresh queries). Two uses:
+target run's blocks l..L-1 resumed (`GPT2ICL.resume`, the model's own forward with a key/value
+cache) on a window of tokens w_0..w_end that contains p, the tokens before w_0 entering only
+through their keys and values, which are the unpatched run's. Two uses:
 
 - `patched_resid_predictions`: the patching heatmap. Patching token p resumes tokens p..query,
   with the source stream at p and the target's after it.
@@ -23,63 +18,19 @@ Both equal the TransformerLens-hook path of probe/interventions/patch.py to floa
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
+from ..capture import hooks as H
+from ..models.gpt2 import BlockEdit, KeyValues
 from ..positions import X_TOKENS
-
-KeyValues = list[tuple[Tensor, Tensor]]  # per block: keys, values (B, H, T, hs)
 
 
 @torch.no_grad()
 def streams_and_keys(model, xs: Tensor, ys: Tensor) -> tuple[list[Tensor], KeyValues]:
     """The residual stream at every boundary 0..L (B, T, D) and every block's keys and values."""
-    out = model.run(xs, ys)
-    keys_values = [_split(block, h)[1:] for block, h in zip(model._backbone.h, out.resid)]
-    return out.resid, keys_values
-
-
-def _split(block, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """A block's queries, keys and values (..., H, T, hs) for the stream entering it (..., T, D)."""
-    width, heads = h.shape[-1], block.attn.n_head
-    qkv = block.attn.c_attn(block.ln_1(h))
-    return tuple(z.unflatten(-1, (heads, width // heads)).transpose(-2, -3) for z in qkv.split(width, dim=-1))
-
-
-def resume(
-    model, boundary: int, window: Tensor, prefix: KeyValues, visible: Tensor | None = None, last_only: bool = False
-) -> Tensor:
-    """Blocks boundary..L-1 run on window tokens (R, B, W, D) that follow cached tokens.
-
-    prefix[j]: block j's keys and values (B, H, P, hs) of the P tokens before the window, shared
-    by the R copies; visible (R, P) says which of them copy r attends to (default all). Returns
-    the final residual stream of the window (R, B, W, D), or of its last token only (R, B, 1, D)
-    with `last_only` (the last block then runs that token alone)."""
-    h = window
-    w = h.shape[-2]
-    causal = torch.ones(w, w, dtype=torch.bool, device=h.device).tril()
-    blocks = list(zip(model._backbone.h, prefix))[boundary:]
-    for i, (block, (k_pre, v_pre)) in enumerate(blocks):
-        q, k, v = _split(block, h)  # (R, B, H, W, hs)
-        if last_only and i == len(blocks) - 1:
-            q, h, causal = q[..., -1:, :], h[..., -1:, :], causal[-1:]
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        s_pre = torch.einsum("rbhie,bhme->rbhim", q, k_pre) * scale
-        if visible is not None:
-            s_pre = s_pre.masked_fill(~visible[:, None, None, None, :], float("-inf"))
-        s_win = (q @ k.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
-        weights = torch.softmax(torch.cat([s_pre, s_win], dim=-1), dim=-1)
-        p = k_pre.shape[-2]
-        mixed = torch.einsum("rbhim,bhme->rbhie", weights[..., :p], v_pre) + weights[..., p:] @ v
-        h = h + block.attn.c_proj(mixed.transpose(-2, -3).flatten(-2))
-        h = h + block.mlp(block.ln_2(h))
-    return h if not last_only else h[..., -1:, :]
-
-
-def _read(model, final: Tensor) -> Tensor:
-    return model.readout(model._backbone.ln_f(final))
+    resid = model.run(xs, ys).resid
+    return resid, model.keys_values(resid)
 
 
 @torch.no_grad()
@@ -99,8 +50,8 @@ def patched_resid_predictions(
             window = target[boundary][:, p : 2 * query + 1].clone()  # (B, W, D): tokens p..2 query
             window[:, 0] = source[boundary][:, p]
             prefix = [(k[..., :p, :], v[..., :p, :]) for k, v in target_kv]
-            final = resume(model, boundary, window.unsqueeze(0), prefix, last_only=True)
-            preds.append(_read(model, final[0, :, -1]))
+            final = model.resume(window.unsqueeze(0), boundary, past=prefix, last_only=True)
+            preds.append(model.lens(final[0, :, -1]))
         out[boundary] = torch.stack(preds)
     return out
 
@@ -120,8 +71,8 @@ def context_patch_predictions(
     out = {}
     for boundary in boundaries:
         window = clean[boundary][:, queries].transpose(0, 1).unsqueeze(2)  # (T, B, 1, D)
-        final = resume(model, boundary, window, source_kv, visible, last_only=True)
-        out[boundary] = _read(model, final[:, :, 0]).T
+        final = model.resume(window, boundary, past=source_kv, visible=visible, last_only=True)
+        out[boundary] = model.lens(final[:, :, 0]).T
     return out
 
 
@@ -133,34 +84,30 @@ def ablated_predictions(model, xs: Tensor, ys: Tensor, components: list, means: 
     components: objects with .component ("none", "head", "mlp", "layer"), .layer, .head, .kind;
     means: the mean-ablation values in TransformerLens layouts, keyed by hook name (hook_z
     (1, T, H, hs), hook_mlp_out (1, T, D)), as `ablate` computes them."""
-    from ..capture import hooks as H
-
     streams = model.run(xs, ys).resid
     out = []
     for c in components:
         if c.kind == "none":
-            out.append(_read(model, streams[-1][:, X_TOKENS]))
-            continue
-        block, h = model._backbone.h[c.layer], streams[c.layer]
-        if c.kind != "skip":  # "layer" + "skip": boundary layer + 1 := boundary layer
-            site = H.head_outputs(c.layer) if c.component == "head" else H.block_output(c.layer, "mlp_out")
-            mean = means.get(site) if c.kind == "mean" else None
-            h = h + _attention(block, h, c.head if c.component == "head" else None, mean)
-            mlp = block.mlp(block.ln_2(h))
-            if c.component == "mlp":
-                mlp = torch.zeros_like(mlp) if mean is None else mean.expand_as(mlp)
-            h = h + mlp
-        for later in model._backbone.h[c.layer + 1 :]:
-            h = later(h)
-        out.append(_read(model, h[:, X_TOKENS]))
+            out.append(model.lens(streams[-1][:, X_TOKENS]))
+        elif c.kind == "skip":  # boundary layer + 1 := boundary layer
+            out.append(model.lens(model.resume(streams[c.layer], c.layer + 1)[:, X_TOKENS]))
+        else:
+            out.append(model.lens(model.resume(streams[c.layer], c.layer, edit=_edit(c, means))[:, X_TOKENS]))
     return out
 
 
-def _attention(block, h: Tensor, head: int | None, mean: Tensor | None) -> Tensor:
-    """A block's attention output, with head `head`'s z zeroed (or set to mean (1, T, H, hs))."""
-    q, k, v = _split(block, h)  # (B, H, T, hs)
-    z = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if head is not None:
-        z = z.clone()
-        z[:, head] = 0.0 if mean is None else mean[:, :, head].expand(z.shape[0], -1, -1)
-    return block.attn.c_proj(z.transpose(1, 2).flatten(-2))
+def _edit(c, means: dict[str, Tensor]) -> BlockEdit:
+    """The block edit removing component c: a head's z zeroed (or set to its mean), or the MLP's output."""
+    if c.component == "head":
+        mean = means.get(H.head_outputs(c.layer)) if c.kind == "mean" else None  # (1, T, H, hs)
+
+        def edit_z(z: Tensor) -> Tensor:  # (B, H, T, hs)
+            z = z.clone()
+            z[:, c.head] = 0.0 if mean is None else mean[:, :, c.head].expand(z.shape[0], -1, -1)
+            return z
+
+        return BlockEdit(z=edit_z)
+    if c.component == "mlp":
+        mean = means.get(H.block_output(c.layer, "mlp_out")) if c.kind == "mean" else None
+        return BlockEdit(mlp=lambda m: torch.zeros_like(m) if mean is None else mean.expand_as(m))
+    return BlockEdit()

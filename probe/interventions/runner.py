@@ -153,6 +153,8 @@ class GPT2Runner(Runner):
 
 
 class PlantedRunner(Runner):
+    """Planted models through their bridge, one sequence per prefix run."""
+
     def __init__(self, model, device: str):
         self.model = model.to(device)
         self.n_layers = model.n_layers
@@ -190,17 +192,20 @@ class PlantedRunner(Runner):
         return mean.repeat(like.shape[0] // mean.shape[0], *([1] * (mean.dim() - 1)))
 
 
+RUNNERS: dict[str, type[GPT2Runner | PlantedRunner]] = {
+    "gpt2": GPT2Runner,
+    "planted": PlantedRunner,
+}  # a model class's `runner`
+
+
 def runner_for(model, device: str = "cpu") -> Runner:
-    """The Runner of a model family; models without a TransformerLens form get a clear error."""
-    from ..models.gpt2 import GPT2ICL
-    from ..models.planted import PlantedICL
+    """The Runner its model class names (`runner`); models without a TransformerLens form get a clear error."""
     from ..validate import check_device
 
     device = check_device(device)
-    if isinstance(model, GPT2ICL):
-        return GPT2Runner(model.eval(), device)
-    if isinstance(model, PlantedICL):
-        return PlantedRunner(model.eval(), device)
+    runner = RUNNERS.get(getattr(model, "runner", ""))
+    if runner is not None:
+        return runner(model.eval(), device)
     raise ConfigError(
         f"interventions need a transformer run through TransformerLens (GPT-2 family or planted); "
         f"this checkpoint is a {getattr(model, 'family', type(model).__name__)} model, which has no "

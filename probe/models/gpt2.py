@@ -5,11 +5,24 @@ prediction for y_i read at the x_i token. Parameter names and shapes follow Hugg
 `GPT2Model` (Conv1D weights stored [in, out]) under `_backbone.`, so Garg et al.'s state dicts
 load directly; the unused token embedding `wte` (50257 x D) is not kept (`export_garg` adds it).
 Dropout is zero as in their config; activation is gelu_new; LayerNorm eps 1e-5.
+
+This file is the one execution path of the family: training, capture (through the
+TransformerLens bridge built from these weights), SimW query states and the resumed causal checks
+all run these blocks. What the fast paths need are options of `resume`: the keys and values of
+tokens that come before the window (a key/value cache, as Hugging Face's `past_key_values`), which
+of them each window copy sees, a start and stop block, the last token only, and an edit of one
+block (interventions).
+
+`attn_activation = "relu"` replaces the attention softmax by seed 001's normalised ReLU
+(Def. 7: sigma(<q, k>) / n), causal: token i weights key j <= i by ReLU(q_i . k_j / sqrt(hs)) / (i + 1),
+the number of keys it sees. The 1/sqrt(hs) scale is GPT-2's (a reparametrisation of Def. 7's Q).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +34,30 @@ from .base import ModelOutput, ReadInOutModel
 from .encoding import interleave
 
 LN_EPS = 1e-5
+
+KeyValues = list[tuple[Tensor, Tensor]]  # per block: keys, values (B, H, T, hs)
+
+
+@dataclass(frozen=True)
+class BlockEdit:
+    """A change to one block's computation: `z` maps the heads' outputs (..., H, T, hs) before the
+    output projection, `mlp` the MLP's output (..., T, D)."""
+
+    z: Callable[[Tensor], Tensor] | None = None
+    mlp: Callable[[Tensor], Tensor] | None = None
+
+
+def attention_weights(parts: list[tuple[Tensor, Tensor]], activation: str) -> Tensor:
+    """Attention weights over keys given in parts [(scores (..., Tq, Tk), visible (bool, broadcastable))],
+    concatenated along the keys: softmax over the visible keys (GPT-2), or ReLU(score) divided by the
+    number of visible keys (seed 001 Def. 7)."""
+    if activation == "softmax":
+        return torch.softmax(torch.cat([s.masked_fill(~m, float("-inf")) for s, m in parts], dim=-1), dim=-1)
+    weights = torch.cat([torch.relu(s).masked_fill(~m, 0.0) for s, m in parts], dim=-1)
+    seen = torch.stack(
+        torch.broadcast_tensors(*(m.expand(*m.shape[:-1], s.shape[-1]).sum(-1, keepdim=True) for s, m in parts))
+    )
+    return weights / seen.sum(0).clamp_min(1)
 
 
 class Conv1D(nn.Module):
@@ -36,18 +73,61 @@ class Conv1D(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, n_embd: int, n_head: int):
+    def __init__(self, n_embd: int, n_head: int, activation: str = "softmax"):
         super().__init__()
         self.n_head = n_head
+        self.activation = activation
         self.c_attn = Conv1D(n_embd, 3 * n_embd)
         self.c_proj = Conv1D(n_embd, n_embd)
 
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(c, dim=-1)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # softmax(q k^T / sqrt(hs)) v
-        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+    def split(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values (..., H, T, hs) of the (normalised) stream x (..., T, D)."""
+        width = x.shape[-1]
+        q, k, v = (z.unflatten(-1, (self.n_head, width // self.n_head)) for z in self.c_attn(x).split(width, dim=-1))
+        return q.transpose(-2, -3), k.transpose(-2, -3), v.transpose(-2, -3)
+
+    def forward(
+        self,
+        x: Tensor,
+        past: tuple[Tensor, Tensor] | None = None,
+        visible: Tensor | None = None,
+        rows: int | None = None,
+        edit_z: Callable[[Tensor], Tensor] | None = None,
+    ) -> Tensor:
+        """Attention output for the window x (..., W, D) (its last `rows` tokens only, if given).
+
+        Window token i sees window tokens j <= i and the P tokens before the window whose keys and
+        values are `past` (B, H, P, hs); visible (R, P) says which of those copy r of a window
+        (R, B, W, D) sees (default all)."""
+        q, k, v = self.split(x)  # (..., H, W, hs)
+        if rows is not None:
+            q = q[..., -rows:, :]
+        if past is None and rows is None and self.activation == "softmax":
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # softmax(q k^T / sqrt(hs)) v
+        else:
+            z = self._attend(q, k, v, past, visible)
+        if edit_z is not None:
+            z = edit_z(z)
+        return self.c_proj(z.transpose(-2, -3).flatten(-2))
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, past: tuple[Tensor, Tensor] | None, visible: Tensor | None
+    ) -> Tensor:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        rows, width = q.shape[-2], k.shape[-2]
+        causal = torch.ones(width, width, dtype=torch.bool, device=q.device).tril()[width - rows :]  # (rows, W)
+        parts = [(q @ k.transpose(-1, -2) * scale, causal)]
+        if past is not None:
+            k_pre = past[0]  # (B, H, P, hs), shared by the window's copies
+            seen = torch.ones(1, dtype=torch.bool, device=q.device) if visible is None else visible
+            if seen.dim() == 2:  # (R, P) -> (R, 1, 1, 1, P) against scores (R, B, H, rows, P)
+                seen = seen.view(seen.shape[0], *([1] * (q.dim() - 2)), seen.shape[1])
+            parts.insert(0, (q @ k_pre.transpose(-1, -2) * scale, seen))
+        weights = attention_weights(parts, self.activation)
+        if past is None:
+            return weights @ v
+        p = past[0].shape[-2]
+        return weights[..., :p] @ past[1] + weights[..., p:] @ v
 
 
 class MLP(nn.Module):
@@ -61,16 +141,27 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, n_embd: int, n_head: int):
+    def __init__(self, n_embd: int, n_head: int, activation: str = "softmax"):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, eps=LN_EPS)
-        self.attn = Attention(n_embd, n_head)
+        self.attn = Attention(n_embd, n_head, activation)
         self.ln_2 = nn.LayerNorm(n_embd, eps=LN_EPS)
         self.mlp = MLP(n_embd)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+    def forward(
+        self,
+        x: Tensor,
+        past: tuple[Tensor, Tensor] | None = None,
+        visible: Tensor | None = None,
+        rows: int | None = None,
+        edit: BlockEdit | None = None,
+    ) -> Tensor:
+        a = self.attn(self.ln_1(x), past, visible, rows, edit.z if edit else None)
+        x = (x if rows is None else x[..., -rows:, :]) + a
+        m = self.mlp(self.ln_2(x))
+        if edit is not None and edit.mlp is not None:
+            m = edit.mlp(m)
+        return x + m
 
 
 class Backbone(nn.Module):
@@ -79,12 +170,14 @@ class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.wpe = nn.Embedding(2 * cfg.n_positions, cfg.n_embd)
-        self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head) for _ in range(cfg.n_layer))
+        self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head, cfg.attn_activation) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=LN_EPS)
 
 
 class GPT2ICL(ReadInOutModel, nn.Module):
     family = "gpt2"
+    capture_backend = "transformer_lens"  # probe/capture/backends.py
+    runner = "gpt2"  # probe/interventions/runner.py
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -101,21 +194,65 @@ class GPT2ICL(ReadInOutModel, nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
+    @property
+    def blocks(self) -> list[Block]:
+        return list(self._backbone.h)  # type: ignore[arg-type]
+
+    @property
+    def final_norm(self) -> nn.LayerNorm:
+        return self._backbone.ln_f
+
+    def embed(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Read-in of encoded tokens (..., T, token_dim) plus the positional embedding of `positions`
+        (index tensor broadcastable to (..., T); None: no positions, as the bridge adds its own)."""
+        h = self._read_in(tokens)
+        return h if positions is None else h + self._backbone.wpe.weight[positions]
+
+    def embed_prompts(self, xs: Tensor, ys: Tensor, positions: bool = True) -> Tensor:
+        """The stream entering block 0 (B, 2n, D) for prompts xs (B, n, d), ys (B, n)."""
+        n = xs.shape[1]
+        tokens = interleave(xs, ys, self.config.encoding)  # (B, 2n, token_dim)
+        return self.embed(tokens, torch.arange(2 * n, device=xs.device) if positions else None)
+
+    def keys_values(self, resid: list[Tensor]) -> KeyValues:
+        """Every block's keys and values (B, H, T, hs) for the streams entering it (run(...).resid)."""
+        kv = [block.attn.split(block.ln_1(h)) for block, h in zip(self.blocks, resid)]
+        return [(k, v) for _, k, v in kv]
+
+    def resume(
+        self,
+        h: Tensor,
+        start: int = 0,
+        stop: int | None = None,
+        past: KeyValues | None = None,
+        visible: Tensor | None = None,
+        last_only: bool = False,
+        edit: BlockEdit | None = None,
+    ) -> Tensor:
+        """Blocks start..stop-1 (default to the last) run on the stream h (..., W, D) entering block
+        `start`: h may be a window of tokens after P cached ones, whose keys and values per block
+        are `past` (shared by the window's R copies when h is (R, B, W, D); `visible` (R, P) says
+        which each copy sees). `last_only`: the last block computes the window's last token only.
+        `edit` changes block `start` (interventions). Returns the stream after block stop-1."""
+        stop = len(self.blocks) if stop is None else stop
+        for i in range(start, stop):
+            rows = 1 if last_only and i == stop - 1 else None
+            h = self.blocks[i](h, past[i] if past else None, visible, rows, edit if i == start else None)
+        return h
+
     def lens(self, resid: Tensor) -> Tensor:
         """The model's own read-out applied to any layer's raw stream: read_out(ln_f(h))."""
-        return self.readout(self._backbone.ln_f(resid))
+        return self.readout(self.final_norm(resid))
 
     def run(self, xs: Tensor, ys: Tensor) -> ModelOutput:
         """Predictions and every layer boundary's residual stream for prompts xs (B, n, d), ys (B, n)."""
-        n = xs.shape[1]
-        tokens = interleave(xs, ys, self.config.encoding)  # (B, 2n, d)
-        h = self._read_in(tokens) + self._backbone.wpe.weight[: 2 * n]  # (B, 2n, D)
+        h = self.embed_prompts(xs, ys)  # (B, 2n, D)
         resid = [h]
-        for block in self._backbone.h:
+        for block in self.blocks:
             h = block(h)
             resid.append(h)
-        final = self._backbone.ln_f(h)
-        pred = self.readout(final[:, x_positions(n)])  # (B, n)
+        final = self.final_norm(h)
+        pred = self.readout(final[:, x_positions(xs.shape[1])])  # (B, n)
         return ModelOutput(pred=pred, resid=resid, final=final)
 
     def forward(self, xs: Tensor, ys: Tensor) -> Tensor:

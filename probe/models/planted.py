@@ -105,6 +105,8 @@ class Layout:
 
 class PlantedICL(nn.Module):
     family = "planted"
+    capture_backend = "planted"  # probe/capture/backends.py
+    runner = "planted"  # probe/interventions/runner.py
     q: nn.Parameter  # (L, heads, W, W) query maps
     k: nn.Parameter
     v: nn.Parameter
