@@ -184,6 +184,7 @@ def test_readout_and_probe_are_scikit_learn_estimators():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the array-API check is skipped without SCIPY_ARRAY_API
         check_estimator(RidgeReadout())
+        check_estimator(AttentionPoolProbe(steps=20))  # 2-D data: one position per sample
     rng = np.random.default_rng(0)
     X = rng.standard_normal((120, 5))
     y = X @ rng.standard_normal(5) + 0.1 * rng.standard_normal(120)
@@ -196,7 +197,7 @@ def test_readout_and_probe_are_scikit_learn_estimators():
     assert np.isfinite(search.cv_results_["mean_test_score"]).all() and search.best_params_["alpha"] != 10.0
     with pytest.raises(NotFittedError):
         RidgeReadout().predict(X)
-    # the probe: 3-D input, so no generic checks; parameters, cloning, scoring and search work
+    # the probe on 3-D input (samples x positions x width): parameters, cloning, scoring and search
     H = rng.standard_normal((96, 4, 6)).astype(np.float32)
     Y = H[:, 2, :2] * 2.0
     probe = AttentionPoolProbe(steps=5).set_params(steps=150, lr=1e-2)
@@ -206,8 +207,37 @@ def test_readout_and_probe_are_scikit_learn_estimators():
     assert probe.fit(H, Y).score(H, Y) > 0.9 and probe.n_features_in_ == 6
     search = GridSearchCV(AttentionPoolProbe(lr=1e-2), {"steps": [1, 150]}, cv=2).fit(H, Y[:, 0])
     assert np.isfinite(search.cv_results_["mean_test_score"]).all() and search.best_params_["steps"] == 150
-    with pytest.raises(ValueError, match=r"expects H of shape \(N, P, D\)"):
+    with pytest.raises(ValueError, match=r"H has \(1, 6\) \(positions, width\) but the probe was fitted on \(4, 6\)"):
         probe.predict(H[:, 0])
+
+
+def test_the_documented_estimators_reproduce_the_batched_fits():
+    """AttentionPoolProbe with fit_probes' settings equals fit_probes' probe for one (layer,
+    prefix, target), and RidgeReadout(alpha chosen) equals fit_layer_readouts' layer read-out."""
+    from probe.analysis.probes import AttentionPoolProbe, fit_probes
+
+    states, all_targets = _calibration_states(300)
+    train, test = slice(0, 200), slice(200, 300)
+    targets, test_targets = {"xty": all_targets["xty"][train]}, {"xty": all_targets["xty"][test]}
+    combos = [(2, "xty"), (5, "xty")]
+    for kind in ("linear", "mlp"):
+        table = fit_probes(states[:, train], targets, states[:, test], test_targets, combos, kind, steps=60,
+                           lr=[0.1, 0.01], hidden=[32], eval_every=10, patience=2)
+        for layer in (1, 3):
+            for t, _ in combos:
+                row = table[(table.layer == layer) & (table.prefix == t)].iloc[0]
+                probe = AttentionPoolProbe(kind, steps=60, lr=(0.1, 0.01), hidden=32, eval_every=10, patience=2)
+                probe.fit(states[layer, train, : 2 * t].numpy(), targets["xty"][:, t].numpy())
+                assert (probe.lr_, probe.n_steps_, probe.converged_) == (row.lr, row.steps, row.converged)
+                got = probe.score(states[layer, test, : 2 * t].numpy(), test_targets["xty"][:, t].numpy())
+                assert got == pytest.approx(row.r2, abs=1e-5)
+    feats = np.random.default_rng(1).standard_normal((3, 40, 6, 5))
+    ys_r = feats[1, ..., 0] - 2 * feats[2, ..., 1] + 0.1 * np.random.default_rng(2).standard_normal((40, 6))
+    fitted = fit_layer_readouts(feats[:, :30], ys_r[:30], feats[:, 30:], ys_r[30:], alphas=(1e-4, 1.0, 100.0))
+    for layer in range(3):
+        est = RidgeReadout(fitted.alpha[layer]).fit(feats[layer, :30].reshape(-1, 5), ys_r[:30].reshape(-1))
+        np.testing.assert_allclose(est.coef_, fitted.coef[layer], atol=1e-12)
+        assert est.intercept_ == pytest.approx(fitted.intercept[layer], abs=1e-12)
 
 
 def _calibration_states(n: int, seed: int = 3):
@@ -244,8 +274,9 @@ def test_probe_calibration_on_states_with_known_content():
 
 
 def test_probes_that_hit_the_step_limit_say_so():
-    from probe.analysis.probes import fit_probes, probe_summary
+    from probe.analysis.probes import fit_probes
     from probe.report.findings import caveats
+    from probe.report.summary import probe_summary
 
     states, targets = _calibration_states(300)
     table = fit_probes(states[:, :200], {"xty": targets["xty"][:200]}, states[:, 200:], {"xty": targets["xty"][200:]},
@@ -261,7 +292,7 @@ def test_probe_streams_go_to_disk_when_the_memory_budget_is_spent(tmp_path, monk
     are a memmap on disk, equal to the in-memory ones."""
     import importlib
 
-    from probe.analysis.probes import by_position_streams
+    from probe.capture.streams import by_position_streams
     from probe.formats import load_checkpoint
     from probe.validate import memory_headroom, resident_memory, set_memory_budget
 
@@ -270,7 +301,7 @@ def test_probe_streams_go_to_disk_when_the_memory_budget_is_spent(tmp_path, monk
     xs, ys = torch.randn(512, 16, 4, generator=g), torch.randn(512, 16, generator=g)
     in_memory = by_position_streams(model, xs, ys, chunk=128)
     assert in_memory.shape == (9, 32, 512, 64)
-    monkeypatch.setattr(importlib.import_module("probe.capture.capture"), "spill_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(importlib.import_module("probe.capture.streams"), "spill_dir", lambda: str(tmp_path))
     set_memory_budget(resident_memory())
     try:
         assert memory_headroom() < 128 << 20  # the floor, or what was allocated since

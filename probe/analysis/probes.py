@@ -28,6 +28,7 @@ import torch
 from sklearn.base import BaseEstimator, RegressorMixin
 from torch import Tensor, nn
 
+from ..capture.streams import by_position_streams
 from ..errors import ConfigError
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
@@ -64,8 +65,10 @@ class ProbeGrid(nn.Module):
         self.n_layers, self.n_per_layer = n_layers, n_per_layer
         self.groups: list[tuple[slice, int]] = []  # (probes of each layer, positions they read), see fit_probes
         n_probes = n_layers * n_per_layer
+        # every probe of the grid starts from the same draw (seeded by `seed`), so a probe trained
+        # alone (AttentionPoolProbe) starts where it would in any grid
         g = torch.Generator().manual_seed(seed)
-        init = lambda *shape, fan: torch.randn(*shape, generator=g) / math.sqrt(fan)
+        init = lambda n, *shape, fan: (torch.randn(*shape, generator=g) / math.sqrt(fan)).expand(n, *shape).clone()
         self.kind = kind
         self.scores = nn.Parameter(torch.zeros(n_probes, n_positions))  # s, uniform attention at start
         if kind == "linear":  # W_v folded into the head: (G, D, d)
@@ -127,8 +130,9 @@ class _Fit:
     val_r2: Tensor
     steps: Tensor
     converged: Tensor
-    pred: Tensor  # (L+1, M, N_test, d)
+    pred: Tensor | None  # (L+1, M, N_test, d), when test states were given
     alpha: Tensor  # (L+1, M, P)
+    grid: ProbeGrid
 
 
 def _predict(grid: ProbeGrid, states_by_position: Tensor, mask: Tensor, shape: tuple[int, int, int]) -> Tensor:
@@ -166,8 +170,10 @@ def _train_until_stable(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Adam on minibatches of prompts; every `eval_every` steps each probe's validation R^2 is
     computed and its parameters kept when they improve it by more than 1e-4. A probe has
-    converged once `patience` evaluations in a row bring no improvement; training stops when all
-    have, or at `steps`. The grid ends with every probe's best parameters.
+    converged once `patience` evaluations in a row bring no improvement, and its kept parameters
+    are final from then on (so a probe's result does not depend on the others in its grid);
+    training stops when all have converged, or at `steps`. The grid ends with every probe's best
+    parameters.
     States are by position, (L+1, P, N, D). Returns (best validation R^2, step of the best,
     converged), each (L+1, M)."""
     n_layers, m, d = grid.n_layers, y_fit.shape[0], y_fit.shape[-1]
@@ -186,7 +192,7 @@ def _train_until_stable(
         if step % eval_every and step != steps:
             continue
         val = r2_score(y_val.unsqueeze(0), _predict(grid, val_states, mask, (n_layers, m, d))).mean(-1).flatten().cpu()
-        better = val > best + 1e-4
+        better = (val > best + 1e-4) & (stale < patience)
         best, best_step = torch.where(better, val, best), torch.where(better, step, best_step)
         stale = torch.where(better, 0, stale + 1)
         for keep, param in zip(kept, grid.parameters()):
@@ -201,7 +207,7 @@ def _train_until_stable(
 
 
 def _fit_once(
-    states: tuple[Tensor, Tensor, Tensor],
+    states: tuple[Tensor, Tensor, Tensor | None],
     targets: tuple[Tensor, Tensor],
     combos,
     kind: str,
@@ -212,16 +218,16 @@ def _fit_once(
     """Train one grid (one learning rate and width) with early stopping; predict the test prompts."""
     fit_states, val_states, test_states = states
     y_fit, y_val = targets
-    n_layers, n_pos, _, width = test_states.shape
+    n_layers, n_pos, _, width = fit_states.shape
     m, d = len(combos), y_fit.shape[-1]
     prefixes = torch.tensor([t for t, _ in combos]).repeat(n_layers)  # (G,)
     mask = (torch.arange(n_pos).view(1, -1) < (2 * prefixes).view(-1, 1)).to(fit_states.device)
     grid = ProbeGrid(n_layers, m, n_pos, width, d, kind, hidden=hidden, seed=opts["seed"]).to(fit_states.device)
     grid.groups = _prefix_groups([t for t, _ in combos])
     val_r2, steps, converged = _train_until_stable(grid, fit_states, y_fit, val_states, y_val, mask, lr=lr, **opts)
-    pred = _predict(grid, test_states, mask, (n_layers, m, d)).cpu().double()
+    pred = None if test_states is None else _predict(grid, test_states, mask, (n_layers, m, d)).cpu().double()
     alpha = grid.attention(mask).detach().cpu().view(n_layers, m, -1)
-    return _Fit(val_r2, steps, converged, pred, alpha)
+    return _Fit(val_r2, steps, converged, pred, alpha, grid)
 
 
 def fit_probes(
@@ -272,7 +278,7 @@ def fit_probes(
     on_device = lambda s: s.float().to(device)
     fit_states, val_states = on_device(train_states[:, :, fit_part]), on_device(train_states[:, :, n_train - n_val :])
     opts = {"steps": steps, "batch_size": batch_size, "eval_every": eval_every, "patience": patience, "seed": seed}
-    configs = [(float(r), int(h)) for r in np.atleast_1d(lr) for h in (np.atleast_1d(hidden) if kind == "mlp" else [0])]
+    configs = _configs(kind, lr, hidden)
     targets = (y_train[:, fit_part].to(device), y_train[:, n_train - n_val :].to(device))
     fits = [
         _fit_once((fit_states, val_states, on_device(test_states)), targets, combos, kind, r, h or 128, opts)
@@ -282,13 +288,18 @@ def fit_probes(
     return _probe_rows(fits, configs, choice, y_test.double().unsqueeze(0), combos, kind, n_pos)
 
 
+def _configs(kind: str, lr: float | Sequence[float], hidden: int | Sequence[int]) -> list[tuple[float, int]]:
+    """(learning rate, MLP width) pairs tried per probe; linear probes have no width (0)."""
+    return [(float(r), int(h)) for r in np.atleast_1d(lr) for h in (np.atleast_1d(hidden) if kind == "mlp" else [0])]
+
+
 def _probe_rows(
     fits: list[_Fit], configs: list[tuple[float, int]], choice: Tensor, truth: Tensor, combos, kind: str, n_pos: int
 ) -> pd.DataFrame:
     """The table of fit_probes from each probe's chosen configuration."""
     pick = lambda name: torch.stack([getattr(f, name) for f in fits])  # (C, L+1, M, ...)
     sel = lambda t: t.gather(0, choice.view(1, *choice.shape, *([1] * (t.dim() - 3))).expand(1, *t.shape[1:]))[0]
-    pred, alpha = sel(pick("pred")), sel(pick("alpha"))
+    pred, alpha = sel(torch.stack([f.pred for f in fits if f.pred is not None])), sel(pick("alpha"))
     val_r2, steps, converged = sel(pick("val_r2")), sel(pick("steps")), sel(pick("converged"))
     r2 = r2_score(truth, pred).mean(-1)  # (L+1, M): sklearn's multioutput="uniform_average"
     nmse = ((pred - truth) ** 2).mean((2, 3)) / truth.var(dim=(2, 3)).clamp_min(1e-12)
@@ -320,70 +331,118 @@ def _probe_rows(
 
 
 class AttentionPoolProbe(RegressorMixin, BaseEstimator):
-    """One attention-pooled probe as a scikit-learn estimator: fit(H (N, P, D), Y (N, d)).
+    """One attention-pooled probe (seed 002 eq. 20-22) as a scikit-learn estimator: fit(H (N, P, D), Y (N, d)).
 
-    get_params / set_params / clone, score (R^2 averaged over targets), NotFittedError before
-    fit, n_features_in_ = D. Its input is 3-D (prompts x positions x width), which
-    scikit-learn's generic estimator checks cannot generate; tests cover it in Pipeline-free
-    GridSearchCV instead.
+    The engine the reports run: `fit` holds out the last `val_fraction` of the prompts, standardises
+    Y with the others' mean and standard deviation, and trains as `fit_probes` does (same start,
+    minibatches, early stopping, and choice of learning rate and MLP width on the held-out
+    prompts). With a report's [probes] settings and one (layer, prefix t, target), H being that
+    layer's stream at the first 2t tokens, it reproduces the report's probe (tested). Defaults are
+    the quick recipe's. get_params / set_params / clone, score (R^2 averaged over targets),
+    NotFittedError before fit, n_features_in_ = D; fitted: lr_, hidden_, n_steps_, converged_.
     """
 
     def __init__(
-        self, kind: str = "linear", steps: int = 300, lr: float = 1e-3, batch_size: int = 128, random_state: int = 0
+        self,
+        kind: str = "linear",
+        steps: int = 300,
+        lr: float | tuple[float, ...] = (0.1, 0.01),
+        hidden: int | tuple[int, ...] = 128,
+        batch_size: int = 128,
+        eval_every: int = 25,
+        patience: int = 5,
+        val_fraction: float = 0.2,
+        random_state: int = 0,
     ):
-        self.kind, self.steps, self.lr, self.batch_size, self.random_state = kind, steps, lr, batch_size, random_state
+        self.kind, self.steps, self.lr, self.hidden = kind, steps, lr, hidden
+        self.batch_size, self.eval_every, self.patience = batch_size, eval_every, patience
+        self.val_fraction, self.random_state = val_fraction, random_state
 
-    @staticmethod
-    def _as_states(H) -> torch.Tensor:
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True  # Y may be (N, d)
+        return tags
+
+    def _as_states(self, H, reset: bool) -> torch.Tensor:
+        """H (N, P, D) as a float32 tensor; a 2-D H (N, D) is one position per prompt (so that
+        scikit-learn's generic checks, which make 2-D data, apply)."""
+        from sklearn.utils.validation import validate_data
+
+        if (H.ndim if isinstance(H, (np.ndarray, torch.Tensor)) else np.asarray(H).ndim) != 3:
+            return torch.from_numpy(np.array(validate_data(self, H, dtype=np.float32, reset=reset))[:, None, :])
         h = np.asarray(H, dtype=np.float32)
-        if h.ndim != 3 or 0 in h.shape:
+        if 0 in h.shape:
             raise ValueError(f"AttentionPoolProbe expects H of shape (N, P, D) with N, P, D >= 1, got {h.shape}")
         if not np.isfinite(h).all():
             raise ValueError("AttentionPoolProbe: H contains NaN or infinity")
+        if reset:
+            self.n_features_in_ = h.shape[2]
         return torch.from_numpy(np.array(h))
 
     def fit(self, H, Y) -> AttentionPoolProbe:
-        h = self._as_states(H)
-        y = np.asarray(Y, dtype=np.float32)
+        from sklearn.utils.validation import check_array
+
+        if Y is None:
+            raise ValueError("AttentionPoolProbe requires y to be passed, but the target y is None")
+        h = self._as_states(H, reset=True)
+        y = check_array(Y, dtype=np.float64, ensure_2d=False, input_name="Y")
         self.single_target_ = y.ndim == 1
         y = y[:, None] if y.ndim == 1 else y
-        if y.ndim != 2 or len(y) != len(h) or not np.isfinite(y).all():
-            raise ValueError(f"AttentionPoolProbe.fit expects finite Y (N, d) with N = {len(h)}, got shape {y.shape}")
+        if y.ndim != 2 or len(y) != len(h):
+            raise ValueError(f"AttentionPoolProbe.fit expects Y (N, d) with N = {len(h)}, got shape {y.shape}")
         if self.kind not in ("linear", "mlp"):
             raise ValueError(f"AttentionPoolProbe kind must be 'linear' or 'mlp', got {self.kind!r}")
-        target_values = torch.from_numpy(np.array(y))
-        self.n_features_in_ = h.shape[2]
+        n_val = max(1, round(len(h) * self.val_fraction))
+        if len(h) - n_val < 1:
+            raise ValueError(f"AttentionPoolProbe needs 2 samples or more (one held out), got {len(h)} sample")
         self.n_positions_ = h.shape[1]
-        self.mean_ = target_values.mean(0)
-        self.std_ = (
-            target_values.std(0).clamp_min(1e-8) if len(target_values) > 1 else torch.ones(target_values.shape[1])
-        )
-        torch.manual_seed(self.random_state)
-        self.grid_ = ProbeGrid(1, 1, h.shape[1], h.shape[2], target_values.shape[1], self.kind, seed=self.random_state)
-        opt = torch.optim.Adam(self.grid_.parameters(), lr=self.lr)
-        mask = torch.ones(1, h.shape[1], dtype=torch.bool)
-        g = torch.Generator().manual_seed(self.random_state)
-        target = ((target_values - self.mean_) / self.std_)[None]
-        for _ in range(self.steps):
-            idx = torch.randint(0, len(h), (min(self.batch_size, len(h)),), generator=g)
-            loss = ((self.grid_(h[idx][None], mask) - target[:, idx]) ** 2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        targets = torch.from_numpy(y)
+        fit_y = targets[: len(h) - n_val]
+        self.mean_ = fit_y.mean(0)
+        self.std_ = fit_y.std(0).nan_to_num(1.0).clamp_min(1e-8)
+        y_std = ((targets - self.mean_) / self.std_).float()[None]  # (1, N, d): one probe
+        states = h.transpose(0, 1)[None]  # (1, P, N, D): by position, as fit_probes trains
+        fit_part, val_part = slice(0, len(h) - n_val), slice(len(h) - n_val, len(h))
+        opts = {
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "eval_every": self.eval_every,
+            "patience": self.patience,
+            "seed": self.random_state,
+        }
+        combos = [((self.n_positions_ + 1) // 2, "")]  # a prefix whose 2t tokens cover all P positions
+        configs = _configs(self.kind, self.lr, self.hidden)
+        fits = [
+            _fit_once(
+                (states[:, :, fit_part], states[:, :, val_part], None),
+                (y_std[:, fit_part], y_std[:, val_part]),
+                combos,
+                self.kind,
+                r,
+                hid or 128,
+                opts,
+            )
+            for r, hid in configs
+        ]
+        best = int(torch.stack([f.val_r2.flatten() for f in fits]).argmax())
+        self.grid_ = fits[best].grid
+        self.lr_, self.hidden_ = configs[best]
+        self.n_steps_, self.converged_ = int(fits[best].steps), bool(fits[best].converged)
         return self
 
     def predict(self, H) -> np.ndarray:
         from sklearn.utils.validation import check_is_fitted
 
         check_is_fitted(self)
-        h = self._as_states(H)
+        h = self._as_states(H, reset=False)
         if h.shape[1:] != (self.n_positions_, self.n_features_in_):
             raise ValueError(
                 f"H has {tuple(h.shape[1:])} (positions, width) but the probe was fitted on "
                 f"{(self.n_positions_, self.n_features_in_)}"
             )
+        mask = torch.ones(1, h.shape[1], dtype=torch.bool)
         with torch.no_grad():
-            out = self.grid_(h[None], torch.ones(1, h.shape[1], dtype=torch.bool))[0]
+            out = self.grid_(h.transpose(0, 1)[None], mask, layout="lpnd")[0].double()
         pred = (out * self.std_ + self.mean_).numpy()
         return pred[:, 0] if self.single_target_ else pred
 
@@ -394,32 +453,6 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
 
 def default_prefixes(n_dims: int, n_points: int) -> tuple[int, ...]:
     return tuple(sorted({t for t in (1, n_dims, 2 * n_dims, n_points - 1) if 1 <= t < n_points}))
-
-
-def by_position_streams(model, xs: Tensor, ys: Tensor, device: str = "cpu", chunk: int = 64) -> Tensor:
-    """Every layer boundary's residual stream at every token, by position: (L+1, 2n, N, D) float32.
-
-    Captured `chunk` prompts at a time straight into that layout, so the probes never hold a
-    second copy; above half the memory headroom (`--max-memory` less what the process holds) the
-    array is a memmap on disk."""
-    import os
-
-    from ..capture import RESID, capture
-    from ..capture.capture import spill_dir
-    from ..validate import memory_headroom
-
-    n_prompts, n = xs.shape[:2]
-    shape = (model.n_layers + 1, 2 * n, n_prompts, model.d_model)
-    if 4 * math.prod(shape) > memory_headroom() // 2:
-        path = os.path.join(spill_dir(), "probe_streams.npy")
-        array: np.ndarray = np.lib.format.open_memmap(path, "w+", np.float32, shape)
-    else:
-        array = np.empty(shape, dtype=np.float32)
-    for lo in range(0, n_prompts, chunk):
-        # a chunk is copied out at once: never spilled on its own (its batch still fits the budget)
-        cap = capture(model, xs[lo : lo + chunk], ys[lo : lo + chunk], hooks=[RESID], device=device, max_bytes=1 << 62)
-        array[:, :, lo : lo + chunk] = np.asarray(cap.acts[RESID]).transpose(0, 2, 1, 3)
-    return torch.from_numpy(array)
 
 
 def probe_study(
@@ -464,7 +497,7 @@ def probe_study(
         "seed": seed,
         "device": device,
     }
-    streams = lambda m, p: by_position_streams(m, p.xs, p.ys, device)
+    streams = lambda m, p: by_position_streams(m, p.xs, p.ys, device)  # probe/capture/streams.py
     states: dict[str, tuple[Tensor, Tensor]] = {}  # control -> (train, test) residual streams, captured once
     for control, m, kind in tqdm(jobs, desc="probes", disable=not progress, leave=False):
         if control not in states:
@@ -480,29 +513,3 @@ def probe_study(
             frames.append(frame.assign(control="shuffled"))
         del states_train, states_test  # so that the next model's capture does not sit beside them
     return pd.concat(frames, ignore_index=True)
-
-
-def probe_summary(table: pd.DataFrame) -> dict:
-    """Per target and kind: R^2 by layer (mean over prefixes >= d... all probed prefixes), with
-    the random-model and shuffled controls aligned by layer, and the best layer."""
-    out: dict = {}
-    for (target, kind), rows in table.groupby(["target", "kind"]):
-        by = rows.groupby(["control", "layer"]).r2.mean()
-        layers = sorted(rows.layer.unique())
-        main = [float(by.get(("none", l), np.nan)) for l in layers]
-        entry: dict[str, Any] = {
-            "layer": layers,
-            "r2": main,
-            "control_r2": [float(by.get(("random_model", l), np.nan)) for l in layers],
-            "shuffled_r2": [float(by.get(("shuffled", l), np.nan)) for l in layers],
-        }
-        entry["best_layer"] = int(layers[int(np.nanargmax(main))])
-        own = rows[rows.control == "none"]
-        entry["by_prefix"] = {
-            int(t): [float(v) for v in g.groupby("layer").r2.mean().reindex(layers)] for t, g in own.groupby("prefix")
-        }
-        if "converged" in rows:
-            entry["converged_share"] = float(own.converged.mean())
-            entry["max_steps_used"] = int(own.steps.max())
-        out.setdefault(target, {})[kind] = entry
-    return out

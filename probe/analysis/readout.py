@@ -1,8 +1,9 @@
 """Per-layer readout retraining (seed 003 §4.1, Def. 3): a fresh u^T h + v on each frozen layer.
 
-`RidgeReadout` is a scikit-learn-style estimator for one layer; `fit_layer_readouts` fits every
-layer and every ridge penalty in one batched solve and keeps, per layer, the penalty with the
-lowest error on validation prompts. With a read-out each layer becomes a predictor.
+`RidgeReadout` is a scikit-learn estimator for one layer and the engine of the reports:
+`fit_layer_readouts` scores every layer and every ridge penalty in one batched solve, keeps per
+layer the penalty with the lowest error on validation prompts, and fits that layer's read-out
+as `RidgeReadout(alpha).fit(states, ys)`. With a read-out each layer becomes a predictor.
 """
 
 from __future__ import annotations
@@ -111,9 +112,13 @@ def fit_layer_readouts(
         [((_layer_design(s) @ beta[:, layer].T - yv[:, None]) ** 2).mean(0) for layer, s in enumerate(val_states)],
         dim=1,
     )  # (A, L+1)
-    pick = val_err.argmin(0)
-    chosen = beta[pick, torch.arange(beta.shape[1])]
-    return LayerReadouts(chosen[:, :-1].numpy(), chosen[:, -1].numpy(), alphas_t[pick].numpy(), val_err.numpy())
+    pick = alphas_t[val_err.argmin(0)].numpy()
+    fitted = [
+        RidgeReadout(float(alpha)).fit(np.asarray(s).reshape(-1, s.shape[-1]), y.numpy())
+        for alpha, s in zip(pick, train_states)
+    ]
+    coef = np.stack([est.coef_ for est in fitted])
+    return LayerReadouts(coef, np.array([est.intercept_ for est in fitted]), pick, val_err.numpy())
 
 
 def _layer_design(states) -> torch.Tensor:

@@ -31,12 +31,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.probes import probe_study, probe_summary
+    from ..analysis.probes import probe_study
     from ..errors import ConfigError
     from ..formats import load_checkpoint
     from ..provenance import stamp
     from ..report import figures
     from ..report.build import probe_control_model
+    from ..report.summary import probe_summary
 
     out_target = output_target(args, "probes", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)

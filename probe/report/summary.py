@@ -187,8 +187,6 @@ def optional_blocks(built) -> dict[str, Any]:
             "statistic": "root mean square over prompts of ||w - P_t w|| / ||w||",
         }
     if "probes" in t:
-        from ..analysis.probes import probe_summary
-
         out["probes"] = probe_summary(t["probes"])
         out["probes"]["target_normalisation"] = (
             "standardised per prefix and coordinate with training-prompt mean and std"
@@ -203,4 +201,30 @@ def optional_blocks(built) -> dict[str, Any]:
         block = dict(built.data["interventions"])
         block["verdicts"] = [iteration_verdict(label, entry) for label, entry in block.get("iteration", {}).items()]
         out["interventions"] = block
+    return out
+
+
+def probe_summary(table: pd.DataFrame) -> dict:
+    """Per target and kind: R^2 by layer (mean over prefixes >= d... all probed prefixes), with
+    the random-model and shuffled controls aligned by layer, and the best layer."""
+    out: dict = {}
+    for (target, kind), rows in table.groupby(["target", "kind"]):
+        by = rows.groupby(["control", "layer"]).r2.mean()
+        layers = sorted(rows.layer.unique())
+        main = [float(by.get(("none", l), np.nan)) for l in layers]
+        entry: dict[str, Any] = {
+            "layer": layers,
+            "r2": main,
+            "control_r2": [float(by.get(("random_model", l), np.nan)) for l in layers],
+            "shuffled_r2": [float(by.get(("shuffled", l), np.nan)) for l in layers],
+        }
+        entry["best_layer"] = int(layers[int(np.nanargmax(main))])
+        own = rows[rows.control == "none"]
+        entry["by_prefix"] = {
+            int(t): [float(v) for v in g.groupby("layer").r2.mean().reindex(layers)] for t, g in own.groupby("prefix")
+        }
+        if "converged" in rows:
+            entry["converged_share"] = float(own.converged.mean())
+            entry["max_steps_used"] = int(own.steps.max())
+        out.setdefault(target, {})[kind] = entry
     return out

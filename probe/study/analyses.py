@@ -296,6 +296,7 @@ def model_fields(path: Path) -> dict[str, Any]:
         "n_layer": m.n_layer,
         "n_embd": m.n_embd,
         "n_head": m.n_head,
+        "attn_activation": m.attn_activation if m.family == "gpt2" else None,
         "n_dims": t.n_dims,
         "n_points": t.n_points,
         "task": t.name,
