@@ -13,10 +13,11 @@ from torch import nn
 
 from .config import TaskConfig
 from .learners import run_learner
+from .seeds import Stream
 from .stats import bootstrap_mean, bootstrap_r2, r2_score
 from .tasks import Prompts, generator_for, sample_prompts
 
-EVAL_STREAM = 7_777_777  # keeps evaluation prompts apart from the training stream
+EVAL_STREAM = Stream.EVALUATION  # keeps evaluation prompts apart from the training stream
 
 
 def eval_prompts(task: TaskConfig, n_prompts: int, seed: int, n_points: int | None = None) -> Prompts:

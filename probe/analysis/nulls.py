@@ -33,11 +33,10 @@ def null_predictions(
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "family", None) in ("gpt2", "lstm"):
         from ..evaluate import predict
-        from ..models import build_model
+        from ..seeds import random_weights_model
         from ..tasks import Prompts
 
-        torch.manual_seed(seed + 99)  # the probes' random-weights control uses the same seed
-        random_model = build_model(config).eval()
+        random_model = random_weights_model(config, seed)  # the probes' control model
         nulls["random_model"] = predict(random_model, Prompts(xs, ys), device=device).double()
     return nulls
 

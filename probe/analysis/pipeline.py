@@ -18,6 +18,7 @@ import torch
 
 from ..config import TaskConfig
 from ..errors import ConfigError
+from ..seeds import Stream
 from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings, quick_sweeps
 from ..similarity import induced_weights
 from ..tasks import generator_for, sample_prompts
@@ -28,7 +29,7 @@ from .span import span_table
 from .states import query_states, x_states
 
 log = logging.getLogger(__name__)
-STREAMS = {"train": 101, "val": 102, "test": 103, "queries": 104}
+STREAMS = {"train": Stream.READOUT_TRAIN, "val": Stream.READOUT_VAL, "test": Stream.TEST, "queries": Stream.QUERIES}
 
 
 @dataclass

@@ -32,6 +32,7 @@ from ..capture.streams import by_position_streams
 from ..errors import ConfigError
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
+from ..seeds import Offset, Stream, stream_generator
 from ..settings import ProbeSettings
 from ..stats import r2_score
 
@@ -469,7 +470,7 @@ def probe_study(
     prompts, with controls: `random_model` (the same probes on `control_model`, e.g. the
     architecture with random weights) and `shuffled` (targets permuted across prompts). Column
     `control` says which rows are which."""
-    from ..tasks import generator_for, sample_prompts
+    from ..tasks import sample_prompts
 
     prefixes = settings.prefixes or default_prefixes(task.n_dims, task.n_points)
     combos = [(t, target) for t in prefixes for target in settings.targets]
@@ -477,8 +478,8 @@ def probe_study(
 
     device = check_device(device)
     n_test = positive_int(n_test, "probe test prompts")
-    train = sample_prompts(task, settings.prompts, generator=generator_for(seed, 201))
-    test = sample_prompts(task, n_test, generator=generator_for(seed, 202))
+    train = sample_prompts(task, settings.prompts, generator=stream_generator(seed, Stream.PROBE_TRAIN))
+    test = sample_prompts(task, n_test, generator=stream_generator(seed, Stream.PROBE_TEST))
     targets_train = {k: probe_targets(train.xs, train.ys, k) for k in settings.targets}
     targets_test = {k: probe_targets(test.xs, test.ys, k) for k in settings.targets}
     models = [("none", model)] + (
@@ -507,7 +508,7 @@ def probe_study(
         frame = fit_probes(states_train, targets_train, states_test, targets_test, combos, kind, **fit, layout="lpnd")
         frames.append(frame.assign(control=control))
         if control == "none" and settings.controls:
-            perm = torch.randperm(settings.prompts, generator=torch.Generator().manual_seed(seed + 7))
+            perm = torch.randperm(settings.prompts, generator=torch.Generator().manual_seed(seed + Offset.SHUFFLE))
             shuffled = {k: v[perm] for k, v in targets_train.items()}
             frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kind, **fit, layout="lpnd")
             frames.append(frame.assign(control="shuffled"))

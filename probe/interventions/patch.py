@@ -45,12 +45,13 @@ from torch import Tensor
 from ..capture import hooks as H
 from ..config import TaskConfig
 from ..errors import ConfigError
+from ..seeds import Stream
 from ..settings import PATCH_SITES
 from ..stats import bootstrap_ratio
 from .runner import Runner, boundary_hook_name, patch_hook
 
 SITES = PATCH_SITES
-STREAM = 9_191_919  # the corrupted functions' sampling stream
+STREAM = Stream.CORRUPTED  # the corrupted functions' sampling stream
 
 
 def paired_prompts(

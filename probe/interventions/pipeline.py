@@ -17,12 +17,13 @@ import pandas as pd
 
 from ..config import TaskConfig, to_dict
 from ..errors import ConfigError
+from ..seeds import Offset
 from ..settings import InterventionSettings
 from .ablate import ablate, summarise_ablation
 from .patch import context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
 from .runner import runner_for
 
-HELD_OUT_SEED_OFFSET = 1  # mean-ablation means come from prompts of seed + 1
+HELD_OUT_SEED_OFFSET = Offset.HELD_OUT  # mean-ablation means come from prompts of seed + 1
 PARTS = ("ablate", "patch", "iteration")
 
 

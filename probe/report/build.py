@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 
 from ..checkpoint import LoadedCheckpoint
 from ..outputs import OutputTarget, safe_name
+from ..seeds import Stream, stream_generator
 from . import figures
 from .cache import StageCache, _jsonable
 from .recipe import Recipe, adapt_recipe
@@ -74,11 +74,10 @@ def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
 
 
 def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
-    """The probes' random-weights control: the checkpoint's architecture, initialised from seed + 99."""
-    from ..models import build_model
+    """The probes' random-weights control (probe/seeds.py)."""
+    from ..seeds import random_weights_model
 
-    torch.manual_seed(seed + 99)
-    return build_model(ckpt.config.model).eval()
+    return random_weights_model(ckpt.config.model, seed)
 
 
 def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
@@ -92,9 +91,11 @@ def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
 
 def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
     from ..analysis.forgetting import forgetting_table
-    from ..tasks import generator_for, sample_prompts
+    from ..tasks import sample_prompts
 
-    p = sample_prompts(ckpt.config.task, recipe.forgetting.prompts, generator=generator_for(recipe.prompts.seed, 301))
+    p = sample_prompts(
+        ckpt.config.task, recipe.forgetting.prompts, generator=stream_generator(recipe.prompts.seed, Stream.FORGETTING)
+    )
     learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in recipe.forgetting.learners}
     return {"forgetting": forgetting_table(ckpt.model, p.xs, p.ys, learners, device)}, {}
 

@@ -189,11 +189,12 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
     predictions against each [[compare]] learner, on fresh queries per prefix."""
     from ..analysis.matching import learner_weights
     from ..learners import run_learner
+    from ..seeds import Stream, stream_generator
     from ..similarity import first_best, ilw, induced_weights, sime, spd
-    from ..tasks import generator_for, sample_prompts
+    from ..tasks import sample_prompts
 
-    prompts = sample_prompts(task, recipe.prompts, generator=generator_for(recipe.seed, 401))
-    g = generator_for(recipe.seed, 402)
+    prompts = sample_prompts(task, recipe.prompts, generator=stream_generator(recipe.seed, Stream.STUDY_PROMPTS))
+    g = stream_generator(recipe.seed, Stream.STUDY_QUERIES)
     n_q = recipe.queries or 4 * task.n_dims
     queries = torch.randn(recipe.prompts, n_q, task.n_dims, generator=g)
     if "sigma_sqrt" in prompts.params:
