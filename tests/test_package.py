@@ -72,3 +72,22 @@ def test_no_import_cycles():
 
 def test_cycle_finder_finds_a_planted_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_module_docstring_examples_run_as_doctests():
+    """Every `>>>` example in the package's docstrings runs and prints what it says."""
+    import doctest
+    import importlib
+
+    import probe
+
+    root = Path(probe.__file__).parent
+    tried = 0
+    for path in sorted(root.rglob("*.py")):
+        name = ".".join(("probe", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+        if name == "probe.__main__":
+            continue
+        result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, f"{name}: {result.failed} docstring example(s) failed"
+        tried += result.attempted
+    assert tried >= 2

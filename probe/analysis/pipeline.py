@@ -1,8 +1,11 @@
 """The layer analyses end to end: prompts -> states -> read-outs -> heatmaps, trend, span.
 
-settings = LayerSettings(prompts=PromptSettings(eval=512))
-result = analyse_layers(model, task, settings)
-result.best   # one row per (learner, metric, layer): best-matching k with intervals
+    >>> settings = LayerSettings(prompts=PromptSettings(test=512))
+    >>> settings.prompts.test, settings.n_induced
+    (512, 128)
+
+then `result = analyse_layers(model, task, settings)`; `result.best` has one row per (learner,
+metric, layer): the best-matching k with intervals.
 """
 
 from __future__ import annotations

@@ -38,9 +38,6 @@ class Capture:
     acts: dict[str, np.ndarray] = field(default_factory=dict)  # hook name (or "resid") -> array
     positions: np.ndarray | None = None  # token positions kept (None: all 2n)
 
-    def resid_at(self, boundary: int) -> np.ndarray:
-        return self.acts[RESID][boundary]
-
     def as_cache(self, model=None):
         """A TransformerLens `ActivationCache` keyed by TL hook names: "resid" becomes
         blocks.{l}.hook_resid_pre and blocks.{l}.hook_resid_post; other names are kept. `model`

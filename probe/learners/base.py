@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
 import torch
 from torch import Tensor
 
@@ -24,15 +23,6 @@ class LearnerResult:
     preds: Tensor  # (K, B, n): prediction for x_{t+1} after t examples
     weights: Tensor | None = None  # (K, B, n, d): weight vector held after t examples (linear learners)
     query_preds: Tensor | None = None  # (K, B, n, Q): predictions for extra queries after t examples
-
-    def grid_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.grid).assign(learner=self.name, index=range(len(self.grid)))
-
-    def select(self, index: int) -> LearnerResult:
-        pick = lambda t: None if t is None else t[index : index + 1]
-        return LearnerResult(
-            self.name, [self.grid[index]], self.preds[index : index + 1], pick(self.weights), pick(self.query_preds)
-        )
 
 
 def check_prompts(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> None:

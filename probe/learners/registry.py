@@ -16,10 +16,6 @@ class LearnerSpec:
     fn: Callable[..., Any]
     defaults: dict[str, Any]  # hyper-parameter name -> default grid
 
-    @property
-    def doc(self) -> str:
-        return (self.fn.__doc__ or "").strip().splitlines()[0]
-
 
 LEARNERS: Registry[LearnerSpec] = Registry("learner")
 
