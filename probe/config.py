@@ -297,7 +297,7 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
     for key, value in data.items():
         if key not in known:
             renamed = getattr(cls, "RENAMED", {})
-            raise ConfigError(f"{where + '.' if where else ''}" + unknown_name_message("key", key, known, renamed))
+            raise ConfigError(f"{where + ': ' if where else ''}" + unknown_name_message("key", key, known, renamed))
         kwargs[key] = _coerce(hints[key], value, f"{where}.{key}" if where else key)
     try:
         return cls(**kwargs)

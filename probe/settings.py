@@ -24,6 +24,8 @@ from typing import Any
 
 from .errors import ConfigError, RenamedSetting
 
+MIN_BOOTSTRAP = 20  # resamples: the 5th and 95th percentiles of fewer are the extremes
+
 
 def setting(default: Any, help: str, choices: Iterable[Any] | None = None) -> Any:
     """A settings field: its default (copied per instance when mutable) and one line of help."""
@@ -234,6 +236,11 @@ class SimilaritySettings:
         from .validate import positive_int
 
         positive_int(self.bootstrap, "similarity.bootstrap")
+        if self.bootstrap < MIN_BOOTSTRAP:
+            raise ConfigError(
+                f"similarity.bootstrap must be at least {MIN_BOOTSTRAP}, got {self.bootstrap}: a 90% interval "
+                f"from fewer resamples is made of the extreme resamples alone (e.g. --set similarity.bootstrap=500)"
+            )
 
 
 @dataclass

@@ -129,3 +129,15 @@ def test_export_to_garg_cli_round_trip(tmp_path, capsys):
     assert "Unknown export layout 'onnx'" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "run")]) == 2  # never over its input
     assert "error:" in capsys.readouterr().err
+
+
+def test_quiet_flag_before_or_after_the_command(ckpt, capsys):
+    import logging
+
+    for argv in (["-q", "inspect", str(ckpt)], ["inspect", str(ckpt), "-q"], ["inspect", "-q", str(ckpt)]):
+        logging.root.handlers.clear()
+        assert main(argv) == 0
+        assert logging.root.level == logging.WARNING
+    logging.root.handlers.clear()
+    assert main(["inspect", str(ckpt)]) == 0
+    assert logging.root.level == logging.INFO

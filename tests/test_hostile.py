@@ -256,8 +256,14 @@ for override, culprit in [
     ("interventions.kinds=['cut']", "unknown ablation kind 'cut'"), ("interventions.sites=['q']", "unknown site 'q'"),
     ("interventions.learners=['ogd']", "Unknown sweep with an iteration axis 'ogd'"),
     ("interventions.prompts=0", "interventions.prompts"), ("interventions.heads=some", "interventions.heads must be true"),
+    # settings that run but cannot give a meaningful number
+    ("similarity.bootstrap=1", "similarity.bootstrap must be at least 20"),
+    ("similarity.bootstrap=19", "similarity.bootstrap must be at least 20"),
+    ("prompts.queries=2", "prompts.queries = 2 is fewer than d = 3"),
+    ("prompts.tset=3", "prompts: Unknown key 'tset'. Did you mean: test?"),
 ]:
     case(f"report-set-{override}", [*REPORT, "--set", override], culprit)
+case("report-unknown-flag-after-the-command", [*REPORT, "--bogus"], "icl-probe report: error: unrecognized arguments: --bogus")
 for label, sweep, culprit in [
     ("fractional-steps", 'label = "g"\nlearner = "gd"\naxis = "steps"\ngrid = { steps = [2, 2.5] }', "sweep 'g': steps"),
     ("traversal-label", 'label = "../../x"\nlearner = "least_squares"', "sweep label"),

@@ -51,11 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
     for name, help_text in COMMANDS.items():
         module = importlib.import_module(f".{name}", __name__)
-        module.add_parser(
-            sub.add_parser(
-                name, help=help_text, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-            )
+        command = sub.add_parser(
+            name, help=help_text, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
         )
+        # -q also after the command; SUPPRESS keeps a -q given before it
+        command.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        module.add_parser(command)
+    parser.set_defaults(commands=sub.choices)
     return parser
 
 
@@ -79,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own parser words the error (its name, its --help)
+        args.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from ..checkpoint import LoadedCheckpoint
+from ..errors import ConfigError
 from ..outputs import OutputTarget, safe_name
 from ..seeds import Stream, stream_generator
 from . import figures
@@ -139,6 +140,12 @@ def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
     ):
         check_memory(count * per_prompt, f"{key}={count} on {ckpt.name}", f"lower {key} (e.g. --set {key}=512)")
     queries = p.queries or 4 * m.n_dims
+    if recipe.similarity.simw and queries < m.n_dims:
+        raise ConfigError(
+            f"prompts.queries = {queries} is fewer than d = {m.n_dims} on {ckpt.name}: a layer's induced weights "
+            f"(seed 003 eq. 11) solve for d unknowns from the queries, so SimW needs queries >= d "
+            f"(0 means 4 d; or --set similarity.simw=false)"
+        )
     check_memory(
         min(p.induced, p.test) * n * queries * (m.n_layer + 1) * 8 * 2,
         f"prompts.induced={p.induced} with {queries} queries",

@@ -196,6 +196,13 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
     prompts = sample_prompts(task, recipe.prompts, generator=stream_generator(recipe.seed, Stream.STUDY_PROMPTS))
     g = stream_generator(recipe.seed, Stream.STUDY_QUERIES)
     n_q = recipe.queries or 4 * task.n_dims
+    if n_q < task.n_dims:
+        from ..errors import ConfigError
+
+        raise ConfigError(
+            f"queries = {n_q} is fewer than d = {task.n_dims}: ILW's induced weights solve for d unknowns "
+            "from the queries, so a study needs queries >= d (0 means 4 d)"
+        )
     queries = torch.randn(recipe.prompts, n_q, task.n_dims, generator=g)
     if "sigma_sqrt" in prompts.params:
         queries = queries @ prompts.params["sigma_sqrt"]
