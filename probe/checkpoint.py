@@ -235,28 +235,69 @@ def garg_config_to_run(raw: dict[str, Any], source: Path) -> RunConfig:
     training = raw.get("training") or {}
     if not isinstance(training, dict):
         raise CheckpointError(f"{source}: `training:` must be a mapping, got {type(training).__name__}")
-    if not isinstance(training.get("task", "linear_regression"), str):
-        raise CheckpointError(f"{source}: training.task must be a task name, got {training.get('task')!r}")
-    task_name = {
-        "linear_regression": "linear_regression",
-        "sparse_linear_regression": "sparse_linear_regression",
-        "noisy_linear_regression": "linear_regression",
-        "relu_2nn_regression": "relu_network",
-    }.get(training.get("task", "linear_regression"), "linear_regression")
+    task = _garg_task(training, mc, source)
+    return RunConfig(model=mc, task=task)
+
+
+# Garg et al.'s tasks (src/tasks.py) that icl-probe has, and the task_kwargs each takes -> our TaskConfig field.
+GARG_TASKS: dict[str, tuple[str, dict[str, str]]] = {
+    "linear_regression": ("linear_regression", {"scale": "w_scale"}),
+    "sparse_linear_regression": ("sparse_linear_regression", {"scale": "w_scale", "sparsity": "sparsity"}),
+    "noisy_linear_regression": ("linear_regression", {"scale": "w_scale", "noise_std": "noise_std"}),
+}
+GARG_REFUSED_TASKS = {
+    "relu_2nn_regression": "their 2-layer network of width 100 with weights N(0, 1) scaled by sqrt(2/width) is not "
+    "icl-probe's relu_network task (N layers, 1/sqrt(fan-in), seed 001)",
+    "decision_tree": "icl-probe has no decision-tree task or learners",
+    "linear_classification": "icl-probe has no classification task (labels sign(x.w))",
+    "quadratic_regression": "icl-probe has no quadratic-regression task",
+}
+
+
+def _garg_task(training: dict[str, Any], mc: ModelConfig, source: Path) -> TaskConfig:
+    """The task of a Garg run: read from every field of their training block that changes the
+    data (task, task_kwargs, data, curriculum.points.end), or refused by name."""
+    name = training.get("task", "linear_regression")
+    if not isinstance(name, str):
+        raise CheckpointError(f"{source}: training.task must be a task name, got {name!r}")
+    if name in GARG_REFUSED_TASKS:
+        raise CheckpointError(f"{source}: training.task {name!r} is not supported: {GARG_REFUSED_TASKS[name]}")
+    if name not in GARG_TASKS:
+        raise CheckpointError(
+            f"{source}: training.task {name!r} is not a task icl-probe knows (known: {', '.join(GARG_TASKS)})"
+        )
+    data = training.get("data", "gaussian")
+    if data != "gaussian":
+        raise CheckpointError(
+            f"{source}: training.data {data!r} is not supported; only 'gaussian' inputs (x ~ N(0, I))"
+        )
     kwargs = training.get("task_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise CheckpointError(f"{source}: training.task_kwargs must be a mapping, got {kwargs!r}")
-    known = {"scale": "w_scale", "noise_std": "noise_std", "sparsity": "sparsity"}
-    try:
-        task = TaskConfig(
-            name=task_name,
-            n_dims=mc.n_dims,
-            n_points=mc.n_positions,
-            **{ours: kwargs[theirs] for theirs, ours in known.items() if theirs in kwargs},
+    ours, known = GARG_TASKS[name]
+    fields: dict[str, Any] = {"sparsity": 3} if ours == "sparse_linear_regression" else {}  # their default
+    for key, value in kwargs.items():
+        if key == "renormalize_ys" and value is False:
+            continue
+        if key == "valid_coords" and value in (None, mc.n_dims):
+            continue
+        if key not in known:
+            raise CheckpointError(
+                f"{source}: training.task_kwargs.{key} = {value!r} changes the {name} task in a way icl-probe does not "
+                f"implement (supported: {', '.join(known) or 'none'})"
+            )
+        fields[known[key]] = value
+    points = training.get("curriculum", {}).get("points", {}) if isinstance(training.get("curriculum"), dict) else {}
+    end = points.get("end", mc.n_positions) if isinstance(points, dict) else mc.n_positions
+    if not isinstance(end, int) or isinstance(end, bool) or not 1 <= end <= mc.n_positions:
+        raise CheckpointError(
+            f"{source}: training.curriculum.points.end = {end!r} must be an integer in 1..model.n_positions "
+            f"({mc.n_positions}); it is the prompt length their evaluation uses"
         )
+    try:
+        return TaskConfig(name=ours, n_dims=mc.n_dims, n_points=end, **fields)
     except (ConfigError, TypeError) as err:
         raise CheckpointError(f"{source}: training.task_kwargs {kwargs}: {err}") from None
-    return RunConfig(model=mc, task=task)
 
 
 def garg_weights_file(directory: Path) -> Path:
@@ -291,7 +332,7 @@ def load_garg(directory: Path) -> LoadedCheckpoint:
     return LoadedCheckpoint(model.eval(), config, "garg", directory, weights, meta)
 
 
-GARG_TASKS = {"linear_regression": "linear_regression", "sparse_linear_regression": "sparse_linear_regression"}
+EXPORTED_TASKS = {"linear_regression": "linear_regression", "sparse_linear_regression": "sparse_linear_regression"}
 
 
 def garg_training_block(config: RunConfig) -> dict[str, Any]:
@@ -302,13 +343,13 @@ def garg_training_block(config: RunConfig) -> dict[str, Any]:
     are refused by name.
     """
     task, train, cur = config.task, config.train, config.curriculum
-    if task.name not in GARG_TASKS or task.covariance != "isotropic":
+    if task.name not in EXPORTED_TASKS or task.covariance != "isotropic":
         raise ConfigError(
             f"task {task.name!r} with {task.covariance} inputs has no equivalent in Garg et al.'s "
             f"code; only isotropic linear_regression and sparse_linear_regression export"
         )
     kwargs: dict[str, Any] = {}
-    name = GARG_TASKS[task.name]
+    name = EXPORTED_TASKS[task.name]
     if task.w_scale != 1.0:
         kwargs["scale"] = task.w_scale  # their y = scale * x.w, i.e. w ~ N(0, scale^2 I)
     if task.name == "sparse_linear_regression":
@@ -349,7 +390,12 @@ def fresh_adam_state(n_params: int, lr: float) -> dict[str, Any]:
 
 
 def export_garg(
-    model: nn.Module, config: RunConfig, directory: Path, train_step: int = 0, run_name: str | None = None
+    model: nn.Module,
+    config: RunConfig,
+    directory: Path,
+    train_step: int = 0,
+    run_name: str | None = None,
+    out_dir: str | None = None,
 ) -> None:
     """Write a run directory that Garg et al.'s code (and the Iterative Newton paper's fork) loads,
     evaluates (`eval.get_run_metrics`) and continues training (`train.py` resumes from state.pt).
@@ -376,7 +422,7 @@ def export_garg(
             state["_backbone.wte.weight"] = torch.zeros(GARG_VOCAB, value.shape[1])
     m = config.model
     raw = {
-        "out_dir": str(directory.name),
+        "out_dir": out_dir or str(directory.name),
         "model": {
             "family": "gpt2",
             "n_dims": m.n_dims,

@@ -159,3 +159,47 @@ def test_pickled_code_is_refused_and_not_run(tmp_path):
     with pytest.raises(CheckpointError, match="refused to load: the file holds pickled Python objects"):
         load_checkpoint(run)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "culprit"),
+    [
+        ({"task": "decision_tree"}, "training.task 'decision_tree' is not supported: icl-probe has no decision-tree"),
+        ({"task": "relu_2nn_regression"}, "training.task 'relu_2nn_regression' is not supported: their 2-layer network"),
+        ({"task": "cubic"}, "training.task 'cubic' is not a task icl-probe knows"),
+        ({"data": "uniform"}, "training.data 'uniform' is not supported"),
+        ({"task": "noisy_linear_regression", "task_kwargs": {"noise_std": 1.0, "renormalize_ys": True}},
+         "training.task_kwargs.renormalize_ys = True changes the noisy_linear_regression task"),
+        ({"task_kwargs": {"hidden_layer_size": 4}}, "training.task_kwargs.hidden_layer_size = 4"),
+        ({"curriculum": {"points": {"start": 4, "end": 99, "inc": 1, "interval": 10}}},
+         r"training.curriculum.points.end = 99 must be an integer in 1..model.n_positions \(8\)"),
+    ],
+)
+def test_garg_configs_are_read_or_refused_by_name(tmp_path, change, culprit):
+    import yaml
+    from conftest import GargTransformerModel, write_garg_run
+
+    run = write_garg_run(tmp_path / "g", GargTransformerModel(3, 8, 16, 2, 2), 3, 8, 16, 2, 2)
+    conf = yaml.safe_load((run / "config.yaml").read_text())
+    conf["training"].update(change)
+    (run / "config.yaml").write_text(yaml.safe_dump(conf))
+    with pytest.raises(CheckpointError, match=culprit):
+        load_checkpoint(run)
+
+
+def test_garg_configs_honour_the_evaluation_length_noise_and_sparsity(tmp_path):
+    import yaml
+    from conftest import GargTransformerModel, write_garg_run
+
+    run = write_garg_run(tmp_path / "g", GargTransformerModel(3, 8, 16, 2, 2), 3, 8, 16, 2, 2)
+    conf = yaml.safe_load((run / "config.yaml").read_text())
+    conf["training"]["curriculum"]["points"]["end"] = 6  # their evaluation's prompt length
+    conf["training"]["task"] = "sparse_linear_regression"
+    conf["training"]["task_kwargs"] = {"valid_coords": 3}
+    (run / "config.yaml").write_text(yaml.safe_dump(conf))
+    task = load_checkpoint(run).config.task
+    assert (task.name, task.n_points, task.sparsity) == ("sparse_linear_regression", 6, 3)  # their default sparsity
+    conf["training"].update(task="noisy_linear_regression", task_kwargs={"noise_std": 0.5, "scale": 2.0})
+    (run / "config.yaml").write_text(yaml.safe_dump(conf))
+    task = load_checkpoint(run).config.task
+    assert (task.name, task.noise_std, task.w_scale) == ("linear_regression", 0.5, 2.0)

@@ -123,6 +123,9 @@ def test_export_to_garg_cli_round_trip(tmp_path, capsys):
     assert main(["-q", "export", str(tmp_path / "run"), "--out", str(tmp_path / "garg")]) == 0
     ours, theirs = load_checkpoint(tmp_path / "run"), load_checkpoint(tmp_path / "garg")
     assert theirs.format == "garg" and theirs.config.model == ours.config.model
+    import yaml
+
+    assert yaml.safe_load((tmp_path / "garg" / "config.yaml").read_text())["out_dir"] == "garg"  # not the staging name
     xs, ys = torch.randn(2, 8, 3), torch.randn(2, 8)
     torch.testing.assert_close(theirs.model(xs, ys), ours.model(xs, ys), rtol=0, atol=0)
     assert main(["export", str(tmp_path / "run"), "--to", "onnx", "--out", str(tmp_path / "x")]) == 2

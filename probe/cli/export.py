@@ -35,7 +35,12 @@ def run(args: argparse.Namespace) -> int:
     assert target is not None  # --out is required
     with writing(target) as staged:
         export_garg(
-            ckpt.model, ckpt.config, staged, train_step=int(ckpt.meta.get("train_step", 0)), run_name=ckpt.path.name
+            ckpt.model,
+            ckpt.config,
+            staged,
+            train_step=int(ckpt.meta.get("train_step", 0)),
+            run_name=ckpt.path.name,
+            out_dir=target.path.name,  # the directory's own name, not the staging directory's
         )
     print(f"{ckpt.path} exported to {target.path} in Garg et al.'s layout (config.yaml, state.pt)")
     return 0
