@@ -54,8 +54,31 @@ class LoadedCheckpoint:
         return digest.hexdigest()
 
     @property
+    def fingerprint(self) -> str:
+        """What defines this checkpoint's numbers: the weights' sha256, the resolved run config
+        (task, model) and every other weight or config file beside them (a Hugging Face read-out
+        head, a config.json edited by hand). Logs, evaluations and optimizer state do not count."""
+        import hashlib
+        import json
+
+        from .config import to_dict
+
+        digest = hashlib.sha256(self.sha256.encode())
+        digest.update(json.dumps(to_dict(self.config), sort_keys=True).encode())
+        folder = self.path if self.path.is_dir() else self.path.parent
+        for path in sorted(folder.iterdir()):
+            if path.is_file() and path.suffix in DEFINING_SUFFIXES and path.name not in NOT_DEFINING:
+                digest.update(path.name.encode())
+                digest.update(hashlib.sha256(path.read_bytes()).hexdigest().encode())
+        return digest.hexdigest()
+
+    @property
     def name(self) -> str:
         return self.path.name
+
+
+DEFINING_SUFFIXES = {".safetensors", ".bin", ".pt", ".json", ".yaml", ".yml"}
+NOT_DEFINING = {"train_state.pt", ".icl-probe-output.json"}  # resume state, output markers
 
 
 # ---------------------------------------------------------------------------- file helpers

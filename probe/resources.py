@@ -23,5 +23,16 @@ def shipped(relative: str) -> Path:
     return (SOURCE_ROOT if in_source_checkout() else SHIPPED) / relative
 
 
+def cache_dir() -> Path:
+    """The per-user stage cache of reports: $ICL_PROBE_CACHE, else $XDG_CACHE_HOME/icl-probe,
+    else ~/.cache/icl-probe."""
+    import os
+
+    if os.environ.get("ICL_PROBE_CACHE"):
+        return Path(os.environ["ICL_PROBE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "icl-probe"
+
+
 RECIPE_DIR = shipped("analyses")
 DEFAULT_CHECKPOINT = shipped("checkpoints/gpt2-default")

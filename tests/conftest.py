@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,8 @@ import torch
 from probe.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
+# reports' stage cache: one fresh directory per test session, never the user's ~/.cache
+os.environ["ICL_PROBE_CACHE"] = tempfile.mkdtemp(prefix="icl-probe-test-cache-")
 
 
 def build_cfg(family: str = "gpt2", d: int = 3, points: int = 8, width: int = 16, layers: int = 2,

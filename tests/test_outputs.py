@@ -90,7 +90,7 @@ def _stage():
 calls: list[int] = []
 
 
-@pytest.mark.parametrize("damage", ["edit", "truncate", "delete", "bad-json"])
+@pytest.mark.parametrize("damage", ["edit", "truncate", "delete", "bad-json", "edit-data"])
 def test_damaged_cache_entry_is_recomputed_not_published(tmp_path, damage, caplog):
     calls.clear()
     cache = StageCache(tmp_path)
@@ -103,6 +103,10 @@ def test_damaged_cache_entry_is_recomputed_not_published(tmp_path, damage, caplo
         (entry / "t.csv").write_text("a\n1")
     elif damage == "delete":
         (entry / "t.csv").unlink()
+    elif damage == "edit-data":  # a verdict edited in the entry's JSON is never published
+        meta = json.loads((entry / "done.json").read_text())
+        meta["data"] = {"verdict": "edited"}
+        (entry / "done.json").write_text(json.dumps(meta))
     else:
         (entry / "done.json").write_text("{")
     tables, _data, hit = cache.get_or_run("k", _stage)
@@ -142,3 +146,30 @@ def test_force_over_a_run_directory_keeps_files_the_run_did_not_write(tmp_path):
     assert "notes.txt" not in marker["files"] and "train_state.pt" in marker["files"]
     assert main(["-q", "planted", "--algorithm", "gd", "--layers", "2", "--dims", "3", "--out", str(run), "--force"]) == 0
     assert (run / "notes.txt").read_text() == "mine" and not (run / "train_state.pt").exists()
+
+
+def test_the_stage_key_covers_config_files_and_stage_code(tmp_path):
+    """Editing a checkpoint's config.json (the task's noise) or any weight file beside the weights
+    changes its fingerprint, so no stage is reused under a new summary; logs and optimizer state do
+    not. The report's own stage code (report/build.py) is in the code digest, its wording is not."""
+    from conftest import build_cfg
+
+    from probe.checkpoint import save_model
+    from probe.formats import load_checkpoint
+    from probe.models import build_model
+    from probe.report import cache
+
+    cfg = build_cfg()
+    save_model(build_model(cfg.model), cfg, tmp_path / "ck")
+    first = load_checkpoint(tmp_path / "ck").fingerprint
+    (tmp_path / "ck" / "train_log.csv").write_text("step,loss\n1,2\n")
+    (tmp_path / "ck" / "train_state.pt").write_bytes(b"x")
+    assert load_checkpoint(tmp_path / "ck").fingerprint == first
+    payload = json.loads((tmp_path / "ck" / "config.json").read_text())
+    payload["config"]["task"]["noise_std"] = 0.5
+    (tmp_path / "ck" / "config.json").write_text(json.dumps(payload))
+    second = load_checkpoint(tmp_path / "ck").fingerprint
+    assert second != first
+    (tmp_path / "ck" / "icl_head.safetensors").write_bytes(b"head")
+    assert load_checkpoint(tmp_path / "ck").fingerprint != second
+    assert not "report/build.py".startswith(cache.PRESENTATION) and "report/html.py".startswith(cache.PRESENTATION)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..resources import DEFAULT_CHECKPOINT
+from ..resources import DEFAULT_CHECKPOINT, cache_dir
 from .common import add_device, add_out, check_device, output_target
 
 REPORTS = Path("reports")  # relative to the working directory, as every --out is
@@ -33,6 +33,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_out(p, "report directory (default: reports/<checkpoint>-<recipe>)", required=False)
     p.add_argument("--compare", help="a second checkpoint (e.g. the LSTM) whose Table 1 is shown beside")
     p.add_argument("--no-cache", action="store_true", help="recompute every stage")
+    p.add_argument("--cache-dir", help="stage cache directory (default: $ICL_PROBE_CACHE, else ~/.cache/icl-probe)")
     p.add_argument(
         "--max-memory",
         help="memory budget of the whole process, e.g. 2G (default: half the available memory); "
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         )
     from ..report.build import build_report
 
-    cache = None if args.no_cache else target.path.resolve().parent / ".cache"
+    cache = None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else cache_dir())
     build_report(ckpt, recipe, target, device=device, compare=compare, cache_dir=cache, progress=not args.quiet)
     print(f"report written to {target.path}/index.html (summary.json, figures/, data/)")
     return 0

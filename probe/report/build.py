@@ -165,7 +165,7 @@ def run_stages(
     """The recipe's stages (all, or those named in `only`), each through the stage cache."""
     built = Built()
     recipe = adapt_recipe(recipe, ckpt.config)
-    sha = ckpt.sha256[:16]
+    sha = ckpt.fingerprint[:16]
     stages = [
         ("evaluate", ("prompts",), lambda: _stage_evaluate(ckpt, recipe, device)),
         (

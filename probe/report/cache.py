@@ -1,8 +1,12 @@
 """On-disk cache of report stages: tables (CSV) and JSON, keyed by checkpoint hash and recipe.
 
-A stage's key covers everything its numbers depend on (checkpoint sha256, the recipe sections
-it reads, and the toolkit's analysis code), so a re-run that changes only plotting or wording
-reuses it, and changed analysis code never reads stale results.
+A stage's key covers everything its numbers depend on (the checkpoint's fingerprint: weights,
+resolved config and every config or weight file; the recipe sections it reads; the code of every
+module that computes numbers, report stages included), so a re-run that changes only plotting or
+wording reuses it, and changed analysis code never reads stale results. Every file of an entry,
+and its JSON data, is checksummed. Reports keep the cache in one per-user place
+(`probe.resources.cache_dir()`, or `--cache-dir`), never beside a user's files; a study keeps it
+inside its own output directory.
 """
 
 from __future__ import annotations
@@ -23,16 +27,19 @@ log = logging.getLogger(__name__)
 
 
 PACKAGE = Path(__file__).resolve().parents[1]
-NOT_NUMERIC = ("report", "cli")  # code that only presents results does not invalidate stages
+# code that only presents results (figures, wording, the command line) does not invalidate stages
+PRESENTATION = ("cli/", "report/figures.py", "report/intervention_figures.py", "report/html.py", "report/findings.py")
 
 
 def code_digest() -> str:
-    """Hash of the toolkit's source that computes numbers (everything but report/ and cli/)."""
+    """Hash of the toolkit's source that computes numbers (all of probe/ but PRESENTATION)."""
     import hashlib
 
     digest = hashlib.sha256(__version__.encode())
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.relative_to(PACKAGE).parts[0] not in NOT_NUMERIC:
+        relative = path.relative_to(PACKAGE).as_posix()
+        if not relative.startswith(PRESENTATION):
+            digest.update(relative.encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -76,6 +83,8 @@ class StageCache:
             tables = {name: pd.read_csv(folder / f"{name}.csv") for name in meta["tables"]}
             if {f"{name}.csv" for name in meta["tables"]} - set(sums):
                 return None
+            if meta["data_sha256"] != _data_sha256(meta["data"]):
+                return None
             return tables, meta["data"]
         except (OSError, ValueError, KeyError, TypeError, pd.errors.ParserError, pd.errors.EmptyDataError):
             return None
@@ -83,15 +92,19 @@ class StageCache:
     def _write(self, folder: Path, tables: dict[str, pd.DataFrame], data: dict[str, Any]) -> None:
         from ..outputs import staging_dir
 
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = staging_dir(folder.parent, folder.name)  # private name: concurrent runs never share it
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            tmp = staging_dir(folder.parent, folder.name)  # private name: concurrent runs never share it
+        except OSError as err:
+            log.warning("could not write cache entry %s: %s", folder, err)
+            return
         try:
             for name, frame in tables.items():
                 frame.to_csv(tmp / f"{name}.csv", index=False)
             sums = {f"{name}.csv": _sha256(tmp / f"{name}.csv") for name in tables}
-            (tmp / "done.json").write_text(
-                json.dumps({"tables": list(tables), "data": data, "sha256": sums}, default=_jsonable)
-            )
+            data = json.loads(json.dumps(data, default=_jsonable))  # as it will be read back
+            entry = {"tables": list(tables), "data": data, "data_sha256": _data_sha256(data), "sha256": sums}
+            (tmp / "done.json").write_text(json.dumps(entry))
             old = None
             if folder.exists():
                 old = staging_dir(folder.parent, folder.name + ".old")
@@ -110,6 +123,12 @@ def _sha256(path: Path) -> str:
     import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _data_sha256(data: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def _jsonable(value: Any) -> Any:

@@ -40,12 +40,12 @@ def _relative(path: Path) -> str:
 
 
 def model_key(path: Path, recipe: StudyRecipe) -> str:
-    """What a model's rows depend on: the recipe and the checkpoint's weights."""
+    """What a model's rows depend on: the recipe, the checkpoint (its fingerprint) and the code."""
     from ..formats import load_checkpoint
     from ..report.cache import code_digest
 
     digest = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True, default=str).encode())
-    digest.update(load_checkpoint(path).sha256.encode())
+    digest.update(load_checkpoint(path).fingerprint.encode())
     digest.update(code_digest().encode())
     return digest.hexdigest()[:16]
 
