@@ -7,7 +7,8 @@ its parents, the input checkpoint or a directory holding it, a directory with fi
 did not write, a file where a directory is expected, a symbolic link, an unwritable parent.
 `--force` allows writing into a directory that holds other files (they are kept) or one that
 another command wrote; it never allows the input itself, a parent of the input, a symlink, or
-the deletion of a file icl-probe did not write.
+the deletion or replacement of a file icl-probe did not write: each command declares the names
+it writes (`WRITES`), and a file of someone else's under one of them is refused before any work.
 
 Directory outputs are built in a private staging directory beside `out` and published only
 when the command succeeded, so a failure never leaves half an output.
@@ -15,6 +16,7 @@ when the command succeeded, so a failure never leaves half an output.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -84,6 +86,45 @@ def clean_stale(parent: Path, pattern: re.Pattern = STAGING_NAME) -> None:
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
 
 
+# What each command writes into --out: glob patterns over paths relative to it ("*" crosses "/").
+WRITES: dict[str, tuple[str, ...]] = {
+    "report": ("index.html", "summary.json", "recipe.json", "figures/*", "data/*"),
+    "evaluate": ("eval.csv", "eval.png", "eval.json"),
+    "readout": ("*.csv", "run.json", "readout.png", "readout.svg"),
+    "heatmap": ("*.csv", "run.json", "trends.json", "heatmap_*.png", "heatmap_*.svg"),
+    "span": ("*.csv", "run.json", "span.png", "span.svg"),
+    "probes": ("probes.csv", "probes_summary.json", "probes.png", "probes.svg", "run.json"),
+    "ablate": ("ablation.csv", "ablation.png", "ablation.svg", "summary.json", "run.json"),
+    "patch": ("patching.csv", "patching_*", "iteration_*", "summary.json", "run.json"),
+    "planted": ("config.json", "model.safetensors"),
+    "export": ("config.yaml", "state.pt"),
+    "train": (
+        "config.json",
+        "model.safetensors",
+        "train_state.pt",
+        "train_log.csv",
+        "eval_log.csv",
+        "snapshots/step_*/config.json",
+        "snapshots/step_*/model.safetensors",
+    ),
+    "study": (
+        "study.csv",
+        "summary.json",
+        "index.html",
+        "figures/*",
+        "models/*/rows.csv",
+        "models/*/done.json",
+        ".cache/*",
+        "submitit/*",
+    ),
+}
+
+
+def writes(command: str, relative: str) -> bool:
+    """Whether `command` may write the file at `relative` (a path inside its --out)."""
+    return any(fnmatch.fnmatch(relative, pattern) for pattern in WRITES.get(command, ("*",)))
+
+
 def _read_marker(directory: Path) -> dict | None:
     try:
         data = json.loads((directory / MARKER).read_text())
@@ -142,6 +183,8 @@ class OutputTarget:
                 self._refuse("is the input itself", "choose a new directory, e.g. reports/<name>")
             if _is_within(source, resolved):
                 self._refuse(f"contains the input {given}", "choose a new directory outside it")
+            if self.kind == "file" and out.exists() and source.is_dir() and _is_within(resolved, source):
+                self._refuse(f"is a file of the input {given}", "choose a new file outside it")
         if (resolved == Path.cwd().resolve() or _is_within(Path.cwd().resolve(), resolved)) and not self.force:
             self._refuse(
                 "is the current directory or one of its parents",
@@ -169,12 +212,18 @@ class OutputTarget:
         if not entries:
             return
         marker = _read_marker(out)
-        foreign = (
-            set()
-            if marker and marker.get("in_place")
-            else (_listing(out) - set(marker["files"]) if marker else _listing(out))
-        )
+        foreign = _listing(out) - set(marker["files"]) if marker else _listing(out)
         foreign = {f for f in foreign if STAGING_TAG not in f}
+        if marker and marker.get("in_place") and marker.get("command") == self.command:
+            # a run directory filled in place (an interrupted study): its own names are its own
+            foreign = {f for f in foreign if not writes(self.command, f)}
+        clash = sorted(f for f in foreign if writes(self.command, f))
+        if clash and self.force:
+            self._refuse(
+                f"holds {', '.join(clash[:3])}, which icl-probe did not write and `icl-probe {self.command}` "
+                "would replace",
+                "move it away or choose another --out (--force never replaces a file icl-probe did not write)",
+            )
         if marker is None and not self.force:
             self._refuse(
                 "is a directory icl-probe did not write (it has no " + MARKER + ")",
@@ -224,6 +273,9 @@ class OutputTarget:
                 if old is not None:
                     shutil.rmtree(old, ignore_errors=True)
             else:  # --force beside foreign files: replace ours file by file, keep theirs
+                theirs = sorted(rel for rel in new_files if (out / rel).exists() and rel not in previous)
+                if theirs:  # check() refuses these before any work; this guard never lets one through
+                    raise OutputError(f"--out {out}: {theirs[0]} was not written by icl-probe; nothing was replaced")
                 for rel in sorted(previous - set(new_files)):
                     target = out / rel
                     if target.is_file() and _is_within(target.resolve(), out.resolve()):
@@ -246,19 +298,12 @@ def write_marker(directory: Path, command: str, files: list[str], record: dict |
     os.replace(tmp, directory / MARKER)
 
 
-# what each in-place command writes (top-level names; a directory name covers its contents)
-IN_PLACE_FILES = {
-    "train": {"config.json", "model.safetensors", "train_state.pt", "train_log.csv", "eval_log.csv", "snapshots"},
-    "study": {"study.csv", "summary.json", "index.html", "figures", "models"},
-}
-
-
 def mark_run_directory(directory: Path, command: str) -> None:
     """Mark a directory a command fills in place (train, study). The marker lists only the files
-    that command writes, so a later --force can never delete a file someone else put there."""
+    of the names that command writes (`WRITES`), so a later --force can never delete a file
+    someone else put there."""
     directory.mkdir(parents=True, exist_ok=True)
-    owned = IN_PLACE_FILES[command]
-    files = [f for f in _listing(directory) if Path(f).parts[0] in owned]
+    files = [f for f in _listing(directory) if writes(command, f) and STAGING_TAG not in f]
     write_marker(directory, command, sorted(files), {"in_place": True})
 
 

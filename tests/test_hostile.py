@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -406,6 +407,27 @@ case("patch-map-wrong-table", ["patch", "ck", "--out", "o", "--map-from", "m.csv
 case("patch-query-beyond", ["patch", "ck", "--out", "o", "--query", "99"], "--query must lie in 0..7")
 case("patch-learner-unknown", ["patch", "ck", "--out", "o", "--learners", "newtn"], "Did you mean: newton")
 case("patch-over-input", ["patch", "ck", "--out", "ck"], "input itself")
+
+
+# ---- --force writes only names icl-probe owns, and every input is protected
+FORCE_OWN = {"evaluate": "eval.csv", "readout": "readout.csv", "heatmap": "best_match.csv", "span": "span.png",
+             "probes": "probes.csv", "report": "index.html"}
+for cmd, name in FORCE_OWN.items():
+    case(f"{cmd}-force-over-a-users-{name}", [*DIR_COMMANDS[cmd], "--out", "userdir", "--force"],
+         f"holds {re.escape(name)}, which icl-probe did not write", write(f"userdir/{name}", "the user's"))
+case("planted-force-over-a-users-checkpoint", [*PL, "gd", "--layers", "2", "--out", "userdir", "--force"],
+     "holds config.json, which icl-probe did not write", write("userdir/config.json", "{}"))
+case("ablate-force-over-a-users-summary", ["ablate", "ck", "--out", "userdir", "--force"],
+     "holds summary.json", write("userdir/summary.json", "{}"))
+STUDY_TOML = 'checkpoints = ["ck"]\nanalyses = ["evaluate"]\nevaluate_prompts = 8\n'
+case("study-force-over-a-users-index", ["study", "st.toml", "--out", "userdir", "--force"],
+     "holds index.html, which icl-probe did not write", both(write("st.toml", STUDY_TOML), write("userdir/index.html", "x")))
+case("study-out-holds-its-checkpoints", ["study", "st.toml", "--out", ".", "--force"], "contains the input .*ck",
+     write("st.toml", STUDY_TOML))
+case("patch-force-deleting-its-map", ["patch", "ck", "--out", "userdir", "--force", "--map-from", "userdir/bm.csv"],
+     "contains the input userdir/bm.csv", write("userdir/bm.csv", "sweep,metric\n"))
+case("capture-force-over-the-inputs-weights", ["capture", "ck", "--prompts", "p.npz", "--out", "ck/model.safetensors",
+                                               "--force"], "is a file of the input ck")
 
 
 def _tree(root: Path) -> dict[str, str]:

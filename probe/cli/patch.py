@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from ..provenance import display_path, stamp
     from ..report import intervention_figures
 
-    target = output_target(args, "patch", (args.checkpoint,))
+    target = output_target(args, "patch", (args.checkpoint, args.map_from))
     ckpt = load_checkpoint(args.checkpoint)
     recipe = recipe_from_args(args, ckpt)
     settings = recipe.interventions

@@ -39,9 +39,10 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = resolve_study(args.recipe, [parse_override(s) for s in args.set])
     device = check_device(args.device)
-    target = OutputTarget(Path(args.out), "study", force=args.force)
+    models = resolve_models(recipe)  # every checkpoint is an input the output may not hold or replace
+    target = OutputTarget(Path(args.out), "study", force=args.force, inputs=tuple(models))
     out = target.path
-    check_models(resolve_models(recipe))  # unknown globs, empty sets, mixed tasks: before any work
+    check_models(models)  # unknown globs, empty sets, mixed tasks: before any work
     recipe.report_recipe()
     mark_run_directory(out, "study")
     start = time.perf_counter()
