@@ -11,11 +11,13 @@ the deletion or replacement of a file icl-probe did not write: each command decl
 it writes (`WRITES`), and a file of someone else's under one of them is refused before any work.
 
 Directory outputs are built in a private staging directory beside `out` and published only
-when the command succeeded, so a failure never leaves half an output.
+when the command succeeded, by one atomic exchange of the two directories (Linux renameat2), so
+at every instant `out` holds the complete earlier output or the complete new one.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 import json
 import os
@@ -123,6 +125,33 @@ WRITES: dict[str, tuple[str, ...]] = {
 def writes(command: str, relative: str) -> bool:
     """Whether `command` may write the file at `relative` (a path inside its --out)."""
     return any(fnmatch.fnmatch(relative, pattern) for pattern in WRITES.get(command, ("*",)))
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where
+    the system cannot, and nothing was changed."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def replace_dir(new: Path, out: Path) -> None:
+    """Put directory `new` at `out` (which may exist): atomically where the system allows; the
+    earlier `out` is deleted afterwards."""
+    if out.exists() and exchange(new, out):
+        shutil.rmtree(new, ignore_errors=True)  # `new` now holds the earlier output
+        return
+    old = None
+    if out.exists():
+        old = staging_dir(out.resolve().parent, out.name + ".old")
+        os.rmdir(old)
+        os.replace(out, old)
+    os.replace(new, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _read_marker(directory: Path) -> dict | None:
@@ -263,15 +292,10 @@ class OutputTarget:
             out = self.path
             previous = set(self._previous["files"]) if self._previous else set()
             if not out.exists() or (out.is_dir() and not _listing(out) - previous):
-                # only our own files there: swap whole directories
-                old = None
-                if out.exists():
-                    old = staging_dir(out.resolve().parent, out.name + ".old")
-                    os.rmdir(old)
-                    os.replace(out, old)
-                os.replace(staged, out)
-                if old is not None:
-                    shutil.rmtree(old, ignore_errors=True)
+                # only our own files there: swap whole directories, the marker inside the new one
+                write_marker(staged, self.command, new_files, record)
+                replace_dir(staged, out)
+                return out
             else:  # --force beside foreign files: replace ours file by file, keep theirs
                 theirs = sorted(rel for rel in new_files if (out / rel).exists() and rel not in previous)
                 if theirs:  # check() refuses these before any work; this guard never lets one through

@@ -173,3 +173,46 @@ def test_the_stage_key_covers_config_files_and_stage_code(tmp_path):
     (tmp_path / "ck" / "icl_head.safetensors").write_bytes(b"head")
     assert load_checkpoint(tmp_path / "ck").fingerprint != second
     assert not "report/build.py".startswith(cache.PRESENTATION) and "report/html.py".startswith(cache.PRESENTATION)
+
+
+def test_publishing_is_one_atomic_exchange(tmp_path, monkeypatch):
+    """A kill at any step of publishing leaves --out complete: before the exchange it is the
+    earlier output, after it the new one (the earlier one is deleted last)."""
+    from probe import outputs
+    from probe.outputs import OutputTarget
+
+    out = tmp_path / "rep"
+
+    def build(text: str, stop_at=None) -> None:
+        target = OutputTarget(out, "evaluate")
+        staged = target.stage()
+        (staged / "eval.csv").write_text(text)
+        (staged / "eval.json").write_text(text)
+        if stop_at is not None:
+            monkeypatch.setattr(outputs.shutil, "rmtree", stop_at)
+        try:
+            target.publish(staged)
+        finally:
+            monkeypatch.undo()
+
+    build("old")
+    assert outputs.exchange(tmp_path, tmp_path) in (True, False)  # the call exists on this system
+
+    class Killed(Exception):
+        pass
+
+    def kill(*args, **kwargs):
+        raise Killed
+
+    with pytest.raises(Killed):  # killed right after the exchange, before the earlier output is deleted
+        build("new", stop_at=kill)
+    assert (out / "eval.csv").read_text() == (out / "eval.json").read_text() == "new"
+    monkeypatch.setattr(outputs.os, "replace", kill)
+    monkeypatch.setattr(outputs, "exchange", lambda a, b: (_ for _ in ()).throw(Killed()))
+    target = OutputTarget(out, "evaluate")
+    staged = target.stage()
+    (staged / "eval.csv").write_text("newer")
+    with pytest.raises(Killed):  # killed at the exchange itself: nothing moved
+        target.publish(staged)
+    monkeypatch.undo()
+    assert (out / "eval.csv").read_text() == "new" and json.loads((out / ".icl-probe-output.json").read_text())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -90,7 +89,7 @@ class StageCache:
             return None
 
     def _write(self, folder: Path, tables: dict[str, pd.DataFrame], data: dict[str, Any]) -> None:
-        from ..outputs import staging_dir
+        from ..outputs import replace_dir, staging_dir
 
         try:
             folder.parent.mkdir(parents=True, exist_ok=True)
@@ -105,14 +104,7 @@ class StageCache:
             data = json.loads(json.dumps(data, default=_jsonable))  # as it will be read back
             entry = {"tables": list(tables), "data": data, "data_sha256": _data_sha256(data), "sha256": sums}
             (tmp / "done.json").write_text(json.dumps(entry))
-            old = None
-            if folder.exists():
-                old = staging_dir(folder.parent, folder.name + ".old")
-                os.rmdir(old)
-                os.replace(folder, old)
-            os.replace(tmp, folder)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            replace_dir(tmp, folder)
         except OSError as err:  # a cache that cannot be written costs time, never the report
             log.warning("could not write cache entry %s: %s", folder, err)
         finally:
