@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Rebuilds the committed example reports under reports/ from the committed checkpoints and recipes,
+# with the commands the README quotes. Run it from a clean checkout after scripts/setup.sh (every
+# report records the git hash it was made from). With arguments, only the named reports:
+#   bash scripts/regenerate_reports.sh                       # all (about an hour on a 2-core CPU)
+#   bash scripts/regenerate_reports.sh gpt2-default-quick study-width
+set -euo pipefail
+cd "$(dirname "$0")/.."
+probe() { OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" .venv/bin/icl-probe -q "$@"; }
+report() { probe report "$@" --force --no-cache; }
+
+declare -A JOBS=(
+  [gpt2-default-quick]="report checkpoints/gpt2-default --out reports/gpt2-default-quick"
+  [gpt2-default-vs-lstm]="report checkpoints/gpt2-default --compare checkpoints/lstm-default --out reports/gpt2-default-vs-lstm"
+  [gpt2-illcond-quick]="report checkpoints/gpt2-illcond --out reports/gpt2-illcond-quick"
+  [lstm-default-quick]="report checkpoints/lstm-default --out reports/lstm-default-quick"
+  [gpt2-relu3-relu]="report checkpoints/gpt2-relu3 --recipe relu --out reports/gpt2-relu3-relu"
+  [planted-gd-quick]="report checkpoints/planted/gd --out reports/planted-gd-quick"
+  [planted-newton-quick]="report checkpoints/planted/newton --out reports/planted-newton-quick"
+  [planted-newton-relu-quick]="report checkpoints/planted/newton-relu --out reports/planted-newton-relu-quick"
+  [line-search-default]="probe heatmap checkpoints/gpt2-default --recipe analyses/line-search.toml --out reports/line-search-default --force"
+  [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --set probes.steps=3000 --set probes.hidden=[128] --out reports/probes-default-converged --force"
+)
+for study in depth-phases relu-depth training-dynamics depth-noiseless width relu-attention relu-transformer-depth; do
+  JOBS[study-$study]="probe study $study --out reports/study-$study --jobs 2 --force"
+done
+
+set -f  # job lines hold brackets (probes.hidden=[128]), never file patterns
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=($(printf '%s\n' "${!JOBS[@]}" | sort))
+for name in "${names[@]}"; do
+  [ -n "${JOBS[$name]:-}" ] || { echo "unknown report '$name'; known: ${!JOBS[*]}" >&2; exit 2; }
+  echo "== $name: ${JOBS[$name]}"
+  start=$SECONDS
+  ${JOBS[$name]}
+  echo "== $name done in $((SECONDS - start)) s"
+done
