@@ -9,6 +9,7 @@ rank draws its own share of the batch.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import math
@@ -24,7 +25,7 @@ from torch import nn
 
 from .checkpoint import atomic_write, load_weights, read_safetensors, safe_torch_load, save_model
 from .config import RunConfig
-from .errors import CheckpointError, ConfigError, TrainingDiverged
+from .errors import CheckpointError, ConfigError, OutputError, TrainingDiverged
 from .evaluate import eval_prompts
 from .models import build_model
 from .provenance import stamp
@@ -32,6 +33,7 @@ from .tasks import generator_for, sample_prompts
 
 log = logging.getLogger(__name__)
 
+LOCK = ".icl-probe-train.lock"
 TRAIN_LOG = "train_log.csv"
 EVAL_LOG = "eval_log.csv"
 TRAIN_LOG_FIELDS = ["step", "loss", "lr", "dims", "points", "elapsed_s"]
@@ -78,27 +80,66 @@ def init_distributed(device: str) -> DistInfo:
     return DistInfo(rank=dist.get_rank(), world=dist.get_world_size())
 
 
-def _append_rows(path: Path, fields: list[str], rows: list[dict]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        if new:
+def _read_log(path: Path) -> tuple[list[str], list[dict]]:
+    if not path.is_file():
+        return [], []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def _write_log(path: Path, fields: list[str], rows: list[dict]) -> None:
+    """The whole log, written by replacement (a new file renamed over the old: never edited in
+    place, so a hard-linked copy of the run keeps its own log, and a symlink is replaced, not followed)."""
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
-        writer.writerows(rows)
+            writer.writerows(rows)
+
+    atomic_write(path, write)
+
+
+def _append_rows(path: Path, fields: list[str], rows: list[dict]) -> None:
+    _write_log(path, fields, _read_log(path)[1] + rows)
 
 
 def _truncate_log(path: Path, last_step: int) -> None:
     """Drop rows logged after the checkpoint we resume from (they will be recomputed)."""
-    if not path.exists():
-        return
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        fields = list(reader.fieldnames or [])
-        rows = [r for r in reader if int(r["step"]) <= last_step]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    fields, rows = _read_log(path)
+    if fields:
+        _write_log(path, fields, [r for r in rows if int(r["step"]) <= last_step])
+
+
+@contextlib.contextmanager
+def run_lock(out: Path):
+    """One writer per run directory: an exclusive lock on `out/.icl-probe-train.lock` (holding the
+    owner's pid), released when the process ends however it ends, so a stale lock never blocks."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    if path.is_symlink():
+        raise OutputError(f"--out {out}: {LOCK} is a symbolic link; remove it")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise OutputError(
+                f"--out {out}: another `icl-probe train` (pid {owner}) is writing this run; wait for it "
+                "or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)  # while still held: a later writer makes a fresh lock
+    finally:
+        os.close(fd)
 
 
 @torch.no_grad()
@@ -208,18 +249,18 @@ def train(
     out = Path(out)
     dist_info = init_distributed(device)
     device = _check_training(cfg, out, resume, device, keep_every, dist_info)
-    model, optimizer, start, elapsed = _training_state(cfg, out, resume, device, dist_info)
-    net = model
-    if dist_info.world > 1:
-        net = nn.parallel.DistributedDataParallel(model)
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        _loop(cfg, out, model, net, optimizer, start, elapsed, device, dist_info, progress, keep_every)
-    except BaseException:
-        if created and dist_info.main and not (out / TRAIN_STATE).exists():
-            shutil.rmtree(out, ignore_errors=True)  # nothing worth keeping was written
-        raise
+    with run_lock(out) if dist_info.main else contextlib.nullcontext():
+        model, optimizer, start, elapsed = _training_state(cfg, out, resume, device, dist_info)
+        net = model
+        if dist_info.world > 1:
+            net = nn.parallel.DistributedDataParallel(model)
+        try:
+            _loop(cfg, out, model, net, optimizer, start, elapsed, device, dist_info, progress, keep_every)
+        except BaseException:
+            if created and dist_info.main and not (out / TRAIN_STATE).exists():
+                shutil.rmtree(out, ignore_errors=True)  # nothing worth keeping was written
+            raise
     if dist_info.world > 1:
         import torch.distributed as dist
 
@@ -242,6 +283,16 @@ def _check_training(cfg: RunConfig, out: Path, resume: bool, device: str, keep_e
         )
     if (out / TRAIN_STATE).exists() and not resume:
         raise ConfigError(f"{out} already holds a training run; pass --resume to continue it or choose another --out")
+    linked = [
+        name
+        for name in (TRAIN_LOG, EVAL_LOG, TRAIN_STATE, SNAPSHOTS, "config.json", "model.safetensors", LOCK)
+        if (out / name).is_symlink()
+    ]
+    if linked:
+        raise OutputError(
+            f"--out {out}: {linked[0]} is a symbolic link; a run writes only its own files, never through a link "
+            "(replace the link by the file, or choose another --out)"
+        )
     from .validate import activation_bytes, check_memory, model_bytes
 
     check_memory(

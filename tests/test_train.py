@@ -172,3 +172,38 @@ def test_resume_refuses_old_state_whose_weights_ran_ahead(tmp_path):
     torch.save(state, tmp_path / "run" / "train_state.pt")
     with pytest.raises(CheckpointError, match="from step 8 but train_state.pt from step 4"):
         train(cfg, tmp_path / "run", resume=True, progress=False)
+
+
+def test_training_writes_only_its_own_files_and_one_run_at_a_time(tmp_path):
+    """Logs are replaced, never edited in place (a hard-linked copy of the run keeps its logs when
+    the run resumes); a symlinked log or snapshots/ is refused before any step; a second writer
+    of the same run directory is refused while the first holds it."""
+    from probe.errors import OutputError
+    from probe.train import LOCK, run_lock
+
+    cfg = build_cfg(steps=20, log_every=1, save_every=10, eval_every=10)
+    train(cfg, tmp_path / "run", progress=False)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("train_log.csv", "eval_log.csv"):
+        os.link(tmp_path / "run" / name, copy / name)
+    before = {name: (copy / name).read_text() for name in ("train_log.csv", "eval_log.csv")}
+    longer = build_cfg(steps=30, log_every=1, save_every=10, eval_every=10)
+    train(longer, tmp_path / "run", resume=True, progress=False)
+    assert {name: (copy / name).read_text() for name in before} == before
+    assert len(_losses(tmp_path / "run")) == 30
+    assert not (tmp_path / "run" / LOCK).exists()  # released and removed at the end
+
+    outside = tmp_path / "elsewhere.csv"
+    outside.write_text("the user's file\n")
+    (tmp_path / "run" / "train_log.csv").unlink()
+    (tmp_path / "run" / "train_log.csv").symlink_to(outside)
+    with pytest.raises(OutputError, match="train_log.csv is a symbolic link"):
+        train(build_cfg(steps=40, log_every=1, save_every=10, eval_every=10), tmp_path / "run", resume=True,
+              progress=False)
+    assert outside.read_text() == "the user's file\n"
+
+    with run_lock(tmp_path / "busy"):
+        with pytest.raises(OutputError, match=r"another `icl-probe train` \(pid \d+\) is writing this run"):
+            train(cfg, tmp_path / "busy", progress=False)
+    train(cfg, tmp_path / "busy", progress=False)  # free again
