@@ -203,7 +203,7 @@ def test_training_writes_only_its_own_files_and_one_run_at_a_time(tmp_path):
               progress=False)
     assert outside.read_text() == "the user's file\n"
 
-    with run_lock(tmp_path / "busy"):
-        with pytest.raises(OutputError, match=r"another `icl-probe train` \(pid \d+\) is writing this run"):
-            train(cfg, tmp_path / "busy", progress=False)
+    busy = r"another `icl-probe train` \(pid \d+\) is writing this run"
+    with run_lock(tmp_path / "busy"), pytest.raises(OutputError, match=busy):
+        train(cfg, tmp_path / "busy", progress=False)
     train(cfg, tmp_path / "busy", progress=False)  # free again
