@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from .config import ModelConfig, RunConfig, TaskConfig
 from .errors import CheckpointError, ConfigError
 from .models import build_model
+from .parsing import load_json, load_yaml
 
 GARG_VOCAB = 50257  # GPT-2's vocabulary: Garg's state dicts carry an unused wte of this size
 IGNORED_LEGACY = re.compile(r"^_backbone\.(wte\.weight|h\.\d+\.attn\.(bias|masked_bias))$")
@@ -214,10 +215,7 @@ def check_size(config: RunConfig, weights: Path) -> None:
 
 def load_native(directory: Path) -> LoadedCheckpoint:
     config_file = directory / "config.json"
-    try:
-        payload = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{config_file}: not valid JSON ({err}); restore it from the run") from None
+    payload = load_json(config_file, CheckpointError, "config.json")
     if not isinstance(payload, dict) or not isinstance(payload.get("config"), dict):
         raise CheckpointError(f'{config_file}: needs a "config" object (the run config)')
     if not isinstance(payload.get("meta", {}), dict):
@@ -335,15 +333,8 @@ def garg_weights_file(directory: Path) -> Path:
 
 
 def load_garg(directory: Path) -> LoadedCheckpoint:
-    import yaml
-
     config_file = directory / "config.yaml"
-    try:
-        raw = yaml.safe_load(config_file.read_text())
-    except yaml.YAMLError as err:
-        raise CheckpointError(f"{config_file}: not valid YAML: {err}") from None
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{config_file}: not UTF-8 text") from None
+    raw = load_yaml(config_file, CheckpointError, "config.yaml")
     config = garg_config_to_run(raw, config_file)
     weights = garg_weights_file(directory)
     check_size(config, weights)

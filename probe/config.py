@@ -342,12 +342,10 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Recipe file not found: {path}")
+    from .parsing import load_toml
+
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"Recipe {path} is not valid TOML: {err}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"Recipe {path} is not UTF-8 text; save it as UTF-8") from None
+        return load_toml(path, ConfigError, "recipe")
     except OSError as err:
         raise ConfigError(f"Recipe {path} cannot be read: {err.strerror}") from None
 

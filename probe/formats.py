@@ -28,6 +28,7 @@ from .checkpoint import (
 from .config import ModelConfig, RunConfig, TaskConfig
 from .errors import CheckpointError, ConfigError
 from .models import build_model
+from .parsing import load_json
 from .registry import Registry
 
 HF_HEAD = "icl_head.safetensors"
@@ -45,8 +46,8 @@ FORMATS: Registry[CheckpointFormat] = Registry("checkpoint format")
 
 def _json(path: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = load_json(path, CheckpointError, "config.json")
+    except (OSError, CheckpointError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -56,11 +57,9 @@ def _detect_native(d: Path) -> str | None:
         return "no config.json"
     data = _json(d / "config.json")
     if data is None:
-        try:
-            json.loads((d / "config.json").read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise CheckpointError(f"{d / 'config.json'}: not valid JSON ({err}); restore it from the run") from None
-        raise CheckpointError(f"{d / 'config.json'}: must hold a JSON object")
+        if not isinstance(load_json(d / "config.json", CheckpointError, "config.json"), dict):
+            raise CheckpointError(f"{d / 'config.json'}: must hold a JSON object")
+        raise CheckpointError(f"{d / 'config.json'}: could not be read")
     if data.get("format") != "icl-probe":
         return 'config.json lacks "format": "icl-probe"'
     return None

@@ -430,6 +430,23 @@ case("capture-force-over-the-inputs-weights", ["capture", "ck", "--prompts", "p.
                                                "--force"], "is a file of the input ck")
 
 
+# ---- bounded parsing: deep nesting, alias bombs, huge files
+DEEP_TOML = "x = " + "[" * 5000 + "]" * 5000 + "\n"
+case("recipe-deeply-nested", ["report", "ck", "--recipe", "deep.toml", "--out", "rep"], "deep.toml: recipe is nested",
+     write("deep.toml", DEEP_TOML))
+case("recipe-huge", ["report", "ck", "--recipe", "huge.toml", "--out", "rep"], r"huge.toml: recipe is 5.0 MiB",
+     write("huge.toml", "# " + "x" * (5 << 20) + "\n"))
+case("config-json-deeply-nested", ["inspect", "ck"], "config.json: config.json is nested",
+     write("ck/config.json", "[" * 100000 + "]" * 100000))
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+case("study-glob-over-the-file-system", ["study", "glob.toml", "--out", "st"], "matches more than 256 paths",
+     write("glob.toml", 'checkpoints = ["/*/*/*"]\nanalyses = ["evaluate"]\n'))
+case("garg-yaml-alias-bomb", ["inspect", "garg"], "anchors and aliases are not accepted", write("garg/config.yaml", BOMB))
+case("garg-yaml-deep", ["inspect", "garg"], "config.yaml: config.yaml is nested",
+     write("garg/config.yaml", "model: " + "[" * 3000 + "]" * 3000 + "\n"))
+
+
 def _tree(root: Path) -> dict[str, str]:
     out = {}
     for p in sorted(root.rglob("*")):

@@ -17,6 +17,7 @@ A lam of "bayes" in a ridge grid is sigma^2 / tau^2 of each model's own task (se
 from __future__ import annotations
 
 import glob
+import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from ..errors import ConfigError
 from ..learners import LEARNERS
 from ..registry import unknown_name_message
 
+MAX_MATCHES = 256  # paths one checkpoints pattern may match
 ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes")
 from ..resources import RECIPE_DIR as STUDY_DIR
 
@@ -148,7 +150,14 @@ def resolve_models(recipe: StudyRecipe, base: Path | None = None) -> list[Path]:
         return snaps
     models: list[Path] = []
     for pattern in recipe.checkpoints:
-        hits = sorted(Path(p) for p in glob.glob(str(base / pattern)) if Path(p).is_dir())
+        # bounded: a pattern such as "/*/*/*" must not walk the whole file system (or /proc)
+        found = list(itertools.islice(glob.iglob(str(base / pattern)), MAX_MATCHES + 1))
+        if len(found) > MAX_MATCHES:
+            raise ConfigError(
+                f"study checkpoints: {pattern!r} matches more than {MAX_MATCHES} paths; a study's models are one "
+                "family of checkpoints, e.g. 'checkpoints/depth/L*'"
+            )
+        hits = sorted(Path(p) for p in found if Path(p).is_dir())
         if not hits:
             raise ConfigError(f"study checkpoints: {pattern!r} matches no directory (relative to {base})")
         models.extend(h for h in hits if h not in models)
