@@ -313,9 +313,9 @@ def _training_state(cfg: RunConfig, out: Path, resume: bool, device: str, dist_i
     start, elapsed = 0, 0.0
     if resume:
         start, elapsed = load_training_state(model, optimizer, out)
-        for name in (TRAIN_LOG, EVAL_LOG):
-            if dist_info.main:
-                _truncate_log(out / name, start - 1)
+        if dist_info.main:  # train_log's step is the step taken (0-based), eval_log's the steps done
+            _truncate_log(out / TRAIN_LOG, start - 1)
+            _truncate_log(out / EVAL_LOG, start)
         log.info("resuming %s at step %d", out, start)
     model.to(device)
     # Optimizer state follows the parameters onto the device.
@@ -428,7 +428,8 @@ def _loop(
             bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.1e}")
         if dist_info.main and (done % cfg.train.eval_every == 0 or done == cfg.train.steps):
             ev = held_out_error(model, cfg, device)
-            _append_rows(out / EVAL_LOG, EVAL_LOG_FIELDS, [{"step": step, **{k: f"{v:.6g}" for k, v in ev.items()}}])
+            # step = steps done, as in snapshots/step_<k>/ and train_state.pt
+            _append_rows(out / EVAL_LOG, EVAL_LOG_FIELDS, [{"step": done, **{k: f"{v:.6g}" for k, v in ev.items()}}])
             log.info("step %d: held-out error/d %.4f, at 2d+1 %.4f", done, ev["error_mean"], ev["error_at_2d1"])
         if dist_info.main and (done % cfg.train.save_every == 0 or done == cfg.train.steps):
             _commit(model, optimizer, cfg, out, done, rows, time.perf_counter() - t0)

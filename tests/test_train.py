@@ -207,3 +207,16 @@ def test_training_writes_only_its_own_files_and_one_run_at_a_time(tmp_path):
     with run_lock(tmp_path / "busy"), pytest.raises(OutputError, match=busy):
         train(cfg, tmp_path / "busy", progress=False)
     train(cfg, tmp_path / "busy", progress=False)  # free again
+
+
+def test_eval_log_steps_are_steps_done_like_snapshots(tmp_path):
+    """eval_log's step is the number of steps taken, as in snapshots/step_<k>/ and train_state.pt,
+    also after a resume (no row lost or repeated)."""
+    cfg = build_cfg(steps=20, log_every=1, save_every=10, eval_every=10)
+    train(cfg, tmp_path / "run", progress=False, keep_every=10)
+    longer = build_cfg(steps=30, log_every=1, save_every=10, eval_every=10)
+    train(longer, tmp_path / "run", resume=True, progress=False, keep_every=10)
+    with open(tmp_path / "run" / "eval_log.csv") as f:
+        steps = [int(r["step"]) for r in csv.DictReader(f)]
+    snapshots = sorted(int(p.name.removeprefix("step_")) for p in (tmp_path / "run" / "snapshots").iterdir())
+    assert steps == snapshots == [10, 20, 30]
