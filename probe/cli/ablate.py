@@ -3,7 +3,7 @@
 against the number of examples for each, with bootstrap bands.
 
 Writes ablation.csv (component, layer, head, kind, n_examples, error, error_lo, error_hi,
-increase), ablation.png/svg (components x examples, error increase), summary.json, run.json.
+increase), ablation.png (components x examples, error increase), summary.json, run.json.
 
 examples:
   icl-probe ablate checkpoints/gpt2-default --out reports/ablate

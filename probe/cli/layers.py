@@ -27,7 +27,7 @@ def add_layer_args(p: argparse.ArgumentParser, simw: bool = True) -> None:
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
     )
-    add_out(p, "directory for CSV tables and PNG/SVG figures")
+    add_out(p, "directory for CSV tables and PNG figures")
     add_recipe_args(p)
     prompts: dict[str, str | tuple[str, ...]] = {
         "train": "train-prompts",

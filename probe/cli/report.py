@@ -1,5 +1,5 @@
-"""Build a probe report: one command from a checkpoint to a self-contained HTML report,
-figures (PNG + SVG), the tables behind them (CSV) and summary.json.
+"""Build a probe report: one command from a checkpoint to an HTML report (index.html with its
+figures/*.png beside it), the tables behind them (CSV) and summary.json.
 
 With no arguments it runs the quick recipe on the shipped default checkpoint and writes
 reports/<checkpoint>-<recipe>/. Recipes are TOML files in analyses/ (quick, full) or a path.

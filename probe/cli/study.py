@@ -1,7 +1,7 @@
 """Run one study recipe over a family of checkpoints (globs, or the snapshots of one run):
 per-model analyses through an executor, then one tidy table (study.csv: model x analysis x
 metric, with each model's config fields as columns), figures across models, summary.json and a
-self-contained index.html. Finished models are kept as they finish; re-running resumes.
+index.html (figures/*.png beside it). Finished models are kept as they finish; re-running resumes.
 
 examples:
   icl-probe study depth-phases --out reports/study-depth-phases --jobs 2

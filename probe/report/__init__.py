@@ -1,1 +1,1 @@
-"""Reports: recipes, cached stages, figures, summary.json and a self-contained index.html."""
+"""Reports: recipes, cached stages, figures, summary.json and index.html (figures linked from figures/)."""

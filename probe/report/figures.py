@@ -1,6 +1,6 @@
 """Figures for the analyses; each function takes the tidy table it plots and a path stem.
 
-Every figure is written as PNG and SVG (`<stem>.png`, `<stem>.svg`).
+Every figure is written once, as PNG (`<stem>.png`); index.html links to it.
 """
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"svg.hashsalt": "icl-probe", "font.size": 10, "axes.titlesize": 10})  # byte-stable SVG ids
+    plt.rcParams.update({"font.size": 10, "axes.titlesize": 10})
     return plt
 
 
 def _save(fig, stem: Path) -> list[Path]:
-    """PNG and SVG, byte-deterministic for the same figure (no dates or random ids in the files)."""
+    """The PNG, byte-deterministic for the same figure (no dates or software versions in the file)."""
     stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+    paths = [stem.with_suffix(".png")]
     fig.savefig(paths[0], dpi=120, bbox_inches="tight", metadata={"Software": None})
-    fig.savefig(paths[1], bbox_inches="tight", metadata={"Date": None, "Creator": None})
     _plt().close(fig)
     return paths
 

@@ -1,9 +1,9 @@
-"""index.html: one self-contained page (figures embedded as data URIs, CSS inline, no scripts
-and nothing fetched), with a caption under every figure and the tables behind it in data/."""
+"""index.html: one page (CSS inline, no scripts, nothing fetched from outside the report) that
+links each figure from figures/ (stored once, as PNG), with a caption under every figure and the
+tables behind it in data/."""
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import re
@@ -25,9 +25,9 @@ code{background:#f3f3f3;padding:0 .2em} .grid{display:flex;flex-wrap:wrap;gap:1e
 
 
 def _img(path: Path, alt: str, caption: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
+    src = f"{path.parent.name}/{path.name}"  # figures/<name>.png beside index.html: each figure stored once
     return (
-        f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
+        f'<figure><img src="{html.escape(src)}" alt="{html.escape(alt)}">'
         f"<figcaption>{html.escape(caption)}</figcaption></figure>"
     )
 

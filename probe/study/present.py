@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 from pathlib import Path
@@ -27,14 +26,13 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"svg.hashsalt": "icl-probe", "font.size": 11})
+    plt.rcParams.update({"font.size": 11})
     return plt
 
 
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path.with_suffix(".png"), dpi=110, bbox_inches="tight", metadata={"Software": None})
-    fig.savefig(path.with_suffix(".svg"), bbox_inches="tight", metadata={"Date": None, "Creator": None})
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -231,8 +229,8 @@ def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str
 
 
 def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(alt)}"><figcaption>{html.escape(alt)}</figcaption></figure>'
+    src = html.escape(f"{path.parent.name}/{path.name}")  # figures/<name>.png beside index.html
+    return f'<figure><img src="{src}" alt="{html.escape(alt)}"><figcaption>{html.escape(alt)}</figcaption></figure>'
 
 
 def render(summary: dict[str, Any], figs: dict[str, Path], table: pd.DataFrame, x: str) -> str:
