@@ -3,6 +3,9 @@
 import ast
 from pathlib import Path
 
+import pytest
+from conftest import REPO
+
 PACKAGE = Path(__file__).resolve().parents[1] / "probe"
 
 
@@ -91,3 +94,17 @@ def test_module_docstring_examples_run_as_doctests():
         assert result.failed == 0, f"{name}: {result.failed} docstring example(s) failed"
         tried += result.attempted
     assert tried >= 2
+
+
+def test_the_first_quick_start_command_leaves_the_checkout_clean():
+    """A bare `icl-probe report` writes to runs/<checkpoint>-<recipe>/, which git ignores, so the
+    README's first command never overwrites the committed example reports."""
+    import subprocess
+
+    from probe.cli.report import REPORTS
+
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    path = REPORTS / "gpt2-default-quick" / "index.html"
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=REPO)
+    assert ignored.returncode == 0, f"{path} would be tracked by git"

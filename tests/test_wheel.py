@@ -65,5 +65,5 @@ def test_inspect_and_report_from_the_wheel(installed):
     assert '"format": "icl-probe"' in out and '"n_layer": 8' in out
     settings = [*TINY_REPORT, "--set", "probes.enabled=false", "--set", "interventions.enabled=false"]
     run(bin_dir / "icl-probe", "-q", "report", "--recipe", "quick", *settings, cwd=cwd)
-    report = cwd / "reports" / "gpt2-default-quick"
+    report = cwd / "runs" / "gpt2-default-quick"
     assert (report / "index.html").is_file() and (report / "summary.json").is_file()

@@ -2,7 +2,8 @@
 figures/*.png beside it), the tables behind them (CSV) and summary.json.
 
 With no arguments it runs the quick recipe on the shipped default checkpoint and writes
-reports/<checkpoint>-<recipe>/. Recipes are TOML files in analyses/ (quick, full) or a path.
+runs/<checkpoint>-<recipe>/ (runs/ is ignored by git, so in a checkout the committed example
+reports under reports/ stay as they are). Recipes are TOML files in analyses/ (quick, full) or a path.
 
 examples:
   icl-probe report
@@ -19,7 +20,7 @@ from pathlib import Path
 from ..resources import DEFAULT_CHECKPOINT, cache_dir
 from .common import add_device, add_out, check_device, output_target
 
-REPORTS = Path("reports")  # relative to the working directory, as every --out is
+REPORTS = Path("runs")  # relative to the working directory, as every --out is; git-ignored in a checkout
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -30,7 +31,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value, e.g. prompts.test=256"
     )
-    add_out(p, "report directory (default: reports/<checkpoint>-<recipe>)", required=False)
+    add_out(p, "report directory (default: runs/<checkpoint>-<recipe>)", required=False)
     p.add_argument("--compare", help="a second checkpoint (e.g. the LSTM) whose Table 1 is shown beside")
     p.add_argument("--no-cache", action="store_true", help="recompute every stage")
     p.add_argument("--cache-dir", help="stage cache directory (default: $ICL_PROBE_CACHE, else ~/.cache/icl-probe)")
