@@ -25,7 +25,7 @@ from .checkpoint import (
     safe_torch_load,
     strip_prefixes,
 )
-from .config import ModelConfig, RunConfig, TaskConfig
+from .config import ModelConfig, RunConfig, TaskConfig, from_dict
 from .errors import CheckpointError, ConfigError
 from .models import build_model
 from .parsing import load_json
@@ -161,8 +161,21 @@ def load_hf_gpt2(d: Path) -> LoadedCheckpoint:
             f"{d / 'config.json'}: invalid GPT-2 config value ({err}); n_embd, n_layer, n_head and "
             "n_positions must be positive integers"
         ) from None
+    expected = {
+        "read_in.weight": (mc.n_embd, mc.token_dim),
+        "read_in.bias": (mc.n_embd,),
+        "read_out.weight": (1, mc.n_embd),
+        "read_out.bias": (1,),
+    }
+    for key, shape in expected.items():
+        if tuple(head[key].shape) != shape:
+            raise CheckpointError(
+                f"{d / HF_HEAD}: {key} has shape {tuple(head[key].shape)}, but config.json's n_embd = {mc.n_embd} "
+                f"needs {shape}; the read-in/read-out head does not belong to this backbone"
+            )
+    task = _hf_task(hf, mc, d / "config.json")
     weights = d / "model.safetensors" if (d / "model.safetensors").is_file() else d / "pytorch_model.bin"
-    check_size(RunConfig(model=mc, task=TaskConfig(n_dims=mc.n_dims, n_points=mc.n_positions)), weights)
+    check_size(RunConfig(model=mc, task=task), weights)
     state = read_safetensors(weights) if weights.suffix == ".safetensors" else safe_torch_load(weights)
     backbone = {}
     for key, value in strip_prefixes(state).items():
@@ -175,8 +188,26 @@ def load_hf_gpt2(d: Path) -> LoadedCheckpoint:
             backbone[f"_{part}.{p}"] = head[f"{part}.{p}"]
     model = build_model(mc)
     load_weights(model, backbone, weights)
-    config = RunConfig(model=mc, task=TaskConfig(n_dims=mc.n_dims, n_points=mc.n_positions))
-    return LoadedCheckpoint(model.eval(), config, "hf-gpt2", d, weights, {})
+    return LoadedCheckpoint(model.eval(), RunConfig(model=mc, task=task), "hf-gpt2", d, weights, {})
+
+
+def _hf_task(hf: dict, mc: ModelConfig, path: Path) -> TaskConfig:
+    """The task a Hugging Face checkpoint declares in config.json's `icl_task` block (TaskConfig
+    fields, validated like an icl-probe run's [task]); without one, linear regression on the
+    model's d and context."""
+    declared = hf.get("icl_task")
+    if declared is None:
+        return TaskConfig(n_dims=mc.n_dims, n_points=mc.n_positions)
+    try:
+        task = from_dict(TaskConfig, {"n_dims": mc.n_dims, "n_points": mc.n_positions, **declared}, "icl_task")
+    except ConfigError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    if task.n_dims != mc.n_dims or task.n_points > mc.n_positions:
+        raise CheckpointError(
+            f"{path}: icl_task has n_dims = {task.n_dims} and n_points = {task.n_points}, but the model reads "
+            f"d = {mc.n_dims} with room for {mc.n_positions} points"
+        )
+    return task
 
 
 FORMATS.register("icl-probe")(CheckpointFormat("icl-probe", _detect_native, load_native))

@@ -275,3 +275,41 @@ def test_relu_attention_is_refused_where_it_does_not_exist(tmp_path):
     cfg.model.attn_activation = "relu"
     with pytest.raises(ConfigError, match="softmax attention only"):
         export_garg(model, cfg, tmp_path / "g")
+
+
+def _hf_run(tmp_path, width_in_head: int = 16):
+    import json
+
+    from safetensors.torch import save_file
+
+    torch.manual_seed(4)
+    ref = GargTransformerModel(3, 8, 16, 2, 2).eval()
+    ref._backbone.save_pretrained(tmp_path / "hf")
+    head = {"read_in.weight": torch.randn(width_in_head, 3), "read_in.bias": torch.zeros(width_in_head),
+            "read_out.weight": torch.randn(1, width_in_head), "read_out.bias": torch.zeros(1)}
+    save_file(head, str(tmp_path / "hf" / "icl_head.safetensors"))
+    return tmp_path / "hf", json.loads((tmp_path / "hf" / "config.json").read_text())
+
+
+def test_hf_checkpoints_declare_their_task_and_head_errors_name_the_head(tmp_path):
+    import json
+
+    from probe.errors import CheckpointError
+
+    path, config = _hf_run(tmp_path)
+    assert load_checkpoint(path).config.task.noise_std == 0.0  # no declaration: the default task
+    config["icl_task"] = {"noise_std": 0.5, "n_points": 6}
+    (path / "config.json").write_text(json.dumps(config))
+    task = load_checkpoint(path).config.task
+    assert (task.name, task.noise_std, task.n_points, task.n_dims) == ("linear_regression", 0.5, 6, 3)
+    config["icl_task"] = {"noise": 0.5}
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"config.json: icl_task: Unknown key 'noise'"):
+        load_checkpoint(path)
+    config["icl_task"] = {"n_dims": 5}
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="icl_task has n_dims = 5"):
+        load_checkpoint(path)
+    path, _ = _hf_run(tmp_path / "wide", width_in_head=32)
+    with pytest.raises(CheckpointError, match=r"icl_head.safetensors: read_in.weight has shape \(32, 3\)"):
+        load_checkpoint(path)

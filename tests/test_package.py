@@ -108,3 +108,21 @@ def test_the_first_quick_start_command_leaves_the_checkout_clean():
     path = REPORTS / "gpt2-default-quick" / "index.html"
     ignored = subprocess.run(["git", "check-ignore", "-q", str(path)], check=False, cwd=REPO)
     assert ignored.returncode == 0, f"{path} would be tracked by git"
+
+
+@pytest.mark.slow
+def test_the_readme_python_api_block_runs_as_written(tmp_path, monkeypatch):
+    """README "Python API": the block runs unchanged (from a working directory that has the
+    checkout's checkpoints/, as the repository root does) and its results have the shapes it says."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Python API") :]
+    block = section[section.index("```python\n") + len("```python\n") :]
+    block = block[: block.index("```\n")]
+    (tmp_path / "checkpoints").symlink_to(REPO / "checkpoints")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block, "README.md (Python API)", "exec"), scope)
+    assert scope["acts"].acts["resid"].shape == (9, 64, 16, 64)
+    assert scope["newton"].preds.shape == (25, 64, 16)
+    assert {"sweep", "layer", "k", "similarity"} <= set(scope["result"].best.columns)
+    assert set(scope["table"].model) == {"checkpoints/gpt2-relu3", "checkpoints/gpt2-relu4"}
