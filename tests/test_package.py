@@ -121,7 +121,7 @@ def test_the_readme_python_api_block_runs_as_written(tmp_path, monkeypatch):
     (tmp_path / "checkpoints").symlink_to(REPO / "checkpoints")
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(block, "README.md (Python API)", "exec"), scope)
+    exec(compile(block, "README.md (Python API)", "exec"), scope)  # noqa: S102 (the README, as a user runs it)
     assert scope["acts"].acts["resid"].shape == (9, 64, 16, 64)
     assert scope["newton"].preds.shape == (25, 64, 16)
     assert {"sweep", "layer", "k", "similarity"} <= set(scope["result"].best.columns)
