@@ -13,6 +13,7 @@ Nothing here unpickles arbitrary objects: safetensors, or torch.load(weights_onl
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -24,12 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from .config import ModelConfig, RunConfig, TaskConfig
+from .config import ModelConfig, RunConfig, TaskConfig, to_dict
 from .errors import CheckpointError, ConfigError
 from .models import build_model
+from .outputs import fix_mode
 from .parsing import load_json, load_yaml
+from .validate import check_memory, model_bytes
 
 GARG_VOCAB = 50257  # GPT-2's vocabulary: Garg's state dicts carry an unused wte of this size
 IGNORED_LEGACY = re.compile(r"^_backbone\.(wte\.weight|h\.\d+\.attn\.(bias|masked_bias))$")
@@ -46,7 +52,6 @@ class LoadedCheckpoint:
 
     @property
     def sha256(self) -> str:
-        import hashlib
 
         digest = hashlib.sha256()
         with self.weights_file.open("rb") as f:
@@ -59,10 +64,6 @@ class LoadedCheckpoint:
         """What defines this checkpoint's numbers: the weights' sha256, the resolved run config
         (task, model) and every other weight or config file beside them (a Hugging Face read-out
         head, a config.json edited by hand). Logs, evaluations and optimizer state do not count."""
-        import hashlib
-        import json
-
-        from .config import to_dict
 
         digest = hashlib.sha256(self.sha256.encode())
         digest.update(json.dumps(to_dict(self.config), sort_keys=True).encode())
@@ -92,7 +93,6 @@ def atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
-        from .outputs import fix_mode
 
         fix_mode(Path(tmp))
         os.replace(tmp, path)
@@ -118,8 +118,6 @@ def safe_torch_load(path: Path) -> Any:
 
 
 def read_safetensors(path: Path) -> dict[str, Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     try:
         return load_file(str(path))
@@ -189,7 +187,6 @@ def _short(items: list[str], limit: int = 6) -> str:
 
 def save_model(model: nn.Module, config: RunConfig, directory: Path, meta: dict[str, Any] | None = None) -> None:
     """Write config.json and model.safetensors atomically."""
-    from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -201,7 +198,6 @@ def save_model(model: nn.Module, config: RunConfig, directory: Path, meta: dict[
 
 def check_size(config: RunConfig, weights: Path) -> None:
     """Refuse a config whose model is far larger than its weights file (before allocating it)."""
-    from .validate import check_memory, model_bytes
 
     expected = model_bytes(config.model)
     actual = weights.stat().st_size
@@ -419,7 +415,6 @@ def export_garg(
     `_backbone.wte.weight`, 50257 x D, added as zeros), an Adam state for as many
     parameters as their model has (their state dict holds no buffers), and train_step.
     """
-    import yaml
 
     if config.model.family != "gpt2" or config.model.encoding != "garg":
         raise ConfigError("Only GPT-2 models with Garg's token encoding can be exported to their layout")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, RenamedSetting
+from .parsing import load_toml
 from .registry import unknown_name_message
 
 MODEL_FAMILIES = ("gpt2", "lstm", "planted")
@@ -342,7 +343,6 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"Recipe file not found: {path}")
-    from .parsing import load_toml
 
     try:
         return load_toml(path, ConfigError, "recipe")

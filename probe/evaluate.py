@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from .config import TaskConfig
 from .learners import run_learner
@@ -30,7 +31,6 @@ def predict(
     model: nn.Module, prompts: Prompts, batch_size: int = 256, device: str = "cpu", progress: bool = False
 ) -> torch.Tensor:
     """Model predictions (P, n) in batches, on `device`, returned on the CPU."""
-    from tqdm.auto import tqdm
 
     model = model.to(device).eval()
     out = []

@@ -10,6 +10,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .errors import ProbeError
 
 MAX_BYTES = 4 << 20  # 4 MiB: a recipe or config is a few KB
@@ -60,7 +62,6 @@ def load_json(path: Path, error: type[ProbeError], what: str = "config") -> Any:
 
 
 def load_yaml(path: Path, error: type[ProbeError], what: str = "config") -> Any:
-    import yaml
 
     class NoAliasLoader(yaml.SafeLoader):
         def compose_node(self, parent, index):  # type: ignore[override]

@@ -54,7 +54,6 @@ def stamp() -> dict[str, object]:
 def display_path(path) -> str:
     """A checkpoint path for summary.json: relative to the working directory when under it, else
     the directory's name; never an absolute machine path."""
-    from pathlib import Path
 
     path = Path(path).resolve()
     try:

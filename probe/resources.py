@@ -7,6 +7,7 @@ setup.py's build step), so `icl-probe report` works after `pip install .` from a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -26,7 +27,6 @@ def shipped(relative: str) -> Path:
 def cache_dir() -> Path:
     """The per-user stage cache of reports: $ICL_PROBE_CACHE, else $XDG_CACHE_HOME/icl-probe,
     else ~/.cache/icl-probe."""
-    import os
 
     if os.environ.get("ICL_PROBE_CACHE"):
         return Path(os.environ["ICL_PROBE_CACHE"])

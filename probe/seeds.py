@@ -13,6 +13,7 @@ from enum import IntEnum
 
 import torch
 
+from .models import build_model
 from .tasks import generator_for
 
 
@@ -48,7 +49,6 @@ def stream_generator(seed: int, stream: Stream) -> torch.Generator:
 def random_weights_model(model_config, seed: int):
     """The random-weights control: the architecture of `model_config`, initialised from seed + 99
     (the same model for the probes' control and the null baselines)."""
-    from .models import build_model
 
     torch.manual_seed(seed + Offset.RANDOM_WEIGHTS)
     return build_model(model_config).eval()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import tomllib
 import typing
 import warnings
 from collections.abc import Iterable, Mapping
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError, RenamedSetting
+from .resources import RECIPE_DIR
+from .validate import finite_float, positive_int
 
 MIN_BOOTSTRAP = 20  # resamples: the 5th and 95th percentiles of fewer are the extremes
 
@@ -143,7 +146,6 @@ class ProbeSettings:
     controls: bool = setting(True, "random-weights model and shuffled-target controls")
 
     def __post_init__(self) -> None:
-        from .validate import finite_float, positive_int
 
         for name in ("steps", "patience", "eval_every"):
             positive_int(getattr(self, name), f"probes.{name}")
@@ -189,7 +191,6 @@ class PromptSettings:
     seed: int = setting(0, "seed of every prompt draw")
 
     def __post_init__(self) -> None:
-        from .validate import positive_int
 
         for name in ("curve", "train", "val", "test", "induced"):
             positive_int(getattr(self, name), f"prompts.{name}")
@@ -212,7 +213,6 @@ class ReadoutSettings:
     finetune_steps: int = setting(500, "Adam steps of the 'adam' method")
 
     def __post_init__(self) -> None:
-        from .validate import finite_float, positive_int
 
         if self.method not in READOUT_METHODS:
             raise ConfigError(f"readout.method must be 'ridge', 'adam' or 'model', got {self.method!r}")
@@ -233,7 +233,6 @@ class SimilaritySettings:
     simw: bool = setting(True, "compute SimW (induced weights from fresh query forward passes; off: SimE only)")
 
     def __post_init__(self) -> None:
-        from .validate import positive_int
 
         positive_int(self.bootstrap, "similarity.bootstrap")
         if self.bootstrap < MIN_BOOTSTRAP:
@@ -257,9 +256,6 @@ class SweepSettings:
 def quick_sweeps() -> tuple[SweepSettings, ...]:
     """The quick recipe's [[sweeps]] (analyses/quick.toml): what `LayerSettings()` compares layers
     with when given no sweeps, so the Python API's default and the default report agree."""
-    import tomllib
-
-    from .resources import RECIPE_DIR
 
     tables = tomllib.loads((RECIPE_DIR / "quick.toml").read_text(encoding="utf-8"))["sweeps"]
     return tuple(SweepSettings(**table) for table in tables)
@@ -284,7 +280,6 @@ class ForgettingSettings:
     learners: list[SweepSettings] = dataclasses.field(default_factory=_forgetting_learners)
 
     def __post_init__(self) -> None:
-        from .validate import positive_int
 
         positive_int(self.prompts, "forgetting.prompts")
 
@@ -315,7 +310,6 @@ class InterventionSettings:
     permutations: int = setting(200, "shuffled layer maps of the map check's null")
 
     def __post_init__(self) -> None:
-        from .validate import positive_int
 
         for name in ("prompts", "patch_prompts", "permutations"):
             positive_int(getattr(self, name), f"interventions.{name}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import fcntl
+import json
 import logging
 import math
 import os
@@ -22,14 +24,17 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from .checkpoint import atomic_write, load_weights, read_safetensors, safe_torch_load, save_model
 from .config import RunConfig
 from .errors import CheckpointError, ConfigError, OutputError, TrainingDiverged
 from .evaluate import eval_prompts
 from .models import build_model
+from .outputs import mark_run_directory
 from .provenance import stamp
 from .tasks import generator_for, sample_prompts
+from .validate import activation_bytes, check_memory, model_bytes
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +121,6 @@ def _truncate_log(path: Path, last_step: int) -> None:
 def run_lock(out: Path):
     """One writer per run directory: an exclusive lock on `out/.icl-probe-train.lock` (holding the
     owner's pid), released when the process ends however it ends, so a stale lock never blocks."""
-    import fcntl
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK
@@ -224,7 +228,6 @@ def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, out:
 
 
 def _saved_train_step(out: Path) -> int | None:
-    import json
 
     try:
         return int(json.loads((out / "config.json").read_text())["meta"]["train_step"])
@@ -293,7 +296,6 @@ def _check_training(cfg: RunConfig, out: Path, resume: bool, device: str, keep_e
             f"--out {out}: {linked[0]} is a symbolic link; a run writes only its own files, never through a link "
             "(replace the link by the file, or choose another --out)"
         )
-    from .validate import activation_bytes, check_memory, model_bytes
 
     check_memory(
         model_bytes(cfg.model) * 4
@@ -365,7 +367,6 @@ def _train_step(
 def _commit(model, optimizer, cfg: RunConfig, out: Path, done: int, rows: list[dict], elapsed: float) -> None:
     """Write the pending log rows (emptying `rows`) and the training state after `done` steps,
     refusing non-finite weights so that train_state.pt always holds the last finite state."""
-    from .outputs import mark_run_directory
 
     if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
         raise TrainingDiverged(
@@ -393,14 +394,11 @@ def _loop(
     keep_every: int,
 ) -> None:
     """The training steps from `start`: fresh prompts, AdamW, logging, checkpoints and snapshots."""
-    from .outputs import mark_run_directory
 
     if dist_info.main:
         mark_run_directory(out, "train")
         if keep_every and start and (start % keep_every == 0 or start == cfg.train.steps):
             save_snapshot(model, cfg, out, start, elapsed)  # a kill may have come between commit and snapshot
-
-    from tqdm.auto import tqdm
 
     local_batch = cfg.train.batch_size // dist_info.world
     rows: list[dict] = []

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
+import re
+
 from .errors import ConfigError
 
 # hyper-parameter -> rule; strings listed are accepted as named settings
@@ -212,7 +214,6 @@ def memory_headroom(floor: int = 64 << 20) -> int:
 
 def parse_bytes(text: str) -> int:
     """'4G', '512M', '2.5GB' or a plain number of bytes -> bytes."""
-    import re
 
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)i?B?\s*", str(text), re.IGNORECASE)
     if not match:

@@ -19,8 +19,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..evaluate import predict
+from ..seeds import random_weights_model
 from ..similarity import sime
 from ..stats import bootstrap_mean
+from ..tasks import Prompts
 
 ZERO_FRACTION = 0.1
 
@@ -32,10 +35,6 @@ def null_predictions(
     nulls = {"zero": torch.zeros_like(ys, dtype=torch.float64)}
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "family", None) in ("gpt2", "lstm"):
-        from ..evaluate import predict
-        from ..seeds import random_weights_model
-        from ..tasks import Prompts
-
         random_model = random_weights_model(config, seed)  # the probes' control model
         nulls["random_model"] = predict(random_model, Prompts(xs, ys), device=device).double()
     return nulls

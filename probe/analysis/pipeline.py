@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from ..config import TaskConfig
 from ..errors import ConfigError
@@ -25,6 +26,7 @@ from ..seeds import Stream
 from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings, quick_sweeps
 from ..similarity import induced_weights
 from ..tasks import generator_for, sample_prompts
+from ..validate import check_device, positive_int
 from .matching import compare_layers, learner_weights, run_sweep, table1, trend
 from .nulls import flag_degenerate, null_predictions, null_table
 from .readout import LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
@@ -49,7 +51,6 @@ class LayerSettings:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        from ..validate import check_device, positive_int
 
         positive_int(self.batch_size, "batch_size")
         self.sweeps = tuple(self.sweeps)
@@ -170,7 +171,6 @@ def compare_sweeps(
 ) -> tuple[pd.DataFrame, pd.DataFrame, list[pd.DataFrame]]:
     """Heatmap cells and best matches of every sweep (SimE on all held-out prompts, SimW on the
     first n_induced), and span tables of a few iterates of each learner."""
-    from tqdm.auto import tqdm
 
     m, dev = settings.n_induced, settings.device
     cells, best, span_parts = [], [], []

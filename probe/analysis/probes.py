@@ -26,7 +26,9 @@ import numpy as np
 import pandas as pd
 import torch
 from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from ..capture.streams import by_position_streams
 from ..errors import ConfigError
@@ -35,6 +37,8 @@ from ..learners.closed_form import least_squares_weights
 from ..seeds import Offset, Stream, stream_generator
 from ..settings import ProbeSettings
 from ..stats import r2_score
+from ..tasks import sample_prompts
+from ..validate import check_device, positive_int
 
 
 def probe_targets(xs: Tensor, ys: Tensor, name: str) -> Tensor:
@@ -367,7 +371,6 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
     def _as_states(self, H, reset: bool) -> torch.Tensor:
         """H (N, P, D) as a float32 tensor; a 2-D H (N, D) is one position per prompt (so that
         scikit-learn's generic checks, which make 2-D data, apply)."""
-        from sklearn.utils.validation import validate_data
 
         if (H.ndim if isinstance(H, (np.ndarray, torch.Tensor)) else np.asarray(H).ndim) != 3:
             return torch.from_numpy(np.array(validate_data(self, H, dtype=np.float32, reset=reset))[:, None, :])
@@ -381,7 +384,6 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
         return torch.from_numpy(np.array(h))
 
     def fit(self, H, Y) -> AttentionPoolProbe:
-        from sklearn.utils.validation import check_array
 
         if Y is None:
             raise ValueError("AttentionPoolProbe requires y to be passed, but the target y is None")
@@ -432,7 +434,6 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
         return self
 
     def predict(self, H) -> np.ndarray:
-        from sklearn.utils.validation import check_is_fitted
 
         check_is_fitted(self)
         h = self._as_states(H, reset=False)
@@ -470,11 +471,9 @@ def probe_study(
     prompts, with controls: `random_model` (the same probes on `control_model`, e.g. the
     architecture with random weights) and `shuffled` (targets permuted across prompts). Column
     `control` says which rows are which."""
-    from ..tasks import sample_prompts
 
     prefixes = settings.prefixes or default_prefixes(task.n_dims, task.n_points)
     combos = [(t, target) for t in prefixes for target in settings.targets]
-    from ..validate import check_device, positive_int
 
     device = check_device(device)
     n_test = positive_int(n_test, "probe test prompts")
@@ -486,7 +485,6 @@ def probe_study(
         [("random_model", control_model)] if settings.controls and control_model is not None else []
     )
     frames = []
-    from tqdm.auto import tqdm
 
     jobs = [(c, m, kind) for c, m in models for kind in settings.kinds]
     fit: dict[str, Any] = {

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..stats import bootstrap_mean
 
@@ -48,7 +49,6 @@ class RidgeReadout(RegressorMixin, BaseEstimator):
         self.alpha = alpha
 
     def fit(self, X, y) -> RidgeReadout:
-        from sklearn.utils.validation import validate_data
 
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
         if not np.isfinite(self.alpha) or self.alpha < 0:
@@ -63,7 +63,6 @@ class RidgeReadout(RegressorMixin, BaseEstimator):
         return self
 
     def predict(self, X) -> np.ndarray:
-        from sklearn.utils.validation import check_is_fitted, validate_data
 
         check_is_fitted(self)
         X = validate_data(self, X, dtype=np.float64, reset=False)

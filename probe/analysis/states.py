@@ -12,9 +12,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ..capture import RESID, capture
+from ..models.encoding import interleave
 from ..positions import X_TOKENS
+from ..validate import memory_headroom
 
 LayerReadout = Callable[[int, np.ndarray], np.ndarray]  # (layer, states (..., D)) -> predictions (...)
 
@@ -75,7 +78,6 @@ def sequence_query_states(
     b, n, d = xs.shape
     q = queries.shape[1]
     out: np.ndarray | None = None
-    from tqdm.auto import tqdm
 
     for t in tqdm(range(start, n), desc="query states", disable=not progress, leave=False):
         seq_x = torch.cat([xs[:, :t].unsqueeze(1).expand(b, q, t, d), queries.unsqueeze(2)], dim=2).reshape(
@@ -96,8 +98,6 @@ def _query_chunk(max_bytes: int | None, n: int, steps: int, q: int, width: int, 
     """Prompts per chunk of `cached_query_states` within `max_bytes` (default: a quarter of the
     memory budget; the output array and the prompt's capture hold the rest)."""
     if max_bytes is None:
-        from ..validate import memory_headroom
-
         max_bytes = memory_headroom() // 4
     per_prompt = 4 * (steps * q * (4 * width + heads * (2 * n + 1)) + 2 * n * 4 * width) * 3
     return max(1, int(max_bytes // max(per_prompt, 1)))
@@ -124,7 +124,6 @@ def cached_query_states(
     Equal to `sequence_query_states` up to float round-off (tested to 1e-5). Prompts are
     processed in chunks sized from `max_bytes` (default: a quarter of the memory budget).
     """
-    from ..models.encoding import interleave
 
     b, n, _ = xs.shape
     q = queries.shape[1]
@@ -142,7 +141,6 @@ def cached_query_states(
     visible = torch.arange(2 * n, device=device)[None, :] < 2 * t_idx[:, None]  # (steps, 2n): keys j < 2t
     visible = visible.repeat_interleave(q, dim=0)  # (steps * Q, 2n): one window copy per (t, query)
     positions = (2 * t_idx).repeat_interleave(q)[:, None, None]  # the query sits at the x position 2t
-    from tqdm.auto import tqdm
 
     for lo in tqdm(range(0, b, chunk), desc="query states", disable=not progress, leave=False):
         bx, by, bq = xs[lo : lo + chunk].to(device), ys[lo : lo + chunk].to(device), queries[lo : lo + chunk].to(device)

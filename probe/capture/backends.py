@@ -26,6 +26,8 @@ from ..models.base import ICLModel
 from ..positions import X_TOKENS
 from ..registry import Registry
 from . import hooks as H
+from .bridge import bridge_inputs, cached_bridge
+from .planted_bridge import run_through_bridge
 
 
 @dataclass
@@ -92,7 +94,6 @@ class BridgeBackend(Backend):
     takes_named_hooks = True
 
     def __init__(self, model: ICLModel, device: str):
-        from .bridge import cached_bridge
 
         super().__init__(model, device)
         self.bridge = cached_bridge(self.model, device)
@@ -103,7 +104,6 @@ class BridgeBackend(Backend):
         store[name] = value.detach()
 
     def run(self, xs: Tensor, ys: Tensor, request: Request) -> BatchActivations:
-        from .bridge import bridge_inputs
 
         wanted = set(request.named)
         if request.resid:
@@ -140,7 +140,6 @@ class PlantedBackend(Backend):
     takes_named_hooks = True
 
     def run(self, xs: Tensor, ys: Tensor, request: Request) -> BatchActivations:
-        from .planted_bridge import run_through_bridge
 
         out, extra = run_through_bridge(self.model, xs, ys, {name: None for name in request.named}, self.device)
         return BatchActivations(out.pred, list(out.resid) if request.resid else [], out.final, None, extra)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -22,9 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ..errors import ConfigError
-from ..validate import check_device, check_prompts_for, positive_int
+from ..interventions.handle import to_bridge
+from ..outputs import clean_stale
+from ..validate import check_device, check_prompts_for, memory_headroom, positive_int
 from . import hooks as H
 from .backends import Request, backend_for, final_norm
 
@@ -59,9 +63,6 @@ SPILL_PREFIX = "icl-probe-capture-"
 
 def spill_dir() -> str:
     """A temporary directory for memmaps, named with our pid; those of dead processes are removed."""
-    import re
-
-    from ..outputs import clean_stale
 
     clean_stale(Path(tempfile.gettempdir()), re.compile(re.escape(SPILL_PREFIX) + r"(\d+)-"))
     return tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-")
@@ -145,8 +146,6 @@ def capture(
     sink = _Sink(Path(out_dir) if out_dir is not None else None)
     preds = np.empty((b, n), dtype=np.float32)
 
-    from tqdm.auto import tqdm
-
     with torch.no_grad():
         for start in tqdm(range(0, b, batch_size), desc="capture", disable=not progress, leave=False):
             acts = runner.run(
@@ -219,8 +218,6 @@ def _storage(model, hooks: list[str], b: int, n_pos: int, out_dir, max_bytes: in
     """(out_dir, spilled): stream to memmaps in a temporary directory when the result would exceed max_bytes."""
     per_prompt = _stored_bytes(model, hooks, 1, n_pos)
     if max_bytes is None:
-        from ..validate import memory_headroom
-
         max_bytes = memory_headroom()
     if out_dir is None and per_prompt * b > max_bytes:
         out_dir = spill_dir()
@@ -242,13 +239,11 @@ def _batch_within_budget(model, n: int, batch_size: int, kept: int) -> int:
     """The batch size, lowered so that one batch's forward pass (every boundary, the MLP's 4x
     hidden width and the attention scores: about 8 (L+2) 2n D floats a prompt) fits in what the
     memory budget leaves beside `kept` bytes."""
-    from ..validate import memory_headroom
 
     per_prompt = 8 * (model.n_layers + 2) * 2 * n * model.d_model * 4
     return max(1, min(batch_size, (memory_headroom() - kept) // per_prompt))
 
 
 def _public_bridge(model, device: str):
-    from ..interventions.handle import to_bridge
 
     return to_bridge(model, device)

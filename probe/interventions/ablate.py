@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ..capture import hooks as H
 from ..settings import ABLATION_KINDS
@@ -88,7 +89,6 @@ def ablate(
 ) -> pd.DataFrame:
     """Error / d per component and number of examples: columns component, layer, head, kind,
     n_examples, error, error_lo, error_hi, increase (over the unablated model's error)."""
-    from tqdm.auto import tqdm
 
     batch_size = positive_int(batch_size, "ablation batch_size")
     comps = components(runner, kinds, heads)

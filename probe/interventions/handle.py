@@ -22,8 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..capture.bridge import bridge_inputs
+from ..capture.bridge import to_bridge as native_bridge
+from ..checkpoint import LoadedCheckpoint
 from ..errors import ConfigError
+from ..formats import load_checkpoint
 from ..positions import X_TOKENS
+from ..validate import check_device, check_prompts_for
 
 _TRANSFORMER_BRIDGE: type | None = None
 
@@ -38,8 +43,6 @@ def _bridge_class() -> type:
             """A TransformerBridge whose inputs may be in-context prompts `(xs, ys)`."""
 
             def _prompt_embeddings(self, prompt: tuple) -> Tensor:
-                from ..capture.bridge import bridge_inputs
-                from ..validate import check_prompts_for
 
                 model = self.__dict__["_icl_model"]
                 if len(prompt) != 2:  # checked here so a 3-tuple gets our message, not TL's
@@ -72,8 +75,6 @@ def _is_prompt(value: Any) -> bool:
 
 
 def _model_of(source) -> torch.nn.Module:
-    from ..checkpoint import LoadedCheckpoint
-    from ..formats import load_checkpoint
 
     if isinstance(source, (str, Path)):
         source = load_checkpoint(source)
@@ -91,8 +92,6 @@ def to_bridge(source, device: str = "cpu"):
     (a planted model runs one sequence per prefix; see probe/capture/planted_bridge.py); they
     are refused here with a message.
     """
-    from ..capture.bridge import to_bridge as native_bridge
-    from ..validate import check_device
 
     model: Any = _model_of(source)
     if getattr(model, "capture_backend", "") != "transformer_lens":

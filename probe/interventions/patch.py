@@ -41,13 +41,17 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
+from ..analysis.matching import run_sweep
 from ..capture import hooks as H
 from ..config import TaskConfig
 from ..errors import ConfigError
+from ..evaluate import eval_prompts
 from ..seeds import Stream
 from ..settings import PATCH_SITES
 from ..stats import bootstrap_ratio
+from ..tasks import generator_for, relu_network_forward, sample_prompts
 from .runner import Runner, boundary_hook_name, patch_hook
 
 SITES = PATCH_SITES
@@ -58,8 +62,6 @@ def paired_prompts(
     task: TaskConfig, n_prompts: int, seed: int, n_points: int | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(xs, ys_clean, ys_corrupted): the evaluation prompts and the same x's under a fresh function."""
-    from ..evaluate import eval_prompts
-    from ..tasks import generator_for, relu_network_forward, sample_prompts
 
     clean = eval_prompts(task, n_prompts, seed, n_points)
     g = generator_for(seed, STREAM)
@@ -144,7 +146,6 @@ def patching_heatmap(
     restored_lo, restored_hi. Positions after the query token cannot affect it and are left out;
     max_positions > 0 keeps only the query token and the max_positions - 1 tokens before it.
     """
-    from tqdm.auto import tqdm
 
     q, sites = _patch_request(runner, xs.shape[1], query, sites)
     f_clean = runner.predict(xs, ys_clean, query=q).double()
@@ -194,7 +195,6 @@ def _patch_request(runner: Runner, n: int, query: int | None, sites: tuple[str, 
 
 def _learner_changes(sweep, xs: Tensor, ys: Tensor, ys_src: Tensor, ks: list) -> dict:
     """a_k = p_A,k(y') - p_A,k(y) (B, n) for every grid value k in ks."""
-    from ..analysis.matching import run_sweep
 
     if sweep.axis is None:
         raise ConfigError(f"learner sweep {sweep.label!r} has no iteration axis to test a layer map against")

@@ -19,6 +19,7 @@ from ..config import TaskConfig, to_dict
 from ..errors import ConfigError
 from ..seeds import Offset
 from ..settings import InterventionSettings
+from ..validate import check_device, positive_int
 from .ablate import ablate, summarise_ablation
 from .patch import context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
 from .runner import runner_for
@@ -64,7 +65,6 @@ def run_interventions(
 ) -> InterventionResult:
     """The causal checks in `parts` (ablate, patch, iteration); the iteration check tests
     `layer_maps` (label -> (sweep, {boundary: k}), e.g. from `layer_maps_from_best`)."""
-    from ..validate import check_device, positive_int
 
     unknown = set(parts) - set(PARTS)
     if unknown:

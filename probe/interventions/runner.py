@@ -13,13 +13,18 @@ Layer boundaries are numbered as in probe/capture/hooks.py (0 = embeddings, l = 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from ..capture import hooks as H
+from ..capture.planted_bridge import run_through_bridge
 from ..errors import ConfigError
 from ..positions import X_TOKENS, Y_TOKENS, prefix_mask
+from ..validate import check_device
+from .handle import to_bridge
+from .resumed import ablated_predictions, context_patch_predictions, patched_resid_predictions
 
 Hook = tuple[str, Callable]
 
@@ -85,7 +90,6 @@ class Runner:
 
 
 def _bind(fn: Callable, **kwargs) -> Callable:
-    from functools import partial
 
     return partial(fn, **kwargs)
 
@@ -95,7 +99,6 @@ class GPT2Runner(Runner):
     native blocks from the edited boundary instead (`resumed=False`: through hooks as well)."""
 
     def __init__(self, model, device: str, resumed: bool = True):
-        from .handle import to_bridge
 
         self.model = model.to(device)
         self.bridge = to_bridge(model, device)
@@ -108,7 +111,6 @@ class GPT2Runner(Runner):
     def patched_resid(self, xs, ys_target, ys_source, boundaries, positions, query):
         if not self.resumed:
             return None
-        from .resumed import patched_resid_predictions
 
         moved = (z.to(self.device) for z in (xs, ys_target, ys_source))
         out = patched_resid_predictions(self.model, *moved, boundaries, positions, query)
@@ -117,7 +119,6 @@ class GPT2Runner(Runner):
     def ablated(self, components, means, xs, ys):
         if not self.resumed:
             return None
-        from .resumed import ablated_predictions
 
         means = {name: m.to(self.device) for name, m in means.items()}
         out = ablated_predictions(self.model, xs.to(self.device), ys.to(self.device), components, means)
@@ -126,7 +127,6 @@ class GPT2Runner(Runner):
     def context_patched(self, xs, ys, ys_source, boundaries, examples):
         if not self.resumed:
             return None
-        from .resumed import context_patch_predictions
 
         moved = (z.to(self.device) for z in (xs, ys, ys_source))
         out = context_patch_predictions(self.model, *moved, boundaries, examples)
@@ -164,7 +164,6 @@ class PlantedRunner(Runner):
 
     @torch.no_grad()
     def predict(self, xs: Tensor, ys: Tensor, hooks: Sequence[Hook] = (), query: int | None = None) -> Tensor:
-        from ..capture.planted_bridge import run_through_bridge
 
         out, _ = run_through_bridge(
             self.model, xs.to(self.device), ys.to(self.device), None, self.device, list(hooks), only_run=query
@@ -200,7 +199,6 @@ RUNNERS: dict[str, type[GPT2Runner | PlantedRunner]] = {
 
 def runner_for(model, device: str = "cpu") -> Runner:
     """The Runner its model class names (`runner`); models without a TransformerLens form get a clear error."""
-    from ..validate import check_device
 
     device = check_device(device)
     runner = RUNNERS.get(getattr(model, "runner", ""))

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..learners import run_learner
 from ..positions import X_TOKENS
 from .base import ModelOutput
 
@@ -45,7 +46,6 @@ class LearnerOracle(nn.Module):
         return resid[..., 0]
 
     def run(self, xs: Tensor, ys: Tensor) -> ModelOutput:
-        from ..learners import run_learner
 
         b, n, _ = xs.shape
         ks = [self.schedule(l) for l in range(self.n_layers + 1)]

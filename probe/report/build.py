@@ -16,13 +16,23 @@ from typing import Any
 
 import pandas as pd
 
+from ..analysis.forgetting import forgetting_table
+from ..analysis.pipeline import LayerSettings, analyse_layers
+from ..analysis.probes import probe_study
 from ..checkpoint import LoadedCheckpoint
 from ..errors import ConfigError
+from ..evaluate import error_curve, plot_error_curve, r2_curve
+from ..interventions.pipeline import layer_maps_from_best, run_interventions
 from ..outputs import OutputTarget, safe_name
-from ..seeds import Stream, stream_generator
+from ..seeds import Stream, random_weights_model, stream_generator
+from ..tasks import sample_prompts
+from ..validate import check_memory
 from . import figures
+from . import intervention_figures as ifig
 from .cache import StageCache, _jsonable
+from .html import render_html
 from .recipe import Recipe, adapt_recipe
+from .summary import build_summary
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +47,11 @@ class Built:
 
 def layer_settings(recipe: Recipe, device: str):
     """The layer analyses' settings: the recipe's own [prompts], [readout], [similarity] and sweeps."""
-    from ..analysis.pipeline import LayerSettings
 
     return LayerSettings(recipe.prompts, recipe.readout, recipe.similarity, tuple(recipe.sweeps), device=device)
 
 
 def _stage_evaluate(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
-    from ..evaluate import error_curve, r2_curve
 
     task = ckpt.config.task
     tables = {"icl_error": error_curve(ckpt.model, task, recipe.prompts.curve, recipe.prompts.seed, device=device)}
@@ -53,7 +61,6 @@ def _stage_evaluate(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
 
 
 def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
-    from ..analysis.pipeline import analyse_layers
 
     res = analyse_layers(ckpt.model, ckpt.config.task, layer_settings(recipe, device), progress=progress)
     alphas = getattr(res.readouts, "alpha", None)
@@ -76,13 +83,11 @@ def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
 
 def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
     """The probes' random-weights control (probe/seeds.py)."""
-    from ..seeds import random_weights_model
 
     return random_weights_model(ckpt.config.model, seed)
 
 
 def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
-    from ..analysis.probes import probe_study
 
     settings, seed = recipe.probes, recipe.prompts.seed
     control = probe_control_model(ckpt, seed) if settings.controls else None
@@ -91,8 +96,6 @@ def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
 
 
 def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
-    from ..analysis.forgetting import forgetting_table
-    from ..tasks import sample_prompts
 
     p = sample_prompts(
         ckpt.config.task, recipe.forgetting.prompts, generator=stream_generator(recipe.prompts.seed, Stream.FORGETTING)
@@ -105,7 +108,6 @@ INTERVENED_FAMILIES = ("gpt2", "planted")  # models with a TransformerLens form 
 
 
 def _stage_interventions(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool, best: pd.DataFrame):
-    from ..interventions.pipeline import layer_maps_from_best, run_interventions
 
     iv = recipe.interventions
     labels = iv.learner_labels(recipe.sweeps)
@@ -127,7 +129,6 @@ def _stage_interventions(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, pr
 
 def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
     """Refuse a recipe whose captured activations would not fit in memory, naming the key."""
-    from ..validate import check_memory
 
     m, n = ckpt.config.model, ckpt.config.task.n_points
     per_prompt = (m.n_layer + 2) * 2 * n * max(m.n_embd, 2 * m.n_dims + 2) * 4
@@ -207,8 +208,6 @@ def make_figures(
     out: dict[str, Path] = {}
     out["icl_error"] = figures.icl_error(t["icl_error"], fig_dir / "icl_error", f"{ckpt.name}: error vs examples")[0]
     if "icl_r2" in t:
-        from ..evaluate import plot_error_curve
-
         fig_dir.mkdir(parents=True, exist_ok=True)
         plot_error_curve(t["icl_r2"], fig_dir / "icl_r2.png", f"{ckpt.name}: R^2 vs examples")
         out["icl_r2"] = fig_dir / "icl_r2.png"
@@ -228,8 +227,6 @@ def make_figures(
     if "forgetting" in t:
         out["forgetting"] = figures.forgetting(t["forgetting"], fig_dir / "forgetting")[0]
     if "ablation" in t:
-        from . import intervention_figures as ifig
-
         out["ablation"] = ifig.ablation(t["ablation"], fig_dir / "ablation")[0]
         for site in t["patching"].site.unique() if "patching" in t else ():
             out[f"patching_{site}"] = ifig.patching(t["patching"], site, fig_dir / f"patching_{site}")[0]
@@ -256,8 +253,6 @@ def build_report(
 ) -> Path:
     """Run the recipe's stages and publish the report into `out` under the output policy
     (probe.outputs): checked before any work, built in a private staging directory."""
-    from .html import render_html
-    from .summary import build_summary
 
     target = (
         out

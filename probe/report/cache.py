@@ -11,6 +11,7 @@ inside its own output directory.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -21,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from .. import __version__
+from ..outputs import replace_dir, staging_dir
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,6 @@ PRESENTATION = ("cli/", "report/figures.py", "report/intervention_figures.py", "
 
 def code_digest() -> str:
     """Hash of the toolkit's source that computes numbers (all of probe/ but PRESENTATION)."""
-    import hashlib
 
     digest = hashlib.sha256(__version__.encode())
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -89,7 +90,6 @@ class StageCache:
             return None
 
     def _write(self, folder: Path, tables: dict[str, pd.DataFrame], data: dict[str, Any]) -> None:
-        from ..outputs import replace_dir, staging_dir
 
         try:
             folder.parent.mkdir(parents=True, exist_ok=True)
@@ -112,13 +112,11 @@ class StageCache:
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _data_sha256(data: Any) -> str:
-    import hashlib
 
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 

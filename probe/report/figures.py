@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .findings import label
+
 
 def _plt():
     import matplotlib
@@ -30,12 +32,6 @@ def _save(fig, stem: Path) -> list[Path]:
     return paths
 
 
-def _label(name: str) -> str:
-    from .findings import label
-
-    return label(name)
-
-
 def _thin_ticks(ax, labels: list, axis: str = "y", most: int = 12) -> None:
     """Show at most `most` tick labels (every k-th) so they stay readable in an 800 px window."""
     step = max(1, int(np.ceil(len(labels) / most)))
@@ -54,7 +50,7 @@ def icl_error(frame: pd.DataFrame, stem: Path, title: str = "") -> list[Path]:
         ax.fill_between(frame.n_examples, frame.model_lo, frame.model_hi, color="C0", alpha=0.25)
         for i, name in enumerate(["least_squares", "knn3", "averaging"]):
             ax.plot(
-                frame.n_examples, frame[name], ls="--", color=f"C{i + 1}", label=_label(name).replace("knn3", "3-NN")
+                frame.n_examples, frame[name], ls="--", color=f"C{i + 1}", label=label(name).replace("knn3", "3-NN")
             )
         ax.set(
             xlabel="in-context examples",
@@ -134,7 +130,7 @@ def _heatmap_panel(
             ax.plot([x + 0.15, x + 0.85], [y + 0.15, y + 0.85], color="white", lw=1.5)
             ax.plot([x + 0.15, x + 0.85], [y + 0.85, y + 0.15], color="white", lw=1.5)
     ax.invert_yaxis()
-    ax.set(xlabel="layer", ylabel=f"{_label(learner)}: {key}", title=f"{_label(metric)}: layers vs {_label(learner)}")
+    ax.set(xlabel="layer", ylabel=f"{label(learner)}: {key}", title=f"{label(metric)}: layers vs {label(learner)}")
 
 
 def heatmap(
@@ -183,7 +179,7 @@ def best_match_trend(best: pd.DataFrame, learner: str, metric: str, stem: Path) 
     if len(positive) and positive.max() / positive.min() > 50:
         ax.set_yscale("symlog", linthresh=1)
     ax.set(
-        xlabel="layer", ylabel=f"best-matching {_label(learner)} k", title=f"{_label(metric)} best match, 90% bootstrap"
+        xlabel="layer", ylabel=f"best-matching {label(learner)} k", title=f"{label(metric)} best match, 90% bootstrap"
     )
     return _save(fig, stem)
 

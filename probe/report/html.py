@@ -12,6 +12,9 @@ from typing import Any
 
 import pandas as pd
 
+from .. import __version__
+from .findings import findings, label
+
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
@@ -36,15 +39,8 @@ def _table(frame: pd.DataFrame, floatfmt: str = "{:.4f}") -> str:
     return frame.to_html(index=False, float_format=lambda v: floatfmt.format(v), border=0)
 
 
-def _label(name: str) -> str:
-    from .findings import label
-
-    return label(name)
-
-
 def _readable(frame: pd.DataFrame) -> pd.DataFrame:
     """Human labels for a best-match-like table: learner and metric names, flags as words."""
-    from .findings import label
 
     out = frame.copy()
     for col in ("sweep", "learner", "family", "metric"):
@@ -84,7 +80,7 @@ def learner_methods(recipe) -> list[str]:
             ]
             conv = ", ".join(grid.get("convention", ["paper"]))
             lines.append(
-                f"{_label(sweep.label)}: {conv} convention (gradient of ||y - Xw||^2/(2t) for 'paper'), "
+                f"{label(sweep.label)}: {conv} convention (gradient of ||y - Xw||^2/(2t) for 'paper'), "
                 + "; ".join(etas)
                 + "."
             )
@@ -93,7 +89,7 @@ def learner_methods(recipe) -> list[str]:
                 NEWTON_ALPHA.get(a, str(a)) if isinstance(a, str) else f"M_0 = {a:g} S/t (fixed alpha)"
                 for a in grid.get("alpha", ["spectral"])
             ]
-            lines.append(f"{_label(sweep.label)}: M_(k+1) = 2 M_k - M_k S M_k with " + "; ".join(alphas) + ".")
+            lines.append(f"{label(sweep.label)}: M_(k+1) = 2 M_k - M_k S M_k with " + "; ".join(alphas) + ".")
     return lines
 
 
@@ -219,7 +215,7 @@ def _matching_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], figs:
                     figs[key],
                     key,
                     f"SimE (left) and SimW (right, when computed) between every layer (x) and "
-                    f"{_label(sweep.label)} over its {sweep.axis or 'setting'} (y), on one colour scale; the "
+                    f"{label(sweep.label)} over its {sweep.axis or 'setting'} (y), on one colour scale; the "
                     "boxed cell is the best match per layer (dashed red: at the grid's end, the true match may "
                     "lie beyond; white cross: not distinguishable from predicting 0).",
                 )
@@ -232,7 +228,7 @@ def _matching_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], figs:
                 _img(
                     figs[key],
                     key,
-                    f"Best-matching {_label(sweep.label)} {sweep.axis} per layer by SimE, "
+                    f"Best-matching {label(sweep.label)} {sweep.axis} per layer by SimE, "
                     "with its 90% bootstrap interval over prompts.",
                 )
             )
@@ -260,7 +256,7 @@ def _table1_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], compare
     if null:
         parts.append(
             "<p>Null baselines for the final layer (SimE): "
-            + "; ".join(f"{html.escape(_label(name))} {entry['similarity']:.3f}" for name, entry in null.items())
+            + "; ".join(f"{html.escape(label(name))} {entry['similarity']:.3f}" for name, entry in null.items())
             + ". A learner that does not beat the zero predictor beyond its interval is marked not distinguishable from 0.</p>"
         )
     return parts
@@ -374,9 +370,6 @@ def _page(summary: dict[str, Any], recipe, body: str) -> str:
     import jinja2
     import markupsafe
 
-    from .. import __version__
-    from .findings import findings
-
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("probe.report", "templates"),
         autoescape=jinja2.select_autoescape(["j2", "html"]),
@@ -461,9 +454,9 @@ def _iteration_part(block: dict, figs: dict[str, Path]) -> list[str]:
         "Consistency = observed / expected; the null shuffles the map's iteration counts across layers.</p>",
         "<div class='verdict'>" + "".join(f"<p>{html.escape(v)}</p>" for v in block.get("verdicts", [])) + "</div>",
     ]
-    for label, entry in block["iteration"].items():
+    for learner, entry in block["iteration"].items():
         frame = pd.DataFrame({k: entry[k] for k in ("boundary", "k", "observed", "expected", "consistency")})
-        parts += [f"<p>{html.escape(label)}</p>", _table(frame, "{:.3f}")]
+        parts += [f"<p>{html.escape(learner)}</p>", _table(frame, "{:.3f}")]
     if "iteration_consistency" in figs:
         parts.append(
             _img(

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..interventions.ablate import increase_matrix
 from .figures import _plt, _save
 
 
 def ablation(frame: pd.DataFrame, stem: Path) -> list[Path]:
     """Components x examples heatmap of the error increase over the unablated model."""
-    from ..interventions.ablate import increase_matrix
 
     plt = _plt()
     matrix = increase_matrix(frame)

@@ -17,6 +17,7 @@ the report. Unknown keys and unknown learners fail before any heavy work.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -27,6 +28,7 @@ from typing import Any
 from ..config import current_names, from_dict, load_recipe, merge, to_dict
 from ..errors import ConfigError
 from ..learners import LEARNERS
+from ..registry import unknown_name_message
 from ..resources import RECIPE_DIR
 from ..settings import (
     ForgettingSettings,
@@ -92,8 +94,6 @@ class Recipe:
         with_axis = [s.label for s in self.sweeps if s.axis]
         for label in self.interventions.learner_labels(self.sweeps):
             if label not in with_axis:
-                from ..registry import unknown_name_message
-
                 raise ConfigError(
                     "interventions.learners: " + unknown_name_message("sweep with an iteration axis", label, with_axis)
                 )
@@ -115,7 +115,6 @@ def adapt_recipe(recipe: Recipe, config) -> Recipe:
     judged with their own read-out (retraining would rescale the planted
     predictor) and against their learner's exact hyper-parameter: GD sweeps get the planted step
     and every step count up to the depth; Newton sweeps the planted fixed alpha."""
-    import copy
 
     m, task = config.model, config.task
     if task.name == "relu_network":  # direct training uses the task's own network depth
@@ -147,8 +146,6 @@ def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | N
     if not path.suffix:
         path = RECIPE_DIR / f"{name_or_path}.toml"
         if not path.is_file():
-            from ..registry import unknown_name_message
-
             known = sorted(p.stem for p in RECIPE_DIR.glob("*.toml") if "[[sweeps]]" in p.read_text())
             raise ConfigError(unknown_name_message("recipe", name_or_path, known) + " (or pass a path to a .toml file)")
     data = current_names(Recipe, load_recipe(path))

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..checkpoint import LoadedCheckpoint
+from ..interventions.pipeline import iteration_verdict
 from ..provenance import display_path, stamp
 from .recipe import Recipe
 
@@ -196,8 +197,6 @@ def optional_blocks(built) -> dict[str, Any]:
             name: {"gap": _col(r, "gap"), "error": _col(r, "error")} for name, r in t["forgetting"].groupby("predictor")
         }
     if "interventions" in built.data:
-        from ..interventions.pipeline import iteration_verdict
-
         block = dict(built.data["interventions"])
         block["verdicts"] = [iteration_verdict(label, entry) for label, entry in block.get("iteration", {}).items()]
         out["interventions"] = block

@@ -15,6 +15,20 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..analysis.matching import learner_weights
+from ..errors import ConfigError
+from ..evaluate import error_curve, r2_curve
+from ..formats import load_checkpoint
+from ..learners import run_learner
+from ..learners.closed_form import bayes_lambda
+from ..report.build import run_stages
+from ..report.cache import StageCache
+from ..report.recipe import adapt_recipe
+from ..seeds import Stream, stream_generator
+from ..similarity import first_best, ilw, induced_weights, sime, spd
+from ..tasks import sample_prompts
+from .recipe import StudyRecipe
+
 COLUMNS = ["model", "analysis", "metric", "learner", "layer", "n_examples", "shift", "value", "ci_low", "ci_high"]
 
 
@@ -173,8 +187,6 @@ def model_query_preds(
 
 def resolve_grid(grid: dict[str, Any], task) -> dict[str, Any]:
     """lam = "bayes" -> sigma^2 / tau^2 of the model's task (seed 002 §4)."""
-    from ..errors import ConfigError
-    from ..learners.closed_form import bayes_lambda
 
     out = dict(grid)
     if out.get("lam") in (["bayes"], "bayes", ("bayes",)):
@@ -187,18 +199,11 @@ def resolve_grid(grid: dict[str, Any], task) -> dict[str, Any]:
 def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
     """SPD and ILW (seed 002 eq. 13-15) and SimE (seed 003 eq. 10) of the model's own
     predictions against each [[compare]] learner, on fresh queries per prefix."""
-    from ..analysis.matching import learner_weights
-    from ..learners import run_learner
-    from ..seeds import Stream, stream_generator
-    from ..similarity import first_best, ilw, induced_weights, sime, spd
-    from ..tasks import sample_prompts
 
     prompts = sample_prompts(task, recipe.prompts, generator=stream_generator(recipe.seed, Stream.STUDY_PROMPTS))
     g = stream_generator(recipe.seed, Stream.STUDY_QUERIES)
     n_q = recipe.queries or 4 * task.n_dims
     if n_q < task.n_dims:
-        from ..errors import ConfigError
-
         raise ConfigError(
             f"queries = {n_q} is fewer than d = {task.n_dims}: ILW's induced weights solve for d unknowns "
             "from the queries, so a study needs queries >= d (0 means 4 d)"
@@ -237,12 +242,6 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
 
 def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: str = "cpu") -> pd.DataFrame:
     """Every analysis of the study recipe on one checkpoint; a picklable entry for executors."""
-    from ..evaluate import r2_curve
-    from ..formats import load_checkpoint
-    from ..report.build import run_stages
-    from ..report.cache import StageCache
-    from ..report.recipe import adapt_recipe
-    from .recipe import StudyRecipe
 
     recipe = StudyRecipe(**{**recipe_data, "compare": recipe_data.get("compare", [])})
     torch.manual_seed(recipe.seed)
@@ -278,8 +277,6 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
                 )
                 rows += evaluate_rows({"icl_r2": frame}, shifted, shift["label"])
             else:
-                from ..evaluate import error_curve
-
                 frame = error_curve(ckpt.model, shifted, recipe.evaluate_prompts, recipe.seed, points, device=device)
                 rows += evaluate_rows({"icl_error": frame}, shifted, shift["label"])
     rows += layer_rows(built.tables, recipe.analyses, task)
@@ -294,7 +291,6 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
 
 def model_fields(path: Path) -> dict[str, Any]:
     """A model's config fields as study columns (n_layer, n_embd, noise_std, train_step, ...)."""
-    from ..formats import load_checkpoint
 
     ckpt = load_checkpoint(path)
     m, t = ckpt.config.model, ckpt.config.task

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..provenance import stamp
+
 SCALAR = {"spd_ilw": ("spd", "ilw", "sime")}
 LABELS = {
     "spd": "SPD (lower: closer)",
@@ -195,7 +197,6 @@ def verdicts(table: pd.DataFrame) -> dict[str, Any]:
 
 
 def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str, float]) -> dict[str, Any]:
-    from ..provenance import stamp
 
     x = recipe.x if recipe.x in table.columns else "n_layer"
     figs: dict[str, Path] = {}

@@ -30,7 +30,9 @@ from ..registry import unknown_name_message
 
 MAX_MATCHES = 256  # paths one checkpoints pattern may match
 ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes")
+from ..report.recipe import resolve_recipe
 from ..resources import RECIPE_DIR as STUDY_DIR
+from ..validate import check_grid, positive_int
 
 
 @dataclass
@@ -61,7 +63,6 @@ class StudyRecipe:
     shifts: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from ..validate import check_grid, positive_int
 
         self.compare = [
             c if isinstance(c, CompareSection) else from_dict(CompareSection, c, "compare") for c in self.compare
@@ -99,7 +100,6 @@ class StudyRecipe:
 
     def report_recipe(self):
         """The report recipe whose stages (and stage cache) the per-model analyses reuse."""
-        from ..report.recipe import resolve_recipe
 
         overrides = []
         for dotted, value in self.set.items():

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
@@ -21,9 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from tqdm.auto import tqdm
 
-from ..errors import ConfigError, ProbeError
+from ..checkpoint import atomic_write
+from ..errors import ConfigError, ProbeError, RenamedSetting
+from ..formats import load_checkpoint
 from ..outputs import safe_name
+from ..registry import unknown_name_message
+from ..report.cache import code_digest
+from ..validate import check_device, positive_int
 from .analyses import analyse_model, model_fields
 from .recipe import StudyRecipe, resolve_models
 
@@ -41,8 +48,6 @@ def _relative(path: Path) -> str:
 
 def model_key(path: Path, recipe: StudyRecipe) -> str:
     """What a model's rows depend on: the recipe, the checkpoint (its fingerprint) and the code."""
-    from ..formats import load_checkpoint
-    from ..report.cache import code_digest
 
     digest = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True, default=str).encode())
     digest.update(load_checkpoint(path).fingerprint.encode())
@@ -69,11 +74,8 @@ def check_models(models: list[Path]) -> dict[str, dict[str, Any]]:
 
 
 def _init_worker(threads: int) -> None:
-    import warnings
 
     import torch
-
-    from ..errors import RenamedSetting
 
     torch.set_num_threads(threads)
     warnings.simplefilter("ignore", RenamedSetting)  # the command has said it once already
@@ -113,11 +115,8 @@ def _submit_slurm(
 
 
 def _check_run_options(executor: str, cluster: str, jobs: int, device: str) -> tuple[int, str]:
-    from ..validate import check_device, positive_int
 
     if executor not in EXECUTORS:
-        from ..registry import unknown_name_message
-
         raise ConfigError(unknown_name_message("executor", executor, list(EXECUTORS)))
     if cluster not in SLURM_CLUSTERS:
         raise ConfigError(f"--slurm-cluster must be one of {', '.join(SLURM_CLUSTERS)}, got {cluster!r}")
@@ -144,7 +143,6 @@ def run_study(
     base: Path | None = None,
 ) -> pd.DataFrame:
     """Run (or resume) the study into `out`; returns the tidy study table."""
-    from tqdm.auto import tqdm
 
     jobs, device = _check_run_options(executor, cluster, jobs, device)
     models = resolve_models(recipe, base)
@@ -160,7 +158,6 @@ def run_study(
     bar = tqdm(total=len(pending), desc="study models", disable=not progress)
 
     def on_done(name: str, frame: pd.DataFrame) -> None:
-        from ..checkpoint import atomic_write
 
         folder = folders[name]
         folder.mkdir(parents=True, exist_ok=True)
