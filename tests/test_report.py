@@ -3,6 +3,7 @@
 import json
 import re
 
+import pandas as pd
 import pytest
 from conftest import TINY_REPORT as TINY
 
@@ -134,3 +135,10 @@ def test_standalone_heatmap_agrees_with_the_report_on_the_shipped_default(tmp_pa
     standalone = pd.read_csv(tmp_path / "h" / "best_match.csv")
     in_report = pd.read_csv(tmp_path / "r" / "data" / "best_match.csv")
     pd.testing.assert_frame_equal(standalone, in_report)
+
+
+def test_standalone_span_equals_the_reports(ckpt, report, tmp_path):
+    """icl-probe span with the report's settings runs the same learners and gives the same table."""
+    assert main(["-q", "span", str(ckpt), "--out", str(tmp_path / "s"), *TINY]) == 0
+    ours, reports = (pd.read_csv(p) for p in (tmp_path / "s" / "span.csv", report / "data" / "span.csv"))
+    pd.testing.assert_frame_equal(ours, reports)

@@ -25,10 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     target = output_target(args, "span", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
-    settings = settings_from_args(args, ckpt)
-    settings.sweeps = (
-        tuple(s for s in settings.sweeps if s.label in ("newton", "gd_log", "least_squares")) or settings.sweeps[:1]
-    )
+    settings = settings_from_args(args, ckpt)  # every sweep of the recipe, as the report's span test
     result = analyse_layers(ckpt.model, ckpt.config.task, settings, progress=not args.quiet)
     with writing(target) as out:
         write_tables(
