@@ -442,6 +442,12 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
 case("study-glob-over-the-file-system", ["study", "glob.toml", "--out", "st"], "matches more than 256 paths",
      write("glob.toml", 'checkpoints = ["/*/*/*"]\nanalyses = ["evaluate"]\n'))
+for override, culprit in (("prompts=1000000000", "study prompts = 1000000000 with 12 queries on ck would need"),
+                          ("evaluate_prompts=1000000000", "prompts.curve=1000000000 on ck would need"),
+                          ("queries=100000000", "with 100000000 queries")):
+    case(f"study-set-{override.split('=')[0]}-huge", ["study", "st.toml", "--out", "st", "--set", override], culprit,
+         write("st.toml", STUDY_TOML.replace('["evaluate"]', '["evaluate", "spd_ilw"]')
+               + '[[compare]]\nlabel = "ls"\nlearner = "least_squares"\n'))
 case("garg-yaml-alias-bomb", ["inspect", "garg"], "anchors and aliases are not accepted", write("garg/config.yaml", BOMB))
 case("garg-yaml-deep", ["inspect", "garg"], "config.yaml: config.yaml is nested",
      write("garg/config.yaml", "model: " + "[" * 3000 + "]" * 3000 + "\n"))

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from ..outputs import OutputTarget, mark_run_directory
     from ..study.present import write_presentation
     from ..study.recipe import resolve_models, resolve_study
-    from ..study.run import check_models, run_study
+    from ..study.run import check_models, check_study_size, run_study
 
     recipe = resolve_study(args.recipe, [parse_override(s) for s in args.set])
     device = check_device(args.device)
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     target = OutputTarget(Path(args.out), "study", force=args.force, inputs=tuple(models))
     out = target.path
     check_models(models)  # unknown globs, empty sets, mixed tasks: before any work
+    check_study_size(recipe, models)  # every size a study sets, against memory: before any work
     recipe.report_recipe()
     mark_run_directory(out, "study")
     start = time.perf_counter()

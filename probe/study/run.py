@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -29,8 +30,10 @@ from ..errors import ConfigError, ProbeError, RenamedSetting
 from ..formats import load_checkpoint
 from ..outputs import safe_name
 from ..registry import unknown_name_message
+from ..report.build import check_report_size
 from ..report.cache import code_digest
-from ..validate import check_device, positive_int
+from ..report.recipe import adapt_recipe
+from ..validate import check_device, check_memory, positive_int
 from .analyses import analyse_model, model_fields
 from .recipe import StudyRecipe, resolve_models
 
@@ -71,6 +74,26 @@ def check_models(models: list[Path]) -> dict[str, dict[str, Any]]:
             + "; a study compares one task"
         )
     return fields
+
+
+def check_study_size(recipe: StudyRecipe, models: list[Path]) -> None:
+    """Refuse, before any model runs, a study whose sizes would not fit in memory: each model's
+    report stages (as a report would check them) and its spd_ilw arrays (prompts x prefixes x
+    queries predictions of the model and of every compared learner's grid)."""
+    report = recipe.report_recipe()
+    report.prompts.curve = recipe.evaluate_prompts
+    for path in models:
+        ckpt = load_checkpoint(path)
+        check_report_size(ckpt, adapt_recipe(report, ckpt.config))
+        if "spd_ilw" in recipe.analyses:
+            task = ckpt.config.task
+            queries = recipe.queries or 4 * task.n_dims
+            grid = sum(math.prod(len(v) if isinstance(v, list) else 1 for v in c.grid.values()) for c in recipe.compare)
+            check_memory(
+                recipe.prompts * task.n_points * queries * 8 * (4 + 2 * max(grid, 1) + task.n_dims),
+                f"study prompts = {recipe.prompts} with {queries} queries on {_relative(path)}",
+                "lower prompts or queries in the study recipe (or --set prompts=...)",
+            )
 
 
 def _init_worker(threads: int) -> None:
