@@ -199,7 +199,6 @@ def test_hf_options_that_keep_the_forward_are_accepted_and_match_hugging_face(tm
 def test_capture_batches_shrink_to_fit_the_memory_budget_with_the_same_numbers(monkeypatch):
     import importlib
 
-    import probe.validate
 
     capture_module = importlib.import_module("probe.capture.capture")
     model = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
@@ -218,7 +217,7 @@ def test_capture_batches_shrink_to_fit_the_memory_budget_with_the_same_numbers(m
         return runner
 
     monkeypatch.setattr(capture_module, "backend_for", counting_backend_for)
-    monkeypatch.setattr(probe.validate, "memory_headroom", lambda floor=0: kept + 10 * per_prompt)
+    monkeypatch.setattr(capture_module, "memory_headroom", lambda floor=0: kept + 10 * per_prompt)
     small = capture_module.capture(model, xs, ys, hooks=[RESID])
     assert batches == [10, 10, 10, 10]  # what the budget leaves beside the kept streams: 10 prompts
     np.testing.assert_allclose(np.asarray(small.acts[RESID]), np.asarray(full.acts[RESID]), atol=1e-6)

@@ -59,8 +59,8 @@ def test_flags_set_the_same_values_as_recipe_overrides():
 
 def test_ablate_applies_seed_and_bootstrap_and_ablates_heads_unless_told_not_to():
     ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
-    recipe = recipe_from_args(_parse(["ablate", "--seed", "5", "--bootstrap", "7", "--prompts", "9"]), ckpt)
-    assert (recipe.prompts.seed, recipe.similarity.bootstrap, recipe.interventions.prompts) == (5, 7, 9)
+    recipe = recipe_from_args(_parse(["ablate", "--seed", "5", "--bootstrap", "27", "--prompts", "9"]), ckpt)
+    assert (recipe.prompts.seed, recipe.similarity.bootstrap, recipe.interventions.prompts) == (5, 27, 9)
     assert resolve_recipe("quick").interventions.heads is False
     assert recipe.interventions.heads is True  # the command's own default
     assert recipe_from_args(_parse(["ablate", "--no-heads"]), ckpt).interventions.heads is False

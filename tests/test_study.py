@@ -72,9 +72,9 @@ def test_study_matches_single_analyses_and_resumes(family, monkeypatch):
             finished.append(path)
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("probe.checkpoint.atomic_write", dying)
+    monkeypatch.setattr("probe.study.run.atomic_write", dying)  # where a finished model's done.json is written
     assert main(["-q", "study", "s.toml", "--out", "out"]) == 130
-    monkeypatch.setattr("probe.checkpoint.atomic_write", atomic_write)
+    monkeypatch.setattr("probe.study.run.atomic_write", atomic_write)
     assert len(finished) == 1
     first = finished[0].parent / "rows.csv"
     stamp = first.stat().st_mtime_ns
