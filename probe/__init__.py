@@ -11,6 +11,14 @@ def to_bridge(source, device: str = "cpu"):
     return build(source, device)
 
 
+def prompt(xs, ys):
+    """An in-context prompt (xs, ys) as a TransformerLens input, for TransformerLens's own
+    utilities (`transformer_lens.patching`, ...) on a bridge from `to_bridge`."""
+    from .interventions.handle import prompt as wrap
+
+    return wrap(xs, ys)
+
+
 def load_checkpoint(path, format: str | None = None):
     """Load a model from a run directory in any known format (probe.formats.FORMATS): a
     LoadedCheckpoint with `.model`, `.config`, `.format`, `.path`."""

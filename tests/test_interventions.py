@@ -298,3 +298,26 @@ def test_resumed_ablation_equals_ablation_through_hooks(which, tmp_path):
     assert len(a) == len(b) == len(comps) * task.n_points
     np.testing.assert_allclose(a.error, b.error, rtol=1e-4, atol=1e-6)
     assert (a.increase.abs() > 1e-3).any()  # the ablations do something
+
+
+def test_transformer_lens_patching_runs_unchanged_on_a_prompt_and_equals_ours(tmp_path):
+    """probe.prompt(xs, ys) is a TransformerLens input: transformer_lens.patching's residual
+    patching runs on the bridge as it is and equals icl-probe's (resumed) patching cell by cell."""
+    from transformer_lens import patching
+
+    from probe import prompt, to_bridge
+    from probe.interventions.runner import GPT2Runner
+
+    for which in ("garg", "relu-attention"):
+        model, task = _gpt2(which, tmp_path / which)
+        xs, ys, yc = paired_prompts(task, 6, seed=3)
+        bridge = to_bridge(model)
+        _, clean = bridge.run_with_cache(prompt(xs, ys))
+        q = task.n_points - 1
+        tl = patching.get_act_patch_resid_pre(bridge, prompt(xs, yc), clean, lambda logits: logits[:, 2 * q, 0].mean())
+        assert tl.shape == (model.n_layers, 2 * task.n_points)
+        ours = GPT2Runner(model.eval(), "cpu").patched_resid(xs, yc, ys, list(range(model.n_layers)),
+                                                             list(range(2 * q + 1)), q)
+        expected = torch.stack([ours[b].mean(-1) for b in range(model.n_layers)])
+        np.testing.assert_allclose(tl[:, : 2 * q + 1].numpy(), expected.numpy(), atol=1e-5)
+        assert prompt(xs, ys).shape == (6, 2 * task.n_points)

@@ -12,6 +12,13 @@ TransformerLens: `run_with_cache`, `run_with_hooks`, `hooks()`, `ActivationCache
     bridge = to_bridge("checkpoints/gpt2-default")
     logits, cache = bridge.run_with_cache((xs, ys))
     cache["blocks.3.hook_resid_post"]          # (B, 2n, D)
+
+TransformerLens's own utilities take token tensors and read their `.shape`; `prompt(xs, ys)`
+wraps the pair so that they run unchanged, e.g. its activation patching:
+
+    from transformer_lens import patching
+    _, clean = bridge.run_with_cache(prompt(xs, ys))
+    patching.get_act_patch_resid_pre(bridge, prompt(xs, ys_corrupted), clean, metric)  # (L, 2n)
 """
 
 from __future__ import annotations
@@ -31,6 +38,32 @@ from ..positions import X_TOKENS
 from ..validate import check_device, check_prompts_for
 
 _TRANSFORMER_BRIDGE: type | None = None
+
+
+class Prompt(tuple):
+    """An in-context prompt (xs (B, n, d), ys (B, n)) as a TransformerLens input: a bridge from
+    `to_bridge` takes it wherever TransformerLens takes tokens, and `.shape` is the token layout
+    (B, 2n) that TransformerLens's utilities (patching, ...) read."""
+
+    def __new__(cls, xs, ys) -> Prompt:
+        return super().__new__(cls, (torch.as_tensor(xs), torch.as_tensor(ys)))
+
+    @property
+    def shape(self) -> torch.Size:
+        xs = self[0]
+        return torch.Size((xs.shape[0], 2 * xs.shape[1]))
+
+    @property
+    def device(self) -> torch.device:
+        return self[0].device
+
+    def to(self, *args: Any, **kwargs: Any) -> Prompt:
+        return Prompt(self[0].to(*args, **kwargs), self[1].to(*args, **kwargs))
+
+
+def prompt(xs, ys) -> Prompt:
+    """The prompt pair (xs, ys) as a TransformerLens input (see `Prompt`)."""
+    return Prompt(xs, ys)
 
 
 def _bridge_class() -> type:
