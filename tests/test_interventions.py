@@ -314,7 +314,7 @@ def test_transformer_lens_patching_runs_unchanged_on_a_prompt_and_equals_ours(tm
         bridge = to_bridge(model)
         _, clean = bridge.run_with_cache(prompt(xs, ys))
         q = task.n_points - 1
-        tl = patching.get_act_patch_resid_pre(bridge, prompt(xs, yc), clean, lambda logits: logits[:, 2 * q, 0].mean())
+        tl = patching.get_act_patch_resid_pre(bridge, prompt(xs, yc), clean, lambda logits, q=q: logits[:, 2 * q, 0].mean())
         assert tl.shape == (model.n_layers, 2 * task.n_points)
         ours = GPT2Runner(model.eval(), "cpu").patched_resid(xs, yc, ys, list(range(model.n_layers)),
                                                              list(range(2 * q + 1)), q)

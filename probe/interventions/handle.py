@@ -24,7 +24,7 @@ wraps the pair so that they run unchanged, e.g. its activation patching:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch import Tensor
@@ -45,7 +45,7 @@ class Prompt(tuple):
     `to_bridge` takes it wherever TransformerLens takes tokens, and `.shape` is the token layout
     (B, 2n) that TransformerLens's utilities (patching, ...) read."""
 
-    def __new__(cls, xs, ys) -> Prompt:
+    def __new__(cls, xs, ys) -> Self:
         return super().__new__(cls, (torch.as_tensor(xs), torch.as_tensor(ys)))
 
     @property
