@@ -161,6 +161,9 @@ def load_hf_gpt2(d: Path) -> LoadedCheckpoint:
             f"{d / 'config.json'}: invalid GPT-2 config value ({err}); n_embd, n_layer, n_head and "
             "n_positions must be positive integers"
         ) from None
+    task = _hf_task(hf, mc, d / "config.json")
+    weights = d / "model.safetensors" if (d / "model.safetensors").is_file() else d / "pytorch_model.bin"
+    check_size(RunConfig(model=mc, task=task), weights)
     expected = {
         "read_in.weight": (mc.n_embd, mc.token_dim),
         "read_in.bias": (mc.n_embd,),
@@ -173,9 +176,6 @@ def load_hf_gpt2(d: Path) -> LoadedCheckpoint:
                 f"{d / HF_HEAD}: {key} has shape {tuple(head[key].shape)}, but config.json's n_embd = {mc.n_embd} "
                 f"needs {shape}; the read-in/read-out head does not belong to this backbone"
             )
-    task = _hf_task(hf, mc, d / "config.json")
-    weights = d / "model.safetensors" if (d / "model.safetensors").is_file() else d / "pytorch_model.bin"
-    check_size(RunConfig(model=mc, task=task), weights)
     state = read_safetensors(weights) if weights.suffix == ".safetensors" else safe_torch_load(weights)
     backbone = {}
     for key, value in strip_prefixes(state).items():
