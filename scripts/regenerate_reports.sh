@@ -6,7 +6,8 @@
 #   bash scripts/regenerate_reports.sh gpt2-default-quick study-width
 set -euo pipefail
 cd "$(dirname "$0")/.."
-probe() { OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" .venv/bin/icl-probe -q "$@"; }
+# this checkout's code (not whatever an editable install points at), so the reports record its commit
+probe() { OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" PYTHONPATH="$PWD" "${PYTHON:-.venv/bin/python}" -m probe -q "$@"; }
 report() { probe report "$@" --force --no-cache; }
 
 declare -A JOBS=(
