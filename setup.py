@@ -1,4 +1,5 @@
-"""Build step only (metadata lives in pyproject.toml): a wheel carries the shipped recipes and
+"""Build step only (metadata lives in pyproject.toml): a wheel carries the shipped analysis and
+training recipes and
 the default checkpoint in probe/_shipped/, where probe/resources.py finds them after
 `pip install .`. Editable installs read the repository's own files and copy nothing."""
 
@@ -10,6 +11,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 SHIPPED_FILES = [*sorted((ROOT / "analyses").glob("*.toml")),
+                 *sorted((ROOT / "recipes").glob("*.toml")),
                  ROOT / "checkpoints" / "gpt2-default" / "config.json",
                  ROOT / "checkpoints" / "gpt2-default" / "model.safetensors"]
 

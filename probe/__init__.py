@@ -19,6 +19,14 @@ def prompt(xs, ys):
     return wrap(xs, ys)
 
 
+def default_checkpoint():
+    """The path of the shipped default checkpoint (the repository's in a checkout, the wheel's
+    copy when installed): what `icl-probe report` analyses when given no checkpoint."""
+    from .resources import default_checkpoint as path
+
+    return path()
+
+
 def load_checkpoint(path, format: str | None = None):
     """Load a model from a run directory in any known format (probe.formats.FORMATS): a
     LoadedCheckpoint with `.model`, `.config`, `.format`, `.path`."""

@@ -35,4 +35,21 @@ def cache_dir() -> Path:
 
 
 RECIPE_DIR = shipped("analyses")
+TRAINING_RECIPE_DIR = shipped("recipes")
 DEFAULT_CHECKPOINT = shipped("checkpoints/gpt2-default")
+
+
+def default_checkpoint() -> Path:
+    """The shipped default checkpoint (what `icl-probe report` uses without a checkpoint): the
+    repository's in a checkout, the wheel's copy otherwise."""
+    return DEFAULT_CHECKPOINT
+
+
+def training_recipe(name_or_path: str) -> Path:
+    """A training recipe: a path that exists, else a shipped one by name ("tiny") or by the
+    path the README and --help use ("recipes/tiny.toml"), so both work from an installed wheel."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    shipped_copy = TRAINING_RECIPE_DIR / (path.name if path.suffix == ".toml" else f"{path.name}.toml")
+    return shipped_copy if shipped_copy.is_file() else path

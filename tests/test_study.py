@@ -158,3 +158,24 @@ def test_mixed_tasks_and_empty_snapshot_runs_are_refused(family, capsys):
         from probe.study.recipe import resolve_study
 
         resolve_study("depth-phasez")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("study", "model"), [("depth-noiseless", "checkpoints/depth/L1"),
+                                              ("width", "checkpoints/width/W16")])
+def test_shipped_study_recipes_reproduce_the_committed_tables(study, model, tmp_path, monkeypatch):
+    """A committed study's rows for one of its models (its cheapest), recomputed from the shipped
+    checkpoint with the study recipe as it is, equal the committed study.csv (no retraining)."""
+    from conftest import REPO
+
+    committed = REPO / "reports" / f"study-{study}" / "study.csv"
+    if not committed.is_file():
+        pytest.skip(f"{committed} is not committed yet")
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "out"
+    assert main(["-q", "study", study, "--out", str(out), "--set", f'checkpoints=["{model}"]']) == 0
+    ours = pd.read_csv(out / "study.csv", keep_default_na=False, na_values=[""])
+    theirs = pd.read_csv(committed, keep_default_na=False, na_values=[""])
+    theirs = theirs[theirs.model == model].reset_index(drop=True)
+    assert len(ours) == len(theirs) > 10
+    pd.testing.assert_frame_equal(ours[theirs.columns], theirs, check_exact=False, atol=1e-6, rtol=1e-6)

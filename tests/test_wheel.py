@@ -67,3 +67,14 @@ def test_inspect_and_report_from_the_wheel(installed):
     run(bin_dir / "icl-probe", "-q", "report", "--recipe", "quick", *settings, cwd=cwd)
     report = cwd / "runs" / "gpt2-default-quick"
     assert (report / "index.html").is_file() and (report / "summary.json").is_file()
+
+
+def test_training_recipes_and_the_default_checkpoint_from_the_wheel(installed):
+    """The wheel carries the training recipes: `train --recipe tiny` and the README's
+    `--recipe recipes/tiny.toml` work outside a checkout; probe.default_checkpoint() is the wheel's copy."""
+    bin_dir, cwd = installed
+    for recipe, out in (("tiny", "run-a"), ("recipes/tiny.toml", "run-b")):
+        run(bin_dir / "icl-probe", "-q", "train", "--recipe", recipe, "--set", "train.steps=3", "--out", out, cwd=cwd)
+        assert (cwd / out / "model.safetensors").is_file()
+    where = run(bin_dir / "python", "-c", "import probe; print(probe.default_checkpoint())", cwd=cwd).stdout.strip()
+    assert str(bin_dir.parent) in where and Path(where, "config.json").is_file()

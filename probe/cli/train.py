@@ -18,7 +18,10 @@ from .common import add_device, add_out, check_device
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--recipe", help="TOML recipe with [model] [task] [train] [curriculum] tables")
+    p.add_argument(
+        "--recipe",
+        help="TOML recipe with [model] [task] [train] [curriculum] tables: a path, or a shipped recipe's name (tiny)",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -42,13 +45,14 @@ def run(args: argparse.Namespace) -> int:
     from ..config import RunConfig, load_recipe, merge, parse_override
     from ..errors import ConfigError
     from ..outputs import check_run_output, remove_previous
+    from ..resources import training_recipe
 
     out = Path(args.out)
     target = check_run_output(out, "train", resume=args.resume, force=args.force)
     if args.resume and not args.recipe and (out / "config.json").is_file():
         data = _saved_config(out)
     elif args.recipe:
-        data = load_recipe(args.recipe)
+        data = load_recipe(training_recipe(args.recipe))
     else:
         data = {}
     for text in args.set:
