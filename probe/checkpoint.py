@@ -392,11 +392,30 @@ def fresh_adam_state(n_params: int, lr: float) -> dict[str, Any]:
     """`torch.optim.Adam(params, lr).state_dict()` before its first step, for n_params tensors.
 
     Garg et al.'s train.py restores this with `optimizer.load_state_dict`, which checks the
-    number of groups and parameters; the moments restart at zero (ours were AdamW's, with a
-    schedule their code does not have).
+    number of groups and parameters and takes the saved learning rate.
     """
     probe_params = [nn.Parameter(torch.zeros(1)) for _ in range(n_params)]
     return torch.optim.Adam(probe_params, lr=lr).state_dict()
+
+
+def garg_adam_state(model: nn.Module, lr: float, ours: dict[str, Any] | None) -> dict[str, Any]:
+    """The Adam state their train.py resumes: our run's moments and step moved to their parameter
+    order (theirs is ours with the unused token embedding `wte` before `wpe`; our AdamW with
+    weight decay 0 is Adam), at learning rate `lr` (where our schedule had arrived). Without our
+    optimizer state (a shipped checkpoint) the moments start at zero; at that learning rate the
+    first steps move each weight by about lr, instead of the peak rate's 20 times more."""
+    names = [name for name, _ in model.named_parameters()]
+    theirs = [*names[: names.index("_backbone.wpe.weight")], "_backbone.wte.weight"]
+    theirs += names[names.index("_backbone.wpe.weight") :]
+    state = fresh_adam_state(len(theirs), lr)
+    if ours is not None:
+        saved = ours.get("state", {})
+        if len(ours["param_groups"][0]["params"]) != len(names) or ours["param_groups"][0].get("weight_decay", 0):
+            raise CheckpointError("train_state.pt's optimizer does not match this model (or uses weight decay)")
+        for i, name in enumerate(names):
+            if i in saved:
+                state["state"][theirs.index(name)] = {k: v.clone() for k, v in saved[i].items()}
+    return state
 
 
 def export_garg(
@@ -406,6 +425,8 @@ def export_garg(
     train_step: int = 0,
     run_name: str | None = None,
     out_dir: str | None = None,
+    lr: float | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> None:
     """Write a run directory that Garg et al.'s code (and the Iterative Newton paper's fork) loads,
     evaluates (`eval.get_run_metrics`) and continues training (`train.py` resumes from state.pt).
@@ -413,7 +434,10 @@ def export_garg(
     config.yaml carries every block of their schema (out_dir, model, training with curriculum,
     wandb, test_run); state.pt holds their key names (the unused token embedding
     `_backbone.wte.weight`, 50257 x D, added as zeros), an Adam state for as many
-    parameters as their model has (their state dict holds no buffers), and train_step.
+    parameters as their model has (their state dict holds no buffers), and train_step. `lr` is
+    the learning rate their resumed training continues at (default: ours at `train_step`'s end of
+    schedule is the caller's to give; else the peak), `optimizer_state` our run's optimizer state
+    (train_state.pt), whose moments are carried over (see garg_adam_state).
     """
 
     if config.model.family != "gpt2" or config.model.encoding != "garg":
@@ -440,7 +464,7 @@ def export_garg(
             "n_layer": m.n_layer,
             "n_positions": m.n_positions,
         },
-        "training": garg_training_block(config),
+        "training": {**garg_training_block(config), "learning_rate": lr or config.train.lr},
         "wandb": {
             "project": "in-context-training",
             "entity": "in-context",
@@ -452,7 +476,7 @@ def export_garg(
     }
     blob = {
         "model_state_dict": state,
-        "optimizer_state_dict": fresh_adam_state(len(state), config.train.lr),
+        "optimizer_state_dict": garg_adam_state(model, lr or config.train.lr, optimizer_state),
         "train_step": train_step,
     }
     directory.mkdir(parents=True, exist_ok=True)

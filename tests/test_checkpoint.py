@@ -3,7 +3,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import GargTransformerModel, build_cfg, write_garg_run
+from conftest import REPO, GargTransformerModel, build_cfg, write_garg_run
 
 from probe.checkpoint import export_garg, save_model
 from probe.errors import CheckpointError
@@ -203,3 +203,64 @@ def test_garg_configs_honour_the_evaluation_length_noise_and_sparsity(tmp_path):
     (run / "config.yaml").write_text(yaml.safe_dump(conf))
     task = load_checkpoint(run).config.task
     assert (task.name, task.noise_std, task.w_scale) == ("linear_regression", 0.5, 2.0)
+
+
+def _resume_like_garg(run, steps: int = 15, lr: float | None = None, fresh: bool = False):
+    """Garg et al.'s train.py resume path (src/train.py): their TransformerModel, Adam at
+    training.learning_rate, optimizer.load_state_dict(state.pt's), then plain steps on MSE."""
+    import yaml
+
+    from probe.checkpoint import fresh_adam_state
+    from probe.tasks import generator_for, sample_prompts
+
+    conf = yaml.safe_load((run / "config.yaml").read_text())
+    blob = torch.load(run / "state.pt", weights_only=True)
+    m = conf["model"]
+    model = GargTransformerModel(m["n_dims"], m["n_positions"], m["n_embd"], m["n_layer"], m["n_head"])
+    model.load_state_dict(blob["model_state_dict"])
+    rate = lr or conf["training"]["learning_rate"]
+    opt = torch.optim.Adam(model.parameters(), lr=rate)
+    opt.load_state_dict(fresh_adam_state(len(list(model.parameters())), rate) if fresh else blob["optimizer_state_dict"])
+    task = load_checkpoint(REPO / "checkpoints" / "gpt2-default").config.task
+    test = sample_prompts(task, 1024, generator=generator_for(123))
+    error = lambda: float(((model(test.xs, test.ys) - test.ys) ** 2).mean())
+    with torch.no_grad():
+        before = error()
+    for step in range(steps):
+        p = sample_prompts(task, 64, generator=generator_for(7, step))
+        opt.zero_grad()
+        ((model(p.xs, p.ys) - p.ys) ** 2).mean().backward()
+        opt.step()
+    with torch.no_grad():
+        return before, error()
+
+
+def test_resuming_an_export_in_gargs_way_does_not_make_the_model_worse(tmp_path):
+    """The export continues at our schedule's last learning rate (5e-5 for the shipped default),
+    so 15 of their Adam steps leave the error where it was; the peak rate with fresh moments (what
+    the export used to write) makes it clearly worse: the check can fail."""
+    from probe.cli import main
+
+    assert main(["-q", "export", str(REPO / "checkpoints" / "gpt2-default"), "--out", str(tmp_path / "g")]) == 0
+    before, after = _resume_like_garg(tmp_path / "g")
+    assert after <= 1.01 * before
+    _, worse = _resume_like_garg(tmp_path / "g", lr=1e-3, fresh=True)
+    assert worse > 1.05 * before
+
+
+def test_export_carries_a_runs_adam_moments_into_their_parameter_order(tmp_path):
+    from probe.cli import main
+    from probe.train import train
+
+    cfg = build_cfg(steps=12, save_every=12, eval_every=12)
+    train(cfg, tmp_path / "run", progress=False)
+    assert main(["-q", "export", str(tmp_path / "run"), "--out", str(tmp_path / "g")]) == 0
+    ours = torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)["optimizer"]
+    theirs = torch.load(tmp_path / "g" / "state.pt", weights_only=True)["optimizer_state_dict"]
+    names = [n for n, _ in build_model(cfg.model).named_parameters()]
+    order = [*names[:2], "_backbone.wte.weight", *names[2:]]  # their TransformerModel: wte before wpe
+    assert len(theirs["param_groups"][0]["params"]) == len(order)
+    for i, name in enumerate(names):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(theirs["state"][order.index(name)][key], ours["state"][i][key])
+    assert order.index("_backbone.wte.weight") not in theirs["state"]  # no gradient ever: Adam starts it at zero

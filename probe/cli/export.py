@@ -22,7 +22,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import export_garg
+    from ..checkpoint import export_garg, safe_torch_load
     from ..errors import ConfigError
     from ..formats import load_checkpoint
     from ..outputs import check_run_output
@@ -33,14 +33,24 @@ def run(args: argparse.Namespace) -> int:
     ckpt = load_checkpoint(args.checkpoint)
     target = check_run_output(args.out, "export", force=args.force, inputs=(ckpt.path,))
     assert target is not None  # --out is required
+    from ..train import TRAIN_STATE, learning_rate
+
+    step = int(ckpt.meta.get("train_step", 0))
+    # their Adam continues where our schedule had arrived (its last rate for a finished run), with
+    # our moments where the run's optimizer state is there (a user's own run)
+    lr = learning_rate(ckpt.config, max(step - 1, 0)) if ckpt.format == "icl-probe" else None
+    saved = ckpt.path / TRAIN_STATE
+    optimizer = safe_torch_load(saved).get("optimizer") if ckpt.format == "icl-probe" and saved.is_file() else None
     with writing(target) as staged:
         export_garg(
             ckpt.model,
             ckpt.config,
             staged,
-            train_step=int(ckpt.meta.get("train_step", 0)),
+            train_step=step,
             run_name=ckpt.path.name,
             out_dir=target.path.name,  # the directory's own name, not the staging directory's
+            lr=lr,
+            optimizer_state=optimizer,
         )
     print(f"{ckpt.path} exported to {target.path} in Garg et al.'s layout (config.yaml, state.pt)")
     return 0
