@@ -38,3 +38,34 @@ def test_default_checkpoint_meets_the_quality_bar():
 
 def test_shipped_set_is_complete():
     assert {"gpt2-default", "lstm-default", "gpt2-illcond"} <= set(SHIPPED)
+
+
+def _numbers_differ(a, b, path: str = "") -> list[str]:
+    """Paths where two summary.json trees differ (numbers beyond 1e-6 relative), ignoring the
+    fields that record when, where and how fast a report was made."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        skip = {"created", "timings", "git_commit", "versions", "cached_stages"}
+        keys = (set(a) | set(b)) - skip
+        return [d for k in sorted(keys) for d in (_numbers_differ(a.get(k), b.get(k), f"{path}/{k}"))]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _numbers_differ(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
+        return []
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return [] if abs(a - b) <= 1e-6 * max(1.0, abs(a)) else [f"{path}: {a} != {b}"]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+@pytest.mark.slow
+def test_the_committed_default_report_is_reproduced(tmp_path):
+    """`icl-probe report` on the shipped default, rebuilt here, gives the committed example's
+    summary.json to 1e-6 in every number, probes included."""
+    import json
+
+    from probe.cli import main
+
+    committed = REPO / "reports" / "gpt2-default-quick" / "summary.json"
+    assert main(["-q", "report", str(REPO / "checkpoints" / "gpt2-default"), "--out", str(tmp_path / "r"),
+                 "--no-cache"]) == 0
+    fresh = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert _numbers_differ(json.loads(committed.read_text()), fresh) == []
