@@ -14,7 +14,7 @@ from conftest import REPO, TINY_REPORT
 
 pytestmark = pytest.mark.slow
 
-SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "probe", "analyses",
+SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "probe", "analyses", "recipes",
            "checkpoints/gpt2-default/config.json", "checkpoints/gpt2-default/model.safetensors"]
 
 
