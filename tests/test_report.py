@@ -142,3 +142,21 @@ def test_standalone_span_equals_the_reports(ckpt, report, tmp_path):
     assert main(["-q", "span", str(ckpt), "--out", str(tmp_path / "s"), *TINY]) == 0
     ours, reports = (pd.read_csv(p) for p in (tmp_path / "s" / "span.csv", report / "data" / "span.csv"))
     pd.testing.assert_frame_equal(ours, reports)
+
+
+@pytest.mark.slow
+def test_a_report_on_a_relu_attention_model(tmp_path):
+    """The whole report runs on a ReLU-attention GPT-2 (capture, layers, probes, interventions
+    through the resumed path and TransformerLens) and records the option."""
+    from conftest import build_cfg, relu_attention_model
+
+    from probe.checkpoint import save_model
+
+    model, _ = relu_attention_model()
+    cfg = build_cfg()
+    cfg.model.attn_activation = "relu"
+    save_model(model, cfg, tmp_path / "relu")
+    assert main(["-q", "report", str(tmp_path / "relu"), "--out", str(tmp_path / "r"), "--no-cache", *TINY]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["checkpoint"]["model"]["attn_activation"] == "relu"
+    assert summary["interventions"] and summary["best_match"]
