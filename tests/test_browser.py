@@ -1,4 +1,5 @@
-"""The report opens in a real browser (headless Chromium): every image loads, no console errors."""
+"""The report and a study page open in a real browser (headless Chromium): every image loads, the
+findings come before the first figure, contents links land, no console errors or network requests."""
 
 import os
 import shutil
@@ -6,10 +7,12 @@ import shutil
 import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
+                                    reason="Chromium not installed (scripts/setup.sh --with-browser)")
 
 
-@pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"), reason="Chromium not installed (scripts/setup.sh --with-browser)")
-def test_report_renders_in_headless_chromium(report, tmp_path):
+def _open(index, shot, headline_texts):
+    """Load a page; return what the assertions need."""
     from playwright.sync_api import sync_playwright
 
     assert CHROMIUM, "CI must install Chromium (scripts/setup.sh --with-browser)"
@@ -21,14 +24,13 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
         page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.on("request", lambda req: errors.append(f"network request {req.url}") if not req.url.startswith(("file:", "data:")) else None)
-        page.goto((report / "index.html").as_uri())
+        page.goto(index.as_uri())
         page.wait_for_load_state("load")
         images = page.eval_on_selector_all("img", "els => els.map(e => [e.complete, e.naturalWidth])")
-        # the answer is visible without scrolling: the findings block with the Newton and GD verdicts
         box = page.locator("#findings").bounding_box()
-        verdicts = [page.locator("#findings li", has_text=text).first.bounding_box()
-                    for text in ("Layers vs Iterative Newton", "Layers vs GD")]
-        # every contents link lands on its section
+        first_figure = page.locator("figure").first.bounding_box()
+        # the answer is visible without scrolling
+        verdicts = [page.locator("#findings", has_text=text).first.bounding_box() for text in headline_texts]
         landed = []
         for anchor in page.eval_on_selector_all("nav#contents a", "els => els.map(e => e.getAttribute('href'))"):
             page.click(f"nav#contents a[href='{anchor}']")
@@ -36,11 +38,29 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
             top = page.eval_on_selector(anchor, "e => e.getBoundingClientRect().top")
             landed.append((anchor, abs(top) < 5 or page.evaluate("window.innerHeight + window.scrollY >= document.body.scrollHeight - 2")))
             page.evaluate("window.scrollTo(0, 0)")
-        page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+        page.screenshot(path=str(shot), full_page=True)
         browser.close()
     assert images and all(done and width > 0 for done, width in images)
     assert box is not None and box["y"] < 900
-    assert all(v is not None and v["y"] + v["height"] <= 900 for v in verdicts), verdicts
+    assert first_figure is not None and box["y"] + box["height"] <= first_figure["y"]
+    assert all(v is not None and v["y"] < 900 for v in verdicts), verdicts
     assert landed and all(ok for _, ok in landed), landed
     assert errors == []
-    assert (tmp_path / "report.png").stat().st_size > 10_000
+    assert shot.stat().st_size > 10_000
+
+
+@needs_chromium
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    _open(report / "index.html", tmp_path / "report.png", ("Layers vs Iterative Newton", "Layers vs GD"))
+
+
+@needs_chromium
+def test_study_page_renders_in_headless_chromium(tmp_path):
+    from conftest import REPO
+
+    from probe.study.present import rerender
+    from probe.study.recipe import resolve_study
+
+    shutil.copytree(REPO / "reports" / "study-depth-noiseless", tmp_path / "s")
+    rerender(tmp_path / "s", resolve_study("depth-noiseless"))
+    _open(tmp_path / "s" / "index.html", tmp_path / "study.png", ("Closest learner by SPD",))

@@ -179,3 +179,74 @@ def test_shipped_study_recipes_reproduce_the_committed_tables(study, model, tmp_
     theirs = theirs[theirs.model == model].reset_index(drop=True)
     assert len(ours) == len(theirs) > 10
     pd.testing.assert_frame_equal(ours[theirs.columns], theirs, check_exact=False, atol=1e-6, rtol=1e-6)
+
+
+def _spd_rows(model: str, n_layer: int, values: dict[str, float], half: float = 0.01) -> list[dict]:
+    rows = []
+    for learner, v in values.items():
+        for metric in ("spd", "ilw"):
+            rows.append({"model": model, "analysis": "spd_ilw", "metric": metric, "learner": learner, "layer": -1,
+                         "n_examples": -1, "shift": "", "value": v, "ci_low": v - half, "ci_high": v + half,
+                         "n_layer": n_layer})
+    return rows
+
+
+def _icl_rows(model: str, n_layer: int, error: float, band: float, zero: float = 1.0) -> list[dict]:
+    base = {"model": model, "analysis": "evaluate", "layer": -1, "shift": "", "n_layer": n_layer}
+    return [
+        {**base, "metric": "error_at_2d1", "learner": "model", "n_examples": 9, "value": error,
+         "ci_low": error - band, "ci_high": error + band},
+        {**base, "metric": "error", "learner": "least_squares", "n_examples": 0, "value": zero,
+         "ci_low": float("nan"), "ci_high": float("nan")},
+    ]
+
+
+def test_study_findings_read_the_phases_intervals_and_caveats_from_the_table():
+    """A table built by hand: GD closest at depth 1, ridge at 2-3, least squares at 4 (separated), an
+    overlap at depth 3, and a depth-1 model whose error band reaches the zero predictor's."""
+    from probe.study.findings import closest_learners, study_findings
+
+    rows = (_spd_rows("L1", 1, {"gd_1step": 0.1, "ridge_best": 0.5, "least_squares": 2.0})
+            + _spd_rows("L2", 2, {"gd_1step": 0.5, "ridge_best": 0.1, "least_squares": 0.9})
+            + _spd_rows("L3", 3, {"gd_1step": 0.9, "ridge_best": 0.100, "least_squares": 0.105})
+            + _spd_rows("L4", 4, {"gd_1step": 0.9, "ridge_best": 0.5, "least_squares": 0.01})
+            + _icl_rows("L1", 1, 0.95, 0.1) + _icl_rows("L4", 4, 0.01, 0.005))
+    rows.append({"model": "L2", "analysis": "spd_ilw", "metric": "best_lam", "learner": "ridge_best", "layer": -1,
+                 "n_examples": -1, "shift": "", "value": 0.1, "ci_low": float("nan"), "ci_high": float("nan"),
+                 "n_layer": 2})
+    table = pd.DataFrame(rows)
+    closest = closest_learners(table)
+    assert closest["L3"]["spd"]["closest"] == "ridge_best" and closest["L3"]["spd"]["separated"] is False
+    assert closest["L4"]["spd"]["separated"] is True and closest["L4"]["spd"]["ci"] == pytest.approx([0.0, 0.02])
+    headline, items, caveats = study_findings(table, "n_layer", closest)
+    assert headline == ("Closest learner by SPD, against layers: GD (1 step) at 1 → ridge (best lambda) at 2-3 "
+                        "(2: lam 0.1) → least squares at 4.")
+    assert items[0].startswith("Closest learner by ILW") and "1: 0.95 [0.85, 1.05]" in items[1]
+    assert "bands are apart" in items[1]
+    assert len(caveats) == 2 and "L3 (SPD, ILW)" in caveats[0] and "L1 (in distribution)" in caveats[1]
+    assert "L4" not in caveats[1]
+
+
+def test_a_study_page_is_redrawn_from_its_table_without_recomputing(tmp_path):
+    """`rerender` on a committed study: the same numbers, the run's provenance kept, the page in the
+    report's template (findings with a headline before the first figure, captions under figures)."""
+    import shutil
+
+    from conftest import REPO
+
+    from probe.study.present import read_table, rerender
+    from probe.study.recipe import resolve_study
+
+    src = REPO / "reports" / "study-depth-noiseless"
+    shutil.copytree(src, tmp_path / "s")
+    before = json.loads((src / "summary.json").read_text())
+    after = rerender(tmp_path / "s", resolve_study("depth-noiseless"))
+    assert after["git_commit"] == before["git_commit"] and "rendered" in after
+    assert after["icl_at_2d1"] == before["icl_at_2d1"]
+    for model, entry in before["closest_learner"].items():
+        for metric, e in entry.items():
+            assert after["closest_learner"][model][metric]["value"] == e["value"]
+    pd.testing.assert_frame_equal(read_table(tmp_path / "s" / "study.csv"), read_table(src / "study.csv"))
+    page = (tmp_path / "s" / "index.html").read_text()
+    assert page.index('class="headline"') < page.index("<figure") and "SIME" not in page
+    assert page.count("<figcaption>") == page.count("<figure>") >= 3

@@ -13,7 +13,7 @@ import pandas as pd
 from .findings import label
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,13 +23,26 @@ def _plt():
     return plt
 
 
-def _save(fig, stem: Path) -> list[Path]:
+def save_png(fig, stem: Path) -> list[Path]:
     """The PNG, byte-deterministic for the same figure (no dates or software versions in the file)."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png")]
     fig.savefig(paths[0], dpi=120, bbox_inches="tight", metadata={"Software": None})
-    _plt().close(fig)
+    pyplot().close(fig)
     return paths
+
+
+def legend_outside(ax, fontsize: int = 8, **kw) -> None:
+    """The legend right of the axes, so it never covers data."""
+    ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kw)
+
+
+def examples_axis(ax, text: str = "in-context examples") -> None:
+    """An axis of example counts: integer ticks only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel(text)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _thin_ticks(ax, labels: list, axis: str = "y", most: int = 12) -> None:
@@ -43,7 +56,7 @@ def _thin_ticks(ax, labels: list, axis: str = "y", most: int = 12) -> None:
 def icl_error(frame: pd.DataFrame, stem: Path, title: str = "") -> list[Path]:
     """Error / d against examples on a linear axis and a log axis (where the model and least
     squares, indistinguishable on the linear one, can be told apart)."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, scale in zip(axes, ("linear", "log")):
         ax.plot(frame.n_examples, frame.model, color="C0", lw=2, label="model")
@@ -52,8 +65,8 @@ def icl_error(frame: pd.DataFrame, stem: Path, title: str = "") -> list[Path]:
             ax.plot(
                 frame.n_examples, frame[name], ls="--", color=f"C{i + 1}", label=label(name).replace("knn3", "3-NN")
             )
+        examples_axis(ax)
         ax.set(
-            xlabel="in-context examples",
             ylabel="squared error / d",
             yscale=scale,
             title=f"{title} ({scale} axis)" if title else f"{scale} axis",
@@ -65,13 +78,13 @@ def icl_error(frame: pd.DataFrame, stem: Path, title: str = "") -> list[Path]:
             ax.set_ylim(
                 bottom=max(1e-6, float(np.nanmin(positive[positive > 0])) / 2) if (positive > 0).any() else 1e-6
             )
-    axes[0].legend(fontsize=8)
-    return _save(fig, stem)
+    legend_outside(axes[1])
+    return save_png(fig, stem)
 
 
 def readout_error(table: pd.DataFrame, stem: Path, n_dims: int) -> list[Path]:
     """Error/d against examples, one line per layer (seed 003 Fig. 1a)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     layers = sorted(table.layer.unique())
     cmap = plt.get_cmap("viridis")
@@ -79,9 +92,10 @@ def readout_error(table: pd.DataFrame, stem: Path, n_dims: int) -> list[Path]:
         rows = table[table.layer == layer]
         ax.plot(rows.n_examples, rows.error, color=cmap(i / max(1, len(layers) - 1)), label=f"layer {layer}")
     ax.axvline(n_dims, color="grey", lw=0.8, ls=":")
-    ax.set(xlabel="in-context examples", ylabel="squared error / d (retrained read-out)", yscale="log")
-    ax.legend(fontsize=7, ncol=2)
-    return _save(fig, stem)
+    examples_axis(ax)
+    ax.set(ylabel="squared error / d (retrained read-out)", yscale="log")
+    legend_outside(ax, 7, ncol=1 if len(layers) <= 12 else 2)
+    return save_png(fig, stem)
 
 
 def _heatmap_panel(
@@ -122,7 +136,7 @@ def _heatmap_panel(
         x, y = list(grid.columns).index(r.layer), ylabels.index(float(r.k))
         end = bool(r.get("at_grid_end", False))
         ax.add_patch(
-            _plt().Rectangle(
+            pyplot().Rectangle(
                 (x, y), 1, 1, fill=False, edgecolor="red" if end else "cyan", lw=2, ls="--" if end else "-"
             )
         )
@@ -151,7 +165,7 @@ def heatmap_pair(
     metrics: tuple[str, ...] = ("sime", "simw"),
 ) -> list[Path]:
     """SimE and SimW of one sweep side by side with one shared colour range and colour bar."""
-    plt = _plt()
+    plt = pyplot()
     present = [m for m in metrics if ((cells.sweep == learner) & (cells.metric == m)).any()]
     values = cells[(cells.sweep == learner) & cells.metric.isin(present)].value
     vmin = -1.0 if len(values) and values.min() < 0 else 0.0
@@ -162,12 +176,12 @@ def heatmap_pair(
     for i, metric in enumerate(present):
         cbar_ax = fig.add_subplot(spec[0, -1]) if i == len(present) - 1 else None
         _heatmap_panel(fig.add_subplot(spec[0, i]), cells, best, learner, metric, axis, vmin, 1.0, cbar_ax)
-    return _save(fig, stem)
+    return save_png(fig, stem)
 
 
 def best_match_trend(best: pd.DataFrame, learner: str, metric: str, stem: Path) -> list[Path]:
     """Best-matching k per layer with its interval; a log grid is drawn on a (symmetric) log axis."""
-    plt = _plt()
+    plt = pyplot()
     rows = best[(best.sweep == learner) & (best.metric == metric)]
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
     ax.errorbar(rows.layer, rows.k, yerr=[rows.k - rows.k_low, rows.k_high - rows.k], fmt="o-", capsize=3)
@@ -181,11 +195,11 @@ def best_match_trend(best: pd.DataFrame, learner: str, metric: str, stem: Path) 
     ax.set(
         xlabel="layer", ylabel=f"best-matching {label(learner)} k", title=f"{label(metric)} best match, 90% bootstrap"
     )
-    return _save(fig, stem)
+    return save_png(fig, stem)
 
 
 def span(table: pd.DataFrame, stem: Path) -> list[Path]:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     layers = table[table.kind == "layer"]
     cmap = plt.get_cmap("viridis")
@@ -195,14 +209,15 @@ def span(table: pd.DataFrame, stem: Path) -> list[Path]:
         ax.plot(rows.n_examples, rows.residual, color=cmap(i / max(1, len(idx) - 1)), label=f"layer {layer}")
     null = table.drop_duplicates("n_examples")
     ax.plot(null.n_examples, null.random_null, "k--", label="random vector")
-    ax.set(xlabel="in-context examples t", ylabel="relative residual outside span{x_1..x_t}")
-    ax.legend(fontsize=7, ncol=2)
-    return _save(fig, stem)
+    examples_axis(ax, "in-context examples t")
+    ax.set(ylabel="relative residual outside span{x_1..x_t}")
+    legend_outside(ax, 7, ncol=1 if len(idx) <= 12 else 2)
+    return save_png(fig, stem)
 
 
 def probes(table: pd.DataFrame, stem: Path) -> list[Path]:
     """R^2 by layer for each target and probe kind, beside the controls."""
-    plt = _plt()
+    plt = pyplot()
     combos = sorted(table.groupby(["target", "kind"]).groups)
     fig, axes = plt.subplots(1, len(combos), figsize=(3.2 * len(combos), 3.0), sharey=True, squeeze=False)
     for ax, (target, kind) in zip(axes[0], combos):
@@ -220,27 +235,28 @@ def probes(table: pd.DataFrame, stem: Path) -> list[Path]:
                 )
         ax.set(title=f"{target} ({kind})", xlabel="layer")
     axes[0][0].set_ylabel("held-out R^2 (mean over prefixes)")
-    axes[0][0].legend(fontsize=7)
-    return _save(fig, stem)
+    legend_outside(axes[0][-1], 7)
+    return save_png(fig, stem)
 
 
 def forgetting(table: pd.DataFrame, stem: Path) -> list[Path]:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for name, rows in table.groupby("predictor"):
         ax.plot(rows.gap, rows.error.clip(lower=1e-12), "-o" if name == "model" else "--", label=name, ms=3)
-    ax.set(xlabel="time-stamp gap n - i", ylabel="squared error / d on reused x_i", yscale="log")
-    ax.legend(fontsize=7)
-    return _save(fig, stem)
+    examples_axis(ax, "time-stamp gap n - i")
+    ax.set(ylabel="squared error / d on reused x_i", yscale="log")
+    legend_outside(ax, 7)
+    return save_png(fig, stem)
 
 
 def readout_comparison(tables: dict[str, pd.DataFrame], stem: Path) -> list[Path]:
     """Per-layer readout error of two models side by side (seed 003 Fig. 1a vs 1c)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for name, table in tables.items():
         by = table[table.n_examples >= 1].groupby("layer").error.mean()
         ax.plot(by.index, by.values, "-o", label=name, ms=4)
     ax.set(xlabel="layer", ylabel="error / d (retrained read-out)", yscale="log")
-    ax.legend(fontsize=8)
-    return _save(fig, stem)
+    legend_outside(ax)
+    return save_png(fig, stem)

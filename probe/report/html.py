@@ -6,37 +6,15 @@ from __future__ import annotations
 
 import html
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from .. import __version__
 from .findings import findings, label
-
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
-figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eee}
-figcaption{font-size:.9em;color:#555;margin-top:.3em}
-table{border-collapse:collapse;font-size:.85em;margin:.5em 0} td,th{border:1px solid #ddd;padding:.25em .5em;text-align:right}
-th{background:#f5f5f5} .findings{background:#f0f6ff;padding:.3em 1.2em;border-left:4px solid #58f}
-.caveats li{color:#8a4b00} nav ol{columns:2;font-size:.95em} .verdict{background:#f0f6ff;padding:.5em 1em;border-left:3px solid #58f}
-code{background:#f3f3f3;padding:0 .2em} .grid{display:flex;flex-wrap:wrap;gap:1em} .grid figure{flex:1 1 45%}
-"""
-
-
-def _img(path: Path, alt: str, caption: str) -> str:
-    src = f"{path.parent.name}/{path.name}"  # figures/<name>.png beside index.html: each figure stored once
-    return (
-        f'<figure><img src="{html.escape(src)}" alt="{html.escape(alt)}">'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-    )
-
-
-def _table(frame: pd.DataFrame, floatfmt: str = "{:.4f}") -> str:
-    return frame.to_html(index=False, float_format=lambda v: floatfmt.format(v), border=0)
+from .page import Page, Section
+from .page import figure as _img
+from .page import table as _table
 
 
 def _readable(frame: pd.DataFrame) -> pd.DataFrame:
@@ -114,21 +92,29 @@ def _training_rows(ckpt) -> list[tuple[str, Any]]:
 
 
 def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, recipe, compare) -> str:
-    """The report page: findings and contents (template), then one block of HTML per section."""
+    """The report page (templates/page.html.j2): findings, contents, then the sections."""
     t = built.tables
-    parts = [
-        *_model_card(summary, figs, ckpt),
-        *_readout_section(summary, figs, recipe, compare),
-        *_matching_section(t, summary, figs, recipe),
-        *_table1_section(t, summary, compare),
+    sections = [
+        _model_card(summary, figs, ckpt),
+        _readout_section(summary, figs, recipe, compare),
+        _matching_section(t, summary, figs, recipe),
+        _table1_section(t, summary, compare),
         *_span_probes_forgetting(t, figs),
         *_causal_section(summary.get("interventions"), figs),
         *_methods_section(summary, ckpt, recipe),
     ]
-    return _page(summary, recipe, "\n".join(parts))
+    items, caveats = findings(summary)
+    return Page(
+        title=f"icl-probe report: {summary['checkpoint']['name']} ({recipe.name} recipe)",
+        subtitle="",
+        findings=items,
+        caveats=caveats,
+        sections=sections,
+        git=str(summary.get("git_commit")),
+    ).render()
 
 
-def _model_card(summary: dict[str, Any], figs: dict[str, Path], ckpt) -> list[str]:
+def _model_card(summary: dict[str, Any], figs: dict[str, Path], ckpt) -> Section:
     c = summary["checkpoint"]
     m = c["model"]
     card = pd.DataFrame(
@@ -149,7 +135,6 @@ def _model_card(summary: dict[str, Any], figs: dict[str, Path], ckpt) -> list[st
         columns=["field", "value"],
     )
     parts = [
-        "<h2>Model card</h2>",
         _table(card),
         _img(
             figs["icl_error"],
@@ -169,17 +154,16 @@ def _model_card(summary: dict[str, Any], figs: dict[str, Path], ckpt) -> list[st
                 "(last epoch, and best epoch as seed 001 reports), least squares and 3-NN.",
             )
         )
-    return parts
+    return Section("Model card", parts)
 
 
-def _readout_section(summary: dict[str, Any], figs: dict[str, Path], recipe, compare) -> list[str]:
+def _readout_section(summary: dict[str, Any], figs: dict[str, Path], recipe, compare) -> Section:
     ro = pd.DataFrame(
         {"layer": summary["readout"]["layer"], "error / d (mean over t >= 1)": summary["readout"]["error"]}
     )
     if summary["readout"].get("error_at_2d1"):
         ro["error / d at t = 2d+1"] = summary["readout"]["error_at_2d1"]
     parts = [
-        "<h2>Per-layer readout retraining</h2>",
         f"<p>A fresh linear read-out ({html.escape(recipe.readout.method)}) is fitted on each layer's frozen "
         "residual stream at the x tokens (seed 003 §4.1); layer 0 is the embedding output.</p>",
         _table(ro),
@@ -200,11 +184,11 @@ def _readout_section(summary: dict[str, Any], figs: dict[str, Path], recipe, com
                 "before.",
             )
         )
-    return parts
+    return Section("Per-layer readout retraining", parts)
 
 
-def _matching_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], figs: dict[str, Path], recipe) -> list[str]:
-    parts = ["<h2>Layers vs reference learners</h2>", "<div class='verdict'>"]
+def _matching_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], figs: dict[str, Path], recipe) -> Section:
+    parts = ["<div class='verdict'>"]
     parts += [f"<p>{html.escape(tr['verdict'])}</p>" for label, tr in summary["trend"].items() if label != "gd"]
     parts.append("</div>")
     for sweep in recipe.sweeps:
@@ -241,17 +225,17 @@ def _matching_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], figs:
         "grid.</p>",
         _table(_readable(best[best.sweep.isin([s.label for s in recipe.sweeps if s.axis])]), "{:.3f}"),
     ]
-    return parts
+    return Section("Layers vs reference learners", parts)
 
 
-def _table1_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], compare) -> list[str]:
+def _table1_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], compare) -> Section:
     t1 = _readable(t["table1"]).rename(columns={"similarity": "SimE (final layer)"})
     if compare is not None and "compare_table1" in t:
         other = _readable(t["compare_table1"][["family", "similarity"]]).rename(
             columns={"similarity": f"SimE ({compare.name})"}
         )
         t1 = t1.merge(other, on="family", how="left")
-    parts = ["<h2>Table 1: final layer against each learner</h2>", _table(t1, "{:.3f}")]
+    parts = [_table(t1, "{:.3f}")]
     null = summary["table1"].get("null")
     if null:
         parts.append(
@@ -259,7 +243,7 @@ def _table1_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], compare
             + "; ".join(f"{html.escape(label(name))} {entry['similarity']:.3f}" for name, entry in null.items())
             + ". A learner that does not beat the zero predictor beyond its interval is marked not distinguishable from 0.</p>"
         )
-    return parts
+    return Section("Table 1: final layer against each learner", parts)
 
 
 def _probe_training(pr: pd.DataFrame) -> list[str]:
@@ -280,25 +264,20 @@ def _probe_training(pr: pd.DataFrame) -> list[str]:
     ]
 
 
-def _span_probes_forgetting(t: dict[str, pd.DataFrame], figs: dict[str, Path]) -> list[str]:
-    parts = []
+def _span_probes_forgetting(t: dict[str, pd.DataFrame], figs: dict[str, Path]) -> list[Section]:
+    sections = []
     if "span" in figs:
-        parts += [
-            "<h2>Span of the examples</h2>",
-            _img(
-                figs["span"],
-                "span test",
-                "Root-mean-square relative residual of each layer's induced weight "
-                "vector outside span{x_1..x_t}, against t; the dashed line is a random vector's sqrt((d-t)/d).",
-            ),
-        ]
+        caption = (
+            "Root-mean-square relative residual of each layer's induced weight vector outside span{x_1..x_t}, "
+            "against t; the dashed line is a random vector's sqrt((d-t)/d)."
+        )
+        sections.append(Section("Span of the examples", [_img(figs["span"], "span test", caption)]))
     if "probes" in figs:
         pr = t["probes"]
         attn = (
             pr[pr.control == "none"].groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()
         )
-        parts += [
-            "<h2>Probes for X<sup>T</sup>y and w</h2>",
+        parts = [
             "<p>Attention-pooled probes (seed 002 §5) per layer, prefix and target; targets standardised per "
             "prefix and coordinate with training statistics. Controls: the same probes on a random-weights model "
             "of the same architecture, and on shuffled targets.</p>",
@@ -312,23 +291,20 @@ def _span_probes_forgetting(t: dict[str, pd.DataFrame], figs: dict[str, Path]) -
             _table(attn, "{:.3f}"),
             *_probe_training(pr),
         ]
+        sections.append(Section("Probes for X<sup>T</sup>y and w", parts))
     if "forgetting" in figs:
-        parts += [
-            "<h2>Forgetting</h2>",
-            _img(
-                figs["forgetting"],
-                "forgetting",
-                "Squared error / d when an earlier example x_i is asked again after n-1 examples, by how long ago it "
-                "was seen (seed 003 App. A.4), for the model and reference learners.",
-            ),
-        ]
-    return parts
+        caption = (
+            "Squared error / d when an earlier example x_i is asked again after n-1 examples, by how long ago it "
+            "was seen (seed 003 App. A.4), for the model and reference learners."
+        )
+        sections.append(Section("Forgetting", [_img(figs["forgetting"], "forgetting", caption)]))
+    return sections
 
 
-def _methods_section(summary: dict[str, Any], ckpt, recipe) -> list[str]:
+def _methods_section(summary: dict[str, Any], ckpt, recipe) -> list[Section]:
     p = recipe.prompts
-    return [
-        "<h2>Methods</h2><ul>",
+    methods = [
+        "<ul>",
         f"<li>Prompts: {p.curve} for the error curve; {p.train} / {p.val} / {p.test} for read-out training, "
         f"penalty selection and held-out scoring; {p.induced} of the held-out prompts for SimW and the span test, with "
         f"{p.queries or 4 * ckpt.config.task.n_dims} fresh queries per prefix. Seed {p.seed}.</li>",
@@ -342,58 +318,18 @@ def _methods_section(summary: dict[str, Any], ckpt, recipe) -> list[str]:
         "whose best match is neither k = 0 nor the grid's end.</li>",
         f"<li>Recipe, versions and git commit: see summary.json (git {html.escape(str(summary['git_commit']))}).</li>",
         "</ul>",
-        "<h2>Grids</h2>",
-        _table(
-            pd.DataFrame(
-                [
-                    {"label": s.label, "learner": s.learner, "axis": s.axis, "grid": json.dumps(s.grid)}
-                    for s in recipe.sweeps
-                ]
-            )
-        ),
     ]
-
-
-def _sections(body: str) -> list[dict[str, str]]:
-    """Split the body at its <h2> headings into sections with anchors for the contents list."""
-    chunks = re.split(r"<h2>(.*?)</h2>", body)
-    out = []
-    for title, content in zip(chunks[1::2], chunks[2::2]):
-        plain = re.sub(r"<[^>]+>", "", title)
-        anchor = re.sub(r"[^a-z0-9]+", "-", plain.lower()).strip("-")
-        out.append({"id": anchor, "title": title, "plain": plain, "body": content})
-    return out
-
-
-def _page(summary: dict[str, Any], recipe, body: str) -> str:
-    """The page from the package's jinja2 template: findings, contents, then the sections."""
-    import jinja2
-    import markupsafe
-
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("probe.report", "templates"),
-        autoescape=jinja2.select_autoescape(["j2", "html"]),
-        keep_trailing_newline=True,
+    grids = pd.DataFrame(
+        [{"label": s.label, "learner": s.learner, "axis": s.axis, "grid": json.dumps(s.grid)} for s in recipe.sweeps]
     )
-    items, caveat_items = findings(summary)
-    return env.get_template("report.html.j2").render(
-        name=summary["checkpoint"]["name"],
-        recipe=recipe.name,
-        css=markupsafe.Markup(CSS),
-        findings=items,
-        caveats=caveat_items,
-        sections=_sections(body),
-        version=__version__,
-        git=str(summary.get("git_commit")),
-    )
+    return [Section("Methods", methods), Section("Grids", [_table(grids)])]
 
 
-def _causal_section(block: dict | None, figs: dict[str, Path]) -> list[str]:
+def _causal_section(block: dict | None, figs: dict[str, Path]) -> list[Section]:
     """ "Causal checks": ablations, the patching heatmap, iteration-consistent patching."""
     if not block:
         return []
-    return [
-        "<h2>Causal checks</h2>",
+    parts = [
         "<p>Interventions (probe/interventions): TransformerLens hooks, or for GPT-2 models the same edit "
         "applied by resuming the forward pass from the edited layer (equal to the hooks to 1e-5). Correlation "
         "says a layer <em>resembles</em> a learner's iterate; these runs change what a layer writes and "
@@ -402,6 +338,7 @@ def _causal_section(block: dict | None, figs: dict[str, Path]) -> list[str]:
         *_patching_part(figs),
         *_iteration_part(block, figs),
     ]
+    return [Section("Causal checks", parts)]
 
 
 def _ablation_part(ab: dict | None, figs: dict[str, Path]) -> list[str]:

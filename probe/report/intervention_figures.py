@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 
 from ..interventions.ablate import increase_matrix
-from .figures import _plt, _save
+from .figures import pyplot, save_png
 
 
 def ablation(frame: pd.DataFrame, stem: Path) -> list[Path]:
     """Components x examples heatmap of the error increase over the unablated model."""
 
-    plt = _plt()
+    plt = pyplot()
     matrix = increase_matrix(frame)
     fig, ax = plt.subplots(figsize=(6.5, max(2.5, 0.16 * len(matrix) + 1.2)))
     values = matrix.to_numpy()
@@ -24,12 +24,12 @@ def ablation(frame: pd.DataFrame, stem: Path) -> list[Path]:
     ax.set_xticks(range(len(matrix.columns)), matrix.columns, fontsize=8)
     ax.set(xlabel="in-context examples", title="ablation: increase in squared error / d")
     fig.colorbar(im, ax=ax, fraction=0.04)
-    return _save(fig, stem)
+    return save_png(fig, stem)
 
 
 def patching(frame: pd.DataFrame, site: str, stem: Path) -> list[Path]:
     """Layer x token heatmap of the fraction of the clean prediction restored (one site)."""
-    plt = _plt()
+    plt = pyplot()
     view = frame[frame.site == site]
     matrix = view.pivot_table(index="layer", columns="position", values="restored")
     tokens = view.drop_duplicates("position").set_index("position").token.reindex(matrix.columns)
@@ -42,12 +42,12 @@ def patching(frame: pd.DataFrame, site: str, stem: Path) -> list[Path]:
     what = "boundary (0 = embeddings)" if site == "resid" else "block"
     ax.set(xlabel="patched token", ylabel=what, title=f"patching {site}: fraction of the clean prediction restored")
     fig.colorbar(im, ax=ax, fraction=0.04)
-    return _save(fig, stem)
+    return save_png(fig, stem)
 
 
 def iteration_consistency(frames: dict[str, pd.DataFrame], stem: Path) -> list[Path]:
     """Observed vs expected fraction per boundary, one panel per learner map."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, max(1, len(frames)), figsize=(4.2 * max(1, len(frames)), 3.4), squeeze=False)
     for ax, (label, frame) in zip(axes[0], frames.items()):
         ax.errorbar(
@@ -62,4 +62,4 @@ def iteration_consistency(frames: dict[str, pd.DataFrame], stem: Path) -> list[P
         ax.plot(frame.boundary, frame.expected, "s--", color="C1", label=f"expected from the {label} map")
         ax.set(xlabel="patched boundary", ylabel="fraction of the source's change", title=label, ylim=(-0.1, 1.15))
         ax.legend(fontsize=7)
-    return _save(fig, stem)
+    return save_png(fig, stem)

@@ -1,4 +1,4 @@
-"""A study's figures across models, its summary.json and a self-contained index.html."""
+"""A study's figures across models, its summary.json and its index.html (the report's template)."""
 
 from __future__ import annotations
 
@@ -11,39 +11,32 @@ import numpy as np
 import pandas as pd
 
 from ..provenance import stamp
+from ..report.figures import examples_axis, legend_outside, pyplot, save_png
+from ..report.findings import label
+from ..report.page import Page, Section, figure, table
+from .findings import METRIC, axis_name, closest_learners, closest_table, study_findings, x_order
 
 SCALAR = {"spd_ilw": ("spd", "ilw", "sime")}
 LABELS = {
     "spd": "SPD (lower: closer)",
     "ilw": "ILW (lower: closer)",
     "sime": "SimE (higher: closer)",
-    "error_at_2d1": "error / d at 2d+1 examples",
+    "error_at_2d1": "squared error / d at 2d+1 examples",
     "r2_at_2d1": "R² at 2d+1 examples",
 }
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"font.size": 11})
-    return plt
-
-
 def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path.with_suffix(".png"), dpi=110, bbox_inches="tight", metadata={"Software": None})
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path.with_suffix(".png")
+    return save_png(fig, path)[0]
 
 
-def _x_order(table: pd.DataFrame, x: str) -> list[str]:
-    order = table[["model", x]].drop_duplicates().sort_values([x, "model"])
-    return list(order.model)
+def _x_axis(ax, values, x: str) -> None:
+    """Ticks at the models' own x values (integers stay integers), labelled with the axis name."""
+    ticks = sorted(set(values))
+    numeric = all(isinstance(v, (int, float, np.integer, np.floating)) for v in ticks)
+    if numeric and all(float(v).is_integer() for v in ticks):
+        ax.set_xticks(ticks, [f"{int(v)}" for v in ticks])
+    ax.set_xlabel(axis_name(x))
 
 
 def phase_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
@@ -51,7 +44,7 @@ def phase_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     rows = table[(table.analysis == "spd_ilw") & table.metric.isin(SCALAR["spd_ilw"])]
     if rows.empty:
         return None
-    plt = _plt()
+    plt = pyplot()
     metrics = [m for m in SCALAR["spd_ilw"] if m in set(rows.metric)]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.8), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
@@ -64,14 +57,14 @@ def phase_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
                 yerr=[g.value - g.ci_low, g.ci_high - g.value],
                 marker="o",
                 capsize=3,
-                label=learner,
+                label=label(learner),
                 color=f"C{i}",
             )
-        ax.set_xlabel(x.replace("_", " "))
+        _x_axis(ax, part[x], x)
         ax.set_title(LABELS.get(metric, metric))
         if metric in ("spd", "ilw"):
             ax.set_yscale("log")
-    axes[0][0].legend(fontsize=9)
+    legend_outside(axes[0][-1])
     return _save(fig, path)
 
 
@@ -79,7 +72,7 @@ def icl_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     rows = table[(table.analysis == "evaluate") & table.metric.isin(["error_at_2d1", "r2_at_2d1"])]
     if rows.empty:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     for i, (shift, g) in enumerate(rows.groupby("shift", sort=True)):
         g = g.sort_values(x)
@@ -93,11 +86,11 @@ def icl_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
             color=f"C{i}",
         )
     metric = rows.metric.iloc[0]
-    ax.set_xlabel(x.replace("_", " "))
+    _x_axis(ax, rows[x], x)
     ax.set_ylabel(LABELS[metric])
     if metric == "error_at_2d1":
         ax.set_yscale("log")
-    ax.legend(fontsize=9)
+    legend_outside(ax)
     return _save(fig, path)
 
 
@@ -106,14 +99,14 @@ def curves_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     rows = table[(table.analysis == "evaluate") & table.metric.isin(["r2", "error"])]
     if rows.empty or rows.model.nunique() > 8:
         return None
-    plt = _plt()
+    plt = pyplot()
     shifts = sorted(rows["shift"].unique())
     fig, axes = plt.subplots(1, len(shifts), figsize=(4.2 * len(shifts), 3.6), squeeze=False, sharey=True)
     for ax, shift in zip(axes[0], shifts):
         part = rows[rows["shift"] == shift]
-        for i, model in enumerate(_x_order(part, x)):
+        for i, model in enumerate(x_order(part, x)):
             g = part[part.model == model]
-            label = f"{x}={g[x].iloc[0]}"
+            name = f"{axis_name(x)} {g[x].iloc[0]}"
             for learner, style in (("model", "-"), ("direct", "--")):
                 h = g[g.learner == learner].sort_values("n_examples")
                 if not h.empty:
@@ -122,13 +115,14 @@ def curves_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
                         h.value,
                         style,
                         color=f"C{i}",
-                        label=f"{label} ({'ICL' if learner == 'model' else 'direct'})",
+                        label=f"{name} ({'ICL' if learner == 'model' else 'direct'})",
                     )
         ax.set_title(shift or "in distribution")
-        ax.set_xlabel("in-context examples")
+        examples_axis(ax)
         if part.metric.iloc[0] == "r2":
             ax.set_ylim(-0.5, 1.02)
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].set_ylabel("R²" if rows.metric.iloc[0] == "r2" else "squared error / d")
+    legend_outside(axes[0][-1], 8)
     return _save(fig, path)
 
 
@@ -137,7 +131,7 @@ def best_k_figure(table: pd.DataFrame, x: str, learner: str, path: Path) -> Path
     rows = table[(table.analysis == "heatmap") & (table.metric == "sime_best_k") & (table.learner == learner)]
     if rows.empty:
         return None
-    plt = _plt()
+    plt = pyplot()
     grid = rows.pivot_table(index="layer", columns=x, values="value", aggfunc="first").sort_index(ascending=False)
     fig, ax = plt.subplots(figsize=(max(5, 0.5 * grid.shape[1] + 2), max(3.5, 0.35 * grid.shape[0] + 1.5)))
     im = ax.imshow(grid.values, aspect="auto", cmap="viridis")
@@ -154,9 +148,9 @@ def best_k_figure(table: pd.DataFrame, x: str, learner: str, path: Path) -> Path
                 fontsize=8,
                 color="white" if v < np.nanmax(grid.values) / 2 else "black",
             )
-    ax.set_xlabel(x.replace("_", " "))
+    ax.set_xlabel(axis_name(x))
     ax.set_ylabel("layer")
-    ax.set_title(f"best-matching {learner} iteration by SimE")
+    ax.set_title(f"best-matching {label(learner)} iteration by SimE")
     fig.colorbar(im, ax=ax)
     return _save(fig, path)
 
@@ -178,26 +172,50 @@ def stabilisation(table: pd.DataFrame, x: str, learner: str, tol: float = 1.0) -
     return out
 
 
-def verdicts(table: pd.DataFrame) -> dict[str, Any]:
-    """Per model: the compared learner with the lowest SPD, and with the lowest ILW."""
-    rows = table[(table.analysis == "spd_ilw")]
-    out = {}
-    for model, g in rows.groupby("model"):
-        entry = {}
-        for metric, better in (("spd", "min"), ("ilw", "min"), ("sime", "max")):
-            part = g[g.metric == metric].sort_values("value", ascending=better == "min")
-            if not part.empty:
-                entry[metric] = {
-                    "closest": part.learner.iloc[0],
-                    "value": float(part.value.iloc[0]),
-                    "runner_up": part.learner.iloc[1] if len(part) > 1 else None,
-                }
-        out[model] = entry
-    return out
+CAPTIONS = {
+    "phases": "{metrics} between the model's own predictions and each compared learner, against {axis} (seed 002 "
+    "Fig. 3; SPD and ILW on a log axis, lower is closer; SimE higher is closer); bars: 90% normal intervals over "
+    "prompts.",
+    "icl": "{metric} of the model's in-context predictions against {axis}, in distribution and under each "
+    "shift; bars: 90% bootstrap band over prompts.",
+    "curves": "{metric} against the number of in-context examples for every model (solid: in-context; dashed: the "
+    "task's network trained directly on each prompt's examples, as seed 001), one panel per distribution.",
+    "best_k": "Best-matching {learner} iteration by SimE for every layer (rows) and {axis} (columns).",
+}
+
+
+def _caption(name: str, table: pd.DataFrame, x: str) -> str:
+    evaluate = table[table.analysis == "evaluate"]
+    scalar = evaluate[evaluate.metric.str.endswith("_at_2d1")]
+    if name.startswith("best_k_"):
+        return CAPTIONS["best_k"].format(learner=label(name.removeprefix("best_k_")), axis=axis_name(x))
+    metrics = ", ".join(METRIC[m] for m in SCALAR["spd_ilw"] if m in set(table.metric))
+    metric = LABELS.get(scalar.metric.iloc[0], "") if len(scalar) else ""
+    curve = "R²" if "r2" in set(evaluate.metric) else "Squared error / d"
+    return CAPTIONS[name].format(metrics=metrics, axis=axis_name(x), metric=metric if name == "icl" else curve)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A study table from CSV, with empty shift / learner cells as "" (not NaN)."""
+    table = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    for col in ("shift", "learner"):
+        table[col] = table[col].astype("object").fillna("").astype(str)
+    return table
+
+
+def rerender(folder: Path, recipe) -> dict[str, Any]:
+    """Figures, index.html and summary.json of a finished study redrawn from its study.csv, without
+    recomputing a number: the run's own provenance stays; the page's is recorded under `rendered`."""
+    old = json.loads((folder / "summary.json").read_text())
+    summary = write_presentation(read_table(folder / "study.csv"), recipe, folder, old.get("timings", {}))
+    run = {k: old[k] for k in stamp() if k in old}
+    summary = {**summary, "rendered": {k: summary[k] for k in run}, **run}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
 
 
 def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str, float]) -> dict[str, Any]:
-
+    """figures/, summary.json and index.html of a study."""
     x = recipe.x if recipe.x in table.columns else "n_layer"
     figs: dict[str, Path] = {}
     for name, fn in (("phases", phase_figure), ("icl", icl_figure), ("curves", curves_figure)):
@@ -211,61 +229,77 @@ def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str
             figs[f"best_k_{learner}"] = path
     stable = {lr: stabilisation(table, x, lr) for lr in learners} if x == "train_step" else {}
     icl = table[(table.analysis == "evaluate") & table.metric.isin(["error_at_2d1", "r2_at_2d1"])]
+    closest = closest_learners(table)
     summary = {
         "schema_version": 1,
         "study": recipe.name,
         "description": recipe.description,
         "x": x,
         "recipe": recipe.to_dict(),
-        "models": sorted(table.model.unique(), key=lambda m: (table[table.model == m][x].iloc[0], m)),
+        "models": x_order(table, x),
         "icl_at_2d1": {f"{r.model}|{r['shift']}": float(r.value) for _, r in icl.iterrows()},
-        "closest_learner": verdicts(table),
+        "closest_learner": closest,
         "stabilises_at": stable,
         "timings": timings,
         **stamp(),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (out / "index.html").write_text(render(summary, figs, table, x))
+    (out / "index.html").write_text(study_page(summary, figs, table, x, recipe).render())
     return summary
 
 
-def _img(path: Path, alt: str) -> str:
-    src = html.escape(f"{path.parent.name}/{path.name}")  # figures/<name>.png beside index.html
-    return f'<figure><img src="{src}" alt="{html.escape(alt)}"><figcaption>{html.escape(alt)}</figcaption></figure>'
-
-
-def render(summary: dict[str, Any], figs: dict[str, Path], table: pd.DataFrame, x: str) -> str:
-    esc = html.escape
-    parts = [f"<h1>Study: {esc(summary['study'])}</h1><p>{esc(summary['description'])}</p>", "<h2>Findings</h2><ul>"]
-    for model, entry in summary["closest_learner"].items():
-        if entry:
-            text = "; ".join(
-                f"{m.upper()}: closest {v['closest']} ({v['value']:.4g}), then {v['runner_up']}"
-                for m, v in entry.items()
-            )
-            parts.append(f"<li><b>{esc(model)}</b>: {esc(text)}</li>")
-    for key, value in summary["icl_at_2d1"].items():
-        model, shift = key.split("|")
-        parts.append(f"<li>{esc(model)} {esc(shift or 'in distribution')}: at 2d+1 examples {value:.4g}</li>")
+def study_page(summary: dict[str, Any], figs: dict[str, Path], frame: pd.DataFrame, x: str, recipe) -> Page:
+    """The study's page: headline and findings with intervals, caveats, then figures and tables."""
+    headline, items, caveats = study_findings(frame, x, summary["closest_learner"])
     for learner, layers in summary["stabilises_at"].items():
-        parts.append(
-            f"<li>{esc(learner)}: best match stabilises (within 1 of its final value) at step "
-            + ", ".join(f"layer {l}: {s}" for l, s in layers.items())
-            + "</li>"
+        items.append(
+            f"{label(learner)}: the best match stabilises (within 1 of its final value) at step "
+            + ", ".join(f"{s} (layer {layer})" for layer, s in layers.items())
+            + "."
         )
-    parts.append("</ul><h2>Figures</h2>")
-    parts += [_img(p, name.replace("_", " ")) for name, p in figs.items()]
-    cols = ["model", x, "analysis", "metric", "learner", "layer", "shift", "value"]
-    small = table[(table.layer == -1) & (table.n_examples == -1) | table.metric.str.endswith("_at_2d1")][cols]
-    parts.append(
-        "<h2>Per-model scalars</h2>" + small.to_html(index=False, float_format=lambda v: f"{v:.4g}", escape=True)
+    fig = {name: figure(path, name.replace("_", " "), _caption(name, frame, x)) for name, path in figs.items()}
+    sections = []
+    if summary["closest_learner"]:
+        sections.append(
+            Section(
+                "Closest learner per model",
+                [fig["phases"], table(closest_table(frame, x, summary["closest_learner"]))]
+                if "phases" in fig
+                else [table(closest_table(frame, x, summary["closest_learner"]))],
+            )
+        )
+    icl_parts = [fig[k] for k in ("icl", "curves") if k in fig]
+    if icl_parts:
+        sections.append(Section("In-context performance", icl_parts))
+    best = [v for k, v in fig.items() if k.startswith("best_k_")]
+    if best:
+        sections.append(Section("Best-matching iterations per layer", best))
+    cols = ["model", x, "analysis", "metric", "learner", "layer", "shift", "value", "ci_low", "ci_high"]
+    small = frame[(frame.layer == -1) & (frame.n_examples == -1) | frame.metric.str.endswith("_at_2d1")][cols]
+    small = small.assign(metric=small.metric.map(lambda m: METRIC.get(m, m)), learner=small.learner.map(label))
+    sections.append(Section("Per-model scalars", [table(small, "{:.4g}")]))
+    sections.append(Section("Methods", [_methods(recipe, summary)]))
+    return Page(
+        title=f"icl-probe study: {summary['study']}",
+        subtitle=summary["description"],
+        headline=headline,
+        findings=items,
+        caveats=caveats,
+        sections=sections,
+        git=str(summary.get("git_commit")),
     )
-    parts.append("<p>All rows: <code>study.csv</code>; provenance: <code>summary.json</code>.</p>")
-    style = (
-        "body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}img{max-width:100%}"
-        "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
+
+
+def _methods(recipe, summary: dict[str, Any]) -> str:
+    compare = "; ".join(
+        f"{label(c.label)}: {c.learner} over {json.dumps(c.grid)} (pick {c.pick})" for c in recipe.compare
     )
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(summary['study'])}</title>"
-        f"<style>{style}</style></head><body>" + "\n".join(parts) + "</body></html>\n"
-    )
+    lines = [
+        f"Models: {len(summary['models'])}, ordered by {axis_name(summary['x'])}; analyses {', '.join(recipe.analyses)}.",
+        f"SPD and ILW (seed 002 eq. 13-15) and SimE (seed 003 eq. 10) on {recipe.prompts} prompts with "
+        f"{recipe.queries or '4 d'} fresh queries per prefix; intervals: mean +- 1.645 standard errors over prompts.",
+        f"In-context curves on {recipe.evaluate_prompts} prompts, 90% bootstrap bands. Seed {recipe.seed}.",
+        *([f"Compared learners: {compare}."] if recipe.compare else []),
+        "All rows: study.csv; recipe, versions and git commit: summary.json.",
+    ]
+    return "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>"

@@ -35,6 +35,7 @@ from ..report.cache import code_digest
 from ..report.recipe import adapt_recipe
 from ..validate import check_device, check_memory, positive_int
 from .analyses import analyse_model, model_fields
+from .present import read_table
 from .recipe import StudyRecipe, resolve_models
 
 log = logging.getLogger(__name__)
@@ -196,9 +197,6 @@ def run_study(
         else:
             _submit_slurm(pending, args, jobs, out / "submitit", cluster, on_done)
     bar.close()
-    frames = [pd.read_csv(folders[name] / "rows.csv", keep_default_na=False, na_values=[""]) for name in names]
-    table = pd.concat(frames, ignore_index=True)
-    table["shift"] = table["shift"].astype("object").fillna("").astype(str)
-    table["learner"] = table["learner"].astype("object").fillna("").astype(str)
+    table = pd.concat([read_table(folders[name] / "rows.csv") for name in names], ignore_index=True)
     config = pd.DataFrame([{"model": name, **f} for name, f in fields.items()])
     return table.merge(config, on="model", how="left")

@@ -1,0 +1,86 @@
+"""One look for every page: a report and a study page are both `Page`s rendered by
+templates/page.html.j2 (findings first, then contents, then the sections), with one style
+sheet, figures linked from figures/ (stored once, as PNG) and a caption under every figure."""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .. import __version__
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+.subtitle{color:#444;margin-top:-.5em}
+figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:.9em;color:#555;margin-top:.3em}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0} td,th{border:1px solid #ddd;padding:.25em .5em;text-align:right}
+th{background:#f5f5f5} .findings{background:#f0f6ff;padding:.3em 1.2em;border-left:4px solid #58f}
+.headline{font-size:1.1em;font-weight:600} .caveats li{color:#8a4b00} nav ol{columns:2;font-size:.95em}
+.verdict{background:#f0f6ff;padding:.5em 1em;border-left:3px solid #58f}
+code{background:#f3f3f3;padding:0 .2em} .grid{display:flex;flex-wrap:wrap;gap:1em} .grid figure{flex:1 1 45%}
+"""
+
+
+@dataclass
+class Section:
+    """One <h2> section: a title (may hold <sup>-style markup written by icl-probe) and HTML blocks."""
+
+    title: str
+    parts: list[str] = field(default_factory=list)
+
+    @property
+    def plain(self) -> str:
+        return re.sub(r"<[^>]+>", "", self.title)
+
+    @property
+    def id(self) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", self.plain.lower()).strip("-")
+
+    @property
+    def body(self) -> str:
+        return "\n".join(self.parts)
+
+
+@dataclass
+class Page:
+    """What a page says, in reading order: the answer (headline and findings), its caveats, then sections."""
+
+    title: str
+    subtitle: str
+    findings: list[str]
+    sections: list[Section]
+    git: str
+    headline: str = ""
+    caveats: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        import jinja2
+        import markupsafe
+
+        env = jinja2.Environment(
+            loader=jinja2.PackageLoader("probe.report", "templates"),
+            autoescape=jinja2.select_autoescape(["j2", "html"]),
+            keep_trailing_newline=True,
+        )
+        return env.get_template("page.html.j2").render(
+            page=self, css=markupsafe.Markup(CSS), version=__version__, markup=markupsafe.Markup
+        )
+
+
+def figure(path: Path, alt: str, caption: str) -> str:
+    """A figure from figures/ beside index.html, with its caption."""
+    src = f"{path.parent.name}/{path.name}"
+    return (
+        f'<figure><img src="{html.escape(src)}" alt="{html.escape(alt)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
+
+
+def table(frame: pd.DataFrame, floatfmt: str = "{:.4f}") -> str:
+    return frame.to_html(index=False, float_format=lambda v: floatfmt.format(v), border=0)
