@@ -22,7 +22,8 @@ def versions() -> dict[str, str]:
 
 
 def git_commit(cwd: Path | None = None) -> str:
-    """HEAD of the repository holding this package (suffix '-dirty' if it has changes), or 'unknown'."""
+    """HEAD of the repository holding this package (suffix '-dirty' if it has changes outside reports/,
+    which regenerating the committed examples changes), or 'unknown'."""
     cwd = cwd or Path(__file__).resolve().parent
     try:
         head = subprocess.run(
@@ -31,7 +32,7 @@ def git_commit(cwd: Path | None = None) -> str:
         if head.returncode != 0:
             return "unknown"
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)reports"],
             cwd=cwd,
             capture_output=True,
             text=True,

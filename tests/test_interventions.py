@@ -321,3 +321,21 @@ def test_transformer_lens_patching_runs_unchanged_on_a_prompt_and_equals_ours(tm
         expected = torch.stack([ours[b].mean(-1) for b in range(model.n_layers)])
         np.testing.assert_allclose(tl[:, : 2 * q + 1].numpy(), expected.numpy(), atol=1e-5)
         assert prompt(xs, ys).shape == (6, 2 * task.n_points)
+
+
+def test_shuffle_null_counts_ties_against_the_claim():
+    """A map whose shuffles all equal it (every boundary at one k, or a converged learner) has p = 1,
+    whatever the round-off of the stored expected fractions; a map far better than its shuffles has
+    the smallest p the permutations allow."""
+    import pandas as pd
+
+    from probe.interventions.patch import _shuffle_null
+
+    frame = pd.DataFrame({"boundary": [1, 2, 3, 4], "observed": [0.3, 0.5, 0.7, 0.9],
+                          "expected": [0.1 + 0.2 + 1e-16] * 4})
+    out = _shuffle_null(frame, {b: 5 for b in range(1, 5)}, lambda k: 0.3, n_perm=50, seed=0)
+    assert out["p_value"] == 1.0
+    exact = {1: 1, 2: 2, 3: 3, 4: 4}
+    frame = frame.assign(expected=[0.3, 0.5, 0.7, 0.9])
+    out = _shuffle_null(frame, exact, lambda k: 0.1 + 0.2 * k, n_perm=199, seed=0)
+    assert out["deviation"] < 1e-12 and out["p_value"] == pytest.approx(6 / 200, abs=0.03)

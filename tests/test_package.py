@@ -126,3 +126,25 @@ def test_the_readme_python_api_block_runs_as_written(tmp_path, monkeypatch):
     assert scope["newton"].preds.shape == (25, 64, 16)
     assert {"sweep", "layer", "k", "similarity"} <= set(scope["result"].best.columns)
     assert {Path(m).name for m in scope["table"].model} == {"gpt2-relu3", "gpt2-relu4"}
+
+
+def test_git_commit_is_dirty_for_code_changes_but_not_for_regenerated_reports(tmp_path):
+    import subprocess
+
+    from probe.provenance import git_commit
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "summary.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    head = git_commit(tmp_path)
+    assert len(head) == 40
+    (tmp_path / "reports" / "summary.json").write_text('{"a": 1}')
+    assert git_commit(tmp_path) == head  # a regenerated example report does not make the tree dirty
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == head + "-dirty"
