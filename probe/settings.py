@@ -144,12 +144,19 @@ class ProbeSettings:
     eval_every: int = setting(25, "steps between validation evaluations")
     prompts: int = setting(1024, "training prompts, a fifth held out for validation")
     controls: bool = setting(True, "random-weights model and shuffled-target controls")
+    precision: str = setting(
+        "float64",
+        "training precision: float64 gives the same numbers on any machine, float32 is ~2x faster",
+        ("float64", "float32"),
+    )
 
     def __post_init__(self) -> None:
 
         for name in ("steps", "patience", "eval_every"):
             positive_int(getattr(self, name), f"probes.{name}")
         positive_int(self.prompts, "probes.prompts (a fifth is held out for validation)", 2)
+        if self.precision not in ("float64", "float32"):
+            raise ConfigError(f"probes.precision must be float64 or float32, got {self.precision!r}")
         self.kinds, self.targets = tuple(self.kinds), tuple(self.targets)
         self.lr = tuple(self.lr) if isinstance(self.lr, (list, tuple)) else (self.lr,)
         self.hidden = tuple(self.hidden) if isinstance(self.hidden, (list, tuple)) else (self.hidden,)

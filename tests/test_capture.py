@@ -312,3 +312,23 @@ def test_hf_checkpoints_declare_their_task_and_head_errors_name_the_head(tmp_pat
     path, _ = _hf_run(tmp_path / "wide", width_in_head=32)
     with pytest.raises(CheckpointError, match=r"icl_head.safetensors: read_in.weight has shape \(32, 3\)"):
         load_checkpoint(path)
+
+
+def test_double_capture_runs_a_float64_copy_and_agrees_with_float32():
+    """`double=True` (the probes' default precision): float64 streams from a float64 copy of the
+    model, equal to the float32 capture to float32 round-off; the caller's model stays float32."""
+    from probe.capture.streams import by_position_streams
+    from probe.settings import ProbeSettings
+
+    torch.manual_seed(0)
+    model = build_model(build_cfg(layers=2).model).eval()
+    xs, ys = torch.randn(5, 6, 3), torch.randn(5, 6)
+    single = capture(model, xs, ys, hooks=[RESID]).acts[RESID]
+    double = capture(model, xs, ys, hooks=[RESID], double=True).acts[RESID]
+    assert double.dtype == np.float64 and single.dtype == np.float32
+    np.testing.assert_allclose(double, single, atol=1e-5, rtol=1e-5)
+    assert next(model.parameters()).dtype == torch.float32
+    streams = by_position_streams(model, xs, ys, dtype=torch.float64)
+    np.testing.assert_array_equal(streams.numpy(), double.transpose(0, 2, 1, 3))
+    with pytest.raises(ConfigError, match="probes.precision must be float64 or float32"):
+        ProbeSettings(precision="float16")

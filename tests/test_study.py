@@ -82,6 +82,11 @@ def test_study_matches_single_analyses_and_resumes(family, monkeypatch):
     assert first.stat().st_mtime_ns == stamp  # the finished model was not recomputed
     table = pd.read_csv(family / "out" / "study.csv", keep_default_na=False)
     assert set(table.model) == {"m/L1", "m/L2"} and set(table.n_layer) == {1, 2}
+    # a resumed study equals a fresh one, byte for byte (its table and its closest-learner verdicts)
+    assert main(["-q", "study", "s.toml", "--out", "fresh"]) == 0
+    assert (family / "fresh" / "study.csv").read_bytes() == (family / "out" / "study.csv").read_bytes()
+    verdicts = [json.loads((family / d / "summary.json").read_text())["closest_learner"] for d in ("out", "fresh")]
+    assert verdicts[0] == verdicts[1]
     assert {"noise_std", "train_step"} <= set(table.columns)
 
     # the same numbers as the standalone report on one of the models

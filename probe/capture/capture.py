@@ -10,6 +10,7 @@ would exceed `max_bytes`).
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
@@ -75,8 +76,8 @@ def _select(t: Tensor, positions: Tensor | None) -> Tensor:
 class _Sink:
     """Arrays filled batch by batch, in memory or as .npy memmaps."""
 
-    def __init__(self, out_dir: Path | None):
-        self.out_dir = out_dir
+    def __init__(self, out_dir: Path | None, dtype: np.dtype):
+        self.out_dir, self.dtype = out_dir, dtype
         self.arrays: dict[str, np.ndarray] = {}
 
     def put(
@@ -93,9 +94,9 @@ class _Sink:
             if self.out_dir is not None:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
                 path = self.out_dir / f"{name.replace('/', '_')}.npy"
-                self.arrays[name] = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=full_shape)
+                self.arrays[name] = np.lib.format.open_memmap(path, mode="w+", dtype=self.dtype, shape=full_shape)
             else:
-                self.arrays[name] = np.empty(full_shape, dtype=np.float32)
+                self.arrays[name] = np.empty(full_shape, dtype=self.dtype)
         index = [slice(None)] * len(full_shape)
         index[batch_axis] = slice(start, start + value.shape[batch_axis])
         if leading is not None:
@@ -116,6 +117,7 @@ def capture(
     out_dir: str | Path | None = None,
     max_bytes: int | None = None,
     as_cache: bool = False,
+    double: bool = False,
 ):
     """Predictions and the requested activations for prompts xs (B, n, d), ys (B, n).
 
@@ -129,8 +131,15 @@ def capture(
     (probe/capture/backends.py).
     as_cache: return `Capture.as_cache()` (a TransformerLens ActivationCache indexed by hook names,
     tied to a bridge of the model for the GPT-2 family) instead of the Capture.
+    double: the model (a float64 copy, run by its native back-end: TransformerLens bridges run
+    in float32) and the stored activations in float64.
     """
     xs, ys = check_prompts_for(model, xs, ys)
+    if double:
+        xs, ys = xs.double(), ys.double()
+        if any(p.dtype != torch.float64 for p in model.parameters()):
+            model = copy.deepcopy(model).double()  # the caller's model stays as it is
+        backend = "native" if backend == "auto" else backend
     batch_size = positive_int(batch_size, "capture batch_size")
     device = check_device(device)
     hooks = [hooks] if isinstance(hooks, str) else list(hooks)
@@ -143,7 +152,7 @@ def capture(
     out_dir, spilled = _storage(model, hooks, b, n_pos, out_dir, max_bytes)
     if max_bytes is None:  # the batch's own forward pass must fit beside what is kept
         batch_size = _batch_within_budget(model, n, batch_size, 0 if out_dir else _stored_bytes(model, hooks, b, n_pos))
-    sink = _Sink(Path(out_dir) if out_dir is not None else None)
+    sink = _Sink(Path(out_dir) if out_dir is not None else None, np.dtype(np.float64 if double else np.float32))
     preds = np.empty((b, n), dtype=np.float32)
 
     with torch.no_grad():
@@ -177,7 +186,7 @@ def _store_batch(sink, acts, request, pos, start: int, stream_shape: tuple[int, 
 
 
 def _numpy(t: Tensor) -> np.ndarray:
-    return t.float().cpu().numpy()
+    return (t if t.dtype == torch.float64 else t.float()).cpu().numpy()
 
 
 def _present(t: Tensor | None) -> Tensor:

@@ -3,6 +3,7 @@ memory budget (spilled to a memmap on disk above half the headroom)."""
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 
@@ -14,21 +15,35 @@ from ..validate import memory_headroom
 from .capture import RESID, capture, spill_dir
 
 
-def by_position_streams(model, xs: Tensor, ys: Tensor, device: str = "cpu", chunk: int = 64) -> Tensor:
-    """Every layer boundary's residual stream at every token, by position: (L+1, 2n, N, D) float32.
+def by_position_streams(
+    model, xs: Tensor, ys: Tensor, device: str = "cpu", chunk: int = 64, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """Every layer boundary's residual stream at every token, by position: (L+1, 2n, N, D).
 
     Captured `chunk` prompts at a time straight into that layout, so the probes never hold a
     second copy; above half the memory headroom (`--max-memory` less what the process holds) the
-    array is a memmap on disk."""
+    array is a memmap on disk. With dtype float64 the model runs in double precision (on a copy),
+    so that the streams agree across machines' kernels to ~1e-15 rather than ~1e-7."""
     n_prompts, n = xs.shape[:2]
     shape = (model.n_layers + 1, 2 * n, n_prompts, model.d_model)
-    if 4 * math.prod(shape) > memory_headroom() // 2:
+    np_dtype = np.dtype(np.float64 if dtype == torch.float64 else np.float32)
+    if dtype == torch.float64:
+        model = copy.deepcopy(model).double()  # once, not per chunk
+    if np_dtype.itemsize * math.prod(shape) > memory_headroom() // 2:
         path = os.path.join(spill_dir(), "probe_streams.npy")
-        array: np.ndarray = np.lib.format.open_memmap(path, "w+", np.float32, shape)
+        array: np.ndarray = np.lib.format.open_memmap(path, "w+", np_dtype, shape)
     else:
-        array = np.empty(shape, dtype=np.float32)
+        array = np.empty(shape, dtype=np_dtype)
     for lo in range(0, n_prompts, chunk):
         # a chunk is copied out at once: never spilled on its own (its batch still fits the budget)
-        cap = capture(model, xs[lo : lo + chunk], ys[lo : lo + chunk], hooks=[RESID], device=device, max_bytes=1 << 62)
+        cap = capture(
+            model,
+            xs[lo : lo + chunk],
+            ys[lo : lo + chunk],
+            hooks=[RESID],
+            device=device,
+            max_bytes=1 << 62,
+            double=dtype == torch.float64,
+        )
         array[:, :, lo : lo + chunk] = np.asarray(cap.acts[RESID]).transpose(0, 2, 1, 3)
     return torch.from_numpy(array)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..checkpoint import atomic_write
 from ..provenance import stamp
 from ..report.figures import examples_axis, legend_outside, pyplot, save_png
 from ..report.findings import label
@@ -210,7 +211,8 @@ def rerender(folder: Path, recipe) -> dict[str, Any]:
     summary = write_presentation(read_table(folder / "study.csv"), recipe, folder, old.get("timings", {}))
     run = {k: old[k] for k in stamp() if k in old}
     summary = {**summary, "rendered": {k: summary[k] for k in run}, **run}
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    text = json.dumps(summary, indent=2, default=str) + "\n"
+    atomic_write(folder / "summary.json", lambda p: p.write_text(text))
     return summary
 
 
@@ -243,8 +245,9 @@ def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str
         "timings": timings,
         **stamp(),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (out / "index.html").write_text(study_page(summary, figs, table, x, recipe).render())
+    text, page = json.dumps(summary, indent=2, default=str) + "\n", study_page(summary, figs, table, x, recipe).render()
+    atomic_write(out / "summary.json", lambda p: p.write_text(text))  # each file whole, old or new
+    atomic_write(out / "index.html", lambda p: p.write_text(page))
     return summary
 
 
