@@ -401,9 +401,9 @@ def fresh_adam_state(n_params: int, lr: float) -> dict[str, Any]:
 def garg_adam_state(model: nn.Module, lr: float, ours: dict[str, Any] | None) -> dict[str, Any]:
     """The Adam state their train.py resumes: our run's moments and step moved to their parameter
     order (theirs is ours with the unused token embedding `wte` before `wpe`; our AdamW with
-    weight decay 0 is Adam), at learning rate `lr` (where our schedule had arrived). Without our
-    optimizer state (a shipped checkpoint) the moments start at zero; at that learning rate the
-    first steps move each weight by about lr, instead of the peak rate's 20 times more."""
+    weight decay 0 is Adam), at learning rate `lr` (where our schedule had arrived). `ours` is the
+    run's train_state.pt optimizer, or `train.estimated_adam_state` for a run without it; None
+    leaves the moments at zero (each weight then moves by about lr per step at first)."""
     names = [name for name, _ in model.named_parameters()]
     theirs = [*names[: names.index("_backbone.wpe.weight")], "_backbone.wte.weight"]
     theirs += names[names.index("_backbone.wpe.weight") :]

@@ -29,6 +29,7 @@ class Stream(IntEnum):
     FORGETTING = 301  # [forgetting] prompts
     STUDY_PROMPTS = 401  # a study's spd_ilw prompts
     STUDY_QUERIES = 402  # a study's spd_ilw queries
+    ADAM_ESTIMATE = 501  # `icl-probe export`: batches that estimate Adam's moments of a run without them
     EVALUATION = 7_777_777  # `icl-probe evaluate` and the report's error curve (apart from training's stream)
     CORRUPTED = 9_191_919  # the corrupted functions of the patching checks (same x, fresh w)
 

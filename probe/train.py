@@ -33,6 +33,7 @@ from .evaluate import eval_prompts
 from .models import build_model
 from .outputs import mark_run_directory
 from .provenance import stamp
+from .seeds import Stream, stream_generator
 from .tasks import generator_for, sample_prompts
 from .validate import activation_bytes, check_memory, model_bytes
 
@@ -362,6 +363,44 @@ def _train_step(
         nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
     optimizer.step()
     return loss
+
+
+def estimated_adam_state(model: nn.Module, cfg: RunConfig, step: int, batches: int = 64) -> dict:
+    """An Adam state for a run whose optimizer state is not kept (a shipped checkpoint), in
+    torch's state_dict layout: first and second moments estimated from the gradients of `batches`
+    training batches at the end of the curriculum (exp_avg = mean g, exp_avg_sq = mean g^2, what
+    the moving averages of Adam, Kingma & Ba Alg. 1, track), with `step` steps taken, so that a
+    resumed Adam continues at its usual step size instead of moving every weight by its learning
+    rate at once, as zero moments do. Batches are drawn from a stream of their own (not the
+    training run's)."""
+    params = list(model.parameters())
+    first = [torch.zeros_like(p) for p in params]
+    second = [torch.zeros_like(p) for p in params]
+    dims, points = curriculum_at(cfg, step)
+    generator = stream_generator(cfg.train.seed, Stream.ADAM_ESTIMATE)
+    model.train()
+    for _ in range(batches):
+        prompts = sample_prompts(cfg.task, cfg.train.batch_size, points, generator=generator, active_dims=dims)
+        model.zero_grad(set_to_none=True)
+        ((model(prompts.xs, prompts.ys) - prompts.ys) ** 2).mean().backward()
+        for f, sq, p in zip(first, second, params):
+            if p.grad is not None:
+                f += p.grad / batches
+                sq += p.grad**2 / batches
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    state = {
+        i: {"step": torch.tensor(float(max(step, 1))), "exp_avg": f, "exp_avg_sq": sq}
+        for i, (f, sq) in enumerate(zip(first, second))
+    }
+    group = {
+        "lr": cfg.train.lr,
+        "betas": (0.9, 0.999),
+        "eps": 1e-8,
+        "weight_decay": 0.0,
+        "params": list(range(len(params))),
+    }
+    return {"state": state, "param_groups": [group]}
 
 
 def _commit(model, optimizer, cfg: RunConfig, out: Path, done: int, rows: list[dict], elapsed: float) -> None:

@@ -220,3 +220,42 @@ def test_eval_log_steps_are_steps_done_like_snapshots(tmp_path):
         steps = [int(r["step"]) for r in csv.DictReader(f)]
     snapshots = sorted(int(p.name.removeprefix("step_")) for p in (tmp_path / "run" / "snapshots").iterdir())
     assert steps == snapshots == [10, 20, 30]
+
+
+def test_estimated_adam_moments_resume_at_adam_s_usual_step_size():
+    """Zero moments make Adam's first step move every weight by its learning rate; the estimated
+    moments (mean g, mean g^2 over batches) make it lr * |mean g| / rms g at most (on the trained
+    default about 0.25 lr: its gradients are mostly noise), equal to a hand computation of Adam's
+    update from the same moments."""
+    import copy
+
+    from probe.train import estimated_adam_state
+
+    torch.manual_seed(0)
+    cfg = build_cfg(layers=2)
+    model = build_model(cfg.model)
+    state = estimated_adam_state(model, cfg, step=1000, batches=8)
+    assert set(state["state"]) == set(range(len(list(model.parameters()))))
+    lr = 1e-3
+
+    def first_step(load: bool) -> list[torch.Tensor]:
+        net = build_model(cfg.model)
+        net.load_state_dict(model.state_dict())
+        opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
+        if load:
+            opt.load_state_dict(copy.deepcopy(state))  # Adam updates loaded moments in place
+            for group in opt.param_groups:
+                group["lr"] = lr
+        before = [p.detach().clone() for p in net.parameters()]
+        for p in net.parameters():
+            p.grad = torch.zeros_like(p)  # a zero gradient: the step is the moments' alone
+        opt.step()
+        return [(p.detach() - b) for p, b in zip(net.parameters(), before)]
+
+    moved = first_step(load=True)
+    for delta, s in zip(moved, state["state"].values()):
+        m, v, t = 0.9 * s["exp_avg"], 0.999 * s["exp_avg_sq"], 1001
+        expected = -lr * (m / (1 - 0.9**t)) / ((v / (1 - 0.999**t)).sqrt() + 1e-8)
+        torch.testing.assert_close(delta, expected, rtol=1e-3, atol=1e-7)  # float32 weights
+    for s in state["state"].values():  # |mean g| <= rms g: a resumed step never exceeds lr (zero moments: ~lr)
+        assert bool((s["exp_avg"].abs() <= s["exp_avg_sq"].sqrt() * (1 + 1e-5) + 1e-12).all())

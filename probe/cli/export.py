@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt = load_checkpoint(args.checkpoint)
     target = check_run_output(args.out, "export", force=args.force, inputs=(ckpt.path,))
     assert target is not None  # --out is required
-    from ..train import TRAIN_STATE, learning_rate
+    from ..train import TRAIN_STATE, estimated_adam_state, learning_rate
 
     step = int(ckpt.meta.get("train_step", 0))
     # their Adam continues where our schedule had arrived (its last rate for a finished run), with
@@ -41,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
     lr = learning_rate(ckpt.config, max(step - 1, 0)) if ckpt.format == "icl-probe" else None
     saved = ckpt.path / TRAIN_STATE
     optimizer = safe_torch_load(saved).get("optimizer") if ckpt.format == "icl-probe" and saved.is_file() else None
+    if optimizer is None and ckpt.format == "icl-probe" and ckpt.config.model.family == "gpt2":
+        # no moments kept (a shipped checkpoint): estimate them, so that their Adam resumes smoothly
+        optimizer = estimated_adam_state(ckpt.model, ckpt.config, step)
     with writing(target) as staged:
         export_garg(
             ckpt.model,
