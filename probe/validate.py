@@ -8,7 +8,6 @@ Every public entry (CLI flags, `--set`, recipes, checkpoint configs, prompts fil
 from __future__ import annotations
 
 import math
-import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,6 +16,7 @@ if TYPE_CHECKING:
 import re
 
 from .errors import ConfigError
+from .memory import available_memory
 
 # hyper-parameter -> rule; strings listed are accepted as named settings
 GRID_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -165,53 +165,6 @@ def check_device(device: Any) -> str:
     return device
 
 
-def available_memory() -> int:
-    """Bytes of memory available now (MemAvailable), or a conservative 4 GiB if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
-
-
-_BUDGET: list[int] = []
-
-
-def set_memory_budget(nbytes: int | None) -> None:
-    """The process-wide memory budget (`--max-memory`): capture streams to disk above it and
-    query states work in chunks sized from it. None restores the default."""
-    _BUDGET.clear()
-    if nbytes is not None:
-        _BUDGET.append(int(nbytes))
-
-
-def memory_budget() -> int:
-    """Bytes that one analysis may hold in memory: `--max-memory`, or half the available memory."""
-    return _BUDGET[0] if _BUDGET else int(0.5 * available_memory())
-
-
-def resident_memory() -> int:
-    """Bytes this process holds in memory now (resident set size; 0 where unknown)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return 0
-
-
-def memory_headroom(floor: int = 64 << 20) -> int:
-    """What the memory budget leaves beside what the process already holds (at least `floor`):
-    capture, query states and probes size their work from this, so that the whole process,
-    not each step alone, stays within `--max-memory`."""
-    return max(floor, memory_budget() - resident_memory())
-
-
 def parse_bytes(text: str) -> int:
     """'4G', '512M', '2.5GB' or a plain number of bytes -> bytes."""
 
@@ -226,7 +179,7 @@ def parse_bytes(text: str) -> int:
 
 def check_memory(nbytes: float, what: str, fix: str) -> None:
     """Refuse work whose memory estimate exceeds the available memory, naming the culprit."""
-    limit = MEMORY_FRACTION * available_memory()
+    limit = MEMORY_FRACTION * available_memory()  # probe/memory.py
     if nbytes > limit:
         raise ConfigError(
             f"{what} would need about {_human(nbytes)} of memory, more than the {_human(limit)} available; {fix}"

@@ -294,7 +294,7 @@ def test_probe_streams_go_to_disk_when_the_memory_budget_is_spent(tmp_path, monk
 
     from probe.capture.streams import by_position_streams
     from probe.formats import load_checkpoint
-    from probe.validate import memory_headroom, resident_memory, set_memory_budget
+    from probe.memory import MemoryBudget, resident_memory
 
     model = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
     g = torch.Generator().manual_seed(0)
@@ -302,12 +302,9 @@ def test_probe_streams_go_to_disk_when_the_memory_budget_is_spent(tmp_path, monk
     in_memory = by_position_streams(model, xs, ys, chunk=128)
     assert in_memory.shape == (9, 32, 512, 64)
     monkeypatch.setattr(importlib.import_module("probe.capture.streams"), "spill_dir", lambda: str(tmp_path))
-    set_memory_budget(resident_memory())
-    try:
-        assert memory_headroom() < 128 << 20  # the floor, or what was allocated since
-        on_disk = by_position_streams(model, xs, ys, chunk=128)
-    finally:
-        set_memory_budget(None)
+    spent = MemoryBudget(resident_memory())  # as `--max-memory` equal to what the process holds
+    assert spent.headroom() < 128 << 20  # the floor, or what was allocated since
+    on_disk = by_position_streams(model, xs, ys, chunk=128, memory=spent)
     assert (tmp_path / "probe_streams.npy").is_file()
     np.testing.assert_array_equal(on_disk.numpy(), in_memory.numpy())
     # the layout is the capture's, by position

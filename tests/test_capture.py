@@ -217,8 +217,13 @@ def test_capture_batches_shrink_to_fit_the_memory_budget_with_the_same_numbers(m
         return runner
 
     monkeypatch.setattr(capture_module, "backend_for", counting_backend_for)
-    monkeypatch.setattr(capture_module, "memory_headroom", lambda floor=0: kept + 10 * per_prompt)
-    small = capture_module.capture(model, xs, ys, hooks=[RESID])
+    from probe.memory import MemoryBudget
+
+    class Fixed(MemoryBudget):
+        def headroom(self) -> int:
+            return kept + 10 * per_prompt
+
+    small = capture_module.capture(model, xs, ys, hooks=[RESID], memory=Fixed())
     assert batches == [10, 10, 10, 10]  # what the budget leaves beside the kept streams: 10 prompts
     np.testing.assert_allclose(np.asarray(small.acts[RESID]), np.asarray(full.acts[RESID]), atol=1e-6)
     np.testing.assert_allclose(small.pred, full.pred, atol=1e-6)

@@ -7,11 +7,17 @@ import pandas as pd
 import torch
 
 from ..learners import run_learner
+from ..memory import MemoryBudget
 from .states import query_states
 
 
 def forgetting_table(
-    model, xs: torch.Tensor, ys: torch.Tensor, learners: dict[str, dict], device: str = "cpu"
+    model,
+    xs: torch.Tensor,
+    ys: torch.Tensor,
+    learners: dict[str, dict],
+    device: str = "cpu",
+    memory: MemoryBudget | None = None,
 ) -> pd.DataFrame:
     """Rows (predictor, gap, error) for the model (its own prediction) and each learner.
 
@@ -20,7 +26,9 @@ def forgetting_table(
     _, n, d = xs.shape
     t = n - 1
     queries = xs[:, :t]
-    states = query_states(model, xs[:, : t + 1], ys[:, : t + 1], queries, device, start=t)  # (L+1, B, 1, Q, D)
+    states = query_states(
+        model, xs[:, : t + 1], ys[:, : t + 1], queries, device, start=t, memory=memory
+    )  # (L+1, B, 1, Q, D)
     with torch.no_grad():
         lens = getattr(model, "lens", None) or model.readout
         device_ = next(iter(model.parameters()), torch.empty(0)).device

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from ..config import TaskConfig
 from ..errors import ConfigError
+from ..memory import MemoryBudget
 from ..seeds import Stream
 from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings, quick_sweeps
 from ..similarity import induced_weights
@@ -41,7 +42,7 @@ STREAMS = {"train": Stream.READOUT_TRAIN, "val": Stream.READOUT_VAL, "test": Str
 class LayerSettings:
     """The layer analyses' settings: the recipe's [prompts], [readout] and [similarity] sections
     (probe/settings.py, where each key's default and meaning are written) and its sweeps, plus
-    how to run (batch size, device)."""
+    how to run (batch size, device, memory budget)."""
 
     prompts: PromptSettings = field(default_factory=PromptSettings)
     readout: ReadoutSettings = field(default_factory=ReadoutSettings)
@@ -49,6 +50,7 @@ class LayerSettings:
     sweeps: tuple[SweepSettings, ...] = field(default_factory=quick_sweeps)  # analyses/quick.toml's
     batch_size: int = 256
     device: str = "cpu"
+    memory: MemoryBudget = field(default_factory=MemoryBudget)
 
     def __post_init__(self) -> None:
 
@@ -126,13 +128,13 @@ def fit_readouts(model, task: TaskConfig, settings: LayerSettings, progress: boo
     train = analysis_prompts(task, settings, "train", settings.prompts.train)
     val = analysis_prompts(task, settings, "val", settings.prompts.val)
     ev = analysis_prompts(task, settings, "test", settings.prompts.test)
-    h_eval, _ = x_states(model, ev.xs, ev.ys, dev, bs, progress)
+    h_eval, _ = x_states(model, ev.xs, ev.ys, dev, bs, progress, settings.memory)
     readouts: LayerReadouts | ModelLens
     if settings.readout.method == "model":
         readouts = ModelLens(model)
     else:
-        h_train, _ = x_states(model, train.xs, train.ys, dev, bs, progress)
-        h_val, _ = x_states(model, val.xs, val.ys, dev, bs, progress)
+        h_train, _ = x_states(model, train.xs, train.ys, dev, bs, progress, settings.memory)
+        h_val, _ = x_states(model, val.xs, val.ys, dev, bs, progress, settings.memory)
         fitted = fit_layer_readouts(h_train, train.ys.numpy(), h_val, val.ys.numpy(), settings.readout.alphas)
         if settings.readout.method == "adam":
             fitted = finetune_layer_readouts(
@@ -157,6 +159,7 @@ def induced_layer_weights(model, task: TaskConfig, settings: LayerSettings, read
         4 * settings.batch_size,
         progress,
         readout=readouts.predict_layer,
+        memory=settings.memory,
     )  # (L+1, m, n, Q)
     return induced_weights(torch.as_tensor(q_preds), queries).numpy(), queries
 

@@ -34,6 +34,7 @@ from ..capture.streams import by_position_streams
 from ..errors import ConfigError
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
+from ..memory import MemoryBudget
 from ..seeds import Offset, Stream, stream_generator
 from ..settings import ProbeSettings
 from ..stats import r2_score
@@ -483,6 +484,7 @@ def probe_study(
     device: str = "cpu",
     control_model=None,
     progress: bool = False,
+    memory: MemoryBudget | None = None,
 ) -> pd.DataFrame:
     """Probes for every layer x prefix x target x kind on `model`, tested on `n_test` held-out
     prompts, with controls: `random_model` (the same probes on `control_model`, e.g. the
@@ -515,7 +517,9 @@ def probe_study(
         "precision": settings.precision,
     }
     dtype = probe_dtype(settings.precision)
-    streams = lambda m, p: by_position_streams(m, p.xs, p.ys, device, dtype=dtype)  # probe/capture/streams.py
+    streams = lambda m, p: by_position_streams(
+        m, p.xs, p.ys, device, dtype=dtype, memory=memory
+    )  # probe/capture/streams.py
     states: dict[str, tuple[Tensor, Tensor]] = {}  # control -> (train, test) residual streams, captured once
     for control, m, kind in tqdm(jobs, desc="probes", disable=not progress, leave=False):
         if control not in states:

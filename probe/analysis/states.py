@@ -15,18 +15,34 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..capture import RESID, capture
+from ..memory import MemoryBudget, nbytes
 from ..models.encoding import interleave
 from ..positions import X_TOKENS
-from ..validate import memory_headroom
 
 LayerReadout = Callable[[int, np.ndarray], np.ndarray]  # (layer, states (..., D)) -> predictions (...)
 
 
 def x_states(
-    model, xs: Tensor, ys: Tensor, device: str = "cpu", batch_size: int = 256, progress: bool = False
+    model,
+    xs: Tensor,
+    ys: Tensor,
+    device: str = "cpu",
+    batch_size: int = 256,
+    progress: bool = False,
+    memory: MemoryBudget | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Hidden states at the x tokens (L+1, B, n, D) and the model's predictions (B, n)."""
-    cap = capture(model, xs, ys, hooks=[RESID], positions="x", device=device, batch_size=batch_size, progress=progress)
+    cap = capture(
+        model,
+        xs,
+        ys,
+        hooks=[RESID],
+        positions="x",
+        device=device,
+        batch_size=batch_size,
+        progress=progress,
+        memory=memory,
+    )
     return np.asarray(cap.acts[RESID]), cap.pred
 
 
@@ -41,6 +57,7 @@ def query_states(
     start: int = 0,
     max_bytes: int | None = None,
     readout: LayerReadout | None = None,
+    memory: MemoryBudget | None = None,
 ) -> np.ndarray:
     """States (L+1, B, n - start, Q, D) of query x~_q placed right after the first t examples,
     for t = start..n-1; with `readout`, its predictions (L+1, B, n - start, Q) instead, taken
@@ -52,8 +69,8 @@ def query_states(
     run every prefix and query as its own sequence.
     """
     if hasattr(model, "resume"):
-        return cached_query_states(model, xs, ys, queries, device, progress, start, max_bytes, readout)
-    return sequence_query_states(model, xs, ys, queries, device, batch_size, progress, start, readout)
+        return cached_query_states(model, xs, ys, queries, device, progress, start, max_bytes, readout, memory)
+    return sequence_query_states(model, xs, ys, queries, device, batch_size, progress, start, readout, memory)
 
 
 def _per_layer(states: np.ndarray, readout: LayerReadout | None) -> np.ndarray:
@@ -73,6 +90,7 @@ def sequence_query_states(
     progress: bool = False,
     start: int = 0,
     readout: LayerReadout | None = None,
+    memory: MemoryBudget | None = None,
 ) -> np.ndarray:
     """query_states by brute force: one captured sequence per prefix t and query (any model)."""
     b, n, d = xs.shape
@@ -84,7 +102,9 @@ def sequence_query_states(
             b * q, t + 1, d
         )
         seq_y = torch.cat([ys[:, :t].unsqueeze(1).expand(b, q, t), torch.zeros(b, q, 1)], dim=2).reshape(b * q, t + 1)
-        cap = capture(model, seq_x, seq_y, hooks=[RESID], positions=[2 * t], device=device, batch_size=batch_size)
+        cap = capture(
+            model, seq_x, seq_y, hooks=[RESID], positions=[2 * t], device=device, batch_size=batch_size, memory=memory
+        )
         states = np.asarray(cap.acts[RESID])[:, :, 0]  # (L+1, B*Q, D)
         values = _per_layer(states.reshape(states.shape[0], b, q, -1), readout)
         if out is None:
@@ -94,12 +114,9 @@ def sequence_query_states(
     return out
 
 
-def _query_chunk(max_bytes: int | None, n: int, steps: int, q: int, width: int, heads: int) -> int:
-    """Prompts per chunk of `cached_query_states` within `max_bytes` (default: a quarter of the
-    memory budget; the output array and the prompt's capture hold the rest)."""
-    if max_bytes is None:
-        max_bytes = memory_headroom() // 4
-    per_prompt = 4 * (steps * q * (4 * width + heads * (2 * n + 1)) + 2 * n * 4 * width) * 3
+def _query_chunk(max_bytes: int, n: int, steps: int, q: int, width: int, heads: int) -> int:
+    """Prompts per chunk of `cached_query_states` within `max_bytes`."""
+    per_prompt = nbytes((steps * q * (4 * width + heads * (2 * n + 1)) + 2 * n * 4 * width, 3))
     return max(1, int(max_bytes // max(per_prompt, 1)))
 
 
@@ -114,6 +131,7 @@ def cached_query_states(
     start: int = 0,
     max_bytes: int | None = None,
     readout: LayerReadout | None = None,
+    memory: MemoryBudget | None = None,
 ) -> np.ndarray:
     """query_states for models with a key/value cache (`model.resume`, the GPT-2 family).
 
@@ -122,7 +140,8 @@ def cached_query_states(
     once; then every query of every prefix t is one token at position 2t, resumed block by block
     after the prompt's cached keys and values, of which it sees those before 2t (seed 003 eq. 11).
     Equal to `sequence_query_states` up to float round-off (tested to 1e-5). Prompts are
-    processed in chunks sized from `max_bytes` (default: a quarter of the memory budget).
+    processed in chunks sized from `max_bytes` (default: a quarter of `memory`'s headroom; the
+    output array and the prompt's capture hold the rest).
     """
 
     b, n, _ = xs.shape
@@ -135,7 +154,8 @@ def cached_query_states(
         else np.empty((layers + 1, b, steps, q), dtype=np.float64)
     )
     keep = (lambda layer, s: s) if readout is None else readout
-    chunk = _query_chunk(max_bytes, n, steps, q, width, heads)
+    budget = max_bytes if max_bytes is not None else (memory or MemoryBudget()).headroom() // 4
+    chunk = _query_chunk(budget, n, steps, q, width, heads)
     model = model.to(device).eval()
     t_idx = torch.arange(start, n, device=device)
     visible = torch.arange(2 * n, device=device)[None, :] < 2 * t_idx[:, None]  # (steps, 2n): keys j < 2t

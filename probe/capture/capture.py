@@ -28,8 +28,9 @@ from tqdm.auto import tqdm
 
 from ..errors import ConfigError
 from ..interventions.handle import to_bridge
+from ..memory import MemoryBudget, nbytes
 from ..outputs import clean_stale
-from ..validate import check_device, check_prompts_for, memory_headroom, positive_int
+from ..validate import check_device, check_prompts_for, positive_int
 from . import hooks as H
 from .backends import Request, backend_for, final_norm
 
@@ -118,6 +119,7 @@ def capture(
     max_bytes: int | None = None,
     as_cache: bool = False,
     double: bool = False,
+    memory: MemoryBudget | None = None,
 ):
     """Predictions and the requested activations for prompts xs (B, n, d), ys (B, n).
 
@@ -131,6 +133,7 @@ def capture(
     (probe/capture/backends.py).
     as_cache: return `Capture.as_cache()` (a TransformerLens ActivationCache indexed by hook names,
     tied to a bridge of the model for the GPT-2 family) instead of the Capture.
+    memory: the budget that sizes batches and decides spilling (default: MemoryBudget()).
     double: the model (a float64 copy, run by its native back-end: TransformerLens bridges run
     in float32) and the stored activations in float64.
     """
@@ -149,9 +152,13 @@ def capture(
     request = _request(model, hooks, runner)
     pos = _positions(positions, n)
     n_pos = 2 * n if pos is None else len(pos)
-    out_dir, spilled = _storage(model, hooks, b, n_pos, out_dir, max_bytes)
+    memory = memory or MemoryBudget()
+    out_dir, spilled = _storage(
+        model, hooks, b, n_pos, out_dir, max_bytes if max_bytes is not None else memory.headroom()
+    )
     if max_bytes is None:  # the batch's own forward pass must fit beside what is kept
-        batch_size = _batch_within_budget(model, n, batch_size, 0 if out_dir else _stored_bytes(model, hooks, b, n_pos))
+        kept = 0 if out_dir else _stored_bytes(model, hooks, b, n_pos)
+        batch_size = _batch_within_budget(model, n, batch_size, kept, memory.headroom())
     sink = _Sink(Path(out_dir) if out_dir is not None else None, np.dtype(np.float64 if double else np.float32))
     preds = np.empty((b, n), dtype=np.float32)
 
@@ -223,11 +230,9 @@ def _positions(positions: str | Sequence[int], n: int) -> Tensor | None:
     return pos
 
 
-def _storage(model, hooks: list[str], b: int, n_pos: int, out_dir, max_bytes: int | None):
+def _storage(model, hooks: list[str], b: int, n_pos: int, out_dir, max_bytes: int):
     """(out_dir, spilled): stream to memmaps in a temporary directory when the result would exceed max_bytes."""
     per_prompt = _stored_bytes(model, hooks, 1, n_pos)
-    if max_bytes is None:
-        max_bytes = memory_headroom()
     if out_dir is None and per_prompt * b > max_bytes:
         out_dir = spill_dir()
         log.warning(
@@ -241,16 +246,16 @@ def _storage(model, hooks: list[str], b: int, n_pos: int, out_dir, max_bytes: in
 
 
 def _stored_bytes(model, hooks: list[str], b: int, n_pos: int) -> int:
-    return ((model.n_layers + 2) if RESID in hooks else 1) * n_pos * model.d_model * 4 * b
+    return nbytes((((model.n_layers + 2) if RESID in hooks else 1), n_pos, model.d_model, b))
 
 
-def _batch_within_budget(model, n: int, batch_size: int, kept: int) -> int:
+def _batch_within_budget(model, n: int, batch_size: int, kept: int, headroom: int) -> int:
     """The batch size, lowered so that one batch's forward pass (every boundary, the MLP's 4x
     hidden width and the attention scores: about 8 (L+2) 2n D floats a prompt) fits in what the
     memory budget leaves beside `kept` bytes."""
 
-    per_prompt = 8 * (model.n_layers + 2) * 2 * n * model.d_model * 4
-    return max(1, min(batch_size, (memory_headroom() - kept) // per_prompt))
+    per_prompt = nbytes((8, model.n_layers + 2, 2 * n, model.d_model))
+    return max(1, min(batch_size, (headroom - kept) // per_prompt))
 
 
 def _public_bridge(model, device: str):

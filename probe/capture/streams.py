@@ -4,24 +4,29 @@ memory budget (spilled to a memmap on disk above half the headroom)."""
 from __future__ import annotations
 
 import copy
-import math
 import os
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..validate import memory_headroom
+from ..memory import MemoryBudget, nbytes
 from .capture import RESID, capture, spill_dir
 
 
 def by_position_streams(
-    model, xs: Tensor, ys: Tensor, device: str = "cpu", chunk: int = 64, dtype: torch.dtype = torch.float32
+    model,
+    xs: Tensor,
+    ys: Tensor,
+    device: str = "cpu",
+    chunk: int = 64,
+    dtype: torch.dtype = torch.float32,
+    memory: MemoryBudget | None = None,
 ) -> Tensor:
     """Every layer boundary's residual stream at every token, by position: (L+1, 2n, N, D).
 
     Captured `chunk` prompts at a time straight into that layout, so the probes never hold a
-    second copy; above half the memory headroom (`--max-memory` less what the process holds) the
+    second copy; above half the headroom of `memory` (`--max-memory` less what the process holds) the
     array is a memmap on disk. With dtype float64 the model runs in double precision (on a copy),
     so that the streams agree across machines' kernels to ~1e-15 rather than ~1e-7."""
     n_prompts, n = xs.shape[:2]
@@ -29,7 +34,8 @@ def by_position_streams(
     np_dtype = np.dtype(np.float64 if dtype == torch.float64 else np.float32)
     if dtype == torch.float64:
         model = copy.deepcopy(model).double()  # once, not per chunk
-    if np_dtype.itemsize * math.prod(shape) > memory_headroom() // 2:
+    memory = memory or MemoryBudget()
+    if nbytes(shape, np_dtype) > memory.headroom() // 2:
         path = os.path.join(spill_dir(), "probe_streams.npy")
         array: np.ndarray = np.lib.format.open_memmap(path, "w+", np_dtype, shape)
     else:

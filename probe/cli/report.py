@@ -52,10 +52,10 @@ def run(args: argparse.Namespace) -> int:
     # validate everything cheap before any heavy work
     recipe = resolve_recipe(args.recipe, [parse_override(s) for s in args.set])
     device = check_device(args.device)
-    if args.max_memory:
-        from ..validate import parse_bytes, set_memory_budget
+    from ..memory import MemoryBudget
+    from ..validate import parse_bytes
 
-        set_memory_budget(parse_bytes(args.max_memory))
+    memory = MemoryBudget(parse_bytes(args.max_memory) if args.max_memory else None)
     from ..formats import load_checkpoint
 
     default_out = REPORTS / f"{safe_name(Path(args.checkpoint).resolve().name)}-{safe_name(recipe.name)}"
@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from ..report.build import build_report
 
     cache = None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else cache_dir())
-    build_report(ckpt, recipe, target, device=device, compare=compare, cache_dir=cache, progress=not args.quiet)
+    build_report(
+        ckpt, recipe, target, device=device, compare=compare, cache_dir=cache, progress=not args.quiet, memory=memory
+    )
     print(f"report written to {target.path}/index.html (summary.json, figures/, data/)")
     return 0

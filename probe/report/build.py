@@ -23,6 +23,7 @@ from ..checkpoint import LoadedCheckpoint
 from ..errors import ConfigError
 from ..evaluate import error_curve, plot_error_curve, r2_curve
 from ..interventions.pipeline import layer_maps_from_best, run_interventions
+from ..memory import MemoryBudget
 from ..outputs import OutputTarget, safe_name
 from ..seeds import Stream, random_weights_model, stream_generator
 from ..tasks import sample_prompts
@@ -45,10 +46,17 @@ class Built:
     cached: dict[str, bool] = field(default_factory=dict)
 
 
-def layer_settings(recipe: Recipe, device: str):
+def layer_settings(recipe: Recipe, device: str, memory: MemoryBudget | None = None):
     """The layer analyses' settings: the recipe's own [prompts], [readout], [similarity] and sweeps."""
 
-    return LayerSettings(recipe.prompts, recipe.readout, recipe.similarity, tuple(recipe.sweeps), device=device)
+    return LayerSettings(
+        recipe.prompts,
+        recipe.readout,
+        recipe.similarity,
+        tuple(recipe.sweeps),
+        device=device,
+        memory=memory or MemoryBudget(),
+    )
 
 
 def _stage_evaluate(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
@@ -60,9 +68,9 @@ def _stage_evaluate(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
     return tables, {}
 
 
-def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
+def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool, memory: MemoryBudget):
 
-    res = analyse_layers(ckpt.model, ckpt.config.task, layer_settings(recipe, device), progress=progress)
+    res = analyse_layers(ckpt.model, ckpt.config.task, layer_settings(recipe, device, memory), progress=progress)
     alphas = getattr(res.readouts, "alpha", None)
     return (
         {
@@ -87,21 +95,22 @@ def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
     return random_weights_model(ckpt.config.model, seed)
 
 
-def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool):
+def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool, memory: MemoryBudget):
 
     settings, seed = recipe.probes, recipe.prompts.seed
     control = probe_control_model(ckpt, seed) if settings.controls else None
-    table = probe_study(ckpt.model, ckpt.config.task, settings, recipe.prompts.test, seed, device, control, progress)
+    task, n_test = ckpt.config.task, recipe.prompts.test
+    table = probe_study(ckpt.model, task, settings, n_test, seed, device, control, progress, memory)
     return {"probes": table}, {}
 
 
-def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
+def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, memory: MemoryBudget):
 
     p = sample_prompts(
         ckpt.config.task, recipe.forgetting.prompts, generator=stream_generator(recipe.prompts.seed, Stream.FORGETTING)
     )
     learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in recipe.forgetting.learners}
-    return {"forgetting": forgetting_table(ckpt.model, p.xs, p.ys, learners, device)}, {}
+    return {"forgetting": forgetting_table(ckpt.model, p.xs, p.ys, learners, device, memory)}, {}
 
 
 INTERVENED_FAMILIES = ("gpt2", "planted")  # models with a TransformerLens form (probe/interventions/runner.py)
@@ -162,9 +171,12 @@ def run_stages(
     progress: bool,
     prefix: str = "",
     only: set[str] | None = None,
+    memory: MemoryBudget | None = None,
 ) -> Built:
-    """The recipe's stages (all, or those named in `only`), each through the stage cache."""
+    """The recipe's stages (all, or those named in `only`), each through the stage cache, within
+    the memory budget `memory` (which changes how work is chunked, never a number)."""
     built = Built()
+    memory = memory or MemoryBudget()
     recipe = adapt_recipe(recipe, ckpt.config)
     sha = ckpt.fingerprint[:16]
     stages = [
@@ -172,13 +184,15 @@ def run_stages(
         (
             "layers",
             ("prompts", "readout", "similarity", "sweeps"),
-            lambda: _stage_layers(ckpt, recipe, device, progress),
+            lambda: _stage_layers(ckpt, recipe, device, progress, memory),
         ),
     ]
     if recipe.probes.enabled or (only is not None and "probes" in only):
-        stages.append(("probes", ("prompts", "probes"), lambda: _stage_probes(ckpt, recipe, device, progress)))
+        stages.append(("probes", ("prompts", "probes"), lambda: _stage_probes(ckpt, recipe, device, progress, memory)))
     if recipe.forgetting.enabled:
-        stages.append(("forgetting", ("prompts", "forgetting"), lambda: _stage_forgetting(ckpt, recipe, device)))
+        stages.append(
+            ("forgetting", ("prompts", "forgetting"), lambda: _stage_forgetting(ckpt, recipe, device, memory))
+        )
     if recipe.interventions.enabled and ckpt.config.model.family in INTERVENED_FAMILIES:
         stages.append(
             (
@@ -250,6 +264,7 @@ def build_report(
     cache_dir: Path | None = None,
     progress: bool = True,
     force: bool = False,
+    memory: MemoryBudget | None = None,
 ) -> Path:
     """Run the recipe's stages and publish the report into `out` under the output policy
     (probe.outputs): checked before any work, built in a private staging directory."""
@@ -261,9 +276,9 @@ def build_report(
     )
     check_report_size(ckpt, recipe)
     cache = StageCache(cache_dir)
-    built = run_stages(ckpt, recipe, device, cache, progress)
+    built = run_stages(ckpt, recipe, device, cache, progress, memory=memory)
     if compare is not None:  # the user's recipe, adapted to the compared checkpoint by run_stages
-        other = run_stages(compare, recipe, device, cache, progress, prefix="compare_")
+        other = run_stages(compare, recipe, device, cache, progress, prefix="compare_", memory=memory)
         built.tables.update(other.tables)
         built.data.update(other.data)
         built.timings.update(other.timings)
