@@ -40,6 +40,12 @@ def _x_axis(ax, values, x: str) -> None:
     ax.set_xlabel(axis_name(x))
 
 
+def _with_interval(ax, rows: pd.DataFrame, x: str, name: str, color: str) -> None:
+    """value against x with its [ci_low, ci_high] as error bars."""
+    yerr = [rows.value - rows.ci_low, rows.ci_high - rows.value]
+    ax.errorbar(rows[x], rows.value, yerr=yerr, marker="o", capsize=3, label=name, color=color)
+
+
 def phase_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     """Metric vs x (e.g. depth) per learner: the 'algorithmic phases' of seed 002 Fig. 3."""
     rows = table[(table.analysis == "spd_ilw") & table.metric.isin(SCALAR["spd_ilw"])]
@@ -51,16 +57,7 @@ def phase_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     for ax, metric in zip(axes[0], metrics):
         part = rows[rows.metric == metric]
         for i, (learner, g) in enumerate(part.groupby("learner", sort=True)):
-            g = g.sort_values(x)
-            ax.errorbar(
-                g[x],
-                g.value,
-                yerr=[g.value - g.ci_low, g.ci_high - g.value],
-                marker="o",
-                capsize=3,
-                label=label(learner),
-                color=f"C{i}",
-            )
+            _with_interval(ax, g.sort_values(x), x, label(learner), f"C{i}")
         _x_axis(ax, part[x], x)
         ax.set_title(LABELS.get(metric, metric))
         if metric in ("spd", "ilw"):
@@ -76,16 +73,7 @@ def icl_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     for i, (shift, g) in enumerate(rows.groupby("shift", sort=True)):
-        g = g.sort_values(x)
-        ax.errorbar(
-            g[x],
-            g.value,
-            yerr=[g.value - g.ci_low, g.ci_high - g.value],
-            marker="o",
-            capsize=3,
-            label=shift or "in distribution",
-            color=f"C{i}",
-        )
+        _with_interval(ax, g.sort_values(x), x, shift or "in distribution", f"C{i}")
     metric = rows.metric.iloc[0]
     _x_axis(ax, rows[x], x)
     ax.set_ylabel(LABELS[metric])
