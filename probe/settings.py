@@ -138,7 +138,12 @@ class ProbeSettings:
     targets: tuple[str, ...] = setting(PROBE_TARGETS, "probe targets: X^T y and w_OLS of the prefix", PROBE_TARGETS)
     prefixes: tuple[int, ...] | None = setting(None, "prefix lengths t probed (none: 1, d, 2d and n-1 below n)")
     steps: int = setting(300, "the most Adam steps; probes stop once their validation R^2 settles")
-    lr: tuple[float, ...] = setting((1e-2,), "Adam learning rates, chosen per probe on validation")
+    lr: tuple[float, ...] = setting((1e-2,), "Adam learning rates of the linear probes, chosen per probe on validation")
+    mlp_lr: tuple[float, ...] = setting(
+        (1e-2,),
+        "Adam learning rates of the MLP probes, chosen per probe on validation (above 1e-2 their training "
+        "amplifies round-off: the numbers then differ across CPUs)",
+    )
     hidden: tuple[int, ...] = setting((128,), "MLP probe widths, chosen per probe on validation")
     patience: int = setting(5, "evaluations without improvement before a probe counts as converged")
     eval_every: int = setting(25, "steps between validation evaluations")
@@ -159,11 +164,16 @@ class ProbeSettings:
             raise ConfigError(f"probes.precision must be float64 or float32, got {self.precision!r}")
         self.kinds, self.targets = tuple(self.kinds), tuple(self.targets)
         self.lr = tuple(self.lr) if isinstance(self.lr, (list, tuple)) else (self.lr,)
+        self.mlp_lr = tuple(self.mlp_lr) if isinstance(self.mlp_lr, (list, tuple)) else (self.mlp_lr,)
         self.hidden = tuple(self.hidden) if isinstance(self.hidden, (list, tuple)) else (self.hidden,)
-        if not self.lr or not self.hidden:
-            raise ConfigError("probes.lr and probes.hidden need at least one value each, e.g. lr = [1e-2, 1e-3]")
+        if not self.lr or not self.mlp_lr or not self.hidden:
+            raise ConfigError(
+                "probes.lr, probes.mlp_lr and probes.hidden need at least one value each, e.g. lr = [1e-2, 1e-3]"
+            )
         for lr in self.lr:
             finite_float(lr, "probes.lr", low=0.0)
+        for lr in self.mlp_lr:
+            finite_float(lr, "probes.mlp_lr", low=0.0)
         for width in self.hidden:
             positive_int(width, "probes.hidden")
         if self.prefixes is not None:

@@ -508,7 +508,6 @@ def probe_study(
     jobs = [(c, m, kind) for c, m in models for kind in settings.kinds]
     fit: dict[str, Any] = {
         "steps": settings.steps,
-        "lr": settings.lr,
         "hidden": settings.hidden,
         "patience": settings.patience,
         "eval_every": settings.eval_every,
@@ -526,12 +525,17 @@ def probe_study(
             states.clear()  # one model's streams at a time
             states[control] = (streams(m, train), streams(m, test))
         states_train, states_test = states[control]
-        frame = fit_probes(states_train, targets_train, states_test, targets_test, combos, kind, **fit, layout="lpnd")
+        rates: dict[str, Any] = {"lr": settings.lr if kind == "linear" else settings.mlp_lr}
+        frame = fit_probes(
+            states_train, targets_train, states_test, targets_test, combos, kind, **fit, **rates, layout="lpnd"
+        )
         frames.append(frame.assign(control=control))
         if control == "none" and settings.controls:
             perm = torch.randperm(settings.prompts, generator=torch.Generator().manual_seed(seed + Offset.SHUFFLE))
             shuffled = {k: v[perm] for k, v in targets_train.items()}
-            frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kind, **fit, layout="lpnd")
+            frame = fit_probes(
+                states_train, shuffled, states_test, targets_test, combos, kind, **fit, **rates, layout="lpnd"
+            )
             frames.append(frame.assign(control="shuffled"))
         del states_train, states_test  # so that the next model's capture does not sit beside them
     return pd.concat(frames, ignore_index=True)
