@@ -21,9 +21,9 @@ from .parsing import load_toml
 from .registry import unknown_name_message
 
 MODEL_FAMILIES = ("gpt2", "lstm", "planted")
-PLANTED_ALGORITHMS = ("gd", "newton", "newton-relu")  # constructions of probe/models/planted.py
-# per construction: (first layer boundary that predicts, layers per step / iteration)
-PLANTED_SCHEDULE = {"gd": (0, 1), "newton": (3, 2), "newton-relu": (2, 1)}
+PLANTED_ALGORITHMS = ("gd", "newton", "newton-relu", "sgd", "uniform", "prng")  # probe/models/planted.py
+# per learner construction: (first layer boundary that predicts, layers per step / iteration)
+PLANTED_SCHEDULE = {"gd": (0, 1), "newton": (3, 2), "newton-relu": (2, 1), "sgd": (0, 1)}
 
 
 def planted_layer_map(algorithm: str, layer: int) -> int | None:
@@ -76,7 +76,10 @@ class ModelConfig:
     n_head: int = 2  # attention heads (ignored by the LSTM)
     encoding: str = "garg"  # "garg": x, [y,0..0] (width d); "akyurek": [0,x], [y,0..0] (width d+1)
     planted: str = ""  # family "planted" only: the construction its weights implement (gd, newton, newton-relu)
-    planted_scale: float = 0.0  # family "planted" only: GD step size eta, or Newton's fixed alpha
+    planted_scale: float = 0.0  # family "planted" only: GD / SGD step eta, Newton's fixed alpha, or uniform's eps
+    planted_batch: int = 0  # planted "sgd" only: minibatch size K (seed 000 Assumption 1)
+    planted_seed: int = 0  # planted "sgd" only: seed of its minibatch masks (the learner's masks_seed)
+    planted_bound: float = 0.0  # planted "sgd" only: R, the residual bound within which its gradient is exact
     attn_activation: str = "softmax"  # family "gpt2" only: "softmax", or "relu" (ReLU(q.k / sqrt(hs)) / #keys)
 
     def __post_init__(self) -> None:
@@ -93,7 +96,7 @@ class ModelConfig:
             _check(isinstance(value, int) and value >= 1, f"model.{name} must be a positive integer, got {value!r}")
         _check(
             self.family != "planted" or self.planted in PLANTED_ALGORITHMS,
-            f"model.planted must be 'gd', 'newton' or 'newton-relu' for a planted model, got {self.planted!r}",
+            f"model.planted must be one of {', '.join(PLANTED_ALGORITHMS)} for a planted model, got {self.planted!r}",
         )
         _check(
             self.family != "gpt2" or self.n_embd % self.n_head == 0,

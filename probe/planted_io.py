@@ -8,16 +8,65 @@ from pathlib import Path
 from .checkpoint import save_model
 from .config import ModelConfig, RunConfig, TaskConfig
 from .errors import ConfigError
-from .models.planted import gd_stable_limit, newton_default_alpha, plant
+from .models.planted import PRNG_BITS, gd_stable_limit, newton_default_alpha, plant
 from .provenance import stamp
+
+SGD_BOUND = 1000.0  # R of the SGD construction: its gradient is exact while every |residual| <= R
+PRNG_OUTPUTS = 4  # M, the numbers one prng block emits (o_1..o_M)
+
+
+def _stochastic_config(
+    algorithm: str, layers: int, d: int, step_size: float | None, eps: float, batch: int, seed: int, outputs: int
+) -> dict:
+    """ModelConfig fields of the seed 000 constructions (probe/models/planted.py), checked."""
+    if algorithm == "sgd":
+        limit = gd_stable_limit(d)
+        scale = limit / 2 if step_size is None else step_size
+        if not 0 < scale < limit:
+            raise ConfigError(
+                f"--step-size {scale} is unstable for d={d}: SGD needs 0 < eta < {limit:.4f}; try {limit / 2:.4f}"
+            )
+        if batch < 1:
+            raise ConfigError(f"--batch must be an integer >= 1, got {batch}")
+        return {"planted_scale": float(scale), "planted_batch": batch, "planted_seed": seed, "planted_bound": SGD_BOUND}
+    if layers != 1:
+        raise ConfigError(
+            f"a planted {algorithm} model is one block (seed 000 Thm. {2 if algorithm == 'uniform' else 3}); use --layers 1"
+        )
+    if algorithm == "uniform":
+        if not math.isfinite(eps) or eps <= 0:
+            raise ConfigError(f"--eps must be a number > 0 (the ramp half-width of the empirical CDF), got {eps}")
+        return {"planted_scale": float(eps)}
+    if d != PRNG_BITS:
+        raise ConfigError(
+            f"a planted prng model reads its xorshift32 seed from x_1's {PRNG_BITS} bits; use --dims {PRNG_BITS}"
+        )
+    if outputs < 1:
+        raise ConfigError(f"--outputs must be an integer >= 1, got {outputs}")
+    return {"n_head": outputs}
 
 
 def planted_config(
-    algorithm: str, layers: int, d: int, points: int, step_size: float | None = None, alpha: float | None = None
+    algorithm: str,
+    layers: int,
+    d: int,
+    points: int,
+    step_size: float | None = None,
+    alpha: float | None = None,
+    eps: float = 0.05,
+    batch: int = 4,
+    seed: int = 0,
+    outputs: int = PRNG_OUTPUTS,
 ) -> RunConfig:
     for name, value in (("--step-size", step_size), ("--alpha", alpha)):
         if value is not None and not math.isfinite(value):
             raise ConfigError(f"{name} must be a finite number, got {value}")
+    if algorithm in ("sgd", "uniform", "prng"):
+        fields = {"n_head": 1, **_stochastic_config(algorithm, layers, d, step_size, eps, batch, seed, outputs)}
+        model = ModelConfig(
+            family="planted", n_dims=d, n_positions=points, n_embd=1, n_layer=layers, planted=algorithm, **fields
+        )
+        return RunConfig(model=model, task=TaskConfig(n_dims=d, n_points=points))
     if algorithm == "gd":
         limit = gd_stable_limit(d)
         scale = limit / 2 if step_size is None else step_size
@@ -61,8 +110,10 @@ def write_planted(
     out: str | Path,
     step_size: float | None = None,
     alpha: float | None = None,
+    **options,
 ) -> Path:
-    cfg = planted_config(algorithm, layers, d, points, step_size, alpha)
+    """Build and save a planted model; `options`: eps (uniform), batch and seed (sgd), outputs (prng)."""
+    cfg = planted_config(algorithm, layers, d, points, step_size, alpha, **options)
     model = plant(cfg.model)
     out = Path(out)
     save_model(model, cfg, out, {**stamp(), "planted": {"algorithm": algorithm, "scale": cfg.model.planted_scale}})

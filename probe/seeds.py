@@ -27,6 +27,7 @@ class Stream(IntEnum):
     PROBE_TRAIN = 201  # [probes] training prompts
     PROBE_TEST = 202  # [probes] test prompts
     FORGETTING = 301  # [forgetting] prompts
+    ORDER = 302  # [order] prompts (the permutations come from a generator seeded with the run's seed)
     STUDY_PROMPTS = 401  # a study's spd_ilw prompts
     STUDY_QUERIES = 402  # a study's spd_ilw queries
     ADAM_ESTIMATE = 501  # `icl-probe export`: batches that estimate Adam's moments of a run without them

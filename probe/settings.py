@@ -301,6 +301,45 @@ class ForgettingSettings:
         positive_int(self.prompts, "forgetting.prompts")
 
 
+def _order_learners() -> list[SweepSettings]:
+    return [
+        SweepSettings("least_squares", "least_squares"),
+        SweepSettings("ridge", "ridge", grid={"lam": [0.1]}),
+        SweepSettings("gd[8]", "gd", grid={"steps": [8]}),
+        SweepSettings("newton[4]", "newton", grid={"iterations": [4]}),
+        SweepSettings("ogd", "ogd"),
+        SweepSettings("sgd[8]", "sgd", grid={"steps": [8], "eta": [0.02], "batch_size": [4], "masks_seed": 0}),
+    ]
+
+
+@dataclass
+class OrderSettings:
+    """Order sensitivity (probe/analysis/order.py, seed 000 Discussion): recipe section [order],
+    `icl-probe order` flags."""
+
+    enabled: bool = setting(True, "measure order sensitivity in reports")
+    prompts: int = setting(256, "prompts whose examples are permuted")
+    permutations: int = setting(8, "orderings per prompt (the first is the prompt's own)")
+    prefixes: tuple[int, ...] = setting((), "numbers of examples t before the query (empty: d, 2d+1 and n-1)")
+    # learners measured beside the model: one setting each (deterministic ones give 0)
+    learners: list[SweepSettings] = dataclasses.field(default_factory=_order_learners)
+
+    def __post_init__(self) -> None:
+
+        positive_int(self.prompts, "order.prompts")
+        positive_int(self.permutations, "order.permutations", 2)
+        for t in self.prefixes:
+            positive_int(t, "order.prefixes", 1)
+
+    def prefixes_for(self, d: int, n: int) -> list[int]:
+        """The prefixes to measure for prompts of n points in d dimensions (each < n)."""
+        chosen = self.prefixes or [d, 2 * d + 1, n - 1]
+        bad = [t for t in chosen if t >= n]
+        if self.prefixes and bad:
+            raise ConfigError(f"order.prefixes {bad} leave no query: prompts have {n} points, so use t <= {n - 1}")
+        return sorted({min(t, n - 1) for t in chosen if min(t, n - 1) >= 1})
+
+
 ABLATION_KINDS = ("zero", "mean", "skip")
 PATCH_SITES = ("resid", "attn_out", "mlp_out")
 AUTO_CAUSAL_SWEEPS = ("newton", "gd_log")

@@ -380,7 +380,7 @@ PL = ["planted", "--algorithm"]
 case("planted-huge-layers", [*PL, "gd", "--layers", "100000000", "--out", "pl"], "--layers must be an integer in")
 case("planted-layers-float", [*PL, "gd", "--layers", "1e8", "--out", "pl"], "invalid int value")
 case("planted-zero-layers", [*PL, "gd", "--layers", "0", "--out", "pl"], "--layers must be an integer in")
-case("planted-unknown", [*PL, "sgd", "--layers", "2", "--out", "pl"], "Unknown planted algorithm")
+case("planted-unknown", [*PL, "sgdx", "--layers", "2", "--out", "pl"], "Unknown planted algorithm")
 case("planted-step-inf", [*PL, "gd", "--layers", "2", "--step-size", "inf", "--out", "pl"], "finite")
 case("planted-step-unstable", [*PL, "gd", "--layers", "2", "--step-size", "10", "--out", "pl"], "unstable")
 case("planted-alpha-nan", [*PL, "newton", "--layers", "5", "--alpha", "nan", "--out", "pl"], "finite")

@@ -16,6 +16,8 @@ from . import closed_form, iterative, krylov, network, nonparametric, online, st
 from .base import LearnerResult, check_prompts, prefix_moments
 from .registry import LEARNERS, LearnerSpec
 
+TENSOR_ARGUMENTS = ("masks",)  # arguments that are arrays, not grids of values
+
 
 def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None, **grid: Any) -> LearnerResult:
     """Run learner `name` on prompts xs (B, n, d), ys (B, n) over its hyper-parameter grid.
@@ -31,9 +33,10 @@ def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None
         raise ConfigError(
             f"learner '{name}' has no hyper-parameter {sorted(unknown)}; it takes {sorted(spec.defaults) or 'none'}"
         )
+    tensors = {k: grid.pop(k) for k in TENSOR_ARGUMENTS if k in grid}  # checked by the learner itself
     grid = check_grid(name, grid)
     try:
-        return spec.fn(xs, ys, queries, **grid)
+        return spec.fn(xs, ys, queries, **grid, **tensors)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

@@ -45,6 +45,38 @@ are folded into the embedding (T x starts in its own zero slot). (iv) The read-o
 (mov, mul, Lemma 1, mov, mul after the last iteration) is replaced by one head pair per layer, so
 that every layer boundary can be read out; the query keeps T x_q in its own slot, so that, as in
 eq. 17's sum over the examples only, it is never a key.
+
+Minibatch SGD (`planted="sgd"`, eta = planted_scale, K = planted_batch; seed 000 Thm. 4, eq. 9):
+the GD construction above with seed 000's minibatch masks (Assumption 1). Tokens [x, r, xq, one,
+b (L), g]; example i of run t carries the bits b_l = masks[l, t, i] (min(K, t) distinct examples
+of prefix t per step, from `minibatch_masks(L, n, K, planted_seed)`, kept as the `masks` buffer
+and replayed by the `sgd` learner with masks_seed = planted_seed). Layer l: one linear head
+r_j <- r_j - eta/|B_t| sum_i g_i <x_i, x_j> (query as in GD) with g_i the gated residual, so the
+residuals hold y - w_l.x and the read-out -r_q = w_l.x_q, w_l being l steps of eq. 9 from 0. The
+skip map clears g; the layer's ReLU MLP writes the next step's gate (proof of Thm. 4),
+g = ReLU(r - R(1 - b_{l+1})) - ReLU(-r - R(1 - b_{l+1})), R = planted_bound. For the square loss
+d_1 l(s, y) = s - y is exactly a sum of two ReLUs (Def. 1 with eps = 0 on [-R, R]): g = b r
+exactly while every |residual| <= R, so eq. 10-11 hold with eps = 0 (the model equals the
+learner to float round-off); an unselected example with |r| > R leaks |r| - R into the step.
+Deviations: the gates sit in the MLP after each layer's attention instead of inside ReLU
+attention scores (the same two ReLUs); the first step's gate b_1 y is folded into the
+embedding, so boundary l holds step l (Thm. 4 counts one more layer); the 1/K of eq. 9 is
+1/min(K, t) for prefixes shorter than K.
+
+A random number from the data (`planted="uniform"`, eps = planted_scale; seed 000 Thm. 2, eq.
+8, 17): one block, two ReLU-attention heads. In run t the last example's first coordinate
+z_t is held out (moved into the query token, folded into the embedding) and the first t - 1
+examples are the keys: u = 1/(t-1) sum_{i<t} [ReLU(a (z_t - z_i) + 1/2) - ReLU(a (z_t - z_i) - 1/2)],
+a = 1/(4 eps): the empirical CDF of z_1..z_{t-1} at z_t, each step a ramp of width 4 eps. Over
+prompts u is close to U(0, 1) (KS distance <= eps + O(1/sqrt t)); it depends on which example
+is last, so on the order of the examples.
+
+A pseudo-random generator (`planted="prng"`, d = 32, M = n_head outputs; seed 000 Def. 2,
+Thm. 3): xorshift32 (Marsaglia 2003, shifts 13, 17, 5) is s_t = A s_{t-1} over F_2 with o_t = s_t
+(B = I). The seed s_0 is the first example's x read as 32 bits (0/1 entries). One block: head m
+copies C_m s_0 into output slot o_m, C_m = A^m mod 2 (the query attends to the first example
+only); the block's ReLU MLP reduces each count c in 0..32 mod 2 exactly, c mod 2 = c +
+sum_j (-1)^j 2 ReLU(c - j). The read-out is o_1's first 24 bits as a number in [0, 1).
 """
 
 from __future__ import annotations
@@ -70,14 +102,20 @@ def newton_default_alpha(d: int) -> float:
     return 1.0 / (2 * (1 + math.sqrt(d)) ** 2) ** 2
 
 
-HEADS = {"gd": 2, "newton": 2, "newton-relu": 6}  # attention heads per layer (the bridge adds one for the skip map)
+HEADS = {"gd": 2, "newton": 2, "newton-relu": 6, "sgd": 1, "uniform": 2}  # per layer (prng: n_head)
+RELU_ATTENTION = ("newton-relu", "uniform")
+PRNG_BITS = 32  # xorshift32's state
+PRNG_READ_BITS = 24  # bits of o_1 in the read-out (exact in float32)
 
 
 class Layout:
     """Named slots of the token vector."""
 
-    def __init__(self, algorithm: str, d: int):
+    def __init__(self, algorithm: str, d: int, layers: int = 1, outputs: int = 1):
         names = {
+            "sgd": [("x", d), ("r", 1), ("xq", d), ("one", 1), ("b", layers), ("g", 1)],
+            "uniform": [("x", d), ("one", 1), ("qone", 1), ("z", 1), ("u", 1)],
+            "prng": [("s", d), ("first", 1), ("qone", 1), ("o", outputs * d)],
             "gd": [("x", d), ("r", 1), ("xq", d)],
             "newton": [
                 ("x", d),
@@ -115,20 +153,23 @@ class PlantedICL(nn.Module):
     read: nn.Parameter  # (W,)
     mlp_in: nn.Parameter  # (L, 4d, W), ReLU MLP of "newton-relu" only
     mlp_out: nn.Parameter  # (L, W, 4d)
+    masks: Tensor  # (L, n, n) buffer of "sgd" only: seed 000 Assumption 1's minibatch masks
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.layout = Layout(cfg.planted, cfg.n_dims)
-        self.relu_attention = cfg.planted == "newton-relu"
-        w, heads = self.layout.width, HEADS[cfg.planted]
+        self.layout = Layout(cfg.planted, cfg.n_dims, cfg.n_layer, cfg.n_head)
+        self.relu_attention = cfg.planted in RELU_ATTENTION
+        w, heads = self.layout.width, HEADS.get(cfg.planted, cfg.n_head)
         self.q = nn.Parameter(torch.zeros(cfg.n_layer, heads, w, w), requires_grad=False)
         self.k = nn.Parameter(torch.zeros(cfg.n_layer, heads, w, w), requires_grad=False)
         self.v = nn.Parameter(torch.zeros(cfg.n_layer, heads, w, w), requires_grad=False)
         self.skip = nn.Parameter(torch.zeros(cfg.n_layer, w, w), requires_grad=False)
         self.register_buffer("per_example", torch.zeros(cfg.n_layer, heads))  # 1: scale the head by 1/t
         self.read = nn.Parameter(torch.zeros(w), requires_grad=False)
-        self.d_mlp = 4 * cfg.n_dims if self.relu_attention else 0
+        self.d_mlp = {"newton-relu": 4 * cfg.n_dims, "sgd": 2, "prng": cfg.n_head * cfg.n_dims**2}.get(cfg.planted, 0)
+        if cfg.planted == "sgd":  # seed 000 Assumption 1: masks[l, t, i], example i in prefix t's batch at step l
+            self.register_buffer("masks", torch.zeros(cfg.n_layer, cfg.n_positions, cfg.n_positions))
         if self.d_mlp:
             self.mlp_in = nn.Parameter(torch.zeros(cfg.n_layer, self.d_mlp, w), requires_grad=False)
             self.mlp_out = nn.Parameter(torch.zeros(cfg.n_layer, w, self.d_mlp), requires_grad=False)
@@ -159,7 +200,8 @@ class PlantedICL(nn.Module):
         return self.readout(resid)
 
     def tokens(self, xs: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
-        """Runs for every prefix: tokens (B, n, T, W) and example counts t (n,).
+        """Runs for every prefix: tokens (B, n, T, W) and each run's divisor of its per-example
+        heads (n,): the number of examples t, or the keys a construction averages over.
 
         Token order in run t: the n example slots (only the first t are examples), the d column
         tokens (Newton), then the query x_{t+1}."""
@@ -168,6 +210,9 @@ class PlantedICL(nn.Module):
         n_cols = self.n_extra_tokens
         h = xs.new_zeros(b, n, n + n_cols + 1, ly)
         seen = prefix_mask(n).to(xs.dtype).view(1, n, n, 1)  # (run t, i)
+        stochastic = {"sgd": self._sgd_tokens, "uniform": self._uniform_tokens, "prng": self._prng_tokens}
+        if self.config.planted in stochastic:
+            return stochastic[self.config.planted](h, xs, ys, seen)
         h[:, :, :n, s["x"]] = xs.unsqueeze(1) * seen
         if self.config.planted == "gd":
             h[:, :, :n, s["r"]] = ys.view(b, 1, n, 1) * seen
@@ -178,6 +223,36 @@ class PlantedICL(nn.Module):
             h[:, :, -1, s["one"]] = 1.0
         h[:, :, -1, s["xq"]] = xs  # run t queries x_{t+1}
         return h, torch.arange(n, dtype=xs.dtype)
+
+    def _sgd_tokens(self, h: Tensor, xs: Tensor, ys: Tensor, seen: Tensor) -> tuple[Tensor, Tensor]:
+        n, s = xs.shape[1], self.layout
+        masks = self.masks[:, :n, :n].to(xs.dtype)  # (L, run t, i)
+        h[:, :, :n, s["x"]] = xs.unsqueeze(1) * seen
+        h[:, :, :n, s["r"]] = ys.view(-1, 1, n, 1) * seen
+        h[:, :, :n, s["one"]] = seen.expand(h.shape[0], n, n, 1)
+        h[:, :, :n, s["b"]] = masks.permute(1, 2, 0).unsqueeze(0).expand(h.shape[0], n, n, -1)
+        h[:, :, :n, s["g"]] = (ys.view(-1, 1, n) * masks[0]).unsqueeze(-1)  # step 1's gate b_1 y (w_0 = 0)
+        h[:, :, -1, s["xq"]] = xs
+        h[:, :, -1, s["one"]] = 1.0
+        return h, masks[0].sum(-1)  # |B_t| = min(K, t)
+
+    def _uniform_tokens(self, h: Tensor, xs: Tensor, ys: Tensor, seen: Tensor) -> tuple[Tensor, Tensor]:
+        n, s = xs.shape[1], self.layout
+        keys = torch.ones(n, n).tril(-2).to(xs.dtype).view(1, n, n, 1)  # run t: examples 0..t-2 are keys
+        h[:, :, :n, s["x"]] = xs.unsqueeze(1) * keys
+        h[:, :, :n, s["one"]] = keys.expand(h.shape[0], n, n, 1)
+        last = (torch.arange(n) - 1).clamp(min=0)  # run t holds out example t-1 (0-based)
+        h[:, :, -1, s["z"]] = xs[:, last, :1] * (torch.arange(n) > 0).to(xs.dtype).view(1, n, 1)
+        h[:, :, -1, s["qone"]] = 1.0
+        return h, (torch.arange(n) - 1).clamp(min=0).to(xs.dtype)
+
+    def _prng_tokens(self, h: Tensor, xs: Tensor, ys: Tensor, seen: Tensor) -> tuple[Tensor, Tensor]:
+        s = self.layout
+        has_seed = (torch.arange(xs.shape[1]) > 0).to(xs.dtype).view(1, -1, 1)  # run t >= 1 has seen x_1
+        h[:, :, 0, s["s"]] = xs[:, :1] * has_seed
+        h[:, :, 0, s["first"]] = has_seed
+        h[:, :, -1, s["qone"]] = 1.0
+        return h, torch.zeros(xs.shape[1], dtype=xs.dtype)
 
     def layer(self, h: Tensor, l: int, t: Tensor) -> Tensor:
         out = h + h @ self.skip[l].T
@@ -249,11 +324,84 @@ def _plant_relu_newton(model: PlantedICL) -> None:
     model.read[s["p"]] = 1.0
 
 
+def _plant_sgd(model: PlantedICL) -> None:
+    """Seed 000 Thm. 4 (module docstring): masked GD steps, gates by a two-ReLU MLP."""
+    from ..learners.stochastic import minibatch_masks
+
+    cfg, s, w = model.config, model.layout, model.layout.width
+    model.masks.copy_(minibatch_masks(cfg.n_layer, cfg.n_positions, cfg.planted_batch, cfg.planted_seed))
+    bound, b = cfg.planted_bound, s["b"]
+    for l in range(cfg.n_layer):
+        model.q[l, 0] = _sel(s, w, "x", "x") + _sel(s, w, "x", "xq")
+        model.k[l, 0] = _sel(s, w, "x", "x")
+        model.v[l, 0] = _sel(s, w, "r", "g", -cfg.planted_scale)  # r_j -= eta/|B| sum_i g_i <x_i, x_j>
+        model.per_example[l, 0] = 1
+        model.skip[l] = -_sel(s, w, "g", "g")
+        if l + 1 < cfg.n_layer:  # the next step's gate: ReLU(+-r - R (1 - b_{l+1}))
+            for unit, sign in ((0, 1.0), (1, -1.0)):
+                model.mlp_in[l, unit, s["r"]] = sign
+                model.mlp_in[l, unit, s["one"]] = -bound
+                model.mlp_in[l, unit, b.start + l + 1] = bound
+                model.mlp_out[l, s["g"], unit] = sign
+    model.read[s["r"]] = -1.0
+
+
+def _plant_uniform(model: PlantedICL) -> None:
+    """Seed 000 Thm. 2, eq. 17 (module docstring): the held-out coordinate's empirical CDF."""
+    s, w, a = model.layout, model.layout.width, 1.0 / (4 * model.config.planted_scale)
+    for head, (offset, sign) in enumerate(((0.5, 1.0), (-0.5, -1.0))):
+        q = _sel(s, w, "one", "z", a) + _sel(s, w, "z", "qone")  # [a z, 1]
+        k = _sel(s, w, "one", "one") + offset * _sel(s, w, "z", "one")  # [1, offset - a x_1]
+        k[s["z"].start, s["x"].start] = -a
+        model.q[0, head], model.k[0, head] = q, k
+        model.v[0, head] = _sel(s, w, "u", "one", sign)
+        model.per_example[0, head] = 1  # 1 / (t - 1): the keys
+    model.read[s["u"]] = 1.0
+
+
+def xorshift32_matrix() -> Tensor:
+    """A over F_2 of xorshift32 (s ^= s << 13; s ^= s >> 17; s ^= s << 5) on bit vectors, bit i = (s >> i) & 1."""
+    cols = [xorshift32_step(1 << j) for j in range(PRNG_BITS)]
+    return torch.tensor([[(c >> i) & 1 for c in cols] for i in range(PRNG_BITS)], dtype=torch.float64)
+
+
+def xorshift32_step(s: int) -> int:
+    """One step of Marsaglia's xorshift32, a plain reference."""
+    s ^= (s << 13) & 0xFFFFFFFF
+    s ^= s >> 17
+    return s ^ ((s << 5) & 0xFFFFFFFF)
+
+
+def _plant_prng(model: PlantedICL) -> None:
+    """Seed 000 Thm. 3 (module docstring): head m emits A^m s_0, the MLP reduces mod 2."""
+    s, w, k, m_out = model.layout, model.layout.width, PRNG_BITS, model.config.n_head
+    a, power = xorshift32_matrix(), torch.eye(PRNG_BITS, dtype=torch.float64)
+    o = s["o"].start
+    for m in range(m_out):
+        power = (a @ power) % 2  # A^(m+1)
+        model.q[0, m], model.k[0, m] = _sel(s, w, "first", "qone"), _sel(s, w, "first", "first")
+        model.v[0, m, o + m * k : o + (m + 1) * k, s["s"]] = power.float()
+    units = 0
+    for bit in range(m_out * k):  # c mod 2 - c = sum_j (-1)^j 2 ReLU(c - j), exact on integers 0..k
+        for j in range(1, k + 1):
+            model.mlp_in[0, units, o + bit] = 1.0
+            model.mlp_in[0, units, s["qone"]] = -float(j)
+            model.mlp_out[0, o + bit, units] = 2.0 * (-1) ** j
+            units += 1
+    model.read[o : o + PRNG_READ_BITS] = 2.0 ** -torch.arange(1, PRNG_READ_BITS + 1, dtype=torch.float32)
+
+
+STOCHASTIC_PLANTS = {"sgd": _plant_sgd, "uniform": _plant_uniform, "prng": _plant_prng}
+
+
 def plant(cfg: ModelConfig) -> PlantedICL:
     """A PlantedICL with the weights of its construction (see the module docstring)."""
     model = PlantedICL(cfg)
     s, w = model.layout, model.layout.width
     with torch.no_grad():
+        if cfg.planted in STOCHASTIC_PLANTS:
+            STOCHASTIC_PLANTS[cfg.planted](model)
+            return model
         if cfg.planted == "newton-relu":
             _plant_relu_newton(model)
             return model

@@ -17,7 +17,8 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.forgetting import forgetting_table
-from ..analysis.pipeline import LayerSettings, analyse_layers
+from ..analysis.order import order_table
+from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
 from ..analysis.probes import probe_study
 from ..checkpoint import LoadedCheckpoint
 from ..errors import ConfigError
@@ -113,6 +114,21 @@ def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, memor
     return {"forgetting": forgetting_table(ckpt.model, p.xs, p.ys, learners, device, memory)}, {}
 
 
+def order_stage(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, memory: MemoryBudget | None = None):
+    """Order sensitivity of every layer (read-outs refitted exactly as the layers stage fits them)
+    and of the [order] learners; also `icl-probe order`."""
+
+    settings, task = recipe.order, ckpt.config.task
+    p = sample_prompts(task, settings.prompts, generator=stream_generator(recipe.prompts.seed, Stream.ORDER))
+    readouts, _, _ = fit_readouts(ckpt.model, task, layer_settings(recipe, device, memory))  # the layers stage's
+    learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in settings.learners}
+    prefixes = settings.prefixes_for(task.n_dims, task.n_points)
+    table = order_table(
+        ckpt.model, readouts, p.xs, p.ys, prefixes, settings.permutations, learners, recipe.prompts.seed, device, memory
+    )
+    return {"order": table}, {}
+
+
 INTERVENED_FAMILIES = ("gpt2", "planted")  # models with a TransformerLens form (probe/interventions/runner.py)
 
 
@@ -193,6 +209,14 @@ def run_stages(
         stages.append(
             ("forgetting", ("prompts", "forgetting"), lambda: _stage_forgetting(ckpt, recipe, device, memory))
         )
+    if recipe.order.enabled:
+        stages.append(
+            (
+                "order",
+                ("prompts", "readout", "order"),
+                lambda: order_stage(ckpt, recipe, device, memory),
+            )
+        )
     if recipe.interventions.enabled and ckpt.config.model.family in INTERVENED_FAMILIES:
         stages.append(
             (
@@ -240,6 +264,8 @@ def make_figures(
         out["probes"] = figures.probes(t["probes"], fig_dir / "probes")[0]
     if "forgetting" in t:
         out["forgetting"] = figures.forgetting(t["forgetting"], fig_dir / "forgetting")[0]
+    if "order" in t:
+        out["order"] = figures.order_sensitivity(t["order"], fig_dir / "order")[0]
     if "ablation" in t:
         out["ablation"] = ifig.ablation(t["ablation"], fig_dir / "ablation")[0]
         for site in t["patching"].site.unique() if "patching" in t else ():

@@ -18,6 +18,8 @@ LABELS = {
     "ridge_best": "ridge (best lambda)",
     "ridge_bayes": "ridge (Bayes lambda)",
     "sgd": "SGD",
+    "sgd_replay": "SGD (the model's minibatches)",
+    "sgd_other": "SGD (other minibatches)",
     "adam": "Adam",
     "cg": "conjugate gradient",
     "bfgs": "BFGS",
@@ -135,7 +137,9 @@ CONSTRUCTIONS = {
     "gd": ("GD with linear attention (von Oswald et al.)", "step"),
     "newton": ("Iterative Newton with linear attention", "iteration"),
     "newton-relu": ("Iterative Newton with ReLU attention (seed 003 Thm. 1)", "iteration"),
+    "sgd": ("minibatch SGD with seeded masks (seed 000 Thm. 4)", "step"),
 }
+MATCHING_SWEEP = {"gd": "gd", "sgd": "sgd_replay"}  # the sweep whose map a construction's findings check
 
 
 def _construction(summary: dict) -> str | None:
@@ -149,17 +153,19 @@ def _construction(summary: dict) -> str | None:
         f"Planted construction: {name}, {per_step} layer{'s' if per_step > 1 else ''} per {unit}, "
         f"first prediction at layer {first}"
     )
-    if algorithm != "gd":
+    if algorithm in ("newton", "newton-relu"):
         other = "newton" if algorithm == "newton-relu" else "newton-relu"
         text += f" (the {'linear' if other == 'newton' else 'ReLU'}-attention construction needs {PLANTED_SCHEDULE[other][1]})"
-    block = summary.get("best_match", {}).get("gd" if algorithm == "gd" else "newton", {}).get("sime", {})
+    sweep = MATCHING_SWEEP.get(algorithm, "newton")
+    block = summary.get("best_match", {}).get(sweep, {}).get("sime", {})
     pairs = [(l, k) for l, k in zip(block.get("layer", []), block.get("k", [])) if l >= first]
+    by = f" of {label(sweep)}" if algorithm == "sgd" else ""
     if pairs:
         wrong = [l for l, k in pairs if k != planted_layer_map(algorithm, l)]
         text += (
-            "; the SimE best matches recover this map at every predicting layer"
+            f"; the SimE best matches{by} recover this map at every predicting layer"
             if not wrong
-            else f"; the SimE best matches differ from it at {_layers(wrong)}"
+            else f"; the SimE best matches{by} differ from it at {_layers(wrong)}"
         )
     return text + "."
 
@@ -212,6 +218,30 @@ def caveats(summary: dict) -> list[str]:
     return out
 
 
+ORDER_FREE = 1e-6  # an order share below this is float round-off: the predictor ignores order
+
+
+def _order(summary: dict) -> str | None:
+    block = summary.get("order_sensitivity")
+    if not block:
+        return None
+    t = str(block["prefixes"][-1])
+    model = block["model"][t]
+    final = model["sensitivity"][-1]
+    if final is None:
+        return None
+    sensitive = [n for n, v in block["learners"].items() if v[t]["sensitivity"] >= ORDER_FREE]
+    free = [n for n, v in block["learners"].items() if v[t]["sensitivity"] < ORDER_FREE]
+    verdict = "order-free (float round-off)" if model["ci_high"][-1] < ORDER_FREE else "order-sensitive"
+    return (
+        f"Order of the examples (t = {t}): the final layer's order share of variance is {final:.3g} "
+        f"[{model['ci_low'][-1]:.3g}, {model['ci_high'][-1]:.3g}], {verdict}; "
+        f"order-sensitive learners: {', '.join(label(n) for n in sensitive) or 'none'} "
+        f"({', '.join(format(block['learners'][n][t]['sensitivity'], '.3g') for n in sensitive)}); "
+        f"order-free: {', '.join(label(n) for n in free) or 'none'}."
+    )
+
+
 def findings(summary: dict) -> tuple[list[str], list[str]]:
     """(findings, caveats): short sentences for the top of the report."""
     d = summary["checkpoint"]["task"]["n_dims"]
@@ -222,6 +252,7 @@ def findings(summary: dict) -> tuple[list[str], list[str]]:
         _table1(summary),
         _probes(summary),
         _span(summary, d),
+        _order(summary),
     ]
     items += [f"Causal check: {v}." for v in summary.get("interventions", {}).get("verdicts", [])]
     return [i for i in items if i], caveats(summary)

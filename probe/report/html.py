@@ -298,6 +298,15 @@ def _span_probes_forgetting(t: dict[str, pd.DataFrame], figs: dict[str, Path]) -
             "was seen (seed 003 App. A.4), for the model and reference learners."
         )
         sections.append(Section("Forgetting", [_img(figs["forgetting"], "forgetting", caption)]))
+    if "order" in figs:
+        caption = (
+            "Share of the prediction's variance due to the order of the examples (seed 000, Discussion): "
+            "the variance across orderings of the first t examples (same query), averaged over prompts, over the "
+            "variance across prompts; per layer for the model (90% bootstrap band over prompts), dashed for "
+            "reference learners at the longest prefix. Values below 1e-8 (float round-off of order-free "
+            "predictors such as least squares, GD and Newton) are drawn at 1e-8."
+        )
+        sections.append(Section("Order sensitivity", [_img(figs["order"], "order sensitivity", caption)]))
     return sections
 
 

@@ -7,6 +7,7 @@
     [probes]         ProbeSettings         attention-pooled probes
     [forgetting]     ForgettingSettings    forgetting curves and their comparison learners
     [interventions]  InterventionSettings  causal checks
+    [order]          OrderSettings         order sensitivity and its comparison learners
 
 Every section is a settings class of probe/settings.py, where its keys, defaults and help are
 written once; the commands' flags are derived from the same classes.
@@ -28,11 +29,13 @@ from typing import Any
 from ..config import current_names, from_dict, load_recipe, merge, to_dict
 from ..errors import ConfigError
 from ..learners import LEARNERS
+from ..learners.stochastic import STOCHASTIC_STEPS
 from ..registry import unknown_name_message
 from ..resources import RECIPE_DIR
 from ..settings import (
     ForgettingSettings,
     InterventionSettings,
+    OrderSettings,
     ProbeSettings,
     PromptSettings,
     ReadoutSettings,
@@ -69,6 +72,7 @@ class Recipe:
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     forgetting: ForgettingSettings = field(default_factory=ForgettingSettings)
     interventions: InterventionSettings = field(default_factory=InterventionSettings)
+    order: OrderSettings = field(default_factory=OrderSettings)
 
     def __post_init__(self) -> None:
         self.sweeps = [
@@ -88,6 +92,8 @@ class Recipe:
                 )
         for s in self.forgetting.learners:
             _check_sweep(s, "forgetting learner")
+        for s in self.order.learners:
+            _check_sweep(s, "order learner")
         self._check_interventions()
 
     def _check_interventions(self) -> None:
@@ -114,7 +120,9 @@ def adapt_recipe(recipe: Recipe, config) -> Recipe:
     ReLU-network tasks compare layers with networks of the task's depth. Planted models are
     judged with their own read-out (retraining would rescale the planted
     predictor) and against their learner's exact hyper-parameter: GD sweeps get the planted step
-    and every step count up to the depth; Newton sweeps the planted fixed alpha."""
+    and every step count up to the depth; Newton sweeps the planted fixed alpha. A planted SGD
+    model is also compared with SGD replaying its minibatch masks (`sgd_replay`) and SGD with
+    other draws (`sgd_other`: masks of the next seed, as a user without the model's seed meets)."""
 
     m, task = config.model, config.task
     if task.name == "relu_network":  # direct training uses the task's own network depth
@@ -126,8 +134,14 @@ def adapt_recipe(recipe: Recipe, config) -> Recipe:
         return recipe
     recipe = copy.deepcopy(recipe)
     recipe.readout.method = "model"
+    if m.planted == "sgd":
+        steps = sorted(set(STOCHASTIC_STEPS) | set(range(m.n_layer + 1)))
+        for label, seed in (("sgd_replay", m.planted_seed), ("sgd_other", m.planted_seed + 1)):
+            if label not in {s.label for s in recipe.sweeps}:
+                grid = {"steps": steps, "eta": [m.planted_scale], "batch_size": [m.planted_batch], "masks_seed": seed}
+                recipe.sweeps.append(SweepSettings(label, "sgd", "steps", grid))
     for sweep in recipe.sweeps:
-        if sweep.learner == "gd" and m.planted == "gd":
+        if sweep.learner == "gd" and m.planted in ("gd", "sgd"):
             sweep.grid = {
                 **sweep.grid,
                 "eta": [m.planted_scale],

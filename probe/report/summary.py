@@ -196,11 +196,37 @@ def optional_blocks(built) -> dict[str, Any]:
         out["forgetting"] = {
             name: {"gap": _col(r, "gap"), "error": _col(r, "error")} for name, r in t["forgetting"].groupby("predictor")
         }
+    if "order" in t:
+        out["order_sensitivity"] = order_block(t["order"])
     if "interventions" in built.data:
         block = dict(built.data["interventions"])
         block["verdicts"] = [iteration_verdict(label, entry) for label, entry in block.get("iteration", {}).items()]
         out["interventions"] = block
     return out
+
+
+def order_block(table: pd.DataFrame) -> dict[str, Any]:
+    """model: per prefix (as a string key) the order share by layer with intervals; learners: per
+    learner and prefix, the same share (probe/analysis/order.py)."""
+    model = table[table.predictor == "model"]
+    block: dict[str, Any] = {
+        "prefixes": sorted(int(t) for t in table.prefix.unique()),
+        "layer": sorted(int(l) for l in model.layer.unique()),
+        "model": {
+            str(t): {c: _col(r.sort_values("layer"), c) for c in ("sensitivity", "ci_low", "ci_high")}
+            for t, r in model.groupby("prefix")
+        },
+        "learners": {
+            name: {
+                str(int(r.prefix)): {"sensitivity": r.sensitivity, "ci_low": r.ci_low, "ci_high": r.ci_high}
+                for r in rows.itertuples()
+            }
+            for name, rows in table[table.predictor != "model"].groupby("predictor", sort=False)
+        },
+        "definition": "mean over prompts of the variance of the prediction across orderings of the first t examples, "
+        "divided by the variance across prompts of its mean over orderings (0: order-free)",
+    }
+    return block
 
 
 def probe_summary(table: pd.DataFrame) -> dict:
