@@ -21,9 +21,9 @@ from .parsing import load_toml
 from .registry import unknown_name_message
 
 MODEL_FAMILIES = ("gpt2", "lstm", "planted")
-PLANTED_ALGORITHMS = ("gd", "newton", "newton-relu", "sgd", "uniform", "prng")  # probe/models/planted.py
+PLANTED_ALGORITHMS = ("gd", "newton", "newton-relu", "sgd", "adam", "uniform", "prng")  # probe/models/planted.py
 # per learner construction: (first layer boundary that predicts, layers per step / iteration)
-PLANTED_SCHEDULE = {"gd": (0, 1), "newton": (3, 2), "newton-relu": (2, 1), "sgd": (0, 1)}
+PLANTED_SCHEDULE = {"gd": (0, 1), "newton": (3, 2), "newton-relu": (2, 1), "sgd": (0, 1), "adam": (0, 4)}
 
 
 def planted_layer_map(algorithm: str, layer: int) -> int | None:

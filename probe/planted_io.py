@@ -8,17 +8,29 @@ from pathlib import Path
 from .checkpoint import save_model
 from .config import ModelConfig, RunConfig, TaskConfig
 from .errors import ConfigError
-from .models.planted import PRNG_BITS, gd_stable_limit, newton_default_alpha, plant
+from .models.planted import ADAM_LAYERS_PER_STEP, PRNG_BITS, gd_stable_limit, newton_default_alpha, plant
 from .provenance import stamp
 
 SGD_BOUND = 1000.0  # R of the SGD construction: its gradient is exact while every |residual| <= R
 PRNG_OUTPUTS = 4  # M, the numbers one prng block emits (o_1..o_M)
+ADAM_STEP = 0.1  # default eta of the Adam construction
 
 
 def _stochastic_config(
     algorithm: str, layers: int, d: int, step_size: float | None, eps: float, batch: int, seed: int, outputs: int
 ) -> dict:
     """ModelConfig fields of the seed 000 constructions (probe/models/planted.py), checked."""
+    if algorithm == "adam":
+        scale = ADAM_STEP if step_size is None else step_size
+        if not 0 < scale <= 1:
+            raise ConfigError(f"--step-size must lie in (0, 1] for Adam (each step moves w by about eta), got {scale}")
+        if layers % ADAM_LAYERS_PER_STEP:
+            raise ConfigError(
+                f"a planted adam model has {ADAM_LAYERS_PER_STEP} layers per step; use --layers 4, 8, 12, ..."
+            )
+        if batch < 1:
+            raise ConfigError(f"--batch must be an integer >= 1, got {batch}")
+        return {"planted_scale": float(scale), "planted_batch": batch, "planted_seed": seed, "planted_bound": SGD_BOUND}
     if algorithm == "sgd":
         limit = gd_stable_limit(d)
         scale = limit / 2 if step_size is None else step_size
@@ -61,7 +73,7 @@ def planted_config(
     for name, value in (("--step-size", step_size), ("--alpha", alpha)):
         if value is not None and not math.isfinite(value):
             raise ConfigError(f"{name} must be a finite number, got {value}")
-    if algorithm in ("sgd", "uniform", "prng"):
+    if algorithm in ("sgd", "adam", "uniform", "prng"):
         fields = {"n_head": 1, **_stochastic_config(algorithm, layers, d, step_size, eps, batch, seed, outputs)}
         model = ModelConfig(
             family="planted", n_dims=d, n_positions=points, n_embd=1, n_layer=layers, planted=algorithm, **fields

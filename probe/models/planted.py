@@ -63,6 +63,22 @@ attention scores (the same two ReLUs); the first step's gate b_1 y is folded int
 embedding, so boundary l holds step l (Thm. 4 counts one more layer); the 1/K of eq. 9 is
 1/min(K, t) for prefixes shorter than K.
 
+Adam (`planted="adam"`, eta = planted_scale, K = planted_batch; seed 000 Thm. 5, eq. 12-15 with
+beta1 = 0.9, beta2 = 0.999 and eps = 1e-8 inside the root as printed): the SGD construction's
+tokens plus the Adam state in the query token [flag, G, m, v, P, u] (every example token holds 0
+there). Four layers per step k: (A) the query gathers G = 1/|B_t| sum_i g_i x_i = -gradient (one
+linear head, keys read g); (B) d heads of the query with itself give G_c^2 exactly (a product of
+one token's entries is a bilinear form), the skip map makes m <- b1 m - (1-b1) G and
+v <- b2 v + (1-b2) G^2 and clears G, and the MLP writes P = psi_k(v) = 1 / sqrt(v / (1 - b2^k) + eps),
+a sum of ReLUs interpolating psi_k at geometric knots (the only approximation: relative
+accuracy `adam_psi_error()`, about 1e-3); (C) d heads give u_c = m_c P_c / (1 - b1^k) exactly;
+(D) every token attends to the query: r_j <- r_j + eta u.x_j (so the residuals hold y - w_k.x
+and -r_q = w_k.x_q), and the MLP writes the next step's gates as in SGD. Boundary 4k holds step
+k. Deviations: four layers per step instead of Thm. 5's two, because the squares and the
+products m_c P_c are computed exactly by attention and only psi is approximated (1-D, so its
+accuracy can be stated); the first gate is folded into the embedding as for SGD. Eq. 16's bound
+is then checked with eps = the step map's error (tests).
+
 A random number from the data (`planted="uniform"`, eps = planted_scale; seed 000 Thm. 2, eq.
 8, 17): one block, two ReLU-attention heads. In run t the last example's first coordinate
 z_t is held out (moved into the query token, folded into the embedding) and the first t - 1
@@ -102,7 +118,11 @@ def newton_default_alpha(d: int) -> float:
     return 1.0 / (2 * (1 + math.sqrt(d)) ** 2) ** 2
 
 
-HEADS = {"gd": 2, "newton": 2, "newton-relu": 6, "sgd": 1, "uniform": 2}  # per layer (prng: n_head)
+HEADS = {"gd": 2, "newton": 2, "newton-relu": 6, "sgd": 1, "uniform": 2}  # per layer (prng: n_head; adam: d)
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # the adam learner's defaults (probe/learners/stochastic.py)
+ADAM_LAYERS_PER_STEP = 4
+ADAM_PSI_RANGE = (1e-10, 1e4)  # knots of psi_k: 0, then geometric over this range of v / (1 - b2^k)
+ADAM_PSI_RATIO = 1.1
 RELU_ATTENTION = ("newton-relu", "uniform")
 PRNG_BITS = 32  # xorshift32's state
 PRNG_READ_BITS = 24  # bits of o_1 in the read-out (exact in float32)
@@ -114,6 +134,8 @@ class Layout:
     def __init__(self, algorithm: str, d: int, layers: int = 1, outputs: int = 1):
         names = {
             "sgd": [("x", d), ("r", 1), ("xq", d), ("one", 1), ("b", layers), ("g", 1)],
+            "adam": [("x", d), ("r", 1), ("xq", d), ("one", 1), ("b", layers // ADAM_LAYERS_PER_STEP), ("g", 1)]
+            + [("flag", 1), ("G", d), ("m", d), ("v", d), ("P", d), ("u", d)],
             "uniform": [("x", d), ("one", 1), ("qone", 1), ("z", 1), ("u", 1)],
             "prng": [("s", d), ("first", 1), ("qone", 1), ("o", outputs * d)],
             "gd": [("x", d), ("r", 1), ("xq", d)],
@@ -160,16 +182,23 @@ class PlantedICL(nn.Module):
         self.config = cfg
         self.layout = Layout(cfg.planted, cfg.n_dims, cfg.n_layer, cfg.n_head)
         self.relu_attention = cfg.planted in RELU_ATTENTION
-        w, heads = self.layout.width, HEADS.get(cfg.planted, cfg.n_head)
+        w = self.layout.width
+        heads = cfg.n_dims if cfg.planted == "adam" else HEADS.get(cfg.planted, cfg.n_head)
         self.q = nn.Parameter(torch.zeros(cfg.n_layer, heads, w, w), requires_grad=False)
         self.k = nn.Parameter(torch.zeros(cfg.n_layer, heads, w, w), requires_grad=False)
         self.v = nn.Parameter(torch.zeros(cfg.n_layer, heads, w, w), requires_grad=False)
         self.skip = nn.Parameter(torch.zeros(cfg.n_layer, w, w), requires_grad=False)
         self.register_buffer("per_example", torch.zeros(cfg.n_layer, heads))  # 1: scale the head by 1/t
         self.read = nn.Parameter(torch.zeros(w), requires_grad=False)
-        self.d_mlp = {"newton-relu": 4 * cfg.n_dims, "sgd": 2, "prng": cfg.n_head * cfg.n_dims**2}.get(cfg.planted, 0)
-        if cfg.planted == "sgd":  # seed 000 Assumption 1: masks[l, t, i], example i in prefix t's batch at step l
-            self.register_buffer("masks", torch.zeros(cfg.n_layer, cfg.n_positions, cfg.n_positions))
+        self.d_mlp = {
+            "newton-relu": 4 * cfg.n_dims,
+            "sgd": 2,
+            "adam": 2 * cfg.n_dims * (len(psi_knots()) - 1),
+            "prng": cfg.n_head * cfg.n_dims**2,
+        }.get(cfg.planted, 0)
+        if cfg.planted in ("sgd", "adam"):  # seed 000 Assumption 1: masks[l, t, i], example i in prefix t's batch
+            steps = cfg.n_layer // ADAM_LAYERS_PER_STEP if cfg.planted == "adam" else cfg.n_layer
+            self.register_buffer("masks", torch.zeros(steps, cfg.n_positions, cfg.n_positions))
         if self.d_mlp:
             self.mlp_in = nn.Parameter(torch.zeros(cfg.n_layer, self.d_mlp, w), requires_grad=False)
             self.mlp_out = nn.Parameter(torch.zeros(cfg.n_layer, w, self.d_mlp), requires_grad=False)
@@ -210,7 +239,12 @@ class PlantedICL(nn.Module):
         n_cols = self.n_extra_tokens
         h = xs.new_zeros(b, n, n + n_cols + 1, ly)
         seen = prefix_mask(n).to(xs.dtype).view(1, n, n, 1)  # (run t, i)
-        stochastic = {"sgd": self._sgd_tokens, "uniform": self._uniform_tokens, "prng": self._prng_tokens}
+        stochastic = {
+            "sgd": self._sgd_tokens,
+            "adam": self._sgd_tokens,
+            "uniform": self._uniform_tokens,
+            "prng": self._prng_tokens,
+        }
         if self.config.planted in stochastic:
             return stochastic[self.config.planted](h, xs, ys, seen)
         h[:, :, :n, s["x"]] = xs.unsqueeze(1) * seen
@@ -234,6 +268,8 @@ class PlantedICL(nn.Module):
         h[:, :, :n, s["g"]] = (ys.view(-1, 1, n) * masks[0]).unsqueeze(-1)  # step 1's gate b_1 y (w_0 = 0)
         h[:, :, -1, s["xq"]] = xs
         h[:, :, -1, s["one"]] = 1.0
+        if "flag" in s.slots:  # Adam: the query token holds the optimizer state
+            h[:, :, -1, s["flag"]] = 1.0
         return h, masks[0].sum(-1)  # |B_t| = min(K, t)
 
     def _uniform_tokens(self, h: Tensor, xs: Tensor, ys: Tensor, seen: Tensor) -> tuple[Tensor, Tensor]:
@@ -330,20 +366,102 @@ def _plant_sgd(model: PlantedICL) -> None:
 
     cfg, s, w = model.config, model.layout, model.layout.width
     model.masks.copy_(minibatch_masks(cfg.n_layer, cfg.n_positions, cfg.planted_batch, cfg.planted_seed))
-    bound, b = cfg.planted_bound, s["b"]
     for l in range(cfg.n_layer):
         model.q[l, 0] = _sel(s, w, "x", "x") + _sel(s, w, "x", "xq")
         model.k[l, 0] = _sel(s, w, "x", "x")
         model.v[l, 0] = _sel(s, w, "r", "g", -cfg.planted_scale)  # r_j -= eta/|B| sum_i g_i <x_i, x_j>
         model.per_example[l, 0] = 1
         model.skip[l] = -_sel(s, w, "g", "g")
-        if l + 1 < cfg.n_layer:  # the next step's gate: ReLU(+-r - R (1 - b_{l+1}))
-            for unit, sign in ((0, 1.0), (1, -1.0)):
-                model.mlp_in[l, unit, s["r"]] = sign
-                model.mlp_in[l, unit, s["one"]] = -bound
-                model.mlp_in[l, unit, b.start + l + 1] = bound
-                model.mlp_out[l, s["g"], unit] = sign
+        if l + 1 < cfg.n_layer:  # the next step's gate, from b_{l+1}
+            _gate_mlp(model, l, s["b"].start + l + 1)
     model.read[s["r"]] = -1.0
+
+
+def psi_knots() -> Tensor:
+    """Knots of psi's interpolation in t = v / (1 - b2^k): 0, then geometric over ADAM_PSI_RANGE."""
+    low, high = ADAM_PSI_RANGE
+    count = math.ceil(math.log(high / low) / math.log(ADAM_PSI_RATIO)) + 1
+    return torch.cat([torch.zeros(1), low * ADAM_PSI_RATIO ** torch.arange(count, dtype=torch.float64)])
+
+
+def relu_segments(knots: Tensor, values: Tensor, t: Tensor) -> Tensor:
+    """The piecewise-linear interpolant of `values` at increasing `knots`, constant beyond the last,
+    as a sum of ReLUs that stays accurate in float32 (Def. 1): f(t) = f(t_N) + sum_j df_j
+    (ReLU(-z_j) - ReLU(1 - z_j)), z_j = (t - t_j) / (t_{j+1} - t_j). Saturated segments above t
+    contribute -df_j with |z_j| <= t_j / (t_{j+1} - t_j), and those below exactly 0."""
+    z = (t.unsqueeze(-1) - knots[:-1]) / torch.diff(knots)
+    return values[-1] + (torch.diff(values) * ((-z).relu() - (1 - z).relu())).sum(-1)
+
+
+def psi(t: Tensor) -> Tensor:
+    """psi(t) = 1 / sqrt(t + eps), the Adam step's normaliser at t = v / (1 - b2^k) (eq. 12)."""
+    return 1.0 / (t + ADAM_EPS).sqrt()
+
+
+def adam_psi_error() -> float:
+    """Sup relative error of the ReLU interpolant of psi over [0, ADAM_PSI_RANGE[1]] (dense check)."""
+    knots = psi_knots()
+    t = torch.cat([knots, torch.sqrt(knots[2:] * knots[1:-1]), (knots[1:] + knots[:-1]) / 2]).sort().values
+    t = torch.cat([t, (t[1:] + t[:-1]) / 2])
+    return float(((relu_segments(knots, psi(knots), t) - psi(t)) / psi(t)).abs().max())
+
+
+def _plant_adam(model: PlantedICL) -> None:
+    """Seed 000 Thm. 5 (module docstring): layers (A) gradient, (B) moments and psi, (C) the step
+    direction, (D) the update and the next gates."""
+    from ..learners.stochastic import minibatch_masks
+
+    cfg, s, w, d = model.config, model.layout, model.layout.width, model.config.n_dims
+    (b1, b2), steps = ADAM_BETAS, cfg.n_layer // ADAM_LAYERS_PER_STEP
+    model.masks.copy_(minibatch_masks(steps, cfg.n_positions, cfg.planted_batch, cfg.planted_seed))
+    knots = psi_knots()
+    values, width = psi(knots), torch.diff(knots)
+    for k in range(1, steps + 1):
+        a_, b_, c_, d_ = (ADAM_LAYERS_PER_STEP * (k - 1) + i for i in range(4))
+        model.q[a_, 0], model.k[a_, 0] = _sel(s, w, "g", "flag"), _sel(s, w, "g", "g")  # (A) G = mean g_i x_i
+        model.v[a_, 0], model.per_example[a_, 0] = _sel(s, w, "G", "x"), 1
+        model.skip[a_] = -_sel(s, w, "g", "g")
+        for coord in range(d):  # (B) (1 - b2) G_c^2 into v_c: the query with itself
+            model.q[b_, coord, s["G"].start + coord, s["G"].start + coord] = 1.0
+            model.k[b_, coord, s["G"].start + coord, s["G"].start + coord] = 1.0
+            model.v[b_, coord, s["v"].start + coord, s["flag"].start] = 1 - b2
+        model.skip[b_] = (
+            (b1 - 1) * _sel(s, w, "m", "m") - (1 - b1) * _sel(s, w, "m", "G") + (b2 - 1) * _sel(s, w, "v", "v")
+        ) - _sel(s, w, "G", "G")
+        scale = 1 - b2**k  # P_c = psi(v_c / (1 - b2^k)) by relu_segments: z_j = (v / scale - t_j) / dt_j
+        segments = len(width)
+        for coord in range(d):
+            low, high = (
+                slice(2 * segments * coord, 2 * segments * coord + segments),
+                slice(2 * segments * coord + segments, 2 * segments * (coord + 1)),
+            )
+            for units, offset, sign in ((low, 0.0, 1.0), (high, 1.0, -1.0)):  # ReLU(-z), ReLU(1 - z)
+                model.mlp_in[b_, units, s["v"].start + coord] = (-1 / (scale * width)).float()
+                model.mlp_in[b_, units, s["flag"].start] = (offset + knots[:-1] / width).float()
+                model.mlp_out[b_, s["P"].start + coord, units] = (sign * torch.diff(values)).float()
+            model.skip[b_, s["P"].start + coord, s["flag"].start] += float(values[-1])
+        for coord in range(d):  # (C) u_c = m_c P_c / (1 - b1^k)
+            model.q[c_, coord, s["m"].start + coord, s["m"].start + coord] = 1.0
+            model.k[c_, coord, s["m"].start + coord, s["flag"].start] = 1.0
+            model.v[c_, coord, s["u"].start + coord, s["P"].start + coord] = 1 / (1 - b1**k)
+        model.skip[c_] = -_sel(s, w, "P", "P")
+        model.q[d_, 0] = _sel(s, w, "u", "x") + _sel(s, w, "u", "xq")  # (D) r_j += eta u.x_j
+        model.k[d_, 0] = _sel(s, w, "u", "u")
+        model.v[d_, 0] = _sel(s, w, "r", "flag", cfg.planted_scale)
+        model.skip[d_] = -_sel(s, w, "u", "u")
+        if k < steps:
+            _gate_mlp(model, d_, s["b"].start + k)
+    model.read[s["r"]] = -1.0
+
+
+def _gate_mlp(model: PlantedICL, layer: int, bit: int) -> None:
+    """The layer's MLP writes g = ReLU(r - R(1 - b)) - ReLU(-r - R(1 - b)) = b r for |r| <= R."""
+    s, bound = model.layout, model.config.planted_bound
+    for unit, sign in ((0, 1.0), (1, -1.0)):
+        model.mlp_in[layer, unit, s["r"]] = sign
+        model.mlp_in[layer, unit, s["one"]] = -bound
+        model.mlp_in[layer, unit, bit] = bound
+        model.mlp_out[layer, s["g"], unit] = sign
 
 
 def _plant_uniform(model: PlantedICL) -> None:
@@ -391,7 +509,7 @@ def _plant_prng(model: PlantedICL) -> None:
     model.read[o : o + PRNG_READ_BITS] = 2.0 ** -torch.arange(1, PRNG_READ_BITS + 1, dtype=torch.float32)
 
 
-STOCHASTIC_PLANTS = {"sgd": _plant_sgd, "uniform": _plant_uniform, "prng": _plant_prng}
+STOCHASTIC_PLANTS = {"sgd": _plant_sgd, "adam": _plant_adam, "uniform": _plant_uniform, "prng": _plant_prng}
 
 
 def plant(cfg: ModelConfig) -> PlantedICL:

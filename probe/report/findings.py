@@ -20,6 +20,8 @@ LABELS = {
     "sgd": "SGD",
     "sgd_replay": "SGD (the model's minibatches)",
     "sgd_other": "SGD (other minibatches)",
+    "adam_replay": "Adam (the model's minibatches)",
+    "adam_other": "Adam (other minibatches)",
     "adam": "Adam",
     "cg": "conjugate gradient",
     "bfgs": "BFGS",
@@ -138,8 +140,13 @@ CONSTRUCTIONS = {
     "newton": ("Iterative Newton with linear attention", "iteration"),
     "newton-relu": ("Iterative Newton with ReLU attention (seed 003 Thm. 1)", "iteration"),
     "sgd": ("minibatch SGD with seeded masks (seed 000 Thm. 4)", "step"),
+    "adam": ("Adam with seeded masks (seed 000 Thm. 5)", "step"),
 }
-MATCHING_SWEEP = {"gd": "gd", "sgd": "sgd_replay"}  # the sweep whose map a construction's findings check
+MATCHING_SWEEP = {
+    "gd": "gd",
+    "sgd": "sgd_replay",
+    "adam": "adam_replay",
+}  # the sweep whose map a construction's findings check
 
 
 def _construction(summary: dict) -> str | None:
@@ -159,7 +166,7 @@ def _construction(summary: dict) -> str | None:
     sweep = MATCHING_SWEEP.get(algorithm, "newton")
     block = summary.get("best_match", {}).get(sweep, {}).get("sime", {})
     pairs = [(l, k) for l, k in zip(block.get("layer", []), block.get("k", [])) if l >= first]
-    by = f" of {label(sweep)}" if algorithm == "sgd" else ""
+    by = f" of {label(sweep)}" if algorithm in ("sgd", "adam") else ""
     if pairs:
         wrong = [l for l, k in pairs if k != planted_layer_map(algorithm, l)]
         text += (

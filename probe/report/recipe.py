@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import current_names, from_dict, load_recipe, merge, to_dict
+from ..config import PLANTED_SCHEDULE, current_names, from_dict, load_recipe, merge, to_dict
 from ..errors import ConfigError
 from ..learners import LEARNERS
 from ..learners.stochastic import STOCHASTIC_STEPS
@@ -121,8 +121,9 @@ def adapt_recipe(recipe: Recipe, config) -> Recipe:
     judged with their own read-out (retraining would rescale the planted
     predictor) and against their learner's exact hyper-parameter: GD sweeps get the planted step
     and every step count up to the depth; Newton sweeps the planted fixed alpha. A planted SGD
-    model is also compared with SGD replaying its minibatch masks (`sgd_replay`) and SGD with
-    other draws (`sgd_other`: masks of the next seed, as a user without the model's seed meets)."""
+    (or Adam) model is also compared with its learner replaying its minibatch masks
+    (`sgd_replay`, `adam_replay`) and with other draws (`sgd_other`, `adam_other`: masks of the
+    next seed, as a user without the model's seed meets)."""
 
     m, task = config.model, config.task
     if task.name == "relu_network":  # direct training uses the task's own network depth
@@ -134,12 +135,13 @@ def adapt_recipe(recipe: Recipe, config) -> Recipe:
         return recipe
     recipe = copy.deepcopy(recipe)
     recipe.readout.method = "model"
-    if m.planted == "sgd":
-        steps = sorted(set(STOCHASTIC_STEPS) | set(range(m.n_layer + 1)))
-        for label, seed in (("sgd_replay", m.planted_seed), ("sgd_other", m.planted_seed + 1)):
+    if m.planted in ("sgd", "adam"):
+        per_step = PLANTED_SCHEDULE[m.planted][1]
+        steps = sorted(set(STOCHASTIC_STEPS) | set(range(m.n_layer // per_step + 1)))
+        for label, seed in ((f"{m.planted}_replay", m.planted_seed), (f"{m.planted}_other", m.planted_seed + 1)):
             if label not in {s.label for s in recipe.sweeps}:
                 grid = {"steps": steps, "eta": [m.planted_scale], "batch_size": [m.planted_batch], "masks_seed": seed}
-                recipe.sweeps.append(SweepSettings(label, "sgd", "steps", grid))
+                recipe.sweeps.append(SweepSettings(label, m.planted, "steps", grid))
     for sweep in recipe.sweeps:
         if sweep.learner == "gd" and m.planted in ("gd", "sgd"):
             sweep.grid = {
