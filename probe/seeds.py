@@ -30,6 +30,8 @@ class Stream(IntEnum):
     ORDER = 302  # [order] prompts (the permutations come from a generator seeded with the run's seed)
     STUDY_PROMPTS = 401  # a study's spd_ilw prompts
     STUDY_QUERIES = 402  # a study's spd_ilw queries
+    STEER_TRAIN = 601  # `icl-probe steer` / [steering]: prompts the steered probes are fitted on
+    STEER_TEST = 602  # the prompts that are steered
     ADAM_ESTIMATE = 501  # `icl-probe export`: batches that estimate Adam's moments of a run without them
     EVALUATION = 7_777_777  # `icl-probe evaluate` and the report's error curve (apart from training's stream)
     CORRUPTED = 9_191_919  # the corrupted functions of the patching checks (same x, fresh w)

@@ -80,6 +80,11 @@ class Runner:
         stacked copy-major, as a mask broadcastable to the native stream (K*B..., T, 1)."""
         raise NotImplementedError
 
+    def native_values(self, values: Tensor, query: int) -> Tensor:
+        """Per-token values (B, P, D) on the first P interleaved positions, laid out like the native
+        stream of a run stopping at the prediction for x_{query+1} (zeros elsewhere)."""
+        raise NotImplementedError
+
     def prompt_mean(self, value: Tensor, n_prompts: int) -> Tensor:
         """Mean over prompts of a native-layout activation, kept per position (and per run)."""
         raise NotImplementedError
@@ -145,6 +150,11 @@ class GPT2Runner(Runner):
             token_mask = token_mask[:, : 2 * query + 2]
         return token_mask.repeat_interleave(n_prompts, dim=0).unsqueeze(-1).to(self.device)
 
+    def native_values(self, values: Tensor, query: int) -> Tensor:
+        out = values.new_zeros(values.shape[0], 2 * query + 2, values.shape[-1])
+        out[:, : values.shape[1]] = values
+        return out.to(self.device)
+
     def prompt_mean(self, value: Tensor, n_prompts: int) -> Tensor:
         return value.mean(0, keepdim=True)
 
@@ -183,6 +193,17 @@ class PlantedRunner(Runner):
         if query is not None:
             per_run, n = per_run[:, query : query + 1], 1
         return per_run.repeat_interleave(n_prompts, dim=0).reshape(k * n_prompts * n, -1, 1).to(self.device)
+
+    def native_values(self, values: Tensor, query: int) -> Tensor:
+        """Run `query` holds example i's own token (interleaved y token 2i + 1) and the query (x token
+        2 query); the x tokens of earlier examples are queries of other runs, absent from this one."""
+        b, p, width = values.shape
+        out = values.new_zeros(b, self._runs(query + 1), width)
+        slots = [i for i in range(query) if 2 * i + 1 < p]
+        out[:, slots] = values[:, [2 * i + 1 for i in slots]]
+        if p > 2 * query:
+            out[:, -1] = values[:, 2 * query]
+        return out.to(self.device)
 
     def prompt_mean(self, value: Tensor, n_prompts: int) -> Tensor:
         return value.reshape(n_prompts, -1, *value.shape[1:]).mean(0)  # (runs, T, ...)
