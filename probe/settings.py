@@ -340,6 +340,29 @@ class OrderSettings:
         return sorted({min(t, n - 1) for t in chosen if min(t, n - 1) >= 1})
 
 
+@dataclass
+class SteeringSettings:
+    """Causal probes (probe/interventions/steer.py): recipe section [steering], `icl-probe steer`."""
+
+    enabled: bool = setting(False, "steer along linear probes in reports (transformers only; on in the full recipe)")
+    layers: tuple[int, ...] = setting((), "layer boundaries to edit (empty: all)")
+    prefixes: tuple[int, ...] = setting((), "examples before the query (empty: d, 2d+1 and n-1)")
+    targets: tuple[str, ...] = setting(("w_ols", "xty"), "probe targets steered", ("w_ols", "xty"))
+    train_prompts: int = setting(1024, "prompts the steered probes are fitted on")
+    test_prompts: int = setting(128, "prompts that are steered")
+
+    def __post_init__(self) -> None:
+
+        positive_int(self.train_prompts, "steering.train_prompts")
+        positive_int(self.test_prompts, "steering.test_prompts")
+
+    def cells(self, n_layers: int, d: int, n: int) -> tuple[list[int], list[int]]:
+        """(layers, prefixes) to steer for a model of n_layers blocks on prompts of n points in d dims."""
+        layers = list(self.layers) or list(range(n_layers + 1))
+        prefixes = list(self.prefixes) or sorted({min(t, n - 1) for t in (d, 2 * d + 1, n - 1)})
+        return layers, prefixes
+
+
 ABLATION_KINDS = ("zero", "mean", "skip")
 PATCH_SITES = ("resid", "attn_out", "mlp_out")
 AUTO_CAUSAL_SWEEPS = ("newton", "gd_log")

@@ -93,8 +93,8 @@ def test_steering_table_controls_and_a_gpt2_end_to_end(ckpt, tmp_path, capsys):
     capsys.readouterr()
     assert main(["steer", str(ckpt), "--out", str(tmp_path / "bad"), "--layers", "9"]) == 2
     assert "--layers [9] out of range: this model's layer boundaries are 0..3" in capsys.readouterr().err
-    assert main(["steer", str(ckpt), "--out", str(tmp_path / "bad"), "--targets", "y"]) == 2
-    assert "steering targets must be among ['w_ols', 'xty'], got ['y']" in capsys.readouterr().err
+    assert main(["steer", str(ckpt), "--out", str(tmp_path / "bad"), "--prefixes", "40"]) == 2
+    assert "--prefixes [40] out of range: use 1.." in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
 
 

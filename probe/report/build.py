@@ -24,6 +24,7 @@ from ..checkpoint import LoadedCheckpoint
 from ..errors import ConfigError
 from ..evaluate import error_curve, plot_error_curve, r2_curve
 from ..interventions.pipeline import layer_maps_from_best, run_interventions
+from ..interventions.steer import steering_table
 from ..memory import MemoryBudget
 from ..outputs import OutputTarget, safe_name
 from ..seeds import Stream, random_weights_model, stream_generator
@@ -129,6 +130,28 @@ def order_stage(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, memory: Mem
     return {"order": table}, {}
 
 
+def steering_stage(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
+    """Causal probes (probe/interventions/steer.py) at the [steering] cells; also `icl-probe steer`."""
+
+    settings, task, seed = recipe.steering, ckpt.config.task, recipe.prompts.seed
+    layers, prefixes = settings.cells(ckpt.config.model.n_layer, task.n_dims, task.n_points)
+    train, test = (
+        sample_prompts(task, size, generator=stream_generator(seed, stream))
+        for size, stream in ((settings.train_prompts, Stream.STEER_TRAIN), (settings.test_prompts, Stream.STEER_TEST))
+    )
+    table = steering_table(
+        ckpt.model,
+        (train.xs, train.ys),
+        (test.xs, test.ys),
+        layers,
+        prefixes,
+        settings.targets,
+        seed=seed,
+        device=device,
+    )
+    return {"steering": table}, {}
+
+
 INTERVENED_FAMILIES = ("gpt2", "planted")  # models with a TransformerLens form (probe/interventions/runner.py)
 
 
@@ -217,6 +240,8 @@ def run_stages(
                 lambda: order_stage(ckpt, recipe, device, memory),
             )
         )
+    if recipe.steering.enabled and ckpt.config.model.family in INTERVENED_FAMILIES:
+        stages.append(("steering", ("prompts", "steering"), lambda: steering_stage(ckpt, recipe, device)))
     if recipe.interventions.enabled and ckpt.config.model.family in INTERVENED_FAMILIES:
         stages.append(
             (
@@ -266,6 +291,8 @@ def make_figures(
         out["forgetting"] = figures.forgetting(t["forgetting"], fig_dir / "forgetting")[0]
     if "order" in t:
         out["order"] = figures.order_sensitivity(t["order"], fig_dir / "order")[0]
+    if "steering" in t:
+        out["steering"] = figures.steering(t["steering"], fig_dir / "steering")[0]
     if "ablation" in t:
         out["ablation"] = ifig.ablation(t["ablation"], fig_dir / "ablation")[0]
         for site in t["patching"].site.unique() if "patching" in t else ():

@@ -307,6 +307,16 @@ def _span_probes_forgetting(t: dict[str, pd.DataFrame], figs: dict[str, Path]) -
             "predictors such as least squares, GD and Newton) are drawn at 1e-8."
         )
         sections.append(Section("Order sensitivity", [_img(figs["order"], "order sensitivity", caption)]))
+    if "steering" in figs:
+        caption = (
+            "Causal probes: at each layer boundary and prefix t, a linear probe of w_OLS (left) or X^T y (right) is "
+            "fitted; the first 2t tokens are edited by the smallest change that moves what the probe decodes by a "
+            "random delta, and the remaining layers run. Slope of the prediction's move against the move the decoded "
+            "quantity implies (x.delta for w_OLS; x.S^+ delta for X^T y, least squares' map), with 90% bootstrap "
+            "intervals over prompts; dashed: a random edit of the same size. 1: the layers use what the probe reads; "
+            "0: they ignore it."
+        )
+        sections.append(Section("Causal probes", [_img(figs["steering"], "steering", caption)]))
     return sections
 
 

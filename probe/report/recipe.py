@@ -8,6 +8,7 @@
     [forgetting]     ForgettingSettings    forgetting curves and their comparison learners
     [interventions]  InterventionSettings  causal checks
     [order]          OrderSettings         order sensitivity and its comparison learners
+    [steering]       SteeringSettings      causal probes (steering along linear probes)
 
 Every section is a settings class of probe/settings.py, where its keys, defaults and help are
 written once; the commands' flags are derived from the same classes.
@@ -40,6 +41,7 @@ from ..settings import (
     PromptSettings,
     ReadoutSettings,
     SimilaritySettings,
+    SteeringSettings,
     SweepSettings,
 )
 from ..validate import check_grid
@@ -73,6 +75,7 @@ class Recipe:
     forgetting: ForgettingSettings = field(default_factory=ForgettingSettings)
     interventions: InterventionSettings = field(default_factory=InterventionSettings)
     order: OrderSettings = field(default_factory=OrderSettings)
+    steering: SteeringSettings = field(default_factory=SteeringSettings)
 
     def __post_init__(self) -> None:
         self.sweeps = [

@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..checkpoint import LoadedCheckpoint
 from ..interventions.pipeline import iteration_verdict
+from ..interventions.steer import steering_summary
 from ..provenance import display_path, stamp
 from .recipe import Recipe
 
@@ -198,6 +199,8 @@ def optional_blocks(built) -> dict[str, Any]:
         }
     if "order" in t:
         out["order_sensitivity"] = order_block(t["order"])
+    if "steering" in t:
+        out["steering"] = steering_summary(t["steering"])
     if "interventions" in built.data:
         block = dict(built.data["interventions"])
         block["verdicts"] = [iteration_verdict(label, entry) for label, entry in block.get("iteration", {}).items()]
