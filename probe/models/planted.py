@@ -71,7 +71,7 @@ linear head, keys read g); (B) d heads of the query with itself give G_c^2 exact
 one token's entries is a bilinear form), the skip map makes m <- b1 m - (1-b1) G and
 v <- b2 v + (1-b2) G^2 and clears G, and the MLP writes P = psi_k(v) = 1 / sqrt(v / (1 - b2^k) + eps),
 a sum of ReLUs interpolating psi_k at geometric knots (the only approximation: relative
-accuracy `adam_psi_error()`, about 1e-3); (C) d heads give u_c = m_c P_c / (1 - b1^k) exactly;
+accuracy `adam_psi_error()`, about 5e-3); (C) d heads give u_c = m_c P_c / (1 - b1^k) exactly;
 (D) every token attends to the query: r_j <- r_j + eta u.x_j (so the residuals hold y - w_k.x
 and -r_q = w_k.x_q), and the MLP writes the next step's gates as in SGD. Boundary 4k holds step
 k. Deviations: four layers per step instead of Thm. 5's two, because the squares and the
@@ -121,8 +121,8 @@ def newton_default_alpha(d: int) -> float:
 HEADS = {"gd": 2, "newton": 2, "newton-relu": 6, "sgd": 1, "uniform": 2}  # per layer (prng: n_head; adam: d)
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # the adam learner's defaults (probe/learners/stochastic.py)
 ADAM_LAYERS_PER_STEP = 4
-ADAM_PSI_RANGE = (1e-10, 1e4)  # knots of psi_k: 0, then geometric over this range of v / (1 - b2^k)
-ADAM_PSI_RATIO = 1.1
+ADAM_PSI_RANGE = (1e-9, 1e4)  # knots of psi_k: 0, then geometric over this range of v / (1 - b2^k)
+ADAM_PSI_RATIO = 1.25
 RELU_ATTENTION = ("newton-relu", "uniform")
 PRNG_BITS = 32  # xorshift32's state
 PRNG_READ_BITS = 24  # bits of o_1 in the read-out (exact in float32)
