@@ -105,3 +105,16 @@ def test_steering_an_lstm_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "steering edits a transformer's residual stream; this checkpoint is a lstm model" in err
     assert err.count("\n") == 1 and not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_report_with_steering_has_the_section_and_the_key(ckpt, tmp_path):
+    from conftest import TINY_REPORT
+
+    out = tmp_path / "r"
+    assert main(["-q", "report", str(ckpt), "--out", str(out), "--no-cache", *TINY_REPORT,
+                 "--set", "steering.enabled=true", "--set", "steering.train_prompts=48",
+                 "--set", "steering.test_prompts=12", "--set", "steering.layers=[1, 3]"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["steering"]["xty"]["random"]["3"]["layer"] == [1, 3]
+    assert "Causal probes" in (out / "index.html").read_text()
