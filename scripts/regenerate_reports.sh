@@ -19,6 +19,10 @@ declare -A JOBS=(
   [planted-gd-quick]="report checkpoints/planted/gd --out reports/planted-gd-quick"
   [planted-newton-quick]="report checkpoints/planted/newton --out reports/planted-newton-quick"
   [planted-newton-relu-quick]="report checkpoints/planted/newton-relu --out reports/planted-newton-relu-quick"
+  [planted-sgd-quick]="report checkpoints/planted/sgd --out reports/planted-sgd-quick"
+  [planted-adam-quick]="report checkpoints/planted/adam --out reports/planted-adam-quick"
+  [steer-default]="probe steer checkpoints/gpt2-default --out reports/steer-default --force"
+  [order-lstm]="probe order checkpoints/lstm-default --out reports/order-lstm --force"
   [line-search-default]="probe heatmap checkpoints/gpt2-default --recipe analyses/line-search.toml --out reports/line-search-default --force"
   [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --set probes.steps=3000 --set probes.hidden=[128] --out reports/probes-default-converged --force"
 )
