@@ -20,24 +20,24 @@ def _stochastic_config(
     algorithm: str, layers: int, d: int, step_size: float | None, eps: float, batch: int, seed: int, outputs: int
 ) -> dict:
     """ModelConfig fields of the seed 000 constructions (probe/models/planted.py), checked."""
-    if algorithm == "adam":
-        scale = ADAM_STEP if step_size is None else step_size
-        if not 0 < scale <= 1:
-            raise ConfigError(f"--step-size must lie in (0, 1] for Adam (each step moves w by about eta), got {scale}")
-        if layers % ADAM_LAYERS_PER_STEP:
-            raise ConfigError(
-                f"a planted adam model has {ADAM_LAYERS_PER_STEP} layers per step; use --layers 4, 8, 12, ..."
-            )
-        if batch < 1:
-            raise ConfigError(f"--batch must be an integer >= 1, got {batch}")
-        return {"planted_scale": float(scale), "planted_batch": batch, "planted_seed": seed, "planted_bound": SGD_BOUND}
-    if algorithm == "sgd":
-        limit = gd_stable_limit(d)
-        scale = limit / 2 if step_size is None else step_size
-        if not 0 < scale < limit:
-            raise ConfigError(
-                f"--step-size {scale} is unstable for d={d}: SGD needs 0 < eta < {limit:.4f}; try {limit / 2:.4f}"
-            )
+    if algorithm in ("sgd", "adam"):
+        if algorithm == "adam":
+            scale = ADAM_STEP if step_size is None else step_size
+            if not 0 < scale <= 1:
+                raise ConfigError(
+                    f"--step-size must lie in (0, 1] for Adam (each step moves w by about eta), got {scale}"
+                )
+            if layers % ADAM_LAYERS_PER_STEP:
+                raise ConfigError(
+                    f"a planted adam model has {ADAM_LAYERS_PER_STEP} layers per step; use --layers 4, 8, 12, ..."
+                )
+        else:
+            limit = gd_stable_limit(d)
+            scale = limit / 2 if step_size is None else step_size
+            if not 0 < scale < limit:
+                raise ConfigError(
+                    f"--step-size {scale} is unstable for d={d}: SGD needs 0 < eta < {limit:.4f}; try {limit / 2:.4f}"
+                )
         if batch < 1:
             raise ConfigError(f"--batch must be an integer >= 1, got {batch}")
         return {"planted_scale": float(scale), "planted_batch": batch, "planted_seed": seed, "planted_bound": SGD_BOUND}
