@@ -509,68 +509,76 @@ def _plant_prng(model: PlantedICL) -> None:
     model.read[o : o + PRNG_READ_BITS] = 2.0 ** -torch.arange(1, PRNG_READ_BITS + 1, dtype=torch.float32)
 
 
-STOCHASTIC_PLANTS = {"sgd": _plant_sgd, "adam": _plant_adam, "uniform": _plant_uniform, "prng": _plant_prng}
+def _plant_gd(model: PlantedICL) -> None:
+    """von Oswald et al.'s GD (module docstring): one head per layer, r_j -= eta/t sum_i r_i <x_i, x_j>."""
+    cfg, s, w = model.config, model.layout, model.layout.width
+    for l in range(cfg.n_layer):
+        model.q[l, 0] = _sel(s, w, "x", "x") + _sel(s, w, "x", "xq")  # query: x_j (or x_q)
+        model.k[l, 0] = _sel(s, w, "x", "x")  # keys: examples' x (zero elsewhere)
+        model.v[l, 0] = _sel(s, w, "r", "r", -cfg.planted_scale)
+        model.per_example[l, 0] = 1
+    model.read[s["r"]] = -1.0
+
+
+def _plant_newton(model: PlantedICL) -> None:
+    """Iterative Newton with linear attention and column tokens (module docstring)."""
+    cfg, s, w = model.config, model.layout, model.layout.width
+    alpha = cfg.planted_scale
+    # layer 0: M_0 = alpha S/t into the column tokens, b = X^T y / t into the query
+    model.q[0, 0], model.k[0, 0], model.v[0, 0] = (
+        _sel(s, w, "x", "e"),
+        _sel(s, w, "x", "x"),
+        _sel(s, w, "m", "x", alpha),
+    )
+    model.q[0, 1], model.k[0, 1], model.v[0, 1] = (
+        _sel(s, w, "one", "one"),
+        _sel(s, w, "one", "y"),
+        _sel(s, w, "b", "x"),
+    )
+    model.per_example[0] = 1
+    for l in range(1, cfg.n_layer):
+        if l % 2 == 1:  # (A) u_j = S m_j / t; z = M x_q
+            model.q[l, 0], model.k[l, 0], model.v[l, 0] = (
+                _sel(s, w, "x", "m"),
+                _sel(s, w, "x", "x"),
+                _sel(s, w, "u", "x"),
+            )
+            model.per_example[l, 0] = 1
+            model.q[l, 1], model.k[l, 1], model.v[l, 1] = (
+                _sel(s, w, "e", "xq"),
+                _sel(s, w, "e", "e"),
+                _sel(s, w, "z", "m"),
+            )
+        else:  # (B) m_j <- 2 m_j - M u_j, clear u; p = b . M x_q via examples, clear z
+            model.q[l, 0], model.k[l, 0], model.v[l, 0] = (
+                _sel(s, w, "e", "u"),
+                _sel(s, w, "e", "e"),
+                _sel(s, w, "m", "m", -1.0),
+            )
+            model.q[l, 1], model.k[l, 1], model.v[l, 1] = (
+                _sel(s, w, "x", "z"),
+                _sel(s, w, "x", "x"),
+                _sel(s, w, "p", "y"),
+            )
+            model.per_example[l, 1] = 1
+            model.skip[l] = _sel(s, w, "m", "m") - _sel(s, w, "u", "u") - _sel(s, w, "z", "z") - _sel(s, w, "p", "p")
+    model.read[s["p"]] = 1.0
+
+
+PLANTS = {
+    "gd": _plant_gd,
+    "newton": _plant_newton,
+    "newton-relu": _plant_relu_newton,
+    "sgd": _plant_sgd,
+    "adam": _plant_adam,
+    "uniform": _plant_uniform,
+    "prng": _plant_prng,
+}  # one function per construction (config.PLANTED_ALGORITHMS)
 
 
 def plant(cfg: ModelConfig) -> PlantedICL:
     """A PlantedICL with the weights of its construction (see the module docstring)."""
     model = PlantedICL(cfg)
-    s, w = model.layout, model.layout.width
     with torch.no_grad():
-        if cfg.planted in STOCHASTIC_PLANTS:
-            STOCHASTIC_PLANTS[cfg.planted](model)
-            return model
-        if cfg.planted == "newton-relu":
-            _plant_relu_newton(model)
-            return model
-        if cfg.planted == "gd":
-            for l in range(cfg.n_layer):
-                model.q[l, 0] = _sel(s, w, "x", "x") + _sel(s, w, "x", "xq")  # query: x_j (or x_q)
-                model.k[l, 0] = _sel(s, w, "x", "x")  # keys: examples' x (zero elsewhere)
-                model.v[l, 0] = _sel(s, w, "r", "r", -cfg.planted_scale)
-                model.per_example[l, 0] = 1
-            model.read[s["r"]] = -1.0
-            return model
-        alpha = cfg.planted_scale
-        # layer 0: M_0 = alpha S/t into the column tokens, b = X^T y / t into the query
-        model.q[0, 0], model.k[0, 0], model.v[0, 0] = (
-            _sel(s, w, "x", "e"),
-            _sel(s, w, "x", "x"),
-            _sel(s, w, "m", "x", alpha),
-        )
-        model.q[0, 1], model.k[0, 1], model.v[0, 1] = (
-            _sel(s, w, "one", "one"),
-            _sel(s, w, "one", "y"),
-            _sel(s, w, "b", "x"),
-        )
-        model.per_example[0] = 1
-        for l in range(1, cfg.n_layer):
-            if l % 2 == 1:  # (A) u_j = S m_j / t; z = M x_q
-                model.q[l, 0], model.k[l, 0], model.v[l, 0] = (
-                    _sel(s, w, "x", "m"),
-                    _sel(s, w, "x", "x"),
-                    _sel(s, w, "u", "x"),
-                )
-                model.per_example[l, 0] = 1
-                model.q[l, 1], model.k[l, 1], model.v[l, 1] = (
-                    _sel(s, w, "e", "xq"),
-                    _sel(s, w, "e", "e"),
-                    _sel(s, w, "z", "m"),
-                )
-            else:  # (B) m_j <- 2 m_j - M u_j, clear u; p = b . M x_q via examples, clear z
-                model.q[l, 0], model.k[l, 0], model.v[l, 0] = (
-                    _sel(s, w, "e", "u"),
-                    _sel(s, w, "e", "e"),
-                    _sel(s, w, "m", "m", -1.0),
-                )
-                model.q[l, 1], model.k[l, 1], model.v[l, 1] = (
-                    _sel(s, w, "x", "z"),
-                    _sel(s, w, "x", "x"),
-                    _sel(s, w, "p", "y"),
-                )
-                model.per_example[l, 1] = 1
-                model.skip[l] = (
-                    _sel(s, w, "m", "m") - _sel(s, w, "u", "u") - _sel(s, w, "z", "z") - _sel(s, w, "p", "p")
-                )
-        model.read[s["p"]] = 1.0
+        PLANTS[cfg.planted](model)
     return model
