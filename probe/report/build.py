@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..analysis.forgetting import forgetting_table
 from ..analysis.order import order_table
 from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
 from ..analysis.probes import probe_study
+from ..analysis.readout import LayerReadouts
 from ..checkpoint import LoadedCheckpoint
 from ..errors import ConfigError
 from ..evaluate import error_curve, plot_error_curve, r2_curve
@@ -86,9 +88,17 @@ def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
         {
             "trends": res.trends,
             "readout_alpha": None if alphas is None else list(map(float, alphas)),
+            "readouts": _readout_weights(res.readouts),
             "timings": res.timings,
         },
     )
+
+
+def _readout_weights(readouts) -> dict[str, list] | None:
+    """The fitted read-outs as JSON (float64 round-trips exactly), for the order stage to reuse."""
+    if not isinstance(readouts, LayerReadouts):
+        return None  # the model's own read-out (ModelLens): nothing fitted
+    return {name: getattr(readouts, name).tolist() for name in ("coef", "intercept", "alpha", "val_error")}
 
 
 def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
@@ -115,13 +125,23 @@ def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, memor
     return {"forgetting": forgetting_table(ckpt.model, p.xs, p.ys, learners, device, memory)}, {}
 
 
-def order_stage(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, memory: MemoryBudget | None = None):
-    """Order sensitivity of every layer (read-outs refitted exactly as the layers stage fits them)
-    and of the [order] learners; also `icl-probe order`."""
+def order_stage(
+    ckpt: LoadedCheckpoint,
+    recipe: Recipe,
+    device: str,
+    memory: MemoryBudget | None = None,
+    fitted: dict[str, list] | None = None,
+):
+    """Order sensitivity of every layer and of the [order] learners; also `icl-probe order`. The
+    layers' read-outs are the layers stage's (`fitted`, its "readouts" data), or refitted exactly
+    as that stage fits them when it did not run."""
 
     settings, task = recipe.order, ckpt.config.task
     p = sample_prompts(task, settings.prompts, generator=stream_generator(recipe.prompts.seed, Stream.ORDER))
-    readouts, _, _ = fit_readouts(ckpt.model, task, layer_settings(recipe, device, memory))  # the layers stage's
+    if fitted is not None:
+        readouts = LayerReadouts(**{name: np.asarray(value, dtype=np.float64) for name, value in fitted.items()})
+    else:
+        readouts, _, _ = fit_readouts(ckpt.model, task, layer_settings(recipe, device, memory))
     learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in settings.learners}
     prefixes = settings.prefixes_for(task.n_dims, task.n_points)
     table = order_table(
@@ -237,7 +257,7 @@ def run_stages(
             (
                 "order",
                 ("prompts", "readout", "order"),
-                lambda: order_stage(ckpt, recipe, device, memory),
+                lambda: order_stage(ckpt, recipe, device, memory, built.data.get(prefix + "readouts")),
             )
         )
     if recipe.steering.enabled and ckpt.config.model.family in INTERVENED_FAMILIES:
