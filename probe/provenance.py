@@ -7,6 +7,7 @@ import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 PACKAGES = ("icl-probe", "torch", "transformer-lens", "transformers", "numpy", "scikit-learn", "pandas")
 
@@ -44,7 +45,7 @@ def git_commit(cwd: Path | None = None) -> str:
         return "unknown"
 
 
-def stamp() -> dict[str, object]:
+def stamp() -> dict[str, Any]:
     return {
         "versions": versions(),
         "git_commit": git_commit(),

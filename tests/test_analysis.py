@@ -1,5 +1,7 @@
 """Layer analyses on models whose answer is known by construction."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -273,17 +275,21 @@ def test_probe_calibration_on_states_with_known_content():
     assert set(table.lr) <= {3e-2, 1e-2}
 
 
-def test_probes_that_hit_the_step_limit_say_so():
+def test_probes_that_hit_the_step_limit_say_so(report):
+    import dataclasses
+
     from probe.analysis.probes import fit_probes
     from probe.report.findings import caveats
+    from probe.report.schema import Probes, Summary
     from probe.report.summary import probe_summary
 
     states, targets = _calibration_states(300)
     table = fit_probes(states[:, :200], {"xty": targets["xty"][:200]}, states[:, 200:], {"xty": targets["xty"][200:]},
                        [(4, "xty")], "mlp", steps=10, lr=1e-3, hidden=(16, 32), eval_every=5)
     assert not table.converged.any() and (table.steps <= 10).all() and set(table.hidden) <= {16, 32}
-    summary = {"probes": probe_summary(table.assign(control="none"))}
-    assert summary["probes"]["xty"]["mlp"]["converged_share"] == 0.0
+    written = Summary.from_json(json.loads((report / "summary.json").read_text()))
+    summary = dataclasses.replace(written, probes=Probes(probe_summary(table.assign(control="none"))))
+    assert summary.probes.fits["xty"]["mlp"].converged_share == 0.0
     assert any("stopped at the step limit (10 steps)" in c for c in caveats(summary))
 
 

@@ -160,3 +160,15 @@ def test_a_report_on_a_relu_attention_model(tmp_path):
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["checkpoint"]["model"]["attn_activation"] == "relu"
     assert summary["interventions"] and summary["best_match"]
+
+
+def test_summary_json_reads_back_as_the_typed_summary(report):
+    from probe.report.findings import findings
+    from probe.report.schema import Match, Summary
+
+    written = json.loads((report / "summary.json").read_text())
+    summary = Summary.from_json(written)
+    assert isinstance(summary.best_match["newton"]["sime"], Match) and summary.probes.fits["xty"]["mlp"].r2
+    assert json.loads(json.dumps(summary.to_json())) == written  # nothing lost or added on the way back
+    html = (report / "index.html").read_text()
+    assert all(item.split(":")[0] in html for item in findings(summary)[0])  # the page's findings, from the file

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from ..provenance import stamp
     from ..report import figures
     from ..report.build import order_stage
+    from ..report.schema import to_json
     from ..report.summary import order_block
 
     target = output_target(args, "order", (args.checkpoint,))
@@ -51,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     with writing(target) as out:
         table.to_csv(out / "order.csv", index=False)
         (out / "order_summary.json").write_text(
-            json.dumps({"order_sensitivity": order_block(table), "settings": record, **stamp()}, indent=2, default=str)
+            json.dumps(
+                {"order_sensitivity": to_json(order_block(table)), "settings": record, **stamp()}, indent=2, default=str
+            )
             + "\n"
         )
         figures.order_sensitivity(table, out / "order")

@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from ..provenance import stamp
     from ..report import figures
     from ..report.build import probe_control_model
+    from ..report.schema import to_json
     from ..report.summary import probe_summary
 
     out_target = output_target(args, "probes", (args.checkpoint,))
@@ -56,16 +57,16 @@ def run(args: argparse.Namespace) -> int:
     with writing(out_target) as out:
         table.to_csv(out / "probes.csv", index=False)
         (out / "probes_summary.json").write_text(
-            json.dumps({"probes": summary, "settings": record, **stamp()}, indent=2, default=str) + "\n"
+            json.dumps({"probes": to_json(summary), "settings": record, **stamp()}, indent=2, default=str) + "\n"
         )
         figures.probes(table, out / "probes")
     for target, kinds in summary.items():
         for kind, entry in kinds.items():
             print(
-                f"{target:6s} {kind:6s} best layer {entry['best_layer']}: R^2 by layer "
-                + " ".join(f"{v:.2f}" for v in entry["r2"])
+                f"{target:6s} {kind:6s} best layer {entry.best_layer}: R^2 by layer "
+                + " ".join(f"{v:.2f}" for v in entry.r2)
                 + "; random-model control "
-                + " ".join(f"{v:.2f}" for v in entry["control_r2"])
+                + " ".join(f"{v:.2f}" for v in entry.control_r2)
             )
     print(f"wrote {out_target.path}")
     return 0

@@ -368,7 +368,7 @@ def build_report(
         figs = make_figures(built, ckpt, recipe, tmp / "figures", compare)
         built.timings["figures"] = round(time.perf_counter() - start, 2)
         summary = build_summary(built, ckpt, recipe, compare)
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=2, default=_jsonable) + "\n")
+        (tmp / "summary.json").write_text(json.dumps(summary.to_json(), indent=2, default=_jsonable) + "\n")
         (tmp / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
         (tmp / "index.html").write_text(render_html(built, summary, figs, ckpt, recipe, compare))
     except BaseException:

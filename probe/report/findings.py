@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..config import PLANTED_SCHEDULE, planted_layer_map
+from .schema import Match, ProbeFit, Summary, Table1Entry
 
 LABELS = {
     "ogd": "online GD",
@@ -44,16 +45,14 @@ def label(name: str) -> str:
     return LABELS.get(name, name.replace("_", " "))
 
 
-def _icl(summary: dict, d: int) -> str | None:
-    icl = summary.get("icl_error", {})
-    ns = icl.get("n_examples", [])
-    t = 2 * d + 1
-    if t not in ns:
+def _icl(summary: Summary, d: int) -> str | None:
+    icl, t = summary.icl_error, 2 * d + 1
+    if t not in icl.n_examples:
         return None
-    i = ns.index(t)
+    i = icl.n_examples.index(t)
     return (
-        f"In-context error / d at 2d+1 = {t} examples: {icl['model'][i]:.4f} "
-        f"(90% band {icl['model_lo'][i]:.4f}-{icl['model_hi'][i]:.4f}); least squares {icl['least_squares'][i]:.4f}."
+        f"In-context error / d at 2d+1 = {t} examples: {icl.model[i]:.4f} "
+        f"(90% band {icl.model_lo[i]:.4f}-{icl.model_hi[i]:.4f}); least squares {icl.least_squares[i]:.4f}."
     )
 
 
@@ -61,76 +60,83 @@ def _layers(layers: list) -> str:
     return ("layer " if len(layers) == 1 else "layers ") + ", ".join(map(str, layers))
 
 
-def _verdicts(summary: dict) -> list[str]:
+def _sime(summary: Summary, name: str) -> Match | None:
+    return summary.best_match.get(name, {}).get("sime")
+
+
+def _verdicts(summary: Summary) -> list[str]:
     out = []
-    for name, tr in summary.get("trend", {}).items():
-        if name == "gd" or not tr.get("verdict"):
+    for name, tr in summary.trend.items():
+        if name == "gd" or not tr.verdict:
             continue
-        block = summary.get("best_match", {}).get(name, {}).get("sime", {})
-        tail = ""
-        if block.get("k"):
+        block, tail = _sime(summary, name), ""
+        if block is not None and block.k:
             tail = (
-                f"; final layer {block['k'][-1]} [{block['k_low'][-1]}, {block['k_high'][-1]}]"
-                f"{' (at grid end)' if block.get('at_grid_end', [False])[-1] else ''}"
+                f"; final layer {block.k[-1]} [{block.k_low[-1]}, {block.k_high[-1]}]"
+                f"{' (at grid end)' if block.at_grid_end[-1] else ''}"
             )
-        out.append(f"Layers vs {label(name)} (SimE): {tr['verdict'].split(': ', 1)[-1]}{tail}.")
+        out.append(f"Layers vs {label(name)} (SimE): {tr.verdict.split(': ', 1)[-1]}{tail}.")
     return out
 
 
-def _table1(summary: dict) -> str | None:
-    rows = [(fam, e) for fam, e in summary.get("table1", {}).get("sime", {}).items() if fam != "null"]
+def _ranked(summary: Summary) -> list[tuple[str, Table1Entry]]:
+    """Table 1's families, closest to the final layer first."""
+    rows = [(fam, e) for fam, e in summary.table1.sime.items() if fam != "null"]
+    return sorted(rows, key=lambda r: -r[1].similarity)
+
+
+def _table1(summary: Summary) -> str | None:
+    rows = _ranked(summary)
     if not rows:
         return None
-    rows.sort(key=lambda r: -r[1]["similarity"])
     (fam, top), rest = rows[0], rows[1:]
-    text = f"Final layer closest to {label(fam)} (SimE {top['similarity']:.3f} [{top['ci_low']:.3f}, {top['ci_high']:.3f}])"
+    text = f"Final layer closest to {label(fam)} (SimE {top.similarity:.3f} [{top.ci_low:.3f}, {top.ci_high:.3f}])"
     if rest:
         fam2, second = rest[0]
-        overlap = second["ci_high"] >= top["ci_low"]
-        text += (
-            f", runner-up {label(fam2)} {second['similarity']:.3f} [{second['ci_low']:.3f}, {second['ci_high']:.3f}]"
-            + ("; their intervals overlap, so the ranking is not resolved" if overlap else "")
+        overlap = second.ci_high >= top.ci_low
+        text += f", runner-up {label(fam2)} {second.similarity:.3f} [{second.ci_low:.3f}, {second.ci_high:.3f}]" + (
+            "; their intervals overlap, so the ranking is not resolved" if overlap else ""
         )
     return text + "."
 
 
-def _probes(summary: dict) -> str | None:
-    probes = summary.get("probes")
-    if not probes:
-        return None
+def _probe_fits(summary: Summary) -> list[tuple[str, str, ProbeFit]]:
+    return [
+        (t, kind, fit)
+        for t, kinds in (summary.probes.fits if summary.probes else {}).items()
+        for kind, fit in kinds.items()
+    ]
+
+
+def _probes(summary: Summary) -> str | None:
     parts = []
-    for target, kinds in probes.items():
-        if not isinstance(kinds, dict):
-            continue
-        for kind, entry in kinds.items():
-            if not isinstance(entry, dict) or "r2" not in entry:
-                continue
-            best = max(range(len(entry["r2"])), key=lambda i: entry["r2"][i])
-            control = (entry.get("control_r2") or [None] * len(entry["r2"]))[best]
-            parts.append(
-                f"{kind} {label(target)} R^2 {entry['r2'][best]:.2f} at layer {entry['layer'][best]}"
-                + (f" (random-weights model {control:.2f})" if control is not None else "")
-            )
+    for target, kind, fit in _probe_fits(summary):
+        best = max(range(len(fit.r2)), key=lambda i: fit.r2[i])
+        control = fit.control_r2[best] if fit.control_r2 else None
+        parts.append(
+            f"{kind} {label(target)} R^2 {fit.r2[best]:.2f} at layer {fit.layer[best]}"
+            + (f" (random-weights model {control:.2f})" if control is not None else "")
+        )
     return "Probes: " + "; ".join(parts) + "." if parts else None
 
 
-def _span(summary: dict, d: int) -> str | None:
-    span = summary.get("span")
-    if not span or not span.get("layer"):
+def _span(summary: Summary, d: int) -> str | None:
+    span = summary.span
+    if span is None or not span.layer:
         return None
-    last = max(span["layer"])
+    last = max(span.layer)
     pairs = [
-        (t, r, nul)
-        for l, t, r, nul in zip(span["layer"], span["n_examples"], span["residual"], span["random_null"])
+        (r, null)
+        for l, t, r, null in zip(span.layer, span.n_examples, span.residual, span.random_null)
         if l == last and 1 <= t < d
     ]
     if not pairs:
         return None
     return (
         "Span of the examples (final layer): relative residual "
-        + ", ".join(f"{r:.2f}" for _, r, _ in pairs)
+        + ", ".join(f"{r:.2f}" for r, _ in pairs)
         + f" at t = 1..{d - 1}, against "
-        + ", ".join(f"{n:.2f}" for *_, n in pairs)
+        + ", ".join(f"{n:.2f}" for _, n in pairs)
         + " for a random vector."
     )
 
@@ -149,10 +155,11 @@ MATCHING_SWEEP = {
 }  # the sweep whose map a construction's findings check
 
 
-def _construction(summary: dict) -> str | None:
+def _construction(summary: Summary) -> str | None:
     """For a planted model: its documented layer schedule, and whether the SimE matches recover it."""
-    algorithm = summary["checkpoint"]["model"].get("planted")
-    if summary["checkpoint"]["model"].get("family") != "planted" or algorithm not in PLANTED_SCHEDULE:
+    model = summary.checkpoint.model
+    algorithm = model.get("planted")
+    if model.get("family") != "planted" or algorithm not in PLANTED_SCHEDULE:
         return None
     name, unit = CONSTRUCTIONS[algorithm]
     first, per_step = PLANTED_SCHEDULE[algorithm]
@@ -164,8 +171,8 @@ def _construction(summary: dict) -> str | None:
         other = "newton" if algorithm == "newton-relu" else "newton-relu"
         text += f" (the {'linear' if other == 'newton' else 'ReLU'}-attention construction needs {PLANTED_SCHEDULE[other][1]})"
     sweep = MATCHING_SWEEP.get(algorithm, "newton")
-    block = summary.get("best_match", {}).get(sweep, {}).get("sime", {})
-    pairs = [(l, k) for l, k in zip(block.get("layer", []), block.get("k", [])) if l >= first]
+    block = _sime(summary, sweep)
+    pairs = [(l, k) for l, k in zip(block.layer, block.k) if l >= first] if block else []
     by = f" of {label(sweep)}" if algorithm in ("sgd", "adam") else ""
     if pairs:
         wrong = [l for l, k in pairs if k != planted_layer_map(algorithm, l)]
@@ -177,81 +184,76 @@ def _construction(summary: dict) -> str | None:
     return text + "."
 
 
-def caveats(summary: dict) -> list[str]:
+def caveats(summary: Summary) -> list[str]:
     out = []
-    nulls = summary.get("nulls", {})
-    zero_layers = [l for l, z in zip(nulls.get("layer", []), nulls.get("predicts_zero", [])) if z]
+    nulls = summary.nulls
+    zero_layers = [l for l, z in zip(nulls.layer, nulls.predicts_zero) if z] if nulls else []
     if zero_layers:
         out.append(
             f"{_layers(zero_layers).capitalize()} predict{'s' if len(zero_layers) == 1 else ''} ~0 (||f|| < 0.1 ||y||): their matches are not "
             "distinguishable from predicting 0, whatever learner step they name."
         )
-    for name, metrics in summary.get("best_match", {}).items():
-        if name in ("gd", "newton") and name not in [
-            s.get("label") for s in summary.get("recipe", {}).get("sweeps", [])
-        ]:
-            continue
-        block = metrics.get("sime", {})
-        bad = [l for l, dg in zip(block.get("layer", []), block.get("degenerate", [])) if dg and l not in zero_layers]
+    swept = [s.get("label") for s in summary.recipe.get("sweeps", [])]
+    for name in summary.best_match:
+        block = _sime(summary, name)
+        if block is None or (name in ("gd", "newton") and name not in swept):
+            continue  # an alias of a swept label, said once under that label
+        bad = [l for l, dg in zip(block.layer, block.degenerate or []) if dg and l not in zero_layers]
         if bad:
             out.append(
                 f"{label(name)}: SimE matches at {_layers(bad)} are not distinguishable from "
                 "predicting 0 (the zero predictor scores within their interval)."
             )
-        ends = [l for l, e in zip(block.get("layer", []), block.get("at_grid_end", [])) if e]
+        ends = [l for l, e in zip(block.layer, block.at_grid_end) if e]
         if ends:
             out.append(
                 f"{label(name)}: best matches at {_layers(ends)} lie at the grid's end; the "
                 "true match may lie beyond it."
             )
-    top = sorted(
-        ((f, e) for f, e in summary.get("table1", {}).get("sime", {}).items() if f != "null"),
-        key=lambda r: -r[1]["similarity"],
-    )
-    if top and top[0][1].get("degenerate"):
+    top = _ranked(summary)
+    if top and top[0][1].degenerate:
         out.append(
             "The final layer's closest learner is not distinguishable from predicting 0: Table 1 says nothing "
             "about which algorithm the model runs."
         )
-    for target, kinds in (summary.get("probes") or {}).items():
-        for kind, entry in kinds.items() if isinstance(kinds, dict) else ():
-            share = entry.get("converged_share") if isinstance(entry, dict) else None
-            if share is not None and share < 1:
-                out.append(
-                    f"{(1 - share) * 100:.0f}% of the {kind} probes for {label(target)} stopped at the step limit "
-                    f"({entry.get('max_steps_used')} steps) before their validation R^2 settled: their R^2 is "
-                    "a lower bound; raise probes.steps."
-                )
+    for target, kind, fit in _probe_fits(summary):
+        if fit.converged_share is not None and fit.converged_share < 1:
+            out.append(
+                f"{(1 - fit.converged_share) * 100:.0f}% of the {kind} probes for {label(target)} stopped at the step "
+                f"limit ({fit.max_steps_used} steps) before their validation R^2 settled: their R^2 is "
+                "a lower bound; raise probes.steps."
+            )
     return out
 
 
 ORDER_FREE = 1e-6  # an order share below this is float round-off: the predictor ignores order
 
 
-def _order(summary: dict) -> str | None:
-    block = summary.get("order_sensitivity")
-    if not block:
+def _order(summary: Summary) -> str | None:
+    block = summary.order_sensitivity
+    if block is None:
         return None
-    t = str(block["prefixes"][-1])
-    model = block["model"][t]
-    final = model["sensitivity"][-1]
+    t = str(block.prefixes[-1])
+    model = block.model[t]
+    final = model.sensitivity[-1]
     if final is None:
         return None
-    sensitive = [n for n, v in block["learners"].items() if v[t]["sensitivity"] >= ORDER_FREE]
-    free = [n for n, v in block["learners"].items() if v[t]["sensitivity"] < ORDER_FREE]
-    verdict = "order-free (float round-off)" if model["ci_high"][-1] < ORDER_FREE else "order-sensitive"
+    share = {name: by_prefix[t].sensitivity for name, by_prefix in block.learners.items()}
+    sensitive = [n for n, v in share.items() if v >= ORDER_FREE]
+    free = [n for n, v in share.items() if v < ORDER_FREE]
+    verdict = "order-free (float round-off)" if model.ci_high[-1] < ORDER_FREE else "order-sensitive"
     return (
         f"Order of the examples (t = {t}): the final layer's order share of variance is {final:.3g} "
-        f"[{model['ci_low'][-1]:.3g}, {model['ci_high'][-1]:.3g}], {verdict}; "
+        f"[{model.ci_low[-1]:.3g}, {model.ci_high[-1]:.3g}], {verdict}; "
         f"order-sensitive learners: {', '.join(label(n) for n in sensitive) or 'none'} "
-        f"({', '.join(format(block['learners'][n][t]['sensitivity'], '.3g') for n in sensitive)}); "
+        f"({', '.join(format(share[n], '.3g') for n in sensitive)}); "
         f"order-free: {', '.join(label(n) for n in free) or 'none'}."
     )
 
 
-def findings(summary: dict) -> tuple[list[str], list[str]]:
+def findings(summary: Summary) -> tuple[list[str], list[str]]:
     """(findings, caveats): short sentences for the top of the report."""
-    d = summary["checkpoint"]["task"]["n_dims"]
+    d = summary.checkpoint.task["n_dims"]
     items = [
         _construction(summary),
         _icl(summary, d),
@@ -261,5 +263,5 @@ def findings(summary: dict) -> tuple[list[str], list[str]]:
         _span(summary, d),
         _order(summary),
     ]
-    items += [f"Causal check: {v}." for v in summary.get("interventions", {}).get("verdicts", [])]
+    items += [f"Causal check: {v}." for v in (summary.interventions.verdicts if summary.interventions else [])]
     return [i for i in items if i], caveats(summary)

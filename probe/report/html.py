@@ -15,6 +15,7 @@ from .findings import findings, label
 from .page import Page, Section
 from .page import figure as _img
 from .page import table as _table
+from .schema import Interventions, Summary
 
 
 def _readable(frame: pd.DataFrame) -> pd.DataFrame:
@@ -91,7 +92,7 @@ def _training_rows(ckpt) -> list[tuple[str, Any]]:
     return rows
 
 
-def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, recipe, compare) -> str:
+def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, compare) -> str:
     """The report page (templates/page.html.j2): findings, contents, then the sections."""
     t = built.tables
     sections = [
@@ -100,36 +101,36 @@ def render_html(built, summary: dict[str, Any], figs: dict[str, Path], ckpt, rec
         _matching_section(t, summary, figs, recipe),
         _table1_section(t, summary, compare),
         *_span_probes_forgetting(t, figs),
-        *_causal_section(summary.get("interventions"), figs),
+        *_causal_section(summary.interventions, figs),
         *_methods_section(summary, ckpt, recipe),
     ]
     items, caveats = findings(summary)
     return Page(
-        title=f"icl-probe report: {summary['checkpoint']['name']} ({recipe.name} recipe)",
+        title=f"icl-probe report: {summary.checkpoint.name} ({recipe.name} recipe)",
         subtitle="",
         findings=items,
         caveats=caveats,
         sections=sections,
-        git=str(summary.get("git_commit")),
+        git=str(summary.git_commit),
     ).render()
 
 
-def _model_card(summary: dict[str, Any], figs: dict[str, Path], ckpt) -> Section:
-    c = summary["checkpoint"]
-    m = c["model"]
+def _model_card(summary: Summary, figs: dict[str, Path], ckpt) -> Section:
+    c = summary.checkpoint
+    m = c.model
     card = pd.DataFrame(
         [
-            ("format", c["format"]),
+            ("format", c.format),
             ("family", m["family"]),
             ("layers", m["n_layer"]),
             ("width", m["n_embd"]),
             ("heads", m["n_head"] if m["family"] == "gpt2" else "-"),
             ("d", m["n_dims"]),
             ("points", m["n_positions"]),
-            ("parameters", f"{c['parameters']:,}"),
-            ("task", f"{c['task']['name']} ({c['task']['covariance']})"),
-            ("trained steps", c.get("train_step", "unknown")),
-            ("sha256", c["sha256"][:16] + "..."),
+            ("parameters", f"{c.parameters:,}"),
+            ("task", f"{c.task['name']} ({c.task['covariance']})"),
+            ("trained steps", "unknown" if c.train_step is None else c.train_step),
+            ("sha256", c.sha256[:16] + "..."),
         ]
         + _training_rows(ckpt),
         columns=["field", "value"],
@@ -157,12 +158,11 @@ def _model_card(summary: dict[str, Any], figs: dict[str, Path], ckpt) -> Section
     return Section("Model card", parts)
 
 
-def _readout_section(summary: dict[str, Any], figs: dict[str, Path], recipe, compare) -> Section:
-    ro = pd.DataFrame(
-        {"layer": summary["readout"]["layer"], "error / d (mean over t >= 1)": summary["readout"]["error"]}
-    )
-    if summary["readout"].get("error_at_2d1"):
-        ro["error / d at t = 2d+1"] = summary["readout"]["error_at_2d1"]
+def _readout_section(summary: Summary, figs: dict[str, Path], recipe, compare) -> Section:
+    readout = summary.readout
+    ro = pd.DataFrame({"layer": readout.layer, "error / d (mean over t >= 1)": readout.error})
+    if readout.error_at_2d1:
+        ro["error / d at t = 2d+1"] = readout.error_at_2d1
     parts = [
         f"<p>A fresh linear read-out ({html.escape(recipe.readout.method)}) is fitted on each layer's frozen "
         "residual stream at the x tokens (seed 003 §4.1); layer 0 is the embedding output.</p>",
@@ -180,16 +180,16 @@ def _readout_section(summary: dict[str, Any], figs: dict[str, Path], recipe, com
                 figs["compare_readout"],
                 "readout comparison",
                 f"Mean error / d (examples >= 1) of each layer's retrained read-out for "
-                f"{summary['checkpoint']['name']} and {compare.name}: how much each layer improves on the one "
+                f"{summary.checkpoint.name} and {compare.name}: how much each layer improves on the one "
                 "before.",
             )
         )
     return Section("Per-layer readout retraining", parts)
 
 
-def _matching_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], figs: dict[str, Path], recipe) -> Section:
+def _matching_section(t: dict[str, pd.DataFrame], summary: Summary, figs: dict[str, Path], recipe) -> Section:
     parts = ["<div class='verdict'>"]
-    parts += [f"<p>{html.escape(tr['verdict'])}</p>" for label, tr in summary["trend"].items() if label != "gd"]
+    parts += [f"<p>{html.escape(tr.verdict)}</p>" for label, tr in summary.trend.items() if label != "gd"]
     parts.append("</div>")
     for sweep in recipe.sweeps:
         key = f"heatmap_{sweep.label}"
@@ -228,7 +228,7 @@ def _matching_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], figs:
     return Section("Layers vs reference learners", parts)
 
 
-def _table1_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], compare) -> Section:
+def _table1_section(t: dict[str, pd.DataFrame], summary: Summary, compare) -> Section:
     t1 = _readable(t["table1"]).rename(columns={"similarity": "SimE (final layer)"})
     if compare is not None and "compare_table1" in t:
         other = _readable(t["compare_table1"][["family", "similarity"]]).rename(
@@ -236,7 +236,7 @@ def _table1_section(t: dict[str, pd.DataFrame], summary: dict[str, Any], compare
         )
         t1 = t1.merge(other, on="family", how="left")
     parts = [_table(t1, "{:.3f}")]
-    null = summary["table1"].get("null")
+    null = summary.table1.null
     if null:
         parts.append(
             "<p>Null baselines for the final layer (SimE): "
@@ -320,7 +320,7 @@ def _span_probes_forgetting(t: dict[str, pd.DataFrame], figs: dict[str, Path]) -
     return sections
 
 
-def _methods_section(summary: dict[str, Any], ckpt, recipe) -> list[Section]:
+def _methods_section(summary: Summary, ckpt, recipe) -> list[Section]:
     p = recipe.prompts
     methods = [
         "<ul>",
@@ -335,7 +335,7 @@ def _methods_section(summary: dict[str, Any], ckpt, recipe) -> list[Section]:
         *[f"<li>{html.escape(line)}</li>" for line in learner_methods(recipe)],
         "<li>Trend: linear and exponential least-squares fits of the best k against layer over layers l >= 1 "
         "whose best match is neither k = 0 nor the grid's end.</li>",
-        f"<li>Recipe, versions and git commit: see summary.json (git {html.escape(str(summary['git_commit']))}).</li>",
+        f"<li>Recipe, versions and git commit: see summary.json (git {html.escape(str(summary.git_commit))}).</li>",
         "</ul>",
     ]
     grids = pd.DataFrame(
@@ -344,7 +344,7 @@ def _methods_section(summary: dict[str, Any], ckpt, recipe) -> list[Section]:
     return [Section("Methods", methods), Section("Grids", [_table(grids)])]
 
 
-def _causal_section(block: dict | None, figs: dict[str, Path]) -> list[Section]:
+def _causal_section(block: Interventions | None, figs: dict[str, Path]) -> list[Section]:
     """ "Causal checks": ablations, the patching heatmap, iteration-consistent patching."""
     if not block:
         return []
@@ -353,7 +353,7 @@ def _causal_section(block: dict | None, figs: dict[str, Path]) -> list[Section]:
         "applied by resuming the forward pass from the edited layer (equal to the hooks to 1e-5). Correlation "
         "says a layer <em>resembles</em> a learner's iterate; these runs change what a layer writes and "
         "measure the prediction.</p>",
-        *_ablation_part(block.get("ablation"), figs),
+        *_ablation_part(block.ablation, figs),
         *_patching_part(figs),
         *_iteration_part(block, figs),
     ]
@@ -398,8 +398,8 @@ def _patching_part(figs: dict[str, Path]) -> list[str]:
     ]
 
 
-def _iteration_part(block: dict, figs: dict[str, Path]) -> list[str]:
-    if not block.get("iteration"):
+def _iteration_part(block: Interventions, figs: dict[str, Path]) -> list[str]:
+    if not block.iteration:
         return []
     parts = [
         "<h3>Is the layer-to-iteration map causal?</h3>",
@@ -408,9 +408,9 @@ def _iteration_part(block: dict, figs: dict[str, Path]) -> list[str]:
         "patched prediction moves by a fraction 1 - sum a_k(l) a_k(L) / sum a_k(L)^2 of the full change, "
         "with a_k the learner's change of prediction from y to y' (probe/interventions/patch.py). "
         "Consistency = observed / expected; the null shuffles the map's iteration counts across layers.</p>",
-        "<div class='verdict'>" + "".join(f"<p>{html.escape(v)}</p>" for v in block.get("verdicts", [])) + "</div>",
+        "<div class='verdict'>" + "".join(f"<p>{html.escape(v)}</p>" for v in block.verdicts) + "</div>",
     ]
-    for learner, entry in block["iteration"].items():
+    for learner, entry in block.iteration.items():
         frame = pd.DataFrame({k: entry[k] for k in ("boundary", "k", "observed", "expected", "consistency")})
         parts += [f"<p>{html.escape(learner)}</p>", _table(frame, "{:.3f}")]
     if "iteration_consistency" in figs:

@@ -1,10 +1,8 @@
-"""summary.json: the report's numbers in one documented schema (see README, "summary.json").
-
-Lists inside an entry are aligned by position (e.g. readout.layer[i] goes with readout.error[i]).
-"""
+"""summary.json from the report's tables: a `Summary` (probe/report/schema.py, README "summary.json")."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -15,8 +13,25 @@ from ..interventions.pipeline import iteration_verdict
 from ..interventions.steer import steering_summary
 from ..provenance import display_path, stamp
 from .recipe import Recipe
-
-SCHEMA_VERSION = 2
+from .schema import (
+    SCHEMA_VERSION,
+    CheckpointInfo,
+    IclError,
+    Interventions,
+    Match,
+    Nulls,
+    OrderSensitivity,
+    OrderSeries,
+    ProbeFit,
+    Probes,
+    Readout,
+    Span,
+    Summary,
+    Table1,
+    Table1Entry,
+    Trend,
+    TrendFit,
+)
 
 
 def _col(frame: pd.DataFrame, name: str) -> list:
@@ -35,164 +50,145 @@ def _int_if_integral(v):
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
-def best_match_block(best: pd.DataFrame, recipe: Recipe) -> dict[str, Any]:
-    """learner -> metric -> {layer, k, k_low, k_high, similarity, ci_low, ci_high}. `gd` is the
-    GD sweep with the widest grid (the log grid in the shipped recipes); each sweep also
-    appears under its own label."""
-    out: dict[str, Any] = {}
-    for label, rows in best.groupby("sweep", sort=False):
-        columns = ["layer", "k", "k_low", "k_high", "similarity", "ci_low", "ci_high", "at_grid_end"]
-        columns += [c for c in ("zero_similarity", "degenerate") if c in rows]
-        out[label] = {
-            metric: {c: _col(r.sort_values("layer"), c) for c in columns} for metric, r in rows.groupby("metric")
-        }
+def _columns(frame: pd.DataFrame, kind: type, **extra) -> Any:
+    """A dataclass whose list fields are the frame's columns of the same names (JSON lists)."""
+    names = [f.name for f in fields(kind) if f.name in frame and f.name not in extra]
+    return kind(**{name: _col(frame, name) for name in names}, **extra)
+
+
+def _widest_gd(recipe: Recipe) -> str | None:
+    """The GD sweep with the widest grid (the log grid in the shipped recipes): summary's `gd`."""
     gd = [s for s in recipe.sweeps if s.learner == "gd"]
-    if gd:
-        widest = max(gd, key=lambda s: max(s.grid.get("steps", [0]) or [0]))
-        out["gd"] = out.get(widest.label, {})
+    return max(gd, key=lambda s: max(s.grid.get("steps", [0]) or [0])).label if gd else None
+
+
+def best_match_block(best: pd.DataFrame, recipe: Recipe) -> dict[str, dict[str, Match]]:
+    """learner -> metric -> Match. `gd` is the widest GD sweep and `newton` the first Newton
+    sweep; each sweep also appears under its own label."""
+    out: dict[str, dict[str, Match]] = {}
+    for label, rows in best.groupby("sweep", sort=False):
+        out[label] = {metric: _columns(r.sort_values("layer"), Match) for metric, r in rows.groupby("metric")}
+    widest = _widest_gd(recipe)
+    if widest is not None:
+        out["gd"] = out.get(widest, {})
     newton = [s for s in recipe.sweeps if s.learner == "newton"]
     if newton and "newton" not in out:
         out["newton"] = out.get(newton[0].label, {})
     return out
 
 
-def nulls_block(nulls: pd.DataFrame) -> dict[str, Any]:
-    """Per layer: SimE against the zero predictor and a random-weights model; predicts ~0."""
+def nulls_block(nulls: pd.DataFrame) -> Nulls:
     first = nulls.drop_duplicates("layer").sort_values("layer")
-    return {
-        "layer": _col(first, "layer"),
-        "predicts_zero": [bool(v) for v in first.predicts_zero],
-        "relative_norm": _col(first, "relative_norm"),
-        "sime": {name: _col(r.sort_values("layer"), "similarity") for name, r in nulls.groupby("null", sort=False)},
-        "rule": "a best match is degenerate when SimE(layer, zero predictor) >= its ci_low, or the layer predicts ~0 "
-        "(||f|| < 0.1 ||y||)",
-    }
+    return Nulls(
+        layer=_col(first, "layer"),
+        predicts_zero=[bool(v) for v in first.predicts_zero],
+        relative_norm=_col(first, "relative_norm"),
+        sime={name: _col(r.sort_values("layer"), "similarity") for name, r in nulls.groupby("null", sort=False)},
+    )
 
 
-def trend_block(trends: list[dict[str, Any]], recipe: Recipe) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def trend_block(trends: list[dict[str, Any]], recipe: Recipe) -> dict[str, Trend]:
+    """learner -> its SimE trend (the headline, as in seed 003 Fig. 3) with every metric's fit."""
+    fits: dict[str, dict[str, TrendFit]] = {}
     for t in trends:
-        entry = {k: t[k] for k in ("linear_r2", "exponential_r2", "slope", "growth", "verdict", "layers")}
-        out.setdefault(t["learner"], {})[t["metric"]] = entry
-    for label, metrics in list(out.items()):
-        # the headline per learner is the SimE trend, as in seed 003 Fig. 3
-        out[label] = {**metrics.get("sime", next(iter(metrics.values()))), "by_metric": metrics}
-    gd = [s for s in recipe.sweeps if s.learner == "gd"]
-    if gd:
-        widest = max(gd, key=lambda s: max(s.grid.get("steps", [0]) or [0]))
-        if widest.label in out:
-            out["gd"] = out[widest.label]
+        fits.setdefault(t["learner"], {})[t["metric"]] = TrendFit(**{k: t[k] for k in TrendFit.__dataclass_fields__})
+    out = {
+        label: Trend(**vars(metrics.get("sime", next(iter(metrics.values())))), by_metric=metrics)
+        for label, metrics in fits.items()
+    }
+    widest = _widest_gd(recipe)
+    if widest in out:
+        out["gd"] = out[widest]
     return out
 
 
-def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: LoadedCheckpoint | None) -> dict[str, Any]:
+def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: LoadedCheckpoint | None) -> Summary:
     """summary.json: provenance, then one block per analysis (README, "summary.json")."""
     t = built.tables
-    icl = t["icl_error"]
-    summary: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "checkpoint": checkpoint_block(ckpt),
-        "recipe": recipe.to_dict(),
+    summary = Summary(
+        schema_version=SCHEMA_VERSION,
+        checkpoint=checkpoint_block(ckpt),
+        recipe=recipe.to_dict(),
         **stamp(),
-        "seed": recipe.prompts.seed,
-        "timings": built.timings,
-        "cached_stages": [name for name, hit in built.cached.items() if hit],
-        "icl_error": {
-            c: _col(icl, c)
-            for c in ("n_examples", "model", "model_lo", "model_hi", "least_squares", "knn3", "averaging")
-        },
-        "readout": readout_block(t["readout"], ckpt.config.task.n_dims, recipe, built.data.get("readout_alpha")),
-        "best_match": best_match_block(t["best_match"], recipe),
-        "trend": trend_block(built.data.get("trends", []), recipe),
-        "table1": {"sime": table1_block(t["table1"])},
-    }
+        seed=recipe.prompts.seed,
+        timings=built.timings,
+        cached_stages=[name for name, hit in built.cached.items() if hit],
+        icl_error=_columns(t["icl_error"], IclError),
+        readout=readout_block(t["readout"], ckpt.config.task.n_dims, recipe, built.data.get("readout_alpha")),
+        best_match=best_match_block(t["best_match"], recipe),
+        trend=trend_block(built.data.get("trends", []), recipe),
+        table1=Table1(table1_block(t["table1"])),
+        **optional_blocks(built),
+    )
     if "nulls" in t and not t["nulls"].empty:
-        summary["nulls"] = nulls_block(t["nulls"])
-        summary["table1"]["null"] = {name: {"similarity": vals[-1]} for name, vals in summary["nulls"]["sime"].items()}
-    summary.update(optional_blocks(built))
+        summary.nulls = nulls_block(t["nulls"])
+        summary.table1.null = {name: {"similarity": vals[-1]} for name, vals in summary.nulls.sime.items()}
     if compare is not None:
-        summary["compare"] = {
+        other = t["compare_readout"]
+        summary.compare = {
             "checkpoint": {"path": display_path(compare.path), "format": compare.format, "sha256": compare.sha256},
             "table1": {"sime": table1_block(t["compare_table1"], degenerate=False)},
             "readout": {
-                "layer": sorted(int(i) for i in t["compare_readout"].layer.unique()),
-                "error": [
-                    float(v)
-                    for v in t["compare_readout"][t["compare_readout"].n_examples >= 1]
-                    .groupby("layer")
-                    .error.mean()
-                    .values
-                ],
+                "layer": sorted(int(i) for i in other.layer.unique()),
+                "error": [float(v) for v in other[other.n_examples >= 1].groupby("layer").error.mean().values],
             },
         }
     return summary
 
 
-def checkpoint_block(ckpt: LoadedCheckpoint) -> dict[str, Any]:
-    meta = {key: value for key, value in ckpt.meta.items() if key in ("train_step", "train_seconds")}
+def checkpoint_block(ckpt: LoadedCheckpoint) -> CheckpointInfo:
     task = {**ckpt.config.task.__dict__, "mixture_weights": list(ckpt.config.task.mixture_weights)}
-    return {
-        "path": display_path(ckpt.path),
-        "format": ckpt.format,
-        "sha256": ckpt.sha256,
-        "name": ckpt.name,
-        "model": ckpt.config.model.__dict__,
-        "task": task,
-        "parameters": int(sum(p.numel() for p in ckpt.model.parameters())),
-        **meta,
-    }
+    return CheckpointInfo(
+        path=display_path(ckpt.path),
+        format=ckpt.format,
+        sha256=ckpt.sha256,
+        name=ckpt.name,
+        model=ckpt.config.model.__dict__,
+        task=task,
+        parameters=int(sum(p.numel() for p in ckpt.model.parameters())),
+        **{key: value for key, value in ckpt.meta.items() if key in ("train_step", "train_seconds")},
+    )
 
 
-def readout_block(readout: pd.DataFrame, d: int, recipe: Recipe, alpha) -> dict[str, Any]:
+def readout_block(readout: pd.DataFrame, d: int, recipe: Recipe, alpha) -> Readout:
     by_layer = readout[readout.n_examples >= 1].groupby("layer").error.mean()
     k = 2 * d + 1
     at_k = readout[readout.n_examples == k].set_index("layer").error if k in set(readout.n_examples) else None
+    return Readout(
+        layer=[int(i) for i in by_layer.index],
+        error=[float(v) for v in by_layer.values],
+        error_at_2d1=None if at_k is None else [float(at_k[l]) for l in by_layer.index],
+        method=recipe.readout.method,
+        alpha=alpha,
+    )
+
+
+def table1_block(table: pd.DataFrame, degenerate: bool = True) -> dict[str, Table1Entry]:
     return {
-        "layer": [int(i) for i in by_layer.index],
-        "error": [float(v) for v in by_layer.values],
-        "error_at_2d1": None if at_k is None else [float(at_k[l]) for l in by_layer.index],
-        "method": recipe.readout.method,
-        "alpha": alpha,
-        "error_definition": "mean over n_examples >= 1 of squared error / d on held-out prompts",
+        r.family: Table1Entry(
+            sweep=r.sweep,
+            k=_int_if_integral(r.k),
+            similarity=r.similarity,
+            ci_low=r.ci_low,
+            ci_high=r.ci_high,
+            degenerate=bool(getattr(r, "degenerate", False)) if degenerate else None,
+        )
+        for r in table.itertuples()
     }
 
 
-def table1_block(table: pd.DataFrame, degenerate: bool = True) -> dict[str, Any]:
-    out = {}
-    for r in table.itertuples():
-        entry = {
-            "sweep": r.sweep,
-            "k": _int_if_integral(r.k),
-            "similarity": r.similarity,
-            "ci_low": r.ci_low,
-            "ci_high": r.ci_high,
-        }
-        if degenerate:
-            entry["degenerate"] = bool(getattr(r, "degenerate", False))
-        out[r.family] = entry
-    return out
-
-
 def optional_blocks(built) -> dict[str, Any]:
-    """Blocks of the stages a recipe may leave out: ReLU R^2, span, probes, forgetting, interventions."""
+    """Blocks of the stages a recipe may leave out: ReLU R^2, span, probes, forgetting, order,
+    steering, interventions."""
     t = built.tables
     out: dict[str, Any] = {}
     if "icl_r2" in t:
         out["icl_r2"] = {c: _col(t["icl_r2"], c) for c in t["icl_r2"].columns}
     if not t["span"].empty:
         layers = t["span"][t["span"].kind == "layer"]
-        out["span"] = {
-            "layer": _col(layers, "index"),
-            "n_examples": _col(layers, "n_examples"),
-            "residual": _col(layers, "residual"),
-            "random_null": _col(layers, "random_null"),
-            "statistic": "root mean square over prompts of ||w - P_t w|| / ||w||",
-        }
+        out["span"] = _columns(layers, Span, layer=_col(layers, "index"))
     if "probes" in t:
-        out["probes"] = probe_summary(t["probes"])
-        out["probes"]["target_normalisation"] = (
-            "standardised per prefix and coordinate with training-prompt mean and std"
-        )
+        out["probes"] = Probes(probe_summary(t["probes"]))
     if "forgetting" in t:
         out["forgetting"] = {
             name: {"gap": _col(r, "gap"), "error": _col(r, "error")} for name, r in t["forgetting"].groupby("predictor")
@@ -202,57 +198,51 @@ def optional_blocks(built) -> dict[str, Any]:
     if "steering" in t:
         out["steering"] = steering_summary(t["steering"])
     if "interventions" in built.data:
-        block = dict(built.data["interventions"])
-        block["verdicts"] = [iteration_verdict(label, entry) for label, entry in block.get("iteration", {}).items()]
+        block = Interventions(**built.data["interventions"])
+        block.verdicts = [iteration_verdict(label, entry) for label, entry in (block.iteration or {}).items()]
         out["interventions"] = block
     return out
 
 
-def order_block(table: pd.DataFrame) -> dict[str, Any]:
-    """model: per prefix (as a string key) the order share by layer with intervals; learners: per
-    learner and prefix, the same share (probe/analysis/order.py)."""
+def order_block(table: pd.DataFrame) -> OrderSensitivity:
+    """The model per prefix (a string key) by layer with intervals; each learner per prefix."""
     model = table[table.predictor == "model"]
-    block: dict[str, Any] = {
-        "prefixes": sorted(int(t) for t in table.prefix.unique()),
-        "layer": sorted(int(l) for l in model.layer.unique()),
-        "model": {
-            str(t): {c: _col(r.sort_values("layer"), c) for c in ("sensitivity", "ci_low", "ci_high")}
-            for t, r in model.groupby("prefix")
-        },
-        "learners": {
+    series = lambda rows: _columns(rows, OrderSeries)
+    return OrderSensitivity(
+        prefixes=sorted(int(t) for t in table.prefix.unique()),
+        layer=sorted(int(l) for l in model.layer.unique()),
+        model={str(t): series(r.sort_values("layer")) for t, r in model.groupby("prefix")},
+        learners={
             name: {
-                str(int(r.prefix)): {"sensitivity": r.sensitivity, "ci_low": r.ci_low, "ci_high": r.ci_high}
+                str(int(r.prefix)): OrderSeries(sensitivity=r.sensitivity, ci_low=r.ci_low, ci_high=r.ci_high)
                 for r in rows.itertuples()
             }
             for name, rows in table[table.predictor != "model"].groupby("predictor", sort=False)
         },
-        "definition": "mean over prompts of the variance of the prediction across orderings of the first t examples, "
-        "divided by the variance across prompts of its mean over orderings (0: order-free)",
-    }
-    return block
+    )
 
 
-def probe_summary(table: pd.DataFrame) -> dict:
-    """Per target and kind: R^2 by layer (mean over prefixes >= d... all probed prefixes), with
-    the random-model and shuffled controls aligned by layer, and the best layer."""
-    out: dict = {}
+def probe_summary(table: pd.DataFrame) -> dict[str, dict[str, ProbeFit]]:
+    """Per target and kind: R^2 by layer (mean over all probed prefixes), with the random-model
+    and shuffled controls aligned by layer, and the best layer."""
+    out: dict[str, dict[str, ProbeFit]] = {}
     for (target, kind), rows in table.groupby(["target", "kind"]):
         by = rows.groupby(["control", "layer"]).r2.mean()
         layers = sorted(rows.layer.unique())
         main = [float(by.get(("none", l), np.nan)) for l in layers]
-        entry: dict[str, Any] = {
-            "layer": layers,
-            "r2": main,
-            "control_r2": [float(by.get(("random_model", l), np.nan)) for l in layers],
-            "shuffled_r2": [float(by.get(("shuffled", l), np.nan)) for l in layers],
-        }
-        entry["best_layer"] = int(layers[int(np.nanargmax(main))])
         own = rows[rows.control == "none"]
-        entry["by_prefix"] = {
-            int(t): [float(v) for v in g.groupby("layer").r2.mean().reindex(layers)] for t, g in own.groupby("prefix")
-        }
-        if "converged" in rows:
-            entry["converged_share"] = float(own.converged.mean())
-            entry["max_steps_used"] = int(own.steps.max())
-        out.setdefault(target, {})[kind] = entry
+        converged = "converged" in rows
+        out.setdefault(target, {})[kind] = ProbeFit(
+            layer=layers,
+            r2=main,
+            control_r2=[float(by.get(("random_model", l), np.nan)) for l in layers],
+            shuffled_r2=[float(by.get(("shuffled", l), np.nan)) for l in layers],
+            best_layer=int(layers[int(np.nanargmax(main))]),
+            by_prefix={
+                int(t): [float(v) for v in g.groupby("layer").r2.mean().reindex(layers)]
+                for t, g in own.groupby("prefix")
+            },
+            converged_share=float(own.converged.mean()) if converged else None,
+            max_steps_used=int(own.steps.max()) if converged else None,
+        )
     return out

@@ -1,0 +1,264 @@
+"""summary.json's schema as dataclasses (README, "summary.json").
+
+The report builds a `Summary` (probe/report/summary.py) and writes `summary.to_json()`; the
+findings and the page read its attributes. `Summary.from_json(json.load(f))` reads a written
+file back. Lists inside an entry are aligned by position (readout.layer[i] goes with
+readout.error[i]). Fields with OMIT metadata are left out of the JSON when None; blocks the
+schema does not interpret (recipe, versions, steering, forgetting, compare) stay plain dicts.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+SCHEMA_VERSION = 2
+
+
+OMIT = {"omit_if_none": True}  # field metadata: summary.json leaves the field out when it is None
+
+
+def to_json(value: Any) -> Any:
+    """Dataclasses -> dicts (in field order, optional Nones left out), recursively."""
+    if hasattr(value, "to_json_value"):
+        return value.to_json_value()
+    if is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: to_json(getattr(value, f.name))
+            for f in fields(value)
+            if not (f.metadata.get("omit_if_none") and getattr(value, f.name) is None)
+        }
+    if isinstance(value, dict):
+        return {key: to_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [to_json(item) for item in value]
+    return value
+
+
+def from_json(kind: Any, value: Any) -> Any:
+    """A JSON value read back as the annotated type `kind` (dataclasses, dicts of them, optionals)."""
+    if value is None:
+        return None
+    if get_origin(kind) in (Union, types.UnionType):
+        kind = next(arg for arg in get_args(kind) if arg is not type(None))
+    if isinstance(kind, type) and hasattr(kind, "from_json_value"):
+        return kind.from_json_value(value)
+    if isinstance(kind, type) and is_dataclass(kind):
+        hints = get_type_hints(kind)
+        return kind(**{f.name: from_json(hints[f.name], value[f.name]) for f in fields(kind) if f.name in value})
+    if get_origin(kind) is dict:
+        item = get_args(kind)[1]
+        return {key: from_json(item, v) for key, v in value.items()}
+    return value
+
+
+@dataclass
+class CheckpointInfo:
+    path: str
+    format: str
+    sha256: str
+    name: str
+    model: dict[str, Any]
+    task: dict[str, Any]
+    parameters: int
+    train_step: int | None = field(default=None, metadata=OMIT)
+    train_seconds: float | None = field(default=None, metadata=OMIT)
+
+
+@dataclass
+class IclError:
+    """Squared error / d of the model's predictions by number of examples, with its 90% band."""
+
+    n_examples: list[int]
+    model: list[float]
+    model_lo: list[float]
+    model_hi: list[float]
+    least_squares: list[float]
+    knn3: list[float]
+    averaging: list[float]
+
+
+@dataclass
+class Readout:
+    layer: list[int]
+    error: list[float]
+    error_at_2d1: list[float] | None
+    method: str
+    alpha: list[float] | None
+    error_definition: str = "mean over n_examples >= 1 of squared error / d on held-out prompts"
+
+
+@dataclass
+class Match:
+    """One learner's best match per layer under one metric (seed 003 eq. 9-12), 90% intervals."""
+
+    layer: list[int]
+    k: list
+    k_low: list
+    k_high: list
+    similarity: list[float]
+    ci_low: list[float]
+    ci_high: list[float]
+    at_grid_end: list[bool]
+    zero_similarity: list[float] | None = field(default=None, metadata=OMIT)
+    degenerate: list[bool] | None = field(default=None, metadata=OMIT)
+
+
+@dataclass
+class TrendFit:
+    """Linear and exponential fits of the best k against layer (seed 003 Fig. 3)."""
+
+    linear_r2: float | None
+    exponential_r2: float | None
+    slope: float | None
+    growth: float | None
+    verdict: str
+    layers: list[int]
+
+
+@dataclass
+class Trend(TrendFit):
+    """The SimE fit (the headline), with every metric's fit under by_metric."""
+
+    by_metric: dict[str, TrendFit] = field(default_factory=dict)
+
+
+@dataclass
+class Table1Entry:
+    """The final layer's best match against one learner family (seed 003 Table 1)."""
+
+    sweep: str
+    k: Any
+    similarity: float
+    ci_low: float
+    ci_high: float
+    degenerate: bool | None = field(default=None, metadata=OMIT)
+
+
+@dataclass
+class Table1:
+    sime: dict[str, Table1Entry]
+    null: dict[str, dict[str, float]] | None = field(default=None, metadata=OMIT)
+
+
+@dataclass
+class Nulls:
+    """Per layer: SimE against the zero predictor and a random-weights model; predicts ~0."""
+
+    layer: list[int]
+    predicts_zero: list[bool]
+    relative_norm: list[float]
+    sime: dict[str, list[float]]
+    rule: str = (
+        "a best match is degenerate when SimE(layer, zero predictor) >= its ci_low, or the layer predicts ~0 "
+        "(||f|| < 0.1 ||y||)"
+    )
+
+
+@dataclass
+class Span:
+    layer: list[int]
+    n_examples: list[int]
+    residual: list[float]
+    random_null: list[float]
+    statistic: str = "root mean square over prompts of ||w - P_t w|| / ||w||"
+
+
+@dataclass
+class ProbeFit:
+    """Held-out R^2 of one target and probe kind by layer (mean over prefixes), with controls."""
+
+    layer: list[int]
+    r2: list[float]
+    control_r2: list[float]
+    shuffled_r2: list[float]
+    best_layer: int
+    by_prefix: dict[int, list[float]]
+    converged_share: float | None = field(default=None, metadata=OMIT)
+    max_steps_used: int | None = field(default=None, metadata=OMIT)
+
+
+@dataclass
+class Probes:
+    """target -> kind -> ProbeFit; in JSON the targets sit beside `target_normalisation`."""
+
+    fits: dict[str, dict[str, ProbeFit]]
+    target_normalisation: str = "standardised per prefix and coordinate with training-prompt mean and std"
+
+    def to_json_value(self) -> dict[str, Any]:
+        return {**to_json(self.fits), "target_normalisation": self.target_normalisation}
+
+    @classmethod
+    def from_json_value(cls, value: dict[str, Any]) -> Probes:
+        fits = {key: v for key, v in value.items() if key != "target_normalisation"}
+        return cls(from_json(dict[str, dict[str, ProbeFit]], fits), value["target_normalisation"])
+
+
+@dataclass
+class OrderSeries:
+    sensitivity: Any
+    ci_low: Any
+    ci_high: Any
+
+
+@dataclass
+class OrderSensitivity:
+    """Share of prediction variance due to example order (probe/analysis/order.py): the model per
+    prefix (string key) and layer, each learner per prefix."""
+
+    prefixes: list[int]
+    layer: list[int]
+    model: dict[str, OrderSeries]
+    learners: dict[str, dict[str, OrderSeries]]
+    definition: str = (
+        "mean over prompts of the variance of the prediction across orderings of the first t examples, "
+        "divided by the variance across prompts of its mean over orderings (0: order-free)"
+    )
+
+
+@dataclass
+class Interventions:
+    """The causal checks (probe/interventions/pipeline.py) with one verdict per layer map."""
+
+    settings: dict[str, Any]
+    ablation: dict[str, Any] | None = field(default=None, metadata=OMIT)
+    patching: dict[str, Any] | None = field(default=None, metadata=OMIT)
+    iteration: dict[str, dict[str, Any]] | None = field(default=None, metadata=OMIT)
+    verdicts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Summary:
+    """summary.json: provenance, then one block per analysis (None: the recipe left the stage out)."""
+
+    schema_version: int
+    checkpoint: CheckpointInfo
+    recipe: dict[str, Any]
+    versions: dict[str, str]
+    git_commit: str | None
+    created: str
+    seed: int
+    timings: dict[str, float]
+    cached_stages: list[str]
+    icl_error: IclError
+    readout: Readout
+    best_match: dict[str, dict[str, Match]]
+    trend: dict[str, Trend]
+    table1: Table1
+    nulls: Nulls | None = field(default=None, metadata=OMIT)
+    icl_r2: dict[str, list] | None = field(default=None, metadata=OMIT)
+    span: Span | None = field(default=None, metadata=OMIT)
+    probes: Probes | None = field(default=None, metadata=OMIT)
+    forgetting: dict[str, dict[str, list]] | None = field(default=None, metadata=OMIT)
+    order_sensitivity: OrderSensitivity | None = field(default=None, metadata=OMIT)
+    steering: dict[str, Any] | None = field(default=None, metadata=OMIT)
+    interventions: Interventions | None = field(default=None, metadata=OMIT)
+    compare: dict[str, Any] | None = field(default=None, metadata=OMIT)
+
+    def to_json(self) -> dict[str, Any]:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Summary:
+        return from_json(cls, data)
