@@ -29,10 +29,12 @@ code{background:#f3f3f3;padding:0 .2em} .grid{display:flex;flex-wrap:wrap;gap:1e
 
 @dataclass
 class Section:
-    """One <h2> section: a title (may hold <sup>-style markup written by icl-probe) and HTML blocks."""
+    """One <h2> section: a title (may hold <sup>-style markup written by icl-probe) and either HTML
+    blocks or the name of a macro of the page's sections template that writes the body."""
 
     title: str
     parts: list[str] = field(default_factory=list)
+    macro: str = ""
 
     @property
     def plain(self) -> str:
@@ -58,6 +60,8 @@ class Page:
     git: str
     headline: str = ""
     caveats: list[str] = field(default_factory=list)
+    sections_template: str = ""  # a template of macros, one per Section.macro (templates/report.html.j2)
+    context: dict = field(default_factory=dict)  # what those macros read
 
     def render(self) -> str:
         import jinja2
@@ -69,7 +73,7 @@ class Page:
             keep_trailing_newline=True,
         )
         return env.get_template("page.html.j2").render(
-            page=self, css=markupsafe.Markup(CSS), version=__version__, markup=markupsafe.Markup
+            page=self, css=markupsafe.Markup(CSS), version=__version__, markup=markupsafe.Markup, **self.context
         )
 
 
