@@ -130,7 +130,7 @@ PROBE_TARGETS = ("xty", "w_ols")
 
 @dataclass
 class ProbeSettings:
-    """Attention-pooled probes (probe/analysis/probes.py `probe_study`): recipe section [probes],
+    """Attention-pooled probes (probe/analysis/probe_study.py): recipe section [probes],
     `icl-probe probes` flags. The prompts' seed and test-set size come from [prompts]."""
 
     enabled: bool = setting(True, "run the probes in reports")

@@ -1,6 +1,7 @@
 """Package hygiene: no import cycles inside probe/ (issue 17)."""
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,20 @@ def test_the_readme_python_api_block_runs_as_written(tmp_path, monkeypatch):
     assert scope["newton"].preds.shape == (25, 64, 16)
     assert {"sweep", "layer", "k", "similarity"} <= set(scope["result"].best.columns)
     assert {Path(m).name for m in scope["table"].model} == {"gpt2-relu3", "gpt2-relu4"}
+
+
+def test_the_readme_summary_json_block_reads_a_committed_report(monkeypatch):
+    """README "summary.json": reading a committed report back as a typed Summary, as written."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## summary.json") :]
+    block = section[section.index("```python\n") + len("```python\n") :]
+    block = block[: block.index("```\n")]
+    monkeypatch.chdir(REPO)
+    scope: dict = {}
+    exec(compile(block, "README.md (summary.json)", "exec"), scope)  # noqa: S102
+    written = json.loads((REPO / "reports/gpt2-default-quick/summary.json").read_text())
+    assert scope["summary"].best_match["newton"]["sime"].k == written["best_match"]["newton"]["sime"]["k"]
+    assert scope["summary"].to_json() == written
 
 
 def test_git_commit_is_dirty_for_code_changes_but_not_for_regenerated_reports(tmp_path):

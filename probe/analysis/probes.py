@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,18 +27,11 @@ import torch
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
-from ..capture.streams import by_position_streams
 from ..errors import ConfigError
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
-from ..memory import MemoryBudget
-from ..seeds import Offset, Stream, stream_generator
-from ..settings import ProbeSettings
 from ..stats import r2_score
-from ..tasks import sample_prompts
-from ..validate import check_device, positive_int
 
 
 def probe_targets(xs: Tensor, ys: Tensor, name: str) -> Tensor:
@@ -469,73 +461,3 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
 
 
 PRECISIONS = {"float64": torch.float64, "float32": torch.float32}
-
-
-def default_prefixes(n_dims: int, n_points: int) -> tuple[int, ...]:
-    return tuple(sorted({t for t in (1, n_dims, 2 * n_dims, n_points - 1) if 1 <= t < n_points}))
-
-
-def probe_study(
-    model,
-    task,
-    settings: ProbeSettings,
-    n_test: int = 256,
-    seed: int = 0,
-    device: str = "cpu",
-    control_model=None,
-    progress: bool = False,
-    memory: MemoryBudget | None = None,
-) -> pd.DataFrame:
-    """Probes for every layer x prefix x target x kind on `model`, tested on `n_test` held-out
-    prompts, with controls: `random_model` (the same probes on `control_model`, e.g. the
-    architecture with random weights) and `shuffled` (targets permuted across prompts). Column
-    `control` says which rows are which."""
-
-    prefixes = settings.prefixes or default_prefixes(task.n_dims, task.n_points)
-    combos = [(t, target) for t in prefixes for target in settings.targets]
-
-    device = check_device(device)
-    n_test = positive_int(n_test, "probe test prompts")
-    train = sample_prompts(task, settings.prompts, generator=stream_generator(seed, Stream.PROBE_TRAIN))
-    test = sample_prompts(task, n_test, generator=stream_generator(seed, Stream.PROBE_TEST))
-    targets_train = {k: probe_targets(train.xs, train.ys, k) for k in settings.targets}
-    targets_test = {k: probe_targets(test.xs, test.ys, k) for k in settings.targets}
-    models = [("none", model)] + (
-        [("random_model", control_model)] if settings.controls and control_model is not None else []
-    )
-    frames = []
-
-    jobs = [(c, m, kind) for c, m in models for kind in settings.kinds]
-    fit: dict[str, Any] = {
-        "steps": settings.steps,
-        "hidden": settings.hidden,
-        "patience": settings.patience,
-        "eval_every": settings.eval_every,
-        "seed": seed,
-        "device": device,
-        "precision": settings.precision,
-    }
-    dtype = probe_dtype(settings.precision)
-    streams = lambda m, p: by_position_streams(
-        m, p.xs, p.ys, device, dtype=dtype, memory=memory
-    )  # probe/capture/streams.py
-    states: dict[str, tuple[Tensor, Tensor]] = {}  # control -> (train, test) residual streams, captured once
-    for control, m, kind in tqdm(jobs, desc="probes", disable=not progress, leave=False):
-        if control not in states:
-            states.clear()  # one model's streams at a time
-            states[control] = (streams(m, train), streams(m, test))
-        states_train, states_test = states[control]
-        rates: dict[str, Any] = {"lr": settings.lr if kind == "linear" else settings.mlp_lr}
-        frame = fit_probes(
-            states_train, targets_train, states_test, targets_test, combos, kind, **fit, **rates, layout="lpnd"
-        )
-        frames.append(frame.assign(control=control))
-        if control == "none" and settings.controls:
-            perm = torch.randperm(settings.prompts, generator=torch.Generator().manual_seed(seed + Offset.SHUFFLE))
-            shuffled = {k: v[perm] for k, v in targets_train.items()}
-            frame = fit_probes(
-                states_train, shuffled, states_test, targets_test, combos, kind, **fit, **rates, layout="lpnd"
-            )
-            frames.append(frame.assign(control="shuffled"))
-        del states_train, states_test  # so that the next model's capture does not sit beside them
-    return pd.concat(frames, ignore_index=True)

@@ -31,7 +31,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.probes import probe_study
+    from ..analysis.probe_study import probe_study
     from ..errors import ConfigError
     from ..formats import load_checkpoint
     from ..provenance import stamp

@@ -60,6 +60,17 @@ def attention_weights(parts: list[tuple[Tensor, Tensor]], activation: str) -> Te
     return weights / seen.sum(0).clamp_min(1)
 
 
+def _shared(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b where a (R, B, H, W, i) holds R copies of a window and b (B, H, i, j) is shared by them:
+    the copies become rows of one (B, H) batch, so b is never broadcast (torch.matmul would copy b
+    R times). Returns (R, B, H, W, j); a without the copy axis is a plain matmul."""
+    if a.dim() == b.dim():
+        return a @ b
+    r, *batch, w, i = a.shape
+    rows = a.permute(1, 2, 0, 3, 4).reshape(*batch, r * w, i)  # (B, H, R*W, i)
+    return (rows @ b).view(*batch, r, w, b.shape[-1]).permute(2, 0, 1, 3, 4)
+
+
 class Conv1D(nn.Module):
     """Hugging Face's GPT-2 linear layer: y = x @ W + b with W stored as (in, out)."""
 
@@ -118,16 +129,15 @@ class Attention(nn.Module):
         causal = torch.ones(width, width, dtype=torch.bool, device=q.device).tril()[width - rows :]  # (rows, W)
         parts = [(q @ k.transpose(-1, -2) * scale, causal)]
         if past is not None:
-            k_pre = past[0]  # (B, H, P, hs), shared by the window's copies
             seen = torch.ones(1, dtype=torch.bool, device=q.device) if visible is None else visible
             if seen.dim() == 2:  # (R, P) -> (R, 1, 1, 1, P) against scores (R, B, H, rows, P)
                 seen = seen.view(seen.shape[0], *([1] * (q.dim() - 2)), seen.shape[1])
-            parts.insert(0, (q @ k_pre.transpose(-1, -2) * scale, seen))
+            parts.insert(0, (_shared(q, past[0].transpose(-1, -2)) * scale, seen))
         weights = attention_weights(parts, self.activation)
         if past is None:
             return weights @ v
         p = past[0].shape[-2]
-        return weights[..., :p] @ past[1] + weights[..., p:] @ v
+        return _shared(weights[..., :p], past[1]) + weights[..., p:] @ v
 
 
 class MLP(nn.Module):

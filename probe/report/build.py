@@ -20,7 +20,7 @@ import pandas as pd
 from ..analysis.forgetting import forgetting_table
 from ..analysis.order import order_table
 from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
-from ..analysis.probes import probe_study
+from ..analysis.probe_study import probe_study
 from ..analysis.readout import LayerReadouts
 from ..checkpoint import LoadedCheckpoint
 from ..errors import ConfigError

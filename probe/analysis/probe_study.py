@@ -1,0 +1,80 @@
+"""The probe study of a report (seed 002 §5, App. C.8): every layer x prefix x target x kind,
+trained on one set of prompts and tested on another, beside its two controls: the same probes on a
+random-weights model of the architecture (`random_model`) and on targets shuffled across prompts
+(`shuffled`). The probes themselves are probe/analysis/probes.py's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from ..capture.streams import by_position_streams
+from ..memory import MemoryBudget
+from ..seeds import Offset, Stream, stream_generator
+from ..settings import ProbeSettings
+from ..tasks import sample_prompts
+from ..validate import check_device, positive_int
+from .probes import fit_probes, probe_dtype, probe_targets
+
+
+def default_prefixes(n_dims: int, n_points: int) -> tuple[int, ...]:
+    return tuple(sorted({t for t in (1, n_dims, 2 * n_dims, n_points - 1) if 1 <= t < n_points}))
+
+
+def probe_study(
+    model,
+    task,
+    settings: ProbeSettings,
+    n_test: int = 256,
+    seed: int = 0,
+    device: str = "cpu",
+    control_model=None,
+    progress: bool = False,
+    memory: MemoryBudget | None = None,
+) -> pd.DataFrame:
+    """Probes for every layer x prefix x target x kind on `model`, tested on `n_test` held-out
+    prompts, with the controls of the module docstring (`random_model` needs `control_model`).
+    Column `control` says which rows are which."""
+
+    device, n_test = check_device(device), positive_int(n_test, "probe test prompts")
+    prefixes = settings.prefixes or default_prefixes(task.n_dims, task.n_points)
+    combos = [(t, target) for t in prefixes for target in settings.targets]
+    train = sample_prompts(task, settings.prompts, generator=stream_generator(seed, Stream.PROBE_TRAIN))
+    test = sample_prompts(task, n_test, generator=stream_generator(seed, Stream.PROBE_TEST))
+    targets_train = {k: probe_targets(train.xs, train.ys, k) for k in settings.targets}
+    targets_test = {k: probe_targets(test.xs, test.ys, k) for k in settings.targets}
+    perm = torch.randperm(settings.prompts, generator=torch.Generator().manual_seed(seed + Offset.SHUFFLE))
+    shuffled = {k: v[perm] for k, v in targets_train.items()}
+    models = [("none", model)] + (
+        [("random_model", control_model)] if settings.controls and control_model is not None else []
+    )
+    fit: dict[str, Any] = {
+        "steps": settings.steps,
+        "hidden": settings.hidden,
+        "patience": settings.patience,
+        "eval_every": settings.eval_every,
+        "seed": seed,
+        "device": device,
+        "precision": settings.precision,
+        "layout": "lpnd",
+    }
+    dtype, frames = probe_dtype(settings.precision), []
+    bar = tqdm(total=len(models) * len(settings.kinds), desc="probes", disable=not progress, leave=False)
+    for control, m in models:  # one model's streams at a time (probe/capture/streams.py)
+        states_train, states_test = (
+            by_position_streams(m, p.xs, p.ys, device, dtype=dtype, memory=memory) for p in (train, test)
+        )
+        for kind in settings.kinds:
+            fit["lr"] = settings.lr if kind == "linear" else settings.mlp_lr
+            frame = fit_probes(states_train, targets_train, states_test, targets_test, combos, kind, **fit)
+            frames.append(frame.assign(control=control))
+            if control == "none" and settings.controls:
+                frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kind, **fit)
+                frames.append(frame.assign(control="shuffled"))
+            bar.update()
+        del states_train, states_test  # so that the next model's capture does not sit beside them
+    bar.close()
+    return pd.concat(frames, ignore_index=True)
