@@ -9,7 +9,7 @@ as `RidgeReadout(alpha).fit(states, ys)`. With a read-out each layer becomes a p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -75,6 +75,14 @@ class LayerReadouts:
     intercept: np.ndarray  # (L+1,)
     alpha: np.ndarray  # (L+1,) chosen penalty per layer
     val_error: np.ndarray  # (A, L+1) validation MSE of every penalty
+
+    def to_json(self) -> dict[str, list]:
+        """The fitted arrays as JSON lists (float64 round-trips exactly), e.g. for a stage cache."""
+        return {f.name: getattr(self, f.name).tolist() for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, list]) -> LayerReadouts:
+        return cls(**{name: np.asarray(value, dtype=np.float64) for name, value in data.items()})
 
     def predict(self, states: np.ndarray) -> np.ndarray:
         """states (L+1, ..., D) -> predictions (L+1, ...), one layer at a time (in float64)."""

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from ..analysis.forgetting import forgetting_table
@@ -88,17 +87,10 @@ def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress:
         {
             "trends": res.trends,
             "readout_alpha": None if alphas is None else list(map(float, alphas)),
-            "readouts": _readout_weights(res.readouts),
+            "readouts": res.readouts.to_json() if isinstance(res.readouts, LayerReadouts) else None,
             "timings": res.timings,
         },
     )
-
-
-def _readout_weights(readouts) -> dict[str, list] | None:
-    """The fitted read-outs as JSON (float64 round-trips exactly), for the order stage to reuse."""
-    if not isinstance(readouts, LayerReadouts):
-        return None  # the model's own read-out (ModelLens): nothing fitted
-    return {name: getattr(readouts, name).tolist() for name in ("coef", "intercept", "alpha", "val_error")}
 
 
 def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
@@ -139,7 +131,7 @@ def order_stage(
     settings, task = recipe.order, ckpt.config.task
     p = sample_prompts(task, settings.prompts, generator=stream_generator(recipe.prompts.seed, Stream.ORDER))
     if fitted is not None:
-        readouts = LayerReadouts(**{name: np.asarray(value, dtype=np.float64) for name, value in fitted.items()})
+        readouts = LayerReadouts.from_json(fitted)
     else:
         readouts, _, _ = fit_readouts(ckpt.model, task, layer_settings(recipe, device, memory))
     learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in settings.learners}

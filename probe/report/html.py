@@ -116,17 +116,13 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
     context = {
         "summary": summary,
         "src": {name: f"{path.parent.name}/{path.name}" for name, path in figs.items()},
-        "tables": {
-            name: markupsafe.Markup(html)
-            for name, html in _tables(built.tables, summary, ckpt, recipe, compare).items()
-        },
+        "tables": _tables(built.tables, summary, ckpt, recipe, compare),
         "recipe": recipe,
         "label": label,
         "compare_name": compare.name if compare is not None else "",
         "learner_lines": learner_methods(recipe),
         "queries": recipe.prompts.queries or 4 * ckpt.config.task.n_dims,
     }
-    context["tables"]["iteration"] = {k: markupsafe.Markup(v) for k, v in _iteration_tables(summary).items()}
     return Page(
         title=f"icl-probe report: {summary.checkpoint.name} ({recipe.name} recipe)",
         subtitle="",
@@ -139,8 +135,9 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
     ).render()
 
 
-def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare) -> dict[str, str]:
-    """The report's tables as HTML, by the names templates/report.html.j2 reads."""
+def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare) -> dict[str, Any]:
+    """The report's tables as HTML, by the names templates/report.html.j2 reads (iteration: one
+    table per layer map)."""
     out = {"card": _table(_model_card(summary, ckpt))}
     readout = summary.readout
     ro = pd.DataFrame({"layer": readout.layer, "error / d (mean over t >= 1)": readout.error})
@@ -174,7 +171,8 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
         {"label": s.label, "learner": s.learner, "axis": s.axis, "grid": json.dumps(s.grid)} for s in recipe.sweeps
     ]
     out["grids"] = _table(pd.DataFrame(grids))
-    return out
+    html = {name: markupsafe.Markup(text) for name, text in out.items()}
+    return {**html, "iteration": {k: markupsafe.Markup(v) for k, v in _iteration_tables(summary).items()}}
 
 
 def _iteration_tables(summary: Summary) -> dict[str, str]:
