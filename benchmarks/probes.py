@@ -21,7 +21,8 @@ DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "gpt2-default"
 
 
 def main() -> None:
-    from probe.analysis.probes import AttentionPoolProbe, default_prefixes, fit_probes, probe_targets
+    from probe.analysis.probe_study import default_prefixes
+    from probe.analysis.probes import AttentionPoolProbe, fit_probes, probe_targets
     from probe.capture import RESID, capture
     from probe.formats import load_checkpoint
     from probe.tasks import generator_for, sample_prompts
