@@ -12,55 +12,43 @@ examples:
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import fields
 
 from ..config import to_dict
-from ..resources import DEFAULT_CHECKPOINT
-from .common import add_device, add_out, check_device, output_target, writing
-from .layers import add_recipe_args, recipe_from_args
+from ..errors import ConfigError
+from .stage import add_stage_parser, run_stage
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..settings import PromptSettings, SteeringSettings, add_flags
+    from ..settings import SteeringSettings
 
-    p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (a transformer)")
-    add_out(p, "directory for steering.csv, steering_summary.json and steering.png")
-    add_flags(p, "steering", SteeringSettings, [f.name for f in fields(SteeringSettings) if f.name != "enabled"])
-    add_flags(p, "prompts", PromptSettings, {"seed": "seed"})
-    add_recipe_args(p)
-    add_device(p)
+    files = "steering.csv, steering_summary.json and steering.png"
+    add_stage_parser(p, "steering", SteeringSettings, files, {"seed": "seed"}, " (a transformer)")
+
+
+def _cells(ckpt, recipe) -> tuple[list[int], list[int]]:
+    task = ckpt.config.task
+    return recipe.steering.cells(ckpt.config.model.n_layer, task.n_dims, task.n_points)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
-    from ..formats import load_checkpoint
     from ..interventions.steer import check_cells, steering_summary
-    from ..provenance import stamp
-    from ..report import figures
-    from ..report.build import steering_stage
 
-    target = output_target(args, "steer", (args.checkpoint,))
-    ckpt = load_checkpoint(args.checkpoint)
-    if getattr(ckpt.model, "runner", None) is None:
-        raise ConfigError(
-            f"steering edits a transformer's residual stream; this checkpoint is a {ckpt.config.model.family} model "
-            "(use a GPT-2 family or planted checkpoint)"
-        )
-    recipe = recipe_from_args(args, ckpt)  # the report's settings, then the flags
-    task, settings = ckpt.config.task, recipe.steering
-    layers, prefixes = settings.cells(ckpt.config.model.n_layer, task.n_dims, task.n_points)
-    check_cells(ckpt.model, layers, prefixes, settings.targets, task.n_points)  # before any work
-    table = steering_stage(ckpt, recipe, check_device(args.device))[0]["steering"]
-    record = {**to_dict(settings), "layers": layers, "prefixes": prefixes, "seed": recipe.prompts.seed}
-    with writing(target) as out:
-        table.to_csv(out / "steering.csv", index=False)
-        (out / "steering_summary.json").write_text(
-            json.dumps({"steering": steering_summary(table), "settings": record, **stamp()}, indent=2, default=str)
-            + "\n"
-        )
-        figures.steering(table, out / "steering")
-    view = table.pivot_table(index=["target", "edit", "layer"], columns="prefix", values="slope")
-    print(view.to_string(float_format=lambda v: f"{v:.3f}"))
-    print(f"wrote {target.path}")
-    return 0
+    def check(ckpt, recipe) -> None:
+        if getattr(ckpt.model, "runner", None) is None:
+            raise ConfigError(
+                f"steering edits a transformer's residual stream; this checkpoint is a {ckpt.config.model.family} "
+                "model (use a GPT-2 family or planted checkpoint)"
+            )
+        check_cells(ckpt.model, *_cells(ckpt, recipe), recipe.steering.targets, ckpt.config.task.n_points)
+
+    def record(ckpt, recipe) -> dict:
+        layers, prefixes = _cells(ckpt, recipe)
+        return {**to_dict(recipe.steering), "layers": layers, "prefixes": prefixes, "seed": recipe.prompts.seed}
+
+    def show(table) -> None:
+        view = table.pivot_table(index=["target", "edit", "layer"], columns="prefix", values="slope")
+        print(view.to_string(float_format=lambda v: f"{v:.3f}"))
+
+    return run_stage(
+        args, "steer", "steering", lambda table: {"steering": steering_summary(table)}, record, show, check
+    )

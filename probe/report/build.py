@@ -10,7 +10,9 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,18 +64,37 @@ def layer_settings(recipe: Recipe, device: str, memory: MemoryBudget | None = No
     )
 
 
-def _stage_evaluate(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
+@dataclass
+class Context:
+    """What a stage runs with: the checkpoint, the recipe adapted to it, and the outputs of the
+    stages before it (`earlier`, a Built whose keys carry `prefix`)."""
 
-    task = ckpt.config.task
-    tables = {"icl_error": error_curve(ckpt.model, task, recipe.prompts.curve, recipe.prompts.seed, device=device)}
+    ckpt: LoadedCheckpoint
+    recipe: Recipe
+    device: str = "cpu"
+    progress: bool = False
+    memory: MemoryBudget = field(default_factory=MemoryBudget)
+    earlier: Built = field(default_factory=Built)
+    prefix: str = ""
+
+    def before(self, name: str, kind: str = "tables") -> Any:
+        """An earlier stage's table or data entry `name` (None when that stage did not run)."""
+        return getattr(self.earlier, kind).get(self.prefix + name)
+
+
+def _stage_evaluate(c: Context):
+
+    task, prompts = c.ckpt.config.task, c.recipe.prompts
+    tables = {"icl_error": error_curve(c.ckpt.model, task, prompts.curve, prompts.seed, device=c.device)}
     if task.name == "relu_network":  # seed 001 App. G: R^2 beside direct training of the network
-        tables["icl_r2"] = r2_curve(ckpt.model, task, recipe.prompts.curve, recipe.prompts.seed, device=device)
+        tables["icl_r2"] = r2_curve(c.ckpt.model, task, prompts.curve, prompts.seed, device=c.device)
     return tables, {}
 
 
-def _stage_layers(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool, memory: MemoryBudget):
+def _stage_layers(c: Context):
 
-    res = analyse_layers(ckpt.model, ckpt.config.task, layer_settings(recipe, device, memory), progress=progress)
+    settings = layer_settings(c.recipe, c.device, c.memory)
+    res = analyse_layers(c.ckpt.model, c.ckpt.config.task, settings, progress=c.progress)
     alphas = getattr(res.readouts, "alpha", None)
     return (
         {
@@ -99,52 +120,56 @@ def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
     return random_weights_model(ckpt.config.model, seed)
 
 
-def _stage_probes(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool, memory: MemoryBudget):
+def _stage_probes(c: Context):
 
-    settings, seed = recipe.probes, recipe.prompts.seed
-    control = probe_control_model(ckpt, seed) if settings.controls else None
-    task, n_test = ckpt.config.task, recipe.prompts.test
-    table = probe_study(ckpt.model, task, settings, n_test, seed, device, control, progress, memory)
+    settings, seed = c.recipe.probes, c.recipe.prompts.seed
+    control = probe_control_model(c.ckpt, seed) if settings.controls else None
+    task, n_test = c.ckpt.config.task, c.recipe.prompts.test
+    table = probe_study(c.ckpt.model, task, settings, n_test, seed, c.device, control, c.progress, c.memory)
     return {"probes": table}, {}
 
 
-def _stage_forgetting(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, memory: MemoryBudget):
+def _stage_forgetting(c: Context):
 
-    p = sample_prompts(
-        ckpt.config.task, recipe.forgetting.prompts, generator=stream_generator(recipe.prompts.seed, Stream.FORGETTING)
-    )
-    learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in recipe.forgetting.learners}
-    return {"forgetting": forgetting_table(ckpt.model, p.xs, p.ys, learners, device, memory)}, {}
+    stream = stream_generator(c.recipe.prompts.seed, Stream.FORGETTING)
+    p = sample_prompts(c.ckpt.config.task, c.recipe.forgetting.prompts, generator=stream)
+    learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in c.recipe.forgetting.learners}
+    return {"forgetting": forgetting_table(c.ckpt.model, p.xs, p.ys, learners, c.device, c.memory)}, {}
 
 
-def order_stage(
-    ckpt: LoadedCheckpoint,
-    recipe: Recipe,
-    device: str,
-    memory: MemoryBudget | None = None,
-    fitted: dict[str, list] | None = None,
-):
-    """Order sensitivity of every layer and of the [order] learners; also `icl-probe order`. The
-    layers' read-outs are the layers stage's (`fitted`, its "readouts" data), or refitted exactly
-    as that stage fits them when it did not run."""
+def _stage_order(c: Context):
+    """Order sensitivity of every layer and of the [order] learners. The layers' read-outs are the
+    layers stage's (its "readouts" data), or refitted exactly as that stage fits them when it did
+    not run."""
 
-    settings, task = recipe.order, ckpt.config.task
+    ckpt, recipe, settings, task = c.ckpt, c.recipe, c.recipe.order, c.ckpt.config.task
     p = sample_prompts(task, settings.prompts, generator=stream_generator(recipe.prompts.seed, Stream.ORDER))
+    fitted = c.before("readouts", "data")
     if fitted is not None:
         readouts = LayerReadouts.from_json(fitted)
     else:
-        readouts, _, _ = fit_readouts(ckpt.model, task, layer_settings(recipe, device, memory))
+        readouts, _, _ = fit_readouts(ckpt.model, task, layer_settings(recipe, c.device, c.memory))
     learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in settings.learners}
     prefixes = settings.prefixes_for(task.n_dims, task.n_points)
     table = order_table(
-        ckpt.model, readouts, p.xs, p.ys, prefixes, settings.permutations, learners, recipe.prompts.seed, device, memory
+        ckpt.model,
+        readouts,
+        p.xs,
+        p.ys,
+        prefixes,
+        settings.permutations,
+        learners,
+        recipe.prompts.seed,
+        c.device,
+        c.memory,
     )
     return {"order": table}, {}
 
 
-def steering_stage(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
-    """Causal probes (probe/interventions/steer.py) at the [steering] cells; also `icl-probe steer`."""
+def _stage_steering(c: Context):
+    """Causal probes (probe/interventions/steer.py) at the [steering] cells."""
 
+    ckpt, recipe, device = c.ckpt, c.recipe, c.device
     settings, task, seed = recipe.steering, ckpt.config.task, recipe.prompts.seed
     layers, prefixes = settings.cells(ckpt.config.model.n_layer, task.n_dims, task.n_points)
     train, test = (
@@ -167,20 +192,20 @@ def steering_stage(ckpt: LoadedCheckpoint, recipe: Recipe, device: str):
 INTERVENED_FAMILIES = ("gpt2", "planted")  # models with a TransformerLens form (probe/interventions/runner.py)
 
 
-def _stage_interventions(ckpt: LoadedCheckpoint, recipe: Recipe, device: str, progress: bool, best: pd.DataFrame):
+def _stage_interventions(c: Context):
 
-    iv = recipe.interventions
+    recipe, iv = c.recipe, c.recipe.interventions
     labels = iv.learner_labels(recipe.sweeps)
-    maps = layer_maps_from_best(best, [s for s in layer_settings(recipe, device).sweeps if s.label in labels])
+    sweeps = [s for s in layer_settings(recipe, c.device).sweeps if s.label in labels]
     res = run_interventions(
-        ckpt.model,
-        ckpt.config.task,
+        c.ckpt.model,
+        c.ckpt.config.task,
         iv,
-        layer_maps=maps,
+        layer_maps=layer_maps_from_best(c.before("best_match"), sweeps),
         n_boot=recipe.similarity.bootstrap,
         seed=recipe.prompts.seed,
-        device=device,
-        progress=progress,
+        device=c.device,
+        progress=c.progress,
     )
     tables = {"ablation": res.ablation, "patching": res.patching}
     tables.update({f"iteration_{label}": frame for label, frame in res.iteration.items()})
@@ -214,6 +239,88 @@ def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One analysis of a report, declared once: how it runs (Context -> tables, data), the figures
+    it draws (tables, figure dir, Context -> name -> PNG path), the recipe sections it reads besides
+    [prompts] and its own (together its cache key), whether its own section's `enabled` switches it
+    (`optional`), and whether it needs a TransformerLens form of the model. `icl-probe probes`,
+    `order` and `steer` run their stage alone (probe/cli/stage.py)."""
+
+    name: str
+    run: Callable[[Context], tuple[dict[str, pd.DataFrame], dict[str, Any]]]
+    figures: Callable[[dict[str, pd.DataFrame], Path, Context], dict[str, Path]]
+    reads: tuple[str, ...] = ()
+    optional: bool = True
+    transformers_only: bool = False
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        return ("prompts", *self.reads, *((self.name,) if self.optional else ()))
+
+    def wanted(self, recipe: Recipe, ckpt: LoadedCheckpoint, only: set[str] | None = None) -> bool:
+        """Whether a report runs it: switched on (or named in `only`) and runnable on the model."""
+        on = not self.optional or getattr(recipe, self.name).enabled if only is None else self.name in only
+        return on and (not self.transformers_only or ckpt.config.model.family in INTERVENED_FAMILIES)
+
+
+def _evaluate_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
+    name = c.ckpt.name
+    out = {"icl_error": figures.icl_error(t["icl_error"], fig_dir / "icl_error", f"{name}: error vs examples")[0]}
+    if "icl_r2" in t:
+        fig_dir.mkdir(parents=True, exist_ok=True)
+        plot_error_curve(t["icl_r2"], fig_dir / "icl_r2.png", f"{name}: R^2 vs examples")
+        out["icl_r2"] = fig_dir / "icl_r2.png"
+    return out
+
+
+def _layer_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
+    out = {"readout": figures.readout_error(t["readout"], fig_dir / "readout", c.ckpt.config.task.n_dims)[0]}
+    for sweep in c.recipe.sweeps:
+        key = f"heatmap_{sweep.label}"
+        out[key] = figures.heatmap_pair(
+            t["heatmap_cells"], t["best_match"], sweep.label, sweep.axis, fig_dir / safe_name(key)
+        )[0]
+        if sweep.axis:
+            key = f"trend_{sweep.label}"
+            out[key] = figures.best_match_trend(t["best_match"], sweep.label, "sime", fig_dir / safe_name(key))[0]
+    if not t["span"].empty:
+        out["span"] = figures.span(t["span"], fig_dir / "span")[0]
+    return out
+
+
+def _intervention_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
+    if "ablation" not in t:
+        return {}
+    out = {"ablation": ifig.ablation(t["ablation"], fig_dir / "ablation")[0]}
+    for site in t["patching"].site.unique() if "patching" in t else ():
+        out[f"patching_{site}"] = ifig.patching(t["patching"], site, fig_dir / f"patching_{site}")[0]
+    iteration = {k.removeprefix("iteration_"): v for k, v in t.items() if k.startswith("iteration_")}
+    if iteration:
+        out["iteration_consistency"] = ifig.iteration_consistency(iteration, fig_dir / "iteration_consistency")[0]
+    return out
+
+
+def _one_figure(name: str, draw: Callable[[pd.DataFrame, Path], list[Path]]):
+    """The figures of a stage that draws its one table `name` once."""
+    return lambda t, fig_dir, c: {name: draw(t[name], fig_dir / name)[0]}
+
+
+LAYER_SECTIONS = ("readout", "similarity", "sweeps")
+STAGES = {
+    stage.name: stage
+    for stage in (
+        Stage("evaluate", _stage_evaluate, _evaluate_figures, optional=False),
+        Stage("layers", _stage_layers, _layer_figures, LAYER_SECTIONS, optional=False),
+        Stage("probes", _stage_probes, _one_figure("probes", figures.probes)),
+        Stage("forgetting", _stage_forgetting, _one_figure("forgetting", figures.forgetting)),
+        Stage("order", _stage_order, _one_figure("order", figures.order_sensitivity), ("readout",)),
+        Stage("steering", _stage_steering, _one_figure("steering", figures.steering), transformers_only=True),
+        Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS, transformers_only=True),
+    )
+}
+
+
 def run_stages(
     ckpt: LoadedCheckpoint,
     recipe: Recipe,
@@ -224,97 +331,46 @@ def run_stages(
     only: set[str] | None = None,
     memory: MemoryBudget | None = None,
 ) -> Built:
-    """The recipe's stages (all, or those named in `only`), each through the stage cache, within
-    the memory budget `memory` (which changes how work is chunked, never a number)."""
-    built = Built()
-    memory = memory or MemoryBudget()
+    """The recipe's stages (or those named in `only`, whether or not the recipe enables them), each
+    through the stage cache, within the memory budget `memory` (which changes how work is chunked,
+    never a number). Stages a model family cannot run are left out either way."""
     recipe = adapt_recipe(recipe, ckpt.config)
-    sha = ckpt.fingerprint[:16]
-    stages = [
-        ("evaluate", ("prompts",), lambda: _stage_evaluate(ckpt, recipe, device)),
-        (
-            "layers",
-            ("prompts", "readout", "similarity", "sweeps"),
-            lambda: _stage_layers(ckpt, recipe, device, progress, memory),
-        ),
-    ]
-    if recipe.probes.enabled or (only is not None and "probes" in only):
-        stages.append(("probes", ("prompts", "probes"), lambda: _stage_probes(ckpt, recipe, device, progress, memory)))
-    if recipe.forgetting.enabled:
-        stages.append(
-            ("forgetting", ("prompts", "forgetting"), lambda: _stage_forgetting(ckpt, recipe, device, memory))
-        )
-    if recipe.order.enabled:
-        stages.append(
-            (
-                "order",
-                ("prompts", "readout", "order"),
-                lambda: order_stage(ckpt, recipe, device, memory, built.data.get(prefix + "readouts")),
-            )
-        )
-    if recipe.steering.enabled and ckpt.config.model.family in INTERVENED_FAMILIES:
-        stages.append(("steering", ("prompts", "steering"), lambda: steering_stage(ckpt, recipe, device)))
-    if recipe.interventions.enabled and ckpt.config.model.family in INTERVENED_FAMILIES:
-        stages.append(
-            (
-                "interventions",
-                ("prompts", "readout", "similarity", "sweeps", "interventions"),
-                lambda: _stage_interventions(ckpt, recipe, device, progress, built.tables[prefix + "best_match"]),
-            )
-        )
-    for name, sections, fn in stages:
-        if only is not None and name not in only:
+    context = Context(ckpt, recipe, device, progress, memory or MemoryBudget(), Built(), prefix)
+    built, sha = context.earlier, ckpt.fingerprint[:16]
+    for stage in STAGES.values():
+        if not stage.wanted(recipe, ckpt, only):
             continue
         start = time.perf_counter()
-        tables, data, hit = cache.get_or_run(f"{sha}-{name}-{recipe.digest(*sections)}", fn)
-        built.timings[prefix + name] = round(time.perf_counter() - start, 2)
-        built.cached[prefix + name] = hit
+        key = f"{sha}-{stage.name}-{recipe.digest(*stage.sections)}"
+        tables, data, hit = cache.get_or_run(key, partial(stage.run, context))
+        built.timings[prefix + stage.name] = round(time.perf_counter() - start, 2)
+        built.cached[prefix + stage.name] = hit
         built.tables.update({prefix + k: v for k, v in tables.items()})
         built.data.update({prefix + k: v for k, v in data.items()})
-        log.info("stage %s done in %.1f s%s", prefix + name, built.timings[prefix + name], " (cached)" if hit else "")
+        log.info(
+            "stage %s done in %.1f s%s",
+            prefix + stage.name,
+            built.timings[prefix + stage.name],
+            " (cached)" if hit else "",
+        )
     return built
 
 
 def make_figures(
     built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: Path, compare: LoadedCheckpoint | None = None
 ) -> dict[str, Path]:
-    """Every figure of the report; returns name -> PNG path."""
-    t = built.tables
+    """Every figure of the report, stage by stage; returns name -> PNG path."""
+    context = Context(ckpt, recipe, earlier=built)
     out: dict[str, Path] = {}
-    out["icl_error"] = figures.icl_error(t["icl_error"], fig_dir / "icl_error", f"{ckpt.name}: error vs examples")[0]
-    if "icl_r2" in t:
-        fig_dir.mkdir(parents=True, exist_ok=True)
-        plot_error_curve(t["icl_r2"], fig_dir / "icl_r2.png", f"{ckpt.name}: R^2 vs examples")
-        out["icl_r2"] = fig_dir / "icl_r2.png"
-    out["readout"] = figures.readout_error(t["readout"], fig_dir / "readout", ckpt.config.task.n_dims)[0]
-    for sweep in recipe.sweeps:
-        key = f"heatmap_{sweep.label}"
-        out[key] = figures.heatmap_pair(
-            t["heatmap_cells"], t["best_match"], sweep.label, sweep.axis, fig_dir / safe_name(key)
-        )[0]
-        if sweep.axis:
-            key = f"trend_{sweep.label}"
-            out[key] = figures.best_match_trend(t["best_match"], sweep.label, "sime", fig_dir / safe_name(key))[0]
-    if not t["span"].empty:
-        out["span"] = figures.span(t["span"], fig_dir / "span")[0]
-    if "probes" in t:
-        out["probes"] = figures.probes(t["probes"], fig_dir / "probes")[0]
-    if "forgetting" in t:
-        out["forgetting"] = figures.forgetting(t["forgetting"], fig_dir / "forgetting")[0]
-    if "order" in t:
-        out["order"] = figures.order_sensitivity(t["order"], fig_dir / "order")[0]
-    if "steering" in t:
-        out["steering"] = figures.steering(t["steering"], fig_dir / "steering")[0]
-    if "ablation" in t:
-        out["ablation"] = ifig.ablation(t["ablation"], fig_dir / "ablation")[0]
-        for site in t["patching"].site.unique() if "patching" in t else ():
-            out[f"patching_{site}"] = ifig.patching(t["patching"], site, fig_dir / f"patching_{site}")[0]
-        iteration = {k.removeprefix("iteration_"): v for k, v in t.items() if k.startswith("iteration_")}
-        if iteration:
-            out["iteration_consistency"] = ifig.iteration_consistency(iteration, fig_dir / "iteration_consistency")[0]
-    if "compare_readout" in t:
+    for stage in STAGES.values():
+        if stage.name in built.timings:
+            out.update(stage.figures(built.tables, fig_dir, context))
+    if "compare_readout" in built.tables:
         out["compare_readout"] = figures.readout_comparison(
-            {ckpt.name: t["readout"], compare.name if compare else "compare": t["compare_readout"]},
+            {
+                ckpt.name: built.tables["readout"],
+                compare.name if compare else "compare": built.tables["compare_readout"],
+            },
             fig_dir / "compare_readout",
         )[0]
     return out
