@@ -31,10 +31,11 @@ def _cells(ckpt, recipe) -> tuple[list[int], list[int]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..interventions.runner import has_runner
     from ..interventions.steer import check_cells, steering_summary
 
     def check(ckpt, recipe) -> None:
-        if getattr(ckpt.model, "runner", None) is None:
+        if not has_runner(ckpt.model):
             raise ConfigError(
                 f"steering edits a transformer's residual stream; this checkpoint is a {ckpt.config.model.family} "
                 "model (use a GPT-2 family or planted checkpoint)"

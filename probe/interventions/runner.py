@@ -218,6 +218,11 @@ RUNNERS: dict[str, type[GPT2Runner | PlantedRunner]] = {
 }  # a model class's `runner`
 
 
+def has_runner(model) -> bool:
+    """Whether the model's class names a Runner: a TransformerLens form to ablate, patch and steer."""
+    return getattr(model, "runner", None) in RUNNERS
+
+
 def runner_for(model, device: str = "cpu") -> Runner:
     """The Runner its model class names (`runner`); models without a TransformerLens form get a clear error."""
 

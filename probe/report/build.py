@@ -27,6 +27,7 @@ from ..checkpoint import LoadedCheckpoint
 from ..errors import ConfigError
 from ..evaluate import error_curve, plot_error_curve, r2_curve
 from ..interventions.pipeline import layer_maps_from_best, run_interventions
+from ..interventions.runner import has_runner
 from ..interventions.steer import steering_table
 from ..memory import MemoryBudget
 from ..outputs import OutputTarget, safe_name
@@ -189,9 +190,6 @@ def _stage_steering(c: Context):
     return {"steering": table}, {}
 
 
-INTERVENED_FAMILIES = ("gpt2", "planted")  # models with a TransformerLens form (probe/interventions/runner.py)
-
-
 def _stage_interventions(c: Context):
 
     recipe, iv = c.recipe, c.recipe.interventions
@@ -261,7 +259,7 @@ class Stage:
     def wanted(self, recipe: Recipe, ckpt: LoadedCheckpoint, only: set[str] | None = None) -> bool:
         """Whether a report runs it: switched on (or named in `only`) and runnable on the model."""
         on = not self.optional or getattr(recipe, self.name).enabled if only is None else self.name in only
-        return on and (not self.transformers_only or ckpt.config.model.family in INTERVENED_FAMILIES)
+        return on and (not self.transformers_only or has_runner(ckpt.model))
 
 
 def _evaluate_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
