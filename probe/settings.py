@@ -30,12 +30,62 @@ from .validate import finite_float, positive_int
 MIN_BOOTSTRAP = 20  # resamples: the 5th and 95th percentiles of fewer are the extremes
 
 
-def setting(default: Any, help: str, choices: Iterable[Any] | None = None) -> Any:
-    """A settings field: its default (copied per instance when mutable) and one line of help."""
-    metadata = {"help": help, "choices": tuple(choices) if choices is not None else None}
+def setting(
+    default: Any,
+    help: str,
+    choices: Iterable[Any] | None = None,
+    *,
+    minimum: int | None = 1,
+    nonempty: bool = False,
+    noun: str = "value",
+) -> Any:
+    """A settings field: its default (copied per instance when mutable), one line of help, and the
+    rules `Section` checks: `choices` (each value one of them, named `noun` in the error), the
+    least value of an integer (`minimum`; None: any integer; floats must be finite and > 0), and
+    whether a list may be empty."""
+    metadata = {
+        "help": help,
+        "choices": tuple(choices) if choices is not None else None,
+        "minimum": minimum,
+        "nonempty": nonempty,
+        "noun": noun,
+    }
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+class Section:
+    """Base of the analyses' settings: every field declared with `setting` is checked against its
+    rules when the dataclass is made (list fields become tuples; a scalar given for a list field is
+    a list of one), and errors name the recipe key, "<SECTION>.<field>"."""
+
+    SECTION: typing.ClassVar[str]
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value, key, rules = getattr(self, f.name), f"{self.SECTION}.{f.name}", f.metadata
+            if "help" not in rules or value is None:
+                continue
+            if _is_sequence(hints[f.name]):
+                value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+                setattr(self, f.name, value)
+                if rules["nonempty"] and not value:
+                    raise ConfigError(f"{key} is empty; give at least one value, or leave it out for the default")
+            for item in value if isinstance(value, tuple) else (value,):
+                _check_value(item, _scalar(hints[f.name]), key, rules)
+
+
+def _check_value(value: Any, kind: Any, key: str, rules: Mapping[str, Any]) -> None:
+    if rules["choices"] and value not in rules["choices"]:
+        raise ConfigError(f"{key}: unknown {rules['noun']} {value!r} ({', '.join(map(str, rules['choices']))})")
+    if kind is int and rules["minimum"] is not None:
+        positive_int(value, key, rules["minimum"])
+    elif kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    elif kind is float:
+        finite_float(value, key, low=0.0)
 
 
 def field_default(field: dataclasses.Field) -> Any:
@@ -129,25 +179,34 @@ PROBE_TARGETS = ("xty", "w_ols")
 
 
 @dataclass
-class ProbeSettings:
+class ProbeSettings(Section):
     """Attention-pooled probes (probe/analysis/probe_study.py): recipe section [probes],
     `icl-probe probes` flags. The prompts' seed and test-set size come from [prompts]."""
 
+    SECTION = "probes"
+
     enabled: bool = setting(True, "run the probes in reports")
-    kinds: tuple[str, ...] = setting(PROBE_KINDS, "probe kinds", PROBE_KINDS)
-    targets: tuple[str, ...] = setting(PROBE_TARGETS, "probe targets: X^T y and w_OLS of the prefix", PROBE_TARGETS)
-    prefixes: tuple[int, ...] | None = setting(None, "prefix lengths t probed (none: 1, d, 2d and n-1 below n)")
+    kinds: tuple[str, ...] = setting(PROBE_KINDS, "probe kinds", PROBE_KINDS, noun="probe kind")
+    targets: tuple[str, ...] = setting(
+        PROBE_TARGETS, "probe targets: X^T y and w_OLS of the prefix", PROBE_TARGETS, noun="target"
+    )
+    prefixes: tuple[int, ...] | None = setting(
+        None, "prefix lengths t probed (none: 1, d, 2d and n-1 below n)", nonempty=True
+    )
     steps: int = setting(300, "the most Adam steps; probes stop once their validation R^2 settles")
-    lr: tuple[float, ...] = setting((1e-2,), "Adam learning rates of the linear probes, chosen per probe on validation")
+    lr: tuple[float, ...] = setting(
+        (1e-2,), "Adam learning rates of the linear probes, chosen per probe on validation", nonempty=True
+    )
     mlp_lr: tuple[float, ...] = setting(
         (1e-2,),
         "Adam learning rates of the MLP probes, chosen per probe on validation (above 1e-2 their training "
         "amplifies round-off: the numbers then differ across CPUs)",
+        nonempty=True,
     )
-    hidden: tuple[int, ...] = setting((128,), "MLP probe widths, chosen per probe on validation")
+    hidden: tuple[int, ...] = setting((128,), "MLP probe widths, chosen per probe on validation", nonempty=True)
     patience: int = setting(5, "evaluations without improvement before a probe counts as converged")
     eval_every: int = setting(25, "steps between validation evaluations")
-    prompts: int = setting(1024, "training prompts, a fifth held out for validation")
+    prompts: int = setting(1024, "training prompts, a fifth held out for validation", minimum=2)
     controls: bool = setting(True, "random-weights model and shuffled-target controls")
     precision: str = setting(
         "float64",
@@ -155,48 +214,15 @@ class ProbeSettings:
         ("float64", "float32"),
     )
 
-    def __post_init__(self) -> None:
-
-        for name in ("steps", "patience", "eval_every"):
-            positive_int(getattr(self, name), f"probes.{name}")
-        positive_int(self.prompts, "probes.prompts (a fifth is held out for validation)", 2)
-        if self.precision not in ("float64", "float32"):
-            raise ConfigError(f"probes.precision must be float64 or float32, got {self.precision!r}")
-        self.kinds, self.targets = tuple(self.kinds), tuple(self.targets)
-        self.lr = tuple(self.lr) if isinstance(self.lr, (list, tuple)) else (self.lr,)
-        self.mlp_lr = tuple(self.mlp_lr) if isinstance(self.mlp_lr, (list, tuple)) else (self.mlp_lr,)
-        self.hidden = tuple(self.hidden) if isinstance(self.hidden, (list, tuple)) else (self.hidden,)
-        if not self.lr or not self.mlp_lr or not self.hidden:
-            raise ConfigError(
-                "probes.lr, probes.mlp_lr and probes.hidden need at least one value each, e.g. lr = [1e-2, 1e-3]"
-            )
-        for lr in self.lr:
-            finite_float(lr, "probes.lr", low=0.0)
-        for lr in self.mlp_lr:
-            finite_float(lr, "probes.mlp_lr", low=0.0)
-        for width in self.hidden:
-            positive_int(width, "probes.hidden")
-        if self.prefixes is not None:
-            self.prefixes = tuple(self.prefixes)
-            if not self.prefixes:
-                raise ConfigError("probes.prefixes is empty; give prefix lengths t >= 1, or leave it out")
-            for t in self.prefixes:
-                positive_int(t, "probes.prefixes")
-        for kind in self.kinds:
-            if kind not in PROBE_KINDS:
-                raise ConfigError(f"probes.kinds: unknown probe kind '{kind}' (linear, mlp)")
-        for target in self.targets:
-            if target not in PROBE_TARGETS:
-                raise ConfigError(f"probes.targets: unknown target '{target}' (xty, w_ols)")
-
 
 @dataclass
-class PromptSettings:
+class PromptSettings(Section):
     """How many prompts each analysis draws, and the seed of every draw: recipe section [prompts].
 
     Renamed keys (the old name still works, with a warning): evaluate -> curve, eval -> test,
     simw -> induced."""
 
+    SECTION = "prompts"
     RENAMED: typing.ClassVar[dict[str, str]] = {"evaluate": "curve", "eval": "test", "simw": "induced"}
 
     curve: int = setting(1280, "prompts for the error against the number of examples (Garg et al.'s 1280)")
@@ -204,54 +230,40 @@ class PromptSettings:
     val: int = setting(512, "prompts to choose the read-outs' ridge penalty")
     test: int = setting(512, "held-out test prompts for SimE, read-out errors and probe tests")
     induced: int = setting(128, "of the test prompts, those whose induced weights are compared (SimW, span test)")
-    queries: int = setting(0, "fresh queries per prefix for the induced weights (0: 4 d)")
-    seed: int = setting(0, "seed of every prompt draw")
-
-    def __post_init__(self) -> None:
-
-        for name in ("curve", "train", "val", "test", "induced"):
-            positive_int(getattr(self, name), f"prompts.{name}")
-        positive_int(self.queries, "prompts.queries", 0)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigError(f"prompts.seed must be an integer, got {self.seed!r}")
+    queries: int = setting(0, "fresh queries per prefix for the induced weights (0: 4 d)", minimum=0)
+    seed: int = setting(0, "seed of every prompt draw", minimum=None)
 
 
 READOUT_METHODS = ("ridge", "adam", "model")
 
 
 @dataclass
-class ReadoutSettings:
+class ReadoutSettings(Section):
     """Per-layer read-outs (probe/analysis/readout.py): recipe section [readout]."""
+
+    SECTION = "readout"
 
     method: str = setting(
         "ridge", "closed-form ridge, ridge fine-tuned by Adam, or the model's own read-out", READOUT_METHODS
     )
-    alphas: tuple[float, ...] = setting((1e-6, 1e-4, 1e-2, 1.0), "ridge penalties, one chosen per layer on validation")
-    finetune_steps: int = setting(500, "Adam steps of the 'adam' method")
-
-    def __post_init__(self) -> None:
-
-        if self.method not in READOUT_METHODS:
-            raise ConfigError(f"readout.method must be 'ridge', 'adam' or 'model', got {self.method!r}")
-        self.alphas = tuple(self.alphas)
-        if not self.alphas:
-            raise ConfigError("readout.alphas is empty; give at least one ridge penalty, e.g. [1e-4, 1e-2]")
-        for a in self.alphas:
-            finite_float(a, "readout.alphas", low=0.0)
-        positive_int(self.finetune_steps, "readout.finetune_steps", 0)
+    alphas: tuple[float, ...] = setting(
+        (1e-6, 1e-4, 1e-2, 1.0), "ridge penalties, one chosen per layer on validation", nonempty=True
+    )
+    finetune_steps: int = setting(500, "Adam steps of the 'adam' method", minimum=0)
 
 
 @dataclass
-class SimilaritySettings:
+class SimilaritySettings(Section):
     """Layer-vs-learner similarities (probe/similarity.py): recipe section [similarity]."""
 
+    SECTION = "similarity"
     include_first: bool = setting(False, "SimE over positions 1..n (the paper's code) instead of 2..n")
     bootstrap: int = setting(1000, "bootstrap resamples for every interval")
     simw: bool = setting(True, "compute SimW (induced weights from fresh query forward passes; off: SimE only)")
 
     def __post_init__(self) -> None:
 
-        positive_int(self.bootstrap, "similarity.bootstrap")
+        super().__post_init__()
         if self.bootstrap < MIN_BOOTSTRAP:
             raise ConfigError(
                 f"similarity.bootstrap must be at least {MIN_BOOTSTRAP}, got {self.bootstrap}: a 90% interval "
@@ -288,17 +300,14 @@ def _forgetting_learners() -> list[SweepSettings]:
 
 
 @dataclass
-class ForgettingSettings:
+class ForgettingSettings(Section):
     """Forgetting curves (probe/analysis/forgetting.py): recipe section [forgetting]."""
 
+    SECTION = "forgetting"
     enabled: bool = setting(True, "draw forgetting curves in reports")
     prompts: int = setting(512, "prompts for the forgetting curves")
     # learners whose curves are drawn beside the model's (seed 003 App. A.4, Fig. 11)
     learners: list[SweepSettings] = dataclasses.field(default_factory=_forgetting_learners)
-
-    def __post_init__(self) -> None:
-
-        positive_int(self.prompts, "forgetting.prompts")
 
 
 def _order_learners() -> list[SweepSettings]:
@@ -313,23 +322,17 @@ def _order_learners() -> list[SweepSettings]:
 
 
 @dataclass
-class OrderSettings:
+class OrderSettings(Section):
     """Order sensitivity (probe/analysis/order.py, seed 000 Discussion): recipe section [order],
     `icl-probe order` flags."""
 
+    SECTION = "order"
     enabled: bool = setting(True, "measure order sensitivity in reports")
     prompts: int = setting(256, "prompts whose examples are permuted")
-    permutations: int = setting(8, "orderings per prompt (the first is the prompt's own)")
+    permutations: int = setting(8, "orderings per prompt (the first is the prompt's own)", minimum=2)
     prefixes: tuple[int, ...] = setting((), "numbers of examples t before the query (empty: d, 2d+1 and n-1)")
     # learners measured beside the model: one setting each (deterministic ones give 0)
     learners: list[SweepSettings] = dataclasses.field(default_factory=_order_learners)
-
-    def __post_init__(self) -> None:
-
-        positive_int(self.prompts, "order.prompts")
-        positive_int(self.permutations, "order.permutations", 2)
-        for t in self.prefixes:
-            positive_int(t, "order.prefixes", 1)
 
     def prefixes_for(self, d: int, n: int) -> list[int]:
         """The prefixes to measure for prompts of n points in d dimensions (each < n)."""
@@ -341,20 +344,16 @@ class OrderSettings:
 
 
 @dataclass
-class SteeringSettings:
+class SteeringSettings(Section):
     """Causal probes (probe/interventions/steer.py): recipe section [steering], `icl-probe steer`."""
 
+    SECTION = "steering"
     enabled: bool = setting(False, "steer along linear probes in reports (transformers only; on in the full recipe)")
-    layers: tuple[int, ...] = setting((), "layer boundaries to edit (empty: all)")
+    layers: tuple[int, ...] = setting((), "layer boundaries to edit (empty: all)", minimum=0)
     prefixes: tuple[int, ...] = setting((), "examples before the query (empty: d, 2d+1 and n-1)")
-    targets: tuple[str, ...] = setting(("w_ols", "xty"), "probe targets steered", ("w_ols", "xty"))
+    targets: tuple[str, ...] = setting(("w_ols", "xty"), "probe targets steered", ("w_ols", "xty"), noun="target")
     train_prompts: int = setting(1024, "prompts the steered probes are fitted on")
     test_prompts: int = setting(128, "prompts that are steered")
-
-    def __post_init__(self) -> None:
-
-        positive_int(self.train_prompts, "steering.train_prompts")
-        positive_int(self.test_prompts, "steering.test_prompts")
 
     def cells(self, n_layers: int, d: int, n: int) -> tuple[list[int], list[int]]:
         """(layers, prefixes) to steer for a model of n_layers blocks on prompts of n points in d dims."""
@@ -369,40 +368,30 @@ AUTO_CAUSAL_SWEEPS = ("newton", "gd_log")
 
 
 @dataclass
-class InterventionSettings:
+class InterventionSettings(Section):
     """Causal checks (probe/interventions/pipeline.py `run_interventions`): ablations, the
     patching heatmap, and iteration-consistent patching of the SimE layer maps of the sweeps in
     `learners`. Recipe section [interventions]; `icl-probe ablate` / `patch` flags."""
 
+    SECTION = "interventions"
+
     enabled: bool = setting(True, "run the causal checks in reports (transformers only)")
     prompts: int = setting(256, "ablation prompts (and as many held out for mean-ablation)")
     patch_prompts: int = setting(128, "clean / corrupted prompt pairs for patching")
-    kinds: tuple[str, ...] = setting(ABLATION_KINDS, "ablation kinds", ABLATION_KINDS)
+    kinds: tuple[str, ...] = setting(ABLATION_KINDS, "ablation kinds", ABLATION_KINDS, noun="ablation kind")
     heads: bool = setting(True, "ablate single heads and MLPs (--no-heads: layer skips and MLPs only)")
-    sites: tuple[str, ...] = setting(("resid",), "patching sites", PATCH_SITES)
-    query: int | None = setting(None, "examples before the patching heatmap's query (none: n - 1)")
-    max_positions: int = setting(0, "patching heatmap: the query token and this many - 1 before it (0: every token)")
-    max_queries: int = setting(0, "layer-map check: pool at most this many numbers of examples, evenly spread (0: all)")
+    sites: tuple[str, ...] = setting(("resid",), "patching sites", PATCH_SITES, noun="site")
+    query: int | None = setting(None, "examples before the patching heatmap's query (none: n - 1)", minimum=0)
+    max_positions: int = setting(
+        0, "patching heatmap: the query token and this many - 1 before it (0: every token)", minimum=0
+    )
+    max_queries: int = setting(
+        0, "layer-map check: pool at most this many numbers of examples, evenly spread (0: all)", minimum=0
+    )
     learners: tuple[str, ...] = setting(
         ("auto",), "sweeps whose SimE layer maps are checked causally (auto: newton and gd_log if present)"
     )
     permutations: int = setting(200, "shuffled layer maps of the map check's null")
-
-    def __post_init__(self) -> None:
-
-        for name in ("prompts", "patch_prompts", "permutations"):
-            positive_int(getattr(self, name), f"interventions.{name}")
-        for name in ("max_positions", "max_queries"):
-            positive_int(getattr(self, name), f"interventions.{name}", 0)
-        if self.query is not None:
-            positive_int(self.query, "interventions.query", 0)
-        self.kinds, self.sites, self.learners = tuple(self.kinds), tuple(self.sites), tuple(self.learners)
-        for kind in self.kinds:
-            if kind not in ABLATION_KINDS:
-                raise ConfigError(f"interventions.kinds: unknown ablation kind '{kind}' (zero, mean, skip)")
-        for site in self.sites:
-            if site not in PATCH_SITES:
-                raise ConfigError(f"interventions.sites: unknown site '{site}' (resid, attn_out, mlp_out)")
 
     def learner_labels(self, sweeps: list) -> list[str]:
         """The sweep labels whose maps are checked ("auto": newton and gd_log, if swept with an axis)."""

@@ -77,7 +77,7 @@ def test_patch_learners_flag_selects_or_skips_the_map_check():
 
 
 @pytest.mark.parametrize("cls,kwargs,match", [
-    (ProbeSettings, {"lr": ()}, "probes.lr, probes.mlp_lr and probes.hidden need at least one value"),
+    (ProbeSettings, {"lr": ()}, "probes.lr is empty; give at least one value"),
     (ProbeSettings, {"mlp_lr": (float("nan"),)}, "probes.mlp_lr"),
     (ProbeSettings, {"prompts": 1}, "probes.prompts"),
     (ProbeSettings, {"prefixes": ()}, "probes.prefixes is empty"),
