@@ -1,4 +1,4 @@
-"""Probes fitted as one batched model vs one probe at a time (same data, same steps).
+"""Probes fitted as one batched grid vs one probe at a time (same data, same stopping rule).
 
 The grid is every layer x prefix x target of a checkpoint (linear probes). The one-at-a-time
 time is measured on a few probes spread over the grid and scaled to it. Both are timed in this
@@ -30,7 +30,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default=str(DEFAULT))
     parser.add_argument("--prompts", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--single", type=int, default=6, help="probes timed one at a time")
     parser.add_argument("--prefixes", choices=["all", "default"], default="all",
                         help="probe every prefix 1..n-1 (all, default) or 1, d, 2d, n-1")
@@ -49,7 +48,7 @@ def main() -> None:
     n_probes = states.shape[0] * len(combos)
 
     start = time.perf_counter()
-    fit_probes(states, targets, states, targets, combos, "linear", steps=args.steps)
+    fit_probes(states, targets, states, targets, combos, "linear")
     batched = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -57,10 +56,10 @@ def main() -> None:
     picks = np.linspace(0, n_probes - 1, args.single).round().astype(int)  # spread over layers and prefixes
     for i in picks:
         layer, (t, k) = divmod(int(i), len(combos))[0], combos[int(i) % len(combos)]
-        AttentionPoolProbe("linear", steps=args.steps).fit(states[layer, :, : 2 * t], targets[k][:, t])
+        AttentionPoolProbe("linear").fit(states[layer, :, : 2 * t], targets[k][:, t])
         done += 1
     single = (time.perf_counter() - start) / done * n_probes
-    print(f"{n_probes} probes ({states.shape[0]} layers x {len(combos)} prefix/target pairs), {args.steps} steps each")
+    print(f"{n_probes} probes ({states.shape[0]} layers x {len(combos)} prefix/target pairs)")
     print(f"batched: {batched:.2f} s; one at a time: {single:.1f} s (measured on {done}, scaled to {n_probes})")
     print(f"speedup={single / batched:.1f}")
 

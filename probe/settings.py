@@ -3,10 +3,10 @@ command-line flags of the commands that run it are derived from the same fields.
 
     @dataclass
     class ProbeSettings:
-        steps: int = setting(300, "the most Adam steps")
+        max_iter: int = setting(500, "the most L-BFGS iterations")
 
-The field's name is the recipe key (`[probes] steps = 300`, `--set probes.steps=1000`) and,
-with dashes, the flag (`--steps 1000`). `add_flags` builds the flags a command exposes, each
+The field's name is the recipe key (`[probes] max_iter = 500`, `--set probes.max_iter=1000`) and,
+with dashes, the flag (`--max-iter 1000`). `add_flags` builds the flags a command exposes, each
 storing into `args` under "section.key"; `flag_overrides` turns the flags given into recipe
 overrides. A flag, a recipe key and `--set` therefore set the same value, and its default is
 written only in the dataclass.
@@ -193,24 +193,21 @@ class ProbeSettings(Section):
     prefixes: tuple[int, ...] | None = setting(
         None, "prefix lengths t probed (none: 1, d, 2d and n-1 below n)", nonempty=True
     )
-    steps: int = setting(300, "the most Adam steps; probes stop once their validation R^2 settles")
-    lr: tuple[float, ...] = setting(
-        (1e-2,), "Adam learning rates of the linear probes, chosen per probe on validation", nonempty=True
-    )
-    mlp_lr: tuple[float, ...] = setting(
-        (1e-2,),
-        "Adam learning rates of the MLP probes, chosen per probe on validation (above 1e-2 their training "
-        "amplifies round-off: the numbers then differ across CPUs)",
+    alphas: tuple[float, ...] = setting(
+        (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0),
+        "ridge penalties of the probes' heads, as fractions of the features' mean eigenvalue; chosen per probe "
+        "by leave-one-out",
         nonempty=True,
     )
-    hidden: tuple[int, ...] = setting((128,), "MLP probe widths, chosen per probe on validation", nonempty=True)
-    patience: int = setting(5, "evaluations without improvement before a probe counts as converged")
-    eval_every: int = setting(25, "steps between validation evaluations")
-    prompts: int = setting(1024, "training prompts, a fifth held out for validation", minimum=2)
+    hidden: int = setting(128, "width of the MLP probes' random GELU layer")
+    max_iter: int = setting(500, "the most L-BFGS iterations per round of a probe's pooling fit")
+    gtol: float = setting(1e-5, "a pooling fit has converged when |gradient|_inf is at most this (scipy's pgtol)")
+    ftol: float = setting(2.2e-9, "... or when an iteration lowers the objective by at most this (scipy's ftol)")
+    prompts: int = setting(1024, "training prompts (penalties by leave-one-out on them)", minimum=3)
     controls: bool = setting(True, "random-weights model and shuffled-target controls")
     precision: str = setting(
         "float64",
-        "training precision: float64 gives the same numbers on any machine, float32 is ~2x faster",
+        "the hidden states' precision (the probes' heads and objective are float64): float32 halves their memory",
         ("float64", "float32"),
     )
 

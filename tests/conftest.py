@@ -94,7 +94,7 @@ def write_garg_run(directory: Path, model: GargTransformerModel, d: int, points:
 # A tiny saved checkpoint and its report, built once per test session (tests/test_report.py,
 # tests/test_browser.py).
 TINY_REPORT = ["--set", "prompts.curve=48", "--set", "prompts.train=48", "--set", "prompts.val=24", "--set", "prompts.test=48",
-        "--set", "prompts.induced=12", "--set", "probes.prompts=48", "--set", "probes.steps=10", "--set",
+        "--set", "prompts.induced=12", "--set", "probes.prompts=48", "--set", "probes.max_iter=10", "--set",
         "forgetting.prompts=16", "--set", "similarity.bootstrap=40"]
 
 

@@ -249,7 +249,7 @@ for override, culprit in [
     ("prompts.curve=1e12", "prompts.curve must be an integer"),
     ("prompts.curve=1000000000000", "prompts.curve"), ("prompts.test=0", "prompts.test must be an integer >= 1"),
     ("prompts.train=-5", "prompts.train"), ("similarity.bootstrap=0", "similarity.bootstrap"),
-    ("probes.steps=-1", "probes.steps"), ("probes.lr=nan", "probes.lr"), ("readout.alphas=[-1.0]", "readout.alphas"),
+    ("probes.max_iter=-1", "probes.max_iter"), ("probes.gtol=nan", "probes.gtol"), ("readout.alphas=[-1.0]", "readout.alphas"),
     ("readout.alphas=[]", "readout.alphas is empty"), ("readout.method=bogus", "readout.method"),
     ("probes.kinds=['cnn']", "probe kind 'cnn'"), ("prompts.queries=-1", "prompts.queries"),
     ("prompts.induced=0", "prompts.induced"), ("forgetting.prompts=0", "forgetting.prompts"),
@@ -393,8 +393,8 @@ case("readout-bootstrap-zero", ["readout", "ck", "--out", "o", "--bootstrap", "0
 case("heatmap-unknown-sweep", ["heatmap", "ck", "--out", "o", "--learners", "newtn"], "Did you mean: newton")
 case("heatmap-queries-negative", ["heatmap", "ck", "--out", "o", "--queries", "-2"], "queries must be an integer >= 0")
 case("probes-prefix-beyond", ["probes", "ck", "--out", "o", "--prefixes", "99"], "--prefixes must be below")
-case("probes-lr-nan", ["probes", "ck", "--out", "o", "--lr", "nan"], "probes.lr")
-case("probes-lr-negative", ["probes", "ck", "--out", "o", "--lr", "-1"], "probes.lr")
+case("probes-alphas-nan", ["probes", "ck", "--out", "o", "--alphas", "nan"], "probes.alphas")
+case("probes-alphas-negative", ["probes", "ck", "--out", "o", "--alphas", "-1"], "probes.alphas")
 case("unknown-command", ["frobnicate"], "invalid choice")
 
 # ---- interventions

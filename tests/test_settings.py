@@ -44,15 +44,14 @@ def _parse(argv):
 
 
 def test_flags_set_the_same_values_as_recipe_overrides():
-    args = _parse(["probes", "--steps", "7", "--lr", "0.1", "0.01", "--no-controls", "--kinds", "mlp",
+    args = _parse(["probes", "--max-iter", "7", "--alphas", "0.1", "0.01", "--no-controls", "--kinds", "mlp",
                    "--test-prompts", "33", "--seed", "4"])
     via_flags = resolve_recipe("quick", flag_overrides(args))
-    via_set = resolve_recipe("quick", [{"probes": {"steps": 7, "lr": [0.1, 0.01], "controls": False, "kinds": ["mlp"]}},
+    via_set = resolve_recipe("quick", [{"probes": {"max_iter": 7, "alphas": [0.1, 0.01], "controls": False, "kinds": ["mlp"]}},
                                        {"prompts": {"test": 33, "seed": 4}}])
     assert via_flags.to_dict() == via_set.to_dict()
-    assert via_flags.probes == ProbeSettings(steps=7, lr=(0.1, 0.01), controls=False, kinds=("mlp",),
-                                             prompts=via_set.probes.prompts, patience=via_set.probes.patience,
-                                             eval_every=via_set.probes.eval_every, hidden=via_set.probes.hidden)
+    assert via_flags.probes == ProbeSettings(max_iter=7, alphas=(0.1, 0.01), controls=False, kinds=("mlp",),
+                                             prompts=via_set.probes.prompts, hidden=via_set.probes.hidden)
     untouched = resolve_recipe("quick", flag_overrides(_parse(["probes"])))
     assert untouched.to_dict() == resolve_recipe("quick").to_dict()  # no flag given: the recipe's values
 
@@ -77,9 +76,9 @@ def test_patch_learners_flag_selects_or_skips_the_map_check():
 
 
 @pytest.mark.parametrize("cls,kwargs,match", [
-    (ProbeSettings, {"lr": ()}, "probes.lr is empty; give at least one value"),
-    (ProbeSettings, {"mlp_lr": (float("nan"),)}, "probes.mlp_lr"),
-    (ProbeSettings, {"prompts": 1}, "probes.prompts"),
+    (ProbeSettings, {"alphas": ()}, "probes.alphas is empty; give at least one value"),
+    (ProbeSettings, {"gtol": float("nan")}, "probes.gtol"),
+    (ProbeSettings, {"prompts": 2}, "probes.prompts"),
     (ProbeSettings, {"prefixes": ()}, "probes.prefixes is empty"),
     (InterventionSettings, {"sites": ("q",)}, "unknown site 'q'"),
     (InterventionSettings, {"query": -1}, "interventions.query"),

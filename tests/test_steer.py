@@ -30,7 +30,7 @@ def test_probe_edit_is_the_smallest_that_moves_the_decoded_quantity_by_delta():
     rng = np.random.default_rng(0)
     h = rng.normal(size=(300, 6, 5))
     y = h.mean(1) @ rng.normal(size=(5, 3))
-    probe = AttentionPoolProbe(kind="linear", steps=50).fit(h, y)
+    probe = AttentionPoolProbe(kind="linear").fit(h, y)
     pmap = ProbeMap.of(probe)
     delta = torch.as_tensor(rng.normal(size=(4, 3)))
     edit = pmap.edit(delta)
@@ -41,7 +41,7 @@ def test_probe_edit_is_the_smallest_that_moves_the_decoded_quantity_by_delta():
     smallest = np.linalg.lstsq(a, delta.numpy().T, rcond=None)[0].T.reshape(4, 6, 5)
     np.testing.assert_allclose(edit.numpy(), smallest, atol=1e-9)
     with pytest.raises(ConfigError, match="only linear probes can be steered"):
-        ProbeMap.of(AttentionPoolProbe(kind="mlp", steps=10).fit(h, y))
+        ProbeMap.of(AttentionPoolProbe(kind="mlp", hidden=8).fit(h, y))
 
 
 def test_expected_move_of_xty_is_least_squares_reading_it():
@@ -81,10 +81,9 @@ def test_planted_gd_known_answers():
 def test_steering_table_controls_and_a_gpt2_end_to_end(ckpt, tmp_path, capsys):
     model, xs, ys = _planted_gd()
     p = sample_prompts(TaskConfig(n_dims=D, n_points=N), 256, generator=generator_for(4))
+    # planted GD keeps GD's iterates, not w_OLS: no linear probe decodes it, so no cell is steered
     table = steering_table(model, (p.xs, p.ys), (xs, ys), [1, L], [T], ("w_ols",), n_boot=100)
-    assert set(table.edit) == {"probe", "random"} and (table[table.layer == L].slope.abs() < 1e-6).all()
-    random = table[table.edit == "random"]
-    assert (random.slope.abs() < 0.2).all()  # a random edit's move is unrelated to x . delta
+    assert set(table.edit) == {"probe", "random"} and table.slope.isna().all() and (table.probe_r2 < 0.1).all()
     assert main(["-q", "steer", str(ckpt), "--out", str(tmp_path / "s"), "--layers", "1", "3", "--prefixes", "3",
                  "--train-prompts", "64", "--test-prompts", "16"]) == 0
     s = json.loads((tmp_path / "s" / "steering_summary.json").read_text())["steering"]

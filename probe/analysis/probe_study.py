@@ -52,28 +52,28 @@ def probe_study(
         [("random_model", control_model)] if settings.controls and control_model is not None else []
     )
     fit: dict[str, Any] = {
-        "steps": settings.steps,
+        "alphas": settings.alphas,
         "hidden": settings.hidden,
-        "patience": settings.patience,
-        "eval_every": settings.eval_every,
+        "max_iter": settings.max_iter,
+        "gtol": settings.gtol,
+        "ftol": settings.ftol,
         "seed": seed,
         "device": device,
         "precision": settings.precision,
         "layout": "lpnd",
     }
     dtype, frames = probe_dtype(settings.precision), []
-    bar = tqdm(total=len(models) * len(settings.kinds), desc="probes", disable=not progress, leave=False)
+    bar = tqdm(total=len(models) * (2 if settings.controls else 1), desc="probes", disable=not progress, leave=False)
     for control, m in models:  # one model's streams at a time (probe/capture/streams.py)
         states_train, states_test = (
             by_position_streams(m, p.xs, p.ys, device, dtype=dtype, memory=memory) for p in (train, test)
         )
-        for kind in settings.kinds:
-            fit["lr"] = settings.lr if kind == "linear" else settings.mlp_lr
-            frame = fit_probes(states_train, targets_train, states_test, targets_test, combos, kind, **fit)
-            frames.append(frame.assign(control=control))
-            if control == "none" and settings.controls:
-                frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kind, **fit)
-                frames.append(frame.assign(control="shuffled"))
+        kinds = settings.kinds
+        frames.append(fit_probes(states_train, targets_train, states_test, targets_test, combos, kinds, **fit).assign(control=control))
+        bar.update()
+        if control == "none" and settings.controls:
+            frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kinds, **fit)
+            frames.append(frame.assign(control="shuffled"))
             bar.update()
         del states_train, states_test  # so that the next model's capture does not sit beside them
     bar.close()

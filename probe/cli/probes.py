@@ -4,7 +4,7 @@ same architecture and on shuffled targets (selectivity = score - control score).
 
 examples:
   icl-probe probes checkpoints/gpt2-default --out reports/probes
-  icl-probe probes checkpoints/gpt2-default --out /tmp/p --kinds mlp --steps 1000 --prompts 2048
+  icl-probe probes checkpoints/gpt2-default --out /tmp/p --kinds mlp --max-iter 1000 --prompts 2048
 """
 
 from __future__ import annotations

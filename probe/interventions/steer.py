@@ -37,6 +37,7 @@ from ..stats import resamples
 from .runner import Runner, boundary_hook_name, runner_for
 
 STEERABLE_TARGETS = ("w_ols", "xty")
+MIN_DECODED = 0.1  # a probe whose leave-one-out R^2 is below this is not steered (its cells' slopes are NaN)
 
 
 @dataclass
@@ -54,10 +55,9 @@ class ProbeMap:
                 f"only linear probes can be steered (an {probe.kind} probe decodes through a nonlinearity, so no "
                 "edit moves its output by a chosen delta everywhere); use kind 'linear'"
             )
-        grid = probe.grid_
         return cls(
             torch.as_tensor(probe.attention_, dtype=torch.float64),
-            grid.head[0][0].detach().double(),
+            torch.as_tensor(probe.coef_, dtype=torch.float64),
             probe.std_.double(),
         )
 
@@ -117,7 +117,8 @@ def steering_table(
     observed move of the prediction against the expected one (module docstring) over the test
     prompts and random deltas of each size (in units of the target's standard deviation), for the
     probe's edit and a random edit of the same norm (`edit` = "probe" / "random"). probe_r2 is
-    the linear probe's R^2 on the test prompts."""
+    the linear probe's R^2 on the test prompts. A cell whose probe decodes nothing (leave-one-out
+    R^2 below MIN_DECODED) is not steered: its slopes are NaN (null in JSON)."""
     runner = runner_for(model, device)
     check_cells(model, layers, prefixes, targets, train[0].shape[1])
     g = torch.Generator().manual_seed(seed)
@@ -136,6 +137,10 @@ def steering_table(
                     "prefix": t,
                     "probe_r2": float(probe.score(test_states[layer], test_y)),
                 }
+                if probe.loo_r2_ < MIN_DECODED:  # nothing decoded: the smallest edit is unbounded, no slope to measure
+                    rows += [{**cell, "edit": kind, "slope": np.nan, "slope_low": np.nan, "slope_high": np.nan, "r2": np.nan}
+                             for kind in ("probe", "random")]
+                    continue
                 moves = _moves(runner, ProbeMap.of(probe), xt, yt, base, target, layer, t, sizes, g)
                 for kind, (observed, expected) in moves.items():
                     slope, lo, hi, r2 = _fit_through_origin(observed, expected, n_boot, seed)

@@ -217,15 +217,17 @@ def caveats(summary: Summary) -> list[str]:
             "about which algorithm the model runs."
         )
     for target, kind, fit in _probe_fits(summary):
-        if fit.converged_share is not None and fit.converged_share < 1:
+        if fit.converged_share is not None and fit.converged_share < CONVERGED_ENOUGH:
             out.append(
-                f"{(1 - fit.converged_share) * 100:.0f}% of the {kind} probes for {label(target)} stopped at the step "
-                f"limit ({fit.max_steps_used} steps) before their validation R^2 settled: their R^2 is "
-                "a lower bound; raise probes.steps."
+                f"Only {fit.converged_share * 100:.0f}% of the {kind} probes for {label(target)} reached the stopping "
+                f"rule (|gradient| <= probes.gtol) within probes.max_iter ({fit.max_iterations} iterations used, "
+                f"largest final gradient {fit.max_grad_norm:.1e}): those probes' R^2 may still move; raise "
+                "probes.max_iter."
             )
     return out
 
 
+CONVERGED_ENOUGH = 0.99  # share of converged probes below which the findings say so
 ORDER_FREE = 1e-6  # an order share below this is float round-off: the predictor ignores order
 
 

@@ -157,9 +157,17 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
         out["probe_attention"] = _table(attention, "{:.3f}")
         if "converged" in own:
             steps = own.groupby(["target", "kind"]).agg(
-                converged=("converged", "mean"), median_steps=("steps", "median"), max_steps=("steps", "max")
+                converged=("converged", "mean"),
+                median_iterations=("iterations", "median"),
+                max_iterations=("iterations", "max"),
+                max_grad_norm=("grad_norm", "max"),
             )
+            steps["max_grad_norm"] = steps.max_grad_norm.map("{:.1e}".format)
             out["probe_training"] = _table(steps.reset_index(), "{:.2f}")
+            stuck = own[~own.converged.astype(bool)]
+            if len(stuck):
+                cols = ["layer", "prefix", "target", "kind", "iterations", "grad_norm", "r2"]
+                out["probe_unconverged"] = _table(stuck[cols].assign(grad_norm=stuck.grad_norm.map("{:.1e}".format)), "{:.3f}")
     ablation = summary.interventions.ablation if summary.interventions else None
     if ablation:
         skip = ablation["skip"]

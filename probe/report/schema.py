@@ -175,8 +175,9 @@ class ProbeFit:
     shuffled_r2: list[float]
     best_layer: int
     by_prefix: dict[int, list[float]]
-    converged_share: float | None = field(default=None, metadata=OMIT)
-    max_steps_used: int | None = field(default=None, metadata=OMIT)
+    converged_share: float | None = field(default=None, metadata=OMIT)  # of the model's own probes
+    max_iterations: int | None = field(default=None, metadata=OMIT)  # L-BFGS iterations of the slowest pooling fit
+    max_grad_norm: float | None = field(default=None, metadata=OMIT)  # largest final |gradient|_inf
 
 
 @dataclass

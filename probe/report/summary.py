@@ -243,6 +243,7 @@ def probe_summary(table: pd.DataFrame) -> dict[str, dict[str, ProbeFit]]:
                 for t, g in own.groupby("prefix")
             },
             converged_share=float(own.converged.mean()) if converged else None,
-            max_steps_used=int(own.steps.max()) if converged else None,
+            max_iterations=int(own.iterations.max()) if converged else None,
+            max_grad_norm=float(own.grad_norm.max()) if converged else None,
         )
     return out

@@ -1,0 +1,94 @@
+"""Batched full-batch L-BFGS for many independent smooth problems at once (the probes' fitter).
+
+Each element b of the batch minimises its own f_b(x_b), x_b in R^n. An iteration takes, for every
+element still running, the L-BFGS direction (Nocedal & Wright Alg. 7.4, H_0 = (s.y / y.y) I from
+the newest pair, `memory` pairs) and a step satisfying the strong Wolfe conditions from the
+project's Moré-Thuente search (probe/learners/line_search.py, scipy's `dcsrch`; c1 = 1e-4,
+c2 = 0.9), first trial 1 / |p| at the first iteration and 1 after, as scipy's L-BFGS-B.
+
+Stopping rule, per element (scipy's L-BFGS-B `pgtol` and `factr` tests): converged when
+|grad f|_inf <= gtol, or when an iteration lowered f by at most ftol * max(|f|, 1).
+An element whose line search fails is stopped where it is and counts as converged only if its
+gradient already passed the gradient test. Elements that finish leave the working set, so the
+cost follows the elements still running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..learners.line_search import more_thuente
+from ..learners.wolfe import two_loop
+
+Objective = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (x (k, n), index (k,)) -> (f (k,), grad (k, n))
+EPS = torch.finfo(torch.float64).eps
+
+
+@dataclass
+class Minimum:
+    """Per element: the last iterate x (B, n), f there, |grad f|_inf there, iterations taken and
+    whether the stopping rule (module docstring) was met before `max_iter`."""
+
+    x: Tensor
+    value: Tensor
+    grad_norm: Tensor
+    iterations: Tensor
+    converged: Tensor
+
+
+def minimize(
+    fun: Objective, x0: Tensor, *, gtol: float, ftol: float, max_iter: int, memory: int = 10
+) -> Minimum:
+    """Minimise every element's objective from x0 (B, n); see the module docstring."""
+    x = x0.clone()
+    batch = x.shape[0]
+    every = torch.arange(batch, device=x.device)
+    f, g = fun(x, every)
+    iterations = torch.zeros(batch, dtype=torch.long, device=x.device)
+    converged = g.abs().amax(-1) <= gtol
+    pairs: list[tuple[Tensor, Tensor, Tensor]] = []  # (s, y, rho) for every element, rho = 0 when skipped
+    gamma = torch.ones_like(f)
+    active = (~converged).nonzero().squeeze(-1)
+    for k in range(max_iter):
+        if active.numel() == 0:
+            break
+        sub = [(s[active], y[active], rho[active]) for s, y, rho in pairs]
+        p = -two_loop(g[active], sub, gamma[active])
+        slope = (g[active] * p).sum(-1)
+        p = torch.where((slope < 0).unsqueeze(-1), p, -g[active])  # not a descent direction: steepest descent
+        slope = (g[active] * p).sum(-1)
+        x_a, step0 = x[active], torch.ones_like(slope)
+        if k == 0:
+            step0 = (1 / p.norm(dim=-1).clamp_min(1e-300)).clamp(max=1e10)
+
+        def phi(steps: Tensor, index: Tensor, x_a=x_a, p=p) -> tuple[Tensor, Tensor]:
+            value, grad = fun(x_a[index] + steps.unsqueeze(-1) * p[index], active[index])
+            return value, (grad * p[index]).sum(-1)
+
+        res = more_thuente(
+            phi, f[active], slope, step0, ftol=1e-4, gtol=0.9, xtol=1e-14, stpmin=0.0, stpmax=1e10
+        )
+        step = torch.where(res.ok.unsqueeze(-1), res.step.unsqueeze(-1) * p, torch.zeros_like(p))
+        x_new = x_a + step
+        f_new, g_new = fun(x_new, active)
+        y_vec = g_new - g[active]
+        ys = (y_vec * step).sum(-1)
+        keep = res.ok & (ys > EPS * -slope * res.step)
+        rho = torch.where(keep, 1 / torch.where(keep, ys, 1.0), torch.zeros_like(ys))
+        s_full, y_full, rho_full = (torch.zeros_like(x), torch.zeros_like(x), torch.zeros_like(f))
+        s_full[active], y_full[active], rho_full[active] = step, y_vec, rho
+        pairs = (pairs + [(s_full, y_full, rho_full)])[-memory:]
+        gamma[active] = torch.where(keep, ys / torch.where(keep, (y_vec * y_vec).sum(-1), 1.0), gamma[active])
+        decrease = f[active] - f_new
+        x[active], f[active], g[active] = x_new, f_new, g_new
+        iterations[active] += 1
+        small_grad = g_new.abs().amax(-1) <= gtol
+        stalled = res.ok & (decrease <= ftol * torch.maximum(f_new.abs(), torch.ones_like(f_new)))
+        converged[active] = small_grad | stalled
+        stop = converged[active] | ~res.ok
+        active = active[~stop]
+    return Minimum(x, f, g.abs().amax(-1), iterations, converged)
