@@ -24,7 +24,7 @@ declare -A JOBS=(
   [steer-default]="probe steer checkpoints/gpt2-default --out reports/steer-default --force"
   [order-lstm]="probe order checkpoints/lstm-default --out reports/order-lstm --force"
   [line-search-default]="probe heatmap checkpoints/gpt2-default --recipe analyses/line-search.toml --out reports/line-search-default --force"
-  [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --set probes.steps=3000 --set probes.hidden=[128] --set probes.patience=20 --out reports/probes-default-converged --force"
+  [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --out reports/probes-default-converged --force"
 )
 for study in depth-phases relu-depth training-dynamics depth-noiseless width relu-attention relu-transformer-depth; do
   JOBS[study-$study]="probe study $study --out reports/study-$study --jobs 2 --force"
