@@ -40,9 +40,7 @@ class Minimum:
     converged: Tensor
 
 
-def minimize(
-    fun: Objective, x0: Tensor, *, gtol: float, ftol: float, max_iter: int, memory: int = 10
-) -> Minimum:
+def minimize(fun: Objective, x0: Tensor, *, gtol: float, ftol: float, max_iter: int, memory: int = 10) -> Minimum:
     """Minimise every element's objective from x0 (B, n); see the module docstring."""
     x = x0.clone()
     batch = x.shape[0]
@@ -65,13 +63,11 @@ def minimize(
         if k == 0:
             step0 = (1 / p.norm(dim=-1).clamp_min(1e-300)).clamp(max=1e10)
 
-        def phi(steps: Tensor, index: Tensor, x_a=x_a, p=p) -> tuple[Tensor, Tensor]:
+        def phi(steps: Tensor, index: Tensor, x_a=x_a, p=p, active=active) -> tuple[Tensor, Tensor]:
             value, grad = fun(x_a[index] + steps.unsqueeze(-1) * p[index], active[index])
             return value, (grad * p[index]).sum(-1)
 
-        res = more_thuente(
-            phi, f[active], slope, step0, ftol=1e-4, gtol=0.9, xtol=1e-14, stpmin=0.0, stpmax=1e10
-        )
+        res = more_thuente(phi, f[active], slope, step0, ftol=1e-4, gtol=0.9, xtol=1e-14, stpmin=0.0, stpmax=1e10)
         step = torch.where(res.ok.unsqueeze(-1), res.step.unsqueeze(-1) * p, torch.zeros_like(p))
         x_new = x_a + step
         f_new, g_new = fun(x_new, active)

@@ -69,7 +69,11 @@ def probe_study(
             by_position_streams(m, p.xs, p.ys, device, dtype=dtype, memory=memory) for p in (train, test)
         )
         kinds = settings.kinds
-        frames.append(fit_probes(states_train, targets_train, states_test, targets_test, combos, kinds, **fit).assign(control=control))
+        frames.append(
+            fit_probes(states_train, targets_train, states_test, targets_test, combos, kinds, **fit).assign(
+                control=control
+            )
+        )
         bar.update()
         if control == "none" and settings.controls:
             frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kinds, **fit)

@@ -206,7 +206,9 @@ class PoolingFit:
     converged: Tensor
 
     def to(self, device: str) -> PoolingFit:
-        return PoolingFit(*(getattr(self, f).to(device) for f in ("scores", "penalty", "loo", "iterations", "grad_norm", "converged")))
+        return PoolingFit(
+            *(getattr(self, f).to(device) for f in ("scores", "penalty", "loo", "iterations", "grad_norm", "converged"))
+        )
 
 
 def fit_pooling(
@@ -262,7 +264,8 @@ class Head:
     hidden_scale: Tensor | None = None  # (G, 1, 1)
 
     def hidden(self, z: Tensor) -> Tensor:
-        assert self.z_mean is not None and self.z_std is not None and self.hidden_weight is not None
+        assert self.z_mean is not None and self.z_std is not None
+        assert self.hidden_weight is not None and self.hidden_bias is not None
         return torch.nn.functional.gelu(((z - self.z_mean) / self.z_std) @ self.hidden_weight + self.hidden_bias)
 
     def features(self, z: Tensor) -> Tensor:
@@ -309,7 +312,9 @@ def fit_head(
         loos = torch.stack([_loo_one(torch.cat([zc, c * balance * hc], -1), yc, penalty) for c in HIDDEN_SCALES], 1)
         best = loos.argmin(1)
         loo = loos.gather(1, best.unsqueeze(1)).squeeze(1)
-        head.hidden_scale = torch.tensor(HIDDEN_SCALES, dtype=torch.float64, device=z.device)[best].view(-1, 1, 1) * balance
+        head.hidden_scale = (
+            torch.tensor(HIDDEN_SCALES, dtype=torch.float64, device=z.device)[best].view(-1, 1, 1) * balance
+        )
     features = head.features(z)
     head.feature_mean = features.mean(1, keepdim=True)
     head.weight = ridge_head(features - head.feature_mean, yc, penalty)
@@ -363,11 +368,14 @@ def fit_probes(
     else:
         train_states, test_states = train_states.to(dtype), test_states.to(dtype)
     train_states, test_states = train_states.to(device), test_states.to(device)
-    n_layers, n_pos, n_train, _ = train_states.shape
+    n_layers, _, n_train, _ = train_states.shape
     if n_train < 3:
         raise ConfigError(f"probes need at least 3 training prompts (leave-one-out), got {n_train}")
     # standardise targets per (prefix, coordinate) with the training prompts' statistics
-    stats = {k: (v.mean(0, keepdim=True), v.std(0, keepdim=True).nan_to_num(1.0).clamp_min(1e-8)) for k, v in train_targets.items()}
+    stats = {
+        k: (v.mean(0, keepdim=True), v.std(0, keepdim=True).nan_to_num(1.0).clamp_min(1e-8))
+        for k, v in train_targets.items()
+    }
     norm = lambda k, v: ((v - stats[k][0]) / stats[k][1]).double()
     y_train = torch.stack([norm(tg, train_targets[tg])[:, t] for t, tg in combos]).repeat(n_layers, 1, 1).to(device)
     y_test = torch.stack([norm(tg, test_targets[tg])[:, t] for t, tg in combos]).repeat(n_layers, 1, 1).to(device)
@@ -382,8 +390,8 @@ def fit_probes(
     for kind in kinds:
         head, penalty, loo = fit_head(kind, z_train, y_train, alphas, hidden, seed)
         pred = head.predict(z_test)
-        cpu = lambda *ts: [t.cpu() for t in ts]
-        frames.append(_probe_rows(kind, *cpu(pred, y_test, loo, penalty, y_train), fit.to("cpu"), alpha.cpu(), combos, hidden))
+        on_cpu = (pred.cpu(), y_test.cpu(), loo.cpu(), penalty.cpu(), y_train.cpu())
+        frames.append(_probe_rows(kind, on_cpu, fit.to("cpu"), alpha.cpu(), combos, hidden))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -394,8 +402,10 @@ def probe_dtype(precision: str) -> torch.dtype:
     return PRECISIONS[precision]
 
 
-def _probe_rows(kind, pred, truth, loo, penalty, y_train, fit: PoolingFit, alpha, combos, hidden) -> pd.DataFrame:
-    """The table of fit_probes for one kind, from the flat probe axis G = layers x combos."""
+def _probe_rows(kind, arrays, fit: PoolingFit, alpha, combos, hidden) -> pd.DataFrame:
+    """The table of fit_probes for one kind, from the flat probe axis G = layers x combos; arrays:
+    (test predictions, test truth, leave-one-out MSE, penalty, training targets)."""
+    pred, truth, loo, penalty, y_train = arrays
     r2 = r2_score(truth, pred).mean(-1)  # (G,): sklearn's multioutput="uniform_average"
     nmse = ((pred - truth) ** 2).mean((1, 2)) / truth.var(dim=(1, 2)).clamp_min(1e-12)
     loo_r2 = 1 - loo / y_train.var(dim=1, unbiased=False).mean(-1).clamp_min(1e-300)
@@ -508,7 +518,11 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
         self.head_, penalty, loo = fit_head(self.kind, z, y_std, self.alphas, self.hidden, self.random_state)
         self.loo_r2_ = float(1 - loo[0] / y_std.var(dim=1, unbiased=False).mean())
         self.alpha_ = float(penalty[0])
-        self.n_iter_, self.grad_norm_, self.converged_ = int(fit.iterations[0]), float(fit.grad_norm[0]), bool(fit.converged[0])
+        self.n_iter_, self.grad_norm_, self.converged_ = (
+            int(fit.iterations[0]),
+            float(fit.grad_norm[0]),
+            bool(fit.converged[0]),
+        )
         return self
 
     def _pooled(self, H) -> torch.Tensor:

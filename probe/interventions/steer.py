@@ -138,8 +138,10 @@ def steering_table(
                     "probe_r2": float(probe.score(test_states[layer], test_y)),
                 }
                 if probe.loo_r2_ < MIN_DECODED:  # nothing decoded: the smallest edit is unbounded, no slope to measure
-                    rows += [{**cell, "edit": kind, "slope": np.nan, "slope_low": np.nan, "slope_high": np.nan, "r2": np.nan}
-                             for kind in ("probe", "random")]
+                    rows += [
+                        {**cell, "edit": kind, "slope": np.nan, "slope_low": np.nan, "slope_high": np.nan, "r2": np.nan}
+                        for kind in ("probe", "random")
+                    ]
                     continue
                 moves = _moves(runner, ProbeMap.of(probe), xt, yt, base, target, layer, t, sizes, g)
                 for kind, (observed, expected) in moves.items():

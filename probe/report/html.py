@@ -167,7 +167,9 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
             stuck = own[~own.converged.astype(bool)]
             if len(stuck):
                 cols = ["layer", "prefix", "target", "kind", "iterations", "grad_norm", "r2"]
-                out["probe_unconverged"] = _table(stuck[cols].assign(grad_norm=stuck.grad_norm.map("{:.1e}".format)), "{:.3f}")
+                out["probe_unconverged"] = _table(
+                    stuck[cols].assign(grad_norm=stuck.grad_norm.map("{:.1e}".format)), "{:.3f}"
+                )
     ablation = summary.interventions.ablation if summary.interventions else None
     if ablation:
         skip = ablation["skip"]
