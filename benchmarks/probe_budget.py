@@ -26,9 +26,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default=str(DEFAULT))
     parser.add_argument("--recipe", default="quick")
+    parser.add_argument("--set", action="append", default=[], help="recipe overrides (probes.gtol=1e-6)")
     args = parser.parse_args()
     ckpt = load_checkpoint(args.checkpoint)
-    recipe = resolve_recipe(args.recipe)
+    from probe.config import parse_override
+
+    recipe = resolve_recipe(args.recipe, [parse_override(o) for o in args.set])
     settings = recipe.probes
     tight = dataclasses.replace(
         settings, max_iter=10 * settings.max_iter, gtol=settings.gtol / 10, ftol=settings.ftol / 10
@@ -46,9 +49,12 @@ def main() -> None:
     both["diff"] = (both.r2 - both.r2_10x).abs()
     for (kind, control), rows in both.groupby(["kind", "control"]):
         print(f"{kind:6s} {control:12s} largest difference {rows['diff'].max():.2e}")
+    own = both[both.control == "none"].groupby(["layer", "target", "kind"])[["r2", "r2_10x"]].mean()
+    by_layer = (own.r2 - own.r2_10x).abs().max()  # the summary's R^2 by layer: mean over prefixes
+    print(f"model's probes, R^2 by (layer, target, kind) as the summary reports it: largest difference {by_layer:.2e}")
     worst = both.loc[both["diff"].idxmax()]
     print(f"largest difference at {dict(worst[keys])}: {worst.r2:.4f} vs {worst.r2_10x:.4f}")
-    print(f"max_r2_diff={both['diff'].max():.2e} converged={tables['recipe'].converged.mean():.3f}")
+    print(f"max_r2_diff={both['diff'].max():.2e} by_layer={by_layer:.2e} converged={tables['recipe'].converged.mean():.3f}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Each element b of the batch minimises its own f_b(x_b), x_b in R^n. An iteration takes, for every
 element still running, the L-BFGS direction (Nocedal & Wright Alg. 7.4, H_0 = (s.y / y.y) I from
-the newest pair, `memory` pairs) and a step satisfying the strong Wolfe conditions from the
+the newest pair, `memory` pairs: with memory >= n this is close to BFGS with its initial matrix
+rescaled at every iteration) and a step satisfying the strong Wolfe conditions from the
 project's Moré-Thuente search (probe/learners/line_search.py, scipy's `dcsrch`; c1 = 1e-4,
 c2 = 0.9), first trial 1 / |p| at the first iteration and 1 after, as scipy's L-BFGS-B.
 
@@ -63,14 +64,20 @@ def minimize(fun: Objective, x0: Tensor, *, gtol: float, ftol: float, max_iter: 
         if k == 0:
             step0 = (1 / p.norm(dim=-1).clamp_min(1e-300)).clamp(max=1e10)
 
-        def phi(steps: Tensor, index: Tensor, x_a=x_a, p=p, active=active) -> tuple[Tensor, Tensor]:
+        last_f, last_g = f[active].clone(), g[active].clone()  # the search's last evaluation per element
+
+        def phi(steps: Tensor, index: Tensor, x_a=x_a, p=p, active=active, last_f=last_f, last_g=last_g):
             value, grad = fun(x_a[index] + steps.unsqueeze(-1) * p[index], active[index])
+            last_f[index], last_g[index] = value, grad
             return value, (grad * p[index]).sum(-1)
 
         res = more_thuente(phi, f[active], slope, step0, ftol=1e-4, gtol=0.9, xtol=1e-14, stpmin=0.0, stpmax=1e10)
         step = torch.where(res.ok.unsqueeze(-1), res.step.unsqueeze(-1) * p, torch.zeros_like(p))
         x_new = x_a + step
-        f_new, g_new = fun(x_new, active)
+        # a search ends right after evaluating the step it accepts, so its last evaluation is the new
+        # point; a failed search keeps the old point (and its value and gradient)
+        f_new = torch.where(res.ok, last_f, f[active])
+        g_new = torch.where(res.ok.unsqueeze(-1), last_g, g[active])
         y_vec = g_new - g[active]
         ys = (y_vec * step).sum(-1)
         keep = res.ok & (ys > EPS * -slope * res.step)
