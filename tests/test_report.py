@@ -172,3 +172,17 @@ def test_summary_json_reads_back_as_the_typed_summary(report):
     assert json.loads(json.dumps(summary.to_json())) == written  # nothing lost or added on the way back
     html = (report / "index.html").read_text()
     assert all(item.split(":")[0] in html for item in findings(summary)[0])  # the page's findings, from the file
+
+
+def test_probe_section_states_convergence_and_names_unconverged_probes(report):
+    """The page's probe section gives the share of converged probes and lists any that did not
+    converge; summary.json carries the share per (target, kind)."""
+    rows = pd.read_csv(report / "data" / "probes.csv")
+    own = rows[rows.control == "none"]
+    summary = json.loads((report / "summary.json").read_text())
+    for (target, kind), group in own.groupby(["target", "kind"]):
+        assert summary["probes"][target][kind]["converged_share"] == pytest.approx(group.converged.mean())
+        assert summary["probes"][target][kind]["max_iterations"] == group.iterations.max()
+    html = (report / "index.html").read_text()
+    assert "Share of probes that converged" in html and "variable projection" in html
+    assert ("did not reach the stopping rule" in html) == (not own.converged.all())

@@ -41,10 +41,14 @@ class Minimum:
     converged: Tensor
 
 
-def minimize(fun: Objective, x0: Tensor, *, gtol: float, ftol: float, max_iter: int, memory: int = 10) -> Minimum:
-    """Minimise every element's objective from x0 (B, n); see the module docstring."""
+def minimize(
+    fun: Objective, x0: Tensor, *, gtol: float | Tensor, ftol: float, max_iter: int, memory: int = 10
+) -> Minimum:
+    """Minimise every element's objective from x0 (B, n); see the module docstring. `gtol` may be
+    one per element (B,)."""
     x = x0.clone()
     batch = x.shape[0]
+    gtol = torch.as_tensor(gtol, dtype=x.dtype, device=x.device).expand(batch)
     every = torch.arange(batch, device=x.device)
     f, g = fun(x, every)
     iterations = torch.zeros(batch, dtype=torch.long, device=x.device)
@@ -89,7 +93,7 @@ def minimize(fun: Objective, x0: Tensor, *, gtol: float, ftol: float, max_iter: 
         decrease = f[active] - f_new
         x[active], f[active], g[active] = x_new, f_new, g_new
         iterations[active] += 1
-        small_grad = g_new.abs().amax(-1) <= gtol
+        small_grad = g_new.abs().amax(-1) <= gtol[active]
         stalled = res.ok & (decrease <= ftol * torch.maximum(f_new.abs(), torch.ones_like(f_new)))
         converged[active] = small_grad | stalled
         stop = converged[active] | ~res.ok
