@@ -171,3 +171,24 @@ def test_zero_predictor_baseline_flags_layers_that_predict_zero_and_not_the_gd_l
     rows = analyse_layers(plant(newton.model), newton.task, settings).best.query("metric == 'sime'").sort_values("layer")
     assert rows.degenerate.tolist()[:3] == [True, True, True]  # boundaries 0-2 of the construction predict 0
     assert rows.predicts_zero.tolist()[:3] == [True, True, True]
+
+
+@pytest.mark.parametrize("algorithm,layers,d,n", [("newton-relu", 4, 4, 10), ("sgd", 3, 4, 10), ("adam", 8, 4, 10),
+                                                  ("prng", 1, 32, 3)])
+def test_planted_mlp_in_blocks_equals_the_full_product(algorithm, layers, d, n, monkeypatch):
+    """PlantedICL.mlp runs a block of tokens at a time (no giant temporary); with blocks of a few
+    rows the model's every stream equals the one-block computation (float64: float32 kernels for
+    a few rows may sum in another order)."""
+    from probe.models import planted
+
+    model = plant(planted_config(algorithm, layers, d, n).model).double()
+    g = torch.Generator().manual_seed(0)
+    xs, ys = torch.randn(3, n, d, generator=g, dtype=torch.float64), torch.randn(3, n, generator=g, dtype=torch.float64)
+    monkeypatch.setattr(planted, "MLP_BLOCK_BYTES", 1 << 40)  # one block
+    whole = model.run(xs, ys)
+    monkeypatch.setattr(planted, "MLP_BLOCK_BYTES", 7 * model.d_mlp * 8)  # 7 rows a block
+    blocks = model.run(xs, ys)
+    assert len(whole.resid) == layers + 1
+    for a, b in zip(whole.resid, blocks.resid):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(whole.pred, blocks.pred, rtol=1e-12, atol=1e-12)

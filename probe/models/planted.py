@@ -163,6 +163,9 @@ class Layout:
         return self.slots[name]
 
 
+MLP_BLOCK_BYTES = 16 << 20  # hidden activations per block of the planted MLPs (below glibc's mmap threshold)
+
+
 class PlantedICL(nn.Module):
     family = "planted"
     capture_backend = "planted"  # probe/capture/backends.py
@@ -214,7 +217,16 @@ class PlantedICL(nn.Module):
         return s.relu() if self.relu_attention else s
 
     def mlp(self, h: Tensor, l: int) -> Tensor:
-        return (h @ self.mlp_in[l].T).relu() @ self.mlp_out[l].T
+        """The layer's ReLU MLP, a block of tokens at a time: its hidden activations for every token of
+        every run would be a ~1.5 GB temporary (planted Adam, 1280 prompts), which glibc maps and
+        unmaps anew each time (system time comparable to the arithmetic). Rows are independent, so
+        the blocks give exactly the full product."""
+        flat = h.reshape(-1, h.shape[-1])
+        rows = max(1, MLP_BLOCK_BYTES // (self.d_mlp * flat.element_size()))
+        out = torch.empty(flat.shape[0], self.mlp_out.shape[1], dtype=h.dtype, device=h.device)
+        for lo in range(0, flat.shape[0], rows):
+            out[lo : lo + rows] = (flat[lo : lo + rows] @ self.mlp_in[l].T).relu() @ self.mlp_out[l].T
+        return out.view(*h.shape[:-1], -1)
 
     # -- the protocol
     n_dims = property(lambda self: self.config.n_dims)
