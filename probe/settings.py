@@ -202,7 +202,9 @@ class ProbeSettings(Section):
     hidden: int = setting(128, "width of the MLP probes' random GELU layer")
     max_iter: int = setting(500, "the most L-BFGS iterations per round of a probe's pooling fit")
     gtol: float = setting(1e-6, "a pooling fit has converged when |gradient|_inf is at most this")
-    ftol: float = setting(2.2e-9, "... or when an iteration lowers the objective by at most this (scipy's ftol)")
+    ftol: float = setting(
+        2.2e-9, "a pooling fit has also converged when an iteration lowers the objective by at most this"
+    )
     prompts: int = setting(1024, "training prompts (penalties by leave-one-out on them)", minimum=3)
     controls: bool = setting(True, "random-weights model and shuffled-target controls")
     precision: str = setting(
