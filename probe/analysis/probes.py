@@ -58,6 +58,7 @@ from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
 from ..stats import r2_score
 from .lbfgs import minimize
+from .ridge import choose_penalty, loo_diagonal, ridge_head, ridge_loo, ridge_penalties
 
 ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # ridge penalties, fractions of the mean eigenvalue
 MEMORY = 80  # L-BFGS pairs: at least P for most prefixes; measured 1.6x faster than 20 on the default
@@ -75,62 +76,6 @@ def probe_targets(xs: Tensor, ys: Tensor, name: str) -> Tensor:
     if name == "w_ols":
         return least_squares_weights(xs, ys)
     raise ValueError(f"unknown probe target {name!r} (xty, w_ols)")
-
-
-# ---------------------------------------------------------------- closed-form ridge heads
-
-
-def ridge_penalties(fc: Tensor, alphas: Sequence[float]) -> Tensor:
-    """(k, A) absolute penalties: `alphas` times the mean eigenvalue of Fc^T Fc, per probe."""
-    scale = fc.pow(2).sum((1, 2)) / fc.shape[-1]
-    return scale.clamp_min(1e-300).unsqueeze(-1) * torch.tensor(alphas, dtype=fc.dtype, device=fc.device)
-
-
-def ridge_loo(fc: Tensor, yc: Tensor, penalties: Tensor) -> Tensor:
-    """(k, A) leave-one-out mean squared error of ridge with an unpenalised intercept, for each
-    penalty; fc (k, N, F) and yc (k, N, d) centred over N. Exact: e_i / (1 - 1/N - H_ii)."""
-    n, width = fc.shape[1], fc.shape[2]
-    if width <= n:  # eigenvectors of the smaller Gram matrix
-        evals, vecs = torch.linalg.eigh(fc.transpose(1, 2) @ fc)
-        q = fc @ vecs  # (k, N, F): Fc V, columns of squared norm evals
-    else:
-        evals, vecs = torch.linalg.eigh(fc @ fc.transpose(1, 2))
-        q = vecs * evals.clamp_min(0).sqrt().unsqueeze(1)
-    evals = evals.clamp_min(0)
-    proj = q.transpose(1, 2) @ yc  # (k, F, d)
-    shrink = 1 / (evals.unsqueeze(1) + penalties.unsqueeze(-1))  # (k, A, F)
-    fitted = q.unsqueeze(1) @ (shrink.unsqueeze(-1) * proj.unsqueeze(1))  # (k, A, N, d)
-    leverage = (q.pow(2) @ shrink.transpose(1, 2)).transpose(1, 2) + 1 / n  # (k, A, N)
-    resid = (yc.unsqueeze(1) - fitted) / (1 - leverage).clamp_min(1e-12).unsqueeze(-1)
-    return resid.pow(2).mean((2, 3))
-
-
-def _loo_diagonal(fc: Tensor, yc: Tensor, gram: Tensor, penalty: Tensor) -> Tensor:
-    """Leave-one-out MSE (G,) of ridge with a diagonal penalty (G, F), by a Cholesky factor instead of
-    an eigendecomposition: with L L^T = Fc^T Fc + diag(penalty) (`gram` = Fc^T Fc) and Q = L^-1 Fc^T,
-    H_ii = |Q_i|^2 + 1/N and the fit is Q^T Q Yc."""
-    chol = torch.linalg.cholesky(gram + torch.diag_embed(penalty))
-    q = torch.linalg.solve_triangular(chol, fc.transpose(1, 2), upper=False)  # (G, F, N)
-    leverage = q.pow(2).sum(1) + 1 / fc.shape[1]  # (G, N)
-    resid = (yc - q.transpose(1, 2) @ (q @ yc)) / (1 - leverage).clamp_min(1e-12).unsqueeze(-1)
-    return resid.pow(2).mean((1, 2))
-
-
-def ridge_head(fc: Tensor, yc: Tensor, penalty: Tensor) -> Tensor:
-    """(k, F, d): W = (Fc^T Fc + penalty I)^-1 Fc^T Yc, per probe."""
-    gram = fc.transpose(1, 2) @ fc
-    gram.diagonal(dim1=1, dim2=2).add_(penalty.unsqueeze(-1))
-    chol, info = torch.linalg.cholesky_ex(gram)
-    if bool((info == 0).all()):
-        return torch.cholesky_solve(fc.transpose(1, 2) @ yc, chol)
-    return torch.linalg.lstsq(gram, fc.transpose(1, 2) @ yc).solution  # singular at penalty 0: least squares
-
-
-def choose_penalty(fc: Tensor, yc: Tensor, penalties: Tensor) -> tuple[Tensor, Tensor]:
-    """Per probe: the index (into penalties (k, A)) with the least leave-one-out error, and that error."""
-    loo = ridge_loo(fc, yc, penalties)
-    best = loo.argmin(-1)
-    return best, loo.gather(1, best.unsqueeze(1)).squeeze(1)
 
 
 # ---------------------------------------------------------------- pooling by variable projection
@@ -348,7 +293,7 @@ def fit_head(
         for c in HIDDEN_SCALES[1:]:
             hidden_penalty = (penalty / (c * balance.view(-1)) ** 2).unsqueeze(-1).expand(-1, hc.shape[-1])
             diagonal = torch.cat([penalty.unsqueeze(-1).expand(-1, zc.shape[-1]), hidden_penalty], -1)
-            scores.append(_loo_diagonal(both, yc, gram, diagonal))
+            scores.append(loo_diagonal(both, yc, gram, diagonal))
         loos = torch.stack(scores, 1)
         # the smallest scale within MIN_GAIN of the best leave-one-out R^2: near-ties (nothing to decode)
         # choose the simpler probe, so that round-off in the pooling cannot flip the choice
@@ -434,14 +379,7 @@ def fit_probes(
     n_layers, _, n_train, _ = train_states.shape
     if n_train < 3:
         raise ConfigError(f"probes need at least 3 training prompts (leave-one-out), got {n_train}")
-    # standardise targets per (prefix, coordinate) with the training prompts' statistics
-    stats = {
-        k: (v.mean(0, keepdim=True), v.std(0, keepdim=True).nan_to_num(1.0).clamp_min(1e-8))
-        for k, v in train_targets.items()
-    }
-    norm = lambda k, v: ((v - stats[k][0]) / stats[k][1]).double()
-    y_train = torch.stack([norm(tg, train_targets[tg])[:, t] for t, tg in combos]).repeat(n_layers, 1, 1).to(device)
-    y_test = torch.stack([norm(tg, test_targets[tg])[:, t] for t, tg in combos]).repeat(n_layers, 1, 1).to(device)
+    y_train, y_test = (y.repeat(n_layers, 1, 1).to(device) for y in _standardised(train_targets, test_targets, combos))
     layer = torch.arange(n_layers, device=device).repeat_interleave(len(combos))
     n_used = torch.tensor([2 * t for t, _ in combos], device=device).repeat(n_layers)
     probes = ProbeSet(train_states, layer, n_used, y_train - y_train.mean(1, keepdim=True))
@@ -454,6 +392,18 @@ def fit_probes(
         on_cpu = (pred.cpu(), y_test.cpu(), loo.cpu(), penalty.cpu(), y_train.cpu())
         frames.append(_probe_rows(kind, on_cpu, fit.to("cpu"), alpha.cpu(), combos, hidden))
     return pd.concat(frames, ignore_index=True)
+
+
+def _standardised(train_targets: dict[str, Tensor], test_targets: dict[str, Tensor], combos) -> tuple[Tensor, Tensor]:
+    """(M, N, d) training and test targets of the combos, each standardised per (prefix, coordinate)
+    with the training prompts' mean and standard deviation."""
+    stats = {
+        k: (v.mean(0, keepdim=True), v.std(0, keepdim=True).nan_to_num(1.0).clamp_min(1e-8))
+        for k, v in train_targets.items()
+    }
+    norm = lambda k, v: ((v - stats[k][0]) / stats[k][1]).double()
+    stack = lambda targets: torch.stack([norm(tg, targets[tg])[:, t] for t, tg in combos])
+    return stack(train_targets), stack(test_targets)
 
 
 def probe_dtype(precision: str) -> torch.dtype:
