@@ -2,6 +2,10 @@
 
 __version__ = "0.1.0"
 
+from .allocator import tune_allocator
+
+tune_allocator()  # before any large tensor: see probe/allocator.py
+
 
 def to_bridge(source, device: str = "cpu"):
     """A TransformerLens TransformerBridge of a GPT-2 family checkpoint that takes `(xs, ys)` prompts

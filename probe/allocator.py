@@ -1,0 +1,38 @@
+"""glibc's allocator thresholds, raised once when icl-probe is imported (CLI and Python API alike).
+
+Why: the analyses make many large, short-lived temporaries (pooled probe states, prefix runs of
+planted models, learners' iterates: 1-60 MB each). glibc serves a request above its mmap threshold
+(128 kB, raised dynamically to at most 32 MB) with a fresh mapping that it unmaps on free, and
+returns a freed heap top above its trim threshold to the kernel; every new mapping is then faulted
+in page by page, which is system time. Measured on the default checkpoint's probe study (this
+machine, 2 cores): 5.3 s of system time beside 26 s of user time with glibc's defaults, 1.0 s with
+the thresholds below (peak RSS 1.03 -> 1.15 GB). Nothing is changed where the C library is not
+glibc, or where the user has set either threshold through glibc's own environment variables.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+MMAP_THRESHOLD = 64 << 20  # requests above this still get their own mapping
+TRIM_THRESHOLD = 256 << 20  # free heap top kept for reuse before it is returned
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, <malloc.h>
+ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
+def tune_allocator() -> bool:
+    """Raise glibc's mmap and trim thresholds (module docstring); True if they were set."""
+    if not sys.platform.startswith("linux") or any(name in os.environ for name in ENV):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return False
+    if not hasattr(libc, "gnu_get_libc_version"):  # glibc only: musl has no mallopt thresholds
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
