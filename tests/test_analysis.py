@@ -143,6 +143,29 @@ def test_probe_head_is_ridge_and_its_penalty_is_ridgecv_choice():
     assert probe.n_iter_ == 0 and probe.converged_
 
 
+def test_two_block_leave_one_out_equals_refitting_without_each_prompt():
+    """loo_two_blocks (block Cholesky, one factor per hidden penalty) against a brute-force refit of
+    ridge with an unpenalised intercept and per-block penalties on every training set but one."""
+    from probe.analysis.ridge import loo_two_blocks
+
+    rng = np.random.default_rng(7)
+    z, h = rng.normal(size=(40, 3)), rng.normal(size=(40, 5))
+    y = z @ rng.normal(size=(3, 2)) + np.tanh(h[:, :2]) + 0.3 * rng.normal(size=(40, 2))
+    penalty, hidden = 2.0, np.array([0.5, 7.0, 300.0])
+    got = loo_two_blocks(*(torch.from_numpy(a - a.mean(0))[None] for a in (z, h, y)), torch.tensor([penalty]),
+                         torch.from_numpy(hidden)[None])[0].numpy()
+    features = np.hstack([z, h])
+    for lam_h, value in zip(hidden, got):
+        errors = []
+        for i in range(40):
+            keep = np.arange(40) != i
+            f, t = features[keep], y[keep]
+            fc, tc = f - f.mean(0), t - t.mean(0)
+            w = np.linalg.solve(fc.T @ fc + np.diag([penalty] * 3 + [lam_h] * 5), fc.T @ tc)
+            errors.append(y[i] - t.mean(0) - (features[i] - f.mean(0)) @ w)
+        assert value == pytest.approx(np.mean(np.square(errors)), rel=1e-10)
+
+
 def test_probe_fit_is_deterministic_and_converges_on_its_gradient():
     """Two fits give identical numbers; the learned pooling ends where the objective's gradient
     is below gtol (checked by finite differences of the variable-projection objective)."""

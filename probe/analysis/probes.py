@@ -58,7 +58,7 @@ from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
 from ..stats import r2_score
 from .lbfgs import minimize
-from .ridge import choose_penalty, loo_diagonal, ridge_head, ridge_loo, ridge_penalties
+from .ridge import choose_penalty, loo_two_blocks, ridge_head, ridge_loo, ridge_penalties
 
 ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # ridge penalties, fractions of the mean eigenvalue
 MEMORY = 80  # L-BFGS pairs: at least P for most prefixes; measured 1.6x faster than 20 on the default
@@ -80,6 +80,8 @@ def probe_targets(xs: Tensor, ys: Tensor, name: str) -> Tensor:
 
 # ---------------------------------------------------------------- pooling by variable projection
 
+Groups = list[tuple[Tensor, int, int]]  # (rows, layer, positions used) per layer: ProbeSet.groups
+
 
 @dataclass
 class ProbeSet:
@@ -99,28 +101,30 @@ class ProbeSet:
         """alpha (k, P) of the probes `index`: softmax over each probe's own positions."""
         return torch.softmax(scores.masked_fill(~self.mask[index], -math.inf), dim=-1)
 
-    def _groups(self, index: Tensor):
+    def groups(self, index: Tensor) -> Groups:
         """(rows of `index`, layer, positions used) for each layer present: its probes pool over the
         most positions any of them reads (alpha is exactly 0 beyond a probe's own), one matmul a layer."""
         layers = self.layer[index]
+        out = []
         for layer in layers.unique().tolist():
             rows = (layers == layer).nonzero().squeeze(-1)
-            yield rows, layer, int(self.n_pos[index[rows]].max())
+            out.append((rows, layer, int(self.n_pos[index[rows]].max())))
+        return out
 
-    def pool(self, alpha: Tensor, index: Tensor, states: Tensor | None = None) -> Tensor:
+    def pool(self, alpha: Tensor, index: Tensor, states: Tensor | None = None, groups: Groups | None = None) -> Tensor:
         """z (k, N, D) = sum_p alpha_p h_p for the probes `index` (one matmul per layer)."""
         states = self.states if states is None else states
         _, _, n, width = states.shape
         z = torch.empty(len(index), n, width, dtype=torch.float64, device=states.device)
-        for rows, layer, used in self._groups(index):
+        for rows, layer, used in self.groups(index) if groups is None else groups:
             flat = states[layer, :used].reshape(used, -1)
             z[rows] = (alpha[rows, :used].to(flat.dtype) @ flat).view(len(rows), n, width).double()
         return z
 
-    def pool_grad(self, dz: Tensor, index: Tensor) -> Tensor:
+    def pool_grad(self, dz: Tensor, index: Tensor, groups: Groups | None = None) -> Tensor:
         """(k, P): d f / d alpha_p = <h_p, d f / d z> for the probes `index`."""
         out = torch.zeros(len(index), self.states.shape[1], dtype=torch.float64, device=dz.device)
-        for rows, layer, used in self._groups(index):
+        for rows, layer, used in self.groups(index) if groups is None else groups:
             flat = self.states[layer, :used].reshape(used, -1)
             out[rows, :used] = (dz[rows].reshape(len(rows), -1).to(flat.dtype) @ flat.T).double()
         return out
@@ -129,14 +133,14 @@ class ProbeSet:
         """f(s) and its gradient for `minimize`: the ridge objective at the optimal head (module docstring)."""
 
         def fun(scores: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
-            alpha = self.attention(scores, index)
-            z = self.pool(alpha, index)
+            alpha, groups = self.attention(scores, index), self.groups(index)
+            z = self.pool(alpha, index, groups=groups)
             zc, yc = z - z.mean(1, keepdim=True), self.yc[index]
             w = ridge_head(zc, yc, penalty[index])
             resid = yc - zc @ w
             scale = resid.shape[1] * resid.shape[2]
             f = (resid.pow(2).sum((1, 2)) + penalty[index] * w.pow(2).sum((1, 2))) / scale
-            grad_alpha = self.pool_grad(-2 / scale * resid @ w.transpose(1, 2), index)  # centring drops out
+            grad_alpha = self.pool_grad(-2 / scale * resid @ w.transpose(1, 2), index, groups)  # centring drops out
             return f, alpha * (grad_alpha - (alpha * grad_alpha).sum(-1, keepdim=True))
 
         return fun
@@ -286,15 +290,10 @@ def fit_head(
         h = head.hidden(z)
         hc = h - h.mean(1, keepdim=True)
         balance = (ridge_penalties(zc, (1.0,)) / ridge_penalties(hc, (1.0,))).sqrt().view(-1, 1, 1)
-        # [zc, w hc] at penalty lam is [zc, hc] at penalty lam on zc and lam / w^2 on hc: one Gram matrix
-        both = torch.cat([zc, hc], -1)
-        gram = both.transpose(1, 2) @ both
-        scores = [loo]  # scale 0: the linear probe
-        for c in HIDDEN_SCALES[1:]:
-            hidden_penalty = (penalty / (c * balance.view(-1)) ** 2).unsqueeze(-1).expand(-1, hc.shape[-1])
-            diagonal = torch.cat([penalty.unsqueeze(-1).expand(-1, zc.shape[-1]), hidden_penalty], -1)
-            scores.append(loo_diagonal(both, yc, gram, diagonal))
-        loos = torch.stack(scores, 1)
+        # [zc, c hc] at penalty lam is [zc, hc] at penalty lam on zc and lam / c^2 on hc
+        scales = torch.tensor(HIDDEN_SCALES[1:], dtype=z.dtype, device=z.device)
+        hidden_penalties = penalty.unsqueeze(-1) / (scales * balance.view(-1, 1)) ** 2  # (G, S)
+        loos = torch.cat([loo.unsqueeze(-1), loo_two_blocks(zc, hc, yc, penalty, hidden_penalties)], 1)
         # the smallest scale within MIN_GAIN of the best leave-one-out R^2: near-ties (nothing to decode)
         # choose the simpler probe, so that round-off in the pooling cannot flip the choice
         within = loos <= loos.min(1, keepdim=True).values + MIN_GAIN * yc.pow(2).mean((1, 2)).unsqueeze(1)

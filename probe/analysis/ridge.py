@@ -30,21 +30,39 @@ def ridge_loo(fc: Tensor, yc: Tensor, penalties: Tensor) -> Tensor:
     evals = evals.clamp_min(0)
     proj = q.transpose(1, 2) @ yc  # (k, F, d)
     shrink = 1 / (evals.unsqueeze(1) + penalties.unsqueeze(-1))  # (k, A, F)
-    fitted = q.unsqueeze(1) @ (shrink.unsqueeze(-1) * proj.unsqueeze(1))  # (k, A, N, d)
+    k, n_pen, d = len(fc), penalties.shape[1], yc.shape[-1]
+    coef = (shrink.unsqueeze(-1) * proj.unsqueeze(1)).permute(0, 2, 1, 3).reshape(k, -1, n_pen * d)  # (k, F, A d)
+    fitted = (q @ coef).view(k, n, n_pen, d).transpose(1, 2)  # (k, A, N, d), one matmul per probe
     leverage = (q.pow(2) @ shrink.transpose(1, 2)).transpose(1, 2) + 1 / n  # (k, A, N)
     resid = (yc.unsqueeze(1) - fitted) / (1 - leverage).clamp_min(1e-12).unsqueeze(-1)
     return resid.pow(2).mean((2, 3))
 
 
-def loo_diagonal(fc: Tensor, yc: Tensor, gram: Tensor, penalty: Tensor) -> Tensor:
-    """Leave-one-out MSE (G,) of ridge with a diagonal penalty (G, F), by a Cholesky factor instead of
-    an eigendecomposition: with L L^T = Fc^T Fc + diag(penalty) (`gram` = Fc^T Fc) and Q = L^-1 Fc^T,
-    H_ii = |Q_i|^2 + 1/N and the fit is Q^T Q Yc."""
-    chol = torch.linalg.cholesky(gram + torch.diag_embed(penalty))
-    q = torch.linalg.solve_triangular(chol, fc.transpose(1, 2), upper=False)  # (G, F, N)
-    leverage = q.pow(2).sum(1) + 1 / fc.shape[1]  # (G, N)
-    resid = (yc - q.transpose(1, 2) @ (q @ yc)) / (1 - leverage).clamp_min(1e-12).unsqueeze(-1)
-    return resid.pow(2).mean((1, 2))
+def loo_two_blocks(zc: Tensor, hc: Tensor, yc: Tensor, penalty: Tensor, hidden_penalties: Tensor) -> Tensor:
+    """Leave-one-out MSE (G, S) of ridge on the features [Zc, Hc] with penalty (G,) on the Zc block and
+    each column of hidden_penalties (G, S) on the Hc block. Block Cholesky of the penalised Gram
+    matrix, L = [[L11, 0], [L21, L22]]: L11 and L21 (L11 L21^T = Zc^T Hc) do not depend on the hidden
+    penalty, so only the H x H factor L22 is redone per column. With Q = L^-1 [Zc, Hc]^T,
+    H_ii = |Q_i|^2 + 1/N and the fit is Q^T Q Yc (as `ridge_loo`)."""
+    n = zc.shape[1]
+    gram = zc.transpose(1, 2) @ zc
+    gram.diagonal(dim1=1, dim2=2).add_(penalty.unsqueeze(-1))
+    l11 = torch.linalg.cholesky(gram)
+    q1 = torch.linalg.solve_triangular(l11, zc.transpose(1, 2), upper=False)  # (G, D, N)
+    l21t = torch.linalg.solve_triangular(l11, zc.transpose(1, 2) @ hc, upper=False)  # (G, D, H)
+    rest = hc.transpose(1, 2) - l21t.transpose(1, 2) @ q1  # (G, H, N): Hc^T - L21 Q1
+    schur = hc.transpose(1, 2) @ hc - l21t.transpose(1, 2) @ l21t
+    leverage = q1.pow(2).sum(1) + 1 / n  # (G, N)
+    fitted = q1.transpose(1, 2) @ (q1 @ yc)
+    out = []
+    for column in hidden_penalties.unbind(1):
+        l22 = torch.linalg.cholesky(schur + torch.diag_embed(column.unsqueeze(-1).expand(-1, hc.shape[-1])))
+        q2 = torch.linalg.solve_triangular(l22, rest, upper=False)  # (G, H, N)
+        resid = (yc - fitted - q2.transpose(1, 2) @ (q2 @ yc)) / (1 - leverage - q2.pow(2).sum(1)).clamp_min(
+            1e-12
+        ).unsqueeze(-1)
+        out.append(resid.pow(2).mean((1, 2)))
+    return torch.stack(out, 1)
 
 
 def ridge_head(fc: Tensor, yc: Tensor, penalty: Tensor) -> Tensor:
