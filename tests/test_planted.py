@@ -192,3 +192,29 @@ def test_planted_mlp_in_blocks_equals_the_full_product(algorithm, layers, d, n, 
     for a, b in zip(whole.resid, blocks.resid):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(whole.pred, blocks.pred, rtol=1e-12, atol=1e-12)
+
+
+ALL_PLANTED = [("gd", 3, 4, 10), ("newton", 7, 4, 10), ("newton-relu", 4, 4, 10), ("sgd", 3, 4, 10), ("adam", 8, 4, 10),
+               ("uniform", 1, 4, 10), ("prng", 1, 32, 3)]
+
+
+@pytest.mark.parametrize("algorithm,layers,d,n", ALL_PLANTED)
+def test_capture_of_some_positions_runs_only_their_runs_and_equals_the_full_capture(algorithm, layers, d, n):
+    """A planted capture restricted to a few token positions runs only the prefix runs they are read
+    from: the kept states equal the full capture's, the other runs' predictions are NaN."""
+    from probe.capture import RESID, capture
+    from probe.models.planted import PlantedICL
+
+    model = plant(planted_config(algorithm, layers, d, n).model)
+    g = torch.Generator().manual_seed(3)
+    xs, ys = torch.randn(5, n, d, generator=g), torch.randn(5, n, generator=g)
+    if algorithm == "prng":
+        xs = (xs > 0).float()
+    full = capture(model, xs, ys, hooks=[RESID])
+    for positions in ([2 * (n - 1)], [1, 2], [2 * n - 1]):
+        runs = PlantedICL.runs_reading(positions, n)
+        part = capture(model, xs, ys, hooks=[RESID], positions=positions)
+        np.testing.assert_allclose(part.acts[RESID], full.acts[RESID][:, :, positions], rtol=1e-5, atol=1e-5)  # float32
+        np.testing.assert_allclose(part.pred[:, runs], full.pred[:, runs], rtol=1e-6, atol=1e-6)
+        others = [t for t in range(n) if t not in runs]
+        assert np.isnan(part.pred[:, others]).all() and len(runs) < n

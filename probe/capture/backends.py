@@ -14,6 +14,7 @@ A model class names its own in `capture_backend` (default "native").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -47,6 +48,7 @@ class Request:
     readout: bool
     normalized: bool
     named: tuple[str, ...]
+    positions: tuple[int, ...] | None = None  # token positions kept (None: all); a back-end may skip the rest
 
 
 def final_norm(model) -> torch.nn.LayerNorm | None:
@@ -141,8 +143,17 @@ class PlantedBackend(Backend):
 
     def run(self, xs: Tensor, ys: Tensor, request: Request) -> BatchActivations:
 
-        out, extra = run_through_bridge(self.model, xs, ys, {name: None for name in request.named}, self.device)
-        return BatchActivations(out.pred, list(out.resid) if request.resid else [], out.final, None, extra)
+        runs = None
+        if request.positions is not None and not request.named:  # named hooks keep every run's entry
+            runs = self.model.runs_reading(request.positions, xs.shape[1])
+        out, extra = run_through_bridge(
+            self.model, xs, ys, {name: None for name in request.named}, self.device, runs=runs
+        )
+        pred = out.pred
+        if runs is not None:  # runs not computed predict nothing: NaN (capture's docstring)
+            pred = torch.full((xs.shape[0], xs.shape[1]), math.nan, dtype=out.pred.dtype, device=out.pred.device)
+            pred[:, runs] = out.pred
+        return BatchActivations(pred, list(out.resid) if request.resid else [], out.final, None, extra)
 
 
 def _examples() -> str:

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -128,7 +128,9 @@ def capture(
     Face's hidden_states[L]), "ln_final.hook_normalized" (TransformerLens's meaning: before
     ln_f's weight and bias; the same tensor on both back-ends), or any TransformerLens
     hook name for transformers (e.g. "blocks.3.attn.hook_pattern", stored (B, ...) as TL gives it).
-    positions: "all" (2n tokens), "x" (the x tokens, where predictions are read) or indices.
+    positions: "all" (2n tokens), "x" (the x tokens, where predictions are read) or indices. A planted
+    model runs only the prefix runs those tokens are read from (unless named hooks are asked for):
+    the predictions of the other runs are NaN.
     backend: "transformer_lens" (transformers only), "native" (the model's own `run`), or "auto"
     (probe/capture/backends.py).
     as_cache: return `Capture.as_cache()` (a TransformerLens ActivationCache indexed by hook names,
@@ -149,8 +151,8 @@ def capture(
     b, n, _ = xs.shape
     model = model.to(device).eval()
     runner = backend_for(model, backend, device)
-    request = _request(model, hooks, runner)
     pos = _positions(positions, n)
+    request = replace(_request(model, hooks, runner), positions=None if pos is None else tuple(pos.tolist()))
     n_pos = 2 * n if pos is None else len(pos)
     memory = memory or MemoryBudget()
     out_dir, spilled = _storage(

@@ -20,7 +20,6 @@ from torch import Tensor
 
 from ..models.base import ModelOutput
 from ..models.planted import PlantedICL
-from ..positions import X_TOKENS
 from . import hooks as H
 
 
@@ -78,7 +77,7 @@ def run_through_bridge(
     extra_hooks: dict[str, object] | None = None,
     device: str = "cpu",
     fwd_hooks: list | None = None,
-    only_run: int | None = None,
+    runs: list[int] | None = None,
 ) -> tuple[ModelOutput, dict[str, Tensor]]:
     """PlantedICL.run computed by the TransformerLens bridge; also returns the named hooks asked
     for in `extra_hooks` (name -> None), each (B, n, ...) with one entry per prefix run.
@@ -87,12 +86,14 @@ def run_through_bridge(
     see the bridge's layout (B * n runs, T tokens, ...) and run before this function's own hooks
     at the same point, so the states it returns are the edited ones.
 
-    only_run: run only the prefix run that predicts y_{only_run + 1} (one bridge sequence per
-    prompt, n times cheaper); the output then holds `pred` (B, 1) and that run's final states."""
-    b, n, _ = xs.shape
+    runs: run only these prefix runs (run t predicts y_{t+1}; len(runs) bridge sequences per prompt
+    instead of n); `pred` is then (B, len(runs)) and the residual streams hold 0 at the tokens read
+    from other runs (PlantedICL.interleave_runs). Named hooks have one entry per run computed."""
+    b, n_all, _ = xs.shape
     tokens, t = model.tokens(xs.float(), ys.float())  # (B, n, T, W)
-    if only_run is not None:
-        tokens, t, n = tokens[:, only_run : only_run + 1], t[only_run : only_run + 1], 1
+    if runs is not None:
+        tokens, t = tokens[:, runs], t[runs]
+    n = tokens.shape[1]
     seq = tokens.reshape(b * n, tokens.shape[2], -1).to(device)
     scale = torch.where(t > 0, 1 / t.clamp_min(1), torch.zeros_like(t)).repeat(b).to(device)  # run index = b*n + t
     bridge = cached_planted_bridge(model, seq.shape[1], device)
@@ -121,12 +122,10 @@ def run_through_bridge(
     with torch.no_grad():
         bridge.run_with_hooks(seq, fwd_hooks=hooks)
     named = {k: v.reshape(b, n, *v.shape[1:]) for k, v in caught.items()}
-    if only_run is not None:
-        final = states[model.config.n_layer - 1] if model.config.n_layer else seq
-        return ModelOutput(pred=model.readout(final[:, -1]).view(b, 1), resid=[], final=final), named
-    runs = [seq] + [states[l] for l in range(model.config.n_layer)]
-    resid = [model.interleave_runs(r.view(b, n, *r.shape[1:])) for r in runs]
-    return ModelOutput(pred=model.readout(resid[-1][:, X_TOKENS]), resid=resid, final=resid[-1]), named
+    boundaries = [seq] + [states[l] for l in range(model.config.n_layer)]
+    resid = [model.interleave_runs(r.view(b, n, *r.shape[1:]), runs, n_all) for r in boundaries]
+    pred = model.readout(boundaries[-1].view(b, n, *seq.shape[1:])[:, :, -1])  # each run's query token
+    return ModelOutput(pred=pred, resid=resid, final=resid[-1]), named
 
 
 def _planted_pattern(

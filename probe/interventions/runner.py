@@ -176,7 +176,13 @@ class PlantedRunner(Runner):
     def predict(self, xs: Tensor, ys: Tensor, hooks: Sequence[Hook] = (), query: int | None = None) -> Tensor:
 
         out, _ = run_through_bridge(
-            self.model, xs.to(self.device), ys.to(self.device), None, self.device, list(hooks), only_run=query
+            self.model,
+            xs.to(self.device),
+            ys.to(self.device),
+            None,
+            self.device,
+            list(hooks),
+            runs=None if query is None else [query],
         )
         preds = out.pred.float().cpu()
         return preds if query is None else preds[:, 0]

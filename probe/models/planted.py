@@ -103,7 +103,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from ..positions import X_TOKENS, Y_TOKENS, prefix_mask
+from ..positions import X_TOKENS, prefix_mask
 from .base import ModelOutput
 
 
@@ -323,15 +323,28 @@ class PlantedICL(nn.Module):
         return ModelOutput(pred=self.readout(resid[-1][:, X_TOKENS]), resid=resid, final=resid[-1])
 
     @staticmethod
-    def interleave_runs(state: Tensor) -> Tensor:
+    def interleave_runs(state: Tensor, runs: list[int] | None = None, n: int | None = None) -> Tensor:
         """Per-run token states (B, n, T, W) -> the x_1, y_1, ... layout (B, 2n, W): x token t is
-        the query of run t, y token t is example t in run t+1 (the last run for the last one)."""
-        b, n = state.shape[:2]
-        idx = torch.arange(n)
+        the query of run t, y token t is example t in run t+1 (the last run for the last one).
+        With `runs`, state holds only those runs (B, len(runs), T, W) of n, and the tokens read
+        from other runs are 0."""
+        b = state.shape[0]
+        n = state.shape[1] if n is None else n
+        runs = list(range(n)) if runs is None else runs
+        at = {run: i for i, run in enumerate(runs)}
         seq = state.new_zeros(b, 2 * n, state.shape[-1])
-        seq[:, X_TOKENS] = state[:, :, -1]
-        seq[:, Y_TOKENS] = state[:, (idx + 1).clamp(max=n - 1), idx]
+        queries = torch.tensor(runs, dtype=torch.long)
+        seq[:, 2 * queries] = state[:, :, -1]
+        examples = [(i, at[min(i + 1, n - 1)]) for i in range(n) if min(i + 1, n - 1) in at]
+        if examples:
+            token, run = (torch.tensor(v, dtype=torch.long) for v in zip(*examples))
+            seq[:, 2 * token + 1] = state[:, run, token]
         return seq
+
+    @staticmethod
+    def runs_reading(positions, n: int) -> list[int]:
+        """The prefix runs whose states the interleaved tokens `positions` are read from (interleave_runs)."""
+        return sorted({p // 2 if p % 2 == 0 else min(p // 2 + 1, n - 1) for p in positions})
 
     def forward(self, xs: Tensor, ys: Tensor) -> Tensor:
         return self.run(xs, ys).pred
