@@ -20,10 +20,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..capture import RESID, capture
 from ..learners import run_learner
 from ..memory import MemoryBudget
 from ..stats import percentile_interval, resamples
-from .states import x_states
 
 
 def permuted_prompts(xs: Tensor, ys: Tensor, t: int, n_perm: int, generator: torch.Generator):
@@ -78,8 +78,10 @@ def order_table(
     for t in prefixes:
         xp, yp = permuted_prompts(xs, ys, t, n_perm, g)
         flat_x, flat_y = xp.flatten(0, 1), yp.flatten(0, 1)
-        states, _ = x_states(model, flat_x, flat_y, device, memory=memory)  # (L+1, P*B, t+1, D)
-        layer_preds = readouts.predict(states[:, :, t]).reshape(states.shape[0], n_perm, -1)
+        # only the query x_{t+1} is read (a planted model then runs only that prefix run)
+        states = capture(model, flat_x, flat_y, hooks=[RESID], positions=[2 * t], device=device, memory=memory)
+        at_query = np.asarray(states.acts[RESID])[:, :, 0]  # (L+1, P*B, D)
+        layer_preds = readouts.predict(at_query).reshape(at_query.shape[0], n_perm, -1)
         value, lo, hi = order_share(layer_preds, n_boot, seed)
         rows += [_row("model", layer, t, value[layer], lo[layer], hi[layer]) for layer in range(len(value))]
         for label, spec in learners.items():
