@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -218,3 +219,24 @@ def test_capture_of_some_positions_runs_only_their_runs_and_equals_the_full_capt
         np.testing.assert_allclose(part.pred[:, runs], full.pred[:, runs], rtol=1e-6, atol=1e-6)
         others = [t for t in range(n) if t not in runs]
         assert np.isnan(part.pred[:, others]).all() and len(runs) < n
+
+
+def test_ablating_a_component_whose_weights_are_zero_reuses_the_unablated_run(monkeypatch):
+    """Planted adam: most layers have an all-zero MLP. Their ablations are taken from the unablated
+    run without running them, and equal running them through the bridge's hooks."""
+    from probe.interventions.ablate import ablate
+    from probe.interventions.runner import PlantedRunner
+
+    model = plant(planted_config("adam", 8, 4, 10).model)
+    runner = PlantedRunner(model, "cpu")
+    silent = [layer for layer in range(8) if runner.silent(layer)]
+    assert 0 < len(silent) < 8 and not runner.silent(1)  # layer B of each step carries psi's MLP
+    g = torch.Generator().manual_seed(2)
+    xs, ys = torch.randn(12, 10, 4, generator=g), torch.randn(12, 10, generator=g)
+    held = (torch.randn(8, 10, 4, generator=g), torch.randn(8, 10, generator=g))
+    shortcut = ablate(runner, xs, ys, held, heads=False, n_boot=50)
+    monkeypatch.setattr(PlantedRunner, "silent", lambda self, layer, head=None: False)
+    ran = ablate(runner, xs, ys, held, heads=False, n_boot=50)
+    pd.testing.assert_frame_equal(shortcut, ran)
+    quiet = shortcut[(shortcut.component == "mlp") & shortcut.layer.isin(silent)]
+    assert len(quiet) and (quiet.increase == 0).all()

@@ -97,11 +97,17 @@ def ablate(
     rows = []
     baseline = None
     batches: list[list[Tensor]] = [[] for _ in comps]
+    # a component whose weights make its output exactly zero ablates to the unablated model (comps[0])
+    silent = [c.component in ("head", "mlp") and runner.silent(c.layer, c.head if c.head >= 0 else None) for c in comps]
     for s in tqdm(range(0, xs.shape[0], batch_size), desc="ablate", disable=not progress, leave=False):
         bx, by = xs[s : s + batch_size], ys[s : s + batch_size]
         got = runner.ablated(comps, means, bx, by)
         if got is None:
-            got = [runner.predict(bx, by, hooks_for(runner, c, means)) for c in comps]
+            unablated = runner.predict(bx, by)  # comps[0] is "none"
+            got = [unablated] + [
+                unablated if quiet else runner.predict(bx, by, hooks_for(runner, c, means))
+                for c, quiet in zip(comps[1:], silent[1:])
+            ]
         for kept, preds in zip(batches, got):
             kept.append(preds)
     for c, kept in zip(comps, batches):

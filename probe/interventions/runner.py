@@ -89,6 +89,11 @@ class Runner:
         """Mean over prompts of a native-layout activation, kept per position (and per run)."""
         raise NotImplementedError
 
+    def silent(self, layer: int, head: int | None = None) -> bool:
+        """Whether the weights make this head's (or, head None, the MLP's) output exactly zero on
+        every input, so that ablating it changes nothing."""
+        return False
+
     def expand_mean(self, mean: Tensor, like: Tensor) -> Tensor:
         """`prompt_mean`'s result broadcast back to a native-layout activation of any batch."""
         raise NotImplementedError
@@ -171,6 +176,12 @@ class PlantedRunner(Runner):
         self.heads = list(range(model.q.shape[1]))  # the bridge's last head carries the skip map (planted_bridge.py)
         self.has_mlp = bool(model.d_mlp)
         self.device = device
+
+    def silent(self, layer: int, head: int | None = None) -> bool:
+        m = self.model  # no biases: a zero weight matrix makes the output 0 (probe/models/planted.py)
+        if head is None:
+            return not (bool(m.mlp_in[layer].any()) and bool(m.mlp_out[layer].any()))
+        return not (bool(m.q[layer, head].any()) and bool(m.k[layer, head].any()) and bool(m.v[layer, head].any()))
 
     @torch.no_grad()
     def predict(self, xs: Tensor, ys: Tensor, hooks: Sequence[Hook] = (), query: int | None = None) -> Tensor:
