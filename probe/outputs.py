@@ -95,6 +95,7 @@ WRITES: dict[str, tuple[str, ...]] = {
     "readout": ("*.csv", "run.json", "readout.png", "readout.svg"),
     "heatmap": ("*.csv", "run.json", "trends.json", "heatmap_*.png", "heatmap_*.svg"),
     "span": ("*.csv", "run.json", "span.png", "span.svg"),
+    "resolution": ("resolution.csv", "resolution.png", "run.json"),
     "probes": ("probes.csv", "probes_summary.json", "probes.png", "probes.svg", "run.json"),
     "ablate": ("ablation.csv", "ablation.png", "ablation.svg", "summary.json", "run.json"),
     "patch": ("patching.csv", "patching_*", "iteration_*", "summary.json", "run.json"),

@@ -144,3 +144,15 @@ def test_quiet_flag_before_or_after_the_command(ckpt, capsys):
     logging.root.handlers.clear()
     assert main(["inspect", str(ckpt)]) == 0
     assert logging.root.level == logging.INFO
+
+
+def test_resolution_command_writes_its_table_and_figure_and_refuses_bad_values(tmp_path, capsys):
+    out = tmp_path / "res"
+    assert main(["-q", "resolution", "--out", str(out), "--dims", "3", "--kappas", "1", "--noise", "0", "0.5",
+                 "--prompts", "32"]) == 0
+    table = pd.read_csv(out / "resolution.csv")
+    assert set(table.metric) == {"sime", "simw", "sime_t_ge_d"} and (out / "resolution.png").exists()
+    assert set(table[table.noise == 0].metric) == {"sime", "simw"}  # t >= d needs label noise
+    assert "newton" in capsys.readouterr().out
+    assert main(["resolution", "--out", str(tmp_path / "bad"), "--kappas", "0.5"]) == 2
+    assert "each >= 1" in capsys.readouterr().err and not (tmp_path / "bad").exists()

@@ -102,6 +102,11 @@ def test_report_on_planted_newton_recovers_the_layer_map(tmp_path):
     methods = (tmp_path / "r" / "index.html").read_text()
     assert "(fixed alpha)" in methods and "('spectral')" not in methods.split("Iterative Newton: M_(k+1)")[1][:80]
     assert max(s["span"]["residual"]) < 1e-5
+    paired = {(v["metric"], v["b"]): v for v in s["verdicts"] if v["a"] == "newton"}
+    for metric in ("sime", "simw"):  # a model that is Newton: Newton closer than tuned GD, interval above 0
+        gd = paired[(metric, "gd")]
+        assert gd["verdict"] == "newton closer" and gd["ci_low"] > 0, metric
+        assert gd["difference"] <= gd["resolution"] + 1e-9  # a perfect Newton model reaches at most the resolution
 
 
 @pytest.mark.slow

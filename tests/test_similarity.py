@@ -98,3 +98,53 @@ def test_best_match_ties_up_to_round_off_go_to_the_fewest_iterations(data):
     table = best_match(values, n_boot=100)
     assert table.best_index.tolist() == [d] and table.best_index_high.tolist() == [d]
     assert best_match(-values, higher_is_better=False, n_boot=10).best_index.tolist() == [d]
+
+
+def test_paired_verdict_uses_the_per_prompt_difference_and_the_resolution():
+    """Two candidates scored on the same prompts: a shared prompt effect cancels in the paired
+    difference (its interval is far narrower than either score's), a real gap gives "<a> closer",
+    no gap gives "not separable", and a gap wider than the resolution cannot be claimed either."""
+    from probe.analysis.verdicts import NOT_SEPARABLE, Candidate, paired_verdict
+    from probe.stats import bootstrap_mean
+
+    g = torch.Generator().manual_seed(0)
+    prompt_effect = 0.2 * torch.randn(400, generator=g, dtype=torch.float64)
+    b_scores = 0.7 + prompt_effect
+    a_scores = b_scores + 0.01 + 0.002 * torch.randn(400, generator=g, dtype=torch.float64)
+    between = torch.full((400,), 0.95, dtype=torch.float64)
+    out = lambda: torch.zeros(400, 3)
+    a, b = Candidate("newton", "newton", 3, a_scores, out()), Candidate("gd", "gd_log", 64, b_scores, out())
+    row = paired_verdict("final layer", "sime", a, b, between, n_boot=500)
+    assert row["verdict"] == "newton closer" and row["ci_low"] > 0.009 and row["ci_high"] < 0.011
+    assert row["difference"] == pytest.approx(float((a_scores - b_scores).mean()))
+    assert row["resolution"] == pytest.approx(0.05)
+    separate = [hi - lo for lo, hi in (bootstrap_mean(s, n_boot=500) for s in (a_scores, b_scores))]
+    assert row["ci_high"] - row["ci_low"] < min(separate) / 10
+    tie = paired_verdict("final layer", "sime", Candidate("newton", "newton", 3, b_scores, out()), b, between)
+    assert tie["verdict"] == NOT_SEPARABLE and tie["ci_low"] <= 0 <= tie["ci_high"]
+    assert paired_verdict("final layer", "sime", b, a, between)["verdict"] == "newton closer"
+    unresolved = paired_verdict("final layer", "sime", a, b, torch.full((400,), 0.9999, dtype=torch.float64))
+    assert unresolved["verdict"] == NOT_SEPARABLE and unresolved["resolution"] == pytest.approx(1e-4)
+
+
+def test_resolution_ceiling_is_one_minus_the_best_match_between_the_learners():
+    """A resolution cell recomputed by hand (numpy cosines of the two learners' errors), and the
+    known ordering: Iterative Newton and tuned GD can be put at most ~0.02 apart on SimE, GD and
+    least squares much further."""
+    from probe.analysis.resolution import LEARNER_GRIDS, ResolutionGrid, _task, resolution_table
+
+    table = resolution_table(ResolutionGrid(dims=(4,), kappas=(1.0,), noises=(0.0,), prompts=64))
+    newton_gd = table[(table.a == "newton") & (table.b == "gd") & (table.metric == "sime")].iloc[0]
+    assert newton_gd.resolution_max < 0.03 and newton_gd.trend.startswith("exponential")
+    gd_ls = table[(table.a == "gd") & (table.b == "least_squares") & (table.metric == "sime")].iloc[0]
+    assert gd_ls.resolution_max > 10 * newton_gd.resolution_max
+    p = sample_prompts(_task(4, 1.0, 0.0), 64, generator=generator_for(0))
+    newton = run_learner("newton", p.xs, p.ys, **LEARNER_GRIDS["newton"][1]).preds.numpy()
+    gd = run_learner("gd", p.xs, p.ys, **LEARNER_GRIDS["gd"][1]).preds.numpy()
+    ea, eb = newton[..., 1:] - p.ys.numpy()[..., 1:], gd[..., 1:] - p.ys.numpy()[..., 1:]
+    cos = np.einsum("abm,kbm->akb", ea, eb) / (
+        np.linalg.norm(ea, axis=-1)[:, None] * np.linalg.norm(eb, axis=-1)[None]
+    )
+    by_hand = 1 - cos.mean(-1).max(-1)[1:]  # k_a >= 1
+    assert newton_gd.resolution_max == pytest.approx(by_hand.max(), abs=1e-9)
+    assert newton_gd.resolution_min == pytest.approx(by_hand.min(), abs=1e-9)

@@ -3,6 +3,7 @@ reference learner over its grid, by SimE and SimW, with best matches and a trend
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -133,10 +134,15 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | No
     return out
 
 
+def family_of(sweep_label: str) -> str:
+    """A sweep's learner family in Table 1: its label without a _linear / _log grid suffix."""
+    return re.sub(r"_(linear|log)$", "", sweep_label)
+
+
 def table1(best: pd.DataFrame, last_layer: int, metric: str = "sime") -> pd.DataFrame:
     """Seed 003 Table 1: the final layer's best similarity with each learner family."""
     rows = best[(best.layer == last_layer) & (best.metric == metric)]
-    family = rows.sweep.str.replace(r"_(linear|log)$", "", regex=True)
+    family = rows.sweep.map(family_of)
     rows = rows.assign(family=family).sort_values("similarity", ascending=False).drop_duplicates("family")
     extra = [c for c in ("zero_similarity", "random_similarity", "degenerate") if c in rows]
     return rows[["family", "sweep", "k", "similarity", "ci_low", "ci_high", *extra]].reset_index(drop=True)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import TaskConfig
@@ -25,14 +26,15 @@ from ..errors import ConfigError
 from ..memory import MemoryBudget
 from ..seeds import Stream
 from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings, quick_sweeps
-from ..similarity import induced_weights
+from ..similarity import induced_weights, sime, simw
 from ..tasks import generator_for, sample_prompts
 from ..validate import check_device, positive_int
-from .matching import compare_layers, learner_weights, run_sweep, table1, trend
+from .matching import compare_layers, family_of, learner_weights, run_sweep, table1, trend
 from .nulls import flag_degenerate, null_predictions, null_table
 from .readout import LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .span import span_table
 from .states import query_states, x_states
+from .verdicts import Candidate, final_layer_verdicts, pick, sime_between, simw_between
 
 log = logging.getLogger(__name__)
 STREAMS = {"train": Stream.READOUT_TRAIN, "val": Stream.READOUT_VAL, "test": Stream.TEST, "queries": Stream.QUERIES}
@@ -92,6 +94,7 @@ class LayerAnalysis:
     table1: pd.DataFrame
     span: pd.DataFrame
     nulls: pd.DataFrame = field(default_factory=pd.DataFrame)  # per layer: SimE vs the zero / random-model predictor
+    verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)  # paired final-layer verdicts (analysis/verdicts.py)
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -171,14 +174,24 @@ def compare_sweeps(
     ev,
     settings: LayerSettings,
     progress: bool = False,
-) -> tuple[pd.DataFrame, pd.DataFrame, list[pd.DataFrame]]:
+) -> tuple[pd.DataFrame, pd.DataFrame, list[pd.DataFrame], dict[str, dict[str, Candidate]]]:
     """Heatmap cells and best matches of every sweep (SimE on all held-out prompts, SimW on the
-    first n_induced), and span tables of a few iterates of each learner."""
+    first n_induced), span tables of a few iterates of each learner, and per metric each learner
+    family's final-layer candidate for the paired verdicts."""
 
     m, dev = settings.n_induced, settings.device
     cells, best, span_parts = [], [], []
+    finals: dict[str, dict[str, Candidate]] = {"sime": {}, "simw": {}}
+    lp_last = torch.as_tensor(layer_preds[-1:], dtype=torch.float64)
     for sweep in tqdm(settings.sweeps, desc="learners", disable=not progress, leave=False):
         result = run_sweep(sweep, ev.xs, ev.ys, None, dev)
+        _keep_best(
+            finals["sime"],
+            sweep,
+            result,
+            sime(lp_last, result.preds.cpu(), ev.ys, settings.similarity.include_first)[0],
+            result.preds.cpu(),
+        )
         c, b = compare_layers(
             layer_preds,
             None,
@@ -209,11 +222,25 @@ def compare_sweeps(
         cells.append(c[c.metric == "simw"])
         best.append(b[b.metric == "simw"])
         w = learner_weights(sub_result, queries).cpu()
+        _keep_best(
+            finals["simw"], sweep, sub_result, simw(torch.as_tensor(layer_weights[-1:], dtype=torch.float64), w)[0], w
+        )
         for i in sorted({0, w.shape[0] // 2, w.shape[0] - 1}):
             label = f"{sweep.label}[{sweep.axis}={sub_result.grid[i].get(sweep.axis)}]" if sweep.axis else sweep.label
             span_parts.append(span_table(w[i : i + 1], ev.xs[:m], label, "index").assign(kind="learner"))
     join = lambda frames: pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return join(cells), join(best), span_parts
+    return join(cells), join(best), span_parts, finals
+
+
+def _keep_best(kept: dict[str, Candidate], sweep, result, values: Tensor, outputs: Tensor) -> None:
+    """The final layer's match with this sweep (values (K, P)) as its family's candidate for the
+    paired verdicts, if it beats the family's other sweeps (as Table 1 keeps the best per family)."""
+    k = pick(values)
+    family = family_of(sweep.label)
+    grid_value = result.grid[k].get(sweep.axis, k) if sweep.axis else k
+    found = Candidate(family, sweep.label, grid_value, values[k], outputs[k])
+    if family not in kept or float(found.per_prompt.mean()) > float(kept[family].per_prompt.mean()):
+        kept[family] = found
 
 
 def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: bool = False) -> LayerAnalysis:
@@ -229,7 +256,7 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
     if settings.similarity.simw:
         layer_weights, queries = induced_layer_weights(model, task, settings, readouts, ev, progress)
         clock.lap("query_states")
-    cells, best, span_parts = compare_sweeps(layer_preds, layer_weights, queries, ev, settings, progress)
+    cells, best, span_parts, finals = compare_sweeps(layer_preds, layer_weights, queries, ev, settings, progress)
     clock.lap("learners")
     nulls = null_table(
         layer_preds,
@@ -249,6 +276,16 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
             for metric in sorted(best.metric.unique())
         ]
         t1 = table1(best, int(layer_preds.shape[0] - 1))
+    sim = settings.similarity
+    verdicts = pd.concat(
+        [
+            final_layer_verdicts(
+                finals["sime"], "sime", sime_between(ev.ys, sim.include_first), sim.bootstrap, settings.prompts.seed
+            ),
+            final_layer_verdicts(finals["simw"], "simw", simw_between, sim.bootstrap, settings.prompts.seed),
+        ],
+        ignore_index=True,
+    )
     span = pd.DataFrame()
     if layer_weights is not None:
         layers = span_table(torch.as_tensor(layer_weights), ev.xs[: settings.n_induced], "layer", "index").assign(
@@ -256,4 +293,4 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
         )
         span = pd.concat([layers, *span_parts], ignore_index=True)
     clock.lap("similarity")
-    return LayerAnalysis(readouts, readout, cells, best, trends, t1, span, nulls, clock.timings)
+    return LayerAnalysis(readouts, readout, cells, best, trends, t1, span, nulls, verdicts, clock.timings)

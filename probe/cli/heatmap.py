@@ -1,6 +1,7 @@
 """Layer-vs-algorithm heatmaps (seed 003 Def. 4, Fig. 3): SimE and SimW between every layer
 (with a retrained read-out) and every reference learner over its grid, best matches with
-bootstrap intervals, trend verdicts, and the final layer's "Table 1" similarities.
+bootstrap intervals, trend verdicts, the final layer's "Table 1" similarities and the paired
+verdicts between its learners, each with its resolution (probe/analysis/verdicts.py).
 
 examples:
   icl-probe heatmap checkpoints/gpt2-default --out reports/heatmap
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
                 "heatmap_cells": result.cells,
                 "best_match": result.best,
                 "table1": result.table1,
+                "verdicts": result.verdicts,
                 "readout": result.readout,
             },
             {"command": "heatmap", "checkpoint": display_path(ckpt.path), "settings": settings.__dict__},
@@ -63,5 +65,9 @@ def run(args: argparse.Namespace) -> int:
         print(t["verdict"], f"[{t['metric']}]")
     print("final layer (Table 1, SimE):")
     print(result.table1.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if not result.verdicts.empty:
+        print("paired verdicts (final layer; probe/analysis/verdicts.py):")
+        cols = ["metric", "a", "b", "difference", "ci_low", "ci_high", "resolution", "verdict"]
+        print(result.verdicts[cols].to_string(index=False, float_format=lambda v: f"{v:+.4f}"))
     print(f"wrote {target.path}")
     return 0

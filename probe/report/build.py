@@ -105,6 +105,7 @@ def _stage_layers(c: Context):
             "table1": res.table1,
             "span": res.span,
             "nulls": res.nulls,
+            "verdicts": res.verdicts,
         },
         {
             "trends": res.trends,

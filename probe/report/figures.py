@@ -308,3 +308,38 @@ def readout_comparison(tables: dict[str, pd.DataFrame], stem: Path) -> list[Path
     ax.set(xlabel="layer", ylabel="error / d (retrained read-out)", yscale="log")
     legend_outside(ax)
     return save_png(fig, stem)
+
+
+def resolution(table: pd.DataFrame, stem: Path) -> list[Path]:
+    """Resolution ceilings (probe/analysis/resolution.py): the largest resolution over a's grid
+    against d, one panel per metric, a line per learner pair and condition (label noise dashed)."""
+    plt = pyplot()
+    metrics = list(dict.fromkeys(table.metric))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    colors = dict(zip(dict.fromkeys(zip(table.a, table.b)), plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for ax, metric in zip(axes[0], metrics):
+        rows = table[table.metric == metric]
+        for (a, b, kappa, noise), part in rows.groupby(["a", "b", "kappa", "noise"], sort=False):
+            ax.plot(
+                part.d,
+                part.resolution_max,
+                marker="o",
+                ms=3,
+                color=colors[(a, b)],
+                ls="--" if noise > 0 else "-",
+                alpha=1.0 if kappa == 1 else 0.4,
+            )
+        ax.set_yscale("log")
+        ax.set_xlabel("d")
+        ax.set_title(f"{metric}: 1 - best Sim(a_k, b) over k")
+    axes[0][0].set_ylabel("largest resolution over a's grid")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=c, label=f"{label(a)} vs {label(b)}") for (a, b), c in colors.items()]
+    handles += [
+        Line2D([], [], color="k", ls="-", label="noise 0"),
+        Line2D([], [], color="k", ls="--", label="noise > 0"),
+        Line2D([], [], color="k", alpha=0.4, label="kappa > 1 (faded)"),
+    ]
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return save_png(fig, stem)

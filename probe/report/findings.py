@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ..analysis.verdicts import NOT_SEPARABLE
 from ..config import PLANTED_SCHEDULE, planted_layer_map
-from .schema import Match, ProbeFit, Summary, Table1Entry
+from .schema import Match, ProbeFit, Summary, Table1Entry, Verdict
 
 LABELS = {
     "ogd": "online GD",
@@ -93,11 +94,22 @@ def _table1(summary: Summary) -> str | None:
     text = f"Final layer closest to {label(fam)} (SimE {top.similarity:.3f} [{top.ci_low:.3f}, {top.ci_high:.3f}])"
     if rest:
         fam2, second = rest[0]
-        overlap = second.ci_high >= top.ci_low
-        text += f", runner-up {label(fam2)} {second.similarity:.3f} [{second.ci_low:.3f}, {second.ci_high:.3f}]" + (
-            "; their intervals overlap, so the ranking is not resolved" if overlap else ""
-        )
+        text += f", runner-up {label(fam2)} {second.similarity:.3f} [{second.ci_low:.3f}, {second.ci_high:.3f}]"
+        paired = next((v for v in summary.verdicts or [] if v.metric == "sime" and {v.a, v.b} == {fam, fam2}), None)
+        if paired is not None:
+            text += "; " + verdict_text(paired)
     return text + "."
+
+
+def verdict_text(v: Verdict) -> str:
+    """A paired verdict in words: the difference, its interval, the resolution and the verdict."""
+    metric = {"sime": "SimE", "simw": "SimW"}.get(v.metric, v.metric)
+    head = f"paired {metric} difference {label(v.a)} - {label(v.b)} {v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}]"
+    head += f", resolution {v.resolution:.4f}: "
+    if v.verdict == NOT_SEPARABLE:
+        return head + v.verdict + (f"; what separates them: {v.evidence}" if v.evidence else "")
+    closer = v.verdict.removesuffix(" closer")
+    return head + f"{label(closer)} closer"
 
 
 def _probe_fits(summary: Summary) -> list[tuple[str, str, ProbeFit]]:

@@ -151,6 +151,24 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
         other = _readable(t["compare_table1"][["family", "similarity"]])
         t1 = t1.merge(other.rename(columns={"similarity": f"SimE ({compare.name})"}), on="family", how="left")
     out["table1"] = _table(t1, "{:.3f}")
+    if summary.verdicts:
+        rows = pd.DataFrame(
+            [
+                {
+                    "metric": {"sime": "SimE", "simw": "SimW"}.get(v.metric, v.metric),
+                    "a": label(v.a),
+                    "b": label(v.b),
+                    "difference a - b": f"{v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}]",
+                    "resolution": f"{v.resolution:.4f}",
+                    "verdict": label(v.verdict.removesuffix(" closer")) + " closer"
+                    if v.verdict.endswith(" closer")
+                    else v.verdict,
+                    "what separates them": v.evidence or "",
+                }
+                for v in summary.verdicts
+            ]
+        )
+        out["verdicts"] = _table(rows)
     if "probes" in t:
         own = t["probes"][t["probes"].control == "none"]
         attention = own.groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()

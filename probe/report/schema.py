@@ -13,7 +13,7 @@ import types
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: `verdicts`
 
 
 OMIT = {"omit_if_none": True}  # field metadata: summary.json leaves the field out when it is None
@@ -50,6 +50,8 @@ def from_json(kind: Any, value: Any) -> Any:
     if get_origin(kind) is dict:
         item = get_args(kind)[1]
         return {key: from_json(item, v) for key, v in value.items()}
+    if get_origin(kind) is list and is_dataclass(get_args(kind)[0]):
+        return [from_json(get_args(kind)[0], v) for v in value]
     return value
 
 
@@ -134,6 +136,30 @@ class Table1Entry:
     ci_low: float
     ci_high: float
     degenerate: bool | None = field(default=None, metadata=OMIT)
+
+
+@dataclass
+class Verdict:
+    """A paired comparison of two candidate learners (probe/analysis/verdicts.py): the mean per-prompt
+    difference Sim(a) - Sim(b) with its bootstrap interval, the resolution (the largest difference
+    a model that is exactly a could show) and the verdict: "<a> closer", "<b> closer", "not separable
+    at this resolution" or "cannot test here"; `evidence` names what separates the pair when this
+    comparison does not."""
+
+    claim: str
+    a: str
+    b: str
+    metric: str
+    difference: float
+    ci_low: float
+    ci_high: float
+    resolution: float
+    verdict: str
+    sweep_a: str | None = field(default=None, metadata=OMIT)
+    sweep_b: str | None = field(default=None, metadata=OMIT)
+    k_a: Any = field(default=None, metadata=OMIT)
+    k_b: Any = field(default=None, metadata=OMIT)
+    evidence: str | None = field(default=None, metadata=OMIT)
 
 
 @dataclass
@@ -247,6 +273,7 @@ class Summary:
     best_match: dict[str, dict[str, Match]]
     trend: dict[str, Trend]
     table1: Table1
+    verdicts: list[Verdict] | None = field(default=None, metadata=OMIT)
     nulls: Nulls | None = field(default=None, metadata=OMIT)
     icl_r2: dict[str, list] | None = field(default=None, metadata=OMIT)
     span: Span | None = field(default=None, metadata=OMIT)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analysis.verdicts import NOT_SEPARABLE
 from ..checkpoint import LoadedCheckpoint
 from ..interventions.pipeline import iteration_verdict
 from ..interventions.steer import steering_summary
@@ -31,6 +32,7 @@ from .schema import (
     Table1Entry,
     Trend,
     TrendFit,
+    Verdict,
 )
 
 
@@ -120,6 +122,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         table1=Table1(table1_block(t["table1"])),
         **optional_blocks(built),
     )
+    summary.verdicts = verdicts_block(t.get("verdicts"), summary.trend)
     if "nulls" in t and not t["nulls"].empty:
         summary.nulls = nulls_block(t["nulls"])
         summary.table1.null = {name: {"similarity": vals[-1]} for name, vals in summary.nulls.sime.items()}
@@ -175,6 +178,26 @@ def table1_block(table: pd.DataFrame, degenerate: bool = True) -> dict[str, Tabl
         )
         for r in table.itertuples()
     }
+
+
+def verdicts_block(table: pd.DataFrame | None, trends: dict[str, Trend]) -> list[Verdict] | None:
+    """The paired verdicts; where one cannot separate its pair, the evidence that can: the
+    iterations-per-layer trends of the two learners, when the report fitted them."""
+    if table is None or table.empty:
+        return None
+    out = []
+    for row in table.to_dict("records"):
+        verdict = Verdict(**{k: _plain(v) for k, v in row.items()})
+        fitted = [key for key in (verdict.a, verdict.b) if key in trends and trends[key].verdict]
+        if verdict.verdict == NOT_SEPARABLE and fitted:
+            verdict.evidence = "the iterations-per-layer trend (" + "; ".join(trends[k].verdict for k in fitted) + ")"
+        out.append(verdict)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as Python numbers (JSON)."""
+    return value.item() if hasattr(value, "item") else value
 
 
 def optional_blocks(built) -> dict[str, Any]:
