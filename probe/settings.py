@@ -363,7 +363,7 @@ class SteeringSettings(Section):
 
 ABLATION_KINDS = ("zero", "mean", "skip")
 PATCH_SITES = ("resid", "attn_out", "mlp_out")
-AUTO_CAUSAL_SWEEPS = ("newton", "gd_log")
+AUTO_CAUSAL_SWEEPS = ("newton", "gd_log", "sgd_replay", "adam_replay")
 
 
 @dataclass
@@ -388,12 +388,14 @@ class InterventionSettings(Section):
         0, "layer-map check: pool at most this many numbers of examples, evenly spread (0: all)", minimum=0
     )
     learners: tuple[str, ...] = setting(
-        ("auto",), "sweeps whose SimE layer maps are checked causally (auto: newton and gd_log if present)"
+        ("auto",),
+        "sweeps whose SimE layer maps are checked causally (auto: newton, gd_log and the replay sweeps "
+        "sgd_replay, adam_replay, those present)",
     )
     permutations: int = setting(200, "shuffled layer maps of the map check's null")
 
     def learner_labels(self, sweeps: list) -> list[str]:
-        """The sweep labels whose maps are checked ("auto": newton and gd_log, if swept with an axis)."""
+        """The sweep labels whose maps are checked ("auto": AUTO_CAUSAL_SWEEPS swept with an axis)."""
         if self.learners == ("auto",):
             return [s.label for s in sweeps if s.label in AUTO_CAUSAL_SWEEPS and s.axis]
         return list(self.learners)

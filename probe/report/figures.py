@@ -243,7 +243,7 @@ def forgetting(table: pd.DataFrame, stem: Path) -> list[Path]:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for name, rows in table.groupby("predictor"):
-        ax.plot(rows.gap, rows.error.clip(lower=1e-12), "-o" if name == "model" else "--", label=name, ms=3)
+        ax.plot(rows.gap, rows.error.clip(lower=1e-12), "-o" if name == "model" else "--", label=label(name), ms=3)
     examples_axis(ax, "time-stamp gap n - i")
     ax.set(ylabel="squared error / d on reused x_i", yscale="log")
     legend_outside(ax, 7)
@@ -270,7 +270,7 @@ def order_sensitivity(table: pd.DataFrame, stem: Path) -> list[Path]:
             ls="--",
             lw=1,
             color=f"C{(i + 4) % 10}",
-            label=f"{r.predictor} (t = {r.prefix})",
+            label=f"{label(r.predictor)} (t = {r.prefix})",
         )
     ax.set(xlabel="layer", ylabel="order share of variance", yscale="log")
     legend_outside(ax, 7)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ..analysis.verdicts import NOT_SEPARABLE
 from ..config import PLANTED_SCHEDULE, planted_layer_map
 from .schema import Match, ProbeFit, Summary, Table1Entry, Verdict
@@ -41,8 +43,16 @@ LABELS = {
 }
 
 
+UNITS = {"newton": "iterations", "gd": "steps", "sgd": "steps", "adam": "steps", "cg": "steps", "bfgs": "steps"}
+
+
 def label(name: str) -> str:
-    """Human label of an internal name (sweep, metric, probe target)."""
+    """Human label of an internal name (sweep, metric, probe target); a sweep of one grid value,
+    `learner[k]`, reads "<learner>, k <unit>" (sgd[8]: "SGD, 8 steps")."""
+    fixed = re.fullmatch(r"(\w+)\[(\d+)\]", name)
+    if fixed and name not in LABELS:
+        learner, k = fixed.groups()
+        return f"{label(learner)}, {k} {UNITS.get(learner, 'iterations')}"
     return LABELS.get(name, name.replace("_", " "))
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..interventions.ablate import increase_matrix
 from .figures import pyplot, save_png
+from .findings import label
 
 
 def ablation(frame: pd.DataFrame, stem: Path) -> list[Path]:
@@ -49,7 +50,7 @@ def iteration_consistency(frames: dict[str, pd.DataFrame], stem: Path) -> list[P
     """Observed vs expected fraction per boundary, one panel per learner map."""
     plt = pyplot()
     fig, axes = plt.subplots(1, max(1, len(frames)), figsize=(4.2 * max(1, len(frames)), 3.4), squeeze=False)
-    for ax, (label, frame) in zip(axes[0], frames.items()):
+    for ax, (sweep, frame) in zip(axes[0], frames.items()):
         ax.errorbar(
             frame.boundary,
             frame.observed,
@@ -59,7 +60,9 @@ def iteration_consistency(frames: dict[str, pd.DataFrame], stem: Path) -> list[P
             label="observed (model)",
             capsize=2,
         )
-        ax.plot(frame.boundary, frame.expected, "s--", color="C1", label=f"expected from the {label} map")
-        ax.set(xlabel="patched boundary", ylabel="fraction of the source's change", title=label, ylim=(-0.1, 1.15))
+        ax.plot(frame.boundary, frame.expected, "s--", color="C1", label=f"expected from the {label(sweep)} map")
+        ax.set(
+            xlabel="patched boundary", ylabel="fraction of the source's change", title=label(sweep), ylim=(-0.1, 1.15)
+        )
         ax.legend(fontsize=7)
     return save_png(fig, stem)

@@ -13,6 +13,7 @@ from ..checkpoint import LoadedCheckpoint
 from ..interventions.pipeline import iteration_verdict
 from ..interventions.steer import steering_summary
 from ..provenance import display_path, stamp
+from .findings import label as human_label
 from .recipe import Recipe
 from .schema import (
     SCHEMA_VERSION,
@@ -222,7 +223,9 @@ def optional_blocks(built) -> dict[str, Any]:
         out["steering"] = steering_summary(t["steering"])
     if "interventions" in built.data:
         block = Interventions(**built.data["interventions"])
-        block.verdicts = [iteration_verdict(label, entry) for label, entry in (block.iteration or {}).items()]
+        block.verdicts = [
+            iteration_verdict(human_label(name), entry) for name, entry in (block.iteration or {}).items()
+        ]
         out["interventions"] = block
     return out
 
