@@ -245,3 +245,68 @@ def test_ablating_a_component_whose_weights_are_zero_reuses_the_unablated_run(mo
     pd.testing.assert_frame_equal(shortcut, ran)
     quiet = shortcut[(shortcut.component == "mlp") & shortcut.layer.isin(silent)]
     assert len(quiet) and (quiet.increase == 0).all()
+
+
+def _run_edited(model, xs, ys, boundary, edit):
+    """The native forward with `edit(h)` applied to the per-run tokens (B, n, T, W) at `boundary`;
+    returns each run's read-out (B, n)."""
+    h, t = model.tokens(xs, ys)
+    for layer in range(model.config.n_layer):
+        if layer == boundary:
+            h = edit(h.clone())
+        h = model.layer(h, layer, t)
+    return model.readout(h[:, :, -1])
+
+
+def test_steering_the_stored_newton_iterate_moves_the_prediction_as_the_construction_says():
+    """Planted Newton (linear attention): the column tokens hold M_k, the query z = M_k x_q, and the
+    last layer reads out p = b . z with b = X^T y / t. Adding Delta to the stored M_k before the last
+    iteration's layer (A) moves the prediction by b^T Delta x_q; adding delta to z before layer (B)
+    moves it by b . delta (exactly, in float64)."""
+    layers, d, n = 9, 3, 8
+    model = plant(planted_config("newton", layers, d, n).model).double()
+    s = model.layout
+    g = torch.Generator().manual_seed(4)
+    xs, ys = torch.randn(5, n, d, generator=g, dtype=torch.float64), torch.randn(5, n, generator=g, dtype=torch.float64)
+    base = _run_edited(model, xs, ys, -1, lambda h: h)
+    torch.testing.assert_close(base, model.run(xs, ys).pred, rtol=1e-12, atol=1e-12)
+    t = torch.arange(n, dtype=torch.float64).clamp_min(1).view(1, n, 1)
+    seen = torch.arange(n).view(1, n, 1) > torch.arange(n).view(1, 1, n)  # run t holds examples i < t
+    b = (xs.unsqueeze(1) * (ys.unsqueeze(1) * seen).unsqueeze(-1)).sum(2) / t  # (B, n, d): X^T y / t per run
+    delta = 0.01 * torch.randn(d, d, generator=g, dtype=torch.float64)  # Delta[:, j] is added to column m_j
+
+    def move_m(h):
+        h[:, :, n : n + d, s["m"]] += delta.T  # column token j holds m_j in slot m
+        return h
+
+    moved = _run_edited(model, xs, ys, layers - 2, move_m)  # before the last (A): z = (M_k + Delta) x_q
+    expected = torch.einsum("bnd,de,bne->bn", b, delta, xs)  # b^T Delta x_q, x_q of run t = x_{t+1}
+    torch.testing.assert_close(moved - base, expected, rtol=1e-9, atol=1e-12)
+    shift = 0.05 * torch.randn(d, generator=g, dtype=torch.float64)
+
+    def move_z(h):
+        h[:, :, -1, s["z"]] += shift
+        return h
+
+    torch.testing.assert_close(_run_edited(model, xs, ys, layers - 1, move_z) - base, b @ shift, rtol=1e-9, atol=1e-12)
+
+
+def test_steering_the_relu_newton_query_iterate_moves_the_prediction_as_the_construction_says():
+    """Planted Newton with ReLU attention: the query's tq slot holds T^(l-1) x_q and layer l writes
+    p = 1/t sum_i y_i <x_i, tq>; adding delta to tq before the last layer moves the prediction by
+    b . delta, b = X^T y / t."""
+    layers, d, n = 5, 3, 8
+    model = plant(planted_config("newton-relu", layers, d, n).model).double()
+    g = torch.Generator().manual_seed(5)
+    xs, ys = torch.randn(5, n, d, generator=g, dtype=torch.float64), torch.randn(5, n, generator=g, dtype=torch.float64)
+    base = _run_edited(model, xs, ys, -1, lambda h: h)
+    t = torch.arange(n, dtype=torch.float64).clamp_min(1).view(1, n, 1)
+    seen = torch.arange(n).view(1, n, 1) > torch.arange(n).view(1, 1, n)
+    b = (xs.unsqueeze(1) * (ys.unsqueeze(1) * seen).unsqueeze(-1)).sum(2) / t
+    shift = 0.05 * torch.randn(d, generator=g, dtype=torch.float64)
+
+    def move(h):
+        h[:, :, -1, model.layout["tq"]] += shift
+        return h
+
+    torch.testing.assert_close(_run_edited(model, xs, ys, layers - 1, move) - base, b @ shift, rtol=1e-9, atol=1e-12)
