@@ -19,6 +19,7 @@ from typing import Any
 from .errors import ConfigError, RenamedSetting
 from .parsing import load_toml
 from .registry import unknown_name_message
+from .validate import check_seed
 
 MODEL_FAMILIES = ("gpt2", "lstm", "planted")
 PLANTED_ALGORITHMS = ("gd", "newton", "newton-relu", "sgd", "adam", "uniform", "prng")  # probe/models/planted.py
@@ -59,6 +60,8 @@ def _check_numbers(obj: Any, section: str) -> None:
                 isinstance(value, int) and not isinstance(value, bool),
                 f"{section}.{f.name} must be an integer, got {value!r}",
             )
+            if f.name.endswith("seed"):
+                check_seed(value, f"{section}.{f.name}")
 
 
 def _check_choice(section: str, name: str, value: str, choices: tuple[str, ...]) -> None:

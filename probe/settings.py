@@ -25,7 +25,7 @@ from typing import Any
 
 from .errors import ConfigError, RenamedSetting
 from .resources import RECIPE_DIR
-from .validate import finite_float, positive_int
+from .validate import check_seed, finite_float, positive_int
 
 MIN_BOOTSTRAP = 20  # resamples: the 5th and 95th percentiles of fewer are the extremes
 
@@ -80,7 +80,9 @@ class Section:
 def _check_value(value: Any, kind: Any, key: str, rules: Mapping[str, Any]) -> None:
     if rules["choices"] and value not in rules["choices"]:
         raise ConfigError(f"{key}: unknown {rules['noun']} {value!r} ({', '.join(map(str, rules['choices']))})")
-    if kind is int and rules["minimum"] is not None:
+    if kind is int and key.split(".")[-1] == "seed":
+        check_seed(value, key)
+    elif kind is int and rules["minimum"] is not None:
         positive_int(value, key, rules["minimum"])
     elif kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigError(f"{key} must be an integer, got {value!r}")

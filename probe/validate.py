@@ -53,6 +53,16 @@ def positive_int(value: Any, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
+SEED_LIMIT = 2**63  # seeds are mixed modulo 2^63 - 1 (probe/tasks.py generator_for) and fed to torch's generators
+
+
+def check_seed(value: Any, name: str = "seed") -> int:
+    """A seed: an integer in 0 .. 2^63 - 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
+        raise ConfigError(f"{name} must be an integer in 0..2^63-1, got {value!r}")
+    return value
+
+
 def finite_float(value: Any, name: str, *, low: float | None = None, strict: bool = True) -> float:
     """A finite number, optionally > low (strict) or >= low."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

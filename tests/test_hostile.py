@@ -448,6 +448,14 @@ for override, culprit in (("prompts=1000000000", "study prompts = 1000000000 wit
     case(f"study-set-{override.split('=')[0]}-huge", ["study", "st.toml", "--out", "st", "--set", override], culprit,
          write("st.toml", STUDY_TOML.replace('["evaluate"]', '["evaluate", "spd_ilw"]')
                + '[[compare]]\nlabel = "ls"\nlearner = "least_squares"\n'))
+# ---- trust round 4 (issue 42)
+HUGE_SEED = str(10**20)
+case("evaluate-seed-above-2^63", ["evaluate", "ck", "--prompts", "8", "--seed", HUGE_SEED, "--out", "ev"], "--seed")
+case("report-seed-above-2^63", ["report", "ck", "--out", "rep", "--set", f"prompts.seed={HUGE_SEED}"], "prompts.seed")
+case("train-seed-above-2^63", ["train", "--recipe", "r.toml", "--out", "new", "--set", f"train.seed={HUGE_SEED}"],
+     "train.seed", write("r.toml", "[train]\nsteps = 2\n"))
+case("heatmap-learners-without-names", ["heatmap", "ck", "--out", "hm", "--learners"], "--learners")
+case("patch-learners-without-names", ["patch", "ck", "--out", "pa", "--learners"], "--learners")
 case("garg-yaml-alias-bomb", ["inspect", "garg"], "anchors and aliases are not accepted", write("garg/config.yaml", BOMB))
 case("garg-yaml-deep", ["inspect", "garg"], "config.yaml: config.yaml is nested",
      write("garg/config.yaml", "model: " + "[" * 3000 + "]" * 3000 + "\n"))

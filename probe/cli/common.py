@@ -33,6 +33,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed(text: str) -> int:
+    """argparse type of a --seed flag: an integer in 0..2^63-1."""
+    from ..validate import SEED_LIMIT
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"a seed must lie in 0..2^63-1, got {text}")
+    return value
+
+
 def add_out(parser: argparse.ArgumentParser, help_text: str, required: bool = True) -> None:
     """`--out` and `--force`, with the output policy of probe.outputs."""
     parser.add_argument("--out", required=required, help=help_text)

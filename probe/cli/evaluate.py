@@ -17,7 +17,7 @@ import argparse
 import json
 
 from ..resources import DEFAULT_CHECKPOINT
-from .common import add_device, add_out, check_device, output_target, positive_int, writing
+from .common import add_device, add_out, check_device, output_target, positive_int, seed, writing
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -31,7 +31,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--points", type=positive_int, default=None, help="examples per prompt (default: the training task's)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the evaluation prompts and bootstrap (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the evaluation prompts and bootstrap (default 0)")
     add_out(p, "directory for eval.csv, eval.png and eval.json", required=False)
     p.add_argument("--mixture", help="input mixture weights w1,w2 of w1 N(-2,I) + w2 N(2,I) (ReLU tasks)")
     p.add_argument("--param-mean", type=float, help="mean of the network parameters (ReLU tasks)")

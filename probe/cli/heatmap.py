@@ -23,7 +23,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_layer_args(p)
     p.add_argument(
         "--learners",
-        nargs="*",
+        nargs="+",
         default=None,
         help="sweep labels of the recipe to run (default: all of the recipe's sweeps)",
     )

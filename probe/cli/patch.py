@@ -43,7 +43,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--learners",
-        nargs="*",
+        nargs="+",
         dest="interventions.learners",
         help="sweeps whose layer maps are checked causally; none: skip the check "
         "(recipe: interventions.learners; default auto = newton and gd_log)",

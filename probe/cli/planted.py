@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import PLANTED_ALGORITHMS as ALGORITHMS
-from .common import add_out, positive_int, writing
+from .common import add_out, positive_int, seed, writing
 
 MAX_LAYERS = 10_000  # a planted model is analysed layer by layer; deeper ones are never useful
 MAX_DIMS = 1024
@@ -43,7 +43,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "--alpha", type=float, default=None, help="Newton's fixed M_0 = alpha S/t (default 1/(2(1+sqrt d)^2)^2)"
     )
     p.add_argument("--batch", type=int, default=4, help="sgd: minibatch size K (default 4)")
-    p.add_argument("--seed", type=int, default=0, help="sgd: seed of the minibatch masks (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="sgd: seed of the minibatch masks (default 0)")
     p.add_argument("--eps", type=float, default=0.05, help="uniform: ramp half-width eps of the CDF (default 0.05)")
     p.add_argument("--outputs", type=int, default=4, help="prng: numbers M the block emits (default 4)")
     p.add_argument("--dims", type=positive_int, default=4, help="d (default 4)")

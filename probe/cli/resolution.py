@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_device, add_out, check_device, output_target, positive_int, writing
+from .common import add_device, add_out, check_device, output_target, positive_int, seed, writing
 
 
 def _positive_float(text: str) -> float:
@@ -41,7 +41,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--noise", nargs="+", type=_positive_float, default=list(grid.noises), help="label noise std")
     p.add_argument("--prompts", type=positive_int, default=grid.prompts, help="prompts per condition")
-    p.add_argument("--seed", type=int, default=grid.seed)
+    p.add_argument("--seed", type=seed, default=grid.seed)
     add_device(p)
 
 
