@@ -228,8 +228,37 @@ def activation_bytes(model_cfg, batch: int, points: int, *, training: bool = Fal
     return total * (3 if training else 1)
 
 
+MODEL_PROTOCOL = ("n_dims", "n_layers", "d_model", "n_points", "run")  # README, "Bring your own model"
+
+
+def check_model(model) -> None:
+    """A clear error for something passed where a model is expected (a loaded checkpoint, a path,
+    an object without the model protocol, weights on the meta device)."""
+    from pathlib import Path
+
+    if type(model).__name__ == "LoadedCheckpoint":
+        raise ConfigError("got a LoadedCheckpoint where a model is expected: pass its .model (ckpt.model)")
+    if isinstance(model, (str, Path)):
+        raise ConfigError(
+            f"got the path {str(model)!r} where a model is expected: pass probe.load_checkpoint(path).model"
+        )
+    missing = [name for name in MODEL_PROTOCOL if not hasattr(model, name)]
+    if missing:
+        raise ConfigError(
+            f"a {type(model).__name__} is not a model icl-probe can run: it lacks {', '.join(missing)} (a model "
+            f"provides {', '.join(MODEL_PROTOCOL)}; see the README, 'Bring your own model')"
+        )
+    parameters = getattr(model, "parameters", None)
+    if callable(parameters) and any(p.is_meta for p in parameters()):
+        raise ConfigError(
+            "the model's weights are on the meta device (never loaded): load them, e.g. with to_empty + load_state_dict"
+        )
+
+
 def check_prompts_for(model, xs, ys) -> tuple[Tensor, Tensor]:
-    """Clear errors for prompts the model cannot take; numpy arrays become float32 tensors."""
+    """Clear errors for a model that is not one (check_model) and for prompts the model cannot take;
+    numpy arrays become float32 tensors."""
+    check_model(model)
     xs, ys, _ = as_prompt_tensors(xs, ys, what="capture")
     xs, ys = xs.float(), ys.float()
     if xs.shape[2] != model.n_dims:

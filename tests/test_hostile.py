@@ -565,6 +565,33 @@ def test_hostile_capture_api(kwargs, culprit, template):
         capture(model, xs_np.astype(np.float32), ys_np.astype(np.float32), **kwargs)
 
 
+def test_hostile_model_arguments_of_the_python_api(template):
+    """Something that is not a model, where the Python API expects one: one ProbeError saying what to
+    pass instead (issue 42), from capture, analyse_layers and probe_study alike; SimW with fewer
+    fresh queries than d is refused, not scored."""
+    from probe.analysis.pipeline import LayerSettings, analyse_layers
+    from probe.analysis.probe_study import probe_study
+    from probe.capture import capture
+    from probe.errors import ProbeError
+    from probe.formats import load_checkpoint
+    from probe.settings import ProbeSettings, PromptSettings
+
+    ckpt = load_checkpoint(template / "ck")
+    xs, ys = xs_np.astype(np.float32), ys_np.astype(np.float32)
+    meta = build_model(RunConfig().model.__class__(n_dims=D, n_positions=N, n_embd=16, n_layer=2, n_head=2)).to("meta")
+    for model, culprit in ((ckpt, r"pass its \.model"), (str(template / "ck"), "load_checkpoint\\(path\\)\\.model"),
+                           (torch.nn.Linear(2, 2), "lacks n_dims"), (meta, "meta device")):
+        with pytest.raises(ProbeError, match=culprit):
+            capture(model, xs, ys)
+    for call in (lambda: analyse_layers(ckpt, ckpt.config.task, LayerSettings()),
+                 lambda: probe_study(ckpt, ckpt.config.task, ProbeSettings())):
+        with pytest.raises(ProbeError, match=r"pass its \.model"):
+            call()
+    few = LayerSettings(PromptSettings(train=16, val=8, test=16, induced=4, queries=D - 1))
+    with pytest.raises(ProbeError, match="below d = 3"):
+        analyse_layers(ckpt.model, ckpt.config.task, few)
+
+
 def test_capture_accepts_numpy_and_matches_tensors(template):
     from probe.capture import capture
     from probe.formats import load_checkpoint

@@ -28,7 +28,7 @@ from ..seeds import Stream
 from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings, quick_sweeps
 from ..similarity import induced_weights, sime, simw
 from ..tasks import generator_for, sample_prompts
-from ..validate import check_device, positive_int
+from ..validate import check_device, check_model, positive_int
 from .matching import compare_layers, family_of, learner_weights, run_sweep, table1, trend
 from .nulls import flag_degenerate, null_predictions, null_table
 from .readout import LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
@@ -243,9 +243,22 @@ def _keep_best(kept: dict[str, Candidate], sweep, result, values: Tensor, output
         kept[family] = found
 
 
+def check_simw_queries(task: TaskConfig, settings: LayerSettings) -> None:
+    """SimW's induced weights are a least-squares fit on the fresh queries: fewer than d queries
+    leave it underdetermined (a minimum-norm weight that scores low against any learner)."""
+    queries = settings.prompts.queries
+    if settings.similarity.simw and 0 < queries < task.n_dims:
+        raise ConfigError(
+            f"prompts.queries = {queries} is below d = {task.n_dims}: SimW's induced weights need at least d fresh "
+            f"queries per prefix (0 takes 4 d = {4 * task.n_dims})"
+        )
+
+
 def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: bool = False) -> LayerAnalysis:
     """Read-outs per layer, then every layer against every sweep (SimE, SimW), with null
     baselines, trends, Table 1 and the span test."""
+    check_model(model)
+    check_simw_queries(task, settings)
     clock = _Clock()
     readouts, ev, layer_preds = fit_readouts(model, task, settings, progress)
     readout = readout_table(

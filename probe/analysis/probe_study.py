@@ -16,7 +16,7 @@ from ..memory import MemoryBudget
 from ..seeds import Offset, Stream, stream_generator
 from ..settings import ProbeSettings
 from ..tasks import sample_prompts
-from ..validate import check_device, positive_int
+from ..validate import check_device, check_model, positive_int
 from .probes import fit_probes, probe_dtype, probe_targets
 
 
@@ -39,6 +39,7 @@ def probe_study(
     prompts, with the controls of the module docstring (`random_model` needs `control_model`).
     Column `control` says which rows are which."""
 
+    check_model(model)
     device, n_test = check_device(device), positive_int(n_test, "probe test prompts")
     prefixes = settings.prefixes or default_prefixes(task.n_dims, task.n_points)
     combos = [(t, target) for t in prefixes for target in settings.targets]
