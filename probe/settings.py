@@ -394,7 +394,6 @@ class InterventionSettings(Section):
         "sweeps whose SimE layer maps are checked causally (auto: newton, gd_log and the replay sweeps "
         "sgd_replay, adam_replay, those present)",
     )
-    permutations: int = setting(200, "shuffled layer maps of the map check's null")
 
     def learner_labels(self, sweeps: list) -> list[str]:
         """The sweep labels whose maps are checked ("auto": AUTO_CAUSAL_SWEEPS swept with an axis)."""

@@ -106,13 +106,17 @@ def test_iteration_patching_confirms_the_planted_map_and_rejects_shuffled_ones(p
     model, task = planted_gd
     xs, ys, yc = paired_prompts(task, 48, 0)
     sweep = SweepSettings("gd", "gd", "steps", {"eta": (ETA,), "steps": tuple(range(6))})
-    frame, null = iteration_patching(runner_for(model), xs, ys, yc, sweep, {b: b for b in range(6)}, n_boot=50)
+    frame, check = iteration_patching(runner_for(model), xs, ys, yc, sweep, {b: b for b in range(6)}, n_boot=200)
     np.testing.assert_allclose(frame.observed, frame.expected, atol=1e-5)
     assert frame.expected.iloc[0] == pytest.approx(1.0)  # GD at 0 steps predicts 0: the whole change comes later
-    assert null["deviation"] < 1e-5 < null["null_deviation"]
-    _wrong, wrong_null = iteration_patching(runner_for(model), xs, ys, yc, sweep, {b: min(5, 2 * b) for b in range(6)},
-                                           n_boot=50)
-    assert wrong_null["deviation"] > 0.05
+    assert check["deviation"] < 1e-5 and check["testable"]
+    verdicts = {r["alternative"]: r for r in check["map_alternatives"]}
+    assert set(verdicts) == {"shifted -2", "shifted -1", "shifted +1", "shifted +2", "constant"}
+    for name, row in verdicts.items():  # the true map beats every named alternative, paired over prompts
+        assert row["verdict"] == "claimed map closer" and row["ci_low"] > 0, name
+    _wrong, wrong = iteration_patching(runner_for(model), xs, ys, yc, sweep, {b: min(5, 2 * b) for b in range(6)},
+                                       n_boot=200)
+    assert wrong["deviation"] > 0.05
 
 
 def _hf_run(tmp_path, kind):
@@ -323,19 +327,14 @@ def test_transformer_lens_patching_runs_unchanged_on_a_prompt_and_equals_ours(tm
         assert prompt(xs, ys).shape == (6, 2 * task.n_points)
 
 
-def test_shuffle_null_counts_ties_against_the_claim():
-    """A map whose shuffles all equal it (every boundary at one k, or a converged learner) has p = 1,
-    whatever the round-off of the stored expected fractions; a map far better than its shuffles has
-    the smallest p the permutations allow."""
-    import pandas as pd
+def test_named_alternatives_shift_and_flatten_the_map():
+    """Shifted maps give boundary b the claim's count at b + s (clamped), the constant map the
+    middle count; the last boundary keeps its count in every alternative."""
+    from probe.interventions.patch import named_alternatives
 
-    from probe.interventions.patch import _shuffle_null
+    claim = {b: 2 * b for b in range(5)}
+    alt = named_alternatives(claim, 4)
+    assert alt["shifted +1"] == {0: 2, 1: 4, 2: 6, 3: 8, 4: 8}
+    assert alt["shifted -2"] == {0: 0, 1: 0, 2: 0, 3: 2, 4: 8}
+    assert alt["constant"] == {0: 4, 1: 4, 2: 4, 3: 4, 4: 8}
 
-    frame = pd.DataFrame({"boundary": [1, 2, 3, 4], "observed": [0.3, 0.5, 0.7, 0.9],
-                          "expected": [0.1 + 0.2 + 1e-16] * 4})
-    out = _shuffle_null(frame, {b: 5 for b in range(1, 5)}, lambda k: 0.3, n_perm=50, seed=0)
-    assert out["p_value"] == 1.0
-    exact = {1: 1, 2: 2, 3: 3, 4: 4}
-    frame = frame.assign(expected=[0.3, 0.5, 0.7, 0.9])
-    out = _shuffle_null(frame, exact, lambda k: 0.1 + 0.2 * k, n_perm=199, seed=0)
-    assert out["deviation"] < 1e-12 and out["p_value"] == pytest.approx(6 / 200, abs=0.03)

@@ -87,7 +87,8 @@ def test_report_on_planted_gd_recovers_steps(tmp_path):
     assert s["trend"]["gd"]["verdict"].startswith("gd_log: linear, about 1.0 steps per layer")
     # the causal check confirms the planted map end to end: patched predictions move exactly as GD says
     check = s["interventions"]["iteration"]["gd_log"]
-    assert check["k"] == list(range(6)) and check["deviation"] < 1e-4 < check["null_deviation"]
+    assert check["k"] == list(range(6)) and check["deviation"] < 1e-4 and check["testable"]
+    assert {r["verdict"] for r in check["map_alternatives"]} == {"claimed map closer"}  # shifted by 2 included
 
 
 @pytest.mark.slow
@@ -102,6 +103,9 @@ def test_report_on_planted_newton_recovers_the_layer_map(tmp_path):
     methods = (tmp_path / "r" / "index.html").read_text()
     assert "(fixed alpha)" in methods and "('spectral')" not in methods.split("Iterative Newton: M_(k+1)")[1][:80]
     assert max(s["span"]["residual"]) < 1e-5
+    check = s["interventions"]["iteration"]["newton"]  # M_k and y live in the context: a context patch moves
+    assert not check["testable"] and "cannot test the map here" in " ".join(s["interventions"]["verdicts"])
+    assert {r["verdict"] for r in check["map_alternatives"]} == {"cannot test here"}  # everything at every depth
     paired = {(v["metric"], v["b"]): v for v in s["verdicts"] if v["a"] == "newton"}
     for metric in ("sime", "simw"):  # a model that is Newton: Newton closer than tuned GD, interval above 0
         gd = paired[(metric, "gd")]

@@ -28,8 +28,12 @@ phi_A(l) = sum (a_k(L) - a_k(l)) a_k(L) / sum a_k(L)^2, the observed one
 phi(l) = sum (f_patched - f_clean)(f_src - f_clean) / sum (f_src - f_clean)^2, and the
 consistency phi(l) / phi_A(l) is 1 when the model moves exactly as (*) says and 0 when the
 patch has no effect. (*) is exact for the planted GD model (its query accumulates the updates
-that the example tokens compute). Null: the same comparison for the map with its iteration
-counts shuffled across layers (`deviation` vs `null_deviation`).
+that the example tokens compute). The claimed map is compared, paired over prompts, with named
+alternatives: the map shifted by +-1 and +-2 boundaries, a constant map and the other learners'
+maps (`compare_maps`). Where the learner's state lives in the context instead (the Newton
+constructions keep M_k in column or example tokens and read y from the examples at every layer),
+the full context patch transfers the same fraction at every boundary whatever the map: the check
+then says it cannot test the map, rather than reading the flat effect as evidence against it.
 """
 
 from __future__ import annotations
@@ -44,13 +48,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..analysis.matching import run_sweep
+from ..analysis.verdicts import NOT_SEPARABLE
 from ..capture import hooks as H
 from ..config import TaskConfig
 from ..errors import ConfigError
 from ..evaluate import eval_prompts
 from ..seeds import Stream
 from ..settings import PATCH_SITES
-from ..stats import bootstrap_ratio
+from ..stats import bootstrap_ratio, percentile_interval, resamples
 from ..tasks import generator_for, relu_network_forward, sample_prompts
 from .runner import Runner, boundary_hook_name, patch_hook
 
@@ -264,20 +269,24 @@ def iteration_patching(
     layer_map: dict[int, object],
     examples: Sequence[int] | None = None,
     n_boot: int = 1000,
-    n_perm: int = 200,
     seed: int = 0,
     max_rows: int = 4096,
     min_expected: float = 0.05,
     patched: ContextPatch | None = None,
+    others: dict[str, tuple] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Observed vs expected effect of patching each boundary's context from the source prompts.
 
     layer_map: boundary -> the iteration (value of sweep.axis) the heatmap matched it to; it must
-    include the last boundary L. examples: numbers of examples t before the query that are
-    pooled (default 1..n-1). `patched`: a `context_patching` result to reuse (the model side
-    does not depend on the map). Returns one row per boundary (boundary, k, observed,
-    observed_lo, observed_hi, expected, consistency) and a summary with the map's mean
-    |observed - expected| against the same for shuffled maps.
+    include the last boundary L. The expected effect of patching the context at boundary b is what
+    resuming the learner from the patched state gives when b holds iteration k = map(b): the
+    source's remaining change a_K - a_k (seed 003 §4's GD picture: the running prediction lives in
+    the query, the context feeds every later step). examples: numbers of examples t before the
+    query that are pooled (default 1..n-1). `patched`: a `context_patching` result to reuse (the
+    model side does not depend on the map). `others`: other learners' maps, label -> (sweep, map),
+    tested as alternatives. Returns one row per boundary (boundary, k, observed, observed_lo,
+    observed_hi, expected, consistency) and a summary: the map's mean |observed - expected|
+    (`deviation`) and its paired comparison with each named alternative (`map_alternatives`).
     """
     n_layers = runner.n_layers
     if n_layers not in layer_map:
@@ -288,17 +297,11 @@ def iteration_patching(
     missing = [b for b in tested if b not in patched.num]
     if missing:
         raise ConfigError(f"boundaries {missing} were not patched")
-    t_idx = torch.tensor(patched.examples)
-    a = _learner_changes(sweep, xs, ys, ys_src, sorted(set(layer_map.values()), key=float))
-    final = a[layer_map[n_layers]][:, t_idx]
-
-    def expected(k) -> float:
-        return _phi((final - a[k][:, t_idx]) * final, final**2)
-
+    claimed = ExpectedEffects(sweep, layer_map, xs, ys, ys_src, patched.examples)
     rows = []
     for boundary in tested:
         ratio, lo, hi = bootstrap_ratio(patched.num[boundary], patched.den, n_boot=n_boot, seed=seed)
-        exp = expected(layer_map[boundary])
+        exp = claimed.expected(boundary)
         rows.append(
             {
                 "boundary": boundary,
@@ -311,7 +314,128 @@ def iteration_patching(
             }
         )
     frame = pd.DataFrame(rows)
-    return frame, _shuffle_null(frame, layer_map, expected, n_perm, seed)
+    alternatives = named_alternatives(layer_map, n_layers)
+    effects = {name: ExpectedEffects(sweep, m, xs, ys, ys_src, patched.examples) for name, m in alternatives.items()}
+    for label, (other_sweep, other_map) in (others or {}).items():
+        effects[f"{label} map"] = ExpectedEffects(other_sweep, other_map, xs, ys, ys_src, patched.examples)
+    summary = compare_maps(frame, patched, tested, claimed, effects, n_boot, seed, min_expected)
+    return frame, summary
+
+
+class ExpectedEffects:
+    """Per prompt, the learner's side of the map check for one map: at boundary b the source's
+    change still to come, sum_t (a_K - a_map(b)) a_K, and the normaliser sum_t a_K^2 (both (P,)),
+    a_k = p_k(X, y') - p_k(X, y) pooled over the examples t."""
+
+    def __init__(self, sweep, layer_map: dict, xs: Tensor, ys: Tensor, ys_src: Tensor, examples: list[int]):
+        n_layers = max(layer_map)
+        t_idx = torch.tensor(examples)
+        a = _learner_changes(sweep, xs, ys, ys_src, sorted(set(layer_map.values()), key=float))
+        final = a[layer_map[n_layers]][:, t_idx]
+        self.layer_map = layer_map
+        self.norm = (final**2).sum(1)
+        self.remaining = {k: ((final - change[:, t_idx]) * final).sum(1) for k, change in a.items()}
+
+    def per_prompt(self, boundary: int) -> Tensor:
+        return self.remaining[self.layer_map[boundary]]
+
+    def expected(self, boundary: int) -> float:
+        return _phi(self.per_prompt(boundary), self.norm)
+
+
+def named_alternatives(layer_map: dict, n_layers: int) -> dict[str, dict]:
+    """The maps a claimed map is tested against: shifted by -2, -1, +1, +2 boundaries (boundary b
+    given the claim's count at b + s, clamped to 0..L) and constant (every boundary below L given
+    the claim's count at the middle boundary); the last boundary keeps its count in all of them."""
+    out = {}
+    for shift in (-2, -1, 1, 2):
+        out[f"shifted {shift:+d}"] = {
+            b: layer_map[min(max(b + shift, 0), n_layers)] if b < n_layers else layer_map[b] for b in layer_map
+        }
+    middle = layer_map[sorted(layer_map)[len(layer_map) // 2]]
+    out["constant"] = {b: middle if b < n_layers else layer_map[b] for b in layer_map}
+    return out
+
+
+FLAT = "cannot test here"
+
+
+def compare_maps(
+    frame: pd.DataFrame,
+    patched: ContextPatch,
+    tested: list[int],
+    claimed: ExpectedEffects,
+    alternatives: dict[str, ExpectedEffects],
+    n_boot: int,
+    seed: int,
+    min_expected: float,
+) -> dict:
+    """The claimed map against each alternative, paired over prompts: on every bootstrap resample of
+    the prompts, the mean over boundaries of |observed - expected| for both maps (observed and
+    expected as ratios of the resample's sums), and their difference (alternative - claim: > 0 when
+    the claim fits better). Verdicts as probe/analysis/verdicts.py's; `resolution` is the mean over
+    boundaries of |expected(alternative) - expected(claim)|: the most the two maps can differ by. The
+    check cannot test a map where the observed effect does not vary across the boundaries (it spans
+    less than `min_expected`, or every boundary's interval overlaps every other's: the patched context
+    then carries the learner's whole state at every depth, as in the Newton constructions), nor against an alternative whose
+    expectation differs from the claim's by less than `min_expected` at every boundary."""
+    if frame.empty:
+        return {"deviation": float("nan"), "testable": False, "reason": "no boundaries to test", "map_alternatives": []}
+    if float(claimed.norm.sum()) == 0:  # e.g. every boundary at GD's 0 steps: the learner ignores y
+        return {
+            "deviation": float("nan"),
+            "testable": False,
+            "reason": "the map's last iterate predicts the same for y and y' (nothing to expect)",
+            "map_alternatives": [],
+        }
+    alternatives = {name: e for name, e in alternatives.items() if float(e.norm.sum()) > 0}
+    observed = frame.observed.to_numpy()
+    deviation = float(abs(observed - frame.expected.to_numpy()).mean())
+    spread = float(frame.observed.max() - frame.observed.min())
+    flat = len(frame) > 1 and (
+        spread < min_expected or float(frame.observed_lo.max()) <= float(frame.observed_hi.min())
+    )
+    reason = None
+    if flat:
+        reason = (
+            f"patching the context moves the prediction by the same fraction at every boundary "
+            f"({frame.observed.min():.2f}-{frame.observed.max():.2f}): the context carries the state at every depth"
+        )
+    num = torch.stack([patched.num[b] for b in tested])  # (Bd, P)
+    (idx,) = resamples(num.shape[1], n_boot, seed)
+    obs = num[:, idx].sum(-1) / patched.den[idx].sum(-1)  # (Bd, R)
+
+    def deviations(effects: ExpectedEffects) -> Tensor:
+        exp = torch.stack([effects.per_prompt(b) for b in tested])[:, idx].sum(-1) / effects.norm[idx].sum(-1)
+        return (obs - exp).abs().mean(0)  # (R,)
+
+    base = deviations(claimed)
+    rows = []
+    for name, effects in alternatives.items():
+        diff = deviations(effects) - base
+        lo, hi = (float(v) for v in percentile_interval(diff.unsqueeze(-1))[:2])
+        gap = [abs(effects.expected(b) - claimed.expected(b)) for b in tested]
+        resolution = float(sum(gap) / len(gap))
+        point = float(abs(observed - [effects.expected(b) for b in tested]).mean() - deviation)
+        if flat or max(gap) < min_expected:
+            verdict = FLAT
+        elif lo > 0 and (hi - lo) / 2 < resolution:
+            verdict = "claimed map closer"
+        elif hi < 0 and (hi - lo) / 2 < resolution:
+            verdict = f"{name} closer"
+        else:
+            verdict = NOT_SEPARABLE
+        rows.append(
+            {
+                "alternative": name,
+                "difference": point,
+                "ci_low": lo,
+                "ci_high": hi,
+                "resolution": resolution,
+                "verdict": verdict,
+            }
+        )
+    return {"deviation": deviation, "testable": not flat, "reason": reason, "map_alternatives": rows}
 
 
 def spread_examples(n: int, most: int) -> list[int]:
@@ -320,25 +444,3 @@ def spread_examples(n: int, most: int) -> list[int]:
     if most <= 0 or len(ts) <= most:
         return ts
     return sorted({int(v + 0.5) for v in np.linspace(1, n - 1, most)})
-
-
-def _shuffle_null(frame: pd.DataFrame, layer_map: dict, expected, n_perm: int, seed: int) -> dict:
-    """Mean |observed - expected| for the claimed map and for maps with shuffled iteration counts."""
-    if frame.empty:
-        return {"deviation": float("nan"), "null_deviation": float("nan"), "p_value": float("nan")}
-    observed = frame.observed.to_numpy()
-    rng = np.random.default_rng(seed)
-    ks = [layer_map[b] for b in frame.boundary]
-    cache = {k: expected(k) for k in set(ks)}
-
-    def deviation(order) -> float:
-        return float(np.mean(np.abs(observed - np.array([cache[k] for k in order]))))
-
-    claimed = deviation(ks)  # computed as the shuffled maps are, so a map equal to the claim ties exactly
-    null = np.array([deviation(rng.permutation(ks)) for _ in range(n_perm)])
-    ties = null <= claimed + 1e-9 * max(abs(claimed), 1e-12)  # a tie counts against the claim, round-off or not
-    return {
-        "deviation": claimed,
-        "null_deviation": float(null.mean()),
-        "p_value": float((ties.sum() + 1) / (n_perm + 1)),
-    }

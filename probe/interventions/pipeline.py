@@ -15,13 +15,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ..analysis.verdicts import NOT_SEPARABLE
 from ..config import TaskConfig, to_dict
 from ..errors import ConfigError
 from ..seeds import Offset
 from ..settings import InterventionSettings
 from ..validate import check_device, positive_int
 from .ablate import ablate, summarise_ablation
-from .patch import context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
+from .patch import FLAT, context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
 from .runner import runner_for
 
 HELD_OUT_SEED_OFFSET = Offset.HELD_OUT  # mean-ablation means come from prompts of seed + 1
@@ -112,21 +113,13 @@ def _check_layer_maps(
     patched = context_patching(runner, xs, ys, yc, list(range(runner.n_layers)), examples)
     frames, entries = {}, {}
     for label, (sweep, layer_map) in layer_maps.items():
-        frame, null = iteration_patching(
-            runner,
-            xs,
-            ys,
-            yc,
-            sweep,
-            layer_map,
-            n_boot=n_boot,
-            n_perm=settings.permutations,
-            seed=seed,
-            patched=patched,
+        others = {other: pair for other, pair in layer_maps.items() if other != label}
+        frame, check = iteration_patching(
+            runner, xs, ys, yc, sweep, layer_map, n_boot=n_boot, seed=seed, patched=patched, others=others
         )
         frames[label] = frame
         entries[label] = {
-            **null,
+            **check,
             "boundary": frame.boundary.tolist(),
             "k": frame.k.tolist(),
             "observed": frame.observed.round(4).tolist(),
@@ -153,11 +146,24 @@ def summarise_patching(frame: pd.DataFrame) -> dict:
 
 def iteration_verdict(label: str, entry: dict) -> str:
     """One sentence on the causal check of one learner's map."""
-    dev, null, p = entry["deviation"], entry["null_deviation"], entry["p_value"]
+    dev = entry["deviation"]
     if math.isnan(dev):
-        return f"{label}: no layers to test"
-    better = "closer to the claimed map than to shuffled maps" if p < 0.05 else "not closer than shuffled maps"
-    return (
-        f"{label}: patched predictions deviate from the map's expectation by {dev:.3f} on average "
-        f"(shuffled maps {null:.3f}, p = {p:.3f}): {better}"
-    )
+        return f"{label}: {entry.get('reason') or 'no layers to test'}"
+    head = f"{label}: patched predictions deviate from the map's expectation by {dev:.3f} on average"
+    if not entry.get("testable", True):
+        return f"{head}; this check cannot test the map here: {entry['reason']}"
+    rows = entry.get("map_alternatives", [])
+    beaten = [r["alternative"] for r in rows if r["verdict"] == "claimed map closer"]
+    lost = [r["alternative"] for r in rows if r["verdict"].endswith(" closer") and r["verdict"] != "claimed map closer"]
+    tied = [r["alternative"] for r in rows if r["verdict"] == NOT_SEPARABLE]
+    same = [r["alternative"] for r in rows if r["verdict"] == FLAT]
+    parts = []
+    if beaten:
+        parts.append("closer than " + ", ".join(beaten))
+    if lost:
+        parts.append("farther than " + ", ".join(lost))
+    if tied:
+        parts.append("not separable from " + ", ".join(tied))
+    if same:
+        parts.append("expects the same as " + ", ".join(same) + " (cannot test against them)")
+    return head + " (paired over prompts): " + "; ".join(parts)

@@ -166,6 +166,7 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
                     "what separates them": v.evidence or "",
                 }
                 for v in summary.verdicts
+                if v.claim != "causal map"  # those are listed with the map check
             ]
         )
         out["verdicts"] = _table(rows)
@@ -200,7 +201,29 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
     ]
     out["grids"] = _table(pd.DataFrame(grids))
     html = {name: markupsafe.Markup(text) for name, text in out.items()}
-    return {**html, "iteration": {k: markupsafe.Markup(v) for k, v in _iteration_tables(summary).items()}}
+    alternatives = {k: markupsafe.Markup(v) for k, v in _alternative_tables(summary).items()}
+    iteration = {k: markupsafe.Markup(v) for k, v in _iteration_tables(summary).items()}
+    return {**html, "iteration": iteration, "iteration_alternatives": alternatives}
+
+
+def _alternative_tables(summary: Summary) -> dict[str, str]:
+    iteration = (summary.interventions.iteration if summary.interventions else None) or {}
+    out = {}
+    for name, entry in iteration.items():
+        rows = entry.get("map_alternatives") or []
+        frame = pd.DataFrame(
+            [
+                {
+                    "alternative map": r["alternative"],
+                    "deviation difference (alternative - claim)": f"{r['difference']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]",
+                    "resolution": f"{r['resolution']:.4f}",
+                    "verdict": r["verdict"],
+                }
+                for r in rows
+            ]
+        )
+        out[name] = _table(frame) if rows else ""
+    return out
 
 
 def _iteration_tables(summary: Summary) -> dict[str, str]:

@@ -124,6 +124,9 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         **optional_blocks(built),
     )
     summary.verdicts = verdicts_block(t.get("verdicts"), summary.trend)
+    causal = causal_verdicts(summary.interventions)
+    if causal:
+        summary.verdicts = (summary.verdicts or []) + causal
     if "nulls" in t and not t["nulls"].empty:
         summary.nulls = nulls_block(t["nulls"])
         summary.table1.null = {name: {"similarity": vals[-1]} for name, vals in summary.nulls.sime.items()}
@@ -193,6 +196,33 @@ def verdicts_block(table: pd.DataFrame | None, trends: dict[str, Trend]) -> list
         if verdict.verdict == NOT_SEPARABLE and fitted:
             verdict.evidence = "the iterations-per-layer trend (" + "; ".join(trends[k].verdict for k in fitted) + ")"
         out.append(verdict)
+    return out
+
+
+def causal_verdicts(block: Interventions | None) -> list[Verdict]:
+    """The causal map check's comparisons (probe/interventions/patch.py compare_maps) as verdicts:
+    a = the claimed map's learner, b = the alternative; the metric is the mean over boundaries of
+    |observed - expected| of the context patch, and the difference is b's minus a's."""
+    out = []
+    for name, entry in ((block.iteration if block else None) or {}).items():
+        for row in entry.get("map_alternatives") or []:
+            verdict = row["verdict"]
+            if verdict == "claimed map closer":
+                verdict = f"{name} closer"
+            out.append(
+                Verdict(
+                    claim="causal map",
+                    a=name,
+                    b=row["alternative"],
+                    metric="context patch deviation",
+                    difference=row["difference"],
+                    ci_low=row["ci_low"],
+                    ci_high=row["ci_high"],
+                    resolution=row["resolution"],
+                    verdict=verdict,
+                    evidence=entry.get("reason"),
+                )
+            )
     return out
 
 
