@@ -16,8 +16,12 @@ def _aligned(block):
     return len(lengths) <= 1
 
 
+def _refuse(constant):
+    raise AssertionError(f"summary.json holds {constant}, which strict JSON parsers reject")
+
+
 def test_summary_schema(report):
-    s = json.loads((report / "summary.json").read_text())
+    s = json.loads((report / "summary.json").read_text(), parse_constant=_refuse)  # strict: no NaN / Infinity
     for key in ("checkpoint", "recipe", "versions", "git_commit", "seed", "created", "timings", "icl_error", "readout",
                 "best_match", "trend", "span", "probes"):
         assert key in s, key

@@ -39,6 +39,7 @@ from . import intervention_figures as ifig
 from .cache import StageCache, _jsonable
 from .html import render_html
 from .recipe import Recipe, adapt_recipe
+from .schema import strict
 from .summary import build_summary
 
 log = logging.getLogger(__name__)
@@ -415,7 +416,8 @@ def build_report(
         figs = make_figures(built, ckpt, recipe, tmp / "figures", compare)
         built.timings["figures"] = round(time.perf_counter() - start, 2)
         summary = build_summary(built, ckpt, recipe, compare)
-        (tmp / "summary.json").write_text(json.dumps(summary.to_json(), indent=2, default=_jsonable) + "\n")
+        plain = json.loads(json.dumps(summary.to_json(), default=_jsonable))  # numpy values as JSON ones
+        (tmp / "summary.json").write_text(json.dumps(strict(plain), indent=2, allow_nan=False) + "\n")
         (tmp / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
         (tmp / "index.html").write_text(render_html(built, summary, figs, ckpt, recipe, compare))
     except BaseException:

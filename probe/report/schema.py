@@ -9,6 +9,7 @@ schema does not interpret (recipe, versions, steering, forgetting, compare) stay
 
 from __future__ import annotations
 
+import math
 import types
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -33,6 +34,19 @@ def to_json(value: Any) -> Any:
         return {key: to_json(item) for key, item in value.items()}
     if isinstance(value, list):
         return [to_json(item) for item in value]
+    return value
+
+
+def strict(value: Any) -> Any:
+    """A JSON value with every NaN or infinity as null, so that strict parsers (JavaScript's
+    JSON.parse) read summary.json: a number that is not defined (a consistency where nothing was
+    expected, an interval with no resamples) is written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: strict(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [strict(item) for item in value]
     return value
 
 
