@@ -338,3 +338,21 @@ def test_named_alternatives_shift_and_flatten_the_map():
     assert alt["shifted -2"] == {0: 0, 1: 0, 2: 0, 3: 2, 4: 8}
     assert alt["constant"] == {0: 4, 1: 4, 2: 4, 3: 4, 4: 8}
 
+
+
+def test_map_check_cannot_test_a_model_whose_context_patch_fits_no_map():
+    """Planted Adam keeps a step's gradient and moments in the query between its four layers per
+    step, so the context patch moves its prediction unlike any map's expectation: the check says it
+    cannot test the map (instead of reading a poor fit as evidence against a map that is true by
+    construction); planted GD under the same check is testable."""
+    from probe.models.planted import plant
+    from probe.planted_io import planted_config
+
+    cfg = planted_config("adam", 8, 3, 8, step_size=0.1, batch=3)
+    model = plant(cfg.model)
+    xs, ys, yc = paired_prompts(cfg.task, 48, 0)
+    sweep = SweepSettings("adam_replay", "adam", "steps",
+                          {"steps": [0, 1, 2], "eta": [0.1], "batch_size": [3], "masks_seed": 0})
+    _frame, check = iteration_patching(runner_for(model), xs, ys, yc, sweep, {b: b // 4 for b in range(9)}, n_boot=50)
+    assert not check["testable"] and "no map fits" in check["reason"]
+    assert {r["verdict"] for r in check["map_alternatives"]} == {"cannot test here"}
