@@ -38,15 +38,17 @@ def paper_model(directory: Path) -> Path:
     return directory
 
 
-def timed_report(ckpt: Path, out: Path) -> tuple[dict, float, float]:
-    """(stage timings, wall seconds, peak RSS in GB) of one report in a child process."""
+def timed_report(ckpt: Path, out: Path) -> tuple[dict, float, float, float, float]:
+    """(stage timings, wall seconds, peak RSS in GB, user and system seconds) of one report in a
+    child process (the children's rusage before and after)."""
     start = time.perf_counter()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run([*ICL, "-q", "report", str(ckpt), "--out", str(out), "--no-cache"], check=True, cwd=REPO)
     wall = time.perf_counter() - start
-    peak = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before) / 2**20
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak = max(after.ru_maxrss, before.ru_maxrss) / 2**20
     summary = json.loads((out / "summary.json").read_text())
-    return summary["timings"], wall, peak
+    return summary["timings"], wall, peak, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
 
 
 def query_state_speedup(ckpt: Path, prompts: int, queries: int) -> tuple[float, float, float]:
@@ -82,11 +84,12 @@ def main() -> None:
         runs = {}
         for name, ckpt in (("default", REPO / "checkpoints" / "gpt2-default"), ("paper", paper)):
             runs[name] = timed_report(ckpt, Path(tmp) / f"report-{name}")
-        for name, (timings, wall, peak) in runs.items():
+        for name, (timings, wall, peak, user, system) in runs.items():
             stages = {k: v for k, v in timings.items() if isinstance(v, (int, float))}
             total = sum(stages.values())
             shares = ", ".join(f"{k} {v:.1f}s ({100 * v / total:.0f}%)" for k, v in stages.items())
-            print(f"{name}: wall {wall:.0f}s, peak RSS {peak:.2f} GB; {shares}")
+            print(f"{name}: wall {wall:.0f}s, user {user:.0f}s, system {system:.1f}s "
+                  f"(sys/user {system / max(user, 1e-9):.3f}), peak RSS {peak:.2f} GB; {shares}")
         print(f"ratio paper/default wall = {runs['paper'][1] / runs['default'][1]:.1f}")
 
 
