@@ -455,7 +455,6 @@ case("report-seed-above-2^63", ["report", "ck", "--out", "rep", "--set", f"promp
 case("train-seed-above-2^63", ["train", "--recipe", "r.toml", "--out", "new", "--set", f"train.seed={HUGE_SEED}"],
      "train.seed", write("r.toml", "[train]\nsteps = 2\n"))
 case("heatmap-learners-without-names", ["heatmap", "ck", "--out", "hm", "--learners"], "--learners")
-case("patch-learners-without-names", ["patch", "ck", "--out", "pa", "--learners"], "--learners")
 case("garg-yaml-alias-bomb", ["inspect", "garg"], "anchors and aliases are not accepted", write("garg/config.yaml", BOMB))
 case("garg-yaml-deep", ["inspect", "garg"], "config.yaml: config.yaml is nested",
      write("garg/config.yaml", "model: " + "[" * 3000 + "]" * 3000 + "\n"))

@@ -43,10 +43,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--learners",
-        nargs="+",
+        nargs="*",
         dest="interventions.learners",
         help="sweeps whose layer maps are checked causally; none: skip the check "
-        "(recipe: interventions.learners; default auto = newton and gd_log)",
+        "(recipe: interventions.learners; default auto = newton, gd_log and the replay sweeps present)",
     )
     p.add_argument("--map-from", default=None, help="best_match.csv with the layer maps (default: computed with SimE)")
     add_flags(p, "prompts", PromptSettings, ["seed"])
