@@ -330,6 +330,11 @@ def garg_weights_file(directory: Path) -> Path:
 
 def load_garg(directory: Path) -> LoadedCheckpoint:
     config_file = directory / "config.yaml"
+    if not config_file.is_file():
+        raise CheckpointError(
+            f"{directory}: no config.yaml; a Garg et al. run directory holds config.yaml beside state.pt or "
+            "model_<step>.pt (copy it from the run that made the weights)"
+        )
     raw = load_yaml(config_file, CheckpointError, "config.yaml")
     config = garg_config_to_run(raw, config_file)
     weights = garg_weights_file(directory)

@@ -600,3 +600,14 @@ def test_capture_accepts_numpy_and_matches_tensors(template):
     b = capture(model, torch.as_tensor(xs_np, dtype=torch.float32), torch.as_tensor(ys_np, dtype=torch.float32),
                 backend="native")
     np.testing.assert_array_equal(a.pred, b.pred)
+
+
+def test_a_garg_run_without_its_config_is_named_not_a_file_error(template, tmp_path):
+    from probe.errors import ProbeError
+    from probe.formats import load_checkpoint
+
+    run = tmp_path / "garg"
+    shutil.copytree(template / "garg", run)
+    (run / "config.yaml").unlink()
+    with pytest.raises(ProbeError, match="no config.yaml; a Garg et al. run directory holds"):
+        load_checkpoint(run, format="garg")

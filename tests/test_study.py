@@ -255,3 +255,16 @@ def test_a_study_page_is_redrawn_from_its_table_without_recomputing(tmp_path):
     page = (tmp_path / "s" / "index.html").read_text()
     assert page.index('class="headline"') < page.index("<figure") and "SIME" not in page
     assert page.count("<figcaption>") == page.count("<figure>") >= 3
+
+
+def test_study_x_axis_is_a_model_field_and_a_typo_is_named(tmp_path):
+    from probe import default_checkpoint
+    from probe.errors import ConfigError
+    from probe.study.analyses import model_fields
+    from probe.study.recipe import X_AXES, StudyRecipe
+
+    assert set(X_AXES) == set(model_fields(default_checkpoint()))
+    with pytest.raises(ConfigError, match="Unknown axis 'n_embdd'. Did you mean: n_embd"):
+        StudyRecipe(checkpoints=["ck"], analyses=["evaluate"], x="n_embdd")
+    with pytest.raises(ConfigError, match="study seed must be an integer in 0..2\\^63-1"):
+        StudyRecipe(checkpoints=["ck"], analyses=["evaluate"], seed=2**70)

@@ -32,7 +32,7 @@ MAX_MATCHES = 256  # paths one checkpoints pattern may match
 ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes")
 from ..report.recipe import resolve_recipe
 from ..resources import RECIPE_DIR as STUDY_DIR
-from ..validate import check_grid, positive_int
+from ..validate import check_grid, check_seed, positive_int
 
 
 @dataclass
@@ -41,6 +41,23 @@ class CompareSection:
     learner: str
     grid: dict[str, Any] = field(default_factory=dict)
     pick: str = "all"  # "all" settings, or the "best" (lowest SPD) per model
+
+
+# the model fields a study can put on its figures' x axis: the columns of study/analyses.py model_fields
+X_AXES = (
+    "family",
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "attn_activation",
+    "n_dims",
+    "n_points",
+    "task",
+    "noise_std",
+    "relu_depth",
+    "train_step",
+    "format",
+)
 
 
 @dataclass
@@ -94,6 +111,9 @@ class StudyRecipe:
         for name in ("prompts", "evaluate_prompts", "direct_epochs", "direct_prompts"):
             positive_int(getattr(self, name), f"study {name}")
         positive_int(self.queries, "study queries", 0)
+        check_seed(self.seed, "study seed")
+        if self.x not in X_AXES:
+            raise ConfigError("study x: " + unknown_name_message("axis", self.x, list(X_AXES)))
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
