@@ -394,16 +394,6 @@ def compare_maps(
     alternatives = {name: e for name, e in alternatives.items() if float(e.norm.sum()) > 0}
     observed = frame.observed.to_numpy()
     deviation = float(abs(observed - frame.expected.to_numpy()).mean())
-    spread = float(frame.observed.max() - frame.observed.min())
-    flat = len(frame) > 1 and (
-        spread < min_expected or float(frame.observed_lo.max()) <= float(frame.observed_hi.min())
-    )
-    reason = None
-    if flat:
-        reason = (
-            f"patching the context moves the prediction by the same fraction at every boundary "
-            f"({frame.observed.min():.2f}-{frame.observed.max():.2f}): the context carries the state at every depth"
-        )
     num = torch.stack([patched.num[b] for b in tested])  # (Bd, P)
     (idx,) = resamples(num.shape[1], n_boot, seed)
     obs = num[:, idx].sum(-1) / patched.den[idx].sum(-1)  # (Bd, R)
@@ -416,15 +406,8 @@ def compare_maps(
         name: float(abs(observed - [effects.expected(b) for b in tested]).mean())
         for name, effects in alternatives.items()
     }
-    closest = min([deviation, *points.values()])
-    if not flat and closest > PICTURE_TOLERANCE:
-        flat, reason = (
-            True,
-            (
-                f"no map fits the picture this check assumes (the query accumulating the learner's prediction, the context "
-                f"feeding the rest): the closest of the claimed and alternative maps deviates by {closest:.3f}"
-            ),
-        )
+    reason = untestable(frame, min([deviation, *points.values()]), min_expected)
+    flat = reason is not None
     base = deviations(claimed)
     rows = []
     for name, effects in alternatives.items():
@@ -452,6 +435,24 @@ def compare_maps(
             }
         )
     return {"deviation": deviation, "testable": not flat, "reason": reason, "map_alternatives": rows}
+
+
+def untestable(frame: pd.DataFrame, closest: float, min_expected: float) -> str | None:
+    """Why the map check cannot test any map here (compare_maps), or None: the observed effect is
+    flat over the boundaries, or no map (`closest`: the smallest mean |observed - expected|) comes
+    within PICTURE_TOLERANCE of it."""
+    spread = float(frame.observed.max() - frame.observed.min())
+    if len(frame) > 1 and (spread < min_expected or float(frame.observed_lo.max()) <= float(frame.observed_hi.min())):
+        return (
+            f"patching the context moves the prediction by the same fraction at every boundary "
+            f"({frame.observed.min():.2f}-{frame.observed.max():.2f}): the context carries the state at every depth"
+        )
+    if closest > PICTURE_TOLERANCE:
+        return (
+            f"no map fits the picture this check assumes (the query accumulating the learner's prediction, the context "
+            f"feeding the rest): the closest of the claimed and alternative maps deviates by {closest:.3f}"
+        )
+    return None
 
 
 def spread_examples(n: int, most: int) -> list[int]:
