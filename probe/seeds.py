@@ -35,6 +35,7 @@ class Stream(IntEnum):
     ADAM_ESTIMATE = 501  # `icl-probe export`: batches that estimate Adam's moments of a run without them
     EVALUATION = 7_777_777  # `icl-probe evaluate` and the report's error curve (apart from training's stream)
     CORRUPTED = 9_191_919  # the corrupted functions of the patching checks (same x, fresh w)
+    STATE_SOURCE = 9_191_920  # the fresh x's whose Newton state the state check writes (interventions/state.py)
 
 
 class Offset(IntEnum):

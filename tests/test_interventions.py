@@ -356,3 +356,61 @@ def test_map_check_cannot_test_a_model_whose_context_patch_fits_no_map():
     _frame, check = iteration_patching(runner_for(model), xs, ys, yc, sweep, {b: b // 4 for b in range(9)}, n_boot=50)
     assert not check["testable"] and "no map fits" in check["reason"]
     assert {r["verdict"] for r in check["map_alternatives"]} == {"cannot test here"}
+
+
+@pytest.mark.parametrize("kind,layers,true_map", [
+    ("newton", 9, lambda b: max((b - 3) // 2, 0)),  # two layers per iteration, boundaries 0-2 predict 0
+    ("newton-relu", 6, lambda b: max(b - 2, 0)),  # one layer per iteration
+])
+def test_state_check_confirms_the_newton_constructions_maps_and_rejects_shifted_ones(kind, layers, true_map):
+    """Writing M' = alpha S'/t of fresh x's as the stored iterate and resuming: the observed effect
+    equals the true map's expectation (float32 bridge vs float64 learner), and the true map beats
+    every named alternative whose expectation differs, paired over prompts (interval above 0);
+    maps shifted by 2 boundaries are among them. The full context patch cannot test these maps."""
+    from probe.interventions.state import source_xs, state_map_check
+    from probe.models.planted import plant
+    from probe.planted_io import planted_config
+
+    cfg = planted_config(kind, layers, 4, 12)
+    runner = runner_for(plant(cfg.model))
+    xs, ys, yc = paired_prompts(cfg.task, 48, 0)
+    layer_map = {b: true_map(b) for b in range(layers + 1)}
+    frame, check = state_map_check(runner, xs, ys, source_xs(cfg.task, 48, 0), layer_map, range(1, 12), n_boot=200)
+    np.testing.assert_allclose(frame.observed, frame.expected, atol=1e-5)
+    assert frame.observed.iloc[0] < 0.8 and frame.observed.iloc[-1] == pytest.approx(1.0, abs=1e-5)  # washed out early
+    assert check["testable"] and check["deviation"] < 1e-5
+    verdicts = {r["alternative"]: r for r in check["map_alternatives"]}
+    assert {"shifted -2", "shifted +2"} <= {name for name, r in verdicts.items() if r["verdict"] == "claimed map closer"}
+    for name, row in verdicts.items():
+        assert row["verdict"] == "claimed map closer" and row["ci_low"] > 0 or row["resolution"] < 1e-6, name
+    sweep = SweepSettings("newton", "newton", "iterations", {"iterations": tuple(range(6)), "alpha": (cfg.model.planted_scale,)})
+    _frame, flat = iteration_patching(runner, xs, ys, yc, sweep, layer_map, n_boot=50)
+    assert not flat["testable"] and "same fraction at every boundary" in flat["reason"]
+
+
+def test_state_check_is_refused_for_a_model_that_keeps_no_state(planted_gd):
+    from probe.interventions.state import state_map_check
+
+    model, task = planted_gd
+    xs, ys, _ = paired_prompts(task, 8, 0)
+    with pytest.raises(ConfigError, match="does not say where it keeps"):
+        state_map_check(runner_for(model), xs, ys, xs, {b: b for b in range(6)}, range(1, 10))
+
+
+def test_context_check_confirms_the_planted_sgd_map_and_rejects_shifted_ones():
+    """Planted SGD (seed 000 Thm. 4) keeps its residuals in the context and its prediction in the
+    query, as GD does: the replayed-minibatch SGD map (boundary l = step l) beats every shift and
+    the constant map with an interval above 0."""
+    from probe.models.planted import plant
+    from probe.planted_io import planted_config
+
+    cfg = planted_config("sgd", 6, 3, 10, step_size=0.1, batch=3)
+    runner = runner_for(plant(cfg.model))
+    xs, ys, yc = paired_prompts(cfg.task, 48, 0)
+    sweep = SweepSettings("sgd_replay", "sgd", "steps",
+                          {"steps": list(range(7)), "eta": [0.1], "batch_size": [3], "masks_seed": 0})
+    frame, check = iteration_patching(runner, xs, ys, yc, sweep, {b: b for b in range(7)}, n_boot=200)
+    np.testing.assert_allclose(frame.observed, frame.expected, atol=1e-4)
+    assert check["testable"]
+    for row in check["map_alternatives"]:
+        assert row["verdict"] == "claimed map closer" and row["ci_low"] > 0, row["alternative"]

@@ -38,8 +38,9 @@ then says it cannot test the map, rather than reading the flat effect as evidenc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -322,6 +323,17 @@ def iteration_patching(
     return frame, summary
 
 
+class Effects(Protocol):
+    """The learner's side of a map check for one map: per-prompt numerators at each boundary and
+    the per-prompt normaliser (ExpectedEffects here, StateEffects in state.py)."""
+
+    norm: Tensor
+
+    def per_prompt(self, boundary: int) -> Tensor: ...
+
+    def expected(self, boundary: int) -> float: ...
+
+
 class ExpectedEffects:
     """Per prompt, the learner's side of the map check for one map: at boundary b the source's
     change still to come, sum_t (a_K - a_map(b)) a_K, and the normaliser sum_t a_K^2 (both (P,)),
@@ -365,8 +377,8 @@ def compare_maps(
     frame: pd.DataFrame,
     patched: ContextPatch,
     tested: list[int],
-    claimed: ExpectedEffects,
-    alternatives: dict[str, ExpectedEffects],
+    claimed: Effects,
+    alternatives: Mapping[str, Effects],
     n_boot: int,
     seed: int,
     min_expected: float,
@@ -398,7 +410,7 @@ def compare_maps(
     (idx,) = resamples(num.shape[1], n_boot, seed)
     obs = num[:, idx].sum(-1) / patched.den[idx].sum(-1)  # (Bd, R)
 
-    def deviations(effects: ExpectedEffects) -> Tensor:
+    def deviations(effects: Effects) -> Tensor:
         exp = torch.stack([effects.per_prompt(b) for b in tested])[:, idx].sum(-1) / effects.norm[idx].sum(-1)
         return (obs - exp).abs().mean(0)  # (R,)
 

@@ -24,9 +24,12 @@ from ..validate import check_device, positive_int
 from .ablate import ablate, summarise_ablation
 from .patch import FLAT, context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
 from .runner import runner_for
+from .state import PICTURE as STATE_PICTURE
+from .state import source_xs, state_map_check, state_of
 
 HELD_OUT_SEED_OFFSET = Offset.HELD_OUT  # mean-ablation means come from prompts of seed + 1
 PARTS = ("ablate", "patch", "iteration")
+CONTEXT_PICTURE = "context patched (the query accumulates the prediction)"
 
 
 @dataclass
@@ -100,23 +103,35 @@ def run_interventions(
             )
             summary["patching"] = summarise_patching(patching)
         if check_maps:
-            iteration, summary["iteration"] = _check_layer_maps(runner, xs, ys, yc, settings, layer_maps, n_boot, seed)
+            iteration, summary["iteration"] = _check_layer_maps(
+                runner, task, xs, ys, yc, settings, layer_maps, n_boot, seed
+            )
     return InterventionResult(ablation, patching, iteration, summary)
 
 
 def _check_layer_maps(
-    runner, xs, ys, yc, settings: InterventionSettings, layer_maps: dict, n_boot: int, seed: int
+    runner, task: TaskConfig, xs, ys, yc, settings: InterventionSettings, layer_maps: dict, n_boot: int, seed: int
 ) -> tuple[dict[str, pd.DataFrame], dict]:
-    """Iteration-consistent patching of every map: the model's context patch is run once and
-    shared; returns the per-map tables and their summary entries."""
+    """The causal check of every map. Maps of the learner whose state the model says it keeps in
+    the context (the Newton constructions) get the state check (state.py); the others get
+    iteration-consistent patching, with the model's context patch run once and shared. Returns
+    the per-map tables and their summary entries."""
     examples = spread_examples(xs.shape[1], settings.max_queries)
-    patched = context_patching(runner, xs, ys, yc, list(range(runner.n_layers)), examples)
+    state = state_of(runner)
+    patched = None
     frames, entries = {}, {}
     for label, (sweep, layer_map) in layer_maps.items():
-        others = {other: pair for other, pair in layer_maps.items() if other != label}
-        frame, check = iteration_patching(
-            runner, xs, ys, yc, sweep, layer_map, n_boot=n_boot, seed=seed, patched=patched, others=others
-        )
+        if state is not None and sweep.learner == state.learner:
+            source = source_xs(task, xs.shape[0], seed)
+            frame, check = state_map_check(runner, xs, ys, source, layer_map, examples, n_boot=n_boot, seed=seed)
+        else:
+            if patched is None:
+                patched = context_patching(runner, xs, ys, yc, list(range(runner.n_layers)), examples)
+            others = {other: pair for other, pair in layer_maps.items() if other != label}
+            frame, check = iteration_patching(
+                runner, xs, ys, yc, sweep, layer_map, n_boot=n_boot, seed=seed, patched=patched, others=others
+            )
+            check["picture"] = CONTEXT_PICTURE
         frames[label] = frame
         entries[label] = {
             **check,
@@ -149,7 +164,10 @@ def iteration_verdict(label: str, entry: dict) -> str:
     dev = entry["deviation"]
     if math.isnan(dev):
         return f"{label}: {entry.get('reason') or 'no layers to test'}"
-    head = f"{label}: patched predictions deviate from the map's expectation by {dev:.3f} on average"
+    what = (
+        "predictions resumed from a written state" if entry.get("picture") == STATE_PICTURE else "patched predictions"
+    )
+    head = f"{label}: {what} deviate from the map's expectation by {dev:.3f} on average"
     if not entry.get("testable", True):
         return f"{head}; this check cannot test the map here: {entry['reason']}"
     rows = entry.get("map_alternatives", [])

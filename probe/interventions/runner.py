@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,6 +37,7 @@ class Runner:
     of a GPT-2 prompt; the one prefix run t of a planted model) and predictions are (B,);
     `states` and `stream_mask` must then be called with the same `query`."""
 
+    model: Any  # the model the hooks edit
     n_layers: int
     heads: list[int]  # attention heads that can be ablated
     has_mlp: bool

@@ -111,6 +111,14 @@ def newton_alpha(lam: Tensor, rule: str | float) -> Tensor:
     return torch.where(norm > 0, factor / norm.clamp_min(1e-300), torch.zeros_like(norm))
 
 
+def newton_schulz(m: Tensor, s: Tensor, steps: int) -> Tensor:
+    """M after `steps` Newton-Schulz steps M <- 2 M - M S M from the given M (seed 003 eq. 8),
+    batched over the leading dimensions of m and s (..., d, d): the iteration resumed from any state."""
+    for _ in range(steps):
+        m = 2 * m - m @ s @ m
+    return m
+
+
 @register("newton")
 def newton(
     xs: Tensor,

@@ -98,6 +98,7 @@ sum_j (-1)^j 2 ReLU(c - j). The read-out is o_1's first 24 bits as a number in [
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -126,6 +127,31 @@ ADAM_PSI_RATIO = 1.25
 RELU_ATTENTION = ("newton-relu", "uniform")
 PRNG_BITS = 32  # xorshift32's state
 PRNG_READ_BITS = 24  # bits of o_1 in the read-out (exact in float32)
+
+
+@dataclass(frozen=True)
+class LearnerState:
+    """Where a construction keeps its learner's iterate, a d x d matrix M (seed 003 eq. 8's M_k):
+    each (held, source) slot pair of a token holds M times the token's `source` slot (M e_j = m_j in
+    Newton's column tokens, T x_i in the ReLU construction's tx). The state is whole at boundaries
+    first, first + every, ... (the linear construction is mid-step at the others) and the prediction
+    read out `lag` boundaries later is the first to use it (probe/interventions/state.py)."""
+
+    learner: str
+    slots: tuple[tuple[str, str], ...]
+    first: int
+    every: int
+    lag: int
+
+    def boundaries(self, n_layers: int) -> list[int]:
+        """The boundaries where the state is whole and a later prediction reads it."""
+        return list(range(self.first, n_layers - self.lag + 1, self.every))
+
+
+LEARNER_STATES = {
+    "newton": LearnerState("newton", (("m", "e"),), first=1, every=2, lag=2),
+    "newton-relu": LearnerState("newton", (("tx", "x"), ("tq", "xq")), first=1, every=1, lag=1),
+}
 
 
 class Layout:
@@ -210,6 +236,11 @@ class PlantedICL(nn.Module):
     def n_extra_tokens(self) -> int:
         """Tokens between the example slots and the query in each run (Newton's column tokens)."""
         return self.config.n_dims if self.config.planted == "newton" else 0
+
+    @property
+    def learner_state(self) -> LearnerState | None:
+        """Where the construction keeps its learner's matrix iterate, if it keeps one (Newton)."""
+        return LEARNER_STATES.get(self.config.planted)
 
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
         """Attention weights [j, i] = <K h_i, Q h_j> (linear attention) or its ReLU (Def. 5, eq. 17)."""

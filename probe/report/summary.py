@@ -11,6 +11,7 @@ import pandas as pd
 from ..analysis.verdicts import NOT_SEPARABLE
 from ..checkpoint import LoadedCheckpoint
 from ..interventions.pipeline import iteration_verdict
+from ..interventions.state import PICTURE as STATE_PICTURE
 from ..interventions.steer import steering_summary
 from ..provenance import display_path, stamp
 from .findings import label as human_label
@@ -199,10 +200,14 @@ def verdicts_block(table: pd.DataFrame | None, trends: dict[str, Trend]) -> list
     return out
 
 
+CAUSAL_METRICS = {False: "context patch deviation", True: "state write deviation"}
+
+
 def causal_verdicts(block: Interventions | None) -> list[Verdict]:
     """The causal map check's comparisons (probe/interventions/patch.py compare_maps) as verdicts:
     a = the claimed map's learner, b = the alternative; the metric is the mean over boundaries of
-    |observed - expected| of the context patch, and the difference is b's minus a's."""
+    |observed - expected| of the intervention the check ran (the context patch, or the written state
+    of probe/interventions/state.py), and the difference is b's minus a's."""
     out = []
     for name, entry in ((block.iteration if block else None) or {}).items():
         for row in entry.get("map_alternatives") or []:
@@ -214,7 +219,7 @@ def causal_verdicts(block: Interventions | None) -> list[Verdict]:
                     claim="causal map",
                     a=name,
                     b=row["alternative"],
-                    metric="context patch deviation",
+                    metric=CAUSAL_METRICS[entry.get("picture") == STATE_PICTURE],
                     difference=row["difference"],
                     ci_low=row["ci_low"],
                     ci_high=row["ci_high"],
