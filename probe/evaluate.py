@@ -12,11 +12,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from . import budget
 from .config import TaskConfig
 from .learners import run_learner
 from .seeds import Stream
 from .stats import bootstrap_mean, bootstrap_r2, r2_score
 from .tasks import Prompts, generator_for, sample_prompts
+from .validate import positive_int
 
 EVAL_STREAM = Stream.EVALUATION  # keeps evaluation prompts apart from the training stream
 
@@ -52,7 +54,16 @@ def error_curve(
     n_boot: int = 1000,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """One row per number of in-context examples t = 0..n-1: model error/d with its band and baselines."""
+    """One row per number of in-context examples t = 0..n-1: model error/d with its band and baselines.
+    The prompts and resamples asked for are checked against the machine first (probe/budget.py)."""
+    n_prompts, n_boot = positive_int(n_prompts, "prompts"), positive_int(n_boot, "bootstrap")
+    points = n_points or task.n_points
+    budget.check(
+        [
+            budget.prompt_estimate("prompts", n_prompts, budget.shape_of(model), points),
+            budget.bootstrap_estimate("bootstrap", n_boot, n_prompts, points * 4),
+        ]
+    )
     prompts = eval_prompts(task, n_prompts, seed, n_points)
     d = task.n_dims
     sq = lambda pred: ((pred.double() - prompts.ys.double()) ** 2) / d  # (P, n)

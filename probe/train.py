@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .budget import activation_bytes, model_bytes
 from .checkpoint import atomic_write, load_weights, read_safetensors, safe_torch_load, save_model
 from .config import RunConfig
 from .errors import CheckpointError, ConfigError, OutputError, TrainingDiverged
@@ -35,7 +36,7 @@ from .outputs import mark_run_directory
 from .provenance import stamp
 from .seeds import Stream, stream_generator
 from .tasks import generator_for, sample_prompts
-from .validate import activation_bytes, check_memory, model_bytes
+from .validate import check_memory
 
 log = logging.getLogger(__name__)
 

@@ -204,30 +204,6 @@ def _human(n: float) -> str:
     return f"{n:.1f} PB"
 
 
-def model_bytes(model_cfg) -> int:
-    """float32 bytes of a model's parameters, from its config alone (before building it)."""
-    m = model_cfg
-    d_in = m.token_dim
-    if m.family == "gpt2":
-        per_layer = 12 * m.n_embd**2 + 13 * m.n_embd
-        params = m.n_layer * per_layer + 2 * m.n_positions * m.n_embd + (d_in + 3) * m.n_embd + 1
-    elif m.family == "lstm":
-        params = m.n_layer * 8 * m.n_embd**2 + (d_in + 1) * m.n_embd + m.n_embd + 1
-    else:  # planted: a few (2d+2)^2 matrices per layer
-        params = m.n_layer * 4 * (2 * m.n_dims + 2) ** 2
-    return 4 * params
-
-
-def activation_bytes(model_cfg, batch: int, points: int, *, training: bool = False) -> int:
-    """A rough upper estimate of a forward (and backward) pass's activations in float32."""
-    m = model_cfg
-    tokens = 2 * points
-    width = max(m.n_embd, 2 * m.n_dims + 2)
-    per_layer = tokens * width * 16 + max(m.n_head, 1) * tokens * tokens * 2
-    total = batch * m.n_layer * per_layer * 4
-    return total * (3 if training else 1)
-
-
 MODEL_PROTOCOL = ("n_dims", "n_layers", "d_model", "n_points", "run")  # README, "Bring your own model"
 
 

@@ -443,7 +443,7 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 case("study-glob-over-the-file-system", ["study", "glob.toml", "--out", "st"], "matches more than 256 paths",
      write("glob.toml", 'checkpoints = ["/*/*/*"]\nanalyses = ["evaluate"]\n'))
 for override, culprit in (("prompts=1000000000", "study prompts = 1000000000 with 12 queries on ck would need"),
-                          ("evaluate_prompts=1000000000", "prompts.curve=1000000000 on ck would need"),
+                          ("evaluate_prompts=1000000000", "prompts.curve = 1000000000 on ck would need"),
                           ("queries=100000000", "with 100000000 queries")):
     case(f"study-set-{override.split('=')[0]}-huge", ["study", "st.toml", "--out", "st", "--set", override], culprit,
          write("st.toml", STUDY_TOML.replace('["evaluate"]', '["evaluate", "spd_ilw"]')
@@ -458,6 +458,43 @@ case("heatmap-learners-without-names", ["heatmap", "ck", "--out", "hm", "--learn
 case("garg-yaml-alias-bomb", ["inspect", "garg"], "anchors and aliases are not accepted", write("garg/config.yaml", BOMB))
 case("garg-yaml-deep", ["inspect", "garg"], "config.yaml: config.yaml is nested",
      write("garg/config.yaml", "model: " + "[" * 3000 + "]" * 3000 + "\n"))
+
+
+# ---- affordability (issue 42): refused before any work or output, naming the knob (probe/budget.py)
+BIG = "1000000000"
+case("afford-ablate-bootstrap", ["ablate", "ck", "--out", "o", "--bootstrap", BIG], r"^icl-probe ablate: error: bootstrap = 1000000000 would need about [\d.]+ [GTP]B of memory")
+case("afford-evaluate-prompts", ["evaluate", "ck", "--out", "o", "--prompts", BIG], "prompts = 1000000000 would need")
+case("afford-ablate-prompts", ["ablate", "ck", "--out", "o", "--prompts", BIG], "interventions.prompts = 1000000000")
+case("afford-patch-prompts", ["patch", "ck", "--out", "o", "--prompts", BIG], "interventions.patch_prompts = 1000000000")
+case("afford-probes-hidden", ["probes", "ck", "--out", "o", "--hidden", "100000000"], "probes.hidden = 100000000")
+case("afford-report-bootstrap", ["report", "ck", "--out", "o", "--set", f"similarity.bootstrap={BIG}"],
+     "similarity.bootstrap = 1000000000 on ck would need")
+case("afford-heatmap-queries", ["heatmap", "ck", "--out", "o", "--queries", "1000000"], "prompts.queries = 1000000")
+case("afford-order-permutations", ["order", "ck", "--out", "o", "--set", "order.permutations=100000000"],
+     "order.permutations = 100000000")
+case("afford-planted-layers", ["planted", "--algorithm", "adam", "--layers", "10000", "--out", "o"],
+     "planted adam model with 10000 layers .* would need about .* of memory")
+case("afford-work-limit", ["--max-work", "1e6", "evaluate", "ck", "--out", "o", "--prompts", "8"],
+     r"makes this need about .* floating-point operations.*limit of 1\.0e\+06.*--max-work 1e")
+case("afford-bad-max-work", ["--max-work", "-5", "evaluate", "ck", "--out", "o", "--prompts", "8"], "--max-work must be a positive")
+
+
+def _forged_npz(ws: Path) -> None:
+    """An .npz whose xs header claims 984 GB but holds 100 bytes."""
+    import io
+    import zipfile
+
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False, "shape": (300000000, 41, 20)})
+    ys = io.BytesIO()
+    np.save(ys, np.zeros((4, N), np.float32))
+    with zipfile.ZipFile(ws / "forged.npz", "w") as z:
+        z.writestr("xs.npy", head.getvalue() + b"\0" * 100)
+        z.writestr("ys.npy", ys.getvalue())
+
+
+case("afford-npz-header", ["capture", "ck", "--prompts", "forged.npz", "--out", "o"],
+     r"array xs claims shape \(300000000, 41, 20\).*but holds", setup=_forged_npz)
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -538,6 +575,11 @@ API_CASES = [
     ("learner-int", "run_learner", ("least_squares", np.zeros((2, N, D), int), np.zeros((2, N))), {}, "must hold floats"),
     ("learner-unknown", "run_learner", ("newtn", xs_np, ys_np), {}, "Did you mean"),
     ("load-missing", "load_checkpoint", ("/nonexistent/ckpt",), {}, "not found"),
+    ("newton-iterations-huge", "run_learner", ("newton", xs_np, ys_np), {"iterations": [10**9]},
+     r"learner.newton.iterations = 1000000000 makes this need .*work_limit"),
+    ("cg-iterations-huge", "run_learner", ("cg", xs_np, ys_np), {"iterations": [10**9]}, "learner.cg.iterations"),
+    ("sgd-steps-huge", "run_learner", ("sgd", xs_np, ys_np), {"steps": [10**9]}, "learner.sgd.steps"),
+    ("relu-gd-steps-huge", "run_learner", ("relu_gd", xs_np, ys_np), {"steps": [10**9]}, "learner.relu_gd.steps"),
 ]
 
 
@@ -611,3 +653,19 @@ def test_a_garg_run_without_its_config_is_named_not_a_file_error(template, tmp_p
     (run / "config.yaml").unlink()
     with pytest.raises(ProbeError, match="no config.yaml; a Garg et al. run directory holds"):
         load_checkpoint(run, format="garg")
+
+
+def test_closed_form_gd_steps_are_not_counted_as_work_and_the_limit_can_be_raised():
+    """GD's step counts are evaluated in closed form (no loop): 10^9 steps are affordable. A work
+    limit is raised for a block of API calls, and restored after it."""
+    import probe.budget as B
+    from probe.errors import ConfigError
+    from probe.learners import run_learner
+
+    result = run_learner("gd", xs_np, ys_np, steps=[10**9])
+    assert np.isfinite(result.preds.numpy()).all()
+    with B.work_limit(1e3), pytest.raises(ConfigError, match=r"learner.newton.iterations = 5 makes this need"):
+        run_learner("newton", xs_np, ys_np, iterations=[5])
+    assert B.max_work() == B.DEFAULT_MAX_WORK
+    with B.work_limit(1e30):
+        run_learner("newton", xs_np, ys_np, iterations=[5])

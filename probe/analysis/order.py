@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from .. import budget
 from ..capture import RESID, capture
 from ..learners import run_learner
 from ..memory import MemoryBudget
@@ -73,6 +74,15 @@ def order_table(
     """Rows (predictor, layer, prefix, sensitivity, ci_low, ci_high): every layer of the model
     (through `readouts`, a LayerReadouts or the model's own lens) and each learner (layer -1),
     at each prefix t, over P = n_perm orderings of the examples of every prompt."""
+    shape, (n_prompts, n) = budget.shape_of(model), xs.shape[:2]
+    budget.check(
+        [
+            budget.prompt_estimate("order.permutations", n_prompts * n_perm, shape, n, len(prefixes), n_perm),
+            budget.bootstrap_estimate(
+                "similarity.bootstrap", n_boot, n_prompts, (shape.layers + 1 + len(learners)) * len(prefixes)
+            ),
+        ]
+    )
     g = torch.Generator().manual_seed(seed)
     rows = []
     for t in prefixes:

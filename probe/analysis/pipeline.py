@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .. import budget
 from ..config import TaskConfig
 from ..errors import ConfigError
 from ..memory import MemoryBudget
@@ -259,6 +260,8 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
     baselines, trends, Table 1 and the span test."""
     check_model(model)
     check_simw_queries(task, settings)
+    shape = budget.shape_of(model)
+    budget.check(budget.layer_estimates(shape, task.n_points, settings.prompts, settings.similarity, settings.sweeps))
     clock = _Clock()
     readouts, ev, layer_preds = fit_readouts(model, task, settings, progress)
     readout = readout_table(

@@ -53,6 +53,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 from torch import Tensor
 
+from .. import budget
 from ..errors import ConfigError
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
@@ -369,6 +370,9 @@ def fit_probes(
         raise ConfigError(f"states layout must be 'lnpd' or 'lpnd', got {layout!r}")
     if pooling not in ("learned", "uniform"):
         raise ConfigError(f"probe pooling must be 'learned' or 'uniform', got {pooling!r}")
+    if "mlp" in kinds:
+        n_probes, n_prompts = train_states.shape[0] * len(combos), train_states.shape[1 if layout == "lnpd" else 2]
+        budget.check([budget.mlp_probe_estimate("hidden", hidden, n_probes, n_prompts, train_states.shape[-1])])
     dtype = probe_dtype(precision)
     if layout == "lnpd":
         train_states, test_states = (s.to(dtype).transpose(1, 2).contiguous() for s in (train_states, test_states))

@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
         "  icl-probe evaluate checkpoints/gpt2-default --out reports/eval",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
+    parser.add_argument(
+        "--max-work",
+        type=float,
+        default=None,
+        metavar="FLOP",
+        help="refuse commands estimated to need more floating-point operations than this "
+        "(default 3e15, hours here; probe/budget.py)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
     for name, help_text in COMMANDS.items():
         module = importlib.import_module(f".{name}", __name__)
@@ -92,7 +100,10 @@ def _main(argv: list[str] | None) -> int:
     )
     module = importlib.import_module(f".{args.command}", __name__)
     try:
-        return module.run(args) or 0
+        from ..budget import max_work, work_limit
+
+        with work_limit(max_work() if args.max_work is None else args.max_work):  # this command only
+            return module.run(args) or 0
     except ProbeError as err:
         message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
         print(f"icl-probe {args.command}: error: {message}", file=sys.stderr)

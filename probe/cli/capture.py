@@ -28,6 +28,34 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_device(p)
 
 
+def check_npz_headers(path: str, names: tuple[str, ...]) -> None:
+    """Refuse an .npz whose array headers claim more bytes than the member holds (corrupt) or than
+    memory allows, before reading the arrays."""
+    import zipfile
+
+    import numpy as np
+
+    from ..errors import ConfigError
+    from ..validate import check_memory
+
+    with zipfile.ZipFile(path) as archive:
+        for name in names:
+            info = archive.getinfo(f"{name}.npy")
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                read_header = (
+                    np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                )
+                shape, _, dtype = read_header(member)  # the header only, not the data
+                claimed = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+                if claimed > info.file_size:
+                    raise ConfigError(
+                        f"{path}: array {name} claims shape {shape} ({claimed:,} bytes) but holds {info.file_size:,}: "
+                        "the file is truncated or corrupt; write it again with np.savez"
+                    )
+                check_memory(claimed, f"{path}: array {name} of shape {shape}", "use fewer prompts per file")
+
+
 def load_prompts(path: str):
     import zipfile
 
@@ -48,7 +76,10 @@ def load_prompts(path: str):
         missing = {"xs", "ys"} - set(data.files)
         if missing:
             raise ConfigError(f"{path}: missing arrays {sorted(missing)}; it must hold xs (B, n, d) and ys (B, n)")
+        check_npz_headers(path, ("xs", "ys"))
         xs, ys = data["xs"], data["ys"]
+    except ConfigError:
+        raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise ConfigError(f"{path}: not a readable .npz of numeric arrays ({str(err).splitlines()[0]})") from None
     if xs.dtype.kind != "f" or ys.dtype.kind != "f":

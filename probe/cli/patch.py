@@ -88,6 +88,7 @@ def layer_maps(args, ckpt, labels: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import budget
     from ..errors import ConfigError
     from ..formats import load_checkpoint
     from ..interventions.pipeline import iteration_verdict, run_interventions
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if settings.query is not None and not 0 <= settings.query < n:
         raise ConfigError(f"--query must lie in 0..{n - 1} (examples before the query), got {settings.query}")
     labels = settings.learner_labels(recipe.sweeps)
+    budget.check(budget.intervention_estimates(budget.shape_of(ckpt.model), n, settings, recipe.similarity.bootstrap))
     result = run_interventions(
         ckpt.model,
         ckpt.config.task,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from .. import budget
 from ..analysis.verdicts import NOT_SEPARABLE
 from ..config import TaskConfig, to_dict
 from ..errors import ConfigError
@@ -76,6 +77,7 @@ def run_interventions(
     device, n_boot = check_device(device), positive_int(n_boot, "bootstrap resamples")
     layer_maps = layer_maps or {}
     runner = runner_for(model, device)
+    budget.check(budget.intervention_estimates(budget.shape_of(model), task.n_points, settings, n_boot))
     n = task.n_points
     summary: dict = {"settings": {**to_dict(settings), "bootstrap": n_boot, "seed": seed}}
     ablation = patching = None

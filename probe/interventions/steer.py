@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from .. import budget
 from ..analysis.probes import AttentionPoolProbe, probe_targets
 from ..capture import RESID, capture
 from ..errors import ConfigError
@@ -121,6 +122,15 @@ def steering_table(
     R^2 below MIN_DECODED) is not steered: its slopes are NaN (null in JSON)."""
     runner = runner_for(model, device)
     check_cells(model, layers, prefixes, targets, train[0].shape[1])
+    shape, cells = budget.shape_of(model), len(layers) * len(prefixes) * len(targets)
+    budget.check(
+        [
+            budget.prompt_estimate(
+                "steering.test_prompts", test[0].shape[0], shape, test[0].shape[1], 2 * cells * len(sizes)
+            ),
+            budget.bootstrap_estimate("similarity.bootstrap", n_boot, test[0].shape[0], 2 * cells * len(sizes)),
+        ]
+    )
     g = torch.Generator().manual_seed(seed)
     rows = []
     for t in prefixes:

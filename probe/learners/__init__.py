@@ -6,10 +6,12 @@ result.preds  # (K, B, n)
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from torch import Tensor
 
+from .. import budget
 from ..errors import ConfigError
 from ..validate import as_prompt_tensors, check_grid
 from . import closed_form, iterative, krylov, network, nonparametric, online, stochastic  # noqa: F401  (registration)
@@ -23,7 +25,8 @@ def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None
     """Run learner `name` on prompts xs (B, n, d), ys (B, n) over its hyper-parameter grid.
 
     Prompts may be tensors or numpy arrays; they must be finite. Grid values are checked
-    (integral step counts, positive penalties and step sizes, non-empty grids) before any work.
+    (integral step counts, positive penalties and step sizes, non-empty grids) and the work they
+    ask for (probe/budget.py) before any work.
     """
     spec = LEARNERS.get(name)
     xs, ys, queries = as_prompt_tensors(xs, ys, queries, what=f"learner '{name}'")
@@ -35,6 +38,9 @@ def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None
         )
     tensors = {k: grid.pop(k) for k in TENSOR_ARGUMENTS if k in grid}  # checked by the learner itself
     grid = check_grid(name, grid)
+    b, n, d = xs.shape
+    sweep = SimpleNamespace(label=name, learner=name, grid={**spec.defaults, **grid})
+    budget.check(budget.learner_estimates([sweep], b, n, d, where="learner"))
     try:
         return spec.fn(xs, ys, queries, **grid, **tensors)
     except ValueError as err:

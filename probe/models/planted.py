@@ -192,6 +192,25 @@ class Layout:
 MLP_BLOCK_BYTES = 16 << 20  # hidden activations per block of the planted MLPs (below glibc's mmap threshold)
 
 
+def planted_sizes(cfg: ModelConfig) -> tuple[int, int, int]:
+    """(token width, heads per layer, MLP hidden size) of a construction, from its config alone."""
+    width = Layout(cfg.planted, cfg.n_dims, cfg.n_layer, cfg.n_head).width
+    heads = cfg.n_dims if cfg.planted == "adam" else HEADS.get(cfg.planted, cfg.n_head)
+    d_mlp = {
+        "newton-relu": 4 * cfg.n_dims,
+        "sgd": 2,
+        "adam": 2 * cfg.n_dims * (len(psi_knots()) - 1),
+        "prng": cfg.n_head * cfg.n_dims**2,
+    }.get(cfg.planted, 0)
+    return width, heads, d_mlp
+
+
+def planted_bytes(cfg: ModelConfig) -> int:
+    """float32 bytes of a construction's weights (query, key, value, skip and MLP maps per layer)."""
+    width, heads, d_mlp = planted_sizes(cfg)
+    return 4 * cfg.n_layer * ((3 * heads + 1) * width * width + 2 * d_mlp * width)
+
+
 class PlantedICL(nn.Module):
     family = "planted"
     capture_backend = "planted"  # probe/capture/backends.py
@@ -211,20 +230,13 @@ class PlantedICL(nn.Module):
         self.config = cfg
         self.layout = Layout(cfg.planted, cfg.n_dims, cfg.n_layer, cfg.n_head)
         self.relu_attention = cfg.planted in RELU_ATTENTION
-        w = self.layout.width
-        heads = cfg.n_dims if cfg.planted == "adam" else HEADS.get(cfg.planted, cfg.n_head)
+        w, heads, self.d_mlp = planted_sizes(cfg)
         self.q = nn.Parameter(torch.zeros(cfg.n_layer, heads, w, w), requires_grad=False)
         self.k = nn.Parameter(torch.zeros(cfg.n_layer, heads, w, w), requires_grad=False)
         self.v = nn.Parameter(torch.zeros(cfg.n_layer, heads, w, w), requires_grad=False)
         self.skip = nn.Parameter(torch.zeros(cfg.n_layer, w, w), requires_grad=False)
         self.register_buffer("per_example", torch.zeros(cfg.n_layer, heads))  # 1: scale the head by 1/t
         self.read = nn.Parameter(torch.zeros(w), requires_grad=False)
-        self.d_mlp = {
-            "newton-relu": 4 * cfg.n_dims,
-            "sgd": 2,
-            "adam": 2 * cfg.n_dims * (len(psi_knots()) - 1),
-            "prng": cfg.n_head * cfg.n_dims**2,
-        }.get(cfg.planted, 0)
         if cfg.planted in ("sgd", "adam"):  # seed 000 Assumption 1: masks[l, t, i], example i in prefix t's batch
             steps = cfg.n_layer // ADAM_LAYERS_PER_STEP if cfg.planted == "adam" else cfg.n_layer
             self.register_buffer("masks", torch.zeros(steps, cfg.n_positions, cfg.n_positions))
@@ -633,7 +645,15 @@ PLANTS = {
 
 
 def plant(cfg: ModelConfig) -> PlantedICL:
-    """A PlantedICL with the weights of its construction (see the module docstring)."""
+    """A PlantedICL with the weights of its construction (see the module docstring); refused before
+    any allocation when its weights would not fit in memory."""
+    from ..validate import check_memory
+
+    check_memory(
+        planted_bytes(cfg),
+        f"a planted {cfg.planted} model with {cfg.n_layer} layers (d = {cfg.n_dims})",
+        "use fewer layers",
+    )
     model = PlantedICL(cfg)
     with torch.no_grad():
         PLANTS[cfg.planted](model)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from .. import budget
 from ..analysis.forgetting import forgetting_table
 from ..analysis.order import order_table
 from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
@@ -33,7 +34,6 @@ from ..memory import MemoryBudget
 from ..outputs import OutputTarget, safe_name
 from ..seeds import Stream, random_weights_model, stream_generator
 from ..tasks import sample_prompts
-from ..validate import check_memory
 from . import figures
 from . import intervention_figures as ifig
 from .cache import StageCache, _jsonable
@@ -212,31 +212,46 @@ def _stage_interventions(c: Context):
     return {k: v for k, v in tables.items() if v is not None}, {"interventions": res.summary}
 
 
-def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
-    """Refuse a recipe whose captured activations would not fit in memory, naming the key."""
+def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Estimate]:
+    """Memory and work of every size knob of the recipe's enabled stages on this checkpoint (probe/budget.py)."""
+    shape, n, p = budget.shape_of(ckpt.config.model), ckpt.config.task.n_points, recipe.prompts
+    out = [
+        budget.prompt_estimate("prompts.curve", p.curve, shape, n),
+        *budget.layer_estimates(shape, n, p, recipe.similarity, recipe.sweeps),
+    ]
+    if recipe.probes.enabled:
+        out += budget.probe_estimates(shape, n, recipe.probes, p.test)
+    if recipe.forgetting.enabled:
+        out.append(budget.prompt_estimate("forgetting.prompts", recipe.forgetting.prompts, shape, n))
+    if recipe.order.enabled:
+        o = recipe.order
+        out.append(budget.prompt_estimate("order.prompts", o.prompts, shape, n))
+        out.append(
+            budget.prompt_estimate("order.permutations", o.prompts * o.permutations, shape, n, 1, o.permutations)
+        )
+    if has_runner(ckpt.model) and recipe.interventions.enabled:
+        out += budget.intervention_estimates(shape, n, recipe.interventions, recipe.similarity.bootstrap)
+    if has_runner(ckpt.model) and recipe.steering.enabled:
+        st = recipe.steering
+        edits = (len(st.layers) or shape.layers + 1) * (len(st.prefixes) or 3) * len(st.targets) * 2
+        out.append(budget.prompt_estimate("steering.train_prompts", st.train_prompts, shape, n))
+        out.append(budget.prompt_estimate("steering.test_prompts", st.test_prompts, shape, n, edits))
+    return out
 
-    m, n = ckpt.config.model, ckpt.config.task.n_points
-    per_prompt = (m.n_layer + 2) * 2 * n * max(m.n_embd, 2 * m.n_dims + 2) * 4
-    p = recipe.prompts
-    for key, count in (
-        ("prompts.train", p.train + p.val),
-        ("prompts.test", p.test),
-        ("prompts.curve", p.curve),
-        ("probes.prompts", recipe.probes.prompts if recipe.probes.enabled else 0),
-    ):
-        check_memory(count * per_prompt, f"{key}={count} on {ckpt.name}", f"lower {key} (e.g. --set {key}=512)")
-    queries = p.queries or 4 * m.n_dims
+
+def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
+    """Refuse a recipe this machine cannot afford (memory or work of any knob, probe/budget.py) or
+    whose SimW would be underdetermined, before any work; errors name the recipe key."""
+
+    m = ckpt.config.model
+    queries = recipe.prompts.queries or 4 * m.n_dims
     if recipe.similarity.simw and queries < m.n_dims:
         raise ConfigError(
             f"prompts.queries = {queries} is fewer than d = {m.n_dims} on {ckpt.name}: a layer's induced weights "
             f"(seed 003 eq. 11) solve for d unknowns from the queries, so SimW needs queries >= d "
             f"(0 means 4 d; or --set similarity.simw=false)"
         )
-    check_memory(
-        min(p.induced, p.test) * n * queries * (m.n_layer + 1) * 8 * 2,
-        f"prompts.induced={p.induced} with {queries} queries",
-        "lower prompts.induced or prompts.queries",
-    )
+    budget.check(report_estimates(ckpt, recipe), ckpt.name)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,268 @@
+"""Affordability: refuse work the machine cannot afford before any of it starts or any output is written.
+
+Every size knob of a command (prompts, bootstrap resamples, learner iterations, probe widths,
+queries, layers) is turned into two estimates from the resolved settings and the model's config:
+the largest allocation it implies (bytes) and the arithmetic it implies (floating-point
+operations, "flop"). An estimate over its limit is refused with one line naming the knob, the
+estimate and the limit:
+
+- memory: MEMORY_FRACTION of the available memory (probe/validate.py `check_memory`), or the
+  report's --max-memory;
+- work: `max_work()` flop, DEFAULT_MAX_WORK unless raised with `icl-probe --max-work 1e17 ...`
+  or, in Python, `with probe.budget.work_limit(1e17): ...`.
+
+The estimates are upper bounds of the right order (constant factors of a few), not timings: they
+separate a recipe that runs in hours from one that asks for 10^9 of something.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+from .validate import check_memory
+
+# The estimates run at 6e10-4e11 "flop" per second on this project's 2-core machine: the quick report
+# of the default model is 1.5e12 (25 s), of Garg's standard model 7.5e13 (207 s), the full recipe on
+# that model 1.1e15. The default limit is hours of work.
+DEFAULT_MAX_WORK = 3e15
+PYTHON_STEP_FLOP = 1e7  # one interpreted step (a layer of a batch, a learner iteration) counted as arithmetic
+BATCH = 256  # prompts per forward batch in the estimates
+ITERATION_KEYS = ("steps", "iterations", "epochs")  # learner grid keys that count sequential steps
+CLOSED_FORM_STEPS = ("gd",)  # learners whose step counts are evaluated in closed form (no loop)
+_limit = [DEFAULT_MAX_WORK]
+
+
+def max_work() -> float:
+    """The work limit in flop now in force."""
+    return _limit[0]
+
+
+def set_max_work(flop: float) -> None:
+    """Raise (or lower) the work limit for the rest of the process (the CLI's --max-work)."""
+    if not (isinstance(flop, (int, float)) and math.isfinite(flop) and flop > 0):
+        raise ConfigError(f"--max-work must be a positive number of floating-point operations, got {flop!r}")
+    _limit[0] = float(flop)
+
+
+@contextmanager
+def work_limit(flop: float) -> Iterator[None]:
+    """Run a block of Python API calls under another work limit."""
+    old = max_work()
+    set_max_work(flop)
+    try:
+        yield
+    finally:
+        _limit[0] = old
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What one knob asks for: its name (the recipe key or flag a user changes), its value, and the
+    memory (bytes) and work (flop) it implies."""
+
+    knob: str
+    value: Any
+    nbytes: float = 0.0
+    flop: float = 0.0
+
+
+def check(estimates: list[Estimate], where: str = "") -> None:
+    """Refuse the first knob whose memory is over the limit, then a total work over the limit,
+    naming the knob that contributes most (and `where`, e.g. the checkpoint, after its value)."""
+    on = f" on {where}" if where else ""
+    for e in estimates:
+        check_memory(e.nbytes, f"{e.knob} = {_short(e.value)}{on}", f"lower {e.knob}")
+    total = sum(e.flop for e in estimates)
+    if total > max_work():
+        top = max(estimates, key=lambda e: e.flop)
+        share = f" ({top.flop:.1e} of them for {top.knob})" if top.flop < 0.9 * total else ""
+        raise ConfigError(
+            f"{top.knob} = {_short(top.value)}{on} makes this need about {total:.1e} floating-point operations{share}, "
+            f"more than the limit of {max_work():.1e}; lower {top.knob}, or "
+            f"raise the limit with icl-probe --max-work {_round_up(total)} "
+            f"(Python: with probe.budget.work_limit({_round_up(total)}): ...)"
+        )
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _round_up(flop: float) -> str:
+    return f"1e{math.ceil(math.log10(flop))}"
+
+
+# ------------------------------------------------------------------ estimators
+
+
+def model_bytes(model_cfg) -> int:
+    """float32 bytes of a model's parameters, from its config alone (before building it)."""
+    m = model_cfg
+    d_in = m.token_dim
+    if m.family == "gpt2":
+        per_layer = 12 * m.n_embd**2 + 13 * m.n_embd
+        params = m.n_layer * per_layer + 2 * m.n_positions * m.n_embd + (d_in + 3) * m.n_embd + 1
+    elif m.family == "lstm":
+        params = m.n_layer * 8 * m.n_embd**2 + (d_in + 1) * m.n_embd + m.n_embd + 1
+    else:
+        from .models.planted import planted_bytes
+
+        return planted_bytes(m)
+    return 4 * params
+
+
+def activation_bytes(model_cfg, batch: int, points: int, *, training: bool = False) -> int:
+    """A rough upper estimate of a forward (and backward) pass's activations in float32."""
+    m = model_cfg
+    tokens = 2 * points
+    width = max(m.n_embd, 2 * m.n_dims + 2)
+    per_layer = tokens * width * 16 + max(m.n_head, 1) * tokens * tokens * 2
+    total = batch * m.n_layer * per_layer * 4
+    return total * (3 if training else 1)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimates need of a model: depth, residual width, input dimension, and for planted
+    constructions (one run per prefix) their heads and MLP width."""
+
+    layers: int
+    width: int
+    d: int
+    planted: bool = False
+    heads: int = 1
+    d_mlp: int = 0
+
+
+def shape_of(model_or_config) -> Shape:
+    """The Shape of a model (any object with the model protocol) or of a ModelConfig."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    if getattr(cfg, "family", None) == "planted":
+        from .models.planted import planted_sizes
+
+        width, heads, d_mlp = planted_sizes(cfg)
+        return Shape(cfg.n_layer, width, cfg.n_dims, True, heads, d_mlp)
+    if hasattr(cfg, "n_layer") and hasattr(cfg, "n_embd"):
+        return Shape(max(cfg.n_layer, 1), max(cfg.n_embd, 1), cfg.n_dims)
+    m = model_or_config
+    if all(hasattr(m, name) for name in ("n_layers", "d_model", "n_dims")):
+        return Shape(max(int(m.n_layers), 1), max(int(m.d_model), 1), int(m.n_dims))
+    params = sum(p.numel() for p in m.parameters()) if hasattr(m, "parameters") else 0
+    return Shape(1, max(int(math.sqrt(params / 12)), 1), 1)  # a bare forward: one block of its parameter count
+
+
+def forward_cost(shape: Shape, prompts: int, points: int) -> tuple[float, float]:
+    """(flop, bytes) of one forward over `prompts` prompts of `points` points: the blocks' matrix
+    products and attention plus an interpreted step per layer; bytes: every boundary's residual
+    stream (what a capture keeps)."""
+    w = shape.width
+    if shape.planted:  # one run per prefix: points runs of about points + d tokens each
+        run = points + shape.d + 1
+        tokens = points * run
+        per_layer = tokens * (shape.heads * (6 * w * w + 4 * run * w) + 4 * shape.d_mlp * w)
+    else:
+        tokens = 2 * points
+        per_layer = tokens * (24 * w * w + 4 * tokens * w)
+    flop = shape.layers * (float(prompts) * per_layer + math.ceil(prompts / BATCH) * PYTHON_STEP_FLOP)
+    nbytes = 4.0 * prompts * (shape.layers + 2) * 2 * points * w
+    return flop, nbytes
+
+
+def prompt_estimate(
+    knob: str, count: int, shape: Shape, points: int, forwards: float = 1.0, value: Any = None
+) -> Estimate:
+    """`count` prompts run through the model `forwards` times, their streams kept once; `value`: the
+    knob's own value where the count is a product of it with others (default: count)."""
+    flop, nbytes = forward_cost(shape, int(count), points)
+    return Estimate(knob, count if value is None else value, nbytes, flop * forwards)
+
+
+def bootstrap_estimate(knob: str, n_boot: int, prompts: int, cells: int = 1) -> Estimate:
+    """Bootstrap resamples of `prompts` prompts for `cells` statistics: the index draws (int64) and
+    one pass over the prompts per resample and cell."""
+    prompts = max(int(prompts), 1)
+    return Estimate(knob, n_boot, 8.0 * n_boot * prompts, float(n_boot) * prompts * max(cells, 1))
+
+
+def grid_points(sweep) -> int:
+    return math.prod(len(v) if isinstance(v, (list, tuple)) else 1 for v in sweep.grid.values())
+
+
+def learner_estimates(sweeps, prompts: int, points: int, d: int, where: str = "sweeps") -> list[Estimate]:
+    """Each sweep's sequential steps (the largest value of an iteration key of its grid: a d x d
+    product per prompt and prefix each) and its grid's weights and predictions (float64)."""
+    out = []
+    for sweep in sweeps:
+        combos = grid_points(sweep)
+        for key in () if getattr(sweep, "learner", None) in CLOSED_FORM_STEPS else ITERATION_KEYS:
+            values = sweep.grid.get(key)
+            values = list(values) if isinstance(values, (list, tuple)) else ([] if values is None else [values])
+            numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if numbers:
+                runs = combos / max(len(values), 1)  # the other keys' combinations each run the steps once
+                flop = runs * max(numbers) * (2.0 * prompts * points * d * d + PYTHON_STEP_FLOP)
+                out.append(Estimate(f"{where}.{sweep.label}.{key}", max(numbers), 0.0, flop))
+        nbytes = 8.0 * combos * prompts * points * (d + 1)
+        out.append(Estimate(f"{where}.{sweep.label}", f"{combos} grid points", nbytes, 0.0))
+    return out
+
+
+def layer_estimates(shape: Shape, points: int, prompts, similarity, sweeps) -> list[Estimate]:
+    """The layer analyses ([prompts], [similarity], sweeps): captures, fresh-query forwards for
+    SimW, every learner on the test prompts, bootstrap intervals of every layer x grid cell."""
+    queries = prompts.queries or 4 * shape.d
+    induced = min(prompts.induced, prompts.test)
+    cells = (shape.layers + 1) * sum(grid_points(s) for s in sweeps)
+    out = [
+        prompt_estimate("prompts.train", prompts.train + prompts.val, shape, points),
+        prompt_estimate("prompts.test", prompts.test, shape, points),
+        bootstrap_estimate("similarity.bootstrap", similarity.bootstrap, prompts.test, cells),
+        *learner_estimates(sweeps, prompts.test, points, shape.d),
+    ]
+    if similarity.simw:
+        flop, _ = forward_cost(shape, induced * queries, points)
+        nbytes = 16.0 * induced * points * queries * (shape.layers + 1)
+        out.append(Estimate("prompts.queries", queries, nbytes, flop))
+    return out
+
+
+def probe_estimates(shape: Shape, points: int, probes, n_test: int) -> list[Estimate]:
+    """The probe study: its prompts' streams, and per probe (layer x prefix x target x kind x
+    control) max_iter passes over prompts x tokens x width, and the MLP probes' hidden layer."""
+    prefixes = len(probes.prefixes or ()) or 4
+    n_probes = (shape.layers + 1) * prefixes * len(probes.targets) * (3 if probes.controls else 1)
+    tokens = 2 * points
+    out = [prompt_estimate("probes.prompts", probes.prompts + n_test, shape, points, 2 if probes.controls else 1)]
+    per_pass = 2.0 * probes.prompts * tokens * shape.width
+    out.append(Estimate("probes.max_iter", probes.max_iter, 0.0, n_probes * probes.max_iter * per_pass))
+    if "mlp" in probes.kinds:
+        out.append(mlp_probe_estimate("probes.hidden", probes.hidden, n_probes, probes.prompts, shape.width))
+    return out
+
+
+def mlp_probe_estimate(knob: str, hidden: int, n_probes: int, prompts: int, width: int) -> Estimate:
+    """MLP probes: a random layer of `hidden` units on each probe's pooled features (float64, held
+    for all prompts) and a ridge head on them (hidden^2 per prompt)."""
+    nbytes = 8.0 * n_probes * prompts * hidden
+    flop = n_probes * 2.0 * prompts * hidden * (width + hidden)
+    return Estimate(knob, hidden, nbytes, flop)
+
+
+def intervention_estimates(shape: Shape, points: int, settings, n_boot: int) -> list[Estimate]:
+    """Ablations (every head, MLP and layer skip per kind, on the prompts and as many held out),
+    the patching heatmap (every boundary x position) and the map check (every boundary x query)."""
+    components = shape.layers * (shape.heads + 2)
+    positions = settings.max_positions or 2 * points
+    queries = settings.max_queries or points
+    patch_forwards = (shape.layers + 1) * (positions + queries)
+    return [
+        prompt_estimate("interventions.prompts", settings.prompts, shape, points, 2 * components * len(settings.kinds)),
+        prompt_estimate("interventions.patch_prompts", settings.patch_prompts, shape, points, patch_forwards),
+        bootstrap_estimate("bootstrap", n_boot, max(settings.prompts, settings.patch_prompts), patch_forwards),
+    ]
