@@ -479,6 +479,22 @@ case("afford-work-limit", ["--max-work", "1e6", "evaluate", "ck", "--out", "o", 
 case("afford-bad-max-work", ["--max-work", "-5", "evaluate", "ck", "--out", "o", "--prompts", "8"], "--max-work must be a positive")
 
 
+def _study_with_shift(shift: str):
+    def setup(ws: Path) -> None:
+        (ws / "shift.toml").write_text(
+            'description = "s"\ncheckpoints = ["ck"]\nanalyses = ["evaluate"]\nx = "n_layer"\nevaluate_prompts = 16\n'
+            f'[[shifts]]\nlabel = "bad"\n{shift}\n'
+        )
+
+    return setup
+
+
+case("study-shift-typo", ["study", "shift.toml", "--out", "o"], "shift 'bad': Unknown task field 'noise_stdd'. Did you mean: noise_std",
+     setup=_study_with_shift("noise_stdd = 0.5"))
+case("study-shift-bad-value", ["study", "shift.toml", "--out", "o"], r"shift 'bad': task.noise_std must be >= 0",
+     setup=_study_with_shift("noise_std = -0.5"))
+
+
 def _forged_npz(ws: Path) -> None:
     """An .npz whose xs header claims 984 GB but holds 100 bytes."""
     import io
@@ -669,3 +685,20 @@ def test_closed_form_gd_steps_are_not_counted_as_work_and_the_limit_can_be_raise
     assert B.max_work() == B.DEFAULT_MAX_WORK
     with B.work_limit(1e30):
         run_learner("newton", xs_np, ys_np, iterations=[5])
+
+
+def test_ridge_readout_at_alpha_zero_on_collinear_features_is_least_squares():
+    """alpha = 0 with a duplicated feature: a singular system, answered (as scikit-learn's
+    LinearRegression does) by the minimum-norm least-squares solution instead of a LinAlgError."""
+    from sklearn.linear_model import LinearRegression
+
+    from probe.analysis.readout import RidgeReadout
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50, 6))
+    x[:, 5] = x[:, 4]
+    y = x[:, :2].sum(1) + x[:, 4] + 0.1 * rng.standard_normal(50)
+    ours = RidgeReadout(alpha=0.0).fit(x, y)
+    ref = LinearRegression().fit(x, y)
+    np.testing.assert_allclose(ours.predict(x), ref.predict(x), atol=1e-8)
+    assert ours.coef_[4] == pytest.approx(ours.coef_[5], abs=1e-8)  # minimum norm splits the duplicate evenly

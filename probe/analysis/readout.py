@@ -31,13 +31,19 @@ def ridge_solve(gram: torch.Tensor, rhs: torch.Tensor, alphas: torch.Tensor, n_r
     """Solve (G + alpha*N I') beta = r for every alpha; the intercept is not penalised.
 
     gram (L, D+1, D+1), rhs (L, D+1) -> (A, L, D+1). The penalty is scaled by the number of rows
-    so that alpha means the same at any sample size.
+    so that alpha means the same at any sample size. A singular system (alpha = 0 on collinear
+    features) gets the minimum-norm least-squares solution, as scikit-learn's LinearRegression.
     """
     dim = gram.shape[-1]
     pen = torch.eye(dim, dtype=gram.dtype)
     pen[-1, -1] = 0
     systems = gram.unsqueeze(0) + alphas.view(-1, 1, 1, 1) * n_rows * pen
-    return torch.linalg.solve(systems, rhs.unsqueeze(0).expand(len(alphas), *rhs.shape).unsqueeze(-1)).squeeze(-1)
+    rhs = rhs.unsqueeze(0).expand(len(alphas), *rhs.shape).unsqueeze(-1)
+    solution, info = torch.linalg.solve_ex(systems, rhs)
+    singular = info != 0  # alpha = 0 on collinear features: the minimum-norm least-squares solution
+    if bool(singular.any()):
+        solution[singular] = torch.linalg.pinv(systems[singular], hermitian=True) @ rhs[singular]
+    return solution.squeeze(-1)
 
 
 class RidgeReadout(RegressorMixin, BaseEstimator):

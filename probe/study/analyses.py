@@ -7,7 +7,6 @@ study and a report on the same checkpoint and recipe share results.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -261,8 +260,7 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
     if "evaluate" in recipe.analyses:
         rows += evaluate_rows(built.tables, task)
         for shift in recipe.shifts:
-            changes = {k: (tuple(v) if isinstance(v, list) else v) for k, v in shift.items() if k != "label"}
-            shifted = dataclasses.replace(task, **changes)  # type: ignore[arg-type]  # keys validated by the recipe
+            shifted = recipe.shifted_task(task, shift)
             points = shifted.n_points if shifted.n_points != task.n_points else None
             if task.name == "relu_network":
                 frame = r2_curve(

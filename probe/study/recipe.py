@@ -16,6 +16,7 @@ A lam of "bayes" in a ridge grid is sigma^2 / tau^2 of each model's own task (se
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import itertools
 import re
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import from_dict, load_recipe, merge, to_dict
+from ..config import TaskConfig, from_dict, load_recipe, merge, to_dict
 from ..errors import ConfigError
 from ..learners import LEARNERS
 from ..registry import unknown_name_message
@@ -102,12 +103,18 @@ class StudyRecipe:
                 raise ConfigError(f"compare '{c.label}': pick must be 'all' or 'best', got {c.pick!r}")
             grid = {k: v for k, v in c.grid.items() if not (k == "lam" and v in (["bayes"], "bayes"))}
             check_grid(c.learner, grid, where=f"compare '{c.label}'")
+        task_fields = [f.name for f in dataclasses.fields(TaskConfig)]
         for shift in self.shifts:
             if not isinstance(shift, dict) or not isinstance(shift.get("label"), str):
                 raise ConfigError(
                     "each [[shifts]] entry needs a label and TaskConfig fields, e.g. "
                     "label = 'mix-0.9' with mixture_weights = [0.9, 0.1]"
                 )
+            for key in shift:
+                if key != "label" and key not in task_fields:
+                    raise ConfigError(
+                        f"shift '{shift['label']}': " + unknown_name_message("task field", key, task_fields)
+                    )
         for name in ("prompts", "evaluate_prompts", "direct_epochs", "direct_prompts"):
             positive_int(getattr(self, name), f"study {name}")
         positive_int(self.queries, "study queries", 0)
@@ -117,6 +124,14 @@ class StudyRecipe:
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+    def shifted_task(self, task: TaskConfig, shift: dict[str, Any]) -> TaskConfig:
+        """A model's task with one [[shifts]] entry applied (TaskConfig checks the values)."""
+        changes = {k: (tuple(v) if isinstance(v, list) else v) for k, v in shift.items() if k != "label"}
+        try:
+            return dataclasses.replace(task, **changes)  # type: ignore[arg-type]  # keys checked in __post_init__
+        except ConfigError as err:
+            raise ConfigError(f"shift '{shift['label']}': {err}") from None
 
     def report_recipe(self):
         """The report recipe whose stages (and stage cache) the per-model analyses reuse."""

@@ -85,6 +85,8 @@ def check_study_size(recipe: StudyRecipe, models: list[Path]) -> None:
     report.prompts.curve = recipe.evaluate_prompts
     for path in models:
         ckpt = load_checkpoint(path)
+        for shift in recipe.shifts:  # values a model's task cannot take (e.g. a negative noise)
+            recipe.shifted_task(ckpt.config.task, shift)
         check_report_size(ckpt, adapt_recipe(report, ckpt.config))
         if "spd_ilw" in recipe.analyses:
             task = ckpt.config.task
