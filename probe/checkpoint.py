@@ -186,14 +186,56 @@ def _short(items: list[str], limit: int = 6) -> str:
 # ---------------------------------------------------------------------------- own layout
 
 
+SIGNATURE_SEED = 20261125  # the fixed prompts whose predictions a checkpoint records
+SIGNATURE_PROMPTS = 2
+
+
+def signature(model: nn.Module, config: RunConfig) -> list[float]:
+    """The model's predictions on SIGNATURE_PROMPTS fixed standard-normal prompts of its input size
+    (every position, float32 on CPU; the task's settings play no part): recorded at save, recomputed
+    at load, so that a config that no longer describes the weights it came with (a changed n_head
+    keeps every shape) is caught. Runs on the model's device and leaves its train / eval mode as it was."""
+    g = torch.Generator().manual_seed(SIGNATURE_SEED)
+    m = config.model
+    xs = torch.randn(SIGNATURE_PROMPTS, m.n_positions, m.n_dims, generator=g)
+    ys = torch.randn(SIGNATURE_PROMPTS, m.n_positions, generator=g)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            preds = model(xs.to(device), ys.to(device))
+    finally:
+        model.train(training)
+    return [float(v) for v in preds.float().cpu().flatten()]
+
+
+def check_signature(model: nn.Module, config: RunConfig, recorded: Any, where: Path) -> None:
+    """Refuse weights that do not reproduce the predictions recorded when they were saved."""
+    if recorded is None:
+        return  # saved before signatures were recorded
+    now = torch.tensor(signature(model, config))
+    then = torch.as_tensor(recorded, dtype=torch.float32) if isinstance(recorded, list) else None
+    if then is None or then.shape != now.shape:
+        raise CheckpointError(f"{where}: meta.signature must be a list of {now.numel()} numbers; save the model again")
+    gap = float((now - then).abs().max())
+    if not gap <= 1e-5 + 1e-4 * float(then.abs().max()):  # float32 round-off across machines is ~1e-6
+        raise CheckpointError(
+            f"{where}: the weights do not reproduce the predictions recorded when they were saved (largest difference "
+            f"{gap:.3g}): the config no longer describes the model they were trained as (check n_head, encoding and "
+            "the task)"
+        )
+
+
 def save_model(model: nn.Module, config: RunConfig, directory: Path, meta: dict[str, Any] | None = None) -> None:
-    """Write config.json and model.safetensors atomically."""
+    """Write config.json (with the model's `signature` in its meta) and model.safetensors atomically."""
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     atomic_write(directory / "model.safetensors", lambda p: save_file(state, str(p)))
-    payload = {"format": "icl-probe", "config": config.to_dict(), "meta": meta or {}}
+    meta = {**(meta or {}), "signature": signature(model, config)}
+    payload = {"format": "icl-probe", "config": config.to_dict(), "meta": meta}
     atomic_write(directory / "config.json", lambda p: p.write_text(json.dumps(payload, indent=2) + "\n"))
 
 
@@ -227,7 +269,9 @@ def load_native(directory: Path) -> LoadedCheckpoint:
     check_size(config, weights)
     model = build_model(config.model)
     load_weights(model, read_safetensors(weights), weights)
-    return LoadedCheckpoint(model.eval(), config, "icl-probe", directory, weights, payload.get("meta", {}))
+    meta = payload.get("meta", {})
+    check_signature(model, config, meta.get("signature"), config_file)
+    return LoadedCheckpoint(model.eval(), config, "icl-probe", directory, weights, meta)
 
 
 # ---------------------------------------------------------------------------- Garg et al.'s layout

@@ -264,3 +264,27 @@ def test_export_carries_a_runs_adam_moments_into_their_parameter_order(tmp_path)
         for key in ("exp_avg", "exp_avg_sq", "step"):
             torch.testing.assert_close(theirs["state"][order.index(name)][key], ours["state"][i][key])
     assert order.index("_backbone.wte.weight") not in theirs["state"]  # no gradient ever: Adam starts it at zero
+
+
+def test_a_config_whose_head_count_no_longer_matches_the_weights_is_refused(tmp_path):
+    """n_head changes no weight shape, so only the recorded predictions can tell: a checkpoint saved
+    with 2 heads and reloaded with a config saying 4 is refused, naming the check; unchanged it loads."""
+    import json
+
+    from probe.errors import CheckpointError
+    from probe.formats import load_checkpoint
+    from probe.models import build_model
+
+    cfg = build_cfg(layers=2)
+    torch.manual_seed(3)
+    model = build_model(cfg.model)
+    with torch.no_grad():
+        for p in model.parameters():  # attention patterns far from uniform, so the head count matters
+            p.normal_(0, 0.5)
+    save_model(model, cfg, tmp_path / "ck")
+    assert len(load_checkpoint(tmp_path / "ck").meta["signature"]) == 2 * cfg.model.n_positions
+    payload = json.loads((tmp_path / "ck" / "config.json").read_text())
+    payload["config"]["model"]["n_head"] = 4 if cfg.model.n_head != 4 else 2
+    (tmp_path / "ck" / "config.json").write_text(json.dumps(payload))
+    with pytest.raises(CheckpointError, match=r"do not reproduce the predictions recorded .*check n_head"):
+        load_checkpoint(tmp_path / "ck")
