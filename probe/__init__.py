@@ -37,3 +37,19 @@ def load_checkpoint(path, format: str | None = None):
     from .formats import load_checkpoint as load
 
     return load(path, format)
+
+
+API = ("report", "analyse", "activations", "probe_data", "study", "ReportResult")  # probe/api.py
+
+
+def __getattr__(name: str):
+    """The main jobs (probe/api.py), imported on first use so that `import probe` stays light."""
+    if name in API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'probe' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *API])

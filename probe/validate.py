@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 import re
+import weakref
 
 from .errors import ConfigError
 from .memory import available_memory
@@ -229,6 +230,63 @@ def check_model(model) -> None:
         raise ConfigError(
             "the model's weights are on the meta device (never loaded): load them, e.g. with to_empty + load_state_dict"
         )
+    if model not in _CHECKED:
+        check_protocol(model)
+        _CHECKED.add(model)
+
+
+_CHECKED: weakref.WeakSet = weakref.WeakSet()  # models whose protocol was checked (their shapes do not change)
+
+
+def check_protocol(model) -> None:
+    """Run the model protocol once on two prompts of 3 points and check what comes back: integer
+    sizes, `run` returning pred (B, n), resid (n_layers + 1 tensors (B, 2n, d_model)) and final
+    (B, 2n, d_model), `readout(final)` and, where present, `lens(resid)` (B, 2n). An error names the
+    member, what was expected and what came (README, "Bring your own model")."""
+    import torch
+
+    name = type(model).__name__
+    for size in MODEL_PROTOCOL[:4]:
+        value = getattr(model, size)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}.{size} must be a positive integer, got {value!r}")
+    b, n = 2, min(3, model.n_points)
+    parameters = list(model.parameters()) if callable(getattr(model, "parameters", None)) else []
+    device = parameters[0].device if parameters else torch.device("cpu")
+    dtype = parameters[0].dtype if parameters and parameters[0].is_floating_point() else torch.float32
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(b, n, model.n_dims, generator=g).to(device, dtype)
+    ys = torch.randn(b, n, generator=g).to(device, dtype)
+    with torch.no_grad():
+        out = model.run(xs, ys)  # an error inside the user's run is theirs to read, traceback and all
+        expected = {"pred": (b, n), "final": (b, 2 * n, model.d_model)}
+        for member, shape in expected.items():
+            value = getattr(out, member, None)
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
+                got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ConfigError(
+                    f"{name}.run(...).{member} must be a tensor of shape {shape} (B, n = {n} prompts' points), got {got}"
+                )
+        resid = getattr(out, "resid", None)
+        if not isinstance(resid, (list, tuple)) or len(resid) != model.n_layers + 1:
+            got = f"{len(resid)} tensors" if isinstance(resid, (list, tuple)) else type(resid).__name__
+            raise ConfigError(
+                f"{name}.run(...).resid must hold n_layers + 1 = {model.n_layers + 1} tensors (the embedding output, then "
+                f"each layer's output), got {got}"
+            )
+        for layer, value in enumerate(resid):
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != (b, 2 * n, model.d_model):
+                got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ConfigError(
+                    f"{name}.run(...).resid[{layer}] must have shape {(b, 2 * n, model.d_model)} (B, 2n, d_model), got {got}"
+                )
+        for member, arg in (("readout", out.final), ("lens", resid[0])):
+            if member == "lens" and not hasattr(model, "lens"):
+                continue
+            value = getattr(model, member)(arg)
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != (b, 2 * n):
+                got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ConfigError(f"{name}.{member}(h) must map (B, 2n, d_model) to (B, 2n) = {(b, 2 * n)}, got {got}")
 
 
 def check_prompts_for(model, xs, ys) -> tuple[Tensor, Tensor]:

@@ -200,7 +200,7 @@ def test_capture_batches_shrink_to_fit_the_memory_budget_with_the_same_numbers(m
     import importlib
 
 
-    capture_module = importlib.import_module("probe.capture.capture")
+    capture_module = importlib.import_module("probe.capture.activations")
     model = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
     g = torch.Generator().manual_seed(1)
     xs, ys = torch.randn(40, 16, 4, generator=g), torch.randn(40, 16, generator=g)

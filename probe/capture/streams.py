@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..memory import MemoryBudget, nbytes
-from .capture import RESID, capture, spill_dir
+from .activations import RESID, capture, spill_dir
 
 
 def by_position_streams(

@@ -3,10 +3,12 @@ figures/*.png beside it), the tables behind them (CSV) and summary.json.
 
 With no arguments it runs the quick recipe on the shipped default checkpoint and writes
 runs/<checkpoint>-<recipe>/ (runs/ is ignored by git, so in a checkout the committed example
-reports under reports/ stay as they are). Recipes are TOML files in analyses/ (quick, full) or a path.
+reports under reports/ stay as they are). Recipes are TOML files in analyses/ (smoke: seconds, every
+stage; quick: the default; full: paper scale; relu, ...) or a path.
 
 examples:
   icl-probe report
+  icl-probe report --recipe smoke --out runs/smoke
   icl-probe report checkpoints/gpt2-default --recipe full --device cuda
   icl-probe report checkpoints/gpt2-default --compare checkpoints/lstm-default --out reports/vs-lstm
   icl-probe report path/to/garg/run --set prompts.test=256 --set probes.enabled=false
@@ -18,7 +20,7 @@ import argparse
 from pathlib import Path
 
 from ..resources import DEFAULT_CHECKPOINT, cache_dir
-from .common import add_device, add_out, check_device, output_target
+from .common import add_device, add_out
 
 REPORTS = Path("runs")  # relative to the working directory, as every --out is; git-ignored in a checkout
 
@@ -27,7 +29,14 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
     )
-    p.add_argument("--recipe", default="quick", help="recipe name in analyses/ or a .toml path (default: quick)")
+    from ..resources import RECIPE_DIR
+
+    shipped = sorted(f.stem for f in RECIPE_DIR.glob("*.toml") if "[[sweeps]]" in f.read_text())
+    p.add_argument(
+        "--recipe",
+        default="quick",
+        help=f"report recipe: one of {', '.join(shipped)} (analyses/), or a .toml path (default: quick)",
+    )
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value, e.g. prompts.test=256"
     )
@@ -45,34 +54,26 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..api import run_report
     from ..config import parse_override
     from ..outputs import safe_name
     from ..report.recipe import resolve_recipe
 
-    # validate everything cheap before any heavy work
-    recipe = resolve_recipe(args.recipe, [parse_override(s) for s in args.set])
-    device = check_device(args.device)
-    from ..memory import MemoryBudget
-    from ..validate import parse_bytes
-
-    memory = MemoryBudget(parse_bytes(args.max_memory) if args.max_memory else None)
-    from ..formats import load_checkpoint
-
-    default_out = REPORTS / f"{safe_name(Path(args.checkpoint).resolve().name)}-{safe_name(recipe.name)}"
-    target = output_target(args, "report", (args.checkpoint, args.compare), out=args.out or default_out)
-    ckpt = load_checkpoint(args.checkpoint)
-    compare = load_checkpoint(args.compare) if args.compare else None
-    if compare is not None and compare.config.task.n_dims != ckpt.config.task.n_dims:
-        from ..errors import ConfigError
-
-        raise ConfigError(
-            f"--compare model has d={compare.config.task.n_dims}, the report's model d={ckpt.config.task.n_dims}"
-        )
-    from ..report.build import build_report
-
+    overrides = [parse_override(s) for s in args.set]
+    name = resolve_recipe(args.recipe, overrides).name
+    out = args.out or REPORTS / f"{safe_name(Path(args.checkpoint).resolve().name)}-{safe_name(name)}"
     cache = None if args.no_cache else (Path(args.cache_dir) if args.cache_dir else cache_dir())
-    build_report(
-        ckpt, recipe, target, device=device, compare=compare, cache_dir=cache, progress=not args.quiet, memory=memory
+    path = run_report(
+        args.checkpoint,
+        args.recipe,
+        overrides,
+        out,
+        compare=args.compare,
+        device=args.device,
+        cache_dir=cache,
+        max_memory=args.max_memory,
+        force=args.force,
+        progress=not args.quiet,
     )
-    print(f"report written to {target.path}/index.html (summary.json, figures/, data/)")
+    print(f"report written to {path}/index.html (summary.json, figures/, data/)")
     return 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_device, add_out, check_device, positive_int
+from .common import add_device, add_out, positive_int
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -28,39 +28,25 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
+    import json
 
-    from ..checkpoint import atomic_write
+    from ..api import run_study_command
     from ..config import parse_override
-    from ..outputs import OutputTarget, mark_run_directory
-    from ..study.present import write_presentation
-    from ..study.recipe import resolve_models, resolve_study
-    from ..study.run import check_models, check_study_size, run_study
 
-    recipe = resolve_study(args.recipe, [parse_override(s) for s in args.set])
-    device = check_device(args.device)
-    models = resolve_models(recipe)  # every checkpoint is an input the output may not hold or replace
-    target = OutputTarget(Path(args.out), "study", force=args.force, inputs=tuple(models))
-    out = target.path
-    check_models(models)  # unknown globs, empty sets, mixed tasks: before any work
-    check_study_size(recipe, models)  # every size a study sets, against memory: before any work
-    recipe.report_recipe()
-    mark_run_directory(out, "study")
-    start = time.perf_counter()
-    table = run_study(
-        recipe,
-        out,
+    run_study_command(
+        args.recipe,
+        [parse_override(s) for s in args.set],
+        args.out,
         executor=args.executor,
         jobs=args.jobs,
-        device=device,
+        device=args.device,
         cluster=args.slurm_cluster,
+        force=args.force,
         progress=not args.quiet,
     )
-    atomic_write(out / "study.csv", lambda p: table.to_csv(p, index=False))
-    summary = write_presentation(table, recipe, out, {"total": round(time.perf_counter() - start, 1)})
-    mark_run_directory(out, "study")
+    summary = json.loads((Path(args.out) / "summary.json").read_text())
     for model, entry in summary["closest_learner"].items():
         if "spd" in entry:
             print(f"{model}: closest by SPD {entry['spd']['closest']}, by ILW {entry.get('ilw', {}).get('closest')}")
-    print(f"study written to {out}/index.html (study.csv, summary.json, figures/)")
+    print(f"study written to {args.out}/index.html (study.csv, summary.json, figures/)")
     return 0

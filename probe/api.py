@@ -1,0 +1,259 @@
+"""The main jobs from one import: `probe.report`, `probe.analyse`, `probe.activations`,
+`probe.probe_data` and `probe.study`, with the command line's defaults (a recipe: quick unless
+named) and the command line's checks. The CLI's `report` calls `report` below.
+
+    import probe
+    result = probe.report(recipe="smoke", out="runs/smoke")       # a report, as `icl-probe report`
+    result.summary["table1"], result.tables["best_match"], result.figures["heatmap_sime"]
+    layers = probe.analyse(recipe="quick", prompts={"test": 128})  # the report's layers stage
+    acts = probe.activations(ckpt, xs, ys)                          # a Capture
+    H, Y = probe.probe_data(acts, xs, ys, layer=3, t=8, target="w_ols")
+
+Recipe overrides are keyword arguments, one mapping per recipe section (`prompts={"test": 128}`),
+the same values `--set prompts.test=128` gives.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .errors import ConfigError
+
+
+@dataclass
+class ReportResult:
+    """A written report: its directory, summary.json as a dict (the fields of
+    probe/report/schema.py's Summary; see the README's "summary.json"), every table of data/ as a
+    DataFrame (name -> frame, the CSV files' columns) and every figure's PNG path (name -> path)."""
+
+    path: Path
+    summary: dict[str, Any]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    figures: dict[str, Path] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: Path) -> ReportResult:
+        path = Path(path)
+        tables = {p.stem: pd.read_csv(p) for p in sorted((path / "data").glob("*.csv"))}
+        figures = {p.stem: p for p in sorted((path / "figures").glob("*.png"))}
+        return cls(path, json.loads((path / "summary.json").read_text()), tables, figures)
+
+
+def _overrides(sections: dict[str, Any]) -> list[dict[str, Any]]:
+    """Keyword sections ({"prompts": {"test": 128}}) as recipe overrides."""
+    out = []
+    for section, values in sections.items():
+        if not isinstance(values, dict):
+            raise ConfigError(
+                f"recipe override {section}={values!r}: give a mapping of that section's keys, "
+                f"e.g. {section}={{'key': value}}"
+            )
+        out.append({section: values})
+    return out
+
+
+def _checkpoint(checkpoint):
+    """A LoadedCheckpoint from a path, a LoadedCheckpoint, or None (the shipped default)."""
+    from .checkpoint import LoadedCheckpoint
+    from .formats import load_checkpoint
+    from .resources import default_checkpoint
+
+    if isinstance(checkpoint, LoadedCheckpoint):
+        return checkpoint
+    if checkpoint is None:
+        return load_checkpoint(default_checkpoint())
+    if isinstance(checkpoint, (str, Path)):
+        return load_checkpoint(checkpoint)
+    raise ConfigError(
+        f"checkpoint must be a path or a LoadedCheckpoint (probe.load_checkpoint), got a {type(checkpoint).__name__}; "
+        "for a model object use probe.analyse(model=..., task=...)"
+    )
+
+
+def report(
+    checkpoint=None,
+    recipe: str = "quick",
+    out: str | Path | None = None,
+    *,
+    compare=None,
+    device: str = "cpu",
+    cache_dir: str | Path | None = None,
+    max_memory: str | None = None,
+    force: bool = False,
+    progress: bool = False,
+    **sections: Any,
+) -> ReportResult:
+    """Build a report, as `icl-probe report` does (the same function, so the same checks and
+    numbers): `checkpoint` a path or LoadedCheckpoint (default: the shipped default), `recipe` a
+    name in analyses/ or a .toml path, `out` the report directory (default: a new temporary
+    directory), `compare` a second checkpoint, `cache_dir` a stage cache (default: none, every
+    stage computed), `max_memory` e.g. "2G"; keyword sections override the recipe. Returns the
+    written report."""
+    if out is None:
+        out = Path(tempfile.mkdtemp(prefix="icl-probe-report-")) / "report"
+    path = run_report(
+        checkpoint, recipe, _overrides(sections), out, compare=compare, device=device, cache_dir=cache_dir,
+        max_memory=max_memory, force=force, progress=progress,
+    )  # fmt: skip
+    return ReportResult.read(path)
+
+
+def run_report(
+    checkpoint,
+    recipe: str,
+    overrides: list[dict[str, Any]],
+    out: str | Path,
+    *,
+    compare=None,
+    device: str = "cpu",
+    cache_dir: str | Path | None = None,
+    max_memory: str | None = None,
+    force: bool = False,
+    progress: bool = False,
+) -> Path:
+    """`report` with the overrides as recipe mappings (the CLI's parsed --set values); everything
+    cheap (recipe, device, memory budget, --out) is checked before a checkpoint is loaded."""
+    from .checkpoint import LoadedCheckpoint
+    from .memory import MemoryBudget
+    from .outputs import OutputTarget
+    from .report.build import build_report
+    from .report.recipe import resolve_recipe
+    from .validate import check_device, parse_bytes
+
+    parsed = resolve_recipe(recipe, overrides)
+    device = check_device(device)
+    memory = MemoryBudget(parse_bytes(max_memory) if max_memory else None)
+    inputs = tuple(c.path if isinstance(c, LoadedCheckpoint) else c for c in (checkpoint, compare) if c is not None)
+    target = OutputTarget(Path(out), "report", force=force, inputs=tuple(Path(p) for p in inputs))
+    ckpt = _checkpoint(checkpoint)
+    other = _checkpoint(compare) if compare is not None else None
+    if other is not None and other.config.task.n_dims != ckpt.config.task.n_dims:
+        raise ConfigError(
+            f"--compare model has d={other.config.task.n_dims}, the report's model d={ckpt.config.task.n_dims}"
+        )
+    cache = Path(cache_dir) if cache_dir is not None else None
+    build_report(ckpt, parsed, target, device=device, compare=other, cache_dir=cache, progress=progress, memory=memory)
+    return target.path
+
+
+def analyse(
+    checkpoint=None,
+    recipe: str = "quick",
+    *,
+    model=None,
+    task=None,
+    device: str = "cpu",
+    progress: bool = False,
+    **sections: Any,
+):
+    """The report's layers stage (read-outs, SimE / SimW heatmaps, best matches, trends, Table 1
+    and its verdicts, nulls, span test) as a LayerAnalysis, with the recipe's [prompts],
+    [readout], [similarity] and sweeps (keyword sections override them). For a model object that
+    is not a checkpoint pass `model` and its `task` (a TaskConfig)."""
+    from .analysis.pipeline import analyse_layers
+    from .report.build import layer_settings
+    from .report.recipe import adapt_recipe, resolve_recipe
+    from .validate import check_device
+
+    parsed = resolve_recipe(recipe, _overrides(sections))
+    device = check_device(device)
+    if model is None:
+        ckpt = _checkpoint(checkpoint)
+        model, task, parsed = ckpt.model, ckpt.config.task, adapt_recipe(parsed, ckpt.config)
+    elif checkpoint is not None:
+        raise ConfigError("give a checkpoint or a model (with its task), not both")
+    elif task is None:
+        raise ConfigError("a model object needs its task: probe.analyse(model=m, task=TaskConfig(n_dims=..., ...))")
+    return analyse_layers(model, task, layer_settings(parsed, device), progress=progress)
+
+
+def activations(model, xs, ys, hooks=("resid",), positions=None, device: str = "cpu", **options):
+    """Capture a model's activations on prompts (probe/capture/activations.py `capture`): `model` a
+    model, a LoadedCheckpoint or a path; returns a Capture (`pred` (B, n), `acts[name]`, e.g.
+    `acts["resid"]` (L+1, B, 2n, D), numpy arrays)."""
+    from .capture import capture
+    from .checkpoint import LoadedCheckpoint
+
+    if isinstance(model, (str, Path, LoadedCheckpoint)):
+        model = _checkpoint(model).model
+    return capture(model, xs, ys, hooks=list(hooks), positions=positions, device=device, **options)
+
+
+def probe_data(acts, xs, ys, layer: int, t: int, target: str) -> tuple[np.ndarray, np.ndarray]:
+    """(H, Y) for AttentionPoolProbe: H the residual stream at boundary `layer` over the first 2t
+    tokens (x_1, y_1, ..., x_t, y_t), (N, 2t, D); Y the target after those t examples, (N, d):
+    "xty" (X_t^T y_t) or "w_ols" (the least-squares weights), float64."""
+    from .analysis.probes import probe_targets
+    from .capture import RESID
+    from .validate import as_prompt_tensors
+
+    xs, ys, _ = as_prompt_tensors(xs, ys, what="probe_data")
+    resid = acts.acts.get(RESID) if hasattr(acts, "acts") else None
+    if resid is None:
+        raise ConfigError("probe_data needs a capture with the residual stream (hooks including 'resid')")
+    if acts.positions is not None:
+        raise ConfigError("probe_data needs every token position captured (positions=None)")
+    n = xs.shape[1]
+    if not 0 <= layer < resid.shape[0]:
+        raise ConfigError(f"layer must lie in 0..{resid.shape[0] - 1} (boundaries), got {layer}")
+    if not 1 <= t < n:
+        raise ConfigError(f"t (examples seen before a query) must lie in 1..{n - 1}, got {t}")
+    if resid.shape[1] != xs.shape[0]:
+        raise ConfigError(f"the capture holds {resid.shape[1]} prompts but xs has {xs.shape[0]}")
+    targets = probe_targets(xs, ys, target)  # (N, n, d): index t holds the target after t examples
+    return np.asarray(resid[layer][:, : 2 * t], dtype=np.float64), targets[:, t].numpy()
+
+
+def study(recipe: str, out: str | Path, *, jobs: int = 1, device: str = "cpu", progress: bool = False, **values):
+    """Run (or resume) a study recipe (analyses/<name>.toml or a path) into `out`, as `icl-probe
+    study` does (the same function); keyword values override the study recipe's top-level values.
+    Returns the tidy table (one row per model x analysis x metric)."""
+    return run_study_command(recipe, [values] if values else [], out, jobs=jobs, device=device, progress=progress)
+
+
+def run_study_command(
+    recipe: str,
+    overrides: list[dict[str, Any]],
+    out: str | Path,
+    *,
+    executor: str = "local",
+    jobs: int = 1,
+    device: str = "cpu",
+    cluster: str = "auto",
+    force: bool = False,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """`study` with the overrides as mappings; every model, shift and size is checked before any
+    output (probe/study/run.py), then the study runs, and study.csv, figures, summary.json and
+    index.html are written."""
+    import time
+
+    from .checkpoint import atomic_write
+    from .outputs import OutputTarget, mark_run_directory
+    from .study.present import write_presentation
+    from .study.recipe import resolve_models, resolve_study
+    from .study.run import check_models, check_study_size, run_study
+    from .validate import check_device
+
+    parsed = resolve_study(recipe, overrides)
+    device = check_device(device)
+    models = resolve_models(parsed)  # every checkpoint is an input the output may not hold or replace
+    target = OutputTarget(Path(out), "study", force=force, inputs=tuple(models))
+    check_models(models)
+    check_study_size(parsed, models)
+    parsed.report_recipe()
+    path = target.path
+    mark_run_directory(path, "study")
+    start = time.perf_counter()
+    table = run_study(parsed, path, executor=executor, jobs=jobs, device=device, cluster=cluster, progress=progress)
+    atomic_write(path / "study.csv", lambda p: table.to_csv(p, index=False))
+    write_presentation(table, parsed, path, {"total": round(time.perf_counter() - start, 1)})
+    mark_run_directory(path, "study")
+    return table
