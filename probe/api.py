@@ -30,7 +30,7 @@ from .errors import ConfigError
 @dataclass
 class ReportResult:
     """A written report: its directory, summary.json as a dict (the fields of
-    probe/report/schema.py's Summary; see the README's "summary.json"), every table of data/ as a
+    probe/reporting/schema.py's Summary; see the README's "summary.json"), every table of data/ as a
     DataFrame (name -> frame, the CSV files' columns) and every figure's PNG path (name -> path)."""
 
     path: Path
@@ -123,8 +123,8 @@ def run_report(
     from .checkpoint import LoadedCheckpoint
     from .memory import MemoryBudget
     from .outputs import OutputTarget
-    from .report.build import build_report
-    from .report.recipe import resolve_recipe
+    from .reporting.build import build_report
+    from .reporting.recipe import resolve_recipe
     from .validate import check_device, parse_bytes
 
     parsed = resolve_recipe(recipe, overrides)
@@ -158,8 +158,8 @@ def analyse(
     [readout], [similarity] and sweeps (keyword sections override them). For a model object that
     is not a checkpoint pass `model` and its `task` (a TaskConfig)."""
     from .analysis.pipeline import analyse_layers
-    from .report.build import layer_settings
-    from .report.recipe import adapt_recipe, resolve_recipe
+    from .reporting.build import layer_settings
+    from .reporting.recipe import adapt_recipe, resolve_recipe
     from .validate import check_device
 
     parsed = resolve_recipe(recipe, _overrides(sections))
@@ -174,7 +174,7 @@ def analyse(
     return analyse_layers(model, task, layer_settings(parsed, device), progress=progress)
 
 
-def activations(model, xs, ys, hooks=("resid",), positions=None, device: str = "cpu", **options):
+def activations(model, xs, ys, hooks=("resid",), positions="all", device: str = "cpu", **options):
     """Capture a model's activations on prompts (probe/capture/activations.py `capture`): `model` a
     model, a LoadedCheckpoint or a path; returns a Capture (`pred` (B, n), `acts[name]`, e.g.
     `acts["resid"]` (L+1, B, 2n, D), numpy arrays)."""

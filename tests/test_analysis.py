@@ -350,9 +350,9 @@ def test_probes_that_hit_the_iteration_limit_say_so(report):
     import dataclasses
 
     from probe.analysis.probes import fit_probes
-    from probe.report.findings import caveats
-    from probe.report.schema import Probes, Summary
-    from probe.report.summary import probe_summary
+    from probe.reporting.findings import caveats
+    from probe.reporting.schema import Probes, Summary
+    from probe.reporting.summary import probe_summary
 
     states, targets = _calibration_states(300)
     table = fit_probes(states[:, :200], {"xty": targets["xty"][:200]}, states[:, 200:], {"xty": targets["xty"][200:]},

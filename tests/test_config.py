@@ -55,7 +55,7 @@ STUDY_RECIPES = sorted(p for p in (REPO / "analyses").glob("*.toml") if p not in
 
 @pytest.mark.parametrize("recipe", REPORT_RECIPES, ids=lambda p: p.name)
 def test_report_recipes_validate(recipe):
-    from probe.report.recipe import resolve_recipe
+    from probe.reporting.recipe import resolve_recipe
 
     r = resolve_recipe(str(recipe))
     assert r.sweeps and r.name == recipe.stem

@@ -12,7 +12,7 @@ import pytest
 
 from probe.errors import OutputError
 from probe.outputs import MARKER, OutputTarget, clean_stale, safe_name
-from probe.report.cache import StageCache
+from probe.reporting.cache import StageCache
 
 
 def _publish(target: OutputTarget, files: dict[str, str]):
@@ -157,7 +157,7 @@ def test_the_stage_key_covers_config_files_and_stage_code(tmp_path):
     from probe.checkpoint import save_model
     from probe.formats import load_checkpoint
     from probe.models import build_model
-    from probe.report import cache
+    from probe.reporting import cache
 
     cfg = build_cfg()
     save_model(build_model(cfg.model), cfg, tmp_path / "ck")
@@ -172,7 +172,7 @@ def test_the_stage_key_covers_config_files_and_stage_code(tmp_path):
     assert second != first
     (tmp_path / "ck" / "icl_head.safetensors").write_bytes(b"head")
     assert load_checkpoint(tmp_path / "ck").fingerprint != second
-    assert not "report/build.py".startswith(cache.PRESENTATION) and "report/html.py".startswith(cache.PRESENTATION)
+    assert not "reporting/build.py".startswith(cache.PRESENTATION) and "reporting/html.py".startswith(cache.PRESENTATION)
 
 
 def test_publishing_is_one_atomic_exchange(tmp_path, monkeypatch):

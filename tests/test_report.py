@@ -116,7 +116,7 @@ def test_bad_input_fails_fast_with_a_message(ckpt, tmp_path, capsys):
 
 
 def test_a_failing_stage_leaves_no_half_report(ckpt, report, tmp_path, monkeypatch):
-    from probe.report import build
+    from probe.reporting import build
 
     out = tmp_path / "keep"
     out.mkdir()
@@ -174,8 +174,8 @@ def test_a_report_on_a_relu_attention_model(tmp_path):
 
 
 def test_summary_json_reads_back_as_the_typed_summary(report):
-    from probe.report.findings import findings
-    from probe.report.schema import Match, Summary
+    from probe.reporting.findings import findings
+    from probe.reporting.schema import Match, Summary
 
     written = json.loads((report / "summary.json").read_text())
     summary = Summary.from_json(written)

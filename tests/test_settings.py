@@ -9,7 +9,7 @@ from probe.cli import build_parser
 from probe.cli.layers import recipe_from_args
 from probe.errors import ConfigError, RenamedSetting
 from probe.formats import load_checkpoint
-from probe.report.recipe import Recipe, resolve_recipe
+from probe.reporting.recipe import Recipe, resolve_recipe
 from probe.settings import (
     ForgettingSettings,
     InterventionSettings,

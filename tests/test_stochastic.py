@@ -264,15 +264,15 @@ def test_report_order_stage_reuses_the_layers_read_outs_exactly(ckpt, monkeypatc
     """The report hands the layers stage's fitted read-outs to the order stage; `icl-probe order`
     (no layers stage) refits them: both give the same table."""
     from probe.formats import load_checkpoint
-    from probe.report.build import run_stages
-    from probe.report.cache import StageCache
-    from probe.report.recipe import resolve_recipe
+    from probe.reporting.build import run_stages
+    from probe.reporting.cache import StageCache
+    from probe.reporting.recipe import resolve_recipe
 
     sizes = {"train": 48, "val": 24, "test": 48, "induced": 12}
     recipe = resolve_recipe("quick", [{"prompts": sizes, "order": {"prompts": 16, "permutations": 3}}])
     loaded = load_checkpoint(ckpt)
     refitted = run_stages(loaded, recipe, "cpu", StageCache(None), False, only={"order"})
-    monkeypatch.setattr("probe.report.build.fit_readouts", None)  # the order stage must not refit
+    monkeypatch.setattr("probe.reporting.build.fit_readouts", None)  # the order stage must not refit
     reused = run_stages(loaded, recipe, "cpu", StageCache(None), False, only={"layers", "order"})
     assert reused.data["readouts"] is not None and "readouts" not in refitted.data
     pd.testing.assert_frame_equal(reused.tables["order"], refitted.tables["order"], rtol=0, atol=0)

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from ..formats import load_checkpoint
     from ..interventions.pipeline import run_interventions
     from ..provenance import display_path, stamp
-    from ..report import intervention_figures
+    from ..reporting import intervention_figures
 
     target = output_target(args, "ablate", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)

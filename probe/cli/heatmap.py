@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from ..formats import load_checkpoint
     from ..outputs import safe_name
     from ..provenance import display_path
-    from ..report import figures
+    from ..reporting import figures
 
     target = output_target(args, "heatmap", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)

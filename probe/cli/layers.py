@@ -47,7 +47,7 @@ def recipe_from_args(args: argparse.Namespace, ckpt):
     """The report recipe, with --set and then the settings flags (probe/settings.py) applied,
     adapted to the checkpoint as the report adapts it."""
     from ..config import parse_override
-    from ..report.recipe import adapt_recipe, resolve_recipe
+    from ..reporting.recipe import adapt_recipe, resolve_recipe
     from ..settings import flag_overrides
 
     overrides = [parse_override(s) for s in args.set] + flag_overrides(args)
@@ -67,7 +67,7 @@ def settings_from_args(
 
     from ..errors import ConfigError
     from ..registry import unknown_name_message
-    from ..report.build import layer_settings
+    from ..reporting.build import layer_settings
 
     settings = layer_settings(recipe_from_args(args, ckpt), check_device(args.device))
     if labels is not None:

@@ -23,8 +23,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report.schema import to_json
-    from ..report.summary import order_block
+    from ..reporting.schema import to_json
+    from ..reporting.summary import order_block
 
     def show(table) -> None:
         for rows, index in ((table.predictor == "model", "layer"), (table.predictor != "model", "predictor")):

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from ..formats import load_checkpoint
     from ..interventions.pipeline import iteration_verdict, run_interventions
     from ..provenance import display_path, stamp
-    from ..report import intervention_figures
+    from ..reporting import intervention_figures
 
     target = output_target(args, "patch", (args.checkpoint, args.map_from))
     ckpt = load_checkpoint(args.checkpoint)

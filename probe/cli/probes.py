@@ -24,8 +24,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report.schema import to_json
-    from ..report.summary import probe_summary
+    from ..reporting.schema import to_json
+    from ..reporting.summary import probe_summary
 
     def check(ckpt, recipe) -> None:
         n, prefixes = ckpt.config.task.n_points, recipe.probes.prefixes

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from ..analysis.pipeline import analyse_layers
     from ..formats import load_checkpoint
     from ..provenance import display_path
-    from ..report import figures
+    from ..reporting import figures
 
     target = output_target(args, "readout", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)

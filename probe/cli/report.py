@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from ..api import run_report
     from ..config import parse_override
     from ..outputs import safe_name
-    from ..report.recipe import resolve_recipe
+    from ..reporting.recipe import resolve_recipe
 
     overrides = [parse_override(s) for s in args.set]
     name = resolve_recipe(args.recipe, overrides).name

@@ -48,7 +48,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..analysis.resolution import ResolutionGrid, pair_summary, resolution_table
     from ..errors import ConfigError
-    from ..report import figures
+    from ..reporting import figures
     from .layers import write_tables
 
     bad = [k for k in args.kappas if k < 1]

@@ -46,7 +46,7 @@ def run_stage(
     stage's figure; `show(table)` prints."""
     from ..formats import load_checkpoint
     from ..provenance import stamp
-    from ..report.build import STAGES, Context
+    from ..reporting.build import STAGES, Context
 
     target = output_target(args, command, (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)

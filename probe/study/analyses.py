@@ -20,9 +20,9 @@ from ..evaluate import error_curve, r2_curve
 from ..formats import load_checkpoint
 from ..learners import run_learner
 from ..learners.closed_form import bayes_lambda
-from ..report.build import run_stages
-from ..report.cache import StageCache
-from ..report.recipe import adapt_recipe
+from ..reporting.build import run_stages
+from ..reporting.cache import StageCache
+from ..reporting.recipe import adapt_recipe
 from ..seeds import Stream, stream_generator
 from ..similarity import first_best, ilw, induced_weights, sime, spd
 from ..tasks import sample_prompts

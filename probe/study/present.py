@@ -12,9 +12,9 @@ import pandas as pd
 
 from ..checkpoint import atomic_write
 from ..provenance import stamp
-from ..report.figures import examples_axis, legend_outside, pyplot, save_png
-from ..report.findings import label
-from ..report.page import Page, Section, figure, table
+from ..reporting.figures import examples_axis, legend_outside, pyplot, save_png
+from ..reporting.findings import label
+from ..reporting.page import Page, Section, figure, table
 from .findings import METRIC, axis_name, closest_learners, closest_table, study_findings, x_order
 
 SCALAR = {"spd_ilw": ("spd", "ilw", "sime")}

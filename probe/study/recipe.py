@@ -31,7 +31,7 @@ from ..registry import unknown_name_message
 
 MAX_MATCHES = 256  # paths one checkpoints pattern may match
 ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes")
-from ..report.recipe import resolve_recipe
+from ..reporting.recipe import resolve_recipe
 from ..resources import RECIPE_DIR as STUDY_DIR
 from ..validate import check_grid, check_seed, positive_int
 

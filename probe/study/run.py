@@ -30,9 +30,9 @@ from ..errors import ConfigError, ProbeError, RenamedSetting
 from ..formats import load_checkpoint
 from ..outputs import safe_name
 from ..registry import unknown_name_message
-from ..report.build import check_report_size
-from ..report.cache import code_digest
-from ..report.recipe import adapt_recipe
+from ..reporting.build import check_report_size
+from ..reporting.cache import code_digest
+from ..reporting.recipe import adapt_recipe
 from ..validate import check_device, check_memory, positive_int
 from .analyses import analyse_model, model_fields
 from .present import read_table

@@ -1,4 +1,4 @@
-"""summary.json from the report's tables: a `Summary` (probe/report/schema.py, README "summary.json")."""
+"""summary.json from the report's tables: a `Summary` (probe/reporting/schema.py, README "summary.json")."""
 
 from __future__ import annotations
 

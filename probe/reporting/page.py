@@ -68,7 +68,7 @@ class Page:
         import markupsafe
 
         env = jinja2.Environment(
-            loader=jinja2.PackageLoader("probe.report", "templates"),
+            loader=jinja2.PackageLoader("probe.reporting", "templates"),
             autoescape=jinja2.select_autoescape(["j2", "html"]),
             keep_trailing_newline=True,
         )

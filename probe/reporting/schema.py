@@ -1,6 +1,6 @@
 """summary.json's schema as dataclasses (README, "summary.json").
 
-The report builds a `Summary` (probe/report/summary.py) and writes `summary.to_json()`; the
+The report builds a `Summary` (probe/reporting/summary.py) and writes `summary.to_json()`; the
 findings and the page read its attributes. `Summary.from_json(json.load(f))` reads a written
 file back. Lists inside an entry are aligned by position (readout.layer[i] goes with
 readout.error[i]). Fields with OMIT metadata are left out of the JSON when None; blocks the

@@ -29,7 +29,13 @@ log = logging.getLogger(__name__)
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # code that only presents results (figures, wording, the command line) does not invalidate stages
-PRESENTATION = ("cli/", "report/figures.py", "report/intervention_figures.py", "report/html.py", "report/findings.py")
+PRESENTATION = (
+    "cli/",
+    "reporting/figures.py",
+    "reporting/intervention_figures.py",
+    "reporting/html.py",
+    "reporting/findings.py",
+)
 
 
 def code_digest() -> str:

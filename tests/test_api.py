@@ -1,0 +1,121 @@
+"""The one-import Python API (issue 48): the model protocol checked at the boundary, and the
+API's jobs equal to the command line's."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import REPO, TINY_REPORT
+
+import probe
+from probe.errors import ConfigError
+from probe.models.base import ModelOutput
+
+SMOKE_VOLATILE = ("timings", "created", "cached_stages")
+
+
+class Toy(torch.nn.Module):
+    """A protocol model whose outputs can be broken one member at a time."""
+
+    n_dims, n_layers, d_model, n_points = 3, 2, 5, 8
+
+    def __init__(self, breaks: str = ""):
+        super().__init__()
+        self.breaks = breaks
+        self.lin = torch.nn.Linear(4, self.d_model)
+        self.head = torch.nn.Linear(self.d_model, 1)
+
+    def run(self, xs, ys):
+        tokens = torch.cat([xs, ys.unsqueeze(-1)], -1).repeat_interleave(2, dim=1)  # (B, 2n, 4)
+        h = self.lin(tokens)
+        resid = [h] * (self.n_layers + (0 if self.breaks == "resid_count" else 1))
+        if self.breaks == "resid_shape":
+            resid[1] = h[:, :-1]
+        pred = self.head(h)[:, ::2, 0]
+        if self.breaks == "pred":
+            pred = pred[:, :1]
+        return ModelOutput(pred=pred, resid=resid, final=h if self.breaks != "final" else h[..., :2])
+
+    def readout(self, final):
+        out = self.head(final)[..., 0]
+        return out.unsqueeze(-1) if self.breaks == "readout" else out
+
+
+@pytest.mark.parametrize("breaks,culprit", [
+    ("resid_count", r"Toy.run\(...\).resid must hold n_layers \+ 1 = 3 tensors .* got 2 tensors"),
+    ("resid_shape", r"Toy.run\(...\).resid\[1\] must have shape \(2, 6, 5\) .* got \(2, 5, 5\)"),
+    ("pred", r"Toy.run\(...\).pred must be a tensor of shape \(2, 3\) .* got \(2, 1\)"),
+    ("final", r"Toy.run\(...\).final must be a tensor of shape \(2, 6, 5\) .* got \(2, 6, 2\)"),
+    ("readout", r"Toy.readout\(h\) must map \(B, 2n, d_model\) to \(B, 2n\) = \(2, 6\), got \(2, 6, 1\)"),
+])
+def test_every_protocol_violation_is_named_before_any_analysis(breaks, culprit, tmp_path):
+    xs, ys = torch.randn(4, 8, 3), torch.randn(4, 8)
+    with pytest.raises(ConfigError, match=culprit):
+        probe.activations(Toy(breaks), xs, ys)
+    with pytest.raises(ConfigError, match=culprit):
+        probe.analyse(model=Toy(breaks), task=probe.load_checkpoint(probe.default_checkpoint()).config.task)
+    acts = probe.activations(Toy(), xs, ys)  # the unbroken model passes
+    assert acts.acts["resid"].shape == (3, 4, 16, 5)
+
+
+def test_sizes_and_wrong_objects_are_named():
+    bad = Toy()
+    bad.n_layers = 0
+    with pytest.raises(ConfigError, match=r"Toy.n_layers must be a positive integer, got 0"):
+        probe.activations(bad, torch.randn(2, 8, 3), torch.randn(2, 8))
+    ckpt = probe.load_checkpoint(probe.default_checkpoint())
+    with pytest.raises(ConfigError, match=r"pass its .model \(ckpt.model\)"):
+        probe.analyse(model=ckpt, task=ckpt.config.task)
+    with pytest.raises(ConfigError, match="checkpoint must be a path or a LoadedCheckpoint"):
+        probe.analyse(checkpoint=ckpt.model)
+    with pytest.raises(ConfigError, match=r"recipe override prompts=5: give a mapping"):
+        probe.analyse(prompts=5)
+
+
+def test_probe_report_on_the_smoke_recipe_equals_the_command_line(ckpt, tmp_path):
+    from probe.cli import main
+
+    assert main(["-q", "report", str(ckpt), "--recipe", "smoke", "--out", str(tmp_path / "cli"), "--no-cache"]) == 0
+    result = probe.report(ckpt, recipe="smoke", out=tmp_path / "api")
+    cli = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert {k: v for k, v in result.summary.items() if k not in SMOKE_VOLATILE} == {
+        k: v for k, v in cli.items() if k not in SMOKE_VOLATILE
+    }
+    assert set(result.tables) >= {"best_match", "table1", "readout", "probes", "order"}
+    assert all(path.is_file() for path in result.figures.values()) and result.figures
+
+
+def test_probe_analyse_equals_the_reports_layers_stage(ckpt, report):
+    """The session's tiny report (conftest TINY_REPORT on the quick recipe) and probe.analyse with
+    the same overrides give the same best matches and Table 1."""
+    sets = [TINY_REPORT[i + 1] for i in range(0, len(TINY_REPORT), 2)]
+    sections: dict = {}
+    for item in sets:
+        key, value = item.split("=")
+        section, name = key.split(".")
+        sections.setdefault(section, {})[name] = int(value)
+    layers = probe.analyse(ckpt, recipe="quick", **{k: v for k, v in sections.items() if k in ("prompts", "similarity")})
+    for name, frame in (("best_match", layers.best), ("table1", layers.table1), ("readout", layers.readout)):
+        ref = pd.read_csv(report / "data" / f"{name}.csv")
+        assert list(ref.columns) == list(frame.columns), name
+        numeric = ref.select_dtypes("number").columns
+        np.testing.assert_allclose(frame[numeric].to_numpy(float), ref[numeric].to_numpy(float), atol=1e-6, err_msg=name)
+
+
+def test_probe_data_feeds_the_probe_the_report_fits():
+    from probe.analysis.probes import AttentionPoolProbe
+    from probe.tasks import generator_for, sample_prompts
+
+    ckpt = probe.load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    p = sample_prompts(ckpt.config.task, 64, generator=generator_for(0))
+    acts = probe.activations(ckpt, p.xs, p.ys)
+    H, Y = probe.probe_data(acts, p.xs, p.ys, layer=4, t=8, target="xty")
+    assert H.shape == (64, 16, 64) and Y.shape == (64, 4)
+    np.testing.assert_allclose(Y, (p.xs[:, :8].double().transpose(1, 2) @ p.ys[:, :8].double().unsqueeze(-1))[..., 0])
+    assert 0 < AttentionPoolProbe(kind="linear").fit(H, Y).score(H, Y) < 1
+    with pytest.raises(ConfigError, match=r"t \(examples seen before a query\) must lie in 1..15, got 16"):
+        probe.probe_data(acts, p.xs, p.ys, layer=4, t=16, target="xty")
