@@ -39,7 +39,16 @@ def load_checkpoint(path, format: str | None = None):
     return load(path, format)
 
 
-API = ("report", "analyse", "activations", "probe_data", "study", "ReportResult")  # probe/api.py
+API = (
+    "report",
+    "analyse",
+    "activations",
+    "prompts",
+    "probe_data",
+    "run_learner",
+    "study",
+    "ReportResult",
+)  # probe/api.py
 
 
 def __getattr__(name: str):

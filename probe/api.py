@@ -4,7 +4,7 @@ named) and the command line's checks. The CLI's `report` calls `report` below.
 
     import probe
     result = probe.report(recipe="smoke", out="runs/smoke")       # a report, as `icl-probe report`
-    result.summary["table1"], result.tables["best_match"], result.figures["heatmap_sime"]
+    result.summary["table1"], result.tables["best_match"], result.figures["heatmap_newton"]
     layers = probe.analyse(recipe="quick", prompts={"test": 128})  # the report's layers stage
     acts = probe.activations(ckpt, xs, ys)                          # a Capture
     H, Y = probe.probe_data(acts, xs, ys, layer=3, t=8, target="w_ols")
@@ -172,6 +172,27 @@ def analyse(
     elif task is None:
         raise ConfigError("a model object needs its task: probe.analyse(model=m, task=TaskConfig(n_dims=..., ...))")
     return analyse_layers(model, task, layer_settings(parsed, device), progress=progress)
+
+
+def prompts(checkpoint=None, n: int = 64, seed: int = 0, *, task=None):
+    """(xs (n, n_points, d), ys (n, n_points)): prompts of a checkpoint's task (or of `task`, a
+    TaskConfig), drawn from the evaluation stream of `seed` (probe/seeds.py), as `icl-probe evaluate`
+    draws them."""
+    from .evaluate import eval_prompts
+    from .validate import positive_int
+
+    if task is None:
+        task = _checkpoint(checkpoint).config.task
+    drawn = eval_prompts(task, positive_int(n, "prompts"), seed)
+    return drawn.xs, drawn.ys
+
+
+def run_learner(name: str, xs, ys, queries=None, **grid):
+    """A reference learner over its grid on prompts (probe/learners: `run_learner`): a
+    LearnerResult with preds (K, B, n) and, for linear learners, weights (K, B, n, d)."""
+    from .learners import run_learner as run
+
+    return run(name, xs, ys, queries, **grid)
 
 
 def activations(model, xs, ys, hooks=("resid",), positions="all", device: str = "cpu", **options):

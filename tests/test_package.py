@@ -123,9 +123,11 @@ def test_the_readme_python_api_block_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile(block, "README.md (Python API)", "exec"), scope)  # noqa: S102 (the README, as a user runs it)
-    assert scope["acts"].acts["resid"].shape == (9, 64, 16, 64)
+    assert scope["acts"].acts["resid"].shape == (9, 64, 32, 64)
+    assert scope["H"].shape == (64, 16, 64) and scope["Y"].shape == (64, 4)
     assert scope["newton"].preds.shape == (25, 64, 16)
-    assert {"sweep", "layer", "k", "similarity"} <= set(scope["result"].best.columns)
+    assert {"sweep", "layer", "k", "similarity"} <= set(scope["layers"].best.columns)
+    assert scope["report"].summary["verdicts"] and (tmp_path / "runs" / "python-smoke" / "index.html").is_file()
     assert {Path(m).name for m in scope["table"].model} == {"gpt2-relu3", "gpt2-relu4"}
 
 

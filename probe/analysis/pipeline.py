@@ -87,6 +87,37 @@ class ModelLens:
 
 @dataclass
 class LayerAnalysis:
+    """The layer analyses of one model (`analyse_layers`, `probe.analyse`; a report's layers stage).
+
+    Layers are boundaries 0..L (0: the embedding output, l: after block l); n_examples t is the
+    number of in-context examples before the query x_{t+1}; similarities are in [-1, 1] (SimE,
+    seed 003 eq. 10; SimW, eq. 11); errors are squared error / d; ci_low / ci_high are bootstrap
+    5-95% intervals over the test prompts; `k` is a value of the sweep's axis (iterations, steps).
+
+    readouts: the fitted per-layer read-outs (LayerReadouts: coef (L+1, D), intercept, alpha) or
+        the model's own lens.
+    readout: layer, n_examples, error, ci_low, ci_high: each layer's read-out error.
+    cells: layer, sweep, grid_index, metric ("sime" / "simw"), value, ci_low, ci_high, and the
+        sweep's grid keys (iterations, steps, eta, ...): every heatmap cell.
+    best: sweep, learner, metric, layer, k, k_low, k_high (the interval of the best k), similarity,
+        ci_low, ci_high, at_grid_end, zero_similarity / random_similarity (the null predictors'),
+        predicts_zero, degenerate (the best match is no better than a null).
+    trends: per sweep and metric, {learner, metric, layers, linear_r2, exponential_r2, slope,
+        growth, verdict}: how the best k grows with depth ("linear, about 3.0 iterations per layer").
+    table1: family, sweep, k, similarity, ci_low, ci_high, zero_similarity, random_similarity,
+        degenerate: the final layer's best match per learner family (seed 003 Table 1), most
+        similar first.
+    span: predictor, index, n_examples, residual, random_null, kind: the span-of-examples test
+        (seed 003 App. B.4), the relative residual of each layer's induced weights outside the
+        span of the examples, beside a random vector's.
+    nulls: layer, null ("zero" / "random_model"), similarity, ci_low, ci_high, relative_norm,
+        predicts_zero: SimE of the null predictors per layer.
+    verdicts: claim, a, b, metric, sweep_a, sweep_b, k_a, k_b, difference (a - b), ci_low, ci_high,
+        resolution, verdict ("a closer", "b closer", "not separable at this resolution"): Table 1's
+        paired comparisons (probe/analysis/verdicts.py).
+    timings: seconds per step.
+    """
+
     readouts: LayerReadouts | ModelLens
     readout: pd.DataFrame  # layer x n_examples error/d with bands
     cells: pd.DataFrame  # heatmap cells: layer x learner grid x metric
