@@ -41,6 +41,7 @@ def load_checkpoint(path, format: str | None = None):
 
 API = (
     "report",
+    "recipe",
     "analyse",
     "activations",
     "prompts",

@@ -77,6 +77,17 @@ def _checkpoint(checkpoint):
     )
 
 
+def recipe(name: str = "quick", **sections: Any):
+    """A report recipe (analyses/<name>.toml or a path) with keyword sections overriding it: its
+    sections are the settings objects the CLI runs (`probe.recipe("quick").probes` is the quick
+    report's ProbeSettings, `.interventions` its InterventionSettings, `.prompts`, ...), so the
+    Python API can be given exactly the command line's settings. The settings classes' own
+    defaults are what a recipe leaves out, not the quick recipe's values."""
+    from .reporting.recipe import resolve_recipe
+
+    return resolve_recipe(name, _overrides(sections))
+
+
 def report(
     checkpoint=None,
     recipe: str = "quick",

@@ -119,3 +119,14 @@ def test_probe_data_feeds_the_probe_the_report_fits():
     assert 0 < AttentionPoolProbe(kind="linear").fit(H, Y).score(H, Y) < 1
     with pytest.raises(ConfigError, match=r"t \(examples seen before a query\) must lie in 1..15, got 16"):
         probe.probe_data(acts, p.xs, p.ys, layer=4, t=16, target="xty")
+
+
+def test_settings_from_a_recipe_are_the_command_lines():
+    from probe.analysis.pipeline import LayerSettings
+    from probe.reporting.recipe import resolve_recipe
+
+    quick = probe.recipe("quick", probes={"max_iter": 7})
+    assert quick.probes == resolve_recipe("quick", [{"probes": {"max_iter": 7}}]).probes
+    assert quick.probes.max_iter == 7 and quick.prompts.train == 1024  # the quick recipe's, not the class default
+    settings = LayerSettings.from_recipe(quick)
+    assert settings.prompts == quick.prompts and settings.sweeps == tuple(quick.sweeps)

@@ -55,6 +55,18 @@ class LayerSettings:
     device: str = "cpu"
     memory: MemoryBudget = field(default_factory=MemoryBudget)
 
+    @classmethod
+    def from_recipe(cls, recipe, device: str = "cpu", memory: MemoryBudget | None = None) -> LayerSettings:
+        """The layer settings a report runs with `recipe` (a Recipe, e.g. `probe.recipe("quick")`)."""
+        return cls(
+            recipe.prompts,
+            recipe.readout,
+            recipe.similarity,
+            tuple(recipe.sweeps),
+            device=device,
+            memory=memory or MemoryBudget(),
+        )
+
     def __post_init__(self) -> None:
 
         positive_int(self.batch_size, "batch_size")

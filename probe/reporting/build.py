@@ -56,14 +56,7 @@ class Built:
 def layer_settings(recipe: Recipe, device: str, memory: MemoryBudget | None = None):
     """The layer analyses' settings: the recipe's own [prompts], [readout], [similarity] and sweeps."""
 
-    return LayerSettings(
-        recipe.prompts,
-        recipe.readout,
-        recipe.similarity,
-        tuple(recipe.sweeps),
-        device=device,
-        memory=memory or MemoryBudget(),
-    )
+    return LayerSettings.from_recipe(recipe, device, memory)
 
 
 @dataclass
