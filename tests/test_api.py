@@ -130,3 +130,17 @@ def test_settings_from_a_recipe_are_the_command_lines():
     assert quick.probes.max_iter == 7 and quick.prompts.train == 1024  # the quick recipe's, not the class default
     settings = LayerSettings.from_recipe(quick)
     assert settings.prompts == quick.prompts and settings.sweeps == tuple(quick.sweeps)
+
+
+def test_the_bridge_carries_the_task_and_names_its_token_positions():
+    bridge = probe.to_bridge(REPO / "checkpoints" / "gpt2-default")
+    assert bridge.task.n_dims == 4 and bridge.task.n_points == 16
+    positions = bridge.token_positions(16)
+    assert positions["x"].tolist() == list(range(0, 32, 2)) and positions["y"].tolist() == list(range(1, 32, 2))
+    xs, ys = probe.prompts(REPO / "checkpoints" / "gpt2-default", 4)
+    logits = bridge((xs, ys))
+    preds = bridge.predictions(logits)
+    assert torch.equal(preds[:, 5], logits[:, bridge.query_position(5), 0])  # y_6 after 5 examples
+    model = probe.load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
+    assert probe.to_bridge(model).task is None
+    assert "read at the x_i token" in bridge.predictions.__doc__

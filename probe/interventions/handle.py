@@ -91,8 +91,25 @@ def _bridge_class() -> type:
 
             @staticmethod
             def predictions(logits: Tensor) -> Tensor:
-                """Predictions (B, n) from the bridge's logits (B, 2n, 1): read at the x tokens."""
+                """Predictions (B, n) from the bridge's logits (B, 2n, 1): the prediction for y_i
+                is read at the x_i token (position 2(i-1)), before y_i is seen."""
                 return logits[:, X_TOKENS, 0]
+
+            @staticmethod
+            def query_position(t: int) -> int:
+                """The token position whose output predicts y_{t+1} after t examples: x_{t+1}'s, 2t."""
+                return 2 * int(t)
+
+            @staticmethod
+            def token_positions(n: int) -> dict[str, Tensor]:
+                """Positions in the interleaved sequence of a prompt of n points: "x" (x_1..x_n at
+                0, 2, ..., 2n-2; each is also the query of the prediction for its y) and "y" (1, 3, ...)."""
+                return {"x": torch.arange(0, 2 * n, 2), "y": torch.arange(1, 2 * n, 2)}
+
+            @property
+            def task(self):
+                """The checkpoint's task (TaskConfig: d, points, noise, ...), or None for a bare model."""
+                return self.__dict__.get("_icl_task")
 
         _TRANSFORMER_BRIDGE = ICLBridge
     return _TRANSFORMER_BRIDGE
@@ -107,26 +124,27 @@ def _is_prompt(value: Any) -> bool:
     )
 
 
-def _model_of(source) -> torch.nn.Module:
-
+def _model_of(source) -> tuple[Any, Any]:
+    """(model, its task or None)."""
     if isinstance(source, (str, Path)):
         source = load_checkpoint(source)
     if isinstance(source, LoadedCheckpoint):
-        source = source.model
-    return source
+        return source.model, source.config.task
+    return source, None
 
 
 def to_bridge(source, device: str = "cpu"):
     """A TransformerLens `TransformerBridge` computing exactly the model's forward, fed `(xs, ys)`.
 
     source: a checkpoint path (any format icl-probe loads), a LoadedCheckpoint, or a GPT2ICL
-    model. The bridge is a new object with its own copy of the weights: editing it does not
+    model. The bridge carries the checkpoint's `task` and names its token positions
+    (`token_positions(n)`, `query_position(t)`; `predictions(logits)` reads at them). The bridge is a new object with its own copy of the weights: editing it does not
     change the model. Planted and recurrent models have no single-sequence TransformerLens form
     (a planted model runs one sequence per prefix; see probe/capture/planted_bridge.py); they
     are refused here with a message.
     """
 
-    model: Any = _model_of(source)
+    model, task = _model_of(source)
     if getattr(model, "capture_backend", "") != "transformer_lens":
         raise ConfigError(
             f"to_bridge needs a GPT-2 family model (own, Garg or Hugging Face format); got "
@@ -138,4 +156,5 @@ def to_bridge(source, device: str = "cpu"):
     bridge = native_bridge(model, device)
     bridge.__class__ = _bridge_class()  # same object and state, with prompt-aware entry points
     bridge.__dict__["_icl_model"] = model  # not a submodule: the bridge's state dict stays TL's own
+    bridge.__dict__["_icl_task"] = task
     return bridge
