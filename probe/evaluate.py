@@ -18,7 +18,7 @@ from .learners import run_learner
 from .seeds import Stream
 from .stats import bootstrap_mean, bootstrap_r2, r2_score
 from .tasks import Prompts, generator_for, sample_prompts
-from .validate import positive_int
+from .validate import check_bootstrap, positive_int
 
 EVAL_STREAM = Stream.EVALUATION  # keeps evaluation prompts apart from the training stream
 
@@ -56,7 +56,7 @@ def error_curve(
 ) -> pd.DataFrame:
     """One row per number of in-context examples t = 0..n-1: model error/d with its band and baselines.
     The prompts and resamples asked for are checked against the machine first (probe/budget.py)."""
-    n_prompts, n_boot = positive_int(n_prompts, "prompts"), positive_int(n_boot, "bootstrap")
+    n_prompts, n_boot = positive_int(n_prompts, "prompts"), check_bootstrap(n_boot, "bootstrap")
     points = n_points or task.n_points
     budget.check(
         [

@@ -25,9 +25,7 @@ from typing import Any
 
 from .errors import ConfigError, RenamedSetting
 from .resources import RECIPE_DIR
-from .validate import check_seed, finite_float, positive_int
-
-MIN_BOOTSTRAP = 20  # resamples: the 5th and 95th percentiles of fewer are the extremes
+from .validate import check_bootstrap, check_seed, finite_float, positive_int
 
 
 def setting(
@@ -265,11 +263,7 @@ class SimilaritySettings(Section):
     def __post_init__(self) -> None:
 
         super().__post_init__()
-        if self.bootstrap < MIN_BOOTSTRAP:
-            raise ConfigError(
-                f"similarity.bootstrap must be at least {MIN_BOOTSTRAP}, got {self.bootstrap}: a 90% interval "
-                f"from fewer resamples is made of the extreme resamples alone (e.g. --set similarity.bootstrap=500)"
-            )
+        check_bootstrap(self.bootstrap, "similarity.bootstrap")
 
 
 @dataclass

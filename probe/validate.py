@@ -57,6 +57,20 @@ def positive_int(value: Any, name: str, minimum: int = 1) -> int:
 SEED_LIMIT = 2**63  # seeds are mixed modulo 2^63 - 1 (probe/tasks.py generator_for) and fed to torch's generators
 
 
+MIN_BOOTSTRAP = 20  # resamples: the 5th and 95th percentiles of fewer are the extremes
+
+
+def check_bootstrap(value: Any, name: str = "bootstrap") -> int:
+    """A number of bootstrap resamples: an integer >= MIN_BOOTSTRAP (the same bound everywhere)."""
+    n = positive_int(value, name)
+    if n < MIN_BOOTSTRAP:
+        raise ConfigError(
+            f"{name} must be at least {MIN_BOOTSTRAP}, got {n}: a 90% interval from fewer resamples is made of the "
+            "extreme resamples alone (e.g. 500)"
+        )
+    return n
+
+
 def check_seed(value: Any, name: str = "seed") -> int:
     """A seed: an integer in 0 .. 2^63 - 1."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:

@@ -144,3 +144,18 @@ def test_the_bridge_carries_the_task_and_names_its_token_positions():
     model = probe.load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
     assert probe.to_bridge(model).task is None
     assert "read at the x_i token" in bridge.predictions.__doc__
+
+
+def test_the_bootstrap_bound_is_stated_the_same_everywhere():
+    from probe.evaluate import error_curve
+    from probe.interventions import run_interventions
+    from probe.settings import InterventionSettings, SimilaritySettings
+
+    ckpt = probe.load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    bound = r"must be at least 20, got 5: a 90% interval from fewer resamples"
+    with pytest.raises(ConfigError, match=bound):
+        SimilaritySettings(bootstrap=5)
+    with pytest.raises(ConfigError, match=bound):
+        error_curve(ckpt.model, ckpt.config.task, n_prompts=8, n_boot=5)
+    with pytest.raises(ConfigError, match=bound):
+        run_interventions(ckpt.model, ckpt.config.task, InterventionSettings(prompts=8), n_boot=5)

@@ -21,7 +21,7 @@ from ..config import TaskConfig, to_dict
 from ..errors import ConfigError
 from ..seeds import Offset
 from ..settings import InterventionSettings
-from ..validate import check_device, positive_int
+from ..validate import check_bootstrap, check_device
 from .ablate import ablate, summarise_ablation
 from .patch import FLAT, context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
 from .runner import runner_for
@@ -74,7 +74,7 @@ def run_interventions(
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise ConfigError(f"intervention parts must be among {PARTS}, got {sorted(unknown)}")
-    device, n_boot = check_device(device), positive_int(n_boot, "bootstrap resamples")
+    device, n_boot = check_device(device), check_bootstrap(n_boot, "bootstrap")
     layer_maps = layer_maps or {}
     runner = runner_for(model, device)
     budget.check(budget.intervention_estimates(budget.shape_of(model), task.n_points, settings, n_boot))
