@@ -148,7 +148,7 @@ def test_the_bridge_carries_the_task_and_names_its_token_positions():
 
 def test_the_bootstrap_bound_is_stated_the_same_everywhere():
     from probe.evaluate import error_curve
-    from probe.interventions import run_interventions
+    from probe.interventions.pipeline import run_interventions
     from probe.settings import InterventionSettings, SimilaritySettings
 
     ckpt = probe.load_checkpoint(REPO / "checkpoints" / "gpt2-default")
