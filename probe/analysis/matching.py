@@ -140,9 +140,14 @@ def family_of(sweep_label: str) -> str:
 
 
 def table1(best: pd.DataFrame, last_layer: int, metric: str = "sime") -> pd.DataFrame:
-    """Seed 003 Table 1: the final layer's best similarity with each learner family."""
+    """Seed 003 Table 1: the final layer's best similarity with each learner family (its best sweep),
+    one row per family in the order the sweeps are given (stable across models), with `rank`
+    (1: the most similar)."""
     rows = best[(best.layer == last_layer) & (best.metric == metric)]
     family = rows.sweep.map(family_of)
-    rows = rows.assign(family=family).sort_values("similarity", ascending=False).drop_duplicates("family")
+    order = {f: i for i, f in enumerate(dict.fromkeys(family))}
+    rows = rows.assign(family=family).sort_values("similarity", ascending=False, kind="stable")
+    rows = rows.drop_duplicates("family").assign(rank=lambda r: range(1, len(r) + 1))
+    rows = rows.sort_values("family", key=lambda f: f.map(order), kind="stable")
     extra = [c for c in ("zero_similarity", "random_similarity", "degenerate") if c in rows]
-    return rows[["family", "sweep", "k", "similarity", "ci_low", "ci_high", *extra]].reset_index(drop=True)
+    return rows[["family", "sweep", "k", "rank", "similarity", "ci_low", "ci_high", *extra]].reset_index(drop=True)

@@ -116,9 +116,9 @@ class LayerAnalysis:
         predicts_zero, degenerate (the best match is no better than a null).
     trends: per sweep and metric, {learner, metric, layers, linear_r2, exponential_r2, slope,
         growth, verdict}: how the best k grows with depth ("linear, about 3.0 iterations per layer").
-    table1: family, sweep, k, similarity, ci_low, ci_high, zero_similarity, random_similarity,
-        degenerate: the final layer's best match per learner family (seed 003 Table 1), most
-        similar first.
+    table1: family, sweep, k, rank (1: most similar), similarity, ci_low, ci_high, zero_similarity,
+        random_similarity, degenerate: the final layer's best match per learner family (seed 003
+        Table 1), one row per family in the sweeps' order.
     span: predictor, index, n_examples, residual, random_null, kind: the span-of-examples test
         (seed 003 App. B.4), the relative residual of each layer's induced weights outside the
         span of the examples, beside a random vector's.
