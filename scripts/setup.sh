@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv at the repository root and installs icl-probe with its test extras.
+# Creates .venv at the repository root and installs icl-probe with its test and docs extras.
 # torch is pinned to the CPU build that lies on disk on these machines (an unpinned torch
 # would download a multi-GB CUDA build). Safe to re-run: it only installs what is missing.
 #   --with-browser   also install Debian's Chromium for the report's browser test (needs root)
@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,docs]"
 .venv/bin/python -m pip check  # the pinned versions agree with every package's requirements
 if [ "${1:-}" = "--with-browser" ] && ! command -v chromium >/dev/null 2>&1; then
   apt-get update -qq

@@ -1,0 +1,62 @@
+"""mkdocs-macros: numbers read from the committed reports, and the CLI reference from the parser.
+
+`{{ number("gpt2-default-quick", "table1.sime.newton.similarity", ".3f") }}` reads
+reports/gpt2-default-quick/summary.json, so a regenerated report updates the pages
+(tests/test_docs.py checks every quoted path resolves). `{{ cli_reference() }}` is the argparse
+help of every command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def lookup(report: str, path: str):
+    """The value at a dotted path (list indices as numbers) of reports/<report>/summary.json."""
+    value = json.loads((REPO / "reports" / report / "summary.json").read_text())
+    for key in path.split("."):
+        value = value[int(key)] if isinstance(value, list) else value[key]
+    return value
+
+
+def number(report: str, path: str, fmt: str = ".3f") -> str:
+    value = lookup(report, path)
+    return format(value, fmt) if isinstance(value, (int, float)) else str(value)
+
+
+def table1(report: str) -> str:
+    """Table 1 of a report as a markdown table: family, best k, SimE with its 90% interval."""
+    rows = ["| learner family | best k | SimE (final layer) [90% interval] |", "|---|---|---|"]
+    for family, e in lookup(report, "table1.sime").items():
+        rows.append(f"| {family} | {e['k']} | {e['similarity']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}] |")
+    return "\n".join(rows)
+
+
+def verdict(report: str, a: str, b: str, metric: str = "sime", claim: str = "final layer (Table 1)") -> str:
+    """A paired verdict of a report in words: difference [interval], resolution, verdict."""
+    for v in lookup(report, "verdicts"):
+        if v["claim"] == claim and v["metric"] == metric and {v["a"], v["b"]} == {a, b}:
+            return (
+                f"{v['a']} - {v['b']} = {v['difference']:+.4f} [{v['ci_low']:+.4f}, {v['ci_high']:+.4f}], "
+                f"resolution {v['resolution']:.4f}: **{v['verdict']}**"
+            )
+    raise KeyError(f"{report}: no {claim} verdict on {metric} between {a} and {b}")
+
+
+def cli_reference() -> str:
+    from probe.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    out = ["Generated from the argument parser (`probe/cli/`); `icl-probe COMMAND --help` prints the same.\n"]
+    for name in COMMANDS:
+        command = parser._defaults["commands"][name] if "commands" in parser._defaults else None
+        command = command or next(a for a in parser._subparsers._group_actions).choices[name]
+        out.append(f"## `icl-probe {name}`\n\n```text\n{command.format_help().rstrip()}\n```\n")
+    return "\n".join(out)
+
+
+def define_env(env) -> None:
+    for macro in (number, table1, verdict, cli_reference):
+        env.macro(macro)

@@ -1,0 +1,1 @@
+"""The analyses: read-outs, SimE / SimW matching, probes, verdicts, order and forgetting."""

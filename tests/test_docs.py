@@ -1,0 +1,67 @@
+"""The documentation reads its numbers from the committed reports, and summary.json has a
+published JSON Schema that every committed report satisfies (issue 46)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import re
+
+import jsonschema
+import pytest
+from conftest import REPO
+
+from probe.reporting.schema import json_schema
+
+MACRO = re.compile(r"\{\{\s*(number|table1|verdict)\((.*?)\)\s*\}\}", re.S)
+
+
+def _macros():
+    spec = importlib.util.spec_from_file_location("docs_macros", REPO / "docs" / "macros.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _quoted():
+    for page in sorted((REPO / "docs").glob("*.md")):
+        for name, args in MACRO.findall(page.read_text()):
+            yield page.name, name, ast.literal_eval(f"({args},)")
+
+
+def test_every_quoted_number_is_the_reports_own():
+    macros, seen = _macros(), 0
+    for page, name, args in _quoted():
+        text = getattr(macros, name)(*args)  # raises on a path the report does not have
+        if name == "number":
+            report, path, *fmt = args
+            value = json.loads((REPO / "reports" / report / "summary.json").read_text())
+            for key in path.split("."):
+                value = value[int(key)] if isinstance(value, list) else value[key]
+            assert text == (format(value, fmt[0] if fmt else ".3f") if isinstance(value, float | int) else str(value))
+        seen += 1
+    assert seen >= 10
+
+
+def test_a_quoted_path_the_report_lacks_fails_the_build():
+    with pytest.raises(KeyError):
+        _macros().number("gpt2-default-quick", "table1.sime.no_such_learner.similarity")
+
+
+def test_the_published_schema_is_the_generated_one_and_every_report_satisfies_it():
+    schema = json_schema()
+    assert json.loads((REPO / "docs" / "summary.schema.json").read_text()) == schema
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    reports = [p for p in sorted((REPO / "reports").glob("*/summary.json")) if "checkpoint" in json.loads(p.read_text())]
+    assert len(reports) >= 10
+    for path in reports:
+        errors = [e.message for e in validator.iter_errors(json.loads(path.read_text()))]
+        assert errors == [], (path, errors[:3])
+    summary = json.loads(reports[0].read_text())
+    summary["table1"]["sime"]["gd"]["similarty"] = 1.0  # a misspelt key
+    assert not validator.is_valid(summary)
+    summary = json.loads(reports[0].read_text())
+    summary["readout"]["error"][0] = "0.1"  # a number written as a string
+    assert not validator.is_valid(summary)
