@@ -1,16 +1,15 @@
 """icl-probe: which learning algorithm do the layers of an in-context learner run?"""
 
-__version__ = "0.1.0"
-
 from .allocator import tune_allocator
+from .provenance import VERSION as __version__  # noqa: F401  (the package version)
 
 tune_allocator()  # before any large tensor: see probe/allocator.py
 
 
 def to_bridge(source, device: str = "cpu"):
     """A TransformerLens TransformerBridge of a GPT-2 family checkpoint that takes `(xs, ys)` prompts
-    (see probe/interventions/handle.py). Imported lazily: TransformerLens takes seconds to load."""
-    from .interventions.handle import to_bridge as build
+    (see probe/capture/handle.py). Imported lazily: TransformerLens takes seconds to load."""
+    from .capture.handle import to_bridge as build
 
     return build(source, device)
 
@@ -18,7 +17,7 @@ def to_bridge(source, device: str = "cpu"):
 def prompt(xs, ys):
     """An in-context prompt (xs, ys) as a TransformerLens input, for TransformerLens's own
     utilities (`transformer_lens.patching`, ...) on a bridge from `to_bridge`."""
-    from .interventions.handle import prompt as wrap
+    from .capture.handle import prompt as wrap
 
     return wrap(xs, ys)
 

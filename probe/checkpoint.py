@@ -30,10 +30,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from .budget import model_bytes
 from .config import ModelConfig, RunConfig, TaskConfig, to_dict
 from .errors import CheckpointError, ConfigError
 from .models import build_model
+from .models.sizes import model_bytes
 from .outputs import fix_mode
 from .parsing import load_json, load_yaml
 from .validate import check_memory

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from . import budget
 from .config import TaskConfig
 from .learners import run_learner
+from .models.sizes import shape_of
 from .seeds import Stream
 from .stats import bootstrap_mean, bootstrap_r2, r2_score
 from .tasks import Prompts, generator_for, sample_prompts
@@ -60,7 +61,7 @@ def error_curve(
     points = n_points or task.n_points
     budget.check(
         [
-            budget.prompt_estimate("prompts", n_prompts, budget.shape_of(model), points),
+            budget.prompt_estimate("prompts", n_prompts, shape_of(model), points),
             budget.bootstrap_estimate("bootstrap", n_boot, n_prompts, points * 4),
         ]
     )

@@ -9,6 +9,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+VERSION = "0.1.0"  # the package version (probe.__version__)
+
 PACKAGES = ("icl-probe", "torch", "transformer-lens", "transformers", "numpy", "scikit-learn", "pandas")
 
 

@@ -26,12 +26,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .budget import activation_bytes, model_bytes
 from .checkpoint import atomic_write, load_weights, read_safetensors, safe_torch_load, save_model
 from .config import RunConfig
 from .errors import CheckpointError, ConfigError, OutputError, TrainingDiverged
 from .evaluate import eval_prompts
 from .models import build_model
+from .models.sizes import activation_bytes, model_bytes
 from .outputs import mark_run_directory
 from .provenance import stamp
 from .seeds import Stream, stream_generator

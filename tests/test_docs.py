@@ -14,7 +14,7 @@ from conftest import REPO
 
 from probe.reporting.schema import json_schema
 
-MACRO = re.compile(r"\{\{\s*(number|table1|verdict)\((.*?)\)\s*\}\}", re.S)
+MACRO = re.compile(r"\{\{\s*(number|table1|verdict)\((.*?)\)\s*\}\}", re.DOTALL)
 
 
 def _macros():
@@ -32,7 +32,7 @@ def _quoted():
 
 def test_every_quoted_number_is_the_reports_own():
     macros, seen = _macros(), 0
-    for page, name, args in _quoted():
+    for _page, name, args in _quoted():
         text = getattr(macros, name)(*args)  # raises on a path the report does not have
         if name == "number":
             report, path, *fmt = args

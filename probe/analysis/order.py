@@ -24,6 +24,7 @@ from .. import budget
 from ..capture import RESID, capture
 from ..learners import run_learner
 from ..memory import MemoryBudget
+from ..models.sizes import shape_of
 from ..stats import percentile_interval, resamples
 
 
@@ -74,7 +75,7 @@ def order_table(
     """Rows (predictor, layer, prefix, sensitivity, ci_low, ci_high): every layer of the model
     (through `readouts`, a LayerReadouts or the model's own lens) and each learner (layer -1),
     at each prefix t, over P = n_perm orderings of the examples of every prompt."""
-    shape, (n_prompts, n) = budget.shape_of(model), xs.shape[:2]
+    shape, (n_prompts, n) = shape_of(model), xs.shape[:2]
     budget.check(
         [
             budget.prompt_estimate("order.permutations", n_prompts * n_perm, shape, n, len(prefixes), n_perm),

@@ -25,6 +25,7 @@ from .. import budget
 from ..config import TaskConfig
 from ..errors import ConfigError
 from ..memory import MemoryBudget
+from ..models.sizes import shape_of
 from ..seeds import Stream
 from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings, quick_sweeps
 from ..similarity import induced_weights, sime, simw
@@ -303,7 +304,7 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
     baselines, trends, Table 1 and the span test."""
     check_model(model)
     check_simw_queries(task, settings)
-    shape = budget.shape_of(model)
+    shape = shape_of(model)
     budget.check(budget.layer_estimates(shape, task.n_points, settings.prompts, settings.similarity, settings.sweeps))
     clock = _Clock()
     readouts, ev, layer_preds = fit_readouts(model, task, settings, progress)

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from .. import budget
 from ..capture.streams import by_position_streams
 from ..memory import MemoryBudget
+from ..models.sizes import shape_of
 from ..seeds import Offset, Stream, stream_generator
 from ..settings import ProbeSettings
 from ..tasks import sample_prompts
@@ -42,7 +43,7 @@ def probe_study(
 
     check_model(model)
     device, n_test = check_device(device), positive_int(n_test, "probe test prompts")
-    budget.check(budget.probe_estimates(budget.shape_of(model), task.n_points, settings, n_test))
+    budget.check(budget.probe_estimates(shape_of(model), task.n_points, settings, n_test))
     prefixes = settings.prefixes or default_prefixes(task.n_dims, task.n_points)
     combos = [(t, target) for t in prefixes for target in settings.targets]
     train = sample_prompts(task, settings.prompts, generator=stream_generator(seed, Stream.PROBE_TRAIN))

@@ -27,12 +27,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..errors import ConfigError
-from ..interventions.handle import to_bridge
 from ..memory import MemoryBudget, nbytes
 from ..outputs import clean_stale
 from ..validate import check_device, check_prompts_for, positive_int
 from . import hooks as H
 from .backends import Request, backend_for, final_norm
+from .handle import to_bridge
 
 log = logging.getLogger(__name__)
 RESID = "resid"  # shorthand: every layer boundary 0..L stacked, (L+1, B, P, D)

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
     from ..formats import load_checkpoint
     from ..interventions.pipeline import iteration_verdict, run_interventions
+    from ..models.sizes import shape_of
     from ..provenance import display_path, stamp
     from ..reporting import intervention_figures
 
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if settings.query is not None and not 0 <= settings.query < n:
         raise ConfigError(f"--query must lie in 0..{n - 1} (examples before the query), got {settings.query}")
     labels = settings.learner_labels(recipe.sweeps)
-    budget.check(budget.intervention_estimates(budget.shape_of(ckpt.model), n, settings, recipe.similarity.bootstrap))
+    budget.check(budget.intervention_estimates(shape_of(ckpt.model), n, settings, recipe.similarity.bootstrap))
     result = run_interventions(
         ckpt.model,
         ckpt.config.task,

@@ -1,13 +1,13 @@
 """Causal interventions through TransformerLens: the public bridge, ablations, activation patching.
 
-to_bridge(checkpoint_or_model)   a TransformerBridge fed (xs, ys) prompts   (handle.py)
+to_bridge(checkpoint_or_model)   a TransformerBridge fed (xs, ys) prompts   (probe/capture/handle.py)
 ablate(runner, ...)              heads / MLPs / layer updates removed        (ablate.py)
 patching_heatmap(runner, ...)    clean -> corrupted patching per layer x token (patch.py)
 iteration_patching(runner, ...)  the causal check of a layer-to-iteration map (patch.py)
 """
 
+from ..capture.handle import to_bridge
 from .ablate import ablate, components
-from .handle import to_bridge
 from .patch import iteration_patching, paired_prompts, patching_heatmap
 from .runner import runner_for
 

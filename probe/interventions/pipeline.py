@@ -19,6 +19,7 @@ from .. import budget
 from ..analysis.verdicts import NOT_SEPARABLE
 from ..config import TaskConfig, to_dict
 from ..errors import ConfigError
+from ..models.sizes import shape_of
 from ..seeds import Offset
 from ..settings import InterventionSettings
 from ..validate import check_bootstrap, check_device
@@ -77,7 +78,7 @@ def run_interventions(
     device, n_boot = check_device(device), check_bootstrap(n_boot, "bootstrap")
     layer_maps = layer_maps or {}
     runner = runner_for(model, device)
-    budget.check(budget.intervention_estimates(budget.shape_of(model), task.n_points, settings, n_boot))
+    budget.check(budget.intervention_estimates(shape_of(model), task.n_points, settings, n_boot))
     n = task.n_points
     summary: dict = {"settings": {**to_dict(settings), "bootstrap": n_boot, "seed": seed}}
     ablation = patching = None

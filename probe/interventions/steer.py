@@ -34,6 +34,7 @@ from .. import budget
 from ..analysis.probes import AttentionPoolProbe, probe_targets
 from ..capture import RESID, capture
 from ..errors import ConfigError
+from ..models.sizes import shape_of
 from ..stats import resamples
 from .runner import Runner, boundary_hook_name, runner_for
 
@@ -122,7 +123,7 @@ def steering_table(
     R^2 below MIN_DECODED) is not steered: its slopes are NaN (null in JSON)."""
     runner = runner_for(model, device)
     check_cells(model, layers, prefixes, targets, train[0].shape[1])
-    shape, cells = budget.shape_of(model), len(layers) * len(prefixes) * len(targets)
+    shape, cells = shape_of(model), len(layers) * len(prefixes) * len(targets)
     budget.check(
         [
             budget.prompt_estimate(

@@ -31,6 +31,7 @@ from ..interventions.pipeline import layer_maps_from_best, run_interventions
 from ..interventions.runner import has_runner
 from ..interventions.steer import steering_table
 from ..memory import MemoryBudget
+from ..models.sizes import shape_of
 from ..outputs import OutputTarget, safe_name
 from ..seeds import Stream, random_weights_model, stream_generator
 from ..tasks import sample_prompts
@@ -207,7 +208,7 @@ def _stage_interventions(c: Context):
 
 def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Estimate]:
     """Memory and work of every size knob of the recipe's enabled stages on this checkpoint (probe/budget.py)."""
-    shape, n, p = budget.shape_of(ckpt.config.model), ckpt.config.task.n_points, recipe.prompts
+    shape, n, p = shape_of(ckpt.config.model), ckpt.config.task.n_points, recipe.prompts
     out = [
         budget.prompt_estimate("prompts.curve", p.curve, shape, n),
         *budget.layer_estimates(shape, n, p, recipe.similarity, recipe.sweeps),

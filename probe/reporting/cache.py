@@ -21,8 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from .. import __version__
 from ..outputs import replace_dir, staging_dir
+from ..provenance import VERSION as __version__
 
 log = logging.getLogger(__name__)
 

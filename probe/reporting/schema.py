@@ -337,11 +337,16 @@ def _schema_of(kind: Any, defs: dict[str, Any]) -> dict[str, Any]:
         inner = _schema_of(args[0], defs) if len(args) == 1 else {"anyOf": [_schema_of(a, defs) for a in args]}
         return {"anyOf": [inner, {"type": "null"}]} if type(None) in get_args(kind) else inner
     if get_origin(kind) is list:
-        args = get_args(kind)
-        return {"type": "array", "items": _schema_of(args[0], defs)} if args else {"type": "array"}
+        items = get_args(kind)
+        return {"type": "array", "items": _schema_of(items[0], defs)} if items else {"type": "array"}
     if get_origin(kind) is dict:
         return {"type": "object", "additionalProperties": _schema_of(get_args(kind)[1], defs)}
-    simple = {bool: {"type": "boolean"}, int: {"type": "integer"}, float: number, str: {"type": "string"}}
+    simple: dict[Any, dict[str, Any]] = {
+        bool: {"type": "boolean"},
+        int: {"type": "integer"},
+        float: number,
+        str: {"type": "string"},
+    }
     if kind in simple:
         return simple[kind]
     if kind is list:

@@ -29,13 +29,13 @@ from typing import Any, Self
 import torch
 from torch import Tensor
 
-from ..capture.bridge import bridge_inputs
-from ..capture.bridge import to_bridge as native_bridge
 from ..checkpoint import LoadedCheckpoint
 from ..errors import ConfigError
 from ..formats import load_checkpoint
 from ..positions import X_TOKENS
 from ..validate import check_device, check_prompts_for
+from .bridge import bridge_inputs
+from .bridge import to_bridge as native_bridge
 
 _TRANSFORMER_BRIDGE: type | None = None
 

@@ -1,0 +1,51 @@
+"""A model's sizes from its config or its protocol, for the affordability estimates (probe/budget.py)
+and the checkpoints' size checks: what needs to know the model families lives here, not in budget."""
+
+from __future__ import annotations
+
+import math
+
+from ..budget import Shape
+
+
+def model_bytes(model_cfg) -> int:
+    """float32 bytes of a model's parameters, from its config alone (before building it)."""
+    m = model_cfg
+    d_in = m.token_dim
+    if m.family == "gpt2":
+        per_layer = 12 * m.n_embd**2 + 13 * m.n_embd
+        params = m.n_layer * per_layer + 2 * m.n_positions * m.n_embd + (d_in + 3) * m.n_embd + 1
+    elif m.family == "lstm":
+        params = m.n_layer * 8 * m.n_embd**2 + (d_in + 1) * m.n_embd + m.n_embd + 1
+    else:
+        from .planted import planted_bytes
+
+        return planted_bytes(m)
+    return 4 * params
+
+
+def activation_bytes(model_cfg, batch: int, points: int, *, training: bool = False) -> int:
+    """A rough upper estimate of a forward (and backward) pass's activations in float32."""
+    m = model_cfg
+    tokens = 2 * points
+    width = max(m.n_embd, 2 * m.n_dims + 2)
+    per_layer = tokens * width * 16 + max(m.n_head, 1) * tokens * tokens * 2
+    total = batch * m.n_layer * per_layer * 4
+    return total * (3 if training else 1)
+
+
+def shape_of(model_or_config) -> Shape:
+    """The Shape of a model (any object with the model protocol) or of a ModelConfig."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    if getattr(cfg, "family", None) == "planted":
+        from .planted import planted_sizes
+
+        width, heads, d_mlp = planted_sizes(cfg)
+        return Shape(cfg.n_layer, width, cfg.n_dims, True, heads, d_mlp)
+    if hasattr(cfg, "n_layer") and hasattr(cfg, "n_embd"):
+        return Shape(max(cfg.n_layer, 1), max(cfg.n_embd, 1), cfg.n_dims)
+    m = model_or_config
+    if all(hasattr(m, name) for name in ("n_layers", "d_model", "n_dims")):
+        return Shape(max(int(m.n_layers), 1), max(int(m.d_model), 1), int(m.n_dims))
+    params = sum(p.numel() for p in m.parameters()) if hasattr(m, "parameters") else 0
+    return Shape(1, max(int(math.sqrt(params / 12)), 1), 1)  # a bare forward: one block of its parameter count
