@@ -82,7 +82,7 @@ def recipe(name: str = "quick", **sections: Any):
     sections are the settings objects the CLI runs (`probe.recipe("quick").probes` is the quick
     report's ProbeSettings, `.interventions` its InterventionSettings, `.prompts`, ...), so the
     Python API can be given exactly the command line's settings. The settings classes' own
-    defaults are what a recipe leaves out, not the quick recipe's values."""
+    defaults are the quick recipe's values (tested), so `ProbeSettings()` is the quick report's too."""
     from .reporting.recipe import resolve_recipe
 
     return resolve_recipe(name, _overrides(sections))

@@ -205,7 +205,7 @@ class ProbeSettings(Section):
     ftol: float = setting(
         2.2e-9, "a pooling fit has also converged when an iteration lowers the objective by at most this"
     )
-    prompts: int = setting(1024, "training prompts (penalties by leave-one-out on them)", minimum=3)
+    prompts: int = setting(512, "training prompts (penalties by leave-one-out on them)", minimum=3)
     controls: bool = setting(True, "random-weights model and shuffled-target controls")
     precision: str = setting(
         "float64",
@@ -225,10 +225,10 @@ class PromptSettings(Section):
     RENAMED: typing.ClassVar[dict[str, str]] = {"evaluate": "curve", "eval": "test", "simw": "induced"}
 
     curve: int = setting(1280, "prompts for the error against the number of examples (Garg et al.'s 1280)")
-    train: int = setting(2048, "prompts to fit the per-layer read-outs")
-    val: int = setting(512, "prompts to choose the read-outs' ridge penalty")
-    test: int = setting(512, "held-out test prompts for SimE, read-out errors and probe tests")
-    induced: int = setting(128, "of the test prompts, those whose induced weights are compared (SimW, span test)")
+    train: int = setting(1024, "prompts to fit the per-layer read-outs")
+    val: int = setting(256, "prompts to choose the read-outs' ridge penalty")
+    test: int = setting(256, "held-out test prompts for SimE, read-out errors and probe tests")
+    induced: int = setting(64, "of the test prompts, those whose induced weights are compared (SimW, span test)")
     queries: int = setting(0, "fresh queries per prefix for the induced weights (0: 4 d)", minimum=0)
     seed: int = setting(0, "seed of every prompt draw", minimum=None)
 
@@ -257,7 +257,7 @@ class SimilaritySettings(Section):
 
     SECTION = "similarity"
     include_first: bool = setting(False, "SimE over positions 1..n (the paper's code) instead of 2..n")
-    bootstrap: int = setting(1000, "bootstrap resamples for every interval")
+    bootstrap: int = setting(500, "bootstrap resamples for every interval")
     simw: bool = setting(True, "compute SimW (induced weights from fresh query forward passes; off: SimE only)")
 
     def __post_init__(self) -> None:
@@ -300,7 +300,7 @@ class ForgettingSettings(Section):
 
     SECTION = "forgetting"
     enabled: bool = setting(True, "draw forgetting curves in reports")
-    prompts: int = setting(512, "prompts for the forgetting curves")
+    prompts: int = setting(256, "prompts for the forgetting curves")
     # learners whose curves are drawn beside the model's (seed 003 App. A.4, Fig. 11)
     learners: list[SweepSettings] = dataclasses.field(default_factory=_forgetting_learners)
 
@@ -371,17 +371,17 @@ class InterventionSettings(Section):
     SECTION = "interventions"
 
     enabled: bool = setting(True, "run the causal checks in reports (transformers only)")
-    prompts: int = setting(256, "ablation prompts (and as many held out for mean-ablation)")
-    patch_prompts: int = setting(128, "clean / corrupted prompt pairs for patching")
+    prompts: int = setting(64, "ablation prompts (and as many held out for mean-ablation)")
+    patch_prompts: int = setting(32, "clean / corrupted prompt pairs for patching")
     kinds: tuple[str, ...] = setting(ABLATION_KINDS, "ablation kinds", ABLATION_KINDS, noun="ablation kind")
-    heads: bool = setting(True, "ablate single heads and MLPs (--no-heads: layer skips and MLPs only)")
+    heads: bool = setting(False, "ablate single heads and MLPs too (--no-heads: layer skips and MLPs only)")
     sites: tuple[str, ...] = setting(("resid",), "patching sites", PATCH_SITES, noun="site")
     query: int | None = setting(None, "examples before the patching heatmap's query (none: n - 1)", minimum=0)
     max_positions: int = setting(
-        0, "patching heatmap: the query token and this many - 1 before it (0: every token)", minimum=0
+        32, "patching heatmap: the query token and this many - 1 before it (0: every token)", minimum=0
     )
     max_queries: int = setting(
-        0, "layer-map check: pool at most this many numbers of examples, evenly spread (0: all)", minimum=0
+        8, "layer-map check: pool at most this many numbers of examples, evenly spread (0: all)", minimum=0
     )
     learners: tuple[str, ...] = setting(
         ("auto",),

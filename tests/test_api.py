@@ -127,7 +127,7 @@ def test_settings_from_a_recipe_are_the_command_lines():
 
     quick = probe.recipe("quick", probes={"max_iter": 7})
     assert quick.probes == resolve_recipe("quick", [{"probes": {"max_iter": 7}}]).probes
-    assert quick.probes.max_iter == 7 and quick.prompts.train == 1024  # the quick recipe's, not the class default
+    assert quick.probes.max_iter == 7 and quick.prompts.train == 1024
     settings = LayerSettings.from_recipe(quick)
     assert settings.prompts == quick.prompts and settings.sweeps == tuple(quick.sweeps)
 
@@ -159,3 +159,18 @@ def test_the_bootstrap_bound_is_stated_the_same_everywhere():
         error_curve(ckpt.model, ckpt.config.task, n_prompts=8, n_boot=5)
     with pytest.raises(ConfigError, match=bound):
         run_interventions(ckpt.model, ckpt.config.task, InterventionSettings(prompts=8), n_boot=5)
+
+
+def test_the_settings_classes_defaults_are_the_quick_recipes():
+    """One source of defaults: a settings object made in Python with no arguments is the quick
+    recipe's section (what `icl-probe report` runs by default)."""
+    import dataclasses
+
+    from probe.analysis.pipeline import LayerSettings
+
+    quick = probe.recipe("quick")
+    for section in ("prompts", "readout", "similarity", "probes", "forgetting", "order", "steering", "interventions"):
+        ours = getattr(quick, section)
+        assert type(ours)() == ours, section
+    assert LayerSettings().sweeps == tuple(quick.sweeps)
+    assert dataclasses.asdict(LayerSettings().prompts) == dataclasses.asdict(quick.prompts)
