@@ -45,6 +45,30 @@ def verdict(report: str, a: str, b: str, metric: str = "sime", claim: str = "fin
     raise KeyError(f"{report}: no {claim} verdict on {metric} between {a} and {b}")
 
 
+FIGURES: set[str] = set()
+
+
+def figure_html(path: str, alt: str, page_url: str) -> str:
+    """A committed report's figure on a page (copied into the site's figures/ when it is built),
+    linked relative to the page so the site also works opened from disk."""
+    if not (REPO / path).is_file():
+        raise FileNotFoundError(f"{path}: no such figure in the repository")
+    FIGURES.add(path)
+    prefix = "../" * page_url.count("/")
+    return f'<img alt="{alt}" src="{prefix}figures/{path.replace("/", "__")}" style="max-width: 100%">'
+
+
+def all_modules() -> str:
+    """A mkdocstrings block for every module of the package (its public names, from the docstrings)."""
+    import pkgutil
+
+    import probe
+
+    names = ["probe"] + sorted(m.name for m in pkgutil.walk_packages(probe.__path__, "probe.") if ".cli" not in m.name)
+    blocks = [f"## `{name}`\n\n::: {name}\n    options:\n      show_root_heading: false\n      show_submodules: false\n" for name in names if name != "probe.__main__"]
+    return "\n".join(blocks)
+
+
 def cli_reference() -> str:
     from probe.cli import COMMANDS, build_parser
 
@@ -58,5 +82,19 @@ def cli_reference() -> str:
 
 
 def define_env(env) -> None:
-    for macro in (number, table1, verdict, cli_reference):
+    for macro in (number, table1, verdict, cli_reference, all_modules):
         env.macro(macro)
+
+    @env.macro
+    def figure(path: str, alt: str) -> str:
+        return figure_html(path, alt, env.page.url)
+
+
+def on_post_build(env) -> None:
+    """Copy the figures the pages showed into the site."""
+    import shutil
+
+    target = Path(env.conf["site_dir"]) / "figures"
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(FIGURES):
+        shutil.copyfile(REPO / path, target / path.replace("/", "__"))

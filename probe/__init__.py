@@ -46,7 +46,7 @@ API = (
     "prompts",
     "probe_data",
     "run_learner",
-    "study",
+    "run_study",
     "ReportResult",
 )  # probe/api.py
 

@@ -1,5 +1,5 @@
 """The main jobs from one import: `probe.report`, `probe.analyse`, `probe.activations`,
-`probe.probe_data` and `probe.study`, with the command line's defaults (a recipe: quick unless
+`probe.probe_data` and `probe.run_study`, with the command line's defaults (a recipe: quick unless
 named) and the command line's checks. The CLI's `report` calls `report` below.
 
     import probe
@@ -243,7 +243,7 @@ def probe_data(acts, xs, ys, layer: int, t: int, target: str) -> tuple[np.ndarra
     return np.asarray(resid[layer][:, : 2 * t], dtype=np.float64), targets[:, t].numpy()
 
 
-def study(recipe: str, out: str | Path, *, jobs: int = 1, device: str = "cpu", progress: bool = False, **values):
+def run_study(recipe: str, out: str | Path, *, jobs: int = 1, device: str = "cpu", progress: bool = False, **values):
     """Run (or resume) a study recipe (analyses/<name>.toml or a path) into `out`, as `icl-probe
     study` does (the same function); keyword values override the study recipe's top-level values.
     Returns the tidy table (one row per model x analysis x metric)."""
@@ -262,7 +262,7 @@ def run_study_command(
     force: bool = False,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """`study` with the overrides as mappings; every model, shift and size is checked before any
+    """`run_study` with the overrides as mappings; every model, shift and size is checked before any
     output (probe/study/run.py), then the study runs, and study.csv, figures, summary.json and
     index.html are written."""
     import time

@@ -174,3 +174,16 @@ def test_the_settings_classes_defaults_are_the_quick_recipes():
         assert type(ours)() == ours, section
     assert LayerSettings().sweeps == tuple(quick.sweeps)
     assert dataclasses.asdict(LayerSettings().prompts) == dataclasses.asdict(quick.prompts)
+
+
+def test_no_api_function_is_shadowed_by_a_module_of_the_same_name():
+    """`probe.report` must stay the function after every module of the package is imported (a
+    subpackage of the same name would replace the attribute on import)."""
+    import importlib
+    import pkgutil
+
+    modules = {m.name.split(".")[1] for m in pkgutil.iter_modules(probe.__path__, "probe.")}
+    assert not set(probe.API) & modules
+    for name in ("probe.reporting.build", "probe.study.run", "probe.capture.activations", "probe.analysis.pipeline"):
+        importlib.import_module(name)
+    assert all(callable(getattr(probe, name)) for name in probe.API)

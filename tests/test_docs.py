@@ -65,3 +65,29 @@ def test_the_published_schema_is_the_generated_one_and_every_report_satisfies_it
     summary = json.loads(reports[0].read_text())
     summary["readout"]["error"][0] = "0.1"  # a number written as a string
     assert not validator.is_valid(summary)
+
+
+def test_the_readme_is_a_landing_page_whose_numbers_are_the_reports():
+    import subprocess
+    import sys
+
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    assert text.count("<!-- n:") >= 8
+    check = subprocess.run(
+        [sys.executable, "scripts/readme_numbers.py", "--check"], check=False, cwd=REPO, capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout
+    for link in re.findall(r"\]\(((?:docs|reports)/[^)]+)\)", text):  # every page and figure it links to exists
+        assert (REPO / link).is_file(), link
+
+
+def test_a_changed_quote_is_caught(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_numbers", REPO / "scripts" / "readme_numbers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    quoted = "<!-- n:gpt2-default-quick:table1.sime.gd.similarity:.3f -->0.111<!-- /n -->"
+    assert module.render(quoted) != quoted
+    assert module.MARKER.search(module.render(quoted))[4] == module.value("gpt2-default-quick", "table1.sime.gd.similarity", ".3f")

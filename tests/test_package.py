@@ -113,16 +113,17 @@ def test_the_first_quick_start_command_leaves_the_checkout_clean():
 
 @pytest.mark.slow
 def test_the_readme_python_api_block_runs_as_written(tmp_path, monkeypatch):
-    """README "Python API": the block runs unchanged (from a working directory that has the
-    checkout's checkpoints/, as the repository root does) and its results have the shapes it says."""
-    text = (REPO / "README.md").read_text()
+    """The guide's "Python API" (docs/guide/reference.md): the block runs unchanged (from a working
+    directory that has the checkout's checkpoints/, as the repository root does) and its results
+    have the shapes it says."""
+    text = (REPO / "docs" / "guide" / "reference.md").read_text()
     section = text[text.index("## Python API") :]
     block = section[section.index("```python\n") + len("```python\n") :]
     block = block[: block.index("```\n")]
     (tmp_path / "checkpoints").symlink_to(REPO / "checkpoints")
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(block, "README.md (Python API)", "exec"), scope)  # noqa: S102 (the README, as a user runs it)
+    exec(compile(block, "docs/guide/reference.md (Python API)", "exec"), scope)  # noqa: S102 (the README, as a user runs it)
     assert scope["acts"].acts["resid"].shape == (9, 64, 32, 64)
     assert scope["H"].shape == (64, 16, 64) and scope["Y"].shape == (64, 4)
     assert scope["newton"].preds.shape == (25, 64, 16)
@@ -132,14 +133,15 @@ def test_the_readme_python_api_block_runs_as_written(tmp_path, monkeypatch):
 
 
 def test_the_readme_summary_json_block_reads_a_committed_report(monkeypatch):
-    """README "summary.json": reading a committed report back as a typed Summary, as written."""
-    text = (REPO / "README.md").read_text()
+    """The guide's "summary.json" (docs/guide/reference.md): reading a committed report back as a
+    typed Summary, as written."""
+    text = (REPO / "docs" / "guide" / "reference.md").read_text()
     section = text[text.index("## summary.json") :]
     block = section[section.index("```python\n") + len("```python\n") :]
     block = block[: block.index("```\n")]
     monkeypatch.chdir(REPO)
     scope: dict = {}
-    exec(compile(block, "README.md (summary.json)", "exec"), scope)  # noqa: S102
+    exec(compile(block, "docs/guide/reference.md (summary.json)", "exec"), scope)  # noqa: S102
     written = json.loads((REPO / "reports/gpt2-default-quick/summary.json").read_text())
     assert scope["summary"].best_match["newton"]["sime"].k == written["best_match"]["newton"]["sime"]["k"]
     assert scope["summary"].to_json() == written

@@ -2,7 +2,7 @@
 
     >>> settings = LayerSettings(prompts=PromptSettings(test=512))
     >>> settings.prompts.test, settings.n_induced
-    (512, 128)
+    (512, 64)
 
 then `result = analyse_layers(model, task, settings)`; `result.best` has one row per (learner,
 metric, layer): the best-matching k with intervals.

@@ -1,0 +1,46 @@
+"""Fill README.md's quoted numbers from the committed reports' summary.json.
+
+A quoted number is written between markers, `<!-- n:REPORT:PATH:FORMAT -->value<!-- /n -->`
+(PATH dotted, list indices as numbers; FORMAT a Python format spec, empty for text), so that a
+regenerated report updates the README: `python scripts/readme_numbers.py` rewrites the values,
+`--check` exits 1 (naming each) where one differs from its file (tests/test_docs.py runs it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"<!-- n:([^:]+):([^:]+):([^ ]*) -->(.*?)<!-- /n -->", re.DOTALL)
+
+
+def value(report: str, path: str, fmt: str) -> str:
+    data = json.loads((REPO / "reports" / report / "summary.json").read_text())
+    for key in path.split("."):
+        data = data[int(key)] if isinstance(data, list) else data[key]
+    return format(data, fmt) if fmt and isinstance(data, (int, float)) else str(data)
+
+
+def render(text: str) -> str:
+    return MARKER.sub(lambda m: f"<!-- n:{m[1]}:{m[2]}:{m[3]} -->{value(m[1], m[2], m[3])}<!-- /n -->", text)
+
+
+def main(argv: list[str]) -> int:
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    fresh = render(text)
+    if "--check" in argv:
+        stale = [(m[1], m[2], m[4]) for m in MARKER.finditer(text) if value(m[1], m[2], m[3]) != m[4]]
+        for report, path, quoted in stale:
+            print(f"README.md quotes {quoted!r} for {report} {path}; the report says {value(report, path, '')!r}")
+        return 1 if stale else 0
+    readme.write_text(fresh)
+    print(f"README.md: {len(MARKER.findall(text))} quoted numbers filled from the reports")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
