@@ -3,7 +3,9 @@ width 256, 8 heads, d = 20, 41 points; random init) against the shipped default 
 
 Each report runs in its own process (`icl-probe report --no-cache`, probes on); the benchmark
 prints every stage's seconds and share, the ratio of total times, and each run's peak resident
-memory. It also times SimW query states on the same inputs by the key/value-cache path and by
+memory; then the paper-scale report's cost in forward-pass units (FPE: its wall time over one bare
+forward of the model over the recipe's curve prompts) beside the recipe's floor in the same units
+(the forwards it cannot avoid, counted from its settings). Last line: `fpe=<x> floor=<y> peak_gb=<z>`. It also times SimW query states on the same inputs by the key/value-cache path and by
 one sequence per prefix and query (the old path), and checks they agree.
 Run from the repository root:  python benchmarks/paper_scale.py [--skip-reports | --skip-query-states]
 """
@@ -51,6 +53,50 @@ def timed_report(ckpt: Path, out: Path) -> tuple[dict, float, float, float, floa
     return summary["timings"], wall, peak, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
 
 
+def bare_forward(ckpt: Path) -> float:
+    """Seconds of one forward of the model over the quick recipe's curve prompts (the FPE unit),
+    the best of three."""
+    from probe.formats import load_checkpoint
+    from probe.reporting.recipe import resolve_recipe
+    from probe.tasks import generator_for, sample_prompts
+
+    loaded = load_checkpoint(ckpt)
+    p = sample_prompts(loaded.config.task, resolve_recipe("quick").prompts.curve, generator=generator_for(0))
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(3):
+            start = time.perf_counter()
+            for lo in range(0, p.xs.shape[0], 256):
+                loaded.model(p.xs[lo : lo + 256], p.ys[lo : lo + 256])
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def floor_fpe(ckpt: Path) -> float:
+    """A floor for the quick recipe in curve-forward units, counted from its settings: every prompt
+    set it needs through the model once (curve; read-out train, val and test; probe training and
+    test prompts, twice with the random-weights control; forgetting; order prompts x permutations;
+    ablation prompts and their held-out twins; patching's clean and corrupted prompts) plus SimW's
+    fresh queries as the tokens they add (induced x queries x prefixes single tokens over 2n tokens
+    a prompt). The ablations' and patches' partial re-runs are not counted: this is a floor."""
+    from probe.formats import load_checkpoint
+    from probe.reporting.recipe import adapt_recipe, resolve_recipe
+
+    loaded = load_checkpoint(ckpt)
+    r = adapt_recipe(resolve_recipe("quick"), loaded.config)
+    n, d = loaded.config.task.n_points, loaded.config.task.n_dims
+    p = r.prompts
+    prompts = p.curve + p.train + p.val + p.test
+    prompts += min(p.induced, p.test) * (p.queries or 4 * d) * (n - 1) / (2 * n)
+    if r.probes.enabled:
+        prompts += (r.probes.prompts + p.test) * (2 if r.probes.controls else 1)
+    prompts += r.forgetting.prompts if r.forgetting.enabled else 0
+    prompts += r.order.prompts * r.order.permutations if r.order.enabled else 0
+    if r.interventions.enabled:
+        prompts += 2 * r.interventions.prompts + 2 * r.interventions.patch_prompts
+    return prompts / p.curve
+
+
 def query_state_speedup(ckpt: Path, prompts: int, queries: int) -> tuple[float, float, float]:
     from probe.analysis.states import cached_query_states, sequence_query_states
     from probe.formats import load_checkpoint
@@ -91,6 +137,10 @@ def main() -> None:
             print(f"{name}: wall {wall:.0f}s, user {user:.0f}s, system {system:.1f}s "
                   f"(sys/user {system / max(user, 1e-9):.3f}), peak RSS {peak:.2f} GB; {shares}")
         print(f"ratio paper/default wall = {runs['paper'][1] / runs['default'][1]:.1f}")
+        forward = bare_forward(paper)
+        fpe, floor = runs["paper"][1] / forward, floor_fpe(paper)
+        print(f"paper: one bare forward over the curve prompts {forward:.2f}s; report {fpe:.1f} FPE, floor {floor:.1f} FPE")
+        print(f"fpe={fpe:.1f} floor={floor:.1f} peak_gb={runs['paper'][2]:.2f}")
 
 
 if __name__ == "__main__":

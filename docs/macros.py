@@ -91,9 +91,10 @@ def define_env(env) -> None:
 
 
 def on_post_build(env) -> None:
-    """Copy the figures the pages showed into the site."""
+    """Copy the figures the pages showed, and summary.json's schema, into the site."""
     import shutil
 
+    shutil.copyfile(REPO / "probe" / "reporting" / "summary.schema.json", Path(env.conf["site_dir"]) / "summary.schema.json")
     target = Path(env.conf["site_dir"]) / "figures"
     target.mkdir(parents=True, exist_ok=True)
     for path in sorted(FIGURES):

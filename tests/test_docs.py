@@ -51,7 +51,7 @@ def test_a_quoted_path_the_report_lacks_fails_the_build():
 
 def test_the_published_schema_is_the_generated_one_and_every_report_satisfies_it():
     schema = json_schema()
-    assert json.loads((REPO / "docs" / "summary.schema.json").read_text()) == schema
+    assert json.loads((REPO / "probe" / "reporting" / "summary.schema.json").read_text()) == schema
     jsonschema.Draft202012Validator.check_schema(schema)
     validator = jsonschema.Draft202012Validator(schema)
     reports = [p for p in sorted((REPO / "reports").glob("*/summary.json")) if "checkpoint" in json.loads(p.read_text())]
@@ -91,3 +91,19 @@ def test_a_changed_quote_is_caught(tmp_path, monkeypatch):
     quoted = "<!-- n:gpt2-default-quick:table1.sime.gd.similarity:.3f -->0.111<!-- /n -->"
     assert module.render(quoted) != quoted
     assert module.MARKER.search(module.render(quoted))[4] == module.value("gpt2-default-quick", "table1.sime.gd.similarity", ".3f")
+
+
+def test_a_fresh_report_is_strict_json_and_satisfies_the_schema(report):
+    """The session's freshly written tiny report: no NaN / Infinity constants, and the schema holds."""
+    from probe.errors import ConfigError
+    from probe.reporting.schema import Summary, check_summary
+
+    def refuse(constant):
+        raise ValueError(f"non-strict JSON constant {constant}")
+
+    data = json.loads((report / "summary.json").read_text(), parse_constant=refuse)
+    check_summary(data)
+    assert Summary.from_json(data).checkpoint.name == data["checkpoint"]["name"]
+    data["table1"]["sime"]["gd"]["similarity"] = "high"
+    with pytest.raises(ConfigError, match=r"summary.json does not match its schema at table1/sime/gd/similarity: 'high'"):
+        Summary.from_json(data)

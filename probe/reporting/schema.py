@@ -9,10 +9,14 @@ schema does not interpret (recipe, versions, steering, forgetting, compare) stay
 
 from __future__ import annotations
 
+import json
 import math
 import types
 from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from ..errors import ConfigError
 
 SCHEMA_VERSION = 3  # 3: `verdicts`
 
@@ -303,6 +307,8 @@ class Summary:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Summary:
+        """Read a summary.json back, after checking it against the JSON Schema (`check_summary`)."""
+        check_summary(data)
         return from_json(cls, data)
 
 
@@ -314,8 +320,9 @@ SCHEMA_ID = "https://icl-probe.example/summary.schema.json"
 def json_schema() -> dict[str, Any]:
     """summary.json's JSON Schema (draft 2020-12), generated from the dataclasses above: one
     definition per dataclass, its fields required unless they have a default; numbers may be
-    null (a NaN or infinity is written as null, `strict`). docs/summary.schema.json is this, written
-    by `python -m probe.reporting.schema` (a test keeps the two equal)."""
+    null (a NaN or infinity is written as null, `strict`). summary.schema.json beside this module is this, written
+    by `python -m probe.reporting.schema > probe/reporting/summary.schema.json` (shipped in the
+    package and in the docs; a test keeps the file equal to this)."""
     defs: dict[str, Any] = {}
     root = _schema_of(Summary, defs)
     return {
@@ -384,8 +391,22 @@ def _dataclass_schema(kind: type, defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+SCHEMA_FILE = Path(__file__).with_name("summary.schema.json")
+
+
+def check_summary(data: Any) -> None:
+    """Refuse a summary.json that does not satisfy the shipped JSON Schema, naming the first
+    offending field (its path) and what is wrong with it."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise ConfigError(f"summary.json does not match its schema at {where}: {error.message}")
+
+
 if __name__ == "__main__":
-    import json
     import sys
 
     json.dump(json_schema(), sys.stdout, indent=2)
