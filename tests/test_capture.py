@@ -337,3 +337,26 @@ def test_double_capture_runs_a_float64_copy_and_agrees_with_float32():
     np.testing.assert_array_equal(streams.numpy(), double.transpose(0, 2, 1, 3))
     with pytest.raises(ConfigError, match=r"probes.precision: unknown value .float16. \(float64, float32\)"):
         ProbeSettings(precision="float16")
+
+
+def test_weights_edited_in_place_are_seen_by_the_next_capture():
+    """The TransformerLens bridge is cached per model, but keyed on its weights' state too: after an
+    in-place edit the next capture runs the edited model, not a stale bridge (GPT-2 and planted)."""
+    from probe.models.planted import plant
+    from probe.planted_io import planted_config
+
+    torch.manual_seed(0)
+    gpt2 = build_model(build_cfg(layers=2).model).eval()
+    planted = plant(planted_config("gd", 3, 3, 8, step_size=0.1).model)
+    for model, weight in ((gpt2, lambda m: m._backbone.h[0].mlp.c_fc.weight), (planted, lambda m: m.v)):
+        g = torch.Generator().manual_seed(2)
+        xs, ys = torch.randn(4, 8, 3, generator=g), torch.randn(4, 8, generator=g)
+        hooks = ["blocks.0.hook_resid_post"]  # a named hook: the TransformerLens bridge runs
+        before = capture(model, xs, ys, hooks=hooks).pred
+        with torch.no_grad():
+            weight(model).mul_(1.5)
+        after = capture(model, xs, ys, hooks=hooks).pred
+        with torch.no_grad():
+            expected = model(xs, ys).numpy()
+        assert not np.allclose(before, after)
+        np.testing.assert_allclose(after, expected, rtol=1e-4, atol=1e-5)

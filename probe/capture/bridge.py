@@ -114,13 +114,22 @@ def bridge_inputs(model: GPT2ICL, xs: Tensor, ys: Tensor) -> Tensor:
     return model.embed_prompts(xs, ys, positions=False)
 
 
-_BRIDGES: weakref.WeakKeyDictionary[GPT2ICL, tuple[str, object]] = weakref.WeakKeyDictionary()
+_BRIDGES: weakref.WeakKeyDictionary[GPT2ICL, tuple[tuple, object]] = weakref.WeakKeyDictionary()
+
+
+def weights_state(model) -> tuple:
+    """What a bridge built from `model` depends on: every parameter's and buffer's storage and
+    in-place version counter, so that weights edited in place (or replaced) give a new bridge."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)
 
 
 def cached_bridge(model: GPT2ICL, device: str = "cpu"):
-    """`to_bridge`, built once per model object and device (analyses never change weights)."""
+    """`to_bridge`, built once per model object, device and state of its weights (`weights_state`:
+    a model whose weights were edited in place gets a fresh bridge, not stale activations)."""
+    key = (str(device), weights_state(model))
     hit = _BRIDGES.get(model)
-    if hit is None or hit[0] != str(device):
-        hit = (str(device), to_bridge(model, device))
+    if hit is None or hit[0] != key:
+        hit = (key, to_bridge(model, device))
         _BRIDGES[model] = hit
     return hit[1]

@@ -21,6 +21,7 @@ from torch import Tensor
 from ..models.base import ModelOutput
 from ..models.planted import PlantedICL
 from . import hooks as H
+from .bridge import weights_state
 
 
 def planted_bridge(model: PlantedICL, n_tokens: int, device: str = "cpu"):
@@ -63,8 +64,10 @@ _BRIDGES: weakref.WeakKeyDictionary[PlantedICL, dict] = weakref.WeakKeyDictionar
 
 
 def cached_planted_bridge(model: PlantedICL, n_tokens: int, device: str = "cpu"):
+    """`planted_bridge`, built once per model object, sequence length, device and state of its
+    weights (bridge.weights_state: weights edited in place give a fresh bridge)."""
     store = _BRIDGES.setdefault(model, {})
-    key = (n_tokens, str(device))
+    key = (n_tokens, str(device), weights_state(model))
     if key not in store:
         store[key] = planted_bridge(model, n_tokens, device)
     return store[key]
