@@ -55,5 +55,6 @@ def random_weights_model(model_config, seed: int):
     """The random-weights control: the architecture of `model_config`, initialised from seed + 99
     (the same model for the probes' control and the null baselines)."""
 
-    torch.manual_seed(seed + Offset.RANDOM_WEIGHTS)
-    return build_model(model_config).eval()
+    with torch.random.fork_rng(devices=[]):  # the caller's global random state is left as it was
+        torch.manual_seed(seed + Offset.RANDOM_WEIGHTS)
+        return build_model(model_config).eval()

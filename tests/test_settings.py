@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+import torch
 from conftest import REPO
 
 from probe.cli import build_parser
@@ -135,3 +136,19 @@ def test_heatmap_similarity_switches_are_the_recipe_keys():
     recipe = resolve_recipe("quick", flag_overrides(args))
     assert (recipe.similarity.simw, recipe.similarity.include_first) == (False, True)
     assert resolve_recipe("quick", flag_overrides(_parse(["heatmap"]))).similarity == SimilaritySettings(bootstrap=500)
+
+
+def test_the_random_weights_control_leaves_the_global_random_state_alone():
+    """Library code draws the control model's weights from its own seed (probe/seeds.py) without
+    moving torch's global generator; the same seed gives the same model."""
+    from conftest import build_cfg
+
+    from probe.seeds import random_weights_model
+
+    cfg = build_cfg(layers=2).model
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    a = random_weights_model(cfg, 0)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    b = random_weights_model(cfg, 0)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
