@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from .base import LearnerResult, as_float64, linear_result, prefix_moments
 from .registry import register
 
@@ -38,7 +39,7 @@ def ridge(
     eye = torch.eye(xs.shape[-1], dtype=xs.dtype, device=xs.device)
     lams = torch.as_tensor(list(lam), dtype=xs.dtype, device=xs.device)
     if (lams <= 0).any():
-        raise ValueError(f"ridge lambdas must be > 0 (use least_squares for 0), got {list(lam)}")
+        raise ConfigError(f"ridge lambdas must be > 0 (use least_squares for 0), got {list(lam)}")
     reg = s.unsqueeze(0) + lams.view(-1, 1, 1, 1, 1) * eye  # (K, B, n, d, d)
     w = torch.linalg.solve(reg, b.unsqueeze(0).expand(len(lams), *b.shape).unsqueeze(-1)).squeeze(-1)
     return linear_result("ridge", [{"lam": float(v)} for v in lams], w, xs, queries)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from .base import LearnerResult, as_float64, linear_result, prefix_moments
 from .registry import register
 
@@ -58,11 +59,11 @@ def gd(
     lam, v, c, t = prefix_eigh(xs, ys)
     steps_t = torch.as_tensor(list(steps), dtype=xs.dtype, device=xs.device)
     if (steps_t < 0).any():
-        raise ValueError(f"gd steps must be >= 0, got {list(steps)}")
+        raise ConfigError(f"gd steps must be >= 0, got {list(steps)}")
     grid, coefs = [], []
     for conv in convention:
         if conv not in ("paper", "code"):
-            raise ValueError(f"gd convention must be 'paper' or 'code', got {conv!r}")
+            raise ConfigError(f"gd convention must be 'paper' or 'code', got {conv!r}")
         scale = t.clamp_min(1).view(1, -1, 1) if conv == "paper" else torch.ones_like(t).view(1, -1, 1)
         curv, g = lam / scale, c / scale  # Hessian eigenvalues and the -gradient at w = 0, per eigenvector
         top = curv.amax(-1, keepdim=True)
@@ -72,7 +73,7 @@ def gd(
             elif isinstance(e, (int, float)) and not isinstance(e, bool) and e > 0:
                 step = torch.full_like(top, float(e))
             else:
-                raise ValueError(f"gd eta must be a positive number or 'auto', got {e!r}")
+                raise ConfigError(f"gd eta must be a positive number or 'auto', got {e!r}")
             h = step * curv  # per-eigenvalue contraction: u_{k+1} = (1 - h) u_k + step * g
             for k in steps_t:
                 filt = torch.where(h > 1e-12, (1 - (1 - h) ** k) / curv.clamp_min(1e-300), k * step)
@@ -92,7 +93,7 @@ def newton_alpha(lam: Tensor, rule: str | float) -> Tensor:
     """
     if isinstance(rule, (int, float)) and not isinstance(rule, bool):
         if rule <= 0:
-            raise ValueError(f"newton alpha must be positive, got {rule}")
+            raise ConfigError(f"newton alpha must be positive, got {rule}")
         t = (
             torch.arange(lam.shape[-2], dtype=lam.dtype, device=lam.device)
             .clamp_min(1)
@@ -107,7 +108,7 @@ def newton_alpha(lam: Tensor, rule: str | float) -> Tensor:
     elif rule == "paper":
         norm, factor = sq.amax(-1, keepdim=True), 2.0
     else:
-        raise ValueError(f"newton alpha must be one of {NEWTON_ALPHAS}, got {rule!r}")
+        raise ConfigError(f"newton alpha must be one of {NEWTON_ALPHAS}, got {rule!r}")
     return torch.where(norm > 0, factor / norm.clamp_min(1e-300), torch.zeros_like(norm))
 
 
@@ -138,7 +139,7 @@ def newton(
     xs, ys, queries = as_float64(xs, ys, queries)
     its = sorted({int(k) for k in iterations})
     if its and its[0] < 0:
-        raise ValueError(f"newton iterations must be >= 0, got {list(iterations)}")
+        raise ConfigError(f"newton iterations must be >= 0, got {list(iterations)}")
     lam, v, c, _ = prefix_eigh(xs, ys)
     grid, coefs = [], []
     for rule in alpha:

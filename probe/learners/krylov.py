@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from .base import LearnerResult, as_float64, linear_result, prefix_moments
 from .registry import register
 from .wolfe import bfgs_wolfe, cg_wolfe, lbfgs_wolfe, two_loop
@@ -62,13 +63,13 @@ def _run_wolfe(
 
 def _check_line_search(line_search: str) -> None:
     if line_search not in LINE_SEARCHES:
-        raise ValueError(f"line_search must be 'exact' or 'wolfe', got {line_search!r}")
+        raise ConfigError(f"line_search must be 'exact' or 'wolfe', got {line_search!r}")
 
 
 def _collect(iterations: Sequence[int], name: str) -> list[int]:
     its = [int(k) for k in iterations]
     if any(k < 0 for k in its):
-        raise ValueError(f"{name} iterations must be >= 0, got {its}")
+        raise ConfigError(f"{name} iterations must be >= 0, got {its}")
     return its
 
 
@@ -161,7 +162,7 @@ def lbfgs(
     scipy's L-BFGS-B without bounds (H_0 = (s.y / y.y) I, its Moré-Thuente search) with "wolfe"."""
     its = _collect(iterations, "lbfgs")
     if memory < 1:
-        raise ValueError(f"lbfgs memory must be >= 1, got {memory}")
+        raise ConfigError(f"lbfgs memory must be >= 1, got {memory}")
     _check_line_search(line_search)
     xs, ys, queries = as_float64(xs, ys, queries)
     if line_search == "wolfe":

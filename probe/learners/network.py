@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from ..positions import prefix_mask
 from .base import LearnerResult, as_float64
 from .registry import register
@@ -67,9 +68,9 @@ def relu_gd(
     `optimizer` ("adam" or "sgd") on the mean squared error / 2, for every prefix t and every k in `steps`."""
     steps = [int(k) for k in steps]
     if any(k < 0 for k in steps) or lr <= 0 or depth < 2 or width < 1:
-        raise ValueError("relu_gd needs steps >= 0, lr > 0, depth >= 2 and width >= 1")
+        raise ConfigError("relu_gd needs steps >= 0, lr > 0, depth >= 2 and width >= 1")
     if optimizer not in ("adam", "sgd"):
-        raise ValueError(f"relu_gd optimizer must be 'adam' or 'sgd', got {optimizer!r}")
+        raise ConfigError(f"relu_gd optimizer must be 'adam' or 'sgd', got {optimizer!r}")
     xs, ys, queries = as_float64(xs, ys, queries)
     b, n, d = xs.shape
     params = [p.to(xs.device).requires_grad_() for p in init_networks((b, n), layer_sizes(d, depth, width), seed)]

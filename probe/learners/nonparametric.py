@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from .base import LearnerResult, as_float64, linear_result
 from .registry import register
 
@@ -47,7 +48,7 @@ def knn(
     for kk in k:
         for wt in weighting:
             if wt not in ("uniform", "distance"):
-                raise ValueError(f"knn weighting must be 'uniform' or 'distance', got {wt!r}")
+                raise ConfigError(f"knn weighting must be 'uniform' or 'distance', got {wt!r}")
             grid.append({"k": int(kk), "weighting": wt})
             preds.append(_knn_predict(xs, ys, xs, torch.arange(n, device=xs.device), int(kk), wt))
             if queries is not None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from .base import LearnerResult, as_float64, linear_result
 from .registry import register
 
@@ -28,7 +29,7 @@ def ogd(
         elif isinstance(e, (int, float)) and not isinstance(e, bool) and e > 0:
             rate = torch.full((b, n), float(e), dtype=xs.dtype, device=xs.device)
         else:
-            raise ValueError(f"ogd eta must be a positive number or 'normalized', got {e!r}")
+            raise ConfigError(f"ogd eta must be a positive number or 'normalized', got {e!r}")
         w = xs.new_zeros(b, d)
         held = [w]
         for k in range(n - 1):
@@ -54,7 +55,7 @@ def online_least_squares(
     grid, weights = [], []
     for value in lam:
         if value <= 0:
-            raise ValueError(f"online_least_squares lam must be > 0, got {value}")
+            raise ConfigError(f"online_least_squares lam must be > 0, got {value}")
         p = torch.eye(d, dtype=xs.dtype, device=xs.device).expand(b, d, d) / value
         w = xs.new_zeros(b, d)
         held = [w]

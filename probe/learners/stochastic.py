@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from .base import LearnerResult, as_float64, linear_result
 from .registry import register
 
@@ -50,12 +51,12 @@ def check_masks(masks: Tensor, steps: int, n: int) -> Tensor:
     """Explicit masks as (>= steps, n, n) 0/1 float64, each step's batch within its prefix."""
     masks = torch.as_tensor(masks, dtype=torch.float64)
     if masks.ndim != 3 or masks.shape[0] < steps or masks.shape[1:] != (n, n):
-        raise ValueError(
+        raise ConfigError(
             f"masks must have shape (steps >= {steps}, n={n}, n={n}) (masks[l, t, i] = 1: example i in prefix t's "
             f"minibatch at step l), got {tuple(masks.shape)}"
         )
     if not bool(((masks == 0) | (masks == 1)).all()) or bool(masks.triu().any()):
-        raise ValueError("masks must hold 0 or 1, with masks[l, t, i] = 0 for i >= t (only seen examples)")
+        raise ConfigError("masks must hold 0 or 1, with masks[l, t, i] = 0 for i >= t (only seen examples)")
     return masks
 
 
@@ -81,7 +82,7 @@ def minibatch_gradient(w: Tensor, xs: Tensor, ys: Tensor, idx: Tensor) -> Tensor
 
 def _check(steps: Sequence[int], batch_size: Sequence[int], eta: Sequence[float], name: str) -> None:
     if any(int(k) < 0 for k in steps) or any(int(m) < 1 for m in batch_size) or any(e <= 0 for e in eta):
-        raise ValueError(f"{name}: steps must be >= 0, batch sizes >= 1 and step sizes > 0")
+        raise ConfigError(f"{name}: steps must be >= 0, batch sizes >= 1 and step sizes > 0")
 
 
 def _run_minibatch(
@@ -107,7 +108,7 @@ def _run_minibatch(
         masks = check_masks(masks, last, n).to(xs.device)
         batch_size = [int(masks[0].sum(-1).max()) if last else 1]  # the masks fix the batch
     elif masks_seed is not None and (isinstance(masks_seed, bool) or not isinstance(masks_seed, int)):
-        raise ValueError(f"{name}: masks_seed must be an integer or None, got {masks_seed!r}")
+        raise ConfigError(f"{name}: masks_seed must be an integer or None, got {masks_seed!r}")
     etas = torch.tensor(list(eta), dtype=xs.dtype, device=xs.device).view(-1, 1, 1, 1)
     grid, weights = [], []
     for m in batch_size:
@@ -176,7 +177,7 @@ def adam(
     w <- w - eta (m/(1-b1^l)) / (sqrt(v/(1-b2^l)) + eps)      ("torch": torch.optim.Adam)
     """
     if eps_placement not in ("paper", "torch"):
-        raise ValueError(f"adam eps_placement must be 'paper' or 'torch', got {eps_placement!r}")
+        raise ConfigError(f"adam eps_placement must be 'paper' or 'torch', got {eps_placement!r}")
 
     def update(w, g, state, k):
         m = beta1 * state.get("m", torch.zeros_like(w)) + (1 - beta1) * g
