@@ -213,6 +213,14 @@ class ProbeSettings(Section):
         ("float64", "float32"),
     )
 
+    def check_for(self, n_points: int) -> None:
+        """The prefixes against a task's prompt length (known only with a model): 1..n_points - 1."""
+        if self.prefixes and (min(self.prefixes) < 1 or max(self.prefixes) >= n_points):
+            raise ConfigError(
+                f"probes.prefixes must lie in 1..{n_points - 1} (examples before a query; the prompts have "
+                f"{n_points} points), got {list(self.prefixes)}"
+            )
+
 
 @dataclass
 class PromptSettings(Section):

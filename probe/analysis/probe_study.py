@@ -44,6 +44,7 @@ def probe_study(
     check_model(model)
     device, n_test = check_device(device), positive_int(n_test, "probe test prompts")
     budget.check(budget.probe_estimates(shape_of(model), task.n_points, settings, n_test))
+    settings.check_for(task.n_points)
     prefixes = settings.prefixes or default_prefixes(task.n_dims, task.n_points)
     combos = [(t, target) for t in prefixes for target in settings.targets]
     train = sample_prompts(task, settings.prompts, generator=stream_generator(seed, Stream.PROBE_TRAIN))

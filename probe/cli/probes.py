@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 
 from ..config import to_dict
-from ..errors import ConfigError
 from .stage import add_stage_parser, run_stage
 
 
@@ -26,11 +25,6 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..reporting.schema import to_json
     from ..reporting.summary import probe_summary
-
-    def check(ckpt, recipe) -> None:
-        n, prefixes = ckpt.config.task.n_points, recipe.probes.prefixes
-        if prefixes and max(prefixes) >= n:
-            raise ConfigError(f"--prefixes must be below the number of points ({n}), got {list(prefixes)}")
 
     def show(table) -> None:
         for target, kinds in probe_summary(table).items():
@@ -49,5 +43,4 @@ def run(args: argparse.Namespace) -> int:
         summary=lambda table: {"probes": to_json(probe_summary(table))},
         record=lambda ckpt, r: {**to_dict(r.probes), "test_prompts": r.prompts.test, "seed": r.prompts.seed},
         show=show,
-        check=check,
     )

@@ -238,6 +238,8 @@ def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
     whose SimW would be underdetermined, before any work; errors name the recipe key."""
 
     m = ckpt.config.model
+    if recipe.probes.enabled:
+        recipe.probes.check_for(ckpt.config.task.n_points)
     queries = recipe.prompts.queries or 4 * m.n_dims
     if recipe.similarity.simw and queries < m.n_dims:
         raise ConfigError(
