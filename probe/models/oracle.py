@@ -32,12 +32,13 @@ class LearnerOracle(nn.Module):
         d_model: int = 8,
         fixed: dict[str, Any] | None = None,
         noise: float = 0.0,
+        seed: int = 0,
     ):
         super().__init__()
         self.learner, self.axis, self.schedule = learner, axis, schedule
         self.n_layers, self.n_dims, self.n_points, self.d_model = n_layers, n_dims, n_points, d_model
         self.fixed = fixed or {}
-        self.noise = noise
+        self.noise, self.seed = noise, seed  # the noise's own generator: the same seed, the same noise each run
 
     def readout(self, final: Tensor) -> Tensor:
         return final[..., 0]
@@ -52,7 +53,7 @@ class LearnerOracle(nn.Module):
         grid: dict = {self.axis: tuple(sorted(set(ks))), **self.fixed}
         result = run_learner(self.learner, xs, ys, None, **grid)
         by_k = {g[self.axis]: i for i, g in enumerate(result.grid)}
-        g = torch.Generator().manual_seed(1234)
+        g = torch.Generator().manual_seed(self.seed)
         resid = []
         for k in ks:
             h = torch.zeros(b, 2 * n, self.d_model)
