@@ -187,3 +187,15 @@ def test_no_api_function_is_shadowed_by_a_module_of_the_same_name():
     for name in ("probe.reporting.build", "probe.study.run", "probe.capture.activations", "probe.analysis.pipeline"):
         importlib.import_module(name)
     assert all(callable(getattr(probe, name)) for name in probe.API)
+
+
+def test_learners_describe_themselves_and_the_report_holds_no_learner_names():
+    from probe.learners import LEARNERS
+    from probe.reporting.findings import LABELS, label
+    from probe.reporting.html import learner_methods
+
+    assert all(LEARNERS.get(n).label for n in LEARNERS.names())
+    assert not set(LABELS) & set(LEARNERS.names())
+    assert label("newton") == "Iterative Newton" and label("sgd[8]") == "SGD, 8 steps"
+    methods = learner_methods(probe.recipe("quick"))
+    assert "GD (log grid): paper convention" in methods[2] and methods[0].startswith("Iterative Newton: M_(k+1)")

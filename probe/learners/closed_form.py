@@ -18,14 +18,14 @@ def least_squares_weights(xs: Tensor, ys: Tensor, rtol: float = 1e-10) -> Tensor
     return (torch.linalg.pinv(s, hermitian=True, rtol=rtol) @ b.unsqueeze(-1)).squeeze(-1)
 
 
-@register("least_squares")
+@register("least_squares", label="least squares")
 def least_squares(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> LearnerResult:
     """OLS with the pseudo-inverse: the minimum-norm interpolant while t < d."""
     xs, ys, queries = as_float64(xs, ys, queries)
     return linear_result("least_squares", [{}], least_squares_weights(xs, ys)[None], xs, queries)
 
 
-@register("ridge")
+@register("ridge", label="ridge")
 def ridge(
     xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, lam: Sequence[float] = (0.01, 0.1, 1.0)
 ) -> LearnerResult:

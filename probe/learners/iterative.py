@@ -37,7 +37,33 @@ def _from_eigen(v: Tensor, coef: Tensor) -> Tensor:
     return torch.einsum("bnij,kbnj->kbni", v, coef)
 
 
-@register("gd")
+GD_STEP = {"auto": "per-prompt step 1/lambda_max of the loss Hessian ('auto')"}
+NEWTON_ALPHA_TEXT = {
+    "spectral": "M_0 = S/||S S^T||_2 ('spectral')",
+    "frobenius": "M_0 = S/||S S^T||_F ('frobenius', the paper's code)",
+    "paper": "M_0 = 2 S/||S S^T||_2 ('paper', seed 003 eq. 8)",
+}
+
+
+def describe_gd(grid: dict) -> str:
+    """What a GD grid ran, in words (the report's methods section)."""
+    etas = [
+        GD_STEP.get(e, str(e)) if isinstance(e, str) else f"fixed step eta = {e:g}" for e in grid.get("eta", ["auto"])
+    ]
+    conv = ", ".join(grid.get("convention", ["paper"]))
+    return f"{conv} convention (gradient of ||y - Xw||^2/(2t) for 'paper'), " + "; ".join(etas)
+
+
+def describe_newton(grid: dict) -> str:
+    """What an Iterative Newton grid ran, in words."""
+    alphas = [
+        NEWTON_ALPHA_TEXT.get(a, str(a)) if isinstance(a, str) else f"M_0 = {a:g} S/t (fixed alpha)"
+        for a in grid.get("alpha", ["spectral"])
+    ]
+    return "M_(k+1) = 2 M_k - M_k S M_k with " + "; ".join(alphas)
+
+
+@register("gd", label="GD", unit="steps", describe=describe_gd)
 def gd(
     xs: Tensor,
     ys: Tensor,
@@ -120,7 +146,7 @@ def newton_schulz(m: Tensor, s: Tensor, steps: int) -> Tensor:
     return m
 
 
-@register("newton")
+@register("newton", label="Iterative Newton", describe=describe_newton)
 def newton(
     xs: Tensor,
     ys: Tensor,

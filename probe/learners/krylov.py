@@ -73,7 +73,7 @@ def _collect(iterations: Sequence[int], name: str) -> list[int]:
     return its
 
 
-@register("cg")
+@register("cg", label="conjugate gradient", unit="steps")
 def cg(
     xs: Tensor,
     ys: Tensor,
@@ -109,7 +109,7 @@ def cg(
     return linear_result("cg", [{"iterations": k} for k in its], torch.stack([snaps[k] for k in its]), xs, queries)
 
 
-@register("bfgs")
+@register("bfgs", label="BFGS", unit="steps")
 def bfgs(
     xs: Tensor,
     ys: Tensor,
@@ -148,7 +148,7 @@ def bfgs(
     return linear_result("bfgs", [{"iterations": k} for k in its], torch.stack([snaps[k] for k in its]), xs, queries)
 
 
-@register("lbfgs")
+@register("lbfgs", label="L-BFGS")
 def lbfgs(
     xs: Tensor,
     ys: Tensor,

@@ -51,7 +51,7 @@ def network_forward(params: Sequence[Tensor], x: Tensor) -> Tensor:
     return h.squeeze(-1)
 
 
-@register("relu_gd")
+@register("relu_gd", label="ReLU network (GD)")
 def relu_gd(
     xs: Tensor,
     ys: Tensor,

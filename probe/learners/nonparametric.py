@@ -32,7 +32,7 @@ def _knn_predict(points: Tensor, labels: Tensor, queries: Tensor, n_seen: Tensor
     return torch.where(total > 0, (w * y).sum(-1) / total.clamp_min(1e-300), torch.zeros_like(total))
 
 
-@register("knn")
+@register("knn", label="k-NN")
 def knn(
     xs: Tensor,
     ys: Tensor,
@@ -66,7 +66,7 @@ def knn(
     return LearnerResult("knn", grid, torch.stack(preds), None, torch.stack(qpreds) if qpreds else None)
 
 
-@register("averaging")
+@register("averaging", label="averaging")
 def averaging(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> LearnerResult:
     """w_t = (1/t) sum_{i<=t} y_i x_i (Garg et al.'s averaging estimator; 0 at t = 0)."""
     xs, ys, queries = as_float64(xs, ys, queries)

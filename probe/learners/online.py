@@ -12,7 +12,7 @@ from .base import LearnerResult, as_float64, linear_result
 from .registry import register
 
 
-@register("ogd")
+@register("ogd", label="online GD")
 def ogd(
     xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[float | str] = ("normalized",)
 ) -> LearnerResult:
@@ -41,7 +41,7 @@ def ogd(
     return linear_result("ogd", grid, torch.stack(weights), xs, queries)
 
 
-@register("online_least_squares")
+@register("online_least_squares", label="online least squares")
 def online_least_squares(
     xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, lam: Sequence[float] = (1e-4,)
 ) -> LearnerResult:

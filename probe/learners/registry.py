@@ -12,9 +12,19 @@ from ..registry import Registry
 
 @dataclass(frozen=True)
 class LearnerSpec:
+    """A learner as the rest of the package sees it: its function, grid defaults, and how it
+    describes itself (the report's words come from here, not from the presentation code)."""
+
     name: str
     fn: Callable[..., Any]
     defaults: dict[str, Any]  # hyper-parameter name -> default grid
+    label: str = ""  # in words: "Iterative Newton"
+    unit: str = "iterations"  # what its step count counts: "steps" or "iterations"
+    describe: Callable[[dict[str, Any]], str] | None = None  # a grid -> what was run, in words
+
+    @property
+    def title(self) -> str:
+        return self.label or self.name.replace("_", " ")
 
 
 LEARNERS: Registry[LearnerSpec] = Registry("learner")
@@ -26,11 +36,14 @@ def signature_defaults(fn: Callable[..., Any]) -> dict[str, Any]:
     return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
-def register(name: str):
-    """Register a learner `fn(xs, ys, queries=None, *, <grid>)`; its grid defaults come from its signature."""
+def register(
+    name: str, label: str = "", unit: str = "iterations", describe: Callable[[dict[str, Any]], str] | None = None
+):
+    """Register a learner `fn(xs, ys, queries=None, *, <grid>)`; its grid defaults come from its
+    signature; `label`, `unit` and `describe` are how reports name it and say what a grid ran."""
 
     def decorator(fn):
-        LEARNERS.register(name)(LearnerSpec(name, fn, signature_defaults(fn)))
+        LEARNERS.register(name)(LearnerSpec(name, fn, signature_defaults(fn), label, unit, describe))
         return fn
 
     return decorator

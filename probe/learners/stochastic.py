@@ -131,7 +131,7 @@ def _run_minibatch(
     return linear_result(name, grid, torch.stack(weights), xs, queries)
 
 
-@register("sgd")
+@register("sgd", label="SGD", unit="steps")
 def sgd(
     xs: Tensor,
     ys: Tensor,
@@ -153,7 +153,7 @@ def sgd(
     return _run_minibatch("sgd", xs, ys, queries, eta, batch_size, steps, seed, update, masks_seed, masks)
 
 
-@register("adam")
+@register("adam", label="Adam", unit="steps")
 def adam(
     xs: Tensor,
     ys: Tensor,

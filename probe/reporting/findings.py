@@ -6,33 +6,23 @@ import re
 
 from ..analysis.verdicts import NOT_SEPARABLE
 from ..config import PLANTED_SCHEDULE, planted_layer_map
+from ..learners import LEARNERS
 from .schema import Match, ProbeFit, Summary, Table1Entry, Verdict
 
+# Names that are not learners: recipe sweep labels (a learner's grid variants), metrics, targets and
+# nulls. A learner's own name reads as its registered label (probe/learners: LearnerSpec.label).
 LABELS = {
-    "ogd": "online GD",
     "gd_log": "GD (log grid)",
     "gd_linear": "GD (linear grid)",
-    "gd": "GD",
-    "newton": "Iterative Newton",
-    "least_squares": "least squares",
-    "knn": "k-NN",
     "knn3": "3-NN",
     "gd_1step": "GD (1 step)",
     "gd_best": "GD (best steps)",
     "ridge_best": "ridge (best lambda)",
     "ridge_bayes": "ridge (Bayes lambda)",
-    "sgd": "SGD",
     "sgd_replay": "SGD (the model's minibatches)",
     "sgd_other": "SGD (other minibatches)",
     "adam_replay": "Adam (the model's minibatches)",
     "adam_other": "Adam (other minibatches)",
-    "adam": "Adam",
-    "cg": "conjugate gradient",
-    "bfgs": "BFGS",
-    "lbfgs": "L-BFGS",
-    "ridge": "ridge",
-    "averaging": "averaging",
-    "relu_gd": "ReLU network (GD)",
     "relu_adam": "ReLU network (Adam)",
     "sime": "SimE",
     "simw": "SimW",
@@ -43,17 +33,17 @@ LABELS = {
 }
 
 
-UNITS = {"newton": "iterations", "gd": "steps", "sgd": "steps", "adam": "steps", "cg": "steps", "bfgs": "steps"}
-
-
 def label(name: str) -> str:
     """Human label of an internal name (sweep, metric, probe target); a sweep of one grid value,
     `learner[k]`, reads "<learner>, k <unit>" (sgd[8]: "SGD, 8 steps")."""
     fixed = re.fullmatch(r"(\w+)\[(\d+)\]", name)
     if fixed and name not in LABELS:
         learner, k = fixed.groups()
-        return f"{label(learner)}, {k} {UNITS.get(learner, 'iterations')}"
-    return LABELS.get(name, name.replace("_", " "))
+        unit = LEARNERS.get(learner).unit if learner in LEARNERS else "iterations"
+        return f"{label(learner)}, {k} {unit}"
+    if name in LABELS:
+        return LABELS[name]
+    return LEARNERS.get(name).title if name in LEARNERS else name.replace("_", " ")
 
 
 def _icl(summary: Summary, d: int) -> str | None:

@@ -12,6 +12,7 @@ from typing import Any
 import markupsafe
 import pandas as pd
 
+from ..learners import LEARNERS
 from .findings import findings, label
 from .page import Page, Section
 from .page import table as _table
@@ -39,36 +40,13 @@ def _readable(frame: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-GD_STEP = {"auto": "per-prompt step 1/lambda_max of the loss Hessian ('auto')"}
-NEWTON_ALPHA = {
-    "spectral": "M_0 = S/||S S^T||_2 ('spectral')",
-    "frobenius": "M_0 = S/||S S^T||_F ('frobenius', the paper's code)",
-    "paper": "M_0 = 2 S/||S S^T||_2 ('paper', seed 003 eq. 8)",
-}
-
-
 def learner_methods(recipe) -> list[str]:
-    """What the GD and Newton sweeps of this recipe actually ran (their grids, not a fixed text)."""
+    """What each sweep of this recipe ran, in the learner's own words (LearnerSpec.describe)."""
     lines = []
     for sweep in recipe.sweeps:
-        grid = sweep.grid
-        if sweep.learner == "gd":
-            etas = [
-                GD_STEP.get(e, str(e)) if isinstance(e, str) else f"fixed step eta = {e:g}"
-                for e in grid.get("eta", ["auto"])
-            ]
-            conv = ", ".join(grid.get("convention", ["paper"]))
-            lines.append(
-                f"{label(sweep.label)}: {conv} convention (gradient of ||y - Xw||^2/(2t) for 'paper'), "
-                + "; ".join(etas)
-                + "."
-            )
-        elif sweep.learner == "newton":
-            alphas = [
-                NEWTON_ALPHA.get(a, str(a)) if isinstance(a, str) else f"M_0 = {a:g} S/t (fixed alpha)"
-                for a in grid.get("alpha", ["spectral"])
-            ]
-            lines.append(f"{label(sweep.label)}: M_(k+1) = 2 M_k - M_k S M_k with " + "; ".join(alphas) + ".")
+        spec = LEARNERS.get(sweep.learner)
+        if spec.describe is not None:
+            lines.append(f"{label(sweep.label)}: {spec.describe(sweep.grid)}.")
     return lines
 
 
