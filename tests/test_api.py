@@ -199,3 +199,17 @@ def test_learners_describe_themselves_and_the_report_holds_no_learner_names():
     assert label("newton") == "Iterative Newton" and label("sgd[8]") == "SGD, 8 steps"
     methods = learner_methods(probe.recipe("quick"))
     assert "GD (log grid): paper convention" in methods[2] and methods[0].startswith("Iterative Newton: M_(k+1)")
+
+
+def test_the_reports_trend_words_are_rendered_from_the_fit_not_from_a_sentence():
+    """findings reads a trend's fields (shape from the two R^2, slope or growth, the sweep's axis),
+    so a verdict string it does not parse can say anything."""
+    from probe.reporting.findings import findings
+    from probe.reporting.schema import Summary
+
+    summary = Summary.from_json(json.loads((REPO / "reports" / "gpt2-default-quick" / "summary.json").read_text()))
+    for fit in summary.trend.values():
+        fit.verdict = "x: not parsed"
+    text = " ".join(findings(summary)[0])
+    assert "Layers vs Iterative Newton (SimE): linear, about 3.0 iterations per layer (R^2 linear 0.91" in text
+    assert "Layers vs GD (log grid) (SimE): exponential, about x1.80 per layer" in text

@@ -4,6 +4,7 @@ reference learner over its grid, by SimE and SimW, with best matches and a trend
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -90,6 +91,20 @@ def _r2(y: np.ndarray, fit: np.ndarray) -> float:
     return float("nan") if np.ptp(y) == 0 else float(r2_score(torch.as_tensor(y), torch.as_tensor(fit), dim=0))
 
 
+INCONCLUSIVE = "inconclusive (fewer than 3 layers with a varying, unconverged best match)"
+
+
+def trend_words(fit: Any, unit: str) -> str:
+    """A trend fit (`trend`'s fields, or summary.json's) in words: its shape, rate and both R^2;
+    the one place the words are made (the report renders them from the fields)."""
+    if fit.linear_r2 is None:
+        return INCONCLUSIVE
+    r2 = f" (R^2 linear {fit.linear_r2:.2f}, exponential {fit.exponential_r2:.2f})"
+    if fit.linear_r2 >= fit.exponential_r2:
+        return f"linear, about {fit.slope:.1f} {unit} per layer" + r2
+    return f"exponential, about x{fit.growth:.2f} per layer" + r2
+
+
 def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | None = None) -> dict[str, Any]:
     """Linear and exponential fits of the best-matching k against the layer index, over layers
     l >= 1 before convergence (best k neither at the start nor at the end of the grid).
@@ -107,7 +122,7 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | No
             exponential_r2=None,
             slope=None,
             growth=None,
-            verdict=f"{learner}: inconclusive (fewer than 3 layers with a varying, unconverged best match)",
+            verdict=f"{learner}: {INCONCLUSIVE}",
         )
         return out
     from scipy.optimize import curve_fit
@@ -119,18 +134,9 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | No
     except RuntimeError:  # no convergence: keep the log-linear fit
         pass
     lin_r2, exp_r2 = _r2(ks, a * layers + b), _r2(ks, np.exp(ea * layers + eb))
-    if lin_r2 >= exp_r2:
-        unit = unit or ("iterations" if "newton" in learner else "steps")
-        verdict = f"{learner}: linear, about {a:.1f} {unit} per layer"
-    else:
-        verdict = f"{learner}: exponential, about x{np.exp(ea):.2f} per layer"
-    out.update(
-        linear_r2=lin_r2,
-        exponential_r2=exp_r2,
-        slope=float(a),
-        growth=float(np.exp(ea)),
-        verdict=verdict + f" (R^2 linear {lin_r2:.2f}, exponential {exp_r2:.2f})",
-    )
+    out.update(linear_r2=lin_r2, exponential_r2=exp_r2, slope=float(a), growth=float(np.exp(ea)))
+    unit = unit or ("iterations" if "newton" in learner else "steps")
+    out["verdict"] = f"{learner}: " + trend_words(SimpleNamespace(**out), unit)
     return out
 
 

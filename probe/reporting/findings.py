@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from ..analysis.matching import trend_words
 from ..analysis.verdicts import NOT_SEPARABLE
 from ..config import PLANTED_SCHEDULE, planted_layer_map
 from ..learners import LEARNERS
@@ -65,6 +66,14 @@ def _sime(summary: Summary, name: str) -> Match | None:
     return summary.best_match.get(name, {}).get("sime")
 
 
+def _unit(summary: Summary, sweep: str) -> str:
+    """What a sweep's k counts: its grid axis as the recipe names it (iterations, steps)."""
+    for s in summary.recipe.get("sweeps", []):
+        if s.get("label") == sweep and s.get("axis"):
+            return s["axis"]
+    return "iterations" if "newton" in sweep else "steps"
+
+
 def _verdicts(summary: Summary) -> list[str]:
     out = []
     for name, tr in summary.trend.items():
@@ -76,7 +85,7 @@ def _verdicts(summary: Summary) -> list[str]:
                 f"; final layer {block.k[-1]} [{block.k_low[-1]}, {block.k_high[-1]}]"
                 f"{' (at grid end)' if block.at_grid_end[-1] else ''}"
             )
-        out.append(f"Layers vs {label(name)} (SimE): {tr.verdict.split(': ', 1)[-1]}{tail}.")
+        out.append(f"Layers vs {label(name)} (SimE): {trend_words(tr, _unit(summary, name))}{tail}.")
     return out
 
 
