@@ -68,3 +68,14 @@ def test_study_recipes_validate_and_find_their_models(recipe, monkeypatch):
     monkeypatch.chdir(REPO)
     study = resolve_study(str(recipe))
     assert study.report_recipe().sweeps and len(resolve_models(study)) >= 2
+
+
+def test_the_names_config_checks_are_the_registries_own():
+    """config.py lists families and constructions by name (it sits below the models in the import
+    layers); those lists must be the registries' keys, so a new construction cannot be forgotten."""
+    from probe.config import MODEL_FAMILIES, PLANTED_ALGORITHMS
+    from probe.models import FAMILIES
+    from probe.models.planted import PLANTS
+
+    assert set(MODEL_FAMILIES) == set(FAMILIES)
+    assert set(PLANTED_ALGORITHMS) == set(PLANTS)
