@@ -8,7 +8,7 @@ regenerated report updates the README: `python scripts/readme_numbers.py` rewrit
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -17,10 +17,16 @@ REPO = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"<!-- n:([^:]+):([^:]+):([^ ]*) -->(.*?)<!-- /n -->", re.DOTALL)
 
 
+def _macros():
+    """docs/macros.py: the docs' own reading of a report's numbers, so both quote them alike."""
+    spec = importlib.util.spec_from_file_location("docs_macros", REPO / "docs" / "macros.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def value(report: str, path: str, fmt: str) -> str:
-    data = json.loads((REPO / "reports" / report / "summary.json").read_text())
-    for key in path.split("."):
-        data = data[int(key)] if isinstance(data, list) else data[key]
+    data = _macros().lookup(report, path)
     return format(data, fmt) if fmt and isinstance(data, (int, float)) else str(data)
 
 

@@ -16,7 +16,8 @@ from probe.config import TaskConfig
 from probe.errors import ConfigError
 from probe.learners import run_learner
 from probe.learners.stochastic import minibatch_masks
-from probe.models.planted import PRNG_BITS, plant, xorshift32_step
+from probe.models.planted import plant
+from probe.models.xorshift import PRNG_BITS, xorshift32_step
 from probe.planted_io import planted_config
 from probe.tasks import generator_for, sample_prompts
 
@@ -93,7 +94,7 @@ def test_planted_adam_holds_step_k_at_layer_4k_within_eq_16s_bound():
     model's masks. The one approximation is psi(t) = 1/sqrt(t + eps), relative error delta =
     adam_psi_error(); eq. 16 then bounds the weights' error by delta k eta B_u sqrt(d) with
     |u_c| <= (1 - b1) / sqrt(1 - b2) (Kingma & Ba §2.1), so predictions by that times ||x||."""
-    from probe.models.planted import ADAM_BETAS, adam_psi_error, psi, psi_knots, relu_segments
+    from probe.models.adam_psi import ADAM_BETAS, adam_psi_error, psi, psi_knots, relu_segments
 
     knots = psi_knots()
     t = torch.logspace(-12, 4, 5000, dtype=torch.float64)

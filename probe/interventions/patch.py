@@ -299,6 +299,21 @@ def iteration_patching(
     if missing:
         raise ConfigError(f"boundaries {missing} were not patched")
     claimed = ExpectedEffects(sweep, layer_map, xs, ys, ys_src, patched.examples)
+    frame = boundary_table(patched, tested, claimed, {b: layer_map[b] for b in tested}, n_boot, seed, min_expected)
+    alternatives = named_alternatives(layer_map, n_layers)
+    effects = {name: ExpectedEffects(sweep, m, xs, ys, ys_src, patched.examples) for name, m in alternatives.items()}
+    for label, (other_sweep, other_map) in (others or {}).items():
+        effects[f"{label} map"] = ExpectedEffects(other_sweep, other_map, xs, ys, ys_src, patched.examples)
+    summary = compare_maps(frame, patched, tested, claimed, effects, n_boot, seed, min_expected)
+    return frame, summary
+
+
+def boundary_table(
+    patched: ContextPatch, tested: list[int], claimed, ks: dict, n_boot: int, seed: int, min_expected: float
+) -> pd.DataFrame:
+    """One row per tested boundary: boundary, k (the map's count there, `ks`), the observed effect
+    with its bootstrap interval over prompts, the claimed map's expected effect, and their ratio
+    (consistency; NaN where less than `min_expected` was expected)."""
     rows = []
     for boundary in tested:
         ratio, lo, hi = bootstrap_ratio(patched.num[boundary], patched.den, n_boot=n_boot, seed=seed)
@@ -306,7 +321,7 @@ def iteration_patching(
         rows.append(
             {
                 "boundary": boundary,
-                "k": layer_map[boundary],
+                "k": ks[boundary],
                 "observed": ratio.item(),
                 "observed_lo": lo.item(),
                 "observed_hi": hi.item(),
@@ -314,13 +329,7 @@ def iteration_patching(
                 "consistency": ratio.item() / exp if abs(exp) >= min_expected else float("nan"),
             }
         )
-    frame = pd.DataFrame(rows)
-    alternatives = named_alternatives(layer_map, n_layers)
-    effects = {name: ExpectedEffects(sweep, m, xs, ys, ys_src, patched.examples) for name, m in alternatives.items()}
-    for label, (other_sweep, other_map) in (others or {}).items():
-        effects[f"{label} map"] = ExpectedEffects(other_sweep, other_map, xs, ys, ys_src, patched.examples)
-    summary = compare_maps(frame, patched, tested, claimed, effects, n_boot, seed, min_expected)
-    return frame, summary
+    return pd.DataFrame(rows)
 
 
 class Effects(Protocol):

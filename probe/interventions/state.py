@@ -36,9 +36,8 @@ from ..errors import ConfigError
 from ..learners.base import prefix_moments
 from ..learners.iterative import newton_schulz
 from ..seeds import Stream
-from ..stats import bootstrap_ratio
 from ..tasks import generator_for, sample_prompts
-from .patch import ContextPatch, compare_maps, named_alternatives
+from .patch import ContextPatch, boundary_table, compare_maps, named_alternatives
 from .runner import Hook, Runner, boundary_hook_name
 
 PICTURE = "state written in the context (Newton's iterate resumed)"
@@ -160,22 +159,8 @@ def state_map_check(
         return StateEffects(m, state.lag, tested, start, s, xq, b, c, f_k)
 
     claimed = effects(layer_map)
-    rows = []
-    for boundary in tested:
-        ratio, lo, hi = bootstrap_ratio(patched.num[boundary], patched.den, n_boot=n_boot, seed=seed)
-        exp = claimed.expected(boundary)
-        rows.append(
-            {
-                "boundary": boundary,
-                "k": layer_map[min(boundary + state.lag, n_layers)],
-                "observed": ratio.item(),
-                "observed_lo": lo.item(),
-                "observed_hi": hi.item(),
-                "expected": exp,
-                "consistency": ratio.item() / exp if abs(exp) >= min_expected else float("nan"),
-            }
-        )
-    frame = pd.DataFrame(rows)
+    held = {b: layer_map[min(b + state.lag, n_layers)] for b in tested}  # the iterate the state holds
+    frame = boundary_table(patched, tested, claimed, held, n_boot, seed, min_expected)
     alternatives = {name: effects(m) for name, m in named_alternatives(layer_map, n_layers).items()}
     summary = compare_maps(frame, patched, tested, claimed, alternatives, n_boot, seed, min_expected)
     return frame, {**summary, "picture": PICTURE}

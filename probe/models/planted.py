@@ -71,7 +71,7 @@ linear head, keys read g); (B) d heads of the query with itself give G_c^2 exact
 one token's entries is a bilinear form), the skip map makes m <- b1 m - (1-b1) G and
 v <- b2 v + (1-b2) G^2 and clears G, and the MLP writes P = psi_k(v) = 1 / sqrt(v / (1 - b2^k) + eps),
 a sum of ReLUs interpolating psi_k at geometric knots (the only approximation: relative
-accuracy `adam_psi_error()`, about 5e-3); (C) d heads give u_c = m_c P_c / (1 - b1^k) exactly;
+accuracy `adam_psi_error()` in probe/models/adam_psi.py, about 5e-3); (C) d heads give u_c = m_c P_c / (1 - b1^k) exactly;
 (D) every token attends to the query: r_j <- r_j + eta u.x_j (so the residuals hold y - w_k.x
 and -r_q = w_k.x_q), and the MLP writes the next step's gates as in SGD. Boundary 4k holds step
 k. Deviations: four layers per step instead of Thm. 5's two, because the squares and the
@@ -98,14 +98,16 @@ sum_j (-1)^j 2 ReLU(c - j). The read-out is o_1's first 24 bits as a number in [
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..positions import X_TOKENS, prefix_mask
+from .adam_psi import ADAM_BETAS, psi, psi_knots
 from .base import ModelOutput
+from .learner_state import LEARNER_STATES, LearnerState
+from .xorshift import PRNG_BITS, xorshift32_matrix
 
 
 def gd_stable_limit(d: int) -> float:
@@ -120,38 +122,9 @@ def newton_default_alpha(d: int) -> float:
 
 
 HEADS = {"gd": 2, "newton": 2, "newton-relu": 6, "sgd": 1, "uniform": 2}  # per layer (prng: n_head; adam: d)
-ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # the adam learner's defaults (probe/learners/stochastic.py)
 ADAM_LAYERS_PER_STEP = 4
-ADAM_PSI_RANGE = (1e-9, 1e4)  # knots of psi_k: 0, then geometric over this range of v / (1 - b2^k)
-ADAM_PSI_RATIO = 1.25
 RELU_ATTENTION = ("newton-relu", "uniform")
-PRNG_BITS = 32  # xorshift32's state
 PRNG_READ_BITS = 24  # bits of o_1 in the read-out (exact in float32)
-
-
-@dataclass(frozen=True)
-class LearnerState:
-    """Where a construction keeps its learner's iterate, a d x d matrix M (seed 003 eq. 8's M_k):
-    each (held, source) slot pair of a token holds M times the token's `source` slot (M e_j = m_j in
-    Newton's column tokens, T x_i in the ReLU construction's tx). The state is whole at boundaries
-    first, first + every, ... (the linear construction is mid-step at the others) and the prediction
-    read out `lag` boundaries later is the first to use it (probe/interventions/state.py)."""
-
-    learner: str
-    slots: tuple[tuple[str, str], ...]
-    first: int
-    every: int
-    lag: int
-
-    def boundaries(self, n_layers: int) -> list[int]:
-        """The boundaries where the state is whole and a later prediction reads it."""
-        return list(range(self.first, n_layers - self.lag + 1, self.every))
-
-
-LEARNER_STATES = {
-    "newton": LearnerState("newton", (("m", "e"),), first=1, every=2, lag=2),
-    "newton-relu": LearnerState("newton", (("tx", "x"), ("tq", "xq")), first=1, every=1, lag=1),
-}
 
 
 class Layout:
@@ -445,35 +418,6 @@ def _plant_sgd(model: PlantedICL) -> None:
     model.read[s["r"]] = -1.0
 
 
-def psi_knots() -> Tensor:
-    """Knots of psi's interpolation in t = v / (1 - b2^k): 0, then geometric over ADAM_PSI_RANGE."""
-    low, high = ADAM_PSI_RANGE
-    count = math.ceil(math.log(high / low) / math.log(ADAM_PSI_RATIO)) + 1
-    return torch.cat([torch.zeros(1), low * ADAM_PSI_RATIO ** torch.arange(count, dtype=torch.float64)])
-
-
-def relu_segments(knots: Tensor, values: Tensor, t: Tensor) -> Tensor:
-    """The piecewise-linear interpolant of `values` at increasing `knots`, constant beyond the last,
-    as a sum of ReLUs that stays accurate in float32 (Def. 1): f(t) = f(t_N) + sum_j df_j
-    (ReLU(-z_j) - ReLU(1 - z_j)), z_j = (t - t_j) / (t_{j+1} - t_j). Saturated segments above t
-    contribute -df_j with |z_j| <= t_j / (t_{j+1} - t_j), and those below exactly 0."""
-    z = (t.unsqueeze(-1) - knots[:-1]) / torch.diff(knots)
-    return values[-1] + (torch.diff(values) * ((-z).relu() - (1 - z).relu())).sum(-1)
-
-
-def psi(t: Tensor) -> Tensor:
-    """psi(t) = 1 / sqrt(t + eps), the Adam step's normaliser at t = v / (1 - b2^k) (eq. 12)."""
-    return 1.0 / (t + ADAM_EPS).sqrt()
-
-
-def adam_psi_error() -> float:
-    """Sup relative error of the ReLU interpolant of psi over [0, ADAM_PSI_RANGE[1]] (dense check)."""
-    knots = psi_knots()
-    t = torch.cat([knots, torch.sqrt(knots[2:] * knots[1:-1]), (knots[1:] + knots[:-1]) / 2]).sort().values
-    t = torch.cat([t, (t[1:] + t[:-1]) / 2])
-    return float(((relu_segments(knots, psi(knots), t) - psi(t)) / psi(t)).abs().max())
-
-
 def _plant_adam(model: PlantedICL) -> None:
     """Seed 000 Thm. 5 (module docstring): layers (A) gradient, (B) moments and psi, (C) the step
     direction, (D) the update and the next gates."""
@@ -543,19 +487,6 @@ def _plant_uniform(model: PlantedICL) -> None:
         model.v[0, head] = _sel(s, w, "u", "one", sign)
         model.per_example[0, head] = 1  # 1 / (t - 1): the keys
     model.read[s["u"]] = 1.0
-
-
-def xorshift32_matrix() -> Tensor:
-    """A over F_2 of xorshift32 (s ^= s << 13; s ^= s >> 17; s ^= s << 5) on bit vectors, bit i = (s >> i) & 1."""
-    cols = [xorshift32_step(1 << j) for j in range(PRNG_BITS)]
-    return torch.tensor([[(c >> i) & 1 for c in cols] for i in range(PRNG_BITS)], dtype=torch.float64)
-
-
-def xorshift32_step(s: int) -> int:
-    """One step of Marsaglia's xorshift32, a plain reference."""
-    s ^= (s << 13) & 0xFFFFFFFF
-    s ^= s >> 17
-    return s ^ ((s << 5) & 0xFFFFFFFF)
 
 
 def _plant_prng(model: PlantedICL) -> None:
