@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from ..learners.line_search import more_thuente
-from ..learners.wolfe import two_loop
 
 Objective = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (x (k, n), index (k,)) -> (f (k,), grad (k, n))
 EPS = torch.finfo(torch.float64).eps
@@ -53,14 +52,18 @@ def minimize(
     f, g = fun(x, every)
     iterations = torch.zeros(batch, dtype=torch.long, device=x.device)
     converged = g.abs().amax(-1) <= gtol
-    pairs: list[tuple[Tensor, Tensor, Tensor]] = []  # (s, y, rho) for every element, rho = 0 when skipped
+    # the pairs of every element, oldest first: s, y (B, m, n), rho (B, m), rho = 0 when skipped
+    s_pairs, y_pairs, rho_pairs = (
+        x.new_zeros(batch, 0, x.shape[1]),
+        x.new_zeros(batch, 0, x.shape[1]),
+        x.new_zeros(batch, 0),
+    )
     gamma = torch.ones_like(f)
     active = (~converged).nonzero().squeeze(-1)
     for k in range(max_iter):
         if active.numel() == 0:
             break
-        sub = [(s[active], y[active], rho[active]) for s, y, rho in pairs]
-        p = -two_loop(g[active], sub, gamma[active])
+        p = -lbfgs_direction(g[active], s_pairs[active], y_pairs[active], rho_pairs[active], gamma[active])
         slope = (g[active] * p).sum(-1)
         p = torch.where((slope < 0).unsqueeze(-1), p, -g[active])  # not a descent direction: steepest descent
         slope = (g[active] * p).sum(-1)
@@ -88,7 +91,9 @@ def minimize(
         rho = torch.where(keep, 1 / torch.where(keep, ys, 1.0), torch.zeros_like(ys))
         s_full, y_full, rho_full = (torch.zeros_like(x), torch.zeros_like(x), torch.zeros_like(f))
         s_full[active], y_full[active], rho_full[active] = step, y_vec, rho
-        pairs = (pairs + [(s_full, y_full, rho_full)])[-memory:]
+        s_pairs = torch.cat([s_pairs, s_full.unsqueeze(1)], 1)[:, -memory:]
+        y_pairs = torch.cat([y_pairs, y_full.unsqueeze(1)], 1)[:, -memory:]
+        rho_pairs = torch.cat([rho_pairs, rho_full.unsqueeze(1)], 1)[:, -memory:]
         gamma[active] = torch.where(keep, ys / torch.where(keep, (y_vec * y_vec).sum(-1), 1.0), gamma[active])
         decrease = f[active] - f_new
         x[active], f[active], g[active] = x_new, f_new, g_new
@@ -99,3 +104,24 @@ def minimize(
         stop = converged[active] | ~res.ok
         active = active[~stop]
     return Minimum(x, f, g.abs().amax(-1), iterations, converged)
+
+
+def lbfgs_direction(g: Tensor, s: Tensor, y: Tensor, rho: Tensor, gamma: Tensor) -> Tensor:
+    """H g of L-BFGS (Nocedal & Wright Alg. 7.4, H_0 = gamma I) for pairs stacked oldest first: s, y
+    (k, m, n), rho (k, m), 0 for a skipped pair. The algorithm's two loops are the forward
+    substitutions of two unit triangular systems in the pairs' inner products s_i . y_j, so they are
+    solved as such, all pairs at once: a = rho (S g - U a) with U_ij = s_i . y_j for j > i (the first
+    loop, newest pair first), q = g - Y^T a, and c = a - rho (Y gamma q + L c) with L_ij = y_i . s_j for
+    j < i (the second loop, oldest first); H g = gamma q + S^T c."""
+    r0_scale = gamma.unsqueeze(-1)
+    if s.shape[1] == 0:
+        return r0_scale * g
+    eye = torch.eye(s.shape[1], dtype=s.dtype, device=s.device)
+    sy = s @ y.transpose(1, 2)  # (k, m, m): s_i . y_j
+    weight = rho.unsqueeze(-1)
+    upper = eye + weight * sy.triu(1)
+    a = torch.linalg.solve_triangular(upper, weight * (s @ g.unsqueeze(-1)), upper=True)  # (k, m, 1)
+    r0 = r0_scale * (g - (y.transpose(1, 2) @ a).squeeze(-1))
+    lower = eye + weight * sy.transpose(1, 2).tril(-1)
+    c = torch.linalg.solve_triangular(lower, a - weight * (y @ r0.unsqueeze(-1)), upper=False)
+    return r0 + (s.transpose(1, 2) @ c).squeeze(-1)

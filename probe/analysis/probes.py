@@ -59,7 +59,7 @@ from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
 from ..stats import r2_score
 from .lbfgs import minimize
-from .ridge import choose_penalty, loo_two_blocks, ridge_head, ridge_loo, ridge_penalties
+from .ridge import TwoBlockRidge, choose_penalty, ridge_head, ridge_loo, ridge_penalties
 
 ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # ridge penalties, fractions of the mean eigenvalue
 MEMORY = 80  # L-BFGS pairs: at least P for most prefixes; measured 1.6x faster than 20 on the default
@@ -81,7 +81,7 @@ def probe_targets(xs: Tensor, ys: Tensor, name: str) -> Tensor:
 
 # ---------------------------------------------------------------- pooling by variable projection
 
-Groups = list[tuple[Tensor, int, int]]  # (rows, layer, positions used) per layer: ProbeSet.groups
+Groups = list[tuple[Tensor | slice, int, int]]  # (rows, layer, positions used) per layer: ProbeSet.groups
 
 
 @dataclass
@@ -104,12 +104,22 @@ class ProbeSet:
 
     def groups(self, index: Tensor) -> Groups:
         """(rows of `index`, layer, positions used) for each layer present: its probes pool over the
-        most positions any of them reads (alpha is exactly 0 beyond a probe's own), one matmul a layer."""
+        most positions any of them reads (alpha is exactly 0 beyond a probe's own), one matmul a layer.
+        Rows are a slice where `index` lists its probes layer by layer (as the grid and every subset of
+        it do), so that the matmul writes its rows in place."""
         layers = self.layer[index]
-        out = []
-        for layer in layers.unique().tolist():
-            rows = (layers == layer).nonzero().squeeze(-1)
-            out.append((rows, layer, int(self.n_pos[index[rows]].max())))
+        values, counts = torch.unique_consecutive(layers, return_counts=True)
+        out: Groups = []
+        if len(values) == len(values.unique()):
+            start = 0
+            for layer, count in zip(values.tolist(), counts.tolist()):
+                rows = slice(start, start + count)
+                out.append((rows, layer, int(self.n_pos[index[rows]].max())))
+                start += count
+            return out
+        for layer in values.unique().tolist():
+            where = (layers == layer).nonzero().squeeze(-1)
+            out.append((where, layer, int(self.n_pos[index[where]].max())))
         return out
 
     def pool(self, alpha: Tensor, index: Tensor, states: Tensor | None = None, groups: Groups | None = None) -> Tensor:
@@ -119,7 +129,11 @@ class ProbeSet:
         z = torch.empty(len(index), n, width, dtype=torch.float64, device=states.device)
         for rows, layer, used in self.groups(index) if groups is None else groups:
             flat = states[layer, :used].reshape(used, -1)
-            z[rows] = (alpha[rows, :used].to(flat.dtype) @ flat).view(len(rows), n, width).double()
+            weights = alpha[rows, :used].to(flat.dtype)
+            if isinstance(rows, slice) and flat.dtype == torch.float64:
+                torch.mm(weights, flat, out=z[rows].view(len(weights), -1))
+            else:
+                z[rows] = (weights @ flat).view(len(weights), n, width).double()
         return z
 
     def pool_grad(self, dz: Tensor, index: Tensor, groups: Groups | None = None) -> Tensor:
@@ -127,7 +141,8 @@ class ProbeSet:
         out = torch.zeros(len(index), self.states.shape[1], dtype=torch.float64, device=dz.device)
         for rows, layer, used in self.groups(index) if groups is None else groups:
             flat = self.states[layer, :used].reshape(used, -1)
-            out[rows, :used] = (dz[rows].reshape(len(rows), -1).to(flat.dtype) @ flat.T).double()
+            grad = dz[rows]
+            out[rows, :used] = (grad.reshape(len(grad), -1).to(flat.dtype) @ flat.T).double()
         return out
 
     def objective(self, penalty: Tensor):
@@ -242,11 +257,12 @@ class Head:
         assert self.hidden_weight is not None and self.hidden_bias is not None
         return torch.nn.functional.gelu(((z - self.z_mean) / self.z_std) @ self.hidden_weight + self.hidden_bias)
 
-    def features(self, z: Tensor) -> Tensor:
+    def features(self, z: Tensor, hidden: Tensor | None = None) -> Tensor:
+        """[z] or [z, scale * hidden(z)]; `hidden` is hidden(z) where the caller has it already."""
         if self.kind == "linear":
             return z
         assert self.hidden_scale is not None
-        return torch.cat([z, self.hidden_scale * self.hidden(z)], dim=-1)
+        return torch.cat([z, self.hidden_scale * (self.hidden(z) if hidden is None else hidden)], dim=-1)
 
     def predict(self, z: Tensor) -> Tensor:
         return (self.features(z) - self.feature_mean) @ self.weight + self.target_mean
@@ -285,27 +301,33 @@ def fit_head(
     grid = ridge_penalties(zc, alphas)
     choice, loo = choose_penalty(zc, yc, grid)
     penalty = grid.gather(1, choice.unsqueeze(1)).squeeze(1)
-    if kind == "mlp":
-        head.z_mean, head.z_std = z.mean(1, keepdim=True), z.std(1, keepdim=True).nan_to_num(1.0).clamp_min(1e-12)
-        head.hidden_weight, head.hidden_bias = (v.to(z.device) for v in random_layer(z.shape[-1], hidden, seed))
-        h = head.hidden(z)
-        hc = h - h.mean(1, keepdim=True)
-        balance = (ridge_penalties(zc, (1.0,)) / ridge_penalties(hc, (1.0,))).sqrt().view(-1, 1, 1)
-        # [zc, c hc] at penalty lam is [zc, hc] at penalty lam on zc and lam / c^2 on hc
-        scales = torch.tensor(HIDDEN_SCALES[1:], dtype=z.dtype, device=z.device)
-        hidden_penalties = penalty.unsqueeze(-1) / (scales * balance.view(-1, 1)) ** 2  # (G, S)
-        loos = torch.cat([loo.unsqueeze(-1), loo_two_blocks(zc, hc, yc, penalty, hidden_penalties)], 1)
-        # the smallest scale within MIN_GAIN of the best leave-one-out R^2: near-ties (nothing to decode)
-        # choose the simpler probe, so that round-off in the pooling cannot flip the choice
-        within = loos <= loos.min(1, keepdim=True).values + MIN_GAIN * yc.pow(2).mean((1, 2)).unsqueeze(1)
-        best = within.long().argmax(1)
-        loo = loos.gather(1, best.unsqueeze(1)).squeeze(1)
-        head.hidden_scale = (
-            torch.tensor(HIDDEN_SCALES, dtype=torch.float64, device=z.device)[best].view(-1, 1, 1) * balance
-        )
-    features = head.features(z)
-    head.feature_mean = features.mean(1, keepdim=True)
-    head.weight = ridge_head(features - head.feature_mean, yc, penalty)
+    if kind != "mlp":
+        head.feature_mean, head.weight = z.mean(1, keepdim=True), ridge_head(zc, yc, penalty)
+        return head, penalty, loo
+    head.z_mean, head.z_std = z.mean(1, keepdim=True), z.std(1, keepdim=True).nan_to_num(1.0).clamp_min(1e-12)
+    head.hidden_weight, head.hidden_bias = (v.to(z.device) for v in random_layer(z.shape[-1], hidden, seed))
+    h = head.hidden(z)
+    h_mean = h.mean(1, keepdim=True)
+    hc = h - h_mean
+    balance = (ridge_penalties(zc, (1.0,)) / ridge_penalties(hc, (1.0,))).sqrt().view(-1, 1, 1)
+    # [zc, c hc] at penalty lam is [zc, hc] at penalty lam on zc and lam / c^2 on hc
+    scales = torch.tensor(HIDDEN_SCALES[1:], dtype=z.dtype, device=z.device)
+    hidden_penalties = penalty.unsqueeze(-1) / (scales * balance.view(-1, 1)) ** 2  # (G, S)
+    two_blocks = TwoBlockRidge(zc, hc, yc, penalty)
+    loos = torch.cat([loo.unsqueeze(-1), two_blocks.loo(hidden_penalties)], 1)
+    # the smallest scale within MIN_GAIN of the best leave-one-out R^2: near-ties (nothing to decode)
+    # choose the simpler probe, so that round-off in the pooling cannot flip the choice
+    within = loos <= loos.min(1, keepdim=True).values + MIN_GAIN * yc.pow(2).mean((1, 2)).unsqueeze(1)
+    best = within.long().argmax(1)
+    loo = loos.gather(1, best.unsqueeze(1)).squeeze(1)
+    scale = torch.tensor(HIDDEN_SCALES, dtype=torch.float64, device=z.device)[best].view(-1, 1, 1) * balance
+    head.hidden_scale = scale
+    use_hidden = best > 0
+    w_z, w_h = two_blocks.coef(hidden_penalties.gather(1, (best - 1).clamp_min(0).unsqueeze(1)).squeeze(1), use_hidden)
+    # the hidden block enters as scale * hc, so its weights are W_h / scale (none where scale is 0)
+    w_h = torch.where(use_hidden.view(-1, 1, 1), w_h / torch.where(use_hidden.view(-1, 1, 1), scale, 1.0), 0.0)
+    head.feature_mean = torch.cat([head.z_mean, scale * h_mean], -1)
+    head.weight = torch.cat([w_z, w_h], 1)
     return head, penalty, loo
 
 

@@ -38,31 +38,56 @@ def ridge_loo(fc: Tensor, yc: Tensor, penalties: Tensor) -> Tensor:
     return resid.pow(2).mean((2, 3))
 
 
+class TwoBlockRidge:
+    """Ridge on the features [Zc, Hc] with penalty (G,) on the Zc block and mu on the Hc block, for
+    many mu at the price of one: block Cholesky of the penalised Gram matrix, L = [[L11, 0], [L21,
+    L22]]; L11 and L21 (L11 L21^T = Zc^T Hc) do not depend on mu, and L22 L22^T = S + mu I with
+    S = Hc^T Hc - L21 L21^T, so one eigendecomposition S = V diag(e) V^T serves every mu. With
+    Q1 = L11^-1 Zc^T and T = V^T (Hc^T - L21 Q1): H_ii = |Q1_i|^2 + sum_j T_ji^2 / (e_j + mu) + 1/N,
+    the fit is Q1^T Q1 Yc + T^T (e + mu)^-1 T Yc (as `ridge_loo`), and the coefficients are
+    W_h = V (e + mu)^-1 T Yc, W_z = L11^-T (Q1 Yc - L21^T W_h)."""
+
+    def __init__(self, zc: Tensor, hc: Tensor, yc: Tensor, penalty: Tensor):
+        n = zc.shape[1]
+        gram = zc.transpose(1, 2) @ zc
+        gram.diagonal(dim1=1, dim2=2).add_(penalty.unsqueeze(-1))
+        self.l11 = torch.linalg.cholesky(gram)
+        q1 = torch.linalg.solve_triangular(self.l11, zc.transpose(1, 2), upper=False)  # (G, D, N)
+        self.l21t = torch.linalg.solve_triangular(self.l11, zc.transpose(1, 2) @ hc, upper=False)  # (G, D, H)
+        rest = hc.transpose(1, 2) - self.l21t.transpose(1, 2) @ q1  # (G, H, N): Hc^T - L21 Q1
+        self.evals, self.vecs = torch.linalg.eigh(hc.transpose(1, 2) @ hc - self.l21t.transpose(1, 2) @ self.l21t)
+        self.t = self.vecs.transpose(1, 2) @ rest  # (G, H, N)
+        self.t_sq, self.ty, self.q1y = self.t.pow(2), self.t @ yc, q1 @ yc  # (G, H, N), (G, H, d), (G, D, d)
+        self.yc = yc
+        self.leverage = q1.pow(2).sum(1) + 1 / n  # (G, N)
+        self.fitted = q1.transpose(1, 2) @ self.q1y
+
+    def loo(self, hidden_penalties: Tensor) -> Tensor:
+        """Leave-one-out MSE (G, S) for each column of hidden_penalties (G, S)."""
+        out = []
+        for column in hidden_penalties.unbind(1):
+            inverse = 1 / (self.evals + column.unsqueeze(-1))  # (G, H)
+            hidden_fit = self.t.transpose(1, 2) @ (inverse.unsqueeze(-1) * self.ty)
+            hidden_leverage = (inverse.unsqueeze(1) @ self.t_sq).squeeze(1)
+            resid = (self.yc - self.fitted - hidden_fit) / (1 - self.leverage - hidden_leverage).clamp_min(
+                1e-12
+            ).unsqueeze(-1)
+            out.append(resid.pow(2).mean((1, 2)))
+        return torch.stack(out, 1)
+
+    def coef(self, hidden_penalty: Tensor, use_hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """(W_z (G, D, d), W_h (G, H, d)) at hidden_penalty (G,); W_h = 0 (the Zc block alone) where
+        use_hidden (G,) is false."""
+        inverse = torch.where(use_hidden.unsqueeze(-1), 1 / (self.evals + hidden_penalty.unsqueeze(-1)), 0.0)
+        w_h = self.vecs @ (inverse.unsqueeze(-1) * self.ty)
+        w_z = torch.linalg.solve_triangular(self.l11.transpose(1, 2), self.q1y - self.l21t @ w_h, upper=True)
+        return w_z, w_h
+
+
 def loo_two_blocks(zc: Tensor, hc: Tensor, yc: Tensor, penalty: Tensor, hidden_penalties: Tensor) -> Tensor:
     """Leave-one-out MSE (G, S) of ridge on the features [Zc, Hc] with penalty (G,) on the Zc block and
-    each column of hidden_penalties (G, S) on the Hc block. Block Cholesky of the penalised Gram
-    matrix, L = [[L11, 0], [L21, L22]]: L11 and L21 (L11 L21^T = Zc^T Hc) do not depend on the hidden
-    penalty, so only the H x H factor L22 is redone per column. With Q = L^-1 [Zc, Hc]^T,
-    H_ii = |Q_i|^2 + 1/N and the fit is Q^T Q Yc (as `ridge_loo`)."""
-    n = zc.shape[1]
-    gram = zc.transpose(1, 2) @ zc
-    gram.diagonal(dim1=1, dim2=2).add_(penalty.unsqueeze(-1))
-    l11 = torch.linalg.cholesky(gram)
-    q1 = torch.linalg.solve_triangular(l11, zc.transpose(1, 2), upper=False)  # (G, D, N)
-    l21t = torch.linalg.solve_triangular(l11, zc.transpose(1, 2) @ hc, upper=False)  # (G, D, H)
-    rest = hc.transpose(1, 2) - l21t.transpose(1, 2) @ q1  # (G, H, N): Hc^T - L21 Q1
-    schur = hc.transpose(1, 2) @ hc - l21t.transpose(1, 2) @ l21t
-    leverage = q1.pow(2).sum(1) + 1 / n  # (G, N)
-    fitted = q1.transpose(1, 2) @ (q1 @ yc)
-    out = []
-    for column in hidden_penalties.unbind(1):
-        l22 = torch.linalg.cholesky(schur + torch.diag_embed(column.unsqueeze(-1).expand(-1, hc.shape[-1])))
-        q2 = torch.linalg.solve_triangular(l22, rest, upper=False)  # (G, H, N)
-        resid = (yc - fitted - q2.transpose(1, 2) @ (q2 @ yc)) / (1 - leverage - q2.pow(2).sum(1)).clamp_min(
-            1e-12
-        ).unsqueeze(-1)
-        out.append(resid.pow(2).mean((1, 2)))
-    return torch.stack(out, 1)
+    each column of hidden_penalties (G, S) on the Hc block (`TwoBlockRidge`)."""
+    return TwoBlockRidge(zc, hc, yc, penalty).loo(hidden_penalties)
 
 
 def ridge_head(fc: Tensor, yc: Tensor, penalty: Tensor) -> Tensor:

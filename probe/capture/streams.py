@@ -13,25 +13,31 @@ from torch import Tensor
 from ..memory import MemoryBudget, nbytes
 from .activations import RESID, capture, spill_dir
 
+CHUNK_BYTES = 64 << 20  # one chunk's streams
+MIN_CHUNK = 64
+
 
 def by_position_streams(
     model,
     xs: Tensor,
     ys: Tensor,
     device: str = "cpu",
-    chunk: int = 64,
+    chunk: int | None = None,
     dtype: torch.dtype = torch.float32,
     memory: MemoryBudget | None = None,
 ) -> Tensor:
     """Every layer boundary's residual stream at every token, by position: (L+1, 2n, N, D).
 
-    Captured `chunk` prompts at a time straight into that layout, so the probes never hold a
-    second copy; above half the headroom of `memory` (`--max-memory` less what the process holds) the
+    Captured `chunk` prompts at a time (default: as many as CHUNK_BYTES of streams hold, at least
+    MIN_CHUNK; the forward is batch-invariant, so the numbers do not depend on it) straight into
+    that layout, so the probes never hold a second copy; above half the headroom of `memory` (`--max-memory` less what the process holds) the
     array is a memmap on disk. With dtype float64 the model runs in double precision (on a copy),
     so that the streams agree across machines' kernels to ~1e-15 rather than ~1e-7."""
     n_prompts, n = xs.shape[:2]
     shape = (model.n_layers + 1, 2 * n, n_prompts, model.d_model)
     np_dtype = np.dtype(np.float64 if dtype == torch.float64 else np.float32)
+    if chunk is None:
+        chunk = max(MIN_CHUNK, CHUNK_BYTES // max(1, nbytes(shape[:2] + shape[3:], np_dtype)))
     if dtype == torch.float64:
         model = copy.deepcopy(model).double()  # once, not per chunk
     memory = memory or MemoryBudget()
