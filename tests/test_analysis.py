@@ -188,6 +188,65 @@ def test_probe_fit_is_deterministic_and_converges_on_its_gradient():
         assert numeric.item() == pytest.approx(grad[0, p].item(), abs=1e-8)
 
 
+def test_probe_hessian_equals_finite_differences_of_its_gradient():
+    """ProbeSet.hessian (the variable-projection Hessian through the softmax) against central
+    differences of the gradient, on probes of two layers and two widths, in one chunk and in many."""
+    from probe.analysis.probes import ProbeSet
+
+    g = torch.Generator().manual_seed(3)
+    states = torch.randn(2, 6, 80, 5, generator=g, dtype=torch.float64)
+    yc = torch.randn(3, 80, 2, generator=g, dtype=torch.float64)
+    yc -= yc.mean(1, keepdim=True)
+    probes = ProbeSet(states, torch.tensor([0, 1, 1]), torch.tensor([6, 4, 6]), yc)
+    penalty = torch.tensor([0.5, 2.0, 0.1], dtype=torch.float64)
+    every = torch.arange(3)
+    scores = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    f, grad, hess = probes.hessian(penalty)(scores, every)
+    f_one, grad_one = probes.objective(penalty)(scores, every)
+    assert torch.allclose(f, f_one, atol=1e-14) and torch.allclose(grad, grad_one, atol=1e-14)
+    fun, eps = probes.objective(penalty), 1e-5
+    for p in range(6):
+        e = torch.zeros_like(scores)
+        e[:, p] = eps
+        numeric = (fun(scores + e, every)[1] - fun(scores - e, every)[1]) / (2 * eps)
+        assert torch.allclose(hess[:, :, p], numeric, atol=1e-8), p
+    assert torch.allclose(hess, hess.transpose(1, 2), atol=1e-14)
+    assert (hess[1, 4:] == 0).all() and (hess[1, :, 4:] == 0).all()  # positions the probe does not read
+    assert torch.allclose(probes.hessian(penalty, max_bytes=1)(scores, every)[2], hess, atol=1e-14)
+
+
+def test_newton_minimize_reaches_scipy_minimum():
+    """Batched modified Newton on Rosenbrock's function (negative curvature on the way) and on
+    a convex quadratic: the minima scipy's trust-region Newton finds, each converged."""
+    from scipy.optimize import minimize as scipy_minimize
+    from scipy.optimize import rosen, rosen_der, rosen_hess
+
+    from probe.analysis.lbfgs import newton_minimize
+
+    a = torch.tensor([[3.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+
+    def values(x: torch.Tensor, index: torch.Tensor):
+        rosen_part = 100 * (x[:, 1] - x[:, 0] ** 2) ** 2 + (1 - x[:, 0]) ** 2
+        quad_part = 0.5 * (x @ a * x).sum(-1) - x[:, 0]
+        is_rosen = index == 0
+        f = torch.where(is_rosen, rosen_part, quad_part)
+        g_rosen = torch.stack([-400 * x[:, 0] * (x[:, 1] - x[:, 0] ** 2) - 2 * (1 - x[:, 0]), 200 * (x[:, 1] - x[:, 0] ** 2)], -1)
+        g_quad = x @ a - torch.tensor([1.0, 0.0], dtype=torch.float64)
+        return f, torch.where(is_rosen.unsqueeze(-1), g_rosen, g_quad)
+
+    def hessians(x: torch.Tensor, index: torch.Tensor):
+        f, g = values(x, index)
+        h_rosen = torch.stack([torch.from_numpy(rosen_hess(v.numpy())) for v in x])
+        return f, g, torch.where((index == 0).view(-1, 1, 1), h_rosen, a.expand(len(x), 2, 2))
+
+    x0 = torch.tensor([[-1.2, 1.0], [2.0, -3.0]], dtype=torch.float64)
+    res = newton_minimize(values, hessians, x0, gtol=1e-9, ftol=0.0, max_iter=200)
+    assert res.converged.all()
+    reference = scipy_minimize(rosen, x0[0].numpy(), jac=rosen_der, hess=rosen_hess, method="trust-exact", tol=1e-12)
+    assert np.allclose(res.x[0].numpy(), reference.x, atol=1e-7)
+    assert np.allclose(res.x[1].numpy(), np.linalg.solve(a.numpy(), [1.0, 0.0]), atol=1e-10)
+
+
 def test_batched_probes_and_r2_match_sklearn():
     from sklearn.metrics import r2_score
 

@@ -1,4 +1,5 @@
-"""Batched full-batch L-BFGS for many independent smooth problems at once (the probes' fitter).
+"""Batched full-batch L-BFGS, and modified Newton (`newton_minimize`), for many independent smooth
+problems at once (the probes' fitters).
 
 Each element b of the batch minimises its own f_b(x_b), x_b in R^n. An iteration takes, for every
 element still running, the L-BFGS direction (Nocedal & Wright Alg. 7.4, H_0 = (s.y / y.y) I from
@@ -125,3 +126,65 @@ def lbfgs_direction(g: Tensor, s: Tensor, y: Tensor, rho: Tensor, gamma: Tensor)
     lower = eye + weight * sy.transpose(1, 2).tril(-1)
     c = torch.linalg.solve_triangular(lower, a - weight * (y @ r0.unsqueeze(-1)), upper=False)
     return r0 + (s.transpose(1, 2) @ c).squeeze(-1)
+
+
+HessianObjective = Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]  # -> (f (k,), grad (k, n), hess (k, n, n))
+EIG_FLOOR = 1e-8  # modified Newton: |eigenvalue| floored at this fraction of the largest
+MAX_STEP = 10.0  # modified Newton: largest first trial step, infinity norm
+HALVINGS = 40  # modified Newton: most step halvings of one search
+
+
+def newton_minimize(
+    fun: Objective, hess: HessianObjective, x0: Tensor, *, gtol: float | Tensor, ftol: float, max_iter: int
+) -> Minimum:
+    """Modified Newton for every element of the batch from x0 (B, n) (Nocedal & Wright Sec. 3.4):
+    the direction -V diag(1 / max(|e|, EIG_FLOOR max|e|)) V^T g from the eigendecomposition of the
+    Hessian (negative curvature turned, flat directions bounded), shortened to an infinity norm of
+    at most MAX_STEP, then Armijo backtracking from a unit step (no curvature condition: nothing is
+    updated from the step) and the same stopping rule as `minimize`. `fun` gives f at the search's
+    trial points, `hess` (f, grad, Hessian) once per iteration at the accepted one."""
+    x = x0.clone()
+    batch = x.shape[0]
+    gtol = torch.as_tensor(gtol, dtype=x.dtype, device=x.device).expand(batch)
+    every = torch.arange(batch, device=x.device)
+    f, g, h = hess(x, every)
+    iterations = torch.zeros(batch, dtype=torch.long, device=x.device)
+    converged = g.abs().amax(-1) <= gtol
+    active = (~converged).nonzero().squeeze(-1)
+    for _ in range(max_iter):
+        if active.numel() == 0:
+            break
+        evals, vecs = torch.linalg.eigh(h[active])
+        size = evals.abs()
+        size = size.clamp_min(EIG_FLOOR * size.amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny))
+        p = -(vecs @ ((vecs.transpose(1, 2) @ g[active].unsqueeze(-1)) / size.unsqueeze(-1))).squeeze(-1)
+        p = p * (MAX_STEP / p.abs().amax(-1).clamp_min(MAX_STEP)).unsqueeze(-1)
+        slope = (g[active] * p).sum(-1)
+        x_a = x[active]
+        step, ok = _backtrack(fun, x_a, p, f[active], slope, active)
+        x_new = x_a + step.unsqueeze(-1) * p
+        f_new, g_new, h_new = hess(x_new, active)
+        decrease = f[active] - f_new
+        x[active], f[active], g[active], h[active] = x_new, f_new, g_new, h_new
+        iterations[active] += 1
+        small_grad = g_new.abs().amax(-1) <= gtol[active]
+        stalled = ok & (decrease <= ftol * torch.maximum(f_new.abs(), torch.ones_like(f_new)))
+        converged[active] = small_grad | stalled
+        active = active[~(converged[active] | ~ok)]
+    return Minimum(x, f, g.abs().amax(-1), iterations, converged)
+
+
+def _backtrack(fun: Objective, x: Tensor, p: Tensor, f: Tensor, slope: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+    """Armijo backtracking (Nocedal & Wright Alg. 3.1, c = 1e-4, halving from a unit step) for every
+    element at once: (steps, found); an element without a step after HALVINGS halvings gets 0."""
+    step, found = torch.ones_like(f), torch.zeros_like(f, dtype=torch.bool)
+    todo = torch.arange(len(f), device=f.device)
+    for _ in range(HALVINGS):
+        if todo.numel() == 0:
+            break
+        value, _ = fun(x[todo] + step[todo].unsqueeze(-1) * p[todo], index[todo])
+        good = value <= f[todo] + 1e-4 * step[todo] * slope[todo]
+        found[todo[good]] = True
+        step[todo[~good]] *= 0.5
+        todo = todo[~good]
+    return torch.where(found, step, torch.zeros_like(step)), found
