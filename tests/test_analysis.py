@@ -247,6 +247,29 @@ def test_newton_minimize_reaches_scipy_minimum():
     assert np.allclose(res.x[1].numpy(), np.linalg.solve(a.numpy(), [1.0, 0.0]), atol=1e-10)
 
 
+def test_probes_switch_to_newton_only_where_the_hessian_is_cheap(monkeypatch):
+    """hessian_flops counts 2 (3 P N D d + P^2 N d); probes above NEWTON_FLOPS are fitted by L-BFGS
+    alone (Newton never called) and still converge; a mixed grid keeps each probe's own route."""
+    import probe.analysis.probes as probes_module
+
+    assert probes_module.hessian_flops(torch.tensor([30]), 512, 64, 4).item() == 2 * (3 * 30 * 512 * 64 * 4 + 900 * 512 * 4)
+    states, targets = _calibration_states(300)
+    h, y = states[:, :, :8], {"xty": targets["xty"]}
+    grid = lambda: probes_module.fit_probes(h, y, h, y, [(2, "xty"), (4, "xty")], "linear")
+    both = grid()
+    called = []
+    original = probes_module.newton_minimize
+    monkeypatch.setattr(probes_module, "newton_minimize", lambda *a, **k: called.append(1) or original(*a, **k))
+    monkeypatch.setattr(probes_module, "NEWTON_FLOPS", 0.0)
+    alone = grid()
+    assert not called and alone.converged.all() and both.converged.all()
+    assert np.allclose(alone.r2, both.r2, atol=0.02)
+    cut = float(probes_module.hessian_flops(torch.tensor([4]), 300, h.shape[-1], 3))  # P = 4 probes only
+    monkeypatch.setattr(probes_module, "NEWTON_FLOPS", cut)
+    mixed = grid()
+    assert mixed.converged.all() and np.allclose(mixed.r2, both.r2, atol=0.02)
+
+
 def test_batched_probes_and_r2_match_sklearn():
     from sklearn.metrics import r2_score
 

@@ -19,7 +19,8 @@ How each is fitted (no step budget decides the answer):
   L-BFGS with strong-Wolfe steps (probe/analysis/lbfgs.py) runs on it from uniform pooling for
   NEWTON_AFTER iterations, then the probes still running take modified Newton steps on the exact
   Hessian (`ProbeSet.hessian`, P x P): at the optimum a quarter of a long prefix's positions get
-  alpha ~ 0, scores drifting to -inf, where L-BFGS needed up to ~190 iterations and Newton ~20. A
+  alpha ~ 0, scores drifting to -inf, where L-BFGS needed up to ~190 iterations and Newton ~20.
+  Only where that Hessian is cheap (`hessian_flops` <= NEWTON_FLOPS); elsewhere L-BFGS throughout. A
   first round at the leave-one-out penalty of uniform pooling, capped at FIRST_ROUND_PENALTY
   (where capped, to a loose tolerance: a heavy penalty flattens f and can hold the pooling in a
   poor basin), then rounds at the penalty leave-one-out chooses at the current pooling (moving
@@ -61,7 +62,7 @@ from ..errors import ConfigError
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
 from ..stats import r2_score
-from .lbfgs import minimize, newton_minimize
+from .lbfgs import Minimum, minimize, newton_minimize
 from .ridge import TwoBlockRidge, choose_penalty, ridge_head, ridge_loo, ridge_penalties
 
 ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # ridge penalties, fractions of the mean eigenvalue
@@ -70,6 +71,10 @@ FIRST_ROUND_PENALTY = 1e-3  # the first round's largest penalty (fraction of the
 FIRST_ROUND_SLACK = 100.0  # a capped first round only finds the basin: gtol x this
 MIN_GAIN = 1e-3  # leave-one-out R^2 that another penalty, a larger hidden scale or uniform pooling must add
 NEWTON_AFTER = 15  # L-BFGS iterations before the probes still running switch to Newton (10-20 measured; 15 fastest)
+# a probe switches to Newton only where its Hessian costs at most this many flops beyond its gradient:
+# measured to pay on the default checkpoint (P <= 30, D = 64, d = 4: 2.7e7) and planted models, not at
+# Garg's standard shape (P = 82, D = 256, d = 20: 1.4e9; probe stage 64 s with Newton, 53 s without)
+NEWTON_FLOPS = 5e7
 MAX_ROUNDS = 5  # penalty re-chosen at the optimum pooling at most this many times
 
 
@@ -278,7 +283,7 @@ def fit_pooling(
         penalty = grid[index].gather(1, choice[index].unsqueeze(1)).squeeze(1)
         loose = capped[index] if rnd == 0 else torch.zeros_like(capped[index])
         tol = gtol * torch.where(loose, FIRST_ROUND_SLACK, 1.0).double()
-        res = _minimize(sub, penalty, scores[index], tol, ftol, max_iter, NEWTON_AFTER)
+        res = _minimize(sub, penalty, scores[index], tol, ftol, max_iter)
         scores[index], iterations[index] = res.x, iterations[index] + res.iterations
         grad_norm[index], converged[index] = res.grad_norm, res.converged
         every_loo = ridge_loo(sub.centred_pool(res.x), sub.yc, grid[index])  # (k, A)
@@ -298,9 +303,36 @@ def fit_pooling(
     return PoolingFit(scores, penalty, loo, iterations, grad_norm, converged)
 
 
-def _minimize(probes: ProbeSet, penalty: Tensor, scores: Tensor, gtol: Tensor, ftol: float, max_iter: int, after: int):
-    """L-BFGS for at most NEWTON_AFTER iterations, then modified Newton for the probes still running
-    (module docstring); iterations counted together."""
+def hessian_flops(n_pos: Tensor, n_prompts: int, width: int, n_targets: int) -> Tensor:
+    """Flops of one probe's Hessian beyond its gradient (`ProbeSet.hessian`): H_p W, H_p^T R and
+    Zc^T u_p for every position (3 P N D d multiply-adds) and the P x P Gram of the u_p (P^2 N d)."""
+    return 2 * (3 * n_pos * n_prompts * width * n_targets + n_pos**2 * n_prompts * n_targets)
+
+
+def _minimize(probes: ProbeSet, penalty: Tensor, scores: Tensor, gtol: Tensor, ftol: float, max_iter: int):
+    """The pooling fit of one round (module docstring): probes whose Hessian costs at most
+    NEWTON_FLOPS take L-BFGS for NEWTON_AFTER iterations, then modified Newton while still running
+    (iterations counted together); the others L-BFGS throughout."""
+    _, _, n_prompts, width = probes.states.shape
+    newton = hessian_flops(probes.n_pos, n_prompts, width, probes.yc.shape[-1]) <= NEWTON_FLOPS
+    if not bool(newton.all()):
+        out = Minimum(scores.clone(), torch.empty_like(gtol), torch.empty_like(gtol), newton.long(), newton.clone())
+        for part, after in ((newton, NEWTON_AFTER), (~newton, max_iter)):
+            index = part.nonzero().squeeze(-1)
+            if index.numel():
+                res = _minimize_part(
+                    probes.take(index), penalty[index], scores[index], gtol[index], ftol, max_iter, after
+                )
+                for field in ("x", "value", "grad_norm", "iterations", "converged"):
+                    getattr(out, field)[index] = getattr(res, field)
+        return out
+    return _minimize_part(probes, penalty, scores, gtol, ftol, max_iter, NEWTON_AFTER)
+
+
+def _minimize_part(
+    probes: ProbeSet, penalty: Tensor, scores: Tensor, gtol: Tensor, ftol: float, max_iter: int, after: int
+) -> Minimum:
+    """L-BFGS for at most `after` iterations, then modified Newton for the probes still running."""
     fun = probes.objective(penalty)
     first = minimize(fun, scores, gtol=gtol, ftol=ftol, max_iter=min(max_iter, after), memory=MEMORY)
     rest = (~first.converged).nonzero().squeeze(-1)
