@@ -1,6 +1,6 @@
 """Build step only (metadata lives in pyproject.toml): a wheel carries the shipped analysis and
 training recipes and
-the default checkpoint in probe/_shipped/, where probe/resources.py finds them after
+the default checkpoint in probe/_shipped/, where probe/core/resources.py finds them after
 `pip install .`. Editable installs read the repository's own files and copy nothing."""
 
 import shutil

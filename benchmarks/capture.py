@@ -23,10 +23,10 @@ DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "gpt2-default"
 def _measure(checkpoint: str, prompts: int, mode: str, batch: int) -> dict:
     import torch
 
+    from probe.analysis.evaluate import eval_prompts
     from probe.capture import RESID, capture
     from probe.capture.bridge import bridge_inputs, cached_bridge
-    from probe.formats import load_checkpoint
-    from probe.evaluate import eval_prompts
+    from probe.io.formats import load_checkpoint
 
     torch.set_num_threads(1)
     ckpt = load_checkpoint(checkpoint)

@@ -17,11 +17,11 @@ import time
 import numpy as np
 import torch
 
-from probe.config import TaskConfig
+from probe.analysis.similarity import sime
+from probe.core.config import TaskConfig
+from probe.data.tasks import generator_for, sample_prompts
 from probe.learners import run_learner
 from probe.learners.iterative import LOG_STEPS
-from probe.similarity import sime
-from probe.tasks import generator_for, sample_prompts
 
 NEWTON_ITS = list(range(25))
 

@@ -29,8 +29,8 @@ ICL = [sys.executable, "-m", "probe"]
 
 
 def paper_model(directory: Path) -> Path:
-    from probe.checkpoint import save_model
-    from probe.config import ModelConfig, RunConfig, TaskConfig
+    from probe.core.config import ModelConfig, RunConfig, TaskConfig
+    from probe.io.checkpoint import save_model
     from probe.models import build_model
 
     torch.manual_seed(0)
@@ -56,9 +56,9 @@ def timed_report(ckpt: Path, out: Path) -> tuple[dict, float, float, float, floa
 def bare_forward(ckpt: Path) -> float:
     """Seconds of one forward of the model over the quick recipe's curve prompts (the FPE unit),
     the best of three."""
-    from probe.formats import load_checkpoint
+    from probe.data.tasks import generator_for, sample_prompts
+    from probe.io.formats import load_checkpoint
     from probe.reporting.recipe import resolve_recipe
-    from probe.tasks import generator_for, sample_prompts
 
     loaded = load_checkpoint(ckpt)
     p = sample_prompts(loaded.config.task, resolve_recipe("quick").prompts.curve, generator=generator_for(0))
@@ -79,7 +79,7 @@ def floor_fpe(ckpt: Path) -> float:
     ablation prompts and their held-out twins; patching's clean and corrupted prompts) plus SimW's
     fresh queries as the tokens they add (induced x queries x prefixes single tokens over 2n tokens
     a prompt). The ablations' and patches' partial re-runs are not counted: this is a floor."""
-    from probe.formats import load_checkpoint
+    from probe.io.formats import load_checkpoint
     from probe.reporting.recipe import adapt_recipe, resolve_recipe
 
     loaded = load_checkpoint(ckpt)
@@ -99,7 +99,7 @@ def floor_fpe(ckpt: Path) -> float:
 
 def query_state_speedup(ckpt: Path, prompts: int, queries: int) -> tuple[float, float, float]:
     from probe.analysis.states import cached_query_states, sequence_query_states
-    from probe.formats import load_checkpoint
+    from probe.io.formats import load_checkpoint
 
     model = load_checkpoint(ckpt).model
     g = torch.Generator().manual_seed(0)

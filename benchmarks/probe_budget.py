@@ -19,7 +19,7 @@ DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "gpt2-default"
 
 def main() -> None:
     from probe.analysis.probe_study import probe_study
-    from probe.formats import load_checkpoint
+    from probe.io.formats import load_checkpoint
     from probe.reporting.build import probe_control_model
     from probe.reporting.recipe import resolve_recipe
 
@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="recipe overrides (probes.gtol=1e-6)")
     args = parser.parse_args()
     ckpt = load_checkpoint(args.checkpoint)
-    from probe.config import parse_override
+    from probe.core.config import parse_override
 
     recipe = resolve_recipe(args.recipe, [parse_override(o) for o in args.set])
     settings = recipe.probes

@@ -24,8 +24,8 @@ def main() -> None:
     from probe.analysis.probe_study import default_prefixes
     from probe.analysis.probes import AttentionPoolProbe, fit_probes, probe_targets
     from probe.capture import RESID, capture
-    from probe.formats import load_checkpoint
-    from probe.tasks import generator_for, sample_prompts
+    from probe.data.tasks import generator_for, sample_prompts
+    from probe.io.formats import load_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default=str(DEFAULT))

@@ -46,8 +46,8 @@ def main() -> None:
 
     from conftest import build_cfg
 
-    from probe.checkpoint import save_model
     from probe.cli import main as cli
+    from probe.io.checkpoint import save_model
     from probe.models import build_model
 
     parser = argparse.ArgumentParser(description=__doc__)

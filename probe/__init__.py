@@ -1,9 +1,9 @@
 """icl-probe: which learning algorithm do the layers of an in-context learner run?"""
 
-from .allocator import tune_allocator
-from .provenance import VERSION as __version__  # noqa: F401  (the package version)
+from .core.allocator import tune_allocator
+from .core.provenance import VERSION as __version__  # noqa: F401  (the package version)
 
-tune_allocator()  # before any large tensor: see probe/allocator.py
+tune_allocator()  # before any large tensor: see probe/core/allocator.py
 
 
 def to_bridge(source, device: str = "cpu"):
@@ -25,15 +25,15 @@ def prompt(xs, ys):
 def default_checkpoint():
     """The path of the shipped default checkpoint (the repository's in a checkout, the wheel's
     copy when installed): what `icl-probe report` analyses when given no checkpoint."""
-    from .resources import default_checkpoint as path
+    from .core.resources import default_checkpoint as path
 
     return path()
 
 
 def load_checkpoint(path, format: str | None = None):
-    """Load a model from a run directory in any known format (probe.formats.FORMATS): a
+    """Load a model from a run directory in any known format (probe.io.formats.FORMATS): a
     LoadedCheckpoint with `.model`, `.config`, `.format`, `.path`."""
-    from .formats import load_checkpoint as load
+    from .io.formats import load_checkpoint as load
 
     return load(path, format)
 

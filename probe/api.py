@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .errors import ConfigError
+from .core.errors import ConfigError
 
 
 @dataclass
@@ -61,9 +61,9 @@ def _overrides(sections: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _checkpoint(checkpoint):
     """A LoadedCheckpoint from a path, a LoadedCheckpoint, or None (the shipped default)."""
-    from .checkpoint import LoadedCheckpoint
-    from .formats import load_checkpoint
-    from .resources import default_checkpoint
+    from .core.resources import default_checkpoint
+    from .io.checkpoint import LoadedCheckpoint
+    from .io.formats import load_checkpoint
 
     if isinstance(checkpoint, LoadedCheckpoint):
         return checkpoint
@@ -131,12 +131,12 @@ def run_report(
 ) -> Path:
     """`report` with the overrides as recipe mappings (the CLI's parsed --set values); everything
     cheap (recipe, device, memory budget, --out) is checked before a checkpoint is loaded."""
-    from .checkpoint import LoadedCheckpoint
-    from .memory import MemoryBudget
-    from .outputs import OutputTarget
+    from .core.memory import MemoryBudget
+    from .core.validate import check_device, parse_bytes
+    from .io.checkpoint import LoadedCheckpoint
+    from .io.outputs import OutputTarget
     from .reporting.build import build_report
     from .reporting.recipe import resolve_recipe
-    from .validate import check_device, parse_bytes
 
     parsed = resolve_recipe(recipe, overrides)
     device = check_device(device)
@@ -169,9 +169,9 @@ def analyse(
     [readout], [similarity] and sweeps (keyword sections override them). For a model object that
     is not a checkpoint pass `model` and its `task` (a TaskConfig)."""
     from .analysis.pipeline import analyse_layers
+    from .core.validate import check_device
     from .reporting.build import layer_settings
     from .reporting.recipe import adapt_recipe, resolve_recipe
-    from .validate import check_device
 
     parsed = resolve_recipe(recipe, _overrides(sections))
     device = check_device(device)
@@ -187,10 +187,10 @@ def analyse(
 
 def prompts(checkpoint=None, n: int = 64, seed: int = 0, *, task=None):
     """(xs (n, n_points, d), ys (n, n_points)): prompts of a checkpoint's task (or of `task`, a
-    TaskConfig), drawn from the evaluation stream of `seed` (probe/seeds.py), as `icl-probe evaluate`
+    TaskConfig), drawn from the evaluation stream of `seed` (probe/core/seeds.py), as `icl-probe evaluate`
     draws them."""
-    from .evaluate import eval_prompts
-    from .validate import positive_int
+    from .analysis.evaluate import eval_prompts
+    from .core.validate import positive_int
 
     if task is None:
         task = _checkpoint(checkpoint).config.task
@@ -211,7 +211,7 @@ def activations(model, xs, ys, hooks=("resid",), positions="all", device: str = 
     model, a LoadedCheckpoint or a path; returns a Capture (`pred` (B, n), `acts[name]`, e.g.
     `acts["resid"]` (L+1, B, 2n, D), numpy arrays)."""
     from .capture import capture
-    from .checkpoint import LoadedCheckpoint
+    from .io.checkpoint import LoadedCheckpoint
 
     if isinstance(model, (str, Path, LoadedCheckpoint)):
         model = _checkpoint(model).model
@@ -224,7 +224,7 @@ def probe_data(acts, xs, ys, layer: int, t: int, target: str) -> tuple[np.ndarra
     "xty" (X_t^T y_t) or "w_ols" (the least-squares weights), float64."""
     from .analysis.probes import probe_targets
     from .capture import RESID
-    from .validate import as_prompt_tensors
+    from .core.validate import as_prompt_tensors
 
     xs, ys, _ = as_prompt_tensors(xs, ys, what="probe_data")
     resid = acts.acts.get(RESID) if hasattr(acts, "acts") else None
@@ -267,12 +267,12 @@ def run_study_command(
     index.html are written."""
     import time
 
-    from .checkpoint import atomic_write
-    from .outputs import OutputTarget, mark_run_directory
+    from .core.validate import check_device
+    from .io.checkpoint import atomic_write
+    from .io.outputs import OutputTarget, mark_run_directory
     from .study.present import write_presentation
     from .study.recipe import resolve_models, resolve_study
     from .study.run import check_models, check_study_size, run_study
-    from .validate import check_device
 
     parsed = resolve_study(recipe, overrides)
     device = check_device(device)

@@ -51,7 +51,7 @@ def _stub_modules() -> None:
 
 
 def _error_at(model, task_cfg, n_prompts: int = 2048) -> float:
-    from probe.evaluate import error_curve
+    from probe.analysis.evaluate import error_curve
 
     curve = error_curve(model.eval(), task_cfg, n_prompts=n_prompts, seed=0)
     return float(curve.loc[curve.n_examples == 2 * task_cfg.n_dims + 1, "model"].iloc[0])
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from probe.cli import main as cli
-    from probe.formats import load_checkpoint
+    from probe.io.formats import load_checkpoint
 
     work = Path(args.work)
     if cli(["-q", "export", args.checkpoint, "--out", str(work), "--force"]) != 0:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from probe.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from probe.core.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 # reports' stage cache: one fresh directory per test session, never the user's ~/.cache
@@ -100,7 +100,7 @@ TINY_REPORT = ["--set", "prompts.curve=48", "--set", "prompts.train=48", "--set"
 
 @pytest.fixture(scope="session")
 def ckpt(tmp_path_factory):
-    from probe.checkpoint import save_model
+    from probe.io.checkpoint import save_model
     from probe.models import build_model
 
     cfg = build_cfg(layers=3)

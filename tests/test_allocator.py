@@ -1,6 +1,6 @@
 import platform
 
-from probe.allocator import ENV, tune_allocator
+from probe.core.allocator import ENV, tune_allocator
 
 
 def test_thresholds_are_set_under_glibc(monkeypatch):

@@ -13,9 +13,9 @@ from probe.analysis.matching import trend
 from probe.analysis.pipeline import LayerSettings, analyse_layers
 from probe.analysis.readout import RidgeReadout, fit_layer_readouts
 from probe.analysis.span import span_residuals
-from probe.config import TaskConfig
+from probe.core.config import TaskConfig
+from probe.core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings
 from probe.models.oracle import LearnerOracle
-from probe.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings
 
 TASK = TaskConfig(n_dims=4, n_points=14)
 SMALL_PROMPTS = PromptSettings(train=64, val=32, test=96, induced=24, queries=12)
@@ -274,7 +274,7 @@ def test_batched_probes_and_r2_match_sklearn():
     from sklearn.metrics import r2_score
 
     from probe.analysis.probes import fit_probes, probe_targets
-    from probe.stats import r2_score as r2_ours
+    from probe.analysis.stats import r2_score as r2_ours
 
     g = torch.Generator().manual_seed(1)
     truth, pred = torch.randn(2, 50, 3, generator=g).double(), torch.randn(2, 50, 3, generator=g).double()
@@ -298,7 +298,7 @@ def test_cached_query_states_equal_one_sequence_per_query(which, tmp_path):
     from conftest import GargTransformerModel, write_garg_run
 
     from probe.analysis.states import cached_query_states, sequence_query_states
-    from probe.formats import load_checkpoint
+    from probe.io.formats import load_checkpoint
 
     torch.manual_seed(5)
     if which == "default":
@@ -452,8 +452,8 @@ def test_probe_streams_go_to_disk_when_the_memory_budget_is_spent(tmp_path, monk
     import importlib
 
     from probe.capture.streams import by_position_streams
-    from probe.formats import load_checkpoint
-    from probe.memory import MemoryBudget, resident_memory
+    from probe.core.memory import MemoryBudget, resident_memory
+    from probe.io.formats import load_checkpoint
 
     model = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
     g = torch.Generator().manual_seed(0)

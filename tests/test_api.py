@@ -12,7 +12,7 @@ import torch
 from conftest import REPO, TINY_REPORT
 
 import probe
-from probe.errors import ConfigError
+from probe.core.errors import ConfigError
 from probe.models.base import ModelOutput
 
 SMOKE_VOLATILE = ("timings", "created", "cached_stages")
@@ -108,7 +108,7 @@ def test_probe_analyse_equals_the_reports_layers_stage(ckpt, report):
 
 def test_probe_data_feeds_the_probe_the_report_fits():
     from probe.analysis.probes import AttentionPoolProbe
-    from probe.tasks import generator_for, sample_prompts
+    from probe.data.tasks import generator_for, sample_prompts
 
     ckpt = probe.load_checkpoint(REPO / "checkpoints" / "gpt2-default")
     p = sample_prompts(ckpt.config.task, 64, generator=generator_for(0))
@@ -147,9 +147,9 @@ def test_the_bridge_carries_the_task_and_names_its_token_positions():
 
 
 def test_the_bootstrap_bound_is_stated_the_same_everywhere():
-    from probe.evaluate import error_curve
+    from probe.analysis.evaluate import error_curve
+    from probe.core.settings import InterventionSettings, SimilaritySettings
     from probe.interventions.pipeline import run_interventions
-    from probe.settings import InterventionSettings, SimilaritySettings
 
     ckpt = probe.load_checkpoint(REPO / "checkpoints" / "gpt2-default")
     bound = r"must be at least 20, got 5: a 90% interval from fewer resamples"

@@ -6,9 +6,9 @@ import torch
 from conftest import REPO, GargTransformerModel, build_cfg, write_garg_run
 
 from probe.capture import FINAL, READOUT, RESID, capture, resid
-from probe.checkpoint import save_model
-from probe.errors import ConfigError
-from probe.formats import load_checkpoint
+from probe.core.errors import ConfigError
+from probe.io.checkpoint import save_model
+from probe.io.formats import load_checkpoint
 from probe.models import build_model
 
 TOL = 1e-5
@@ -125,7 +125,7 @@ def test_final_hook_names_mean_the_same_on_both_backends_of_a_trained_model():
     import torch.nn.functional as F
     from conftest import REPO
 
-    from probe.formats import load_checkpoint
+    from probe.io.formats import load_checkpoint
 
     model = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
     torch.manual_seed(0)
@@ -146,7 +146,7 @@ def test_final_hook_names_mean_the_same_on_both_backends_of_a_trained_model():
 def test_final_norm_hook_needs_a_layernorm():
     from conftest import build_cfg
 
-    from probe.errors import ConfigError
+    from probe.core.errors import ConfigError
     from probe.models import build_model
 
     lstm = build_model(build_cfg(family="lstm").model)
@@ -173,7 +173,7 @@ def _save_hf(tmp_path, ref, **overrides):
                                           ("activation_function", "relu"), ("layer_norm_epsilon", 1e-6),
                                           ("add_cross_attention", True), ("n_inner", 20)])
 def test_hf_options_we_do_not_implement_are_refused_by_name(tmp_path, option, value):
-    from probe.errors import CheckpointError
+    from probe.core.errors import CheckpointError
 
     path = _save_hf(tmp_path, GargTransformerModel(3, 8, 16, 2, 2), **{option: value})
     with pytest.raises(CheckpointError, match=rf"{option}=.* is not implemented by icl-probe's GPT-2"):
@@ -217,7 +217,7 @@ def test_capture_batches_shrink_to_fit_the_memory_budget_with_the_same_numbers(m
         return runner
 
     monkeypatch.setattr(capture_module, "backend_for", counting_backend_for)
-    from probe.memory import MemoryBudget
+    from probe.core.memory import MemoryBudget
 
     class Fixed(MemoryBudget):
         def headroom(self) -> int:
@@ -265,8 +265,8 @@ def test_relu_attention_bridge_equals_the_plain_forward_and_seed_001_definition(
 
 
 def test_relu_attention_is_refused_where_it_does_not_exist(tmp_path):
-    from probe.checkpoint import export_garg
-    from probe.config import ModelConfig
+    from probe.core.config import ModelConfig
+    from probe.io.checkpoint import export_garg
 
     with pytest.raises(ConfigError, match="attn_activation applies to the gpt2 family only"):
         ModelConfig(family="lstm", attn_activation="relu")
@@ -298,7 +298,7 @@ def _hf_run(tmp_path, width_in_head: int = 16):
 def test_hf_checkpoints_declare_their_task_and_head_errors_name_the_head(tmp_path):
     import json
 
-    from probe.errors import CheckpointError
+    from probe.core.errors import CheckpointError
 
     path, config = _hf_run(tmp_path)
     assert load_checkpoint(path).config.task.noise_std == 0.0  # no declaration: the default task
@@ -323,7 +323,7 @@ def test_double_capture_runs_a_float64_copy_and_agrees_with_float32():
     """`double=True` (the probes' default precision): float64 streams from a float64 copy of the
     model, equal to the float32 capture to float32 round-off; the caller's model stays float32."""
     from probe.capture.streams import by_position_streams
-    from probe.settings import ProbeSettings
+    from probe.core.settings import ProbeSettings
 
     torch.manual_seed(0)
     model = build_model(build_cfg(layers=2).model).eval()
@@ -342,8 +342,8 @@ def test_double_capture_runs_a_float64_copy_and_agrees_with_float32():
 def test_weights_edited_in_place_are_seen_by_the_next_capture():
     """The TransformerLens bridge is cached per model, but keyed on its weights' state too: after an
     in-place edit the next capture runs the edited model, not a stale bridge (GPT-2 and planted)."""
+    from probe.io.planted_io import planted_config
     from probe.models.planted import plant
-    from probe.planted_io import planted_config
 
     torch.manual_seed(0)
     gpt2 = build_model(build_cfg(layers=2).model).eval()

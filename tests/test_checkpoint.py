@@ -5,9 +5,9 @@ import pytest
 import torch
 from conftest import REPO, GargTransformerModel, build_cfg, write_garg_run
 
-from probe.checkpoint import export_garg, save_model
-from probe.errors import CheckpointError
-from probe.formats import load_checkpoint
+from probe.core.errors import CheckpointError
+from probe.io.checkpoint import export_garg, save_model
+from probe.io.formats import load_checkpoint
 from probe.models import build_model
 
 
@@ -83,8 +83,8 @@ def test_garg_export_resumes_and_evaluates_in_their_code(tmp_path):
 def test_garg_export_tasks_and_refusals(tmp_path):
     import yaml
 
-    from probe.config import RunConfig
-    from probe.errors import ConfigError
+    from probe.core.config import RunConfig
+    from probe.core.errors import ConfigError
 
     noisy = RunConfig.from_dict({**build_cfg().to_dict(), "task": {**build_cfg().to_dict()["task"], "noise_std": 0.5, "w_scale": 2.0}})
     export_garg(build_model(noisy.model), noisy, tmp_path / "noisy")
@@ -210,8 +210,8 @@ def _resume_like_garg(run, steps: int = 15, lr: float | None = None, fresh: bool
     training.learning_rate, optimizer.load_state_dict(state.pt's), then plain steps on MSE."""
     import yaml
 
-    from probe.checkpoint import fresh_adam_state
-    from probe.tasks import generator_for, sample_prompts
+    from probe.data.tasks import generator_for, sample_prompts
+    from probe.io.checkpoint import fresh_adam_state
 
     conf = yaml.safe_load((run / "config.yaml").read_text())
     blob = torch.load(run / "state.pt", weights_only=True)
@@ -250,7 +250,7 @@ def test_resuming_an_export_in_gargs_way_does_not_make_the_model_worse(tmp_path)
 
 def test_export_carries_a_runs_adam_moments_into_their_parameter_order(tmp_path):
     from probe.cli import main
-    from probe.train import train
+    from probe.training.train import train
 
     cfg = build_cfg(steps=12, save_every=12, eval_every=12)
     train(cfg, tmp_path / "run", progress=False)
@@ -271,8 +271,8 @@ def test_a_config_whose_head_count_no_longer_matches_the_weights_is_refused(tmp_
     with 2 heads and reloaded with a config saying 4 is refused, naming the check; unchanged it loads."""
     import json
 
-    from probe.errors import CheckpointError
-    from probe.formats import load_checkpoint
+    from probe.core.errors import CheckpointError
+    from probe.io.formats import load_checkpoint
     from probe.models import build_model
 
     cfg = build_cfg(layers=2)

@@ -85,7 +85,7 @@ def test_layer_commands_on_garg_directory_and_lstm(tmp_path, capsys):
 
     from conftest import GargTransformerModel, build_cfg, write_garg_run
 
-    from probe.checkpoint import save_model
+    from probe.io.checkpoint import save_model
     from probe.models import build_model
 
     garg = write_garg_run(tmp_path / "garg", GargTransformerModel(3, 8, 16, 2, 2), 3, 8, 16, 2, 2)
@@ -114,7 +114,7 @@ def test_export_to_garg_cli_round_trip(tmp_path, capsys):
     from conftest import build_cfg
 
     from probe import load_checkpoint
-    from probe.checkpoint import save_model
+    from probe.io.checkpoint import save_model
     from probe.models import build_model
 
     cfg = build_cfg()

@@ -1,8 +1,8 @@
 import pytest
 from conftest import REPO, build_cfg
 
-from probe.config import RunConfig, Stage, TaskConfig, load_recipe, merge, parse_override
-from probe.errors import ConfigError
+from probe.core.config import RunConfig, Stage, TaskConfig, load_recipe, merge, parse_override
+from probe.core.errors import ConfigError
 
 
 def test_round_trip_is_exact():
@@ -73,7 +73,7 @@ def test_study_recipes_validate_and_find_their_models(recipe, monkeypatch):
 def test_the_names_config_checks_are_the_registries_own():
     """config.py lists families and constructions by name (it sits below the models in the import
     layers); those lists must be the registries' keys, so a new construction cannot be forgotten."""
-    from probe.config import MODEL_FAMILIES, PLANTED_ALGORITHMS
+    from probe.core.config import MODEL_FAMILIES, PLANTED_ALGORITHMS
     from probe.models import FAMILIES
     from probe.models.planted import PLANTS
 

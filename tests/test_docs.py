@@ -95,7 +95,7 @@ def test_a_changed_quote_is_caught(tmp_path, monkeypatch):
 
 def test_a_fresh_report_is_strict_json_and_satisfies_the_schema(report):
     """The session's freshly written tiny report: no NaN / Infinity constants, and the schema holds."""
-    from probe.errors import ConfigError
+    from probe.core.errors import ConfigError
     from probe.reporting.schema import Summary, check_summary
 
     def refuse(constant):

@@ -2,8 +2,8 @@ import numpy as np
 import torch
 from conftest import build_cfg
 
-from probe.config import TaskConfig
-from probe.evaluate import error_curve, eval_prompts
+from probe.analysis.evaluate import error_curve, eval_prompts
+from probe.core.config import TaskConfig
 from probe.models import build_model
 
 

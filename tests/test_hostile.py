@@ -21,9 +21,9 @@ import torch
 import yaml
 from conftest import GargTransformerModel, build_cfg, write_garg_run
 
-from probe.checkpoint import save_model
 from probe.cli import main
-from probe.config import RunConfig, TaskConfig
+from probe.core.config import RunConfig, TaskConfig
+from probe.io.checkpoint import save_model
 from probe.models import build_model
 
 D, N = 3, 8
@@ -42,7 +42,7 @@ def template(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     cfg = build_cfg(d=D, points=N, steps=2, save_every=1, eval_every=1, log_every=1)
     save_model(build_model(cfg.model).eval(), cfg, root / "ck")
-    from probe.train import train
+    from probe.training.train import train
 
     train(cfg, root / "run", progress=False)
     relu = RunConfig(model=cfg.model, task=TaskConfig(name="relu_network", n_dims=D, n_points=N))
@@ -461,7 +461,7 @@ case("garg-yaml-deep", ["inspect", "garg"], "config.yaml: config.yaml is nested"
      write("garg/config.yaml", "model: " + "[" * 3000 + "]" * 3000 + "\n"))
 
 
-# ---- affordability (issue 42): refused before any work or output, naming the knob (probe/budget.py)
+# ---- affordability (issue 42): refused before any work or output, naming the knob (probe/core/budget.py)
 BIG = "1000000000"
 case("afford-ablate-bootstrap", ["ablate", "ck", "--out", "o", "--bootstrap", BIG], r"^icl-probe ablate: error: bootstrap = 1000000000 would need about [\d.]+ [GTP]B of memory")
 case("afford-evaluate-prompts", ["evaluate", "ck", "--out", "o", "--prompts", BIG], "prompts = 1000000000 would need")
@@ -563,7 +563,7 @@ def _api(fn_name):
     def call():
         import probe.learners as L
         from probe.capture import capture
-        from probe.formats import load_checkpoint
+        from probe.io.formats import load_checkpoint
 
         return {"run_learner": L.run_learner, "capture": capture, "load_checkpoint": load_checkpoint}[fn_name]
     return call
@@ -602,7 +602,7 @@ API_CASES = [
 
 @pytest.mark.parametrize("name,fn,args,kwargs,culprit", API_CASES, ids=[c[0] for c in API_CASES])
 def test_hostile_api(name, fn, args, kwargs, culprit):
-    from probe.errors import ProbeError
+    from probe.core.errors import ProbeError
 
     with pytest.raises(ProbeError, match=culprit):
         _api(fn)()(*args, **kwargs)
@@ -615,8 +615,8 @@ def test_hostile_api(name, fn, args, kwargs, culprit):
 ])
 def test_hostile_capture_api(kwargs, culprit, template):
     from probe.capture import capture
-    from probe.errors import ProbeError
-    from probe.formats import load_checkpoint
+    from probe.core.errors import ProbeError
+    from probe.io.formats import load_checkpoint
 
     model = load_checkpoint(template / "ck").model
     with pytest.raises(ProbeError, match=culprit):
@@ -630,9 +630,9 @@ def test_hostile_model_arguments_of_the_python_api(template):
     from probe.analysis.pipeline import LayerSettings, analyse_layers
     from probe.analysis.probe_study import probe_study
     from probe.capture import capture
-    from probe.errors import ProbeError
-    from probe.formats import load_checkpoint
-    from probe.settings import ProbeSettings, PromptSettings
+    from probe.core.errors import ProbeError
+    from probe.core.settings import ProbeSettings, PromptSettings
+    from probe.io.formats import load_checkpoint
 
     ckpt = load_checkpoint(template / "ck")
     xs, ys = xs_np.astype(np.float32), ys_np.astype(np.float32)
@@ -652,7 +652,7 @@ def test_hostile_model_arguments_of_the_python_api(template):
 
 def test_capture_accepts_numpy_and_matches_tensors(template):
     from probe.capture import capture
-    from probe.formats import load_checkpoint
+    from probe.io.formats import load_checkpoint
 
     model = load_checkpoint(template / "ck").model
     a = capture(model, xs_np.astype(np.float32), ys_np.astype(np.float32), backend="native")
@@ -662,8 +662,8 @@ def test_capture_accepts_numpy_and_matches_tensors(template):
 
 
 def test_a_garg_run_without_its_config_is_named_not_a_file_error(template, tmp_path):
-    from probe.errors import ProbeError
-    from probe.formats import load_checkpoint
+    from probe.core.errors import ProbeError
+    from probe.io.formats import load_checkpoint
 
     run = tmp_path / "garg"
     shutil.copytree(template / "garg", run)
@@ -675,8 +675,8 @@ def test_a_garg_run_without_its_config_is_named_not_a_file_error(template, tmp_p
 def test_closed_form_gd_steps_are_not_counted_as_work_and_the_limit_can_be_raised():
     """GD's step counts are evaluated in closed form (no loop): 10^9 steps are affordable. A work
     limit is raised for a block of API calls, and restored after it."""
-    import probe.budget as B
-    from probe.errors import ConfigError
+    import probe.core.budget as B
+    from probe.core.errors import ConfigError
     from probe.learners import run_learner
 
     result = run_learner("gd", xs_np, ys_np, steps=[10**9])

@@ -8,18 +8,18 @@ import pytest
 import torch
 from conftest import REPO, GargTransformerModel, build_cfg, write_garg_run
 
-from probe.checkpoint import save_model
 from probe.cli import main
-from probe.errors import ConfigError
-from probe.formats import load_checkpoint
+from probe.core.errors import ConfigError
+from probe.core.settings import SweepSettings
 from probe.interventions import iteration_patching, paired_prompts, patching_heatmap, runner_for, to_bridge
 from probe.interventions.patch import _patched_predictions
 from probe.interventions.runner import skip_hooks
+from probe.io.checkpoint import save_model
+from probe.io.formats import load_checkpoint
+from probe.io.planted_io import planted_config
 from probe.learners import run_learner
 from probe.models import build_model
 from probe.models.planted import plant
-from probe.planted_io import planted_config
-from probe.settings import SweepSettings
 
 ETA = 0.1
 
@@ -345,8 +345,8 @@ def test_map_check_cannot_test_a_model_whose_context_patch_fits_no_map():
     step, so the context patch moves its prediction unlike any map's expectation: the check says it
     cannot test the map (instead of reading a poor fit as evidence against a map that is true by
     construction); planted GD under the same check is testable."""
+    from probe.io.planted_io import planted_config
     from probe.models.planted import plant
-    from probe.planted_io import planted_config
 
     cfg = planted_config("adam", 8, 3, 8, step_size=0.1, batch=3)
     model = plant(cfg.model)
@@ -368,8 +368,8 @@ def test_state_check_confirms_the_newton_constructions_maps_and_rejects_shifted_
     every named alternative whose expectation differs, paired over prompts (interval above 0);
     maps shifted by 2 boundaries are among them. The full context patch cannot test these maps."""
     from probe.interventions.state import source_xs, state_map_check
+    from probe.io.planted_io import planted_config
     from probe.models.planted import plant
-    from probe.planted_io import planted_config
 
     cfg = planted_config(kind, layers, 4, 12)
     runner = runner_for(plant(cfg.model))
@@ -401,8 +401,8 @@ def test_context_check_confirms_the_planted_sgd_map_and_rejects_shifted_ones():
     """Planted SGD (seed 000 Thm. 4) keeps its residuals in the context and its prediction in the
     query, as GD does: the replayed-minibatch SGD map (boundary l = step l) beats every shift and
     the constant map with an interval above 0."""
+    from probe.io.planted_io import planted_config
     from probe.models.planted import plant
-    from probe.planted_io import planted_config
 
     cfg = planted_config("sgd", 6, 3, 10, step_size=0.1, batch=3)
     runner = runner_for(plant(cfg.model))

@@ -8,10 +8,10 @@ import torch
 from sklearn.linear_model import Ridge
 from sklearn.neighbors import KNeighborsRegressor
 
-from probe.config import TaskConfig
-from probe.errors import ConfigError
+from probe.core.config import TaskConfig
+from probe.core.errors import ConfigError
+from probe.data.tasks import generator_for, sample_prompts
 from probe.learners import LEARNERS, run_learner
-from probe.tasks import generator_for, sample_prompts
 
 
 @pytest.fixture(scope="module")

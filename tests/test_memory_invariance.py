@@ -10,7 +10,7 @@ import json
 from conftest import TINY_REPORT
 
 from probe.cli import main
-from probe.memory import MemoryBudget
+from probe.core.memory import MemoryBudget
 
 VOLATILE = ("timings", "created")
 

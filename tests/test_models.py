@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from probe.config import ModelConfig
+from probe.core.config import ModelConfig
 from probe.models import build_model
 from probe.models.encoding import interleave
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 from sklearn.metrics import r2_score
 
-from probe.config import TaskConfig
+from probe.core.config import TaskConfig
+from probe.data.tasks import generator_for, sample_prompts
 from probe.learners import run_learner
 from probe.learners.network import init_networks, layer_sizes, network_forward
-from probe.tasks import generator_for, sample_prompts
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
@@ -48,7 +48,7 @@ def test_network_forward_by_hand():
 
 
 def test_r2_curve_matches_sklearn():
-    from probe.stats import r2_score as r2_ours
+    from probe.analysis.stats import r2_score as r2_ours
 
     g = np.random.default_rng(0)
     y, pred = g.standard_normal((50, 6)), g.standard_normal((50, 6))

@@ -1,4 +1,4 @@
-"""The output policy (probe.outputs) and the verified stage cache, on the good paths."""
+"""The output policy (probe.io.outputs) and the verified stage cache, on the good paths."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 import pandas as pd
 import pytest
 
-from probe.errors import OutputError
-from probe.outputs import MARKER, OutputTarget, clean_stale, safe_name
+from probe.core.errors import OutputError
+from probe.io.outputs import MARKER, OutputTarget, clean_stale, safe_name
 from probe.reporting.cache import StageCache
 
 
@@ -73,7 +73,7 @@ def test_planted_force_over_trained_run_leaves_no_stale_training_state(tmp_path)
     from conftest import build_cfg
 
     from probe.cli import main
-    from probe.train import train
+    from probe.training.train import train
 
     train(build_cfg(steps=2, save_every=1, eval_every=1), tmp_path / "run", progress=False)
     assert main(["-q", "planted", "--algorithm", "gd", "--layers", "2", "--dims", "3", "--out",
@@ -136,7 +136,7 @@ def test_force_over_a_run_directory_keeps_files_the_run_did_not_write(tmp_path):
     from conftest import build_cfg
 
     from probe.cli import main
-    from probe.train import train
+    from probe.training.train import train
 
     run = tmp_path / "run"
     run.mkdir()
@@ -154,8 +154,8 @@ def test_the_stage_key_covers_config_files_and_stage_code(tmp_path):
     not. The report's own stage code (report/build.py) is in the code digest, its wording is not."""
     from conftest import build_cfg
 
-    from probe.checkpoint import save_model
-    from probe.formats import load_checkpoint
+    from probe.io.checkpoint import save_model
+    from probe.io.formats import load_checkpoint
     from probe.models import build_model
     from probe.reporting import cache
 
@@ -178,8 +178,8 @@ def test_the_stage_key_covers_config_files_and_stage_code(tmp_path):
 def test_publishing_is_one_atomic_exchange(tmp_path, monkeypatch):
     """A kill at any step of publishing leaves --out complete: before the exchange it is the
     earlier output, after it the new one (the earlier one is deleted last)."""
-    from probe import outputs
-    from probe.outputs import OutputTarget
+    from probe.io import outputs
+    from probe.io.outputs import OutputTarget
 
     out = tmp_path / "rep"
 

@@ -70,7 +70,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     graph = import_graph()
-    assert "probe.checkpoint" in graph["probe.formats"]  # the graph sees real edges
+    assert "probe.io.checkpoint" in graph["probe.io.formats"]  # the graph sees real edges
     assert cycles(graph) == []
 
 
@@ -150,7 +150,7 @@ def test_the_readme_summary_json_block_reads_a_committed_report(monkeypatch):
 def test_git_commit_is_dirty_for_code_changes_but_not_for_regenerated_reports(tmp_path):
     import subprocess
 
-    from probe.provenance import git_commit
+    from probe.core.provenance import git_commit
 
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)

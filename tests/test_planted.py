@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from probe.cli import main
-from probe.config import TaskConfig, planted_layer_map
-from probe.formats import load_checkpoint
+from probe.core.config import TaskConfig, planted_layer_map
+from probe.data.tasks import generator_for, sample_prompts
+from probe.io.formats import load_checkpoint
+from probe.io.planted_io import planted_config
 from probe.learners import run_learner
 from probe.models.planted import plant
-from probe.planted_io import planted_config
-from probe.tasks import generator_for, sample_prompts
 
 SMALL = ["--set", "prompts.curve=64", "--set", "prompts.train=64", "--set", "prompts.val=32", "--set", "prompts.test=128",
          "--set", "prompts.induced=32", "--set", "probes.enabled=false", "--set", "forgetting.prompts=16",
@@ -169,7 +169,7 @@ def test_planted_models_run_through_transformer_lens(algorithm, layers):
 
 def test_zero_predictor_baseline_flags_layers_that_predict_zero_and_not_the_gd_layers():
     from probe.analysis.pipeline import LayerSettings, analyse_layers
-    from probe.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings
+    from probe.core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings
 
     settings = LayerSettings(PromptSettings(train=64, val=32, test=128, induced=32), ReadoutSettings(method="model"),
                              SimilaritySettings(bootstrap=100),

@@ -8,7 +8,7 @@ import pytest
 from conftest import TINY_REPORT as TINY
 
 from probe.cli import main
-from probe.outputs import write_marker
+from probe.io.outputs import write_marker
 
 
 def _aligned(block):
@@ -161,7 +161,7 @@ def test_a_report_on_a_relu_attention_model(tmp_path):
     through the resumed path and TransformerLens) and records the option."""
     from conftest import build_cfg, relu_attention_model
 
-    from probe.checkpoint import save_model
+    from probe.io.checkpoint import save_model
 
     model, _ = relu_attention_model()
     cfg = build_cfg()

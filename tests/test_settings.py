@@ -8,10 +8,8 @@ from conftest import REPO
 
 from probe.cli import build_parser
 from probe.cli.layers import recipe_from_args
-from probe.errors import ConfigError, RenamedSetting
-from probe.formats import load_checkpoint
-from probe.reporting.recipe import Recipe, resolve_recipe
-from probe.settings import (
+from probe.core.errors import ConfigError, RenamedSetting
+from probe.core.settings import (
     ForgettingSettings,
     InterventionSettings,
     ProbeSettings,
@@ -20,6 +18,8 @@ from probe.settings import (
     SimilaritySettings,
     flag_overrides,
 )
+from probe.io.formats import load_checkpoint
+from probe.reporting.recipe import Recipe, resolve_recipe
 
 SECTIONS = {
     "prompts": PromptSettings,
@@ -126,7 +126,7 @@ def test_renamed_flags_still_work_with_one_warning_line(capsys):
 
 def test_layer_settings_default_sweeps_are_the_quick_recipes():
     from probe.analysis.pipeline import LayerSettings
-    from probe.config import to_dict
+    from probe.core.config import to_dict
 
     assert to_dict(list(LayerSettings().sweeps)) == to_dict(resolve_recipe("quick").sweeps)
 
@@ -139,11 +139,11 @@ def test_heatmap_similarity_switches_are_the_recipe_keys():
 
 
 def test_the_random_weights_control_leaves_the_global_random_state_alone():
-    """Library code draws the control model's weights from its own seed (probe/seeds.py) without
+    """Library code draws the control model's weights from its own seed (probe/core/seeds.py) without
     moving torch's global generator; the same seed gives the same model."""
     from conftest import build_cfg
 
-    from probe.seeds import random_weights_model
+    from probe.models import random_weights_model
 
     cfg = build_cfg(layers=2).model
     torch.manual_seed(123)

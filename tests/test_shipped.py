@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
-from probe.evaluate import error_curve
-from probe.formats import load_checkpoint
+from probe.analysis.evaluate import error_curve
+from probe.io.formats import load_checkpoint
 
 SHIPPED = sorted(p.parent.parent.name for p in (REPO / "checkpoints").glob("*/eval/eval.csv"))
 
@@ -17,8 +17,8 @@ def test_evaluate_reproduces_stored_numbers(name):
     stored = pd.read_csv(REPO / "checkpoints" / name / "eval" / "eval.csv")
     if ckpt.config.task.name == "relu_network":
         # R^2 of the model itself (the direct-training columns take minutes; tests/test_network.py covers them)
-        from probe.evaluate import eval_prompts, predict
-        from probe.stats import r2_score
+        from probe.analysis.evaluate import eval_prompts, predict
+        from probe.analysis.stats import r2_score
 
         prompts = eval_prompts(ckpt.config.task, 1280, 0)
         fresh = r2_score(prompts.ys, predict(ckpt.model, prompts)).numpy()

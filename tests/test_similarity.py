@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 
-from probe.config import TaskConfig
+from probe.analysis.similarity import best_match, ilw, induced_weights, sime, similarity_frame, simw, spd
+from probe.core.config import TaskConfig
+from probe.data.tasks import generator_for, sample_prompts
 from probe.learners import run_learner
-from probe.similarity import best_match, ilw, induced_weights, sime, similarity_frame, simw, spd
-from probe.tasks import generator_for, sample_prompts
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +104,8 @@ def test_paired_verdict_uses_the_per_prompt_difference_and_the_resolution():
     """Two candidates scored on the same prompts: a shared prompt effect cancels in the paired
     difference (its interval is far narrower than either score's), a real gap gives "<a> closer",
     no gap gives "not separable", and a gap wider than the resolution cannot be claimed either."""
+    from probe.analysis.stats import bootstrap_mean
     from probe.analysis.verdicts import NOT_SEPARABLE, Candidate, paired_verdict
-    from probe.stats import bootstrap_mean
 
     g = torch.Generator().manual_seed(0)
     prompt_effect = 0.2 * torch.randn(400, generator=g, dtype=torch.float64)

@@ -9,13 +9,13 @@ import torch
 
 from probe.analysis.probes import AttentionPoolProbe
 from probe.cli import main
-from probe.config import TaskConfig
-from probe.errors import ConfigError
+from probe.core.config import TaskConfig
+from probe.core.errors import ConfigError
+from probe.data.tasks import generator_for, sample_prompts
 from probe.interventions.runner import runner_for
 from probe.interventions.steer import ProbeMap, add_at_tokens, expected_move, steering_table
+from probe.io.planted_io import planted_config
 from probe.models.planted import plant
-from probe.planted_io import planted_config
-from probe.tasks import generator_for, sample_prompts
 
 L, D, N, T, ETA = 5, 4, 12, 8, 0.1
 

@@ -12,14 +12,14 @@ from scipy import stats
 from probe.analysis.order import order_share, order_table, permuted_prompts
 from probe.analysis.pipeline import ModelLens
 from probe.cli import main
-from probe.config import TaskConfig
-from probe.errors import ConfigError
+from probe.core.config import TaskConfig
+from probe.core.errors import ConfigError
+from probe.data.tasks import generator_for, sample_prompts
+from probe.io.planted_io import planted_config
 from probe.learners import run_learner
 from probe.learners.stochastic import minibatch_masks
 from probe.models.planted import plant
 from probe.models.xorshift import PRNG_BITS, xorshift32_step
-from probe.planted_io import planted_config
-from probe.tasks import generator_for, sample_prompts
 
 
 def _prompts(d=4, n=12, b=40, seed=5):
@@ -264,7 +264,7 @@ def test_report_on_planted_sgd_recovers_k_equals_l_with_sgd_and_measures_order(t
 def test_report_order_stage_reuses_the_layers_read_outs_exactly(ckpt, monkeypatch):
     """The report hands the layers stage's fitted read-outs to the order stage; `icl-probe order`
     (no layers stage) refits them: both give the same table."""
-    from probe.formats import load_checkpoint
+    from probe.io.formats import load_checkpoint
     from probe.reporting.build import run_stages
     from probe.reporting.cache import StageCache
     from probe.reporting.recipe import resolve_recipe

@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import build_cfg
 
-from probe.checkpoint import save_model
 from probe.cli import main
-from probe.errors import ConfigError
+from probe.core.errors import ConfigError
+from probe.io.checkpoint import save_model
 from probe.models import build_model
 
 TINY = '''
@@ -62,7 +62,7 @@ def family(tmp_path, monkeypatch):
 def test_study_matches_single_analyses_and_resumes(family, monkeypatch):
 
     # interrupt after the first finished model, as a kill would
-    from probe.checkpoint import atomic_write
+    from probe.io.checkpoint import atomic_write
 
     finished = []
 
@@ -104,11 +104,11 @@ def test_study_matches_single_analyses_and_resumes(family, monkeypatch):
     np.testing.assert_allclose(at.value, err.model, rtol=1e-9)
 
     # SPD / ILW against an independent computation for least squares
-    from probe.formats import load_checkpoint
+    from probe.analysis.similarity import induced_weights
+    from probe.data.tasks import generator_for, sample_prompts
+    from probe.io.formats import load_checkpoint
     from probe.learners import run_learner
-    from probe.similarity import induced_weights
     from probe.study.analyses import model_query_preds
-    from probe.tasks import generator_for, sample_prompts
 
     ckpt = load_checkpoint("m/L2")
     p = sample_prompts(ckpt.config.task, 16, generator=generator_for(0, 401))
@@ -259,7 +259,7 @@ def test_a_study_page_is_redrawn_from_its_table_without_recomputing(tmp_path):
 
 def test_study_x_axis_is_a_model_field_and_a_typo_is_named(tmp_path):
     from probe import default_checkpoint
-    from probe.errors import ConfigError
+    from probe.core.errors import ConfigError
     from probe.study.analyses import model_fields
     from probe.study.recipe import X_AXES, StudyRecipe
 

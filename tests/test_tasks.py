@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from probe.config import TaskConfig
-from probe.tasks import generator_for, input_transform, sample_prompts
+from probe.core.config import TaskConfig
+from probe.data.tasks import generator_for, input_transform, sample_prompts
 
 
 def test_same_seed_same_prompts_and_streams_differ():

@@ -7,9 +7,9 @@ import pytest
 import torch
 from conftest import REPO, build_cfg
 
-from probe.errors import CheckpointError, ConfigError
+from probe.core.errors import CheckpointError, ConfigError
 from probe.models import build_model
-from probe.train import held_out_error, learning_rate, train
+from probe.training.train import held_out_error, learning_rate, train
 
 
 def _losses(path):
@@ -45,7 +45,7 @@ def test_killed_and_resumed_run_reproduces_losses(tmp_path):
 
 def _train_until(cfg, out, stop_after):
     """Run training and interrupt it (as a kill would) right after step `stop_after` is saved."""
-    import probe.train as tr
+    import probe.training.train as tr
 
     original = tr.save_training_state
 
@@ -93,7 +93,7 @@ def test_two_process_gloo_ddp(tmp_path):
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "model.safetensors").exists()
-    from probe.formats import load_checkpoint
+    from probe.io.formats import load_checkpoint
 
     assert load_checkpoint(out).meta["train_step"] == 6
 
@@ -111,8 +111,8 @@ def _final_state(out):
 def test_kill_at_every_write_boundary_resumes_consistently(tmp_path, monkeypatch):
     """Kill before each file write of the run (weights, config, train_state, snapshots, logs); a
     resume must then finish with exactly the uninterrupted run's weights and losses."""
-    import probe.checkpoint as ck
-    import probe.train as tr
+    import probe.io.checkpoint as ck
+    import probe.training.train as tr
 
     cfg = build_cfg(steps=12, log_every=1, save_every=4, eval_every=4)
     train(cfg, tmp_path / "full", progress=False, keep_every=4)
@@ -178,8 +178,8 @@ def test_training_writes_only_its_own_files_and_one_run_at_a_time(tmp_path):
     """Logs are replaced, never edited in place (a hard-linked copy of the run keeps its logs when
     the run resumes); a symlinked log or snapshots/ is refused before any step; a second writer
     of the same run directory is refused while the first holds it."""
-    from probe.errors import OutputError
-    from probe.train import LOCK, run_lock
+    from probe.core.errors import OutputError
+    from probe.training.train import LOCK, run_lock
 
     cfg = build_cfg(steps=20, log_every=1, save_every=10, eval_every=10)
     train(cfg, tmp_path / "run", progress=False)
@@ -229,7 +229,7 @@ def test_estimated_adam_moments_resume_at_adam_s_usual_step_size():
     update from the same moments."""
     import copy
 
-    from probe.train import estimated_adam_state
+    from probe.training.train import estimated_adam_state
 
     torch.manual_seed(0)
     cfg = build_cfg(layers=2)

@@ -53,7 +53,7 @@ def installed(tmp_path_factory):
 
 def test_installed_wheel_is_the_package_imported(installed):
     bin_dir, cwd = installed
-    where = run(bin_dir / "python", "-c", "import probe, probe.resources as r; "
+    where = run(bin_dir / "python", "-c", "import probe, probe.core.resources as r; "
                 "print(probe.__file__); print(r.RECIPE_DIR); print(r.DEFAULT_CHECKPOINT)", cwd=cwd).stdout.split()
     assert all(str(bin_dir.parent) in line for line in where), where
     assert Path(where[1], "quick.toml").is_file() and Path(where[2], "model.safetensors").is_file()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from ..core.memory import MemoryBudget
 from ..learners import run_learner
-from ..memory import MemoryBudget
 from .states import query_states
 
 

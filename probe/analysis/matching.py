@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.settings import SweepSettings
 from ..learners import LearnerResult, run_learner
-from ..settings import SweepSettings
-from ..similarity import best_match, induced_weights, sime, similarity_frame, simw
-from ..stats import r2_score
+from .similarity import best_match, induced_weights, sime, similarity_frame, simw
+from .stats import r2_score
 
 
 def run_sweep(

@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..evaluate import predict
-from ..seeds import random_weights_model
-from ..similarity import sime
-from ..stats import bootstrap_mean
-from ..tasks import Prompts
+from ..data.tasks import Prompts
+from ..models import random_weights_model
+from .evaluate import predict
+from .similarity import sime
+from .stats import bootstrap_mean
 
 ZERO_FRACTION = 0.1
 

@@ -20,12 +20,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .. import budget
 from ..capture import RESID, capture
+from ..core import budget
+from ..core.memory import MemoryBudget
 from ..learners import run_learner
-from ..memory import MemoryBudget
 from ..models.sizes import shape_of
-from ..stats import percentile_interval, resamples
+from .stats import percentile_interval, resamples
 
 
 def permuted_prompts(xs: Tensor, ys: Tensor, t: int, n_perm: int, generator: torch.Generator):

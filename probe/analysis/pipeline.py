@@ -21,19 +21,19 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .. import budget
-from ..config import TaskConfig
-from ..errors import ConfigError
-from ..memory import MemoryBudget
+from ..core import budget
+from ..core.config import TaskConfig
+from ..core.errors import ConfigError
+from ..core.memory import MemoryBudget
+from ..core.seeds import Stream
+from ..core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings, quick_sweeps
+from ..core.validate import check_device, check_model, positive_int
+from ..data.tasks import generator_for, sample_prompts
 from ..models.sizes import shape_of
-from ..seeds import Stream
-from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings, quick_sweeps
-from ..similarity import induced_weights, sime, simw
-from ..tasks import generator_for, sample_prompts
-from ..validate import check_device, check_model, positive_int
 from .matching import compare_layers, family_of, learner_weights, run_sweep, table1, trend
 from .nulls import flag_degenerate, null_predictions, null_table
 from .readout import LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
+from .similarity import induced_weights, sime, simw
 from .span import span_table
 from .states import query_states, x_states
 from .verdicts import Candidate, final_layer_verdicts, pick, sime_between, simw_between
@@ -45,7 +45,7 @@ STREAMS = {"train": Stream.READOUT_TRAIN, "val": Stream.READOUT_VAL, "test": Str
 @dataclass
 class LayerSettings:
     """The layer analyses' settings: the recipe's [prompts], [readout] and [similarity] sections
-    (probe/settings.py, where each key's default and meaning are written) and its sweeps, plus
+    (probe/core/settings.py, where each key's default and meaning are written) and its sweeps, plus
     how to run (batch size, device, memory budget)."""
 
     prompts: PromptSettings = field(default_factory=PromptSettings)

@@ -11,14 +11,14 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .. import budget
 from ..capture.streams import by_position_streams
-from ..memory import MemoryBudget
+from ..core import budget
+from ..core.memory import MemoryBudget
+from ..core.seeds import Offset, Stream, stream_generator
+from ..core.settings import ProbeSettings
+from ..core.validate import check_device, check_model, positive_int
+from ..data.tasks import sample_prompts
 from ..models.sizes import shape_of
-from ..seeds import Offset, Stream, stream_generator
-from ..settings import ProbeSettings
-from ..tasks import sample_prompts
-from ..validate import check_device, check_model, positive_int
 from .probes import fit_probes, probe_dtype, probe_targets
 
 

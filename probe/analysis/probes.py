@@ -57,13 +57,13 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 from torch import Tensor
 
-from .. import budget
-from ..errors import ConfigError
+from ..core import budget
+from ..core.errors import ConfigError
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
-from ..stats import r2_score
 from .lbfgs import Minimum, minimize, newton_minimize
 from .ridge import TwoBlockRidge, choose_penalty, ridge_head, ridge_loo, ridge_penalties
+from .stats import r2_score
 
 ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # ridge penalties, fractions of the mean eigenvalue
 MEMORY = 80  # L-BFGS pairs: at least P for most prefixes; measured 1.6x faster than 20 on the default

@@ -17,7 +17,7 @@ import torch
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ..stats import bootstrap_mean
+from .stats import bootstrap_mean
 
 ALPHAS = (1e-6, 1e-4, 1e-2, 1.0)
 

@@ -26,12 +26,12 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..config import TaskConfig
+from ..core.config import TaskConfig
+from ..data.tasks import generator_for, sample_prompts
 from ..learners import run_learner
 from ..learners.iterative import LOG_STEPS
-from ..similarity import sime, simw
-from ..tasks import generator_for, sample_prompts
 from .matching import learner_weights
+from .similarity import sime, simw
 
 # learner -> (grid axis, grid): the quick recipe's sweeps (analyses/quick.toml)
 LEARNER_GRIDS: dict[str, tuple[str | None, dict]] = {

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..positions import prefix_mask
+from ..data.positions import prefix_mask
 
 
 def span_projectors(xs: torch.Tensor) -> torch.Tensor:

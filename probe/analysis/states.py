@@ -15,9 +15,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..capture import RESID, capture
-from ..memory import MemoryBudget, nbytes
+from ..core.memory import MemoryBudget, nbytes
+from ..data.positions import X_TOKENS
 from ..models.encoding import interleave
-from ..positions import X_TOKENS
 
 LayerReadout = Callable[[int, np.ndarray], np.ndarray]  # (layer, states (..., D)) -> predictions (...)
 

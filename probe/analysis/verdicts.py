@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import pandas as pd
 from torch import Tensor
 
-from ..similarity import first_best, sime, simw
-from ..stats import bootstrap_mean
+from .similarity import first_best, sime, simw
+from .stats import bootstrap_mean
 
 NOT_SEPARABLE = "not separable at this resolution"
 CANNOT_TEST = "cannot test here"

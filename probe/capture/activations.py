@@ -26,10 +26,10 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..errors import ConfigError
-from ..memory import MemoryBudget, nbytes
-from ..outputs import clean_stale
-from ..validate import check_device, check_prompts_for, positive_int
+from ..core.errors import ConfigError
+from ..core.memory import MemoryBudget, nbytes
+from ..core.validate import check_device, check_prompts_for, positive_int
+from ..io.outputs import clean_stale
 from . import hooks as H
 from .backends import Request, backend_for, final_norm
 from .handle import to_bridge

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
+from ..core.registry import Registry
+from ..data.positions import X_TOKENS
 from ..models.base import ICLModel
-from ..positions import X_TOKENS
-from ..registry import Registry
 from . import hooks as H
 from .bridge import bridge_inputs, cached_bridge
 from .planted_bridge import run_through_bridge

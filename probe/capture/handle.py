@@ -29,11 +29,11 @@ from typing import Any, Self
 import torch
 from torch import Tensor
 
-from ..checkpoint import LoadedCheckpoint
-from ..errors import ConfigError
-from ..formats import load_checkpoint
-from ..positions import X_TOKENS
-from ..validate import check_device, check_prompts_for
+from ..core.errors import ConfigError
+from ..core.validate import check_device, check_prompts_for
+from ..data.positions import X_TOKENS
+from ..io.checkpoint import LoadedCheckpoint
+from ..io.formats import load_checkpoint
 from .bridge import bridge_inputs
 from .bridge import to_bridge as native_bridge
 

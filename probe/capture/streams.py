@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..memory import MemoryBudget, nbytes
+from ..core.memory import MemoryBudget, nbytes
 from .activations import RESID, capture, spill_dir
 
 CHUNK_BYTES = 64 << 20  # one chunk's streams

@@ -11,7 +11,7 @@ import logging
 import sys
 import warnings
 
-from ..errors import ProbeError, RenamedSetting
+from ..core.errors import ProbeError, RenamedSetting
 
 COMMANDS = {
     "train": "Train an in-context regression model from a recipe",
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FLOP",
         help="refuse commands estimated to need more floating-point operations than this "
-        "(default 3e15, hours here; probe/budget.py)",
+        "(default 3e15, hours here; probe/core/budget.py)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
     for name, help_text in COMMANDS.items():
@@ -100,7 +100,7 @@ def _main(argv: list[str] | None) -> int:
     )
     module = importlib.import_module(f".{args.command}", __name__)
     try:
-        from ..budget import max_work, work_limit
+        from ..core.budget import max_work, work_limit
 
         with work_limit(max_work() if args.max_work is None else args.max_work):  # this command only
             return module.run(args) or 0

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..resources import DEFAULT_CHECKPOINT
+from ..core.resources import DEFAULT_CHECKPOINT
 from .common import add_device, add_out, check_device, output_target, writing
 from .layers import add_recipe_args, recipe_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..settings import InterventionSettings, PromptSettings, SimilaritySettings, add_flags
+    from ..core.settings import InterventionSettings, PromptSettings, SimilaritySettings, add_flags
 
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
@@ -36,9 +36,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..formats import load_checkpoint
+    from ..core.provenance import display_path, stamp
     from ..interventions.pipeline import run_interventions
-    from ..provenance import display_path, stamp
+    from ..io.formats import load_checkpoint
     from ..reporting import intervention_figures
 
     target = output_target(args, "ablate", (args.checkpoint,))

@@ -35,8 +35,8 @@ def check_npz_headers(path: str, names: tuple[str, ...]) -> None:
 
     import numpy as np
 
-    from ..errors import ConfigError
-    from ..validate import check_memory
+    from ..core.errors import ConfigError
+    from ..core.validate import check_memory
 
     with zipfile.ZipFile(path) as archive:
         for name in names:
@@ -61,9 +61,9 @@ def load_prompts(path: str):
 
     import numpy as np
 
-    from ..errors import ConfigError
-    from ..outputs import is_regular_file
-    from ..validate import as_prompt_tensors
+    from ..core.errors import ConfigError
+    from ..core.validate import as_prompt_tensors
+    from ..io.outputs import is_regular_file
 
     if not Path(path).exists():
         raise ConfigError(f"prompts file not found: {path}")
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ..capture import RESID, capture
-    from ..formats import load_checkpoint
+    from ..io.formats import load_checkpoint
 
     device = check_device(args.device)
     target = output_target(args, "capture", (args.checkpoint, args.prompts), kind="file")

@@ -7,7 +7,7 @@ import contextlib
 import shutil
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 
 def add_device(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +15,7 @@ def add_device(parser: argparse.ArgumentParser) -> None:
 
 
 def check_device(device: str) -> str:
-    from ..validate import check_device as check
+    from ..core.validate import check_device as check
 
     try:
         return check(device)
@@ -35,7 +35,7 @@ def positive_int(text: str) -> int:
 
 def seed(text: str) -> int:
     """argparse type of a --seed flag: an integer in 0..2^63-1."""
-    from ..validate import SEED_LIMIT
+    from ..core.validate import SEED_LIMIT
 
     try:
         value = int(text)
@@ -47,7 +47,7 @@ def seed(text: str) -> int:
 
 
 def add_out(parser: argparse.ArgumentParser, help_text: str, required: bool = True) -> None:
-    """`--out` and `--force`, with the output policy of probe.outputs."""
+    """`--out` and `--force`, with the output policy of probe.io.outputs."""
     parser.add_argument("--out", required=required, help=help_text)
     parser.add_argument(
         "--force",
@@ -61,7 +61,7 @@ def output_target(
     args: argparse.Namespace, command: str, inputs: tuple = (), kind: str = "dir", out: str | Path | None = None
 ):
     """Check `--out` against the output policy before any work; None when no --out was given."""
-    from ..outputs import OutputTarget
+    from ..io.outputs import OutputTarget
 
     path = out if out is not None else args.out
     if path is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..resources import DEFAULT_CHECKPOINT
+from ..core.resources import DEFAULT_CHECKPOINT
 from .common import add_device, add_out, check_device, output_target, positive_int, seed, writing
 
 
@@ -46,10 +46,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
-    from ..evaluate import error_curve, plot_error_curve, r2_curve
-    from ..formats import load_checkpoint
-    from ..provenance import display_path, stamp
+    from ..analysis.evaluate import error_curve, plot_error_curve, r2_curve
+    from ..core.errors import ConfigError
+    from ..core.provenance import display_path, stamp
+    from ..io.formats import load_checkpoint
 
     device = check_device(args.device)
     target = output_target(args, "evaluate", (args.checkpoint,))
@@ -102,7 +102,7 @@ def shifted_task(task, args: argparse.Namespace):
     """The checkpoint's task with the requested distribution shifts applied."""
     import dataclasses
 
-    from ..errors import ConfigError
+    from ..core.errors import ConfigError
 
     changes = {}
     if args.mixture is not None:

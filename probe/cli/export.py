@@ -22,18 +22,18 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import export_garg, safe_torch_load
-    from ..errors import ConfigError
-    from ..formats import load_checkpoint
-    from ..outputs import check_run_output
-    from ..registry import unknown_name_message
+    from ..core.errors import ConfigError
+    from ..core.registry import unknown_name_message
+    from ..io.checkpoint import export_garg, safe_torch_load
+    from ..io.formats import load_checkpoint
+    from ..io.outputs import check_run_output
 
     if args.to not in LAYOUTS:
         raise ConfigError(unknown_name_message("export layout", args.to, list(LAYOUTS)))
     ckpt = load_checkpoint(args.checkpoint)
     target = check_run_output(args.out, "export", force=args.force, inputs=(ckpt.path,))
     assert target is not None  # --out is required
-    from ..train import TRAIN_STATE, estimated_adam_state, learning_rate
+    from ..training.train import TRAIN_STATE, estimated_adam_state, learning_rate
 
     step = int(ckpt.meta.get("train_step", 0))
     # their Adam continues where our schedule had arrived (its last rate for a finished run), with

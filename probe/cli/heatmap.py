@@ -18,7 +18,7 @@ from .layers import add_layer_args, settings_from_args, write_tables
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..settings import SimilaritySettings, add_flags
+    from ..core.settings import SimilaritySettings, add_flags
 
     add_layer_args(p)
     p.add_argument(
@@ -32,9 +32,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..analysis.pipeline import analyse_layers
-    from ..formats import load_checkpoint
-    from ..outputs import safe_name
-    from ..provenance import display_path
+    from ..core.provenance import display_path
+    from ..io.formats import load_checkpoint
+    from ..io.outputs import safe_name
     from ..reporting import figures
 
     target = output_target(args, "heatmap", (args.checkpoint,))

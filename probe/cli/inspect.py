@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..resources import DEFAULT_CHECKPOINT
+from ..core.resources import DEFAULT_CHECKPOINT
 from .common import positive_int
 
 
@@ -21,8 +21,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluate import eval_prompts, predict
-    from ..formats import load_checkpoint
+    from ..analysis.evaluate import eval_prompts, predict
+    from ..io.formats import load_checkpoint
 
     ckpt = load_checkpoint(args.checkpoint)
     m, task = ckpt.config.model, ckpt.config.task

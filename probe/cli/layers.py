@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..resources import DEFAULT_CHECKPOINT
+from ..core.resources import DEFAULT_CHECKPOINT
 from .common import add_device, add_out, check_device
 
 
@@ -22,7 +22,7 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_layer_args(p: argparse.ArgumentParser, simw: bool = True) -> None:
-    from ..settings import PromptSettings, ReadoutSettings, SimilaritySettings, add_flags
+    from ..core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, add_flags
 
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
@@ -44,11 +44,11 @@ def add_layer_args(p: argparse.ArgumentParser, simw: bool = True) -> None:
 
 
 def recipe_from_args(args: argparse.Namespace, ckpt):
-    """The report recipe, with --set and then the settings flags (probe/settings.py) applied,
+    """The report recipe, with --set and then the settings flags (probe/core/settings.py) applied,
     adapted to the checkpoint as the report adapts it."""
-    from ..config import parse_override
+    from ..core.config import parse_override
+    from ..core.settings import flag_overrides
     from ..reporting.recipe import adapt_recipe, resolve_recipe
-    from ..settings import flag_overrides
 
     overrides = [parse_override(s) for s in args.set] + flag_overrides(args)
     return adapt_recipe(resolve_recipe(args.recipe, overrides), ckpt.config)
@@ -65,8 +65,8 @@ def settings_from_args(
     (or `sweeps` replaces them), `similarity` overrides [similarity] keys (e.g. simw=False)."""
     from dataclasses import replace
 
-    from ..errors import ConfigError
-    from ..registry import unknown_name_message
+    from ..core.errors import ConfigError
+    from ..core.registry import unknown_name_message
     from ..reporting.build import layer_settings
 
     settings = layer_settings(recipe_from_args(args, ckpt), check_device(args.device))
@@ -84,7 +84,7 @@ def settings_from_args(
 
 
 def write_tables(out: Path, tables: dict, meta: dict) -> None:
-    from ..provenance import stamp
+    from ..core.provenance import stamp
 
     out.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():

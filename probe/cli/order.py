@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import to_dict
+from ..core.config import to_dict
 from .stage import add_stage_parser, run_stage
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..settings import OrderSettings
+    from ..core.settings import OrderSettings
 
     add_stage_parser(p, "order", OrderSettings, "order.csv, order_summary.json and order.png", {"seed": "seed"})
 

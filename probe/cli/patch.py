@@ -23,13 +23,13 @@ import argparse
 import json
 from pathlib import Path
 
-from ..resources import DEFAULT_CHECKPOINT
+from ..core.resources import DEFAULT_CHECKPOINT
 from .common import add_device, add_out, check_device, output_target, writing
 from .layers import add_recipe_args, recipe_from_args, settings_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..settings import InterventionSettings, PromptSettings, SimilaritySettings, add_flags
+    from ..core.settings import InterventionSettings, PromptSettings, SimilaritySettings, add_flags
 
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
@@ -59,7 +59,7 @@ def layer_maps(args, ckpt, labels: list[str]) -> dict:
     import pandas as pd
 
     from ..analysis.pipeline import analyse_layers
-    from ..errors import ConfigError
+    from ..core.errors import ConfigError
     from ..interventions.pipeline import layer_maps_from_best
 
     if not labels:
@@ -88,12 +88,12 @@ def layer_maps(args, ckpt, labels: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import budget
-    from ..errors import ConfigError
-    from ..formats import load_checkpoint
+    from ..core import budget
+    from ..core.errors import ConfigError
+    from ..core.provenance import display_path, stamp
     from ..interventions.pipeline import iteration_verdict, run_interventions
+    from ..io.formats import load_checkpoint
     from ..models.sizes import shape_of
-    from ..provenance import display_path, stamp
     from ..reporting import intervention_figures
 
     target = output_target(args, "patch", (args.checkpoint, args.map_from))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import PLANTED_ALGORITHMS as ALGORITHMS
+from ..core.config import PLANTED_ALGORITHMS as ALGORITHMS
 from .common import add_out, positive_int, seed, writing
 
 MAX_LAYERS = 10_000  # a planted model is analysed layer by layer; deeper ones are never useful
@@ -52,8 +52,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
-    from ..registry import unknown_name_message
+    from ..core.errors import ConfigError
+    from ..core.registry import unknown_name_message
 
     if args.algorithm not in ALGORITHMS:
         raise ConfigError(unknown_name_message("planted algorithm", args.algorithm, list(ALGORITHMS)))
@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--dims must be <= {MAX_DIMS} and --points <= {MAX_POINTS}, got {args.dims} and {args.points}"
         )
-    from ..outputs import check_run_output
-    from ..planted_io import write_planted
+    from ..io.outputs import check_run_output
+    from ..io.planted_io import write_planted
 
     target = check_run_output(args.out, "planted", force=args.force)
     assert target is not None  # --out is required

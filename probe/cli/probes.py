@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import to_dict
+from ..core.config import to_dict
 from .stage import add_stage_parser, run_stage
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..settings import ProbeSettings
+    from ..core.settings import ProbeSettings
 
     files = "probes.csv, probes_summary.json and probes.png"
     add_stage_parser(p, "probes", ProbeSettings, files, {"test": "test-prompts", "seed": "seed"})

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..resources import DEFAULT_CHECKPOINT, cache_dir
+from ..core.resources import DEFAULT_CHECKPOINT, cache_dir
 from .common import add_device, add_out
 
 REPORTS = Path("runs")  # relative to the working directory, as every --out is; git-ignored in a checkout
@@ -29,7 +29,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
     )
-    from ..resources import RECIPE_DIR
+    from ..core.resources import RECIPE_DIR
 
     shipped = sorted(f.stem for f in RECIPE_DIR.glob("*.toml") if "[[sweeps]]" in f.read_text())
     p.add_argument(
@@ -55,8 +55,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..api import run_report
-    from ..config import parse_override
-    from ..outputs import safe_name
+    from ..core.config import parse_override
+    from ..io.outputs import safe_name
     from ..reporting.recipe import resolve_recipe
 
     overrides = [parse_override(s) for s in args.set]

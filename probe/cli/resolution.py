@@ -47,7 +47,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..analysis.resolution import ResolutionGrid, pair_summary, resolution_table
-    from ..errors import ConfigError
+    from ..core.errors import ConfigError
     from ..reporting import figures
     from .layers import write_tables
 

@@ -19,8 +19,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..analysis.pipeline import analyse_layers
-    from ..formats import load_checkpoint
-    from ..provenance import display_path
+    from ..core.provenance import display_path
+    from ..io.formats import load_checkpoint
     from ..reporting import figures
 
     target = output_target(args, "span", (args.checkpoint,))

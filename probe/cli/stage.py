@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from ..resources import DEFAULT_CHECKPOINT
+from ..core.resources import DEFAULT_CHECKPOINT
 from .common import add_device, add_out, check_device, output_target, writing
 from .layers import add_recipe_args, recipe_from_args
 
@@ -22,7 +22,7 @@ def add_stage_parser(
 ) -> None:
     """The checkpoint, --out/--force, one flag per field of the stage's settings class (but
     `enabled`), the [prompts] flags named, the recipe arguments and --device."""
-    from ..settings import PromptSettings, add_flags
+    from ..core.settings import PromptSettings, add_flags
 
     p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help=f"run directory{note}")
     add_out(p, f"directory for {files}")
@@ -44,8 +44,8 @@ def run_stage(
     """Run report stage `stage` on args.checkpoint into args.out: `check(ckpt, recipe)` before any
     work, then the table, {**summary(table), "settings": record(ckpt, recipe), provenance} and the
     stage's figure; `show(table)` prints."""
-    from ..formats import load_checkpoint
-    from ..provenance import stamp
+    from ..core.provenance import stamp
+    from ..io.formats import load_checkpoint
     from ..reporting.build import STAGES, Context
 
     target = output_target(args, command, (args.checkpoint,))

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import to_dict
-from ..errors import ConfigError
+from ..core.config import to_dict
+from ..core.errors import ConfigError
 from .stage import add_stage_parser, run_stage
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..settings import SteeringSettings
+    from ..core.settings import SteeringSettings
 
     files = "steering.csv, steering_summary.json and steering.png"
     add_stage_parser(p, "steering", SteeringSettings, files, {"seed": "seed"}, " (a transformer)")

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from ..api import run_study_command
-    from ..config import parse_override
+    from ..core.config import parse_override
 
     run_study_command(
         args.recipe,

@@ -42,10 +42,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import RunConfig, load_recipe, merge, parse_override
-    from ..errors import ConfigError
-    from ..outputs import check_run_output, remove_previous
-    from ..resources import training_recipe
+    from ..core.config import RunConfig, load_recipe, merge, parse_override
+    from ..core.errors import ConfigError
+    from ..core.resources import training_recipe
+    from ..io.outputs import check_run_output, remove_previous
 
     out = Path(args.out)
     target = check_run_output(out, "train", resume=args.resume, force=args.force)
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--resume: the config given differs from the one {out} was trained with; "
                 "drop --recipe/--set to resume with the saved config"
             )
-    from ..train import train
+    from ..training.train import train
 
     device = check_device(args.device)
     if target is not None:
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _saved_config(out: Path) -> dict:
-    from ..errors import CheckpointError
+    from ..core.errors import CheckpointError
 
     try:
         data = json.loads((out / "config.json").read_text())["config"]

@@ -4,7 +4,7 @@ Components: every attention head (its output z zeroed, or replaced by its mean o
 prompts at each position: mean-ablation), every MLP block (hook_mlp_out zeroed or
 mean-replaced) and every layer's whole residual update ("skip": resid_post(l) := resid_pre(l)).
 The metric is the evaluation's: squared error / d against the number of in-context examples,
-averaged over prompts with a percentile-bootstrap band (probe/evaluate.py).
+averaged over prompts with a percentile-bootstrap band (probe/analysis/evaluate.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..analysis.stats import bootstrap_mean
 from ..capture import hooks as H
-from ..settings import ABLATION_KINDS
-from ..stats import bootstrap_mean
-from ..validate import positive_int
+from ..core.settings import ABLATION_KINDS
+from ..core.validate import positive_int
 from .runner import Hook, Runner, head_hook, replace_hook, skip_hooks
 
 KINDS = ABLATION_KINDS

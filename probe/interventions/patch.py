@@ -48,16 +48,16 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..analysis.evaluate import eval_prompts
 from ..analysis.matching import run_sweep
+from ..analysis.stats import bootstrap_ratio, percentile_interval, resamples
 from ..analysis.verdicts import NOT_SEPARABLE
 from ..capture import hooks as H
-from ..config import TaskConfig
-from ..errors import ConfigError
-from ..evaluate import eval_prompts
-from ..seeds import Stream
-from ..settings import PATCH_SITES
-from ..stats import bootstrap_ratio, percentile_interval, resamples
-from ..tasks import generator_for, relu_network_forward, sample_prompts
+from ..core.config import TaskConfig
+from ..core.errors import ConfigError
+from ..core.seeds import Stream
+from ..core.settings import PATCH_SITES
+from ..data.tasks import generator_for, relu_network_forward, sample_prompts
 from .runner import Runner, boundary_hook_name, patch_hook
 
 SITES = PATCH_SITES

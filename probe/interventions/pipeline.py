@@ -1,6 +1,6 @@
 """The causal checks end to end: prompts -> ablations, patching heatmap, iteration-consistent patching.
 
-    settings = InterventionSettings(prompts=256)     # probe/settings.py: recipe section [interventions]
+    settings = InterventionSettings(prompts=256)     # probe/core/settings.py: recipe section [interventions]
     result = run_interventions(model, task, settings, layer_maps={"newton": (sweep, {0: 0, ...})})
     result.summary   # what summary.json stores under "interventions"
 
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .. import budget
 from ..analysis.verdicts import NOT_SEPARABLE
-from ..config import TaskConfig, to_dict
-from ..errors import ConfigError
+from ..core import budget
+from ..core.config import TaskConfig, to_dict
+from ..core.errors import ConfigError
+from ..core.seeds import Offset
+from ..core.settings import InterventionSettings
+from ..core.validate import check_bootstrap, check_device
 from ..models.sizes import shape_of
-from ..seeds import Offset
-from ..settings import InterventionSettings
-from ..validate import check_bootstrap, check_device
 from .ablate import ablate, summarise_ablation
 from .patch import FLAT, context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
 from .runner import runner_for

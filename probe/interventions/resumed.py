@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from ..capture import hooks as H
+from ..data.positions import X_TOKENS
 from ..models.gpt2 import BlockEdit, KeyValues
-from ..positions import X_TOKENS
 
 
 @torch.no_grad()

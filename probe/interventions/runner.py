@@ -22,9 +22,9 @@ from torch import Tensor
 from ..capture import hooks as H
 from ..capture.handle import to_bridge
 from ..capture.planted_bridge import run_through_bridge
-from ..errors import ConfigError
-from ..positions import X_TOKENS, Y_TOKENS, prefix_mask
-from ..validate import check_device
+from ..core.errors import ConfigError
+from ..core.validate import check_device
+from ..data.positions import X_TOKENS, Y_TOKENS, prefix_mask
 from .resumed import ablated_predictions, context_patch_predictions, patched_resid_predictions
 
 Hook = tuple[str, Callable]

@@ -31,12 +31,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..config import TaskConfig
-from ..errors import ConfigError
+from ..core.config import TaskConfig
+from ..core.errors import ConfigError
+from ..core.seeds import Stream
+from ..data.tasks import generator_for, sample_prompts
 from ..learners.base import prefix_moments
 from ..learners.iterative import newton_schulz
-from ..seeds import Stream
-from ..tasks import generator_for, sample_prompts
 from .patch import ContextPatch, boundary_table, compare_maps, named_alternatives
 from .runner import Hook, Runner, boundary_hook_name
 

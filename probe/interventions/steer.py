@@ -30,12 +30,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .. import budget
 from ..analysis.probes import AttentionPoolProbe, probe_targets
+from ..analysis.stats import resamples
 from ..capture import RESID, capture
-from ..errors import ConfigError
+from ..core import budget
+from ..core.errors import ConfigError
 from ..models.sizes import shape_of
-from ..stats import resamples
 from .runner import Runner, boundary_hook_name, runner_for
 
 STEERABLE_TARGETS = ("w_ols", "xty")

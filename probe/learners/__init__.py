@@ -11,10 +11,10 @@ from typing import Any
 
 from torch import Tensor
 
-from .. import budget
-from ..errors import ConfigError
-from ..validate import as_prompt_tensors, check_grid
-from . import closed_form, iterative, krylov, network, nonparametric, online, stochastic  # noqa: F401  (registration)
+from ..core import budget
+from ..core.errors import ConfigError
+from ..core.validate import as_prompt_tensors, check_grid
+from . import closed_form, iterative, krylov, network, nonparametric, online, stochastic  # noqa: F401  (registration
 from .base import LearnerResult, check_prompts, prefix_moments
 from .registry import LEARNERS, LearnerSpec
 
@@ -26,7 +26,7 @@ def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None
 
     Prompts may be tensors or numpy arrays; they must be finite. Grid values are checked
     (integral step counts, positive penalties and step sizes, non-empty grids) and the work they
-    ask for (probe/budget.py) before any work.
+    ask for (probe/core/budget.py) before any work.
     """
     spec = LEARNERS.get(name)
     xs, ys, queries = as_prompt_tensors(xs, ys, queries, what=f"learner '{name}'")

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 
 @dataclass

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .base import LearnerResult, as_float64, linear_result, prefix_moments
 from .registry import register
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .base import LearnerResult, as_float64, linear_result, prefix_moments
 from .registry import register
 from .wolfe import bfgs_wolfe, cg_wolfe, lbfgs_wolfe, two_loop

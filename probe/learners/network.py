@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
-from ..positions import prefix_mask
+from ..core.errors import ConfigError
+from ..data.positions import prefix_mask
 from .base import LearnerResult, as_float64
 from .registry import register
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .base import LearnerResult, as_float64, linear_result
 from .registry import register
 

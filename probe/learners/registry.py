@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..registry import Registry
+from ..core.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..core.config import ModelConfig
+from ..core.seeds import Offset
 from .base import ModelOutput
 from .gpt2 import GPT2ICL
 from .lstm import LSTMICL
@@ -19,4 +21,13 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     return family(cfg)
 
 
-__all__ = ["FAMILIES", "GPT2ICL", "LSTMICL", "ModelOutput", "build_model"]
+__all__ = ["FAMILIES", "GPT2ICL", "LSTMICL", "ModelOutput", "build_model", "random_weights_model"]
+
+
+def random_weights_model(model_config, seed: int):
+    """The random-weights control: the architecture of `model_config`, initialised from seed + 99
+    (the same model for the probes' control and the null baselines; probe/core/seeds.py)."""
+
+    with torch.random.fork_rng(devices=[]):  # the caller's global random state is left as it was
+        torch.manual_seed(seed + Offset.RANDOM_WEIGHTS)
+        return build_model(model_config).eval()

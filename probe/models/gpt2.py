@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ModelConfig
-from ..positions import x_positions
+from ..core.config import ModelConfig
+from ..data.positions import x_positions
 from .base import ModelOutput, ReadInOutModel
 from .encoding import interleave
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..config import ModelConfig
-from ..positions import x_positions
+from ..core.config import ModelConfig
+from ..data.positions import x_positions
 from .base import ModelOutput, ReadInOutModel
 from .encoding import interleave
 

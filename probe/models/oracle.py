@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..data.positions import X_TOKENS
 from ..learners import run_learner
-from ..positions import X_TOKENS
 from .base import ModelOutput
 
 

@@ -102,8 +102,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
-from ..positions import X_TOKENS, prefix_mask
+from ..core.config import ModelConfig
+from ..data.positions import X_TOKENS, prefix_mask
 from .adam_psi import ADAM_BETAS, psi, psi_knots
 from .base import ModelOutput
 from .learner_state import LEARNER_STATES, LearnerState
@@ -578,7 +578,7 @@ PLANTS = {
 def plant(cfg: ModelConfig) -> PlantedICL:
     """A PlantedICL with the weights of its construction (see the module docstring); refused before
     any allocation when its weights would not fit in memory."""
-    from ..validate import check_memory
+    from ..core.validate import check_memory
 
     check_memory(
         planted_bytes(cfg),

@@ -1,11 +1,11 @@
-"""A model's sizes from its config or its protocol, for the affordability estimates (probe/budget.py)
+"""A model's sizes from its config or its protocol, for the affordability estimates (probe/core/budget.py)
 and the checkpoints' size checks: what needs to know the model families lives here, not in budget."""
 
 from __future__ import annotations
 
 import math
 
-from ..budget import Shape
+from ..core.budget import Shape
 
 
 def model_bytes(model_cfg) -> int:

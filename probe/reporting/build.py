@@ -18,23 +18,24 @@ from typing import Any
 
 import pandas as pd
 
-from .. import budget
+from ..analysis.evaluate import error_curve, plot_error_curve, r2_curve
 from ..analysis.forgetting import forgetting_table
 from ..analysis.order import order_table
 from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
 from ..analysis.probe_study import probe_study
 from ..analysis.readout import LayerReadouts
-from ..checkpoint import LoadedCheckpoint
-from ..errors import ConfigError
-from ..evaluate import error_curve, plot_error_curve, r2_curve
+from ..core import budget
+from ..core.errors import ConfigError
+from ..core.memory import MemoryBudget
+from ..core.seeds import Stream, stream_generator
+from ..data.tasks import sample_prompts
 from ..interventions.pipeline import layer_maps_from_best, run_interventions
 from ..interventions.runner import has_runner
 from ..interventions.steer import steering_table
-from ..memory import MemoryBudget
+from ..io.checkpoint import LoadedCheckpoint
+from ..io.outputs import OutputTarget, safe_name
+from ..models import random_weights_model
 from ..models.sizes import shape_of
-from ..outputs import OutputTarget, safe_name
-from ..seeds import Stream, random_weights_model, stream_generator
-from ..tasks import sample_prompts
 from . import figures
 from . import intervention_figures as ifig
 from .cache import StageCache, _jsonable
@@ -112,7 +113,7 @@ def _stage_layers(c: Context):
 
 
 def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
-    """The probes' random-weights control (probe/seeds.py)."""
+    """The probes' random-weights control (probe/core/seeds.py)."""
 
     return random_weights_model(ckpt.config.model, seed)
 
@@ -207,7 +208,7 @@ def _stage_interventions(c: Context):
 
 
 def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Estimate]:
-    """Memory and work of every size knob of the recipe's enabled stages on this checkpoint (probe/budget.py)."""
+    """Memory and work of every size knob of the recipe's enabled stages on this checkpoint (probe/core/budget.py)."""
     shape, n, p = shape_of(ckpt.config.model), ckpt.config.task.n_points, recipe.prompts
     out = [
         budget.prompt_estimate("prompts.curve", p.curve, shape, n),
@@ -234,7 +235,7 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
 
 
 def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
-    """Refuse a recipe this machine cannot afford (memory or work of any knob, probe/budget.py) or
+    """Refuse a recipe this machine cannot afford (memory or work of any knob, probe/core/budget.py) or
     whose SimW would be underdetermined, before any work; errors name the recipe key."""
 
     m = ckpt.config.model
@@ -399,7 +400,7 @@ def build_report(
     memory: MemoryBudget | None = None,
 ) -> Path:
     """Run the recipe's stages and publish the report into `out` under the output policy
-    (probe.outputs): checked before any work, built in a private staging directory."""
+    (probe.io.outputs): checked before any work, built in a private staging directory."""
 
     target = (
         out

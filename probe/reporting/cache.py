@@ -5,7 +5,7 @@ resolved config and every config or weight file; the recipe sections it reads; t
 module that computes numbers, report stages included), so a re-run that changes only plotting or
 wording reuses it, and changed analysis code never reads stale results. Every file of an entry,
 and its JSON data, is checksummed. Reports keep the cache in one per-user place
-(`probe.resources.cache_dir()`, or `--cache-dir`), never beside a user's files; a study keeps it
+(`probe.core.resources.cache_dir()`, or `--cache-dir`), never beside a user's files; a study keeps it
 inside its own output directory.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..outputs import replace_dir, staging_dir
-from ..provenance import VERSION as __version__
+from ..core.provenance import VERSION as __version__
+from ..io.outputs import replace_dir, staging_dir
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import re
 
 from ..analysis.matching import trend_words
 from ..analysis.verdicts import NOT_SEPARABLE
-from ..config import PLANTED_SCHEDULE, planted_layer_map
+from ..core.config import PLANTED_SCHEDULE, planted_layer_map
 from ..learners import LEARNERS
 from .schema import Match, ProbeFit, Summary, Table1Entry, Verdict
 

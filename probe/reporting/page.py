@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..provenance import VERSION as __version__
+from ..core.provenance import VERSION as __version__
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}

@@ -10,7 +10,7 @@
     [order]          OrderSettings         order sensitivity and its comparison learners
     [steering]       SteeringSettings      causal probes (steering along linear probes)
 
-Every section is a settings class of probe/settings.py, where its keys, defaults and help are
+Every section is a settings class of probe/core/settings.py, where its keys, defaults and help are
 written once; the commands' flags are derived from the same classes.
 
 Flags override recipe values (`--set prompts.test=256`); the resolved recipe is written into
@@ -27,13 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import PLANTED_SCHEDULE, current_names, from_dict, load_recipe, merge, to_dict
-from ..errors import ConfigError
-from ..learners import LEARNERS
-from ..learners.stochastic import STOCHASTIC_STEPS
-from ..registry import unknown_name_message
-from ..resources import RECIPE_DIR
-from ..settings import (
+from ..core.config import PLANTED_SCHEDULE, current_names, from_dict, load_recipe, merge, to_dict
+from ..core.errors import ConfigError
+from ..core.registry import unknown_name_message
+from ..core.resources import RECIPE_DIR
+from ..core.settings import (
     ForgettingSettings,
     InterventionSettings,
     OrderSettings,
@@ -44,7 +42,9 @@ from ..settings import (
     SteeringSettings,
     SweepSettings,
 )
-from ..validate import check_grid
+from ..core.validate import check_grid
+from ..learners import LEARNERS
+from ..learners.stochastic import STOCHASTIC_STEPS
 
 SWEEP_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 SCHEMA_VERSION = 3  # 3: `verdicts`
 

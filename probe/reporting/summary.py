@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.verdicts import NOT_SEPARABLE
-from ..checkpoint import LoadedCheckpoint
+from ..core.provenance import display_path, stamp
 from ..interventions.pipeline import iteration_verdict
 from ..interventions.state import PICTURE as STATE_PICTURE
 from ..interventions.steer import steering_summary
-from ..provenance import display_path, stamp
+from ..io.checkpoint import LoadedCheckpoint
 from .findings import label as human_label
 from .recipe import Recipe
 from .schema import (

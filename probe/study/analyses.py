@@ -14,18 +14,18 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..analysis.evaluate import error_curve, r2_curve
 from ..analysis.matching import learner_weights
-from ..errors import ConfigError
-from ..evaluate import error_curve, r2_curve
-from ..formats import load_checkpoint
+from ..analysis.similarity import first_best, ilw, induced_weights, sime, spd
+from ..core.errors import ConfigError
+from ..core.seeds import Stream, stream_generator
+from ..data.tasks import sample_prompts
+from ..io.formats import load_checkpoint
 from ..learners import run_learner
 from ..learners.closed_form import bayes_lambda
 from ..reporting.build import run_stages
 from ..reporting.cache import StageCache
 from ..reporting.recipe import adapt_recipe
-from ..seeds import Stream, stream_generator
-from ..similarity import first_best, ilw, induced_weights, sime, spd
-from ..tasks import sample_prompts
 from .recipe import StudyRecipe
 
 COLUMNS = ["model", "analysis", "metric", "learner", "layer", "n_examples", "shift", "value", "ci_low", "ci_high"]

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..checkpoint import atomic_write
-from ..provenance import stamp
+from ..core.provenance import stamp
+from ..io.checkpoint import atomic_write
 from ..reporting.figures import examples_axis, legend_outside, pyplot, save_png
 from ..reporting.findings import label
 from ..reporting.page import Page, Section, figure, table

@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import TaskConfig, from_dict, load_recipe, merge, to_dict
-from ..errors import ConfigError
+from ..core.config import TaskConfig, from_dict, load_recipe, merge, to_dict
+from ..core.errors import ConfigError
+from ..core.registry import unknown_name_message
 from ..learners import LEARNERS
-from ..registry import unknown_name_message
 
 MAX_MATCHES = 256  # paths one checkpoints pattern may match
 ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes")
+from ..core.resources import RECIPE_DIR as STUDY_DIR
+from ..core.validate import check_grid, check_seed, positive_int
 from ..reporting.recipe import resolve_recipe
-from ..resources import RECIPE_DIR as STUDY_DIR
-from ..validate import check_grid, check_seed, positive_int
 
 
 @dataclass

@@ -25,15 +25,15 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from ..checkpoint import atomic_write
-from ..errors import ConfigError, ProbeError, RenamedSetting
-from ..formats import load_checkpoint
-from ..outputs import safe_name
-from ..registry import unknown_name_message
+from ..core.errors import ConfigError, ProbeError, RenamedSetting
+from ..core.registry import unknown_name_message
+from ..core.validate import check_device, check_memory, positive_int
+from ..io.checkpoint import atomic_write
+from ..io.formats import load_checkpoint
+from ..io.outputs import safe_name
 from ..reporting.build import check_report_size
 from ..reporting.cache import code_digest
 from ..reporting.recipe import adapt_recipe
-from ..validate import check_device, check_memory, positive_int
 from .analyses import analyse_model, model_fields
 from .present import read_table
 from .recipe import StudyRecipe, resolve_models

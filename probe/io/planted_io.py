@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..core.config import ModelConfig, RunConfig, TaskConfig
+from ..core.errors import ConfigError
+from ..core.provenance import stamp
+from ..models.planted import ADAM_LAYERS_PER_STEP, PRNG_BITS, gd_stable_limit, newton_default_alpha, plant
 from .checkpoint import save_model
-from .config import ModelConfig, RunConfig, TaskConfig
-from .errors import ConfigError
-from .models.planted import ADAM_LAYERS_PER_STEP, PRNG_BITS, gd_stable_limit, newton_default_alpha, plant
-from .provenance import stamp
 
 SGD_BOUND = 1000.0  # R of the SGD construction: its gradient is exact while every |residual| <= R
 PRNG_OUTPUTS = 4  # M, the numbers one prng block emits (o_1..o_M)

@@ -113,7 +113,7 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = "linear_regression"  # see probe.tasks.TASKS
+    name: str = "linear_regression"  # see probe.data.tasks.TASKS
     n_dims: int = 4  # d
     n_points: int = 12  # examples per prompt
     w_scale: float = 1.0  # tau: w ~ N(0, tau^2 I)

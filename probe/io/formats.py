@@ -15,6 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.config import ModelConfig, RunConfig, TaskConfig, from_dict
+from ..core.errors import CheckpointError, ConfigError
+from ..core.parsing import load_json
+from ..core.registry import Registry
+from ..models import build_model
 from .checkpoint import (
     LoadedCheckpoint,
     check_size,
@@ -25,11 +30,6 @@ from .checkpoint import (
     safe_torch_load,
     strip_prefixes,
 )
-from .config import ModelConfig, RunConfig, TaskConfig, from_dict
-from .errors import CheckpointError, ConfigError
-from .models import build_model
-from .parsing import load_json
-from .registry import Registry
 
 HF_HEAD = "icl_head.safetensors"
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .config import TaskConfig
-from .registry import Registry
+from ..core.config import TaskConfig
+from ..core.registry import Registry
+from ..core.seeds import generator_for  # noqa: F401  (the prompt streams' generator, re-exported)
 
 
 @dataclass
@@ -162,11 +163,3 @@ def sample_prompts(
     """
     n_points = task.n_points if n_points is None else n_points
     return TASKS.get(task.name)(task, batch, n_points, generator, active_dims)
-
-
-def generator_for(seed: int, *stream: int) -> torch.Generator:
-    """A CPU generator for (seed, stream...), e.g. (seed, step, rank): resumable data streams."""
-    mixed = seed
-    for s in stream:
-        mixed = (mixed * 1_000_003 + s + 1) % (2**63 - 1)
-    return torch.Generator().manual_seed(mixed)

@@ -6,10 +6,10 @@ the largest allocation it implies (bytes) and the arithmetic it implies (floatin
 operations, "flop"). An estimate over its limit is refused with one line naming the knob, the
 estimate and the limit:
 
-- memory: MEMORY_FRACTION of the available memory (probe/validate.py `check_memory`), or the
+- memory: MEMORY_FRACTION of the available memory (probe/core/validate.py `check_memory`), or the
   report's --max-memory;
 - work: `max_work()` flop, DEFAULT_MAX_WORK unless raised with `icl-probe --max-work 1e17 ...`
-  or, in Python, `with probe.budget.work_limit(1e17): ...`.
+  or, in Python, `with probe.core.budget.work_limit(1e17): ...`.
 
 The estimates are upper bounds of the right order (constant factors of a few), not timings: they
 separate a recipe that runs in hours from one that asks for 10^9 of something.
@@ -85,7 +85,7 @@ def check(estimates: list[Estimate], where: str = "") -> None:
             f"{top.knob} = {_short(top.value)}{on} makes this need about {total:.1e} floating-point operations{share}, "
             f"more than the limit of {max_work():.1e}; lower {top.knob}, or "
             f"raise the limit with icl-probe --max-work {_round_up(total)} "
-            f"(Python: with probe.budget.work_limit({_round_up(total)}): ...)"
+            f"(Python: with probe.core.budget.work_limit({_round_up(total)}): ...)"
         )
 
 

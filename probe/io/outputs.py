@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import OutputError
+from ..core.errors import OutputError
 
 MARKER = ".icl-probe-output.json"
 STAGING_TAG = ".icl-tmp-"

@@ -12,14 +12,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import budget
-from .config import TaskConfig
-from .learners import run_learner
-from .models.sizes import shape_of
-from .seeds import Stream
+from ..core import budget
+from ..core.config import TaskConfig
+from ..core.seeds import Stream
+from ..core.validate import check_bootstrap, positive_int
+from ..data.tasks import Prompts, generator_for, sample_prompts
+from ..learners import run_learner
+from ..models.sizes import shape_of
 from .stats import bootstrap_mean, bootstrap_r2, r2_score
-from .tasks import Prompts, generator_for, sample_prompts
-from .validate import check_bootstrap, positive_int
 
 EVAL_STREAM = Stream.EVALUATION  # keeps evaluation prompts apart from the training stream
 
@@ -56,7 +56,7 @@ def error_curve(
     progress: bool = False,
 ) -> pd.DataFrame:
     """One row per number of in-context examples t = 0..n-1: model error/d with its band and baselines.
-    The prompts and resamples asked for are checked against the machine first (probe/budget.py)."""
+    The prompts and resamples asked for are checked against the machine first (probe/core/budget.py)."""
     n_prompts, n_boot = positive_int(n_prompts, "prompts"), check_bootstrap(n_boot, "bootstrap")
     points = n_points or task.n_points
     budget.check(

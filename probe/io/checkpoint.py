@@ -30,13 +30,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from .config import ModelConfig, RunConfig, TaskConfig, to_dict
-from .errors import CheckpointError, ConfigError
-from .models import build_model
-from .models.sizes import model_bytes
+from ..core.config import ModelConfig, RunConfig, TaskConfig, to_dict
+from ..core.errors import CheckpointError, ConfigError
+from ..core.parsing import load_json, load_yaml
+from ..core.validate import check_memory
+from ..models import build_model
+from ..models.sizes import model_bytes
 from .outputs import fix_mode
-from .parsing import load_json, load_yaml
-from .validate import check_memory
 
 GARG_VOCAB = 50257  # GPT-2's vocabulary: Garg's state dicts carry an unused wte of this size
 IGNORED_LEGACY = re.compile(r"^_backbone\.(wte\.weight|h\.\d+\.attn\.(bias|masked_bias))$")

@@ -261,7 +261,7 @@ class ReadoutSettings(Section):
 
 @dataclass
 class SimilaritySettings(Section):
-    """Layer-vs-learner similarities (probe/similarity.py): recipe section [similarity]."""
+    """Layer-vs-learner similarities (probe/analysis/similarity.py): recipe section [similarity]."""
 
     SECTION = "similarity"
     include_first: bool = setting(False, "SimE over positions 1..n (the paper's code) instead of 2..n")

@@ -54,7 +54,7 @@ def positive_int(value: Any, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
-SEED_LIMIT = 2**63  # seeds are mixed modulo 2^63 - 1 (probe/tasks.py generator_for) and fed to torch's generators
+SEED_LIMIT = 2**63  # seeds are mixed modulo 2^63 - 1 (probe/data/tasks.py generator_for) and fed to torch's generators
 
 
 MIN_BOOTSTRAP = 20  # resamples: the 5th and 95th percentiles of fewer are the extremes
@@ -204,7 +204,7 @@ def parse_bytes(text: str) -> int:
 
 def check_memory(nbytes: float, what: str, fix: str) -> None:
     """Refuse work whose memory estimate exceeds the available memory, naming the culprit."""
-    limit = MEMORY_FRACTION * available_memory()  # probe/memory.py
+    limit = MEMORY_FRACTION * available_memory()  # probe/core/memory.py
     if nbytes > limit:
         raise ConfigError(
             f"{what} would need about {_human(nbytes)} of memory, more than the {_human(limit)} available; {fix}"

@@ -1,6 +1,6 @@
 """The one table of random streams.
 
-Every random draw of an analysis comes from `generator_for(seed, stream)` (probe/tasks.py) with
+Every random draw of an analysis comes from `generator_for(seed, stream)` (below) with
 the run's seed and one of the streams below, or from the seed plus one of the offsets, so that
 two analyses never share draws by accident and a number can be traced to its stream. Training
 draws its prompts from `generator_for(train.seed, step, rank)` (resumable per step); learners and
@@ -12,9 +12,6 @@ from __future__ import annotations
 from enum import IntEnum
 
 import torch
-
-from .models import build_model
-from .tasks import generator_for
 
 
 class Stream(IntEnum):
@@ -46,15 +43,14 @@ class Offset(IntEnum):
     RANDOM_WEIGHTS = 99  # the random-weights control model (probes and the null baselines)
 
 
+def generator_for(seed: int, *stream: int) -> torch.Generator:
+    """A CPU generator for (seed, stream...), e.g. (seed, step, rank): resumable data streams."""
+    mixed = seed
+    for s in stream:
+        mixed = (mixed * 1_000_003 + s + 1) % (2**63 - 1)
+    return torch.Generator().manual_seed(mixed)
+
+
 def stream_generator(seed: int, stream: Stream) -> torch.Generator:
     """The generator of `stream` for run seed `seed`."""
     return generator_for(seed, int(stream))
-
-
-def random_weights_model(model_config, seed: int):
-    """The random-weights control: the architecture of `model_config`, initialised from seed + 99
-    (the same model for the probes' control and the null baselines)."""
-
-    with torch.random.fork_rng(devices=[]):  # the caller's global random state is left as it was
-        torch.manual_seed(seed + Offset.RANDOM_WEIGHTS)
-        return build_model(model_config).eval()

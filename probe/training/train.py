@@ -26,17 +26,17 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .checkpoint import atomic_write, load_weights, read_safetensors, safe_torch_load, save_model
-from .config import RunConfig
-from .errors import CheckpointError, ConfigError, OutputError, TrainingDiverged
-from .evaluate import eval_prompts
-from .models import build_model
-from .models.sizes import activation_bytes, model_bytes
-from .outputs import mark_run_directory
-from .provenance import stamp
-from .seeds import Stream, stream_generator
-from .tasks import generator_for, sample_prompts
-from .validate import check_memory
+from ..analysis.evaluate import eval_prompts
+from ..core.config import RunConfig
+from ..core.errors import CheckpointError, ConfigError, OutputError, TrainingDiverged
+from ..core.provenance import stamp
+from ..core.seeds import Stream, stream_generator
+from ..core.validate import check_memory
+from ..data.tasks import generator_for, sample_prompts
+from ..io.checkpoint import atomic_write, load_weights, read_safetensors, safe_torch_load, save_model
+from ..io.outputs import mark_run_directory
+from ..models import build_model
+from ..models.sizes import activation_bytes, model_bytes
 
 log = logging.getLogger(__name__)
 

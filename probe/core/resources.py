@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # probe/
 SOURCE_ROOT = PACKAGE.parent
 SHIPPED = PACKAGE / "_shipped"
 

@@ -1,0 +1,1 @@
+"""Training in-context learners on the tasks (train): the checkpoints the analyses read."""
