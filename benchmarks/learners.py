@@ -4,7 +4,11 @@ Workload: d=20, n=40, 1280 prompts; Iterative Newton 0..24; GD (paper convention
 step 1/lambda_max) on the log grid 0, 1, 2, ..., 4096 steps; SimE of every Newton iterate against
 every GD count. The loop version is what the papers' scripts do: numpy per prompt and prefix.
 It is timed on a subset of prompts and scaled linearly to 1280 (its cost is linear in prompts);
-both versions are checked to agree to 1e-5 on that subset. Last line: speedup=<ratio>.
+both versions are checked to agree to 1e-5 on that subset. Then each learner alone (nothing
+shared) against the machine's own batched products, in the same run: its seconds per iteration it
+represents (Newton: 24 iterations; GD: 4096 steps) over the bare products of one iteration at the
+same shapes (Newton M <- 2M - M S M: two (B n, d, d) matmuls; GD w <- w - eta (S w - b)/t: one
+(B n, d, d) x (B n, d) product). Last line: speedup=<ratio>.
 
     python benchmarks/learners.py [--loop-prompts 16] [--device cpu]
 """
@@ -82,7 +86,40 @@ def main() -> None:
     print(f"max abs difference on the shared prompts: {worst:.2e}")
     if worst > 1e-5:
         raise SystemExit(f"batched and loop results differ by {worst:.2e} > 1e-5")
+    for name, per_iteration, iterations in alone(xs, ys):
+        print(f"{name}: {per_iteration:.2f} x a bare iteration's batched products ({iterations} iterations)")
     print(f"speedup={loop / batched:.1f}")
+
+
+def best_of(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def alone(xs: torch.Tensor, ys: torch.Tensor):
+    """(learner, its time per iteration / one iteration's bare products, iterations) with nothing
+    shared between the learners (the eigendecomposition cache cleared before each run)."""
+    from probe.learners.iterative import LAST_PROMPTS
+
+    b, n, d = xs.shape
+    s = torch.randn(b * n, d, d, dtype=xs.dtype, device=xs.device)
+    s = s @ s.transpose(1, 2)
+    w = torch.randn(b * n, d, 1, dtype=xs.dtype, device=xs.device)
+    matmul = best_of(lambda: 2 * s - s @ s @ s)
+    matvec = best_of(lambda: w - 0.1 * (s @ w - w))
+
+    def run(name, **grid):
+        LAST_PROMPTS.clear()
+        run_learner(name, xs, ys, **grid)
+
+    newton = best_of(lambda: run("newton", iterations=NEWTON_ITS))
+    gd = best_of(lambda: run("gd", steps=LOG_STEPS))
+    yield "newton", newton / (len(NEWTON_ITS) - 1) / matmul, len(NEWTON_ITS) - 1
+    yield "gd", gd / LOG_STEPS[-1] / matvec, LOG_STEPS[-1]
 
 
 if __name__ == "__main__":

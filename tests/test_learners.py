@@ -372,3 +372,33 @@ def test_unknown_line_search_is_refused(prompts):
     xs, ys = prompts
     with pytest.raises(ConfigError, match=r"line_search='armijo' must be one of \['exact', 'wolfe'\]"):
         run_learner("bfgs", xs, ys, line_search="armijo")
+
+
+def test_eigendecomposition_is_shared_split_and_weights_formed_on_read():
+    """batched_eigh equals torch.linalg.eigh bit for bit; GD after Newton on the same tensors reuses
+    the decomposition (and recomputes after an in-place change); the lazily formed weights predict
+    what the rotated-input predictions say."""
+    from probe.learners import iterative
+
+    g = torch.Generator().manual_seed(5)
+    s = torch.randn(37, 6, 6, generator=g, dtype=torch.float64)
+    s = s @ s.transpose(1, 2)
+    lam, v = iterative.batched_eigh(s)
+    ref = torch.linalg.eigh(s)
+    assert torch.equal(lam, ref[0]) and torch.equal(v, ref[1])
+    xs, ys = torch.randn(8, 9, 3, generator=g, dtype=torch.float64), torch.randn(8, 9, generator=g, dtype=torch.float64)
+    calls = []
+    original = iterative.batched_eigh
+    iterative.LAST_PROMPTS.clear()
+    try:
+        iterative.batched_eigh = lambda m: calls.append(1) or original(m)
+        newton = run_learner("newton", xs, ys, iterations=(0, 5))
+        gd = run_learner("gd", xs, ys, steps=(0, 4))
+        assert len(calls) == 1
+        xs.mul_(1.0)  # an in-place write: a new version, decomposed again
+        run_learner("gd", xs, ys, steps=(0, 4))
+        assert len(calls) == 2
+    finally:
+        iterative.batched_eigh = original
+    for res in (newton, gd):
+        torch.testing.assert_close(torch.einsum("kbnd,bnd->kbn", res.weights, xs), res.preds, rtol=0, atol=1e-12)

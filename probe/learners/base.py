@@ -7,7 +7,7 @@ the learner's prediction at prefix t is for x_{t+1} (0-based: xs[:, t]), having 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,13 +16,33 @@ from torch import Tensor
 from ..core.errors import ConfigError
 
 
-@dataclass
 class LearnerResult:
-    name: str
-    grid: list[dict[str, Any]]  # K hyper-parameter settings, in order
-    preds: Tensor  # (K, B, n): prediction for x_{t+1} after t examples
-    weights: Tensor | None = None  # (K, B, n, d): weight vector held after t examples (linear learners)
-    query_preds: Tensor | None = None  # (K, B, n, Q): predictions for extra queries after t examples
+    """What a learner returns for K hyper-parameter settings (grid, in order): preds (K, B, n), the
+    prediction for x_{t+1} after t examples; weights (K, B, n, d), the weight vector held after t
+    examples (linear learners; None otherwise), formed on first read where the learner gives
+    `weights_from` instead; query_preds (K, B, n, Q), predictions for extra queries after t examples."""
+
+    def __init__(
+        self,
+        name: str,
+        grid: list[dict[str, Any]],
+        preds: Tensor,
+        weights: Tensor | None = None,
+        query_preds: Tensor | None = None,
+        *,
+        weights_from: Callable[[], Tensor] | None = None,
+    ):
+        self.name, self.grid, self.preds, self.query_preds = name, grid, preds, query_preds
+        self._weights, self._weights_from = weights, weights_from
+
+    @property
+    def weights(self) -> Tensor | None:
+        if self._weights is None and self._weights_from is not None:
+            self._weights, self._weights_from = self._weights_from(), None
+        return self._weights
+
+    def __repr__(self) -> str:
+        return f"LearnerResult({self.name!r}, {len(self.grid)} settings, preds {tuple(self.preds.shape)})"
 
 
 def check_prompts(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> None:
@@ -47,6 +67,21 @@ def prefix_moments(xs: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
     s = torch.cumsum(outer, dim=1) - outer  # exclusive: examples before position t
     b = torch.cumsum(xs * ys.unsqueeze(-1), dim=1) - xs * ys.unsqueeze(-1)
     return s, b
+
+
+def spectral_result(
+    name: str, grid: list[dict[str, Any]], basis: Tensor, coef: Tensor, xs: Tensor, queries: Tensor | None
+) -> LearnerResult:
+    """A linear learner given in each prefix's eigenbasis S_t = V_t diag(lam) V_t^T (GD, Iterative
+    Newton), weights V_t coef: its predictions x^T V coef = (V^T x) . coef take K B n d products, so
+    the weights (K, B, n, d) are formed only when read; query predictions, where asked for, from them."""
+    rotated = (xs.unsqueeze(-2) @ basis).squeeze(-2)  # (B, n, d): x_t^T V_t
+    result = LearnerResult(
+        name, grid, (coef * rotated).sum(-1), weights_from=lambda: torch.einsum("bnij,kbnj->kbni", basis, coef)
+    )
+    if queries is not None:
+        result.query_preds = torch.einsum("kbnd,bqd->kbnq", result.weights, queries)
+    return result
 
 
 def linear_result(

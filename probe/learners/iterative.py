@@ -8,13 +8,15 @@ the plain matrix loops).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
 
 from ..core.errors import ConfigError
-from .base import LearnerResult, as_float64, linear_result, prefix_moments
+from .base import LearnerResult, as_float64, prefix_moments, spectral_result
 from .registry import register
 
 LOG_STEPS = tuple([0] + [2**k for k in range(13)])  # 0, 1, 2, 4, ..., 4096
@@ -22,19 +24,63 @@ NEWTON_ITERATIONS = tuple(range(24))
 NEWTON_ALPHAS = ("spectral", "frobenius", "paper")
 
 
+class _LastPrompts:
+    """The eigendecomposition of the last prompts seen, so that GD and Newton on the same prompts
+    (a report's sweeps, `benchmarks/learners.py`) decompose them once: held while those tensors
+    live and are unmodified (identity and in-place version), dropped when they are freed."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.value: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+
+    def get(self, xs: Tensor, ys: Tensor):
+        if self.key is None:
+            return None
+        xs_ref, ys_ref, versions = self.key
+        same = xs_ref() is xs and ys_ref() is ys and versions == (xs._version, ys._version)
+        return self.value if same else None
+
+    def put(self, xs: Tensor, ys: Tensor, value: tuple[Tensor, Tensor, Tensor, Tensor]) -> None:
+        self.key = (weakref.ref(xs, self.clear), weakref.ref(ys, self.clear), (xs._version, ys._version))
+        self.value = value
+
+    def clear(self, *_) -> None:
+        self.key, self.value = None, None
+
+
+LAST_PROMPTS = _LastPrompts()
+
+
+def batched_eigh(s: Tensor) -> tuple[Tensor, Tensor]:
+    """torch.linalg.eigh of a batch of symmetric matrices (..., d, d), on CPU split over
+    torch.get_num_threads() threads (its batched CPU eigh runs one matrix at a time; LAPACK releases
+    the GIL). Each matrix is decomposed by the same call as alone, so the result equals eigh's
+    bit for bit (tested)."""
+    threads = torch.get_num_threads()
+    if s.device.type != "cpu" or threads < 2 or s[..., 0, 0].numel() < 2 * threads:
+        return torch.linalg.eigh(s)
+    flat = s.reshape(-1, *s.shape[-2:])
+    with ThreadPoolExecutor(threads) as pool:
+        parts = list(pool.map(torch.linalg.eigh, flat.chunk(threads)))
+    lam, v = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return lam.view(*s.shape[:-1]), v.view(s.shape)
+
+
 def prefix_eigh(xs: Tensor, ys: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Eigen-decompose every prefix: lam (B, n, d), V (B, n, d, d), c = V^T b (B, n, d), counts t (n,)."""
+    """Eigen-decompose every prefix in float64: lam (B, n, d), V (B, n, d, d), c = V^T b (B, n, d),
+    counts t (n,); the last prompts' decomposition is reused (`_LastPrompts`)."""
+    cached = LAST_PROMPTS.get(xs, ys)
+    if cached is not None:
+        return cached
+    key_xs, key_ys = xs, ys
+    xs, ys, _ = as_float64(xs, ys)
     s, b = prefix_moments(xs, ys)
-    lam, v = torch.linalg.eigh(s)
+    lam, v = batched_eigh(s)
     lam = lam.clamp_min(0)  # S is PSD; round-off can leave -1e-16
     c = (v.transpose(-1, -2) @ b.unsqueeze(-1)).squeeze(-1)
     t = torch.arange(xs.shape[1], dtype=xs.dtype, device=xs.device)
+    LAST_PROMPTS.put(key_xs, key_ys, (lam, v, c, t))
     return lam, v, c, t
-
-
-def _from_eigen(v: Tensor, coef: Tensor) -> Tensor:
-    """w = V coef for coef (K, B, n, d) -> (K, B, n, d)."""
-    return torch.einsum("bnij,kbnj->kbni", v, coef)
 
 
 GD_STEP = {"auto": "per-prompt step 1/lambda_max of the loss Hessian ('auto')"}
@@ -81,8 +127,8 @@ def gd(
     which is always stable; a fixed eta diverges where eta * lambda_max >= 2.
     Closed form per eigenvalue h = eta*lambda(/t): w_k = V diag((1 - (1 - h)^k) / lambda) V^T b.
     """
-    xs, ys, queries = as_float64(xs, ys, queries)
     lam, v, c, t = prefix_eigh(xs, ys)
+    xs, ys, queries = as_float64(xs, ys, queries)
     steps_t = torch.as_tensor(list(steps), dtype=xs.dtype, device=xs.device)
     if (steps_t < 0).any():
         raise ConfigError(f"gd steps must be >= 0, got {list(steps)}")
@@ -105,7 +151,7 @@ def gd(
                 filt = torch.where(h > 1e-12, (1 - (1 - h) ** k) / curv.clamp_min(1e-300), k * step)
                 coefs.append(filt * g)
                 grid.append({"eta": e, "steps": int(k), "convention": conv})
-    return linear_result("gd", grid, _from_eigen(v, torch.stack(coefs)), xs, queries)
+    return spectral_result("gd", grid, v, torch.stack(coefs), xs, queries)
 
 
 def newton_alpha(lam: Tensor, rule: str | float) -> Tensor:
@@ -162,11 +208,11 @@ def newton(
     Every M_k is a polynomial in S, so per eigenvalue m_0 = alpha lambda and
     m_{k+1} = 2 m_k - lambda m_k^2; zero eigenvalues stay zero (the pseudo-inverse).
     """
-    xs, ys, queries = as_float64(xs, ys, queries)
     its = sorted({int(k) for k in iterations})
     if its and its[0] < 0:
         raise ConfigError(f"newton iterations must be >= 0, got {list(iterations)}")
     lam, v, c, _ = prefix_eigh(xs, ys)
+    xs, ys, queries = as_float64(xs, ys, queries)
     grid, coefs = [], []
     for rule in alpha:
         m = newton_alpha(lam, rule) * lam
@@ -178,4 +224,4 @@ def newton(
         for k in iterations:
             coefs.append(wanted[int(k)])
             grid.append({"iterations": int(k), "alpha": rule})  # rule: a name or a fixed number
-    return linear_result("newton", grid, _from_eigen(v, torch.stack(coefs)), xs, queries)
+    return spectral_result("newton", grid, v, torch.stack(coefs), xs, queries)
