@@ -38,3 +38,19 @@ def tune_allocator() -> bool:
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
+
+
+def release_free_memory() -> bool:
+    """Return the heap's free pages to the kernel (glibc malloc_trim(0)): a report calls it between
+    stages, so that one stage's freed temporaries, kept for reuse under TRIM_THRESHOLD, do not
+    stay resident through the next. True where it ran."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return False
+    if not hasattr(libc, "malloc_trim"):
+        return False
+    libc.malloc_trim(0)
+    return True

@@ -25,6 +25,7 @@ from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
 from ..analysis.probe_study import probe_study
 from ..analysis.readout import LayerReadouts
 from ..core import budget
+from ..core.allocator import release_free_memory
 from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
 from ..core.seeds import Stream, stream_generator
@@ -359,6 +360,7 @@ def run_stages(
         built.cached[prefix + stage.name] = hit
         built.tables.update({prefix + k: v for k, v in tables.items()})
         built.data.update({prefix + k: v for k, v in data.items()})
+        release_free_memory()  # the stage's freed temporaries leave the resident set before the next
         log.info(
             "stage %s done in %.1f s%s",
             prefix + stage.name,
