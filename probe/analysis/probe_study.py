@@ -19,7 +19,7 @@ from ..core.settings import ProbeSettings
 from ..core.validate import check_device, check_model, positive_int
 from ..data.tasks import sample_prompts
 from ..models.sizes import shape_of
-from .probes import fit_probes, probe_dtype, probe_targets
+from .probes import fit_probe_grid, probe_dtype, probe_targets
 
 
 def default_prefixes(n_dims: int, n_points: int) -> tuple[int, ...]:
@@ -70,20 +70,17 @@ def probe_study(
     dtype, frames = probe_dtype(settings.precision), []
     bar = tqdm(total=len(models) * (2 if settings.controls else 1), desc="probes", disable=not progress, leave=False)
     for control, m in models:  # one model's streams at a time (probe/capture/streams.py)
-        states_train, states_test = (
-            by_position_streams(m, p.xs, p.ys, device, dtype=dtype, memory=memory) for p in (train, test)
-        )
-        kinds = settings.kinds
-        frames.append(
-            fit_probes(states_train, targets_train, states_test, targets_test, combos, kinds, **fit).assign(
-                control=control
-            )
-        )
-        bar.update()
+        # the training streams are freed before the test streams are captured: the fitted grids hold
+        # no states, so the two never sit in memory together
+        states = by_position_streams(m, train.xs, train.ys, device, dtype=dtype, memory=memory)
+        grids = [(control, fit_probe_grid(states, targets_train, combos, settings.kinds, **fit))]
         if control == "none" and settings.controls:
-            frame = fit_probes(states_train, shuffled, states_test, targets_test, combos, kinds, **fit)
-            frames.append(frame.assign(control="shuffled"))
+            grids.append(("shuffled", fit_probe_grid(states, shuffled, combos, settings.kinds, **fit)))
+        del states
+        states = by_position_streams(m, test.xs, test.ys, device, dtype=dtype, memory=memory)
+        for name, grid in grids:
+            frames.append(grid.score(states, targets_test).assign(control=name))
             bar.update()
-        del states_train, states_test  # so that the next model's capture does not sit beside them
+        del states, grids
     bar.close()
     return pd.concat(frames, ignore_index=True)

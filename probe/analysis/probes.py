@@ -481,6 +481,54 @@ def fit_probes(
     test_targets: dict[str, Tensor],
     combos: Sequence[tuple[int, str]],
     kinds: str | Sequence[str] = ("linear", "mlp"),
+    **options: Any,
+) -> pd.DataFrame:
+    """Fit a probe for every layer x (prefix, target) x kind at once; score on held-out prompts:
+    `fit_probe_grid(...).score(test_states, test_targets)` (options: those of fit_probe_grid).
+
+    Returns one row per probe: layer, prefix, target, kind, r2 (test), nmse, loo_r2 (training,
+    leave-one-out), penalty (the head's ridge penalty, absolute), hidden, iterations, grad_norm,
+    converged (of the pooling, which the MLP probe shares), y_mass (attention on y tokens),
+    last_example_mass, peak_position.
+    """
+    return fit_probe_grid(train_states, train_targets, combos, kinds, **options).score(test_states, test_targets)
+
+
+@dataclass
+class FittedProbes:
+    """A grid of probes fitted on training prompts (`fit_probe_grid`), holding no states: score it
+    on held-out prompts with `score`, after the training states are freed."""
+
+    probes: ProbeSet  # layer and positions of every probe (its states dropped)
+    fit: PoolingFit
+    heads: list[tuple[str, Head, Tensor, Tensor, Tensor]]  # (kind, head, penalty, loo MSE, alpha)
+    y_train: Tensor  # (G, N, d) standardised training targets
+    target_stats: dict[str, tuple[Tensor, Tensor]]  # the training targets' mean and std per name
+    combos: list[tuple[int, str]]
+    hidden: int
+    layout: str
+    dtype: torch.dtype
+    device: str
+
+    def score(self, test_states: Tensor, test_targets: dict[str, Tensor]) -> pd.DataFrame:
+        """The table of `fit_probes` on the held-out states and targets."""
+        test_states = _by_position(test_states, self.layout, self.dtype).to(self.device)
+        n_layers = test_states.shape[0]
+        y_test = _stack_targets(self.target_stats, test_targets, self.combos).repeat(n_layers, 1, 1).to(self.device)
+        every = torch.arange(len(self.probes.layer), device=self.device)
+        frames = []
+        for kind, head, penalty, loo, alpha in self.heads:
+            pred = head.predict(self.probes.pool(alpha, every, test_states)) + self.y_train.mean(1, keepdim=True)
+            on_cpu = (pred.cpu(), y_test.cpu(), loo.cpu(), penalty.cpu(), self.y_train.cpu())
+            frames.append(_probe_rows(kind, on_cpu, self.fit.to("cpu"), alpha.cpu(), self.combos, self.hidden))
+        return pd.concat(frames, ignore_index=True)
+
+
+def fit_probe_grid(
+    train_states: Tensor,
+    train_targets: dict[str, Tensor],
+    combos: Sequence[tuple[int, str]],
+    kinds: str | Sequence[str] = ("linear", "mlp"),
     *,
     alphas: Sequence[float] = ALPHAS,
     hidden: int = 128,
@@ -492,17 +540,13 @@ def fit_probes(
     device: str = "cpu",
     layout: str = "lnpd",
     precision: str = "float64",
-) -> pd.DataFrame:
-    """Fit a probe for every layer x (prefix, target) x kind at once; score on held-out prompts.
+) -> FittedProbes:
+    """Fit a probe for every layer x (prefix, target) x kind at once on the training prompts.
 
     states (L+1, N, 2n, D) at all token positions, or (L+1, 2n, N, D) with layout "lpnd" (used in
     place, no copy: `by_position_streams`); targets name -> (N, n, d); combos [(t, target)].
-    All training prompts fit the probes (penalties by leave-one-out). Returns one row per probe:
-    layer, prefix, target, kind, r2 (test), nmse, loo_r2 (training, leave-one-out), penalty (the
-    head's ridge penalty, absolute), hidden, iterations, grad_norm, converged (of
-    the pooling, which the MLP probe shares), y_mass (attention on y tokens), last_example_mass,
-    peak_position. `precision` is the dtype of the states (pooling products); the heads and the
-    objective are float64.
+    All training prompts fit the probes (penalties by leave-one-out). `precision` is the dtype of
+    the states (pooling products); the heads and the objective are float64.
     """
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     for kind in kinds:
@@ -516,39 +560,40 @@ def fit_probes(
         n_probes, n_prompts = train_states.shape[0] * len(combos), train_states.shape[1 if layout == "lnpd" else 2]
         budget.check([budget.mlp_probe_estimate("hidden", hidden, n_probes, n_prompts, train_states.shape[-1])])
     dtype = probe_dtype(precision)
-    if layout == "lnpd":
-        train_states, test_states = (s.to(dtype).transpose(1, 2).contiguous() for s in (train_states, test_states))
-    else:
-        train_states, test_states = train_states.to(dtype), test_states.to(dtype)
-    train_states, test_states = train_states.to(device), test_states.to(device)
+    train_states = _by_position(train_states, layout, dtype).to(device)
     n_layers, _, n_train, _ = train_states.shape
     if n_train < 3:
         raise ConfigError(f"probes need at least 3 training prompts (leave-one-out), got {n_train}")
-    y_train, y_test = (y.repeat(n_layers, 1, 1).to(device) for y in _standardised(train_targets, test_targets, combos))
+    stats = _target_stats(train_targets)
+    y_train = _stack_targets(stats, train_targets, combos).repeat(n_layers, 1, 1).to(device)
     layer = torch.arange(n_layers, device=device).repeat_interleave(len(combos))
     n_used = torch.tensor([2 * t for t, _ in combos], device=device).repeat(n_layers)
     probes = ProbeSet(train_states, layer, n_used, y_train - y_train.mean(1, keepdim=True))
     fit = fit_pooling(probes, alphas, pooling == "learned", gtol, ftol, max_iter)
-    every = torch.arange(len(layer), device=device)
-    frames = []
-    for kind in kinds:
-        head, penalty, loo, alpha = fit_probe_head(kind, probes, fit.scores, alphas, hidden, seed)
-        pred = head.predict(probes.pool(alpha, every, test_states)) + y_train.mean(1, keepdim=True)
-        on_cpu = (pred.cpu(), y_test.cpu(), loo.cpu(), penalty.cpu(), y_train.cpu())
-        frames.append(_probe_rows(kind, on_cpu, fit.to("cpu"), alpha.cpu(), combos, hidden))
-    return pd.concat(frames, ignore_index=True)
+    heads = [(kind, *fit_probe_head(kind, probes, fit.scores, alphas, hidden, seed)) for kind in kinds]
+    without_states = dataclasses.replace(probes, states=train_states.new_empty(0, 0, 0, 0))
+    return FittedProbes(without_states, fit, heads, y_train, stats, list(combos), hidden, layout, dtype, device)
 
 
-def _standardised(train_targets: dict[str, Tensor], test_targets: dict[str, Tensor], combos) -> tuple[Tensor, Tensor]:
-    """(M, N, d) training and test targets of the combos, each standardised per (prefix, coordinate)
-    with the training prompts' mean and standard deviation."""
-    stats = {
+def _by_position(states: Tensor, layout: str, dtype: torch.dtype) -> Tensor:
+    """States in the (L+1, 2n, N, D) layout and `dtype` (a copy only where either differs)."""
+    if layout == "lnpd":
+        return states.to(dtype).transpose(1, 2).contiguous()
+    return states.to(dtype)
+
+
+def _target_stats(train_targets: dict[str, Tensor]) -> dict[str, tuple[Tensor, Tensor]]:
+    """Each target's training mean and standard deviation per (prefix, coordinate)."""
+    return {
         k: (v.mean(0, keepdim=True), v.std(0, keepdim=True).nan_to_num(1.0).clamp_min(1e-8))
         for k, v in train_targets.items()
     }
+
+
+def _stack_targets(stats: dict[str, tuple[Tensor, Tensor]], targets: dict[str, Tensor], combos) -> Tensor:
+    """(M, N, d): the combos' targets, each standardised with the training statistics `stats`."""
     norm = lambda k, v: ((v - stats[k][0]) / stats[k][1]).double()
-    stack = lambda targets: torch.stack([norm(tg, targets[tg])[:, t] for t, tg in combos])
-    return stack(train_targets), stack(test_targets)
+    return torch.stack([norm(tg, targets[tg])[:, t] for t, tg in combos])
 
 
 def probe_dtype(precision: str) -> torch.dtype:
