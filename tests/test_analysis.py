@@ -248,11 +248,15 @@ def test_newton_minimize_reaches_scipy_minimum():
 
 
 def test_probes_switch_to_newton_only_where_the_hessian_is_cheap(monkeypatch):
-    """hessian_flops counts 2 (3 P N D d + P^2 N d); probes above NEWTON_FLOPS are fitted by L-BFGS
-    alone (Newton never called) and still converge; a mixed grid keeps each probe's own route."""
+    """hessian_flops counts 2 (3 P N D d + P^2 N d), gradient_flops 2 N D (2P + D); probes where
+    Newton does not pay are fitted by L-BFGS alone (Newton never called) and still converge; a mixed
+    grid keeps each probe's own route."""
     import probe.analysis.probes as probes_module
 
     assert probes_module.hessian_flops(torch.tensor([30]), 512, 64, 4).item() == 2 * (3 * 30 * 512 * 64 * 4 + 900 * 512 * 4)
+    assert probes_module.gradient_flops(torch.tensor([30]), 512, 64).item() == 2 * 512 * 64 * (60 + 64)
+    shapes = (torch.tensor([30]), 2048, 64, 4), (torch.tensor([80]), 512, 256, 20)  # the full recipe; Garg's shape
+    assert probes_module.newton_pays(*shapes[0]).item() and not probes_module.newton_pays(*shapes[1]).item()
     states, targets = _calibration_states(300)
     h, y = states[:, :, :8], {"xty": targets["xty"]}
     grid = lambda: probes_module.fit_probes(h, y, h, y, [(2, "xty"), (4, "xty")], "linear")
@@ -261,6 +265,7 @@ def test_probes_switch_to_newton_only_where_the_hessian_is_cheap(monkeypatch):
     original = probes_module.newton_minimize
     monkeypatch.setattr(probes_module, "newton_minimize", lambda *a, **k: called.append(1) or original(*a, **k))
     monkeypatch.setattr(probes_module, "NEWTON_FLOPS", 0.0)
+    monkeypatch.setattr(probes_module, "NEWTON_RATIO", 0.0)
     alone = grid()
     assert not called and alone.converged.all() and both.converged.all()
     assert np.allclose(alone.r2, both.r2, atol=0.02)

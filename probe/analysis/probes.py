@@ -20,7 +20,7 @@ How each is fitted (no step budget decides the answer):
   NEWTON_AFTER iterations, then the probes still running take modified Newton steps on the exact
   Hessian (`ProbeSet.hessian`, P x P): at the optimum a quarter of a long prefix's positions get
   alpha ~ 0, scores drifting to -inf, where L-BFGS needed up to ~190 iterations and Newton ~20.
-  Only where that Hessian is cheap (`hessian_flops` <= NEWTON_FLOPS); elsewhere L-BFGS throughout. A
+  Only where that Hessian is cheap (`newton_pays`); elsewhere L-BFGS throughout. A
   first round at the leave-one-out penalty of uniform pooling, capped at FIRST_ROUND_PENALTY
   (where capped, to a loose tolerance: a heavy penalty flattens f and can hold the pooling in a
   poor basin), then rounds at the penalty leave-one-out chooses at the current pooling (moving
@@ -71,9 +71,11 @@ FIRST_ROUND_PENALTY = 1e-3  # the first round's largest penalty (fraction of the
 FIRST_ROUND_SLACK = 100.0  # a capped first round only finds the basin: gtol x this
 MIN_GAIN = 1e-3  # leave-one-out R^2 that another penalty, a larger hidden scale or uniform pooling must add
 NEWTON_AFTER = 15  # L-BFGS iterations before the probes still running switch to Newton (10-20 measured; 15 fastest)
-# a probe switches to Newton only where its Hessian costs at most this many flops beyond its gradient:
-# measured to pay on the default checkpoint (P <= 30, D = 64, d = 4: 2.7e7) and planted models, not at
-# Garg's standard shape (P = 82, D = 256, d = 20: 1.4e9; probe stage 64 s with Newton, 53 s without)
+# a probe switches to Newton only where its Hessian costs at most NEWTON_RATIO gradient evaluations
+# (the default checkpoint's shape: <= 3.4 at P <= 30, D = 64, d = 4, at any prompt count) or at most
+# NEWTON_FLOPS (planted models: D 9-36, overhead-bound); measured not to pay at Garg's standard shape
+# (P = 80, D = 256, d = 20: 13 gradients, 1.4e9; probe stage 64 s with Newton, 53 s without)
+NEWTON_RATIO = 4.0
 NEWTON_FLOPS = 5e7
 MAX_ROUNDS = 5  # penalty re-chosen at the optimum pooling at most this many times
 
@@ -309,12 +311,26 @@ def hessian_flops(n_pos: Tensor, n_prompts: int, width: int, n_targets: int) -> 
     return 2 * (3 * n_pos * n_prompts * width * n_targets + n_pos**2 * n_prompts * n_targets)
 
 
+def gradient_flops(n_pos: Tensor, n_prompts: int, width: int) -> Tensor:
+    """Flops of one evaluation of a probe's objective and gradient: the pooling and its gradient
+    (2 P N D multiply-adds) and the Gram matrix Zc^T Zc (N D^2)."""
+    return 2 * n_prompts * width * (2 * n_pos + width)
+
+
+def newton_pays(n_pos: Tensor, n_prompts: int, width: int, n_targets: int) -> Tensor:
+    """Per probe: whether the Newton stage is worth its Hessian: it costs at most NEWTON_RATIO
+    gradient evaluations, or at most NEWTON_FLOPS (where per-call overhead, not arithmetic, sets
+    the time)."""
+    hessian = hessian_flops(n_pos, n_prompts, width, n_targets)
+    return (hessian <= NEWTON_RATIO * gradient_flops(n_pos, n_prompts, width)) | (hessian <= NEWTON_FLOPS)
+
+
 def _minimize(probes: ProbeSet, penalty: Tensor, scores: Tensor, gtol: Tensor, ftol: float, max_iter: int):
-    """The pooling fit of one round (module docstring): probes whose Hessian costs at most
-    NEWTON_FLOPS take L-BFGS for NEWTON_AFTER iterations, then modified Newton while still running
-    (iterations counted together); the others L-BFGS throughout."""
+    """The pooling fit of one round (module docstring): probes where Newton pays (`newton_pays`)
+    take L-BFGS for NEWTON_AFTER iterations, then modified Newton while still running (iterations
+    counted together); the others L-BFGS throughout."""
     _, _, n_prompts, width = probes.states.shape
-    newton = hessian_flops(probes.n_pos, n_prompts, width, probes.yc.shape[-1]) <= NEWTON_FLOPS
+    newton = newton_pays(probes.n_pos, n_prompts, width, probes.yc.shape[-1])
     if not bool(newton.all()):
         out = Minimum(scores.clone(), torch.empty_like(gtol), torch.empty_like(gtol), newton.long(), newton.clone())
         for part, after in ((newton, NEWTON_AFTER), (~newton, max_iter)):
