@@ -252,25 +252,26 @@ def test_probes_switch_to_newton_only_where_the_hessian_is_cheap(monkeypatch):
     Newton does not pay are fitted by L-BFGS alone (Newton never called) and still converge; a mixed
     grid keeps each probe's own route."""
     import probe.analysis.probes as probes_module
+    from probe.analysis import pooling
 
-    assert probes_module.hessian_flops(torch.tensor([30]), 512, 64, 4).item() == 2 * (3 * 30 * 512 * 64 * 4 + 900 * 512 * 4)
-    assert probes_module.gradient_flops(torch.tensor([30]), 512, 64).item() == 2 * 512 * 64 * (60 + 64)
+    assert pooling.hessian_flops(torch.tensor([30]), 512, 64, 4).item() == 2 * (3 * 30 * 512 * 64 * 4 + 900 * 512 * 4)
+    assert pooling.gradient_flops(torch.tensor([30]), 512, 64).item() == 2 * 512 * 64 * (60 + 64)
     shapes = (torch.tensor([30]), 2048, 64, 4), (torch.tensor([80]), 512, 256, 20)  # the full recipe; Garg's shape
-    assert probes_module.newton_pays(*shapes[0]).item() and not probes_module.newton_pays(*shapes[1]).item()
+    assert pooling.newton_pays(*shapes[0]).item() and not pooling.newton_pays(*shapes[1]).item()
     states, targets = _calibration_states(300)
     h, y = states[:, :, :8], {"xty": targets["xty"]}
     grid = lambda: probes_module.fit_probes(h, y, h, y, [(2, "xty"), (4, "xty")], "linear")
     both = grid()
     called = []
-    original = probes_module.newton_minimize
-    monkeypatch.setattr(probes_module, "newton_minimize", lambda *a, **k: called.append(1) or original(*a, **k))
-    monkeypatch.setattr(probes_module, "NEWTON_FLOPS", 0.0)
-    monkeypatch.setattr(probes_module, "NEWTON_RATIO", 0.0)
+    original = pooling.newton_minimize
+    monkeypatch.setattr(pooling, "newton_minimize", lambda *a, **k: called.append(1) or original(*a, **k))
+    monkeypatch.setattr(pooling, "NEWTON_FLOPS", 0.0)
+    monkeypatch.setattr(pooling, "NEWTON_RATIO", 0.0)
     alone = grid()
     assert not called and alone.converged.all() and both.converged.all()
     assert np.allclose(alone.r2, both.r2, atol=0.02)
-    cut = float(probes_module.hessian_flops(torch.tensor([4]), 300, h.shape[-1], 3))  # P = 4 probes only
-    monkeypatch.setattr(probes_module, "NEWTON_FLOPS", cut)
+    cut = float(pooling.hessian_flops(torch.tensor([4]), 300, h.shape[-1], 3))  # P = 4 probes only
+    monkeypatch.setattr(pooling, "NEWTON_FLOPS", cut)
     mixed = grid()
     assert mixed.converged.all() and np.allclose(mixed.r2, both.r2, atol=0.02)
 

@@ -27,13 +27,8 @@ ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 def tune_allocator() -> bool:
     """Raise glibc's mmap and trim thresholds (module docstring); True if they were set."""
-    if not sys.platform.startswith("linux") or any(name in os.environ for name in ENV):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return False
-    if not hasattr(libc, "gnu_get_libc_version"):  # glibc only: musl has no mallopt thresholds
+    libc = _glibc()
+    if libc is None or any(name in os.environ for name in ENV):
         return False
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
@@ -44,13 +39,20 @@ def release_free_memory() -> bool:
     """Return the heap's free pages to the kernel (glibc malloc_trim(0)): a report calls it between
     stages, so that one stage's freed temporaries, kept for reuse under TRIM_THRESHOLD, do not
     stay resident through the next. True where it ran."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return False
-    if not hasattr(libc, "malloc_trim"):
+    libc = _glibc()
+    if libc is None:
         return False
     libc.malloc_trim(0)
     return True
+
+
+def _glibc():
+    """The C library where it is glibc on Linux (musl has neither mallopt thresholds nor
+    malloc_trim), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "gnu_get_libc_version") else None
