@@ -25,20 +25,18 @@ def _measure(checkpoint: str, prompts: int, mode: str, batch: int) -> dict:
 
     from probe.analysis.evaluate import eval_prompts
     from probe.capture import RESID, capture
-    from probe.capture.bridge import bridge_inputs, cached_bridge
     from probe.io.formats import load_checkpoint
 
     torch.set_num_threads(1)
     ckpt = load_checkpoint(checkpoint)
     p = eval_prompts(ckpt.config.task, prompts, seed=1)
-    bridge = cached_bridge(ckpt.model)
     capture(ckpt.model, p.xs[:8], p.ys[:8])  # warm up
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
     if mode == "bare":
         with torch.no_grad():
             for s in range(0, prompts, batch):
-                bridge(bridge_inputs(ckpt.model, p.xs[s : s + batch], p.ys[s : s + batch]))
+                ckpt.model(p.xs[s : s + batch], p.ys[s : s + batch])
         captured = 0
     else:
         out = capture(ckpt.model, p.xs, p.ys, hooks=[RESID], batch_size=batch)

@@ -21,7 +21,7 @@ def _hf_reference(ref: GargTransformerModel, xs, ys):
 
 
 def _check_against_hf(model, ref, xs, ys):
-    cap = capture(model, xs, ys, hooks=[RESID, READOUT], batch_size=3, backend="transformer_lens")
+    cap = capture(model, xs, ys, hooks=[RESID, READOUT], batch_size=3, backend="hooked")
     pred, hidden = _hf_reference(ref, xs, ys)
     layers = len(hidden) - 1
     assert np.abs(cap.pred - pred.numpy()).max() < TOL
@@ -110,7 +110,7 @@ def test_bad_prompts_are_rejected():
         capture(model, xs, torch.randn(2, 8))
     with pytest.raises(ConfigError, match="must hold floats"):
         capture(model, torch.ones(2, 8, 3, dtype=torch.long), torch.randn(2, 8))
-    with pytest.raises(ConfigError, match=r"unknown hook among \['blocks.9.nothing'\]: .*does not exist"):
+    with pytest.raises(ConfigError, match=r"unknown hook 'blocks.9.nothing' for this GPT2ICL; valid names: hook_embed, .*blocks.{i}.attn.hook_pattern.* \(i in 0..1\)"):
         capture(model, torch.randn(2, 8, 3), torch.randn(2, 8), hooks=["blocks.9.nothing"])
 
 
@@ -121,19 +121,25 @@ def test_hook_names():
 def test_final_hook_names_mean_the_same_on_both_backends_of_a_trained_model():
     """On the trained default checkpoint (ln_f weight != 1, bias != 0): READOUT is what the
     read-out sees (its prediction is read_out(READOUT)), FINAL is TransformerLens's pre-affine
-    normalised stream, and each is the same tensor through TransformerLens and natively."""
+    normalised stream: the same tensors on both back-ends, and FINAL is what a TransformerBridge
+    gives at that name."""
     import torch.nn.functional as F
     from conftest import REPO
 
+    from probe import to_bridge
     from probe.io.formats import load_checkpoint
 
     model = load_checkpoint(REPO / "checkpoints" / "gpt2-default").model
     torch.manual_seed(0)
     xs, ys = torch.randn(5, 16, 4), torch.randn(5, 16)
-    tl = capture(model, xs, ys, hooks=[RESID, READOUT, FINAL], positions="x", backend="transformer_lens")
+    tl = capture(model, xs, ys, hooks=[RESID, READOUT, FINAL], positions="x")
     nat = capture(model, xs, ys, hooks=[RESID, READOUT, FINAL], positions="x", backend="native")
     for name in (READOUT, FINAL):
         assert np.abs(tl.acts[name] - nat.acts[name]).max() < TOL
+    with torch.no_grad():
+        _, cache = to_bridge(model).run_with_cache((xs, ys))
+    bridge_final = cache[FINAL][:, ::2].numpy()
+    assert np.abs(tl.acts[FINAL] - bridge_final).max() < TOL
     ln_f = model._backbone.ln_f
     assert (ln_f.weight - 1).abs().max() > 0.05  # a non-identity LayerNorm, or this test proves nothing
     readout = model._read_out(torch.as_tensor(tl.acts[READOUT]))[..., 0].detach().numpy()
@@ -340,8 +346,8 @@ def test_double_capture_runs_a_float64_copy_and_agrees_with_float32():
 
 
 def test_weights_edited_in_place_are_seen_by_the_next_capture():
-    """The TransformerLens bridge is cached per model, but keyed on its weights' state too: after an
-    in-place edit the next capture runs the edited model, not a stale bridge (GPT-2 and planted)."""
+    """After an in-place edit the next capture runs the edited model (each runs its own hooked
+    forward: nothing built from the weights is cached)."""
     from probe.io.planted_io import planted_config
     from probe.models.planted import plant
 
@@ -351,7 +357,7 @@ def test_weights_edited_in_place_are_seen_by_the_next_capture():
     for model, weight in ((gpt2, lambda m: m._backbone.h[0].mlp.c_fc.weight), (planted, lambda m: m.v)):
         g = torch.Generator().manual_seed(2)
         xs, ys = torch.randn(4, 8, 3, generator=g), torch.randn(4, 8, generator=g)
-        hooks = ["blocks.0.hook_resid_post"]  # a named hook: the TransformerLens bridge runs
+        hooks = ["blocks.0.hook_resid_post"]  # a named hook: the hooked path
         before = capture(model, xs, ys, hooks=hooks).pred
         with torch.no_grad():
             weight(model).mul_(1.5)

@@ -150,17 +150,33 @@ def test_shipped_planted_checkpoints_load(name):
     assert ckpt.config.model.planted == name and ckpt.format == "icl-probe"
 
 
-@pytest.mark.parametrize("algorithm,layers", [("gd", 4), ("newton", 7), ("newton-relu", 4)])
-def test_planted_models_run_through_transformer_lens(algorithm, layers):
+@pytest.mark.parametrize("algorithm,layers", [("gd", 4), ("newton", 7), ("newton-relu", 4), ("sgd", 3)])
+def test_planted_hook_points_give_the_plain_forward_in_their_per_run_layout(algorithm, layers):
+    """With a function on every hook point, each layer runs site by site (`_hooked_layer`): the
+    predictions and boundaries equal the plain forward; z sums to the attention output, its last
+    head is the skip map A h, and the pattern is the planted one (identity for the skip head)."""
     from probe.capture import READOUT, RESID, capture
 
     model = plant(planted_config(algorithm, layers, 4, 10).model)
     p = sample_prompts(TaskConfig(n_dims=4, n_points=10), 6, generator=generator_for(1))
-    bridged = capture(model, p.xs, p.ys, hooks=[RESID, READOUT, "blocks.1.attn.hook_pattern"], batch_size=4)
-    native = capture(model, p.xs, p.ys, hooks=[RESID, READOUT], backend="native")
-    assert np.abs(bridged.pred - native.pred).max() < 1e-5
-    assert np.abs(bridged.acts[RESID] - native.acts[RESID]).max() < 1e-5
-    pattern = bridged.acts["blocks.1.attn.hook_pattern"]  # (B, runs, heads, T, T): the planted attention weights
+    caught = {}
+
+    def keep(value, hook):
+        caught[hook.name] = value.clone()
+
+    with torch.no_grad():
+        plain = model.run(p.xs, p.ys)
+        hooked = model.run_with_hooks(p.xs, p.ys, [(name, keep) for name in model.hook_dict])
+    assert (hooked.pred - plain.pred).abs().max() < 1e-5
+    for a, b in zip(hooked.resid, plain.resid):
+        assert (a - b).abs().max() < 1e-5
+    z, h = caught["blocks.1.attn.hook_z"], caught["blocks.1.hook_resid_pre"]  # (runs, T, heads + 1, W), (runs, T, W)
+    assert z.shape[:3] == (6 * 10, h.shape[1], model.q.shape[1] + 1)
+    assert (z.sum(2) - caught["blocks.1.hook_attn_out"]).abs().max() < 1e-5
+    assert (z[:, :, -1] - h @ model.skip[1].T).abs().max() < 1e-6
+    captured = capture(model, p.xs, p.ys, hooks=[RESID, READOUT, "blocks.1.attn.hook_pattern"], batch_size=4)
+    assert np.abs(captured.pred - plain.pred.numpy()).max() < 1e-5
+    pattern = captured.acts["blocks.1.attn.hook_pattern"]  # (B, runs, heads + 1, T, T): the planted attention weights
     assert pattern.shape[:3] == (6, 10, model.q.shape[1] + 1)
     np.testing.assert_allclose(pattern[:, :, -1], np.broadcast_to(np.eye(pattern.shape[-1]), pattern[:, :, -1].shape))
     if algorithm == "newton-relu":
@@ -235,7 +251,7 @@ def test_capture_of_some_positions_runs_only_their_runs_and_equals_the_full_capt
 
 def test_ablating_a_component_whose_weights_are_zero_reuses_the_unablated_run(monkeypatch):
     """Planted adam: most layers have an all-zero MLP. Their ablations are taken from the unablated
-    run without running them, and equal running them through the bridge's hooks."""
+    run without running them, and equal running them through hooks."""
     from probe.interventions.ablate import ablate
     from probe.interventions.runner import PlantedRunner
 

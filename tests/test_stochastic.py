@@ -169,7 +169,7 @@ def test_prng_block_equals_xorshift32_bit_for_bit(seed):
         state = xorshift32_step(state)
         reference.append([(state >> i) & 1 for i in range(PRNG_BITS)])
     o = model.layout["o"]
-    for backend in ("native", "transformer_lens"):
+    for backend in ("native", "hooked"):
         resid = capture(model, xs, torch.zeros(1, 3), hooks=[RESID], backend=backend).acts[RESID]
         bits = resid[-1, 0, 2, o].reshape(5, PRNG_BITS)  # the query of run 1 (x token 1)
         np.testing.assert_array_equal(bits, np.array(reference, dtype=np.float32))

@@ -1,4 +1,4 @@
-"""Activation capture: TransformerLens hooks for transformers, `run` for everything else."""
+"""Activation capture: TransformerLens-named hook points for transformers, `run` for everything else."""
 
 from .activations import RESID, Capture, capture, check_prompts_for
 from .hooks import FINAL, READOUT, attn_pattern, resid, resid_names

@@ -1,9 +1,9 @@
 """Capture activations for many prompts: one forward pass per batch, only what is asked for.
 
-Transformers (the GPT-2 family, and the planted linear-attention models) run through a
-TransformerLens `TransformerBridge`, so any TransformerLens hook name can be asked for (for
-planted models a hook's value has one entry per prefix run: (B, n, ...)); other models (the LSTM, your own protocol class)
-provide the layer boundaries and the final stream through `run`. Results stay in memory, or
+Transformers (the GPT-2 family and the planted linear-attention models) run their own forward
+with TransformerLens-named hook points, so any of those names can be asked for (for planted
+models a hook's value has one entry per prefix run: (B, n, ...)); other models (the LSTM, your own
+protocol class) provide the layer boundaries and the final stream through `run`. Results stay in memory, or
 stream into `.npy` memmaps under `out_dir` (given, or a temporary directory when the result
 would exceed `max_bytes`).
 """
@@ -126,18 +126,18 @@ def capture(
     hooks: "resid" (all layer boundaries, raw, before any final LayerNorm: (L+1, B, P, D)),
     "final" (the stream the read-out sees: ln_f(h_L) with ln_f's weight and bias, Hugging
     Face's hidden_states[L]), "ln_final.hook_normalized" (TransformerLens's meaning: before
-    ln_f's weight and bias; the same tensor on both back-ends), or any TransformerLens
+    ln_f's weight and bias; the same tensor on every back-end), or any TransformerLens
     hook name for transformers (e.g. "blocks.3.attn.hook_pattern", stored (B, ...) as TL gives it).
     positions: "all" (2n tokens), "x" (the x tokens, where predictions are read) or indices. A planted
     model runs only the prefix runs those tokens are read from (unless named hooks are asked for):
     the predictions of the other runs are NaN.
-    backend: "transformer_lens" (transformers only), "native" (the model's own `run`), or "auto"
+    backend: "hooked" (transformers: named hook points), "native" (the model's own `run`), or "auto"
     (probe/capture/backends.py).
     as_cache: return `Capture.as_cache()` (a TransformerLens ActivationCache indexed by hook names,
     tied to a bridge of the model for the GPT-2 family) instead of the Capture.
     memory: the budget that sizes batches and decides spilling (default: MemoryBudget()).
-    double: the model (a float64 copy, run by its native back-end: TransformerLens bridges run
-    in float32) and the stored activations in float64.
+    double: the model (a float64 copy, run by its native back-end) and the stored activations in
+    float64.
     """
     xs, ys = check_prompts_for(model, xs, ys)
     if double:
@@ -175,9 +175,7 @@ def capture(
     if spilled:  # our own temporary directory goes when the result does (the memmaps stay readable until then)
         weakref.finalize(result, shutil.rmtree, str(out_dir), True)
     if as_cache:
-        return result.as_cache(
-            _public_bridge(model, device) if getattr(model, "capture_backend", "") == "transformer_lens" else None
-        )
+        return result.as_cache(_public_bridge(model, device) if getattr(model, "family", "") == "gpt2" else None)
     return result
 
 

@@ -5,9 +5,10 @@ stream, TransformerLens's pre-affine final stream, named hooks), so `capture` on
 selects positions and stores. Back-ends are found through a registry, as TransformerLens maps
 architectures to adapters:
 
-    "transformer_lens"   GPT-2 family: a TransformerBridge (probe/capture/bridge.py)
-    "planted"            planted linear-attention models: one bridge sequence per prefix run
-    "native"             anything with the ICLModel protocol's `run` (the LSTM, your own model)
+    "hooked"    the GPT-2 family: its own forward, read at TransformerLens-named hook points
+                (probe/models/hooked.py), so any of those names can be asked for
+    "planted"   planted linear-attention models: "hooked" with one sequence per prefix run
+    "native"    anything with the ICLModel protocol's `run` (the LSTM, your own model)
 
 A model class names its own in `capture_backend` (default "native").
 """
@@ -24,11 +25,7 @@ from torch import Tensor
 
 from ..core.errors import ConfigError
 from ..core.registry import Registry
-from ..data.positions import X_TOKENS
 from ..models.base import ICLModel
-from . import hooks as H
-from .bridge import bridge_inputs, cached_bridge
-from .planted_bridge import run_through_bridge
 
 
 @dataclass
@@ -79,7 +76,10 @@ class NativeBackend(Backend):
     name = "native"
 
     def run(self, xs: Tensor, ys: Tensor, request: Request) -> BatchActivations:
-        out = self.model.run(xs, ys)
+        return self.collect(self.model.run(xs, ys), request)
+
+    def collect(self, out, request: Request) -> BatchActivations:
+        """The standard form of one forward's ModelOutput."""
         acts = BatchActivations(out.pred, list(out.resid) if request.resid else [], out.final)
         if request.normalized:
             ln_f = final_norm(self.model)
@@ -88,91 +88,70 @@ class NativeBackend(Backend):
         return acts
 
 
-@BACKENDS.register("transformer_lens")
-class BridgeBackend(Backend):
-    """GPT-2 family through its TransformerBridge, with forward hooks copying what is asked for."""
+@BACKENDS.register("hooked")
+class HookedBackend(NativeBackend):
+    """The model's own forward with functions on its TransformerLens-named hook points copying the
+    named activations asked for (probe/models/hooked.py); boundaries and streams as `native`."""
 
-    name = "transformer_lens"
+    name = "hooked"
     takes_named_hooks = True
 
-    def __init__(self, model: ICLModel, device: str):
-
-        super().__init__(model, device)
-        self.bridge = cached_bridge(self.model, device)
-
-    @staticmethod
-    def _keep(value: Tensor, hook, name: str, store: dict[str, Tensor]) -> None:
-        # `name` is the name asked for (TransformerLens may report an alias in hook.name)
-        store[name] = value.detach()
-
     def run(self, xs: Tensor, ys: Tensor, request: Request) -> BatchActivations:
-
-        wanted = set(request.named)
-        if request.resid:
-            wanted |= set(H.resid_names(self.model.n_layers))
-        if request.readout or request.normalized:
-            wanted.add(H.FINAL)
         caught: dict[str, Tensor] = {}
-        fwd = [(name, partial(self._keep, name=name, store=caught)) for name in sorted(wanted)]
-        try:
-            logits = self.bridge.run_with_hooks(bridge_inputs(self.model, xs, ys), fwd_hooks=fwd)
-        except (KeyError, ValueError, AttributeError) as err:
-            raise ConfigError(f"unknown hook among {sorted(request.named)}: {err}; {_examples()}") from None
-        missing = wanted - set(caught)
-        if missing:
-            raise ConfigError(f"unknown hook '{min(missing)}'; {_examples()}")
-        acts = BatchActivations(
-            logits[:, X_TOKENS, 0], [caught[h] for h in H.resid_names(self.model.n_layers)] if request.resid else []
-        )
-        if H.FINAL in caught:
-            acts.normalized = caught[H.FINAL]
-            ln_f = final_norm(self.model)
-            assert ln_f is not None
-            acts.readout = caught[H.FINAL] * ln_f.weight + ln_f.bias  # the read-out's input: ln_f's affine map added
-        acts.named = {name: caught[name] for name in request.named}
+
+        def keep(value: Tensor, hook, name: str) -> None:
+            caught[name] = value.detach()
+
+        fwd = [(name, partial(keep, name=name)) for name in request.named]
+        acts = self.collect(self.forward(xs, ys, fwd, request), request)
+        acts.named = {name: self.per_prompt(caught[name], xs.shape[0]) for name in request.named}
         return acts
+
+    def forward(self, xs: Tensor, ys: Tensor, fwd: list, request: Request):
+        return self.model.run_with_hooks(xs, ys, fwd)
+
+    def per_prompt(self, value: Tensor, n_prompts: int) -> Tensor:
+        """A hook's value with the prompts on axis 0."""
+        return value
 
 
 @BACKENDS.register("planted")
-class PlantedBackend(Backend):
-    """Planted linear-attention models through TransformerLens, one bridge sequence per prefix run:
-    a named hook's value has one entry per run, (b, n, ...)."""
+class PlantedBackend(HookedBackend):
+    """Planted models: their hooked forward, one sequence per prefix run, so a named hook's value
+    has one entry per run, (b, n, ...). With positions and no named hook, only the runs those
+    positions are read from are computed."""
 
     name = "planted"
-    takes_named_hooks = True
 
-    def run(self, xs: Tensor, ys: Tensor, request: Request) -> BatchActivations:
-
+    def forward(self, xs: Tensor, ys: Tensor, fwd: list, request: Request):
         runs = None
         if request.positions is not None and not request.named:  # named hooks keep every run's entry
             runs = self.model.runs_reading(request.positions, xs.shape[1])
-        out, extra = run_through_bridge(
-            self.model, xs, ys, {name: None for name in request.named}, self.device, runs=runs
-        )
-        pred = out.pred
+        out = self.model.run_with_hooks(xs, ys, fwd, runs)
         if runs is not None:  # runs not computed predict nothing: NaN (capture's docstring)
             pred = torch.full((xs.shape[0], xs.shape[1]), math.nan, dtype=out.pred.dtype, device=out.pred.device)
             pred[:, runs] = out.pred
-        return BatchActivations(pred, list(out.resid) if request.resid else [], out.final, None, extra)
+            out.pred = pred
+        return out
 
-
-def _examples() -> str:
-    return f"examples of valid names: {H.resid(1)}, {H.attn_pattern(0)}, blocks.0.hook_mlp_out"
+    def per_prompt(self, value: Tensor, n_prompts: int) -> Tensor:
+        return value.reshape(n_prompts, -1, *value.shape[1:])
 
 
 def backend_for(model, choice: str, device: str) -> Backend:
-    """The back-end for `model`: "auto" picks the one its class declares (`capture_backend`:
-    TransformerLens for transformers), else "native"."""
+    """The back-end for `model`: "auto" or "hooked" picks the one its class declares
+    (`capture_backend`: TransformerLens hook names for transformers), "native" its plain `run`."""
     declared = getattr(model, "capture_backend", "native")
-    lens = declared if declared != "native" else None
+    hooked = declared if declared != "native" else None
     if choice == "auto":
-        choice = lens or "native"
-    elif choice == "transformer_lens":
-        if lens is None:
-            raise ConfigError(
-                "the transformer_lens backend needs a GPT-2 family or planted model; use backend='native'"
-            )
-        choice = lens
+        choice = hooked or "native"
+    elif choice == "hooked":
+        if hooked is None:
+            raise ConfigError("the hooked backend needs a GPT-2 family or planted model; use backend='native'")
+        choice = hooked
     elif choice != "native":
-        raise ConfigError(f"backend must be 'auto', 'transformer_lens' or 'native', got {choice!r}")
+        raise ConfigError(
+            f"backend must be 'auto', 'hooked' (TransformerLens hook names on the model's own forward) or "
+            f"'native', got {choice!r}"
+        )
     return BACKENDS.get(choice)(model, device)

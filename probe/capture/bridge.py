@@ -1,4 +1,6 @@
-"""Run Garg-layout GPT-2 models as TransformerLens 4.x `TransformerBridge`s.
+"""Garg-layout GPT-2 models as TransformerLens 4.x `TransformerBridge`s, for users' TransformerLens
+workflows (`probe.to_bridge`); the toolkit itself runs the model's own hooked forward
+(probe/models/gpt2.py), and tests hold the two equal at every hook point (tests/test_hooked.py).
 
 TransformerLens 4.x has no GPT-2 converter, so the weights are mapped here (REFERENCE.md §4):
 Hugging Face Conv1D weights are [in, out] and become nn.Linear [out, in]; `c_attn` splits
@@ -16,7 +18,6 @@ real attention.
 from __future__ import annotations
 
 import math
-import weakref
 from functools import partial
 
 import torch
@@ -112,24 +113,3 @@ def _add_pattern_hooks(bridge, n_layers: int, activation: str) -> None:
 def bridge_inputs(model: GPT2ICL, xs: Tensor, ys: Tensor) -> Tensor:
     """The float input embeddings the bridge is fed: read-in of the token sequence (no positions)."""
     return model.embed_prompts(xs, ys, positions=False)
-
-
-_BRIDGES: weakref.WeakKeyDictionary[GPT2ICL, tuple[tuple, object]] = weakref.WeakKeyDictionary()
-
-
-def weights_state(model) -> tuple:
-    """What a bridge built from `model` depends on: every parameter's and buffer's storage and
-    in-place version counter, so that weights edited in place (or replaced) give a new bridge."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)
-
-
-def cached_bridge(model: GPT2ICL, device: str = "cpu"):
-    """`to_bridge`, built once per model object, device and state of its weights (`weights_state`:
-    a model whose weights were edited in place gets a fresh bridge, not stale activations)."""
-    key = (str(device), weights_state(model))
-    hit = _BRIDGES.get(model)
-    if hit is None or hit[0] != key:
-        hit = (key, to_bridge(model, device))
-        _BRIDGES[model] = hit
-    return hit[1]

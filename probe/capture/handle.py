@@ -140,16 +140,16 @@ def to_bridge(source, device: str = "cpu"):
     model. The bridge carries the checkpoint's `task` and names its token positions
     (`token_positions(n)`, `query_position(t)`; `predictions(logits)` reads at them). The bridge is a new object with its own copy of the weights: editing it does not
     change the model. Planted and recurrent models have no single-sequence TransformerLens form
-    (a planted model runs one sequence per prefix; see probe/capture/planted_bridge.py); they
-    are refused here with a message.
+    (a planted model runs one sequence per prefix; its own forward has TransformerLens-named hook
+    points, probe/models/planted.py); they are refused here with a message.
     """
 
     model, task = _model_of(source)
-    if getattr(model, "capture_backend", "") != "transformer_lens":
+    if getattr(model, "family", "") != "gpt2":
         raise ConfigError(
             f"to_bridge needs a GPT-2 family model (own, Garg or Hugging Face format); got "
-            f"{type(model).__name__}. Planted models run through TransformerLens one prefix at a time "
-            "(probe.capture.planted_bridge); the LSTM has no TransformerLens form"
+            f"{type(model).__name__}. Planted models run one sequence per prefix run, with TransformerLens "
+            "hook names on their own forward (model.run_with_hooks); the LSTM has no TransformerLens form"
         )
     device = check_device(device)
     model = model.to(device).eval()

@@ -1,4 +1,4 @@
-"""Ablations through TransformerLens: every attention head and MLP block zero- and mean-ablated
+"""Ablations through TransformerLens-named hooks: every attention head and MLP block zero- and mean-ablated
 (mean over held-out prompts), and every layer's residual update skipped; the in-context error / d
 against the number of examples for each, with bootstrap bands.
 

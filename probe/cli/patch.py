@@ -1,4 +1,4 @@
-"""Activation patching through TransformerLens, and the causal check of the layer-to-iteration map.
+"""Activation patching through TransformerLens-named hooks, and the causal check of the layer-to-iteration map.
 
 Clean prompts (X, y) and corrupted prompts (X, y') share the x's but not the function. For every
 layer boundary (and block attention / MLP output, with --sites) and token position, the clean

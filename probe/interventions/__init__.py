@@ -1,4 +1,5 @@
-"""Causal interventions through TransformerLens: the public bridge, ablations, activation patching.
+"""Causal interventions with TransformerLens-named hooks on the model's own forward (ablations,
+activation patching), and the public TransformerBridge for TransformerLens's own tools.
 
 to_bridge(checkpoint_or_model)   a TransformerBridge fed (xs, ys) prompts   (probe/capture/handle.py)
 ablate(runner, ...)              heads / MLPs / layer updates removed        (ablate.py)

@@ -1,4 +1,4 @@
-"""Activation patching through TransformerLens hooks, and the causal check of the layer map.
+"""Activation patching through TransformerLens-named hooks, and the causal check of the layer map.
 
 Prompt pairs share the x's and differ in the function: clean (X, y) and corrupted (X, y'), with
 y' from a fresh w (or a fresh ReLU network) on the same X (`paired_prompts`).

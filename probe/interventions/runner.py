@@ -1,7 +1,8 @@
-"""Run a transformer with TransformerLens hooks that edit its activations, for either layout.
+"""Run a transformer with TransformerLens-named hooks that edit its activations, for either layout.
 
-GPT-2 family models run as one bridge sequence per prompt (tokens x_1, y_1, ..., x_n, y_n);
-planted models run one bridge sequence per prefix (probe/capture/planted_bridge.py), where
+GPT-2 family models run their own forward, one sequence per prompt (tokens x_1, y_1, ..., x_n,
+y_n), with functions on its hook points (probe/models/hooked.py);
+planted models run one sequence per prefix (probe/models/planted.py, `_Sites`), where
 token position 2i (x_{i+1}, the query of run i) is the last token of run i and position 2i+1
 (the example (x_{i+1}, y_{i+1})) is example slot i of every later run. A `Runner` hides that
 difference: interventions are written once, with hook functions on the native layout, and
@@ -20,8 +21,6 @@ import torch
 from torch import Tensor
 
 from ..capture import hooks as H
-from ..capture.handle import to_bridge
-from ..capture.planted_bridge import run_through_bridge
 from ..core.errors import ConfigError
 from ..core.validate import check_device
 from ..data.positions import X_TOKENS, Y_TOKENS, prefix_mask
@@ -107,13 +106,12 @@ def _bind(fn: Callable, **kwargs) -> Callable:
 
 
 class GPT2Runner(Runner):
-    """GPT-2 family through the TransformerLens bridge; ablation and residual patching resume the
-    native blocks from the edited boundary instead (`resumed=False`: through hooks as well)."""
+    """GPT-2 family: its forward with hook functions attached; ablation and residual patching resume
+    the blocks from the edited boundary instead (`resumed=False`: through hooks as well)."""
 
     def __init__(self, model, device: str, resumed: bool = True):
 
         self.model = model.to(device)
-        self.bridge = to_bridge(model, device)
         self.n_layers = model.n_layers
         self.heads = list(range(model.config.n_head))
         self.has_mlp = True
@@ -148,8 +146,7 @@ class GPT2Runner(Runner):
     def predict(self, xs: Tensor, ys: Tensor, hooks: Sequence[Hook] = (), query: int | None = None) -> Tensor:
         if query is not None:  # causal: the first query + 1 points are all the prediction depends on
             xs, ys = xs[:, : query + 1], ys[:, : query + 1]
-        logits = self.bridge.run_with_hooks((xs.to(self.device), ys.to(self.device)), fwd_hooks=list(hooks))
-        preds = self.bridge.predictions(logits).float().cpu()
+        preds = self.model.run_with_hooks(xs.to(self.device), ys.to(self.device), list(hooks)).pred.float().cpu()
         return preds if query is None else preds[:, query]
 
     def stream_mask(self, token_mask: Tensor, n_prompts: int, query: int | None = None) -> Tensor:
@@ -170,12 +167,12 @@ class GPT2Runner(Runner):
 
 
 class PlantedRunner(Runner):
-    """Planted models through their bridge, one sequence per prefix run."""
+    """Planted models: their hooked forward, one sequence per prefix run."""
 
     def __init__(self, model, device: str):
         self.model = model.to(device)
         self.n_layers = model.n_layers
-        self.heads = list(range(model.q.shape[1]))  # the bridge's last head carries the skip map (planted_bridge.py)
+        self.heads = list(range(model.q.shape[1]))  # hook_z's last head carries the skip map (planted.py, _Sites)
         self.has_mlp = bool(model.d_mlp)
         self.device = device
 
@@ -188,16 +185,8 @@ class PlantedRunner(Runner):
     @torch.no_grad()
     def predict(self, xs: Tensor, ys: Tensor, hooks: Sequence[Hook] = (), query: int | None = None) -> Tensor:
 
-        out, _ = run_through_bridge(
-            self.model,
-            xs.to(self.device),
-            ys.to(self.device),
-            None,
-            self.device,
-            list(hooks),
-            runs=None if query is None else [query],
-        )
-        preds = out.pred.float().cpu()
+        runs = None if query is None else [query]
+        preds = self.model.run_with_hooks(xs.to(self.device), ys.to(self.device), list(hooks), runs).pred.float().cpu()
         return preds if query is None else preds[:, 0]
 
     def _runs(self, n: int) -> int:
@@ -250,7 +239,7 @@ def runner_for(model, device: str = "cpu") -> Runner:
     if runner is not None:
         return runner(model.eval(), device)
     raise ConfigError(
-        f"interventions need a transformer run through TransformerLens (GPT-2 family or planted); "
+        f"interventions need a transformer with TransformerLens-named hook points (GPT-2 family or planted); "
         f"this checkpoint is a {getattr(model, 'family', type(model).__name__)} model, which has no "
         "attention heads or residual stream to ablate or patch"
     )

@@ -8,7 +8,7 @@ smallest edit of those tokens (Frobenius norm) that moves the decoded q by delta
     dh_p = alpha_p u / sum_q alpha_q^2,   u = (delta / sigma) W^+   (u in W's row space),
 
 and it moves the decoded q by exactly delta (the pooling weights do not depend on h). The
-remaining layers run on the edited stream (TransformerLens hooks; probe/interventions/runner.py).
+remaining layers run on the edited stream (hooks on the model's forward; probe/interventions/runner.py).
 If the model computes its answer from q, the prediction for x_{t+1} moves by
 
     w_OLS:  x_{t+1} . delta

@@ -6,9 +6,15 @@ prediction for y_i read at the x_i token. Parameter names and shapes follow Hugg
 load directly; the unused token embedding `wte` (50257 x D) is not kept (`export_garg` adds it).
 Dropout is zero as in their config; activation is gelu_new; LayerNorm eps 1e-5.
 
-This file is the one execution path of the family: training, capture (through the
-TransformerLens bridge built from these weights), SimW query states and the resumed causal checks
-all run these blocks. What the fast paths need are options of `resume`: the keys and values of
+This file is the one execution path of the family: training, capture, SimW query states and the
+causal checks all run these blocks. Their activation sites are `HookPoint`s named as
+TransformerLens names them (`hook_embed`, `blocks.{i}.hook_resid_pre`, `blocks.{i}.ln1.hook_normalized`,
+`blocks.{i}.attn.hook_q` / `hook_k` / `hook_v` / `hook_attn_scores` / `hook_pattern` / `hook_z`,
+`blocks.{i}.hook_attn_out`, `hook_resid_mid`, `ln2.hook_normalized`, `mlp.hook_pre`, `mlp.hook_post`,
+`hook_mlp_out`, `hook_resid_post`, `ln_final.hook_normalized`), with TransformerLens's layouts
+(queries, keys, values and z as (B, T, heads, d_head)); `run_with_hooks` reads or edits them
+(probe/models/hooked.py), and tests hold each equal to the TransformerBridge of `probe.to_bridge`
+at the same name (hook_attn_scores, which that bridge reports after the softmax, by hand). What the fast paths need are options of `resume`: the keys and values of
 tokens that come before the window (a key/value cache, as Hugging Face's `past_key_values`), which
 of them each window copy sees, a start and stop block, the last token only, and an edit of one
 block (interventions).
@@ -32,6 +38,7 @@ from ..core.config import ModelConfig
 from ..data.positions import x_positions
 from .base import ModelOutput, ReadInOutModel
 from .encoding import interleave
+from .hooked import Hooked, HookFn, HookPoint
 
 LN_EPS = 1e-5
 
@@ -60,6 +67,16 @@ def attention_weights(parts: list[tuple[Tensor, Tensor]], activation: str) -> Te
     return weights / seen.sum(0).clamp_min(1)
 
 
+def _heads_last(t: Tensor) -> Tensor:
+    """(..., H, T, hs) <-> (..., T, H, hs): our head-major layout and TransformerLens's."""
+    return t.transpose(-2, -3)
+
+
+def _fire(point: HookPoint, t: Tensor) -> Tensor:
+    """A head-major tensor through a hook point that sees TransformerLens's (..., T, H, hs) layout."""
+    return _heads_last(point(_heads_last(t))) if point.active else t
+
+
 def _shared(a: Tensor, b: Tensor) -> Tensor:
     """a @ b where a (R, B, H, W, i) holds R copies of a window and b (B, H, i, j) is shared by them:
     the copies become rows of one (B, H) batch, so b is never broadcast (torch.matmul would copy b
@@ -83,6 +100,21 @@ class Conv1D(nn.Module):
         return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm with TransformerLens's `hook_normalized`: the normalised stream before the
+    weight and bias (what a TransformerBridge's LayerNorm gives at that name)."""
+
+    def __init__(self, width: int):
+        super().__init__(width, eps=LN_EPS)
+        self.hook_normalized = HookPoint()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.hook_normalized.active:
+            return super().forward(x)
+        normalized = self.hook_normalized(F.layer_norm(x, self.normalized_shape, eps=self.eps))
+        return normalized * self.weight + self.bias
+
+
 class Attention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, activation: str = "softmax"):
         super().__init__()
@@ -90,12 +122,20 @@ class Attention(nn.Module):
         self.activation = activation
         self.c_attn = Conv1D(n_embd, 3 * n_embd)
         self.c_proj = Conv1D(n_embd, n_embd)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()  # (B, T, H, hs)
+        self.hook_attn_scores = HookPoint()  # (B, H, T, T): q.k / sqrt(hs), keys not seen -inf
+        self.hook_pattern = HookPoint()  # (B, H, T, T): the attention weights
+        self.hook_z = HookPoint()  # (B, T, H, hs): each head's output before the output projection
 
     def split(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values (..., H, T, hs) of the (normalised) stream x (..., T, D)."""
         width = x.shape[-1]
         q, k, v = (z.unflatten(-1, (self.n_head, width // self.n_head)) for z in self.c_attn(x).split(width, dim=-1))
-        return q.transpose(-2, -3), k.transpose(-2, -3), v.transpose(-2, -3)
+        return (
+            _heads_last(self.hook_q(q)),
+            _heads_last(self.hook_k(k)),
+            _heads_last(self.hook_v(v)),
+        )
 
     def forward(
         self,
@@ -113,13 +153,14 @@ class Attention(nn.Module):
         q, k, v = self.split(x)  # (..., H, W, hs)
         if rows is not None:
             q = q[..., -rows:, :]
-        if past is None and rows is None and self.activation == "softmax":
+        explicit = self.hook_attn_scores.active or self.hook_pattern.active
+        if past is None and rows is None and self.activation == "softmax" and not explicit:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # softmax(q k^T / sqrt(hs)) v
         else:
             z = self._attend(q, k, v, past, visible)
         if edit_z is not None:
             z = edit_z(z)
-        return self.c_proj(z.transpose(-2, -3).flatten(-2))
+        return self.c_proj(_heads_last(_fire(self.hook_z, z)).flatten(-2))
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, past: tuple[Tensor, Tensor] | None, visible: Tensor | None
@@ -133,7 +174,10 @@ class Attention(nn.Module):
             if seen.dim() == 2:  # (R, P) -> (R, 1, 1, 1, P) against scores (R, B, H, rows, P)
                 seen = seen.view(seen.shape[0], *([1] * (q.dim() - 2)), seen.shape[1])
             parts.insert(0, (_shared(q, past[0].transpose(-1, -2)) * scale, seen))
-        weights = attention_weights(parts, self.activation)
+        if self.hook_attn_scores.active:  # every key's score in one tensor, invisible ones -inf
+            scores = self.hook_attn_scores(torch.cat([s.masked_fill(~m, float("-inf")) for s, m in parts], dim=-1))
+            parts = [(scores, scores > float("-inf"))]
+        weights = self.hook_pattern(attention_weights(parts, self.activation))
         if past is None:
             return weights @ v
         p = past[0].shape[-2]
@@ -145,18 +189,22 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = Conv1D(n_embd, 4 * n_embd)
         self.c_proj = Conv1D(4 * n_embd, n_embd)
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # gelu_new
+        return self.c_proj(self.hook_post(F.gelu(self.hook_pre(self.c_fc(x)), approximate="tanh")))  # gelu_new
 
 
 class Block(nn.Module):
     def __init__(self, n_embd: int, n_head: int, activation: str = "softmax"):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd, eps=LN_EPS)
+        super().__init__()  # modules in forward order (the order hook names are listed in)
+        self.hook_resid_pre = HookPoint()
+        self.ln_1 = LayerNorm(n_embd)
         self.attn = Attention(n_embd, n_head, activation)
-        self.ln_2 = nn.LayerNorm(n_embd, eps=LN_EPS)
+        self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint()
+        self.ln_2 = LayerNorm(n_embd)
         self.mlp = MLP(n_embd)
+        self.hook_mlp_out, self.hook_resid_post = HookPoint(), HookPoint()
 
     def forward(
         self,
@@ -166,12 +214,13 @@ class Block(nn.Module):
         rows: int | None = None,
         edit: BlockEdit | None = None,
     ) -> Tensor:
-        a = self.attn(self.ln_1(x), past, visible, rows, edit.z if edit else None)
-        x = (x if rows is None else x[..., -rows:, :]) + a
+        x = self.hook_resid_pre(x)
+        a = self.hook_attn_out(self.attn(self.ln_1(x), past, visible, rows, edit.z if edit else None))
+        x = self.hook_resid_mid((x if rows is None else x[..., -rows:, :]) + a)
         m = self.mlp(self.ln_2(x))
         if edit is not None and edit.mlp is not None:
             m = edit.mlp(m)
-        return x + m
+        return self.hook_resid_post(x + self.hook_mlp_out(m))
 
 
 class Backbone(nn.Module):
@@ -181,21 +230,27 @@ class Backbone(nn.Module):
         super().__init__()
         self.wpe = nn.Embedding(2 * cfg.n_positions, cfg.n_embd)
         self.h = nn.ModuleList(Block(cfg.n_embd, cfg.n_head, cfg.attn_activation) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=LN_EPS)
+        self.ln_f = LayerNorm(cfg.n_embd)
 
 
-class GPT2ICL(ReadInOutModel, nn.Module):
+# our attribute paths -> TransformerLens's hook names
+TL_NAMES = (("_backbone.h.", "blocks."), ("_backbone.ln_f.", "ln_final."), ("ln_1.", "ln1."), ("ln_2.", "ln2."))
+
+
+class GPT2ICL(Hooked, ReadInOutModel, nn.Module):
     family = "gpt2"
-    capture_backend = "transformer_lens"  # probe/capture/backends.py
+    capture_backend = "hooked"  # probe/capture/backends.py
     runner = "gpt2"  # probe/interventions/runner.py
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
         self._read_in = nn.Linear(cfg.token_dim, cfg.n_embd)
+        self.hook_embed, self.hook_pos_embed = HookPoint(), HookPoint()
         self._backbone = Backbone(cfg)
         self._read_out = nn.Linear(cfg.n_embd, 1)
         self._init_weights()
+        self.name_hook_points(TL_NAMES)
 
     def _init_weights(self) -> None:
         # Hugging Face GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 L).
@@ -213,10 +268,14 @@ class GPT2ICL(ReadInOutModel, nn.Module):
         return self._backbone.ln_f
 
     def embed(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Read-in of encoded tokens (..., T, token_dim) plus the positional embedding of `positions`
-        (index tensor broadcastable to (..., T); None: no positions, as the bridge adds its own)."""
-        h = self._read_in(tokens)
-        return h if positions is None else h + self._backbone.wpe.weight[positions]
+        """Read-in of encoded tokens (..., T, token_dim) (`hook_embed`) plus the positional
+        embedding of `positions` (`hook_pos_embed`; index tensor broadcastable to (..., T); None: no
+        positions, as a TransformerBridge adds its own)."""
+        h = self.hook_embed(self._read_in(tokens))
+        if positions is None:
+            return h
+        pos = self._backbone.wpe.weight[positions]
+        return h + (self.hook_pos_embed(pos.expand_as(h)) if self.hook_pos_embed.active else pos)
 
     def embed_prompts(self, xs: Tensor, ys: Tensor, positions: bool = True) -> Tensor:
         """The stream entering block 0 (B, 2n, D) for prompts xs (B, n, d), ys (B, n)."""
@@ -264,6 +323,11 @@ class GPT2ICL(ReadInOutModel, nn.Module):
         final = self.final_norm(h)
         pred = self.readout(final[:, x_positions(xs.shape[1])])  # (B, n)
         return ModelOutput(pred=pred, resid=resid, final=final)
+
+    def run_with_hooks(self, xs: Tensor, ys: Tensor, fwd_hooks: list[tuple[str, HookFn]]) -> ModelOutput:
+        """`run` with (TransformerLens hook name, fn(value, hook)) pairs attached for this call."""
+        with self.hooks(fwd_hooks):
+            return self.run(xs, ys)
 
     def forward(self, xs: Tensor, ys: Tensor) -> Tensor:
         return self.run(xs, ys).pred

@@ -106,6 +106,7 @@ from ..core.config import ModelConfig
 from ..data.positions import X_TOKENS, prefix_mask
 from .adam_psi import ADAM_BETAS, psi, psi_knots
 from .base import ModelOutput
+from .hooked import Hooked, HookFn, HookPoint
 from .learner_state import LEARNER_STATES, LearnerState
 from .xorshift import PRNG_BITS, xorshift32_matrix
 
@@ -184,7 +185,38 @@ def planted_bytes(cfg: ModelConfig) -> int:
     return 4 * cfg.n_layer * ((3 * heads + 1) * width * width + 2 * d_mlp * width)
 
 
-class PlantedICL(nn.Module):
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hook_pattern = (
+            HookPoint()
+        )  # (runs, heads + 1, T, T): weights [j, i]; the last head is the skip map's identity
+        self.hook_z = HookPoint()  # (runs, T, heads + 1, W): each head's weighted values (the skip head: A h)
+
+
+class _MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()  # (runs, T, d_mlp): before and after the ReLU
+
+
+class _Sites(nn.Module):
+    """One layer's hook points, laid out as a TransformerLens transformer would hold the layer: one
+    sequence per prefix run (runs = B x n, prompt-major), the skip map as one more head with an
+    identity pattern, the heads' outputs summed (identity output projection)."""
+
+    def __init__(self, has_mlp: bool) -> None:
+        super().__init__()
+        self.hook_resid_pre = HookPoint()
+        self.attn = _Attention()
+        self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint()
+        if has_mlp:
+            self.mlp = _MLP()
+            self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+
+class PlantedICL(Hooked, nn.Module):
     family = "planted"
     capture_backend = "planted"  # probe/capture/backends.py
     runner = "planted"  # probe/interventions/runner.py
@@ -216,6 +248,8 @@ class PlantedICL(nn.Module):
         if self.d_mlp:
             self.mlp_in = nn.Parameter(torch.zeros(cfg.n_layer, self.d_mlp, w), requires_grad=False)
             self.mlp_out = nn.Parameter(torch.zeros(cfg.n_layer, w, self.d_mlp), requires_grad=False)
+        self.blocks = nn.ModuleList(_Sites(bool(self.d_mlp)) for _ in range(cfg.n_layer))  # hook points only
+        self.name_hook_points()
 
     @property
     def n_extra_tokens(self) -> int:
@@ -237,6 +271,10 @@ class PlantedICL(nn.Module):
         every run would be a ~1.5 GB temporary (planted Adam, 1280 prompts), which glibc maps and
         unmaps anew each time (system time comparable to the arithmetic). Rows are independent, so
         the blocks give exactly the full product."""
+        hooks = self.sites(l).mlp
+        if hooks.hook_pre.active or hooks.hook_post.active:  # (B * n, T, d_mlp) through the hook points
+            hidden = hooks.hook_post(hooks.hook_pre((h @ self.mlp_in[l].T).flatten(0, 1)).relu())
+            return (hidden @ self.mlp_out[l].T).view(*h.shape[:-1], -1)
         flat = h.reshape(-1, h.shape[-1])
         rows = max(1, MLP_BLOCK_BYTES // (self.d_mlp * flat.element_size()))
         out = torch.empty(flat.shape[0], self.mlp_out.shape[1], dtype=h.dtype, device=h.device)
@@ -319,24 +357,74 @@ class PlantedICL(nn.Module):
         return h, torch.zeros(xs.shape[1], dtype=xs.dtype)
 
     def layer(self, h: Tensor, l: int, t: Tensor) -> Tensor:
-        out = h + h @ self.skip[l].T
-        scale = torch.where(t > 0, 1 / t.clamp_min(1), torch.zeros_like(t)).view(1, -1, 1, 1)
-        for head in range(self.q.shape[1]):
-            if not (self.q[l, head].any() and self.v[l, head].any()):
-                continue
-            q, k, v = h @ self.q[l, head].T, h @ self.k[l, head].T, h @ self.v[l, head].T
-            att = self.scores(q, k) @ v  # (B, n, T, W): sum_i sigma(<K h_i, Q h_j>) V h_i
-            out = out + att * (scale if self.per_example[l, head] else 1.0)
-        return out + self.mlp(out, l) if self.d_mlp else out
+        """Layer l on the runs' tokens h (B, n, T, W); t (n,) the runs' divisors. Every site goes
+        through its hook point (`_Sites`, laid out one sequence per run); the heads are computed
+        one at a time, or stacked (the skip map as an identity-pattern head) when their pattern or
+        outputs are hooked."""
+        b, n, length, _ = h.shape
+        sites = self.sites(l)
 
-    def run(self, xs: Tensor, ys: Tensor) -> ModelOutput:
+        def fire(point: HookPoint, value: Tensor) -> Tensor:  # (B, n, T, ...) as (B * n, T, ...)
+            return point(value.reshape(b * n, length, -1)).view(b, n, length, -1) if point.active else value
+
+        scale = torch.where(t > 0, 1 / t.clamp_min(1), torch.zeros_like(t)).view(1, -1, 1, 1)
+        h = fire(sites.hook_resid_pre, h)
+        if sites.attn.hook_pattern.active or sites.attn.hook_z.active:
+            attn = self._stacked_heads(h, l, scale, sites.attn)
+        else:
+            attn = h @ self.skip[l].T
+            for head in range(self.q.shape[1]):
+                if not (self.q[l, head].any() and self.v[l, head].any()):
+                    continue
+                q, k, v = h @ self.q[l, head].T, h @ self.k[l, head].T, h @ self.v[l, head].T
+                att = self.scores(q, k) @ v  # (B, n, T, W): sum_i sigma(<K h_i, Q h_j>) V h_i
+                attn = attn + att * (scale if self.per_example[l, head] else 1.0)
+        out = fire(sites.hook_resid_mid, h + fire(sites.hook_attn_out, attn))
+        if self.d_mlp:
+            out = out + fire(sites.hook_mlp_out, self.mlp(out, l))
+        return fire(sites.hook_resid_post, out)
+
+    def sites(self, l: int) -> _Sites:
+        """Layer l's hook points."""
+        return self.blocks[l]  # type: ignore[return-value]
+
+    def _stacked_heads(self, h: Tensor, l: int, scale: Tensor, attn) -> Tensor:
+        """The attention output with every head's pattern (runs, heads + 1, T, T) and output z
+        (runs, T, heads + 1, W) through their hook points; the last head is the skip map A h."""
+        b, n, length, width = h.shape
+        patterns, values = [], []
+        for head in range(self.q.shape[1]):
+            pattern = self.scores(h @ self.q[l, head].T, h @ self.k[l, head].T)  # [j, i] = sigma(<K h_i, Q h_j>)
+            patterns.append(pattern * scale if self.per_example[l, head] else pattern)
+            values.append(h @ self.v[l, head].T)
+        patterns.append(torch.eye(length, dtype=h.dtype, device=h.device).expand(b, n, length, length))
+        values.append(h @ self.skip[l].T)
+        pattern = attn.hook_pattern(torch.stack(patterns, 2).view(b * n, -1, length, length))
+        z = pattern @ torch.stack(values, 2).view(b * n, -1, length, width)  # (runs, heads + 1, T, W)
+        return attn.hook_z(z.transpose(1, 2)).sum(2).view(b, n, length, width)
+
+    def run(self, xs: Tensor, ys: Tensor, runs: list[int] | None = None) -> ModelOutput:
+        """Predictions and the interleaved layer boundaries; `runs`: compute only these prefix runs
+        (run t predicts y_{t+1}): `pred` is then (B, len(runs)) and the boundaries hold 0 at the
+        tokens read from other runs (`interleave_runs`)."""
         h, t = self.tokens(xs.to(self.q.dtype), ys.to(self.q.dtype))
+        if runs is not None:
+            h, t = h[:, runs], t[runs]
         states = [h]
         for l in range(self.config.n_layer):
             h = self.layer(h, l, t)
             states.append(h)
-        resid = [self.interleave_runs(state) for state in states]
-        return ModelOutput(pred=self.readout(resid[-1][:, X_TOKENS]), resid=resid, final=resid[-1])
+        resid = [self.interleave_runs(state, runs, xs.shape[1]) for state in states]
+        pred = self.readout(resid[-1][:, X_TOKENS] if runs is None else h[:, :, -1])  # each run's query token
+        return ModelOutput(pred=pred, resid=resid, final=resid[-1])
+
+    def run_with_hooks(
+        self, xs: Tensor, ys: Tensor, fwd_hooks: list[tuple[str, HookFn]], runs: list[int] | None = None
+    ) -> ModelOutput:
+        """`run` with (TransformerLens hook name, fn(value, hook)) pairs attached for this call; the
+        values are laid out one sequence per prefix run computed: (B * runs, T, ...), prompt-major."""
+        with self.hooks(fwd_hooks):
+            return self.run(xs, ys, runs)
 
     @staticmethod
     def interleave_runs(state: Tensor, runs: list[int] | None = None, n: int | None = None) -> Tensor:
