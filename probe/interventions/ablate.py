@@ -63,6 +63,11 @@ def _site(c: Component) -> str:
     return H.head_outputs(c.layer) if c.component == "head" else H.block_output(c.layer, "mlp_out")
 
 
+def _start(runner: Runner, c: Component) -> int:
+    """The first block an ablation of c changes (the unablated run: none)."""
+    return runner.n_layers if c.kind == "none" else c.layer
+
+
 def hooks_for(runner: Runner, c: Component, means: dict[str, Tensor]) -> list[Hook]:
     if c.kind == "none":
         return []
@@ -99,15 +104,12 @@ def ablate(
     batches: list[list[Tensor]] = [[] for _ in comps]
     # a component whose weights make its output exactly zero ablates to the unablated model (comps[0])
     silent = [c.component in ("head", "mlp") and runner.silent(c.layer, c.head if c.head >= 0 else None) for c in comps]
+    edits = [(_start(runner, c), hooks_for(runner, c, means)) for c, quiet in zip(comps, silent) if not quiet]
     for s in tqdm(range(0, xs.shape[0], batch_size), desc="ablate", disable=not progress, leave=False):
-        bx, by = xs[s : s + batch_size], ys[s : s + batch_size]
-        got = runner.ablated(comps, means, bx, by)
-        if got is None:
-            unablated = runner.predict(bx, by)  # comps[0] is "none"
-            got = [unablated] + [
-                unablated if quiet else runner.predict(bx, by, hooks_for(runner, c, means))
-                for c, quiet in zip(comps[1:], silent[1:])
-            ]
+        ran = iter(runner.predict_each(xs[s : s + batch_size], ys[s : s + batch_size], edits))
+        got: list[Tensor] = []
+        for quiet in silent:  # comps[0], "none", is never silent
+            got.append(got[0] if quiet else next(ran))
         for kept, preds in zip(batches, got):
             kept.append(preds)
     for c, kept in zip(comps, batches):

@@ -21,9 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..capture import hooks as H
-from ..data.positions import X_TOKENS
-from ..models.gpt2 import BlockEdit, KeyValues
+from ..models.gpt2 import KeyValues
 
 
 @torch.no_grad()
@@ -74,40 +72,3 @@ def context_patch_predictions(
         final = model.resume(window, boundary, past=source_kv, visible=visible, last_only=True)
         out[boundary] = model.lens(final[:, :, 0]).T
     return out
-
-
-@torch.no_grad()
-def ablated_predictions(model, xs: Tensor, ys: Tensor, components: list, means: dict[str, Tensor]) -> list[Tensor]:
-    """Predictions (B, n) with each component removed (probe/interventions/ablate.py's kinds),
-    each resumed from the boundary below the component's block after one unablated run.
-
-    components: objects with .component ("none", "head", "mlp", "layer"), .layer, .head, .kind;
-    means: the mean-ablation values in TransformerLens layouts, keyed by hook name (hook_z
-    (1, T, H, hs), hook_mlp_out (1, T, D)), as `ablate` computes them."""
-    streams = model.run(xs, ys).resid
-    out = []
-    for c in components:
-        if c.kind == "none":
-            out.append(model.lens(streams[-1][:, X_TOKENS]))
-        elif c.kind == "skip":  # boundary layer + 1 := boundary layer
-            out.append(model.lens(model.resume(streams[c.layer], c.layer + 1)[:, X_TOKENS]))
-        else:
-            out.append(model.lens(model.resume(streams[c.layer], c.layer, edit=_edit(c, means))[:, X_TOKENS]))
-    return out
-
-
-def _edit(c, means: dict[str, Tensor]) -> BlockEdit:
-    """The block edit removing component c: a head's z zeroed (or set to its mean), or the MLP's output."""
-    if c.component == "head":
-        mean = means.get(H.head_outputs(c.layer)) if c.kind == "mean" else None  # (1, T, H, hs)
-
-        def edit_z(z: Tensor) -> Tensor:  # (B, H, T, hs)
-            z = z.clone()
-            z[:, c.head] = 0.0 if mean is None else mean[:, :, c.head].expand(z.shape[0], -1, -1)
-            return z
-
-        return BlockEdit(z=edit_z)
-    if c.component == "mlp":
-        mean = means.get(H.block_output(c.layer, "mlp_out")) if c.kind == "mean" else None
-        return BlockEdit(mlp=lambda m: torch.zeros_like(m) if mean is None else mean.expand_as(m))
-    return BlockEdit()

@@ -24,7 +24,7 @@ from ..capture import hooks as H
 from ..core.errors import ConfigError
 from ..core.validate import check_device
 from ..data.positions import X_TOKENS, Y_TOKENS, prefix_mask
-from .resumed import ablated_predictions, context_patch_predictions, patched_resid_predictions
+from .resumed import context_patch_predictions, patched_resid_predictions
 
 Hook = tuple[str, Callable]
 
@@ -71,10 +71,11 @@ class Runner:
         (resumed.py), or None (the caller patches through hooks)."""
         return None
 
-    def ablated(self, components: list, means: dict[str, Tensor], xs: Tensor, ys: Tensor) -> list[Tensor] | None:
-        """Predictions (B, n) with each component ablated, computed without hooks (resumed.py),
-        or None (the caller ablates through hooks)."""
-        return None
+    def predict_each(self, xs: Tensor, ys: Tensor, edits: Sequence[tuple[int, Sequence[Hook]]]) -> list[Tensor]:
+        """Predictions (B, n) under each edit (start, hooks), whose hooks change nothing below block
+        `start`: one hooked run each (GPT2Runner: one unedited run, then the blocks from `start`
+        resumed with the hooks attached)."""
+        return [self.predict(xs, ys, hooks) for _, hooks in edits]
 
     def stream_mask(self, token_mask: Tensor, n_prompts: int, query: int | None = None) -> Tensor:
         """A (K, 2n) boolean mask over interleaved positions, for K copies of n_prompts prompts
@@ -126,13 +127,18 @@ class GPT2Runner(Runner):
         out = patched_resid_predictions(self.model, *moved, boundaries, positions, query)
         return {b: p.float().cpu() for b, p in out.items()}
 
-    def ablated(self, components, means, xs, ys):
+    @torch.no_grad()
+    def predict_each(self, xs, ys, edits):
         if not self.resumed:
-            return None
-
-        means = {name: m.to(self.device) for name, m in means.items()}
-        out = ablated_predictions(self.model, xs.to(self.device), ys.to(self.device), components, means)
-        return [p.float().cpu() for p in out]
+            return super().predict_each(xs, ys, edits)
+        model = self.model
+        streams = model.run(xs.to(self.device), ys.to(self.device)).resid
+        out = []
+        for start, hooks in edits:
+            with model.hooks(list(hooks)):
+                final = model.resume(streams[start], start)
+            out.append(model.lens(final[:, X_TOKENS]).float().cpu())
+        return out
 
     def context_patched(self, xs, ys, ys_source, boundaries, examples):
         if not self.resumed:

@@ -14,10 +14,11 @@ TransformerLens names them (`hook_embed`, `blocks.{i}.hook_resid_pre`, `blocks.{
 `hook_mlp_out`, `hook_resid_post`, `ln_final.hook_normalized`), with TransformerLens's layouts
 (queries, keys, values and z as (B, T, heads, d_head)); `run_with_hooks` reads or edits them
 (probe/models/hooked.py), and tests hold each equal to the TransformerBridge of `probe.to_bridge`
-at the same name (hook_attn_scores, which that bridge reports after the softmax, by hand). What the fast paths need are options of `resume`: the keys and values of
-tokens that come before the window (a key/value cache, as Hugging Face's `past_key_values`), which
-of them each window copy sees, a start and stop block, the last token only, and an edit of one
-block (interventions).
+at the same name (hook_attn_scores, which that bridge reports after the softmax, by hand).
+What the fast paths need are options of `resume`: the keys and values of tokens that come
+before the window (a key/value cache, as Hugging Face's `past_key_values`), which of them each
+window copy sees, a start and stop block, and the last token only; the hook points fire there
+too, so an intervention is a hook whichever path runs it.
 
 `attn_activation = "relu"` replaces the attention softmax by seed 001's normalised ReLU
 (Def. 7: sigma(<q, k>) / n), causal: token i weights key j <= i by ReLU(q_i . k_j / sqrt(hs)) / (i + 1),
@@ -27,8 +28,6 @@ the number of keys it sees. The 1/sqrt(hs) scale is GPT-2's (a reparametrisation
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -43,15 +42,6 @@ from .hooked import Hooked, HookFn, HookPoint
 LN_EPS = 1e-5
 
 KeyValues = list[tuple[Tensor, Tensor]]  # per block: keys, values (B, H, T, hs)
-
-
-@dataclass(frozen=True)
-class BlockEdit:
-    """A change to one block's computation: `z` maps the heads' outputs (..., H, T, hs) before the
-    output projection, `mlp` the MLP's output (..., T, D)."""
-
-    z: Callable[[Tensor], Tensor] | None = None
-    mlp: Callable[[Tensor], Tensor] | None = None
 
 
 def attention_weights(parts: list[tuple[Tensor, Tensor]], activation: str) -> Tensor:
@@ -143,7 +133,6 @@ class Attention(nn.Module):
         past: tuple[Tensor, Tensor] | None = None,
         visible: Tensor | None = None,
         rows: int | None = None,
-        edit_z: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
         """Attention output for the window x (..., W, D) (its last `rows` tokens only, if given).
 
@@ -158,8 +147,6 @@ class Attention(nn.Module):
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # softmax(q k^T / sqrt(hs)) v
         else:
             z = self._attend(q, k, v, past, visible)
-        if edit_z is not None:
-            z = edit_z(z)
         return self.c_proj(_heads_last(_fire(self.hook_z, z)).flatten(-2))
 
     def _attend(
@@ -212,15 +199,11 @@ class Block(nn.Module):
         past: tuple[Tensor, Tensor] | None = None,
         visible: Tensor | None = None,
         rows: int | None = None,
-        edit: BlockEdit | None = None,
     ) -> Tensor:
         x = self.hook_resid_pre(x)
-        a = self.hook_attn_out(self.attn(self.ln_1(x), past, visible, rows, edit.z if edit else None))
+        a = self.hook_attn_out(self.attn(self.ln_1(x), past, visible, rows))
         x = self.hook_resid_mid((x if rows is None else x[..., -rows:, :]) + a)
-        m = self.mlp(self.ln_2(x))
-        if edit is not None and edit.mlp is not None:
-            m = edit.mlp(m)
-        return self.hook_resid_post(x + self.hook_mlp_out(m))
+        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln_2(x))))
 
 
 class Backbone(nn.Module):
@@ -296,17 +279,16 @@ class GPT2ICL(Hooked, ReadInOutModel, nn.Module):
         past: KeyValues | None = None,
         visible: Tensor | None = None,
         last_only: bool = False,
-        edit: BlockEdit | None = None,
     ) -> Tensor:
         """Blocks start..stop-1 (default to the last) run on the stream h (..., W, D) entering block
         `start`: h may be a window of tokens after P cached ones, whose keys and values per block
         are `past` (shared by the window's R copies when h is (R, B, W, D); `visible` (R, P) says
         which each copy sees). `last_only`: the last block computes the window's last token only.
-        `edit` changes block `start` (interventions). Returns the stream after block stop-1."""
+        Hooks attached (`hooks`) fire in the blocks run. Returns the stream after block stop-1."""
         stop = len(self.blocks) if stop is None else stop
         for i in range(start, stop):
             rows = 1 if last_only and i == stop - 1 else None
-            h = self.blocks[i](h, past[i] if past else None, visible, rows, edit if i == start else None)
+            h = self.blocks[i](h, past[i] if past else None, visible, rows)
         return h
 
     def lens(self, resid: Tensor) -> Tensor:
