@@ -12,7 +12,6 @@ from probe.cli import main
 from probe.core.errors import ConfigError
 from probe.core.settings import SweepSettings
 from probe.interventions import iteration_patching, paired_prompts, patching_heatmap, runner_for, to_bridge
-from probe.interventions.patch import _patched_predictions
 from probe.interventions.runner import skip_hooks
 from probe.io.checkpoint import save_model
 from probe.io.formats import load_checkpoint
@@ -78,7 +77,7 @@ def test_patching_the_whole_clean_stream_at_the_last_layer_restores_everything(w
     name = f"blocks.{n_layers - 1}.hook_resid_post"
     for q in (n - 1, 3):
         clean = runner.states(xs, ys, [name], query=q)[name]
-        patched = _patched_predictions(runner, name, xs, yc, clean, torch.ones(1, 2 * n, dtype=torch.bool), q, 4096)[0]
+        patched = runner.patched(name, xs, yc, clean, torch.ones(1, 2 * n, dtype=torch.bool), q, 4096)[0]
         np.testing.assert_allclose(patched.numpy(), runner.predict(xs, ys)[:, q].numpy(), atol=1e-5)
         np.testing.assert_allclose(runner.predict(xs, yc, query=q).numpy(), runner.predict(xs, yc)[:, q].numpy(), atol=1e-5)
 
@@ -261,7 +260,7 @@ def test_resumed_patching_equals_patching_through_hooks(which, tmp_path):
         masks[torch.arange(len(positions)), torch.tensor(positions)] = True
         for b, got in direct.items():
             src = hooked.states(xs, ys, [resid(b)], query=query)[resid(b)]
-            want = _patched_predictions(hooked, resid(b), xs, yc, src, masks, query, 4096)
+            want = hooked.patched(resid(b), xs, yc, src, masks, query, 4096)
             np.testing.assert_allclose(got, want, atol=1e-5)
     if which == "default":  # the ratios too (the random Garg model's clean and corrupted predictions differ by ~1e-3)
         a = patching_heatmap(fast, xs, ys, yc, n_boot=10, max_positions=9)
@@ -275,7 +274,7 @@ def test_resumed_patching_equals_patching_through_hooks(which, tmp_path):
             mask = (torch.arange(2 * task.n_points) < 2 * t).view(1, -1)
             name = resid(b)
             src = hooked.states(xs, yc, [name], query=t)[name]
-            want = _patched_predictions(hooked, name, xs, ys, src, mask, t, 4096)[0]
+            want = hooked.patched(name, xs, ys, src, mask, t, 4096)[0]
             np.testing.assert_allclose(direct[b][:, j], want, atol=1e-5)
     pa = context_patching(fast, xs, ys, yc, boundaries, examples)
     pb = context_patching(hooked, xs, ys, yc, boundaries, examples)

@@ -58,7 +58,7 @@ from ..core.errors import ConfigError
 from ..core.seeds import Stream
 from ..core.settings import PATCH_SITES
 from ..data.tasks import generator_for, relu_network_forward, sample_prompts
-from .runner import Runner, boundary_hook_name, patch_hook
+from .runner import Runner, boundary_hook_name
 
 SITES = PATCH_SITES
 STREAM = Stream.CORRUPTED  # the corrupted functions' sampling stream
@@ -96,39 +96,25 @@ def site_name(site: str, layer: int, n_layers: int) -> str:
     return H.block_output(layer, site)
 
 
-def _patched_predictions(
-    runner: Runner, name: str, xs: Tensor, ys_target: Tensor, source: Tensor, masks: Tensor, query: int, max_rows: int
-) -> Tensor:
-    """Predictions (K, B) for y_{query+1} of the target run with `source` (states captured with the
-    same `query`) patched in where masks[k] (2n,) is true; K copies batched, max_rows at a time."""
-    b = xs.shape[0]
-    step = max(1, max_rows // b)
-    out = []
-    for start in range(0, masks.shape[0], step):
-        m = masks[start : start + step]
-        k = m.shape[0]
-        hook = patch_hook(name, runner.stream_mask(m, b, query), source.repeat(k, *([1] * (source.dim() - 1))))
-        out.append(runner.predict(xs.repeat(k, 1, 1), ys_target.repeat(k, 1), [hook], query).view(k, b))
-    return torch.cat(out)
-
-
 def token_label(position: int) -> str:
     """Interleaved position -> "x3" / "y3" (1-based example index, as in the papers)."""
     return f"{'xy'[position % 2]}{position // 2 + 1}"
 
 
-def _hooked_patches(runner: Runner, names, resumed: dict, xs, ys_clean, ys_corrupt, positions, q: int, max_rows: int):
-    """(site, layer, name) -> patched predictions (K, B): from `resumed` (the runner's hook-free
-    residual path) where it has the layer, else through hooks with the clean states captured once."""
+def _patches(runner: Runner, names, xs, ys_clean, ys_corrupt, positions, q: int, max_rows: int):
+    """(site, layer, name) -> patched predictions (K, B): the residual stream by the runner's
+    `patched_resid`, block outputs through hooks with the clean states captured once."""
     masks = torch.zeros(len(positions), xs.shape[1] * 2, dtype=torch.bool)
     masks[torch.arange(len(positions)), torch.tensor(positions)] = True
-    hooked = [name for site, layer, name in names if not (site == "resid" and layer in resumed)]
-    clean_states = runner.states(xs, ys_clean, hooked, query=q) if hooked else {}
+    boundaries = [layer for site, layer, _ in names if site == "resid"]
+    resid = runner.patched_resid(xs, ys_corrupt, ys_clean, boundaries, positions, q, max_rows) if boundaries else {}
+    blocks = [name for site, _, name in names if site != "resid"]
+    clean_states = runner.states(xs, ys_clean, blocks, query=q) if blocks else {}
 
     def patched_at(site: str, layer: int, name: str) -> Tensor:
-        if name in clean_states:
-            return _patched_predictions(runner, name, xs, ys_corrupt, clean_states[name], masks, q, max_rows)
-        return resumed[layer]
+        if site == "resid":
+            return resid[layer]
+        return runner.patched(name, xs, ys_corrupt, clean_states[name], masks, q, max_rows)
 
     return patched_at
 
@@ -161,12 +147,7 @@ def patching_heatmap(
         positions = positions[-max_positions:]
     layers = {s: range(runner.n_layers + 1) if s == "resid" else range(runner.n_layers) for s in sites}
     names = [(s, l, site_name(s, l, runner.n_layers)) for s in sites for l in layers[s]]
-    resumed = (
-        runner.patched_resid(xs, ys_corrupt, ys_clean, list(layers["resid"]), positions, q)
-        if "resid" in sites
-        else None
-    )
-    patched_at = _hooked_patches(runner, names, resumed or {}, xs, ys_clean, ys_corrupt, positions, q, max_rows)
+    patched_at = _patches(runner, names, xs, ys_clean, ys_corrupt, positions, q, max_rows)
     den = (f_clean - f_corr) ** 2
     rows = []
     for site, layer, name in tqdm(names, desc="patch", disable=not progress, leave=False):
@@ -245,20 +226,11 @@ def context_patching(
         raise ConfigError(f"examples must lie in 1..{n - 1}")
     f_clean, f_src = runner.predict(xs, ys).double(), runner.predict(xs, ys_src).double()
     change = (f_src - f_clean)[:, ts]  # (B, T)
-    names = {b: boundary_hook_name(b, n_layers) for b in boundaries}
-    resumed = runner.context_patched(xs, ys, ys_src, list(boundaries), ts)
-    if resumed is not None:
-        moved = {b: resumed[b].double() - f_clean[:, ts] for b in boundaries}
-        return ContextPatch(ts, {b: (moved[b] * change).sum(1) for b in boundaries}, (change**2).sum(1))
-    moved = {b: torch.zeros_like(change) for b in boundaries}
-    for j, t in enumerate(ts):  # query x_{t+1}: every token before it comes from the source
-        mask = (torch.arange(2 * n) < 2 * t).view(1, -1)
-        src_states = runner.states(xs, ys_src, list(names.values()), query=t)
-        for boundary, name in names.items():
-            patched = _patched_predictions(runner, name, xs, ys, src_states[name], mask, t, max_rows)[0].double()
-            moved[boundary][:, j] = patched - f_clean[:, t]
-    num = {b: (moved[b] * change).sum(1) for b in boundaries}
-    return ContextPatch(ts, num, (change**2).sum(1))
+    for b in boundaries:
+        boundary_hook_name(b, n_layers)  # checks the range
+    patched = runner.context_patched(xs, ys, ys_src, list(boundaries), ts, max_rows)
+    moved = {b: patched[b].double() - f_clean[:, ts] for b in boundaries}
+    return ContextPatch(ts, {b: (moved[b] * change).sum(1) for b in boundaries}, (change**2).sum(1))
 
 
 def iteration_patching(

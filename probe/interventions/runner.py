@@ -56,20 +56,62 @@ class Runner:
         self.predict(xs, ys, [*hooks, *[(name, _bind(keep, name=name)) for name in names]], query)
         return caught
 
+    def patched(
+        self, name: str, xs: Tensor, ys_target: Tensor, source: Tensor, masks: Tensor, query: int, max_rows: int
+    ) -> Tensor:
+        """Predictions (K, B) for y_{query+1} of the target run with `source` (states at hook `name`
+        captured with the same `query`) patched in where masks[k] (2n,) is true, through a hook; K
+        copies batched, max_rows rows at a time."""
+        b = xs.shape[0]
+        step = max(1, max_rows // b)
+        out = []
+        for start in range(0, masks.shape[0], step):
+            m = masks[start : start + step]
+            k = m.shape[0]
+            hook = patch_hook(name, self.stream_mask(m, b, query), source.repeat(k, *([1] * (source.dim() - 1))))
+            out.append(self.predict(xs.repeat(k, 1, 1), ys_target.repeat(k, 1), [hook], query).view(k, b))
+        return torch.cat(out)
+
     def patched_resid(
-        self, xs: Tensor, ys_target: Tensor, ys_source: Tensor, boundaries: list[int], positions: list[int], query: int
-    ) -> dict[int, Tensor] | None:
-        """boundary -> (K, B) predictions with the source's residual stream patched in at one
-        position each, computed without hooks (probe/interventions/resumed.py); None where this
-        runner has no such path and the caller patches through hooks."""
-        return None
+        self,
+        xs: Tensor,
+        ys_target: Tensor,
+        ys_source: Tensor,
+        boundaries: list[int],
+        positions: list[int],
+        query: int,
+        max_rows: int = 4096,
+    ) -> dict[int, Tensor]:
+        """boundary -> (K, B) predictions for y_{query+1} of the target run with the source run's
+        residual stream patched in at positions[k] (GPT2Runner: the blocks above the boundary
+        resumed on the tokens the patch can change; probe/interventions/resumed.py)."""
+        masks = torch.zeros(len(positions), xs.shape[1] * 2, dtype=torch.bool)
+        masks[torch.arange(len(positions)), torch.tensor(positions)] = True
+        names = {b: boundary_hook_name(b, self.n_layers) for b in boundaries}
+        source = self.states(xs, ys_source, list(names.values()), query=query)
+        return {b: self.patched(name, xs, ys_target, source[name], masks, query, max_rows) for b, name in names.items()}
 
     def context_patched(
-        self, xs: Tensor, ys: Tensor, ys_source: Tensor, boundaries: list[int], examples: list[int]
-    ) -> dict[int, Tensor] | None:
-        """boundary -> (B, T) predictions with every token before each query from the source
-        (resumed.py), or None (the caller patches through hooks)."""
-        return None
+        self,
+        xs: Tensor,
+        ys: Tensor,
+        ys_source: Tensor,
+        boundaries: list[int],
+        examples: list[int],
+        max_rows: int = 4096,
+    ) -> dict[int, Tensor]:
+        """boundary -> (B, T) predictions for y_{t+1}, t in `examples`, of the clean run with every
+        token before the query x_{t+1} taken from the source run at the boundary (GPT2Runner: only
+        the query token recomputed, resumed.py)."""
+        n = xs.shape[1]
+        names = {b: boundary_hook_name(b, self.n_layers) for b in boundaries}
+        out = {b: torch.zeros(xs.shape[0], len(examples)) for b in boundaries}
+        for j, t in enumerate(examples):
+            mask = (torch.arange(2 * n) < 2 * t).view(1, -1)
+            source = self.states(xs, ys_source, list(names.values()), query=t)
+            for b, name in names.items():
+                out[b][:, j] = self.patched(name, xs, ys, source[name], mask, t, max_rows)[0]
+        return out
 
     def predict_each(self, xs: Tensor, ys: Tensor, edits: Sequence[tuple[int, Sequence[Hook]]]) -> list[Tensor]:
         """Predictions (B, n) under each edit (start, hooks), whose hooks change nothing below block
@@ -119,9 +161,9 @@ class GPT2Runner(Runner):
         self.device = device
         self.resumed = resumed
 
-    def patched_resid(self, xs, ys_target, ys_source, boundaries, positions, query):
+    def patched_resid(self, xs, ys_target, ys_source, boundaries, positions, query, max_rows=4096):
         if not self.resumed:
-            return None
+            return super().patched_resid(xs, ys_target, ys_source, boundaries, positions, query, max_rows)
 
         moved = (z.to(self.device) for z in (xs, ys_target, ys_source))
         out = patched_resid_predictions(self.model, *moved, boundaries, positions, query)
@@ -140,9 +182,9 @@ class GPT2Runner(Runner):
             out.append(model.lens(final[:, X_TOKENS]).float().cpu())
         return out
 
-    def context_patched(self, xs, ys, ys_source, boundaries, examples):
+    def context_patched(self, xs, ys, ys_source, boundaries, examples, max_rows=4096):
         if not self.resumed:
-            return None
+            return super().context_patched(xs, ys, ys_source, boundaries, examples, max_rows)
 
         moved = (z.to(self.device) for z in (xs, ys, ys_source))
         out = context_patch_predictions(self.model, *moved, boundaries, examples)
