@@ -80,6 +80,16 @@ def _per_layer(states: np.ndarray, readout: LayerReadout | None) -> np.ndarray:
     return np.stack([readout(layer, s) for layer, s in enumerate(states)])
 
 
+def prefix_query_sequences(xs: Tensor, ys: Tensor, queries: Tensor, t: int) -> tuple[Tensor, Tensor]:
+    """Prompts (B * Q, t + 1, d), (B * Q, t + 1): each prompt's first t examples followed by each of
+    its queries x~_q (Q per prompt; y 0 there), prompt-major."""
+    b, _, d = xs.shape
+    q = queries.shape[1]
+    seq_x = torch.cat([xs[:, :t].unsqueeze(1).expand(b, q, t, d), queries.unsqueeze(2)], dim=2)
+    seq_y = torch.cat([ys[:, :t].unsqueeze(1).expand(b, q, t), ys.new_zeros(b, q, 1)], dim=2)
+    return seq_x.reshape(b * q, t + 1, d), seq_y.reshape(b * q, t + 1)
+
+
 def sequence_query_states(
     model,
     xs: Tensor,
@@ -93,15 +103,12 @@ def sequence_query_states(
     memory: MemoryBudget | None = None,
 ) -> np.ndarray:
     """query_states by brute force: one captured sequence per prefix t and query (any model)."""
-    b, n, d = xs.shape
+    b, n, _ = xs.shape
     q = queries.shape[1]
     out: np.ndarray | None = None
 
     for t in tqdm(range(start, n), desc="query states", disable=not progress, leave=False):
-        seq_x = torch.cat([xs[:, :t].unsqueeze(1).expand(b, q, t, d), queries.unsqueeze(2)], dim=2).reshape(
-            b * q, t + 1, d
-        )
-        seq_y = torch.cat([ys[:, :t].unsqueeze(1).expand(b, q, t), torch.zeros(b, q, 1)], dim=2).reshape(b * q, t + 1)
+        seq_x, seq_y = prefix_query_sequences(xs, ys, queries, t)
         cap = capture(
             model, seq_x, seq_y, hooks=[RESID], positions=[2 * t], device=device, batch_size=batch_size, memory=memory
         )

@@ -17,6 +17,7 @@ import torch
 from ..analysis.evaluate import error_curve, r2_curve
 from ..analysis.matching import learner_weights
 from ..analysis.similarity import first_best, ilw, induced_weights, sime, spd
+from ..analysis.states import prefix_query_sequences
 from ..core.errors import ConfigError
 from ..core.seeds import Stream, stream_generator
 from ..data.tasks import sample_prompts
@@ -165,15 +166,12 @@ def model_query_preds(
 
     For prefix t the model sees (x_1, y_1, ..., x_t, y_t, x~_q), so causality makes its output
     at the last x exactly its prediction for x~_q after t examples (seed 002 eq. 13)."""
-    b, n, d = xs.shape
+    b, n, _ = xs.shape
     q = queries.shape[1]
     out = torch.empty(b, n, q, dtype=torch.float64)
     model = model.to(device).eval()
     for t in range(n):
-        seq_x = torch.cat([xs[:, :t].unsqueeze(1).expand(b, q, t, d), queries.unsqueeze(2)], dim=2).reshape(
-            b * q, t + 1, d
-        )
-        seq_y = torch.cat([ys[:, :t].unsqueeze(1).expand(b, q, t), torch.zeros(b, q, 1)], dim=2).reshape(b * q, t + 1)
+        seq_x, seq_y = prefix_query_sequences(xs, ys, queries, t)
         preds = torch.cat(
             [
                 model(seq_x[i : i + batch_size].to(device), seq_y[i : i + batch_size].to(device))[:, t].cpu()
