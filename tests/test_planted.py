@@ -333,3 +333,37 @@ def test_steering_the_relu_newton_query_iterate_moves_the_prediction_as_the_cons
         return h
 
     torch.testing.assert_close(_run_edited(model, xs, ys, layers - 1, move) - base, b @ shift, rtol=1e-9, atol=1e-12)
+
+
+def test_planted_models_have_no_random_weights_control_and_the_report_says_so():
+    """A planted class has no initialisation (a fresh one is all zeros), so no random-weights control is
+    drawn: the null baselines keep the zero predictor only, the probe summary carries no control
+    R^2, and the findings say why; GPT-2 keeps its seeded random copy."""
+    from conftest import build_cfg
+
+    from probe.analysis.nulls import null_predictions
+    from probe.models import random_weights_model
+    from probe.reporting.findings import _probes
+    from probe.reporting.summary import probe_summary
+
+    cfg = planted_config("gd", 3, 3, 8, step_size=0.1)
+    assert random_weights_model(cfg.model, 0) is None
+    assert random_weights_model(build_cfg(layers=2).model, 0) is not None
+    model = plant(cfg.model)
+    xs, ys = torch.randn(4, 8, 3), torch.randn(4, 8)
+    assert set(null_predictions(model, xs, ys, seed=0)) == {"zero"}
+    rows = pd.DataFrame(
+        [
+            {"target": "w_ols", "kind": "linear", "control": c, "layer": l, "prefix": 4, "r2": r}
+            for c, r in (("none", 0.5), ("shuffled", 0.0))
+            for l in range(3)
+        ]
+    )
+    fits = probe_summary(rows)
+    assert fits["w_ols"]["linear"].control_r2 == []
+
+    class Stub:  # the two summary fields _probes reads
+        probes = type("P", (), {"fits": fits})()
+        checkpoint = type("C", (), {"model": {"family": "planted"}})()
+
+    assert _probes(Stub()).endswith("No random-weights control: a planted model's weights are its construction.")

@@ -34,8 +34,8 @@ def null_predictions(
     """Predictions (B, n) of the zero predictor and of a seeded random-weights copy of the architecture."""
     nulls = {"zero": torch.zeros_like(ys, dtype=torch.float64)}
     config = getattr(model, "config", None)
-    if config is not None and getattr(config, "family", None) in ("gpt2", "lstm"):
-        random_model = random_weights_model(config, seed)  # the probes' control model
+    random_model = random_weights_model(config, seed) if config is not None else None  # the probes' control
+    if random_model is not None:
         nulls["random_model"] = predict(random_model, Prompts(xs, ys), device=device).double()
     return nulls
 

@@ -21,13 +21,20 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     return family(cfg)
 
 
-__all__ = ["FAMILIES", "GPT2ICL", "LSTMICL", "ModelOutput", "build_model", "random_weights_model"]
+__all__ = ["FAMILIES", "GPT2ICL", "LSTMICL", "RANDOM_INIT", "ModelOutput", "build_model", "random_weights_model"]
 
 
-def random_weights_model(model_config, seed: int):
+RANDOM_INIT = ("gpt2", "lstm")  # families with an initialisation to draw a random-weights control from
+
+
+def random_weights_model(model_config, seed: int) -> nn.Module | None:
     """The random-weights control: the architecture of `model_config`, initialised from seed + 99
-    (the same model for the probes' control and the null baselines; probe/core/seeds.py)."""
+    (the same model for the probes' control and the null baselines; probe/core/seeds.py). None
+    for a planted construction: its weights are the construction, and its class has no
+    initialisation (a fresh one is all zeros), so there is no random-weights control to draw."""
 
+    if model_config.family not in RANDOM_INIT:
+        return None
     with torch.random.fork_rng(devices=[]):  # the caller's global random state is left as it was
         torch.manual_seed(seed + Offset.RANDOM_WEIGHTS)
         return build_model(model_config).eval()

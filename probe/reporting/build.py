@@ -114,7 +114,8 @@ def _stage_layers(c: Context):
 
 
 def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
-    """The probes' random-weights control (probe/core/seeds.py)."""
+    """The probes' random-weights control (probe/core/seeds.py); None where the family has none
+    (planted constructions: the report says so)."""
 
     return random_weights_model(ckpt.config.model, seed)
 

@@ -138,7 +138,15 @@ def _probes(summary: Summary) -> str | None:
             f"{kind} {label(target)} R^2 {fit.r2[best]:.2f} at layer {fit.layer[best]}"
             + (f" (random-weights model {control:.2f})" if control is not None else "")
         )
-    return "Probes: " + "; ".join(parts) + "." if parts else None
+    if not parts:
+        return None
+    none = summary.checkpoint.model.get("family") == "planted"
+    return (
+        "Probes: "
+        + "; ".join(parts)
+        + "."
+        + (" No random-weights control: a planted model's weights are its construction." if none else "")
+    )
 
 
 def _span(summary: Summary, d: int) -> str | None:

@@ -296,7 +296,9 @@ def probe_summary(table: pd.DataFrame) -> dict[str, dict[str, ProbeFit]]:
         out.setdefault(target, {})[kind] = ProbeFit(
             layer=layers,
             r2=main,
-            control_r2=[float(by.get(("random_model", l), np.nan)) for l in layers],
+            control_r2=[float(by.get(("random_model", l), np.nan)) for l in layers]
+            if (rows.control == "random_model").any()
+            else [],  # no random-weights control (planted models)
             shuffled_r2=[float(by.get(("shuffled", l), np.nan)) for l in layers],
             best_layer=int(layers[int(np.nanargmax(main))]),
             by_prefix={
