@@ -91,8 +91,12 @@ def test_lstm_native_capture_and_streaming(tmp_path):
     assert isinstance(cap.acts[RESID], np.memmap) and (tmp_path / "acts" / "resid.npy").exists()
     out = model.run(xs, ys)
     assert np.abs(np.load(tmp_path / "acts" / "resid.npy")[2] - out.resid[2].detach().numpy()).max() < TOL
-    with pytest.raises(ConfigError, match="need TransformerLens"):
+    with pytest.raises(ConfigError, match="need TransformerLens-named hook points"):
         capture(model, xs, ys, hooks=["blocks.0.attn.hook_pattern"])
+    with pytest.raises(ConfigError, match="the hooked backend needs a GPT-2 family or planted model"):
+        capture(model, xs, ys, backend="hooked")
+    with pytest.raises(ConfigError, match=r"backend must be 'auto', 'hooked' .* or 'native', got 'transformer_lens'"):
+        capture(model, xs, ys, backend="transformer_lens")
     big = capture(model, xs, ys, batch_size=4, max_bytes=1000)  # too big for memory: streamed automatically
     assert isinstance(big.acts[RESID], np.memmap)
     np.testing.assert_array_equal(np.asarray(big.acts[RESID]), np.load(tmp_path / "acts" / "resid.npy"))
