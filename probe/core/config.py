@@ -376,6 +376,11 @@ def parse_override(text: str) -> dict[str, Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # a bare word such as gpt2
+    return nested_override(dotted, value)
+
+
+def nested_override(dotted: str, value: Any) -> dict[str, Any]:
+    """('train.lr', 3e-4) -> {'train': {'lr': 3e-4}}: one override as the tables it sets."""
     out: dict[str, Any] = {}
     cursor = out
     keys = dotted.strip().split(".")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.config import TaskConfig, from_dict, load_recipe, merge, to_dict
+from ..core.config import TaskConfig, from_dict, load_recipe, merge, nested_override, to_dict
 from ..core.errors import ConfigError
 from ..core.registry import unknown_name_message
 from ..learners import LEARNERS
@@ -136,15 +136,7 @@ class StudyRecipe:
     def report_recipe(self):
         """The report recipe whose stages (and stage cache) the per-model analyses reuse."""
 
-        overrides = []
-        for dotted, value in self.set.items():
-            nested: dict[str, Any] = {}
-            cursor = nested
-            keys = dotted.split(".")
-            for key in keys[:-1]:
-                cursor = cursor.setdefault(key, {})
-            cursor[keys[-1]] = value
-            overrides.append(nested)
+        overrides = [nested_override(dotted, value) for dotted, value in self.set.items()]
         try:
             return resolve_recipe(self.report, overrides)
         except ConfigError as err:
