@@ -345,7 +345,7 @@ def test_double_capture_runs_a_float64_copy_and_agrees_with_float32():
     assert next(model.parameters()).dtype == torch.float32
     streams = by_position_streams(model, xs, ys, dtype=torch.float64)
     np.testing.assert_array_equal(streams.numpy(), double.transpose(0, 2, 1, 3))
-    with pytest.raises(ConfigError, match=r"probes.precision: unknown value .float16. \(float64, float32\)"):
+    with pytest.raises(ConfigError, match=r"probes.precision: Unknown value 'float16'. Did you mean: float\d\d\? Known: float32, float64"):
         ProbeSettings(precision="float16")
 
 

@@ -254,7 +254,7 @@ for override, culprit in [
     ("probes.kinds=['cnn']", "probe kind 'cnn'"), ("prompts.queries=-1", "prompts.queries"),
     ("prompts.induced=0", "prompts.induced"), ("forgetting.prompts=0", "forgetting.prompts"),
     ("prompts.seed=x", "prompts.seed must be an integer"), ("similarity.simw=maybe", "similarity.simw must be true or false"),
-    ("interventions.kinds=['cut']", "unknown ablation kind 'cut'"), ("interventions.sites=['q']", "unknown site 'q'"),
+    ("interventions.kinds=['cut']", "Unknown ablation kind 'cut'"), ("interventions.sites=['q']", "Unknown site 'q'"),
     ("interventions.learners=['ogd']", "Unknown sweep with an iteration axis 'ogd'"),
     ("interventions.prompts=0", "interventions.prompts"), ("interventions.heads=some", "interventions.heads must be true"),
     # settings that run but cannot give a meaningful number

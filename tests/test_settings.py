@@ -81,7 +81,7 @@ def test_patch_learners_flag_selects_or_skips_the_map_check():
     (ProbeSettings, {"gtol": float("nan")}, "probes.gtol"),
     (ProbeSettings, {"prompts": 2}, "probes.prompts"),
     (ProbeSettings, {"prefixes": ()}, "probes.prefixes is empty"),
-    (InterventionSettings, {"sites": ("q",)}, "unknown site 'q'"),
+    (InterventionSettings, {"sites": ("q",)}, "Unknown site 'q'. Known: attn_out, mlp_out, resid"),
     (InterventionSettings, {"query": -1}, "interventions.query"),
     (ReadoutSettings, {"method": "lasso"}, "readout.method"),
     (PromptSettings, {"seed": 1.5}, "prompts.seed must be an integer"),

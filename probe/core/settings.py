@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError, RenamedSetting
+from .registry import unknown_name_message
 from .resources import RECIPE_DIR
 from .validate import check_bootstrap, check_seed, finite_float, positive_int
 
@@ -77,7 +78,9 @@ class Section:
 
 def _check_value(value: Any, kind: Any, key: str, rules: Mapping[str, Any]) -> None:
     if rules["choices"] and value not in rules["choices"]:
-        raise ConfigError(f"{key}: unknown {rules['noun']} {value!r} ({', '.join(map(str, rules['choices']))})")
+        raise ConfigError(
+            f"{key}: " + unknown_name_message(rules["noun"], str(value), list(map(str, rules["choices"])))
+        )
     if kind is int and key.split(".")[-1] == "seed":
         check_seed(value, key)
     elif kind is int and rules["minimum"] is not None:
