@@ -89,8 +89,17 @@ def order_table(
     for t in prefixes:
         xp, yp = permuted_prompts(xs, ys, t, n_perm, g)
         flat_x, flat_y = xp.flatten(0, 1), yp.flatten(0, 1)
-        # only the query x_{t+1} is read (a planted model then runs only that prefix run)
-        states = capture(model, flat_x, flat_y, hooks=[RESID], positions=[2 * t], device=device, memory=memory)
+        # only the query x_{t+1} is read, and (causal models) it sees the first t + 1 points only:
+        # the tokens after it are not run (a planted model runs only that prefix run)
+        states = capture(
+            model,
+            flat_x[:, : t + 1],
+            flat_y[:, : t + 1],
+            hooks=[RESID],
+            positions=[2 * t],
+            device=device,
+            memory=memory,
+        )
         at_query = np.asarray(states.acts[RESID])[:, :, 0]  # (L+1, P*B, D)
         layer_preds = readouts.predict(at_query).reshape(at_query.shape[0], n_perm, -1)
         value, lo, hi = order_share(layer_preds, n_boot, seed)
