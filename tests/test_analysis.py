@@ -477,3 +477,21 @@ def test_probe_streams_go_to_disk_when_the_memory_budget_is_spent(tmp_path, monk
 
     direct = np.asarray(capture(model, xs[:3], ys[:3], hooks=[RESID]).acts[RESID])
     np.testing.assert_allclose(in_memory[:, :, :3].numpy(), direct.transpose(0, 2, 1, 3), atol=1e-6)
+
+
+def test_a_tie_between_two_sweeps_keeps_the_recipes_first_candidate():
+    """gd_linear and gd_log holding the same GD setting score equal up to round-off: the verdicts'
+    candidate is the recipe's first sweep, not whichever round-off favours; a real gain wins."""
+    from types import SimpleNamespace
+
+    from probe.analysis.pipeline import TIE, _keep_best
+
+    kept = {}
+    values = torch.tensor([[0.5, 0.25], [0.9, 0.7]], dtype=torch.float64)  # (K, P): k = 1 is best
+    result = SimpleNamespace(grid=[{"steps": 1}, {"steps": 6}])
+    first = SimpleNamespace(label="gd_linear", axis="steps")
+    _keep_best(kept, first, result, values, torch.zeros(2, 3))
+    _keep_best(kept, SimpleNamespace(label="gd_log", axis="steps"), result, values + TIE / 2, torch.zeros(2, 3))
+    assert kept["gd"].sweep == "gd_linear" and kept["gd"].k == 6
+    _keep_best(kept, SimpleNamespace(label="gd_log", axis="steps"), result, values + 1e-6, torch.zeros(2, 3))
+    assert kept["gd"].sweep == "gd_log"

@@ -277,6 +277,9 @@ def compare_sweeps(
     return join(cells), join(best), span_parts, finals
 
 
+TIE = 1e-12  # candidates' mean similarities closer than this are equal (float round-off)
+
+
 def _keep_best(kept: dict[str, Candidate], sweep, result, values: Tensor, outputs: Tensor) -> None:
     """The final layer's match with this sweep (values (K, P)) as its family's candidate for the
     paired verdicts, if it beats the family's other sweeps (as Table 1 keeps the best per family)."""
@@ -284,7 +287,8 @@ def _keep_best(kept: dict[str, Candidate], sweep, result, values: Tensor, output
     family = family_of(sweep.label)
     grid_value = result.grid[k].get(sweep.axis, k) if sweep.axis else k
     found = Candidate(family, sweep.label, grid_value, values[k], outputs[k])
-    if family not in kept or float(found.per_prompt.mean()) > float(kept[family].per_prompt.mean()):
+    # a tie (two sweeps holding the same learner setting) keeps the recipe's first, not round-off's pick
+    if family not in kept or float(found.per_prompt.mean()) > float(kept[family].per_prompt.mean()) + TIE:
         kept[family] = found
 
 
