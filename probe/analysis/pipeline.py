@@ -176,7 +176,6 @@ def fit_readouts(model, task: TaskConfig, settings: LayerSettings, progress: boo
     train = analysis_prompts(task, settings, "train", settings.prompts.train)
     val = analysis_prompts(task, settings, "val", settings.prompts.val)
     ev = analysis_prompts(task, settings, "test", settings.prompts.test)
-    h_eval, _ = x_states(model, ev.xs, ev.ys, dev, bs, progress, settings.memory)
     readouts: LayerReadouts | ModelLens
     if settings.readout.method == "model":
         readouts = ModelLens(model)
@@ -189,6 +188,8 @@ def fit_readouts(model, task: TaskConfig, settings: LayerSettings, progress: boo
                 fitted, h_train, train.ys.numpy(), settings.readout.finetune_steps, seed=settings.prompts.seed
             )
         readouts = fitted
+        del h_train, h_val  # the held-out states are captured after these are freed: never all three at once
+    h_eval, _ = x_states(model, ev.xs, ev.ys, dev, bs, progress, settings.memory)
     return readouts, ev, readouts.predict(h_eval)
 
 
