@@ -241,7 +241,6 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
     """Every analysis of the study recipe on one checkpoint; a picklable entry for executors."""
 
     recipe = StudyRecipe(**{**recipe_data, "compare": recipe_data.get("compare", [])})
-    torch.manual_seed(recipe.seed)
     ckpt = load_checkpoint(path)
     task = ckpt.config.task
     report = adapt_recipe(recipe.report_recipe(), ckpt.config)
