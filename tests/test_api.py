@@ -191,13 +191,19 @@ def test_no_api_function_is_shadowed_by_a_module_of_the_same_name():
 
 def test_learners_describe_themselves_and_the_report_holds_no_learner_names():
     from probe.learners import LEARNERS
-    from probe.reporting.findings import LABELS, label
+    from probe.reporting.findings import LABELS, label, sweep_titles
     from probe.reporting.html import learner_methods
 
     assert all(LEARNERS.get(n).label for n in LEARNERS.names())
     assert not set(LABELS) & set(LEARNERS.names())
     assert label("newton") == "Iterative Newton" and label("sgd[8]") == "SGD, 8 steps"
-    methods = learner_methods(probe.recipe("quick"))
+    # a sweep's name is recipe data: its `title`, else its label as words
+    assert not any(name.startswith(("gd_", "ridge_", "sgd_", "adam_", "relu_")) for name in LABELS)
+    quick = probe.recipe("quick")
+    titles = sweep_titles(quick.sweeps)
+    assert titles["gd_log"] == "GD (log grid)" and label("gd_log", titles) == "GD (log grid)"
+    assert label("gd_log") == "gd log"
+    methods = learner_methods(quick)
     assert "GD (log grid): paper convention" in methods[2] and methods[0].startswith("Iterative Newton: M_(k+1)")
 
 

@@ -223,7 +223,8 @@ def test_study_findings_read_the_phases_intervals_and_caveats_from_the_table():
     closest = closest_learners(table)
     assert closest["L3"]["spd"]["closest"] == "ridge_best" and closest["L3"]["spd"]["separated"] is False
     assert closest["L4"]["spd"]["separated"] is True and closest["L4"]["spd"]["ci"] == pytest.approx([0.0, 0.02])
-    headline, items, caveats = study_findings(table, "n_layer", closest)
+    titles = {"gd_1step": "GD (1 step)", "ridge_best": "ridge (best lambda)"}  # the recipe's [[compare]] titles
+    headline, items, caveats = study_findings(table, "n_layer", closest, titles)
     assert headline == ("Closest learner by SPD, against layers: GD (1 step) at 1 → ridge (best lambda) at 2-3 "
                         "(2: lam 0.1) → least squares at 4.")
     assert items[0].startswith("Closest learner by ILW") and "1: 0.95 [0.85, 1.05]" in items[1]

@@ -286,6 +286,7 @@ class SweepSettings:
     learner: str
     axis: str | None = None
     grid: dict[str, Any] = dataclasses.field(default_factory=dict)
+    title: str = ""  # how reports name the sweep (default: its learner's title), e.g. "GD (log grid)"
 
 
 def quick_sweeps() -> tuple[SweepSettings, ...]:

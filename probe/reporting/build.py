@@ -40,6 +40,7 @@ from ..models.sizes import shape_of
 from . import figures
 from . import intervention_figures as ifig
 from .cache import StageCache, _jsonable
+from .findings import sweep_titles
 from .html import render_html
 from .recipe import Recipe, adapt_recipe
 from .schema import strict
@@ -290,14 +291,17 @@ def _evaluate_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
 
 def _layer_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
     out = {"readout": figures.readout_error(t["readout"], fig_dir / "readout", c.ckpt.config.task.n_dims)[0]}
+    titles = sweep_titles(c.recipe.sweeps)
     for sweep in c.recipe.sweeps:
         key = f"heatmap_{sweep.label}"
         out[key] = figures.heatmap_pair(
-            t["heatmap_cells"], t["best_match"], sweep.label, sweep.axis, fig_dir / safe_name(key)
+            t["heatmap_cells"], t["best_match"], sweep.label, sweep.axis, fig_dir / safe_name(key), titles=titles
         )[0]
         if sweep.axis:
             key = f"trend_{sweep.label}"
-            out[key] = figures.best_match_trend(t["best_match"], sweep.label, "sime", fig_dir / safe_name(key))[0]
+            out[key] = figures.best_match_trend(t["best_match"], sweep.label, "sime", fig_dir / safe_name(key), titles)[
+                0
+            ]
     if not t["span"].empty:
         out["span"] = figures.span(t["span"], fig_dir / "span")[0]
     return out
@@ -311,8 +315,14 @@ def _intervention_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
         out[f"patching_{site}"] = ifig.patching(t["patching"], site, fig_dir / f"patching_{site}")[0]
     iteration = {k.removeprefix("iteration_"): v for k, v in t.items() if k.startswith("iteration_")}
     if iteration:
-        out["iteration_consistency"] = ifig.iteration_consistency(iteration, fig_dir / "iteration_consistency")[0]
+        out["iteration_consistency"] = ifig.iteration_consistency(
+            iteration, fig_dir / "iteration_consistency", sweep_titles(c.recipe.sweeps)
+        )[0]
     return out
+
+
+def _order_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
+    return {"order": figures.order_sensitivity(t["order"], fig_dir / "order", sweep_titles(c.recipe.sweeps))[0]}
 
 
 def _one_figure(name: str, draw: Callable[[pd.DataFrame, Path], list[Path]]):
@@ -328,7 +338,7 @@ STAGES = {
         Stage("layers", _stage_layers, _layer_figures, LAYER_SECTIONS, optional=False),
         Stage("probes", _stage_probes, _one_figure("probes", figures.probes)),
         Stage("forgetting", _stage_forgetting, _one_figure("forgetting", figures.forgetting)),
-        Stage("order", _stage_order, _one_figure("order", figures.order_sensitivity), ("readout",)),
+        Stage("order", _stage_order, _order_figures, ("readout",)),
         Stage("steering", _stage_steering, _one_figure("steering", figures.steering), transformers_only=True),
         Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS, transformers_only=True),
     )

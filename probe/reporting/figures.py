@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .findings import label
+from .findings import Titles, label
 
 
 def pyplot():
@@ -108,6 +108,7 @@ def _heatmap_panel(
     vmin: float,
     vmax: float,
     cbar_ax=None,
+    titles: Titles | None = None,
 ) -> None:
     import seaborn as sns
 
@@ -144,16 +145,23 @@ def _heatmap_panel(
             ax.plot([x + 0.15, x + 0.85], [y + 0.15, y + 0.85], color="white", lw=1.5)
             ax.plot([x + 0.15, x + 0.85], [y + 0.85, y + 0.15], color="white", lw=1.5)
     ax.invert_yaxis()
-    ax.set(xlabel="layer", ylabel=f"{label(learner)}: {key}", title=f"{label(metric)}: layers vs {label(learner)}")
+    name = label(learner, titles)
+    ax.set(xlabel="layer", ylabel=f"{name}: {key}", title=f"{label(metric)}: layers vs {name}")
 
 
 def heatmap(
-    cells: pd.DataFrame, best: pd.DataFrame, learner: str, metric: str, axis: str | None, stem: Path
+    cells: pd.DataFrame,
+    best: pd.DataFrame,
+    learner: str,
+    metric: str,
+    axis: str | None,
+    stem: Path,
+    titles: Titles | None = None,
 ) -> list[Path]:
     """One metric: layers on x, the learner's grid on y, similarity as colour (fixed range -1..1 or
     0..1), best match per layer boxed (dashed red: at the grid's end; white cross: not
     distinguishable from predicting 0)."""
-    return heatmap_pair(cells, best, learner, axis, stem, metrics=(metric,))
+    return heatmap_pair(cells, best, learner, axis, stem, metrics=(metric,), titles=titles)
 
 
 def heatmap_pair(
@@ -163,8 +171,10 @@ def heatmap_pair(
     axis: str | None,
     stem: Path,
     metrics: tuple[str, ...] = ("sime", "simw"),
+    titles: Titles | None = None,
 ) -> list[Path]:
-    """SimE and SimW of one sweep side by side with one shared colour range and colour bar."""
+    """SimE and SimW of one sweep side by side with one shared colour range and colour bar; the
+    sweep is named by its recipe title (`titles`)."""
     plt = pyplot()
     present = [m for m in metrics if ((cells.sweep == learner) & (cells.metric == m)).any()]
     values = cells[(cells.sweep == learner) & cells.metric.isin(present)].value
@@ -175,11 +185,13 @@ def heatmap_pair(
     spec = fig.add_gridspec(1, len(present) + 1, width_ratios=[1] * len(present) + [0.05], wspace=0.35)
     for i, metric in enumerate(present):
         cbar_ax = fig.add_subplot(spec[0, -1]) if i == len(present) - 1 else None
-        _heatmap_panel(fig.add_subplot(spec[0, i]), cells, best, learner, metric, axis, vmin, 1.0, cbar_ax)
+        _heatmap_panel(fig.add_subplot(spec[0, i]), cells, best, learner, metric, axis, vmin, 1.0, cbar_ax, titles)
     return save_png(fig, stem)
 
 
-def best_match_trend(best: pd.DataFrame, learner: str, metric: str, stem: Path) -> list[Path]:
+def best_match_trend(
+    best: pd.DataFrame, learner: str, metric: str, stem: Path, titles: Titles | None = None
+) -> list[Path]:
     """Best-matching k per layer with its interval; a log grid is drawn on a (symmetric) log axis."""
     plt = pyplot()
     rows = best[(best.sweep == learner) & (best.metric == metric)]
@@ -193,7 +205,9 @@ def best_match_trend(best: pd.DataFrame, learner: str, metric: str, stem: Path) 
     if len(positive) and positive.max() / positive.min() > 50:
         ax.set_yscale("symlog", linthresh=1)
     ax.set(
-        xlabel="layer", ylabel=f"best-matching {label(learner)} k", title=f"{label(metric)} best match, 90% bootstrap"
+        xlabel="layer",
+        ylabel=f"best-matching {label(learner, titles)} k",
+        title=f"{label(metric)} best match, 90% bootstrap",
     )
     return save_png(fig, stem)
 
@@ -253,7 +267,7 @@ def forgetting(table: pd.DataFrame, stem: Path) -> list[Path]:
 ORDER_FLOOR = 1e-8  # order shares below this (float round-off of order-free predictors) are drawn at it
 
 
-def order_sensitivity(table: pd.DataFrame, stem: Path) -> list[Path]:
+def order_sensitivity(table: pd.DataFrame, stem: Path, titles: Titles | None = None) -> list[Path]:
     """Share of prediction variance due to example order, per layer and prefix, with learners at
     the longest prefix as horizontal lines (probe/analysis/order.py)."""
     plt = pyplot()
@@ -270,7 +284,7 @@ def order_sensitivity(table: pd.DataFrame, stem: Path) -> list[Path]:
             ls="--",
             lw=1,
             color=f"C{(i + 4) % 10}",
-            label=f"{label(r.predictor)} (t = {r.prefix})",
+            label=f"{label(r.predictor, titles)} (t = {r.prefix})",
         )
     ax.set(xlabel="layer", ylabel="order share of variance", yscale="log")
     legend_outside(ax, 7)

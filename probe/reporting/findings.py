@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ..analysis.matching import trend_words
 from ..analysis.verdicts import NOT_SEPARABLE
@@ -10,21 +12,11 @@ from ..core.config import PLANTED_SCHEDULE, planted_layer_map
 from ..learners import LEARNERS
 from .schema import Match, ProbeFit, Summary, Table1Entry, Verdict
 
-# Names that are not learners: recipe sweep labels (a learner's grid variants), metrics, targets and
-# nulls. A learner's own name reads as its registered label (probe/learners: LearnerSpec.label).
+# Names that are neither learners nor sweeps: metrics, probe targets, nulls and the error curve's
+# k-NN baseline column. A learner reads as its registered title (probe/learners: LearnerSpec), a
+# sweep as the title its recipe gives it (`title` of a [[sweeps]] or [[compare]] entry).
 LABELS = {
-    "gd_log": "GD (log grid)",
-    "gd_linear": "GD (linear grid)",
     "knn3": "3-NN",
-    "gd_1step": "GD (1 step)",
-    "gd_best": "GD (best steps)",
-    "ridge_best": "ridge (best lambda)",
-    "ridge_bayes": "ridge (Bayes lambda)",
-    "sgd_replay": "SGD (the model's minibatches)",
-    "sgd_other": "SGD (other minibatches)",
-    "adam_replay": "Adam (the model's minibatches)",
-    "adam_other": "Adam (other minibatches)",
-    "relu_adam": "ReLU network (Adam)",
     "sime": "SimE",
     "simw": "SimW",
     "xty": "X^T y",
@@ -33,18 +25,41 @@ LABELS = {
     "zero": "the zero predictor",
 }
 
+Titles = Mapping[str, str]  # sweep label -> its recipe title
 
-def label(name: str) -> str:
-    """Human label of an internal name (sweep, metric, probe target); a sweep of one grid value,
-    `learner[k]`, reads "<learner>, k <unit>" (sgd[8]: "SGD, 8 steps")."""
+
+def sweep_titles(sweeps: Iterable[Any]) -> dict[str, str]:
+    """label -> title of the recipe entries that give one (SweepSettings, CompareSection or their
+    dicts, as summary.json's recipe holds them)."""
+    out = {}
+    for s in sweeps:
+        entry = s if isinstance(s, Mapping) else vars(s)
+        if entry.get("title"):
+            out[entry["label"]] = entry["title"]
+    return out
+
+
+def label(name: str, titles: Titles | None = None) -> str:
+    """Human label of an internal name: a sweep by its recipe title (`titles`), a learner by its
+    registered title, a metric, target or null by LABELS; a sweep of one grid value, `learner[k]`,
+    reads "<learner>, k <unit>" (sgd[8]: "SGD, 8 steps")."""
+    if titles and name in titles:
+        return titles[name]
     fixed = re.fullmatch(r"(\w+)\[(\d+)\]", name)
     if fixed and name not in LABELS:
         learner, k = fixed.groups()
         unit = LEARNERS.get(learner).unit if learner in LEARNERS else "iterations"
-        return f"{label(learner)}, {k} {unit}"
+        return f"{label(learner, titles)}, {k} {unit}"
     if name in LABELS:
         return LABELS[name]
     return LEARNERS.get(name).title if name in LEARNERS else name.replace("_", " ")
+
+
+def summary_titles(summary: Summary) -> dict[str, str]:
+    """The sweep titles of the recipe a summary records."""
+    recipe = summary.recipe or {}
+    forgetting = (recipe.get("forgetting") or {}).get("learners", [])
+    return sweep_titles([*recipe.get("sweeps", []), *forgetting])
 
 
 def _icl(summary: Summary, d: int) -> str | None:
@@ -85,7 +100,9 @@ def _verdicts(summary: Summary) -> list[str]:
                 f"; final layer {block.k[-1]} [{block.k_low[-1]}, {block.k_high[-1]}]"
                 f"{' (at grid end)' if block.at_grid_end[-1] else ''}"
             )
-        out.append(f"Layers vs {label(name)} (SimE): {trend_words(tr, _unit(summary, name))}{tail}.")
+        out.append(
+            f"Layers vs {label(name, summary_titles(summary))} (SimE): {trend_words(tr, _unit(summary, name))}{tail}."
+        )
     return out
 
 
@@ -100,25 +117,28 @@ def _table1(summary: Summary) -> str | None:
     if not rows:
         return None
     (fam, top), rest = rows[0], rows[1:]
-    text = f"Final layer closest to {label(fam)} (SimE {top.similarity:.3f} [{top.ci_low:.3f}, {top.ci_high:.3f}])"
+    titles = summary_titles(summary)
+    text = (
+        f"Final layer closest to {label(fam, titles)} (SimE {top.similarity:.3f} [{top.ci_low:.3f}, {top.ci_high:.3f}])"
+    )
     if rest:
         fam2, second = rest[0]
-        text += f", runner-up {label(fam2)} {second.similarity:.3f} [{second.ci_low:.3f}, {second.ci_high:.3f}]"
+        text += f", runner-up {label(fam2, titles)} {second.similarity:.3f} [{second.ci_low:.3f}, {second.ci_high:.3f}]"
         paired = next((v for v in summary.verdicts or [] if v.metric == "sime" and {v.a, v.b} == {fam, fam2}), None)
         if paired is not None:
-            text += "; " + verdict_text(paired)
+            text += "; " + verdict_text(paired, titles)
     return text + "."
 
 
-def verdict_text(v: Verdict) -> str:
+def verdict_text(v: Verdict, titles: Titles | None = None) -> str:
     """A paired verdict in words: the difference, its interval, the resolution and the verdict."""
     metric = {"sime": "SimE", "simw": "SimW"}.get(v.metric, v.metric)
-    head = f"paired {metric} difference {label(v.a)} - {label(v.b)} {v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}]"
+    head = f"paired {metric} difference {label(v.a, titles)} - {label(v.b, titles)} {v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}]"
     head += f", resolution {v.resolution:.4f}: "
     if v.verdict == NOT_SEPARABLE:
         return head + v.verdict + (f"; what separates them: {v.evidence}" if v.evidence else "")
     closer = v.verdict.removesuffix(" closer")
-    return head + f"{label(closer)} closer"
+    return head + f"{label(closer, titles)} closer"
 
 
 def _probe_fits(summary: Summary) -> list[tuple[str, str, ProbeFit]]:
@@ -202,7 +222,7 @@ def _construction(summary: Summary) -> str | None:
     sweep = MATCHING_SWEEP.get(algorithm, "newton")
     block = _sime(summary, sweep)
     pairs = [(l, k) for l, k in zip(block.layer, block.k) if l >= first] if block else []
-    by = f" of {label(sweep)}" if algorithm in ("sgd", "adam") else ""
+    by = f" of {label(sweep, summary_titles(summary))}" if algorithm in ("sgd", "adam") else ""
     if pairs:
         wrong = [l for l, k in pairs if k != planted_layer_map(algorithm, l)]
         text += (
@@ -223,6 +243,7 @@ def caveats(summary: Summary) -> list[str]:
             "distinguishable from predicting 0, whatever learner step they name."
         )
     swept = [s.get("label") for s in summary.recipe.get("sweeps", [])]
+    titles = summary_titles(summary)
     for name in summary.best_match:
         block = _sime(summary, name)
         if block is None or (name in ("gd", "newton") and name not in swept):
@@ -230,13 +251,13 @@ def caveats(summary: Summary) -> list[str]:
         bad = [l for l, dg in zip(block.layer, block.degenerate or []) if dg and l not in zero_layers]
         if bad:
             out.append(
-                f"{label(name)}: SimE matches at {_layers(bad)} are not distinguishable from "
+                f"{label(name, titles)}: SimE matches at {_layers(bad)} are not distinguishable from "
                 "predicting 0 (the zero predictor scores within their interval)."
             )
         ends = [l for l, e in zip(block.layer, block.at_grid_end) if e]
         if ends:
             out.append(
-                f"{label(name)}: best matches at {_layers(ends)} lie at the grid's end; the "
+                f"{label(name, titles)}: best matches at {_layers(ends)} lie at the grid's end; the "
                 "true match may lie beyond it."
             )
     top = _ranked(summary)
@@ -272,13 +293,14 @@ def _order(summary: Summary) -> str | None:
     share = {name: by_prefix[t].sensitivity for name, by_prefix in block.learners.items()}
     sensitive = [n for n, v in share.items() if v >= ORDER_FREE]
     free = [n for n, v in share.items() if v < ORDER_FREE]
+    titles = summary_titles(summary)
     verdict = "order-free (float round-off)" if model.ci_high[-1] < ORDER_FREE else "order-sensitive"
     return (
         f"Order of the examples (t = {t}): the final layer's order share of variance is {final:.3g} "
         f"[{model.ci_low[-1]:.3g}, {model.ci_high[-1]:.3g}], {verdict}; "
-        f"order-sensitive learners: {', '.join(label(n) for n in sensitive) or 'none'} "
+        f"order-sensitive learners: {', '.join(label(n, titles) for n in sensitive) or 'none'} "
         f"({', '.join(format(share[n], '.3g') for n in sensitive)}); "
-        f"order-free: {', '.join(label(n) for n in free) or 'none'}."
+        f"order-free: {', '.join(label(n, titles) for n in free) or 'none'}."
     )
 
 

@@ -13,19 +13,19 @@ import markupsafe
 import pandas as pd
 
 from ..learners import LEARNERS
-from .findings import findings, label
+from .findings import Titles, findings, label, summary_titles, sweep_titles
 from .page import Page, Section
 from .page import table as _table
 from .schema import Summary
 
 
-def _readable(frame: pd.DataFrame) -> pd.DataFrame:
+def _readable(frame: pd.DataFrame, titles: Titles) -> pd.DataFrame:
     """Human labels for a best-match-like table: learner and metric names, flags as words."""
 
     out = frame.copy()
     for col in ("sweep", "learner", "family", "metric"):
         if col in out:
-            out[col] = out[col].map(label)
+            out[col] = out[col].map(lambda name: label(name, titles))
     for col, text in (("degenerate", "not distinguishable from 0"), ("at_grid_end", "at grid end")):
         if col in out:
             out[col] = out[col].map(lambda v, t=text: t if bool(v) else "")
@@ -42,11 +42,11 @@ def _readable(frame: pd.DataFrame) -> pd.DataFrame:
 
 def learner_methods(recipe) -> list[str]:
     """What each sweep of this recipe ran, in the learner's own words (LearnerSpec.describe)."""
-    lines = []
+    lines, titles = [], sweep_titles(recipe.sweeps)
     for sweep in recipe.sweeps:
         spec = LEARNERS.get(sweep.learner)
         if spec.describe is not None:
-            lines.append(f"{label(sweep.label)}: {spec.describe(sweep.grid)}.")
+            lines.append(f"{label(sweep.label, titles)}: {spec.describe(sweep.grid)}.")
     return lines
 
 
@@ -123,10 +123,11 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
         ro["error / d at t = 2d+1"] = readout.error_at_2d1
     out["readout"] = _table(ro)
     best = t["best_match"]
-    out["best"] = _table(_readable(best[best.sweep.isin([s.label for s in recipe.sweeps if s.axis])]), "{:.3f}")
-    t1 = _readable(t["table1"]).rename(columns={"similarity": "SimE (final layer)"})
+    titles = summary_titles(summary)
+    out["best"] = _table(_readable(best[best.sweep.isin([s.label for s in recipe.sweeps if s.axis])], titles), "{:.3f}")
+    t1 = _readable(t["table1"], titles).rename(columns={"similarity": "SimE (final layer)"})
     if compare is not None and "compare_table1" in t:
-        other = _readable(t["compare_table1"][["family", "similarity"]])
+        other = _readable(t["compare_table1"][["family", "similarity"]], titles)
         t1 = t1.merge(other.rename(columns={"similarity": f"SimE ({compare.name})"}), on="family", how="left")
     out["table1"] = _table(t1, "{:.3f}")
     if summary.verdicts:
@@ -134,11 +135,11 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
             [
                 {
                     "metric": {"sime": "SimE", "simw": "SimW"}.get(v.metric, v.metric),
-                    "a": label(v.a),
-                    "b": label(v.b),
+                    "a": label(v.a, titles),
+                    "b": label(v.b, titles),
                     "difference a - b": f"{v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}]",
                     "resolution": f"{v.resolution:.4f}",
-                    "verdict": label(v.verdict.removesuffix(" closer")) + " closer"
+                    "verdict": label(v.verdict.removesuffix(" closer"), titles) + " closer"
                     if v.verdict.endswith(" closer")
                     else v.verdict,
                     "what separates them": v.evidence or "",

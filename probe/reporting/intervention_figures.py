@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..interventions.ablate import increase_matrix
 from .figures import pyplot, save_png
-from .findings import label
+from .findings import Titles, label
 
 
 def ablation(frame: pd.DataFrame, stem: Path) -> list[Path]:
@@ -46,7 +46,7 @@ def patching(frame: pd.DataFrame, site: str, stem: Path) -> list[Path]:
     return save_png(fig, stem)
 
 
-def iteration_consistency(frames: dict[str, pd.DataFrame], stem: Path) -> list[Path]:
+def iteration_consistency(frames: dict[str, pd.DataFrame], stem: Path, titles: Titles | None = None) -> list[Path]:
     """Observed vs expected fraction per boundary, one panel per learner map."""
     plt = pyplot()
     fig, axes = plt.subplots(1, max(1, len(frames)), figsize=(4.2 * max(1, len(frames)), 3.4), squeeze=False)
@@ -60,9 +60,8 @@ def iteration_consistency(frames: dict[str, pd.DataFrame], stem: Path) -> list[P
             label="observed (model)",
             capsize=2,
         )
-        ax.plot(frame.boundary, frame.expected, "s--", color="C1", label=f"expected from the {label(sweep)} map")
-        ax.set(
-            xlabel="patched boundary", ylabel="fraction of the source's change", title=label(sweep), ylim=(-0.1, 1.15)
-        )
+        name = label(sweep, titles)
+        ax.plot(frame.boundary, frame.expected, "s--", color="C1", label=f"expected from the {name} map")
+        ax.set(xlabel="patched boundary", ylabel="fraction of the source's change", title=name, ylim=(-0.1, 1.15))
         ax.legend(fontsize=7)
     return save_png(fig, stem)

@@ -141,10 +141,14 @@ def adapt_recipe(recipe: Recipe, config) -> Recipe:
     if m.planted in ("sgd", "adam"):
         per_step = PLANTED_SCHEDULE[m.planted][1]
         steps = sorted(set(STOCHASTIC_STEPS) | set(range(m.n_layer // per_step + 1)))
-        for label, seed in ((f"{m.planted}_replay", m.planted_seed), (f"{m.planted}_other", m.planted_seed + 1)):
+        name = LEARNERS.get(m.planted).label
+        for label, seed, which in (
+            (f"{m.planted}_replay", m.planted_seed, "the model's minibatches"),
+            (f"{m.planted}_other", m.planted_seed + 1, "other minibatches"),
+        ):
             if label not in {s.label for s in recipe.sweeps}:
                 grid = {"steps": steps, "eta": [m.planted_scale], "batch_size": [m.planted_batch], "masks_seed": seed}
-                recipe.sweeps.append(SweepSettings(label, m.planted, "steps", grid))
+                recipe.sweeps.append(SweepSettings(label, m.planted, "steps", grid, f"{name} ({which})"))
     for sweep in recipe.sweeps:
         if sweep.learner == "gd" and m.planted in ("gd", "sgd"):
             sweep.grid = {

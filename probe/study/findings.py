@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..reporting.findings import label
+from ..reporting.findings import Titles, label
 
 METRIC = {"spd": "SPD", "ilw": "ILW", "sime": "SimE", "error_at_2d1": "error / d", "r2_at_2d1": "R²"}
 AXIS = {
@@ -93,7 +93,7 @@ def _span(points: list[Any]) -> str:
     return str(points[0]) if len(points) == 1 else f"{points[0]}-{points[-1]}"
 
 
-def phase_sentence(table: pd.DataFrame, x: str, closest: dict, metric: str) -> str | None:
+def phase_sentence(table: pd.DataFrame, x: str, closest: dict, metric: str, titles: Titles | None = None) -> str | None:
     """'By SPD the closest learner goes GD (1 step) at layers 1 -> ridge at 2-4 -> least squares at 6-8.'"""
     models = x_order(table, x)
     xs = dict(zip(table.model, table[x]))
@@ -114,7 +114,7 @@ def phase_sentence(table: pd.DataFrame, x: str, closest: dict, metric: str) -> s
             return f" ({keys.pop()} {', '.join(f.split(' ', 1)[1] for _, f in found)})"
         return f" ({'; '.join(f'{p}: {f}' for p, f in found)})"
 
-    steps = " → ".join(f"{label(name)} at {_span(points)}{settings(name, points)}" for name, points in runs)
+    steps = " → ".join(f"{label(name, titles)} at {_span(points)}{settings(name, points)}" for name, points in runs)
     return f"Closest learner by {METRIC[metric]}, against {axis_name(x)}: {steps}."
 
 
@@ -140,7 +140,7 @@ def icl_sentence(table: pd.DataFrame, x: str) -> str | None:
     return text
 
 
-def best_k_sentence(table: pd.DataFrame, x: str) -> list[str]:
+def best_k_sentence(table: pd.DataFrame, x: str, titles: Titles | None = None) -> list[str]:
     """Per compared iterative learner: the last layer's best-matching iteration along x."""
     rows = table[(table.analysis == "heatmap") & (table.metric == "sime_best_k")]
     out = []
@@ -153,7 +153,7 @@ def best_k_sentence(table: pd.DataFrame, x: str) -> list[str]:
             last = h[h.layer == h.layer.max()].iloc[0]
             parts.append(f"{last[x]}: {last.value:g} [{last.ci_low:g}, {last.ci_high:g}]")
         out.append(
-            f"Best-matching {label(learner)} setting (its grid's axis) of the last layer by SimE, by {axis_name(x)} "
+            f"Best-matching {label(learner, titles)} setting (its grid's axis) of the last layer by SimE, by {axis_name(x)} "
             "(90% interval): " + "; ".join(parts) + "."
         )
     return out
@@ -178,11 +178,13 @@ def degenerate_models(table: pd.DataFrame) -> list[str]:
     return out
 
 
-def study_findings(table: pd.DataFrame, x: str, closest: dict) -> tuple[str, list[str], list[str]]:
-    """(headline, findings, caveats) of a study page."""
-    sentences = [s for s in (phase_sentence(table, x, closest, m) for m in BETTER) if s]
+def study_findings(
+    table: pd.DataFrame, x: str, closest: dict, titles: Titles | None = None
+) -> tuple[str, list[str], list[str]]:
+    """(headline, findings, caveats) of a study page; `titles` names the recipe's sweeps."""
+    sentences = [s for s in (phase_sentence(table, x, closest, m, titles) for m in BETTER) if s]
     icl = [s for s in [icl_sentence(table, x)] if s]
-    best_k = best_k_sentence(table, x)
+    best_k = best_k_sentence(table, x, titles)
     ordered = sentences + (best_k + icl if x == "train_step" else icl + best_k)
     headline = ordered[0] if ordered else "The study table holds no comparable metric."
     items = ordered[1:]
@@ -207,7 +209,7 @@ def study_findings(table: pd.DataFrame, x: str, closest: dict) -> tuple[str, lis
     return headline, items, caveats
 
 
-def closest_table(table: pd.DataFrame, x: str, closest: dict) -> pd.DataFrame:
+def closest_table(table: pd.DataFrame, x: str, closest: dict, titles: Titles | None = None) -> pd.DataFrame:
     """One row per model and metric: closest learner (best setting), runner-up, intervals."""
     xs = dict(zip(table.model, table[x]))
     rows = []
@@ -219,9 +221,9 @@ def closest_table(table: pd.DataFrame, x: str, closest: dict) -> pd.DataFrame:
                     axis_name(x): xs[model],
                     "model": model,
                     "metric": METRIC[metric],
-                    "closest": label(e["closest"]) + (f" ({setting})" if setting else ""),
+                    "closest": label(e["closest"], titles) + (f" ({setting})" if setting else ""),
                     "value [90%]": _interval(e["value"], *e["ci"]),
-                    "runner-up": label(e["runner_up"]) if e.get("runner_up") else "",
+                    "runner-up": label(e["runner_up"], titles) if e.get("runner_up") else "",
                     "runner-up value [90%]": _interval(e["runner_up_value"], *e["runner_up_ci"])
                     if e.get("runner_up")
                     else "",

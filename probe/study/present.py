@@ -13,7 +13,7 @@ import pandas as pd
 from ..core.provenance import stamp
 from ..io.checkpoint import atomic_write
 from ..reporting.figures import examples_axis, legend_outside, pyplot, save_png
-from ..reporting.findings import label
+from ..reporting.findings import Titles, label, sweep_titles
 from ..reporting.page import Page, Section, figure, table
 from .findings import METRIC, axis_name, closest_learners, closest_table, study_findings, x_order
 
@@ -46,7 +46,7 @@ def _with_interval(ax, rows: pd.DataFrame, x: str, name: str, color: str) -> Non
     ax.errorbar(rows[x], rows.value, yerr=yerr, marker="o", capsize=3, label=name, color=color)
 
 
-def phase_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
+def phase_figure(table: pd.DataFrame, x: str, path: Path, titles: Titles | None = None) -> Path | None:
     """Metric vs x (e.g. depth) per learner: the 'algorithmic phases' of seed 002 Fig. 3."""
     rows = table[(table.analysis == "spd_ilw") & table.metric.isin(SCALAR["spd_ilw"])]
     if rows.empty:
@@ -57,7 +57,7 @@ def phase_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     for ax, metric in zip(axes[0], metrics):
         part = rows[rows.metric == metric]
         for i, (learner, g) in enumerate(part.groupby("learner", sort=True)):
-            _with_interval(ax, g.sort_values(x), x, label(learner), f"C{i}")
+            _with_interval(ax, g.sort_values(x), x, label(learner, titles), f"C{i}")
         _x_axis(ax, part[x], x)
         ax.set_title(LABELS.get(metric, metric))
         if metric in ("spd", "ilw"):
@@ -115,7 +115,7 @@ def curves_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def best_k_figure(table: pd.DataFrame, x: str, learner: str, path: Path) -> Path | None:
+def best_k_figure(table: pd.DataFrame, x: str, learner: str, path: Path, titles: Titles | None = None) -> Path | None:
     """Best-matching iteration per layer (rows) against the model axis (columns)."""
     rows = table[(table.analysis == "heatmap") & (table.metric == "sime_best_k") & (table.learner == learner)]
     if rows.empty:
@@ -139,7 +139,7 @@ def best_k_figure(table: pd.DataFrame, x: str, learner: str, path: Path) -> Path
             )
     ax.set_xlabel(axis_name(x))
     ax.set_ylabel("layer")
-    ax.set_title(f"best-matching {label(learner)} iteration by SimE")
+    ax.set_title(f"best-matching {label(learner, titles)} iteration by SimE")
     fig.colorbar(im, ax=ax)
     return _save(fig, path)
 
@@ -173,11 +173,11 @@ CAPTIONS = {
 }
 
 
-def _caption(name: str, table: pd.DataFrame, x: str) -> str:
+def _caption(name: str, table: pd.DataFrame, x: str, titles: Titles | None = None) -> str:
     evaluate = table[table.analysis == "evaluate"]
     scalar = evaluate[evaluate.metric.str.endswith("_at_2d1")]
     if name.startswith("best_k_"):
-        return CAPTIONS["best_k"].format(learner=label(name.removeprefix("best_k_")), axis=axis_name(x))
+        return CAPTIONS["best_k"].format(learner=label(name.removeprefix("best_k_"), titles), axis=axis_name(x))
     metrics = ", ".join(METRIC[m] for m in SCALAR["spd_ilw"] if m in set(table.metric))
     metric = LABELS.get(scalar.metric.iloc[0], "") if len(scalar) else ""
     curve = "R²" if "r2" in set(evaluate.metric) else "Squared error / d"
@@ -207,14 +207,18 @@ def rerender(folder: Path, recipe) -> dict[str, Any]:
 def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str, float]) -> dict[str, Any]:
     """figures/, summary.json and index.html of a study."""
     x = recipe.x if recipe.x in table.columns else "n_layer"
+    titles = study_titles(recipe)
     figs: dict[str, Path] = {}
-    for name, fn in (("phases", phase_figure), ("icl", icl_figure), ("curves", curves_figure)):
+    for name, fn in (("icl", icl_figure), ("curves", curves_figure)):
         path = fn(table, x, out / "figures" / name)
         if path is not None:
             figs[name] = path
+    phases = phase_figure(table, x, out / "figures" / "phases", titles)
+    if phases is not None:
+        figs = {"phases": phases, **figs}
     learners = sorted(set(table[(table.analysis == "heatmap") & (table.metric == "sime_best_k")].learner))
     for learner in learners:
-        path = best_k_figure(table, x, learner, out / "figures" / f"best_k_{learner}")
+        path = best_k_figure(table, x, learner, out / "figures" / f"best_k_{learner}", titles)
         if path is not None:
             figs[f"best_k_{learner}"] = path
     stable = {lr: stabilisation(table, x, lr) for lr in learners} if x == "train_step" else {}
@@ -239,24 +243,30 @@ def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str
     return summary
 
 
+def study_titles(recipe) -> dict[str, str]:
+    """How the study names its compared learners and its report recipe's sweeps (their titles)."""
+    return {**sweep_titles(recipe.report_recipe().sweeps), **sweep_titles(recipe.compare)}
+
+
 def study_page(summary: dict[str, Any], figs: dict[str, Path], frame: pd.DataFrame, x: str, recipe) -> Page:
     """The study's page: headline and findings with intervals, caveats, then figures and tables."""
-    headline, items, caveats = study_findings(frame, x, summary["closest_learner"])
+    titles = study_titles(recipe)
+    headline, items, caveats = study_findings(frame, x, summary["closest_learner"], titles)
     for learner, layers in summary["stabilises_at"].items():
         items.append(
-            f"{label(learner)}: the best match stabilises (within 1 of its final value) at step "
+            f"{label(learner, titles)}: the best match stabilises (within 1 of its final value) at step "
             + ", ".join(f"{s} (layer {layer})" for layer, s in layers.items())
             + "."
         )
-    fig = {name: figure(path, name.replace("_", " "), _caption(name, frame, x)) for name, path in figs.items()}
+    fig = {name: figure(path, name.replace("_", " "), _caption(name, frame, x, titles)) for name, path in figs.items()}
     sections = []
     if summary["closest_learner"]:
         sections.append(
             Section(
                 "Closest learner per model",
-                [fig["phases"], table(closest_table(frame, x, summary["closest_learner"]))]
+                [fig["phases"], table(closest_table(frame, x, summary["closest_learner"], titles))]
                 if "phases" in fig
-                else [table(closest_table(frame, x, summary["closest_learner"]))],
+                else [table(closest_table(frame, x, summary["closest_learner"], titles))],
             )
         )
     icl_parts = [fig[k] for k in ("icl", "curves") if k in fig]
@@ -267,7 +277,9 @@ def study_page(summary: dict[str, Any], figs: dict[str, Path], frame: pd.DataFra
         sections.append(Section("Best-matching iterations per layer", best))
     cols = ["model", x, "analysis", "metric", "learner", "layer", "shift", "value", "ci_low", "ci_high"]
     small = frame[(frame.layer == -1) & (frame.n_examples == -1) | frame.metric.str.endswith("_at_2d1")][cols]
-    small = small.assign(metric=small.metric.map(lambda m: METRIC.get(m, m)), learner=small.learner.map(label))
+    small = small.assign(
+        metric=small.metric.map(lambda m: METRIC.get(m, m)), learner=small.learner.map(lambda n: label(n, titles))
+    )
     sections.append(Section("Per-model scalars", [table(small, "{:.4g}")]))
     sections.append(Section("Methods", [_methods(recipe, summary)]))
     return Page(
@@ -282,8 +294,9 @@ def study_page(summary: dict[str, Any], figs: dict[str, Path], frame: pd.DataFra
 
 
 def _methods(recipe, summary: dict[str, Any]) -> str:
+    titles = study_titles(recipe)
     compare = "; ".join(
-        f"{label(c.label)}: {c.learner} over {json.dumps(c.grid)} (pick {c.pick})" for c in recipe.compare
+        f"{label(c.label, titles)}: {c.learner} over {json.dumps(c.grid)} (pick {c.pick})" for c in recipe.compare
     )
     lines = [
         f"Models: {len(summary['models'])}, ordered by {axis_name(summary['x'])}; analyses {', '.join(recipe.analyses)}.",

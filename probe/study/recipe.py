@@ -42,6 +42,7 @@ class CompareSection:
     learner: str
     grid: dict[str, Any] = field(default_factory=dict)
     pick: str = "all"  # "all" settings, or the "best" (lowest SPD) per model
+    title: str = ""  # how the study names this comparison (default: its learner's title)
 
 
 # the model fields a study can put on its figures' x axis: the columns of study/analyses.py model_fields
