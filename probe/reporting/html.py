@@ -6,6 +6,7 @@ module chooses the sections and renders their tables."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
         "src": {name: f"{path.parent.name}/{path.name}" for name, path in figs.items()},
         "tables": _tables(built.tables, summary, ckpt, recipe, compare),
         "recipe": recipe,
-        "label": label,
+        "label": partial(label, titles=summary_titles(summary)),
         "compare_name": compare.name if compare is not None else "",
         "learner_lines": learner_methods(recipe),
         "queries": recipe.prompts.queries or 4 * ckpt.config.task.n_dims,

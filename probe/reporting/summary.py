@@ -14,6 +14,7 @@ from ..interventions.pipeline import iteration_verdict
 from ..interventions.state import PICTURE as STATE_PICTURE
 from ..interventions.steer import steering_summary
 from ..io.checkpoint import LoadedCheckpoint
+from .findings import Titles, sweep_titles
 from .findings import label as human_label
 from .recipe import Recipe
 from .schema import (
@@ -122,7 +123,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         best_match=best_match_block(t["best_match"], recipe),
         trend=trend_block(built.data.get("trends", []), recipe),
         table1=Table1(table1_block(t["table1"])),
-        **optional_blocks(built),
+        **optional_blocks(built, sweep_titles(recipe.sweeps)),
     )
     summary.verdicts = verdicts_block(t.get("verdicts"), summary.trend)
     causal = causal_verdicts(summary.interventions)
@@ -236,7 +237,7 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def optional_blocks(built) -> dict[str, Any]:
+def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
     """Blocks of the stages a recipe may leave out: ReLU R^2, span, probes, forgetting, order,
     steering, interventions."""
     t = built.tables
@@ -259,7 +260,7 @@ def optional_blocks(built) -> dict[str, Any]:
     if "interventions" in built.data:
         block = Interventions(**built.data["interventions"])
         block.verdicts = [
-            iteration_verdict(human_label(name), entry) for name, entry in (block.iteration or {}).items()
+            iteration_verdict(human_label(name, titles), entry) for name, entry in (block.iteration or {}).items()
         ]
         out["interventions"] = block
     return out
