@@ -13,7 +13,7 @@ from probe.data.tasks import generator_for, sample_prompts
 from probe.io.formats import load_checkpoint
 from probe.io.planted_io import planted_config
 from probe.learners import run_learner
-from probe.models.planted import plant
+from probe.models.plants import plant
 
 SMALL = ["--set", "prompts.curve=64", "--set", "prompts.train=64", "--set", "prompts.val=32", "--set", "prompts.test=128",
          "--set", "prompts.induced=32", "--set", "probes.enabled=false", "--set", "forgetting.prompts=16",

@@ -8,7 +8,9 @@ from pathlib import Path
 from ..core.config import ModelConfig, RunConfig, TaskConfig
 from ..core.errors import ConfigError
 from ..core.provenance import stamp
-from ..models.planted import ADAM_LAYERS_PER_STEP, PRNG_BITS, gd_stable_limit, newton_default_alpha, plant
+from ..models.planted import ADAM_LAYERS_PER_STEP, gd_stable_limit, newton_default_alpha
+from ..models.plants import plant
+from ..models.xorshift import PRNG_BITS
 from .checkpoint import save_model
 
 SGD_BOUND = 1000.0  # R of the SGD construction: its gradient is exact while every |residual| <= R
