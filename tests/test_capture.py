@@ -353,7 +353,7 @@ def test_weights_edited_in_place_are_seen_by_the_next_capture():
     """After an in-place edit the next capture runs the edited model (each runs its own hooked
     forward: nothing built from the weights is cached)."""
     from probe.io.planted_io import planted_config
-    from probe.models.plants import plant
+    from probe.models.planted import plant
 
     torch.manual_seed(0)
     gpt2 = build_model(build_cfg(layers=2).model).eval()

@@ -75,7 +75,7 @@ def test_the_names_config_checks_are_the_registries_own():
     layers); those lists must be the registries' keys, so a new construction cannot be forgotten."""
     from probe.core.config import MODEL_FAMILIES, PLANTED_ALGORITHMS
     from probe.models import FAMILIES
-    from probe.models.plants import PLANTS
+    from probe.models.constructions import CONSTRUCTIONS
 
     assert set(MODEL_FAMILIES) == set(FAMILIES)
-    assert set(PLANTED_ALGORITHMS) == set(PLANTS)
+    assert set(PLANTED_ALGORITHMS) == set(CONSTRUCTIONS)

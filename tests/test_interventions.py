@@ -18,7 +18,7 @@ from probe.io.formats import load_checkpoint
 from probe.io.planted_io import planted_config
 from probe.learners import run_learner
 from probe.models import build_model
-from probe.models.plants import plant
+from probe.models.planted import plant
 
 ETA = 0.1
 
@@ -349,7 +349,7 @@ def test_map_check_cannot_test_a_model_whose_context_patch_fits_no_map():
     cannot test the map (instead of reading a poor fit as evidence against a map that is true by
     construction); planted GD under the same check is testable."""
     from probe.io.planted_io import planted_config
-    from probe.models.plants import plant
+    from probe.models.planted import plant
 
     cfg = planted_config("adam", 8, 3, 8, step_size=0.1, batch=3)
     model = plant(cfg.model)
@@ -372,7 +372,7 @@ def test_state_check_confirms_the_newton_constructions_maps_and_rejects_shifted_
     maps shifted by 2 boundaries are among them. The full context patch cannot test these maps."""
     from probe.interventions.state import source_xs, state_map_check
     from probe.io.planted_io import planted_config
-    from probe.models.plants import plant
+    from probe.models.planted import plant
 
     cfg = planted_config(kind, layers, 4, 12)
     runner = runner_for(plant(cfg.model))
@@ -405,7 +405,7 @@ def test_context_check_confirms_the_planted_sgd_map_and_rejects_shifted_ones():
     query, as GD does: the replayed-minibatch SGD map (boundary l = step l) beats every shift and
     the constant map with an interval above 0."""
     from probe.io.planted_io import planted_config
-    from probe.models.plants import plant
+    from probe.models.planted import plant
 
     cfg = planted_config("sgd", 6, 3, 10, step_size=0.1, batch=3)
     runner = runner_for(plant(cfg.model))

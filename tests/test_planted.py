@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from probe.cli import main
-from probe.core.config import TaskConfig, planted_layer_map
+from probe.core.config import TaskConfig
+from probe.core.errors import ConfigError
 from probe.data.tasks import generator_for, sample_prompts
 from probe.io.formats import load_checkpoint
 from probe.io.planted_io import planted_config
 from probe.learners import run_learner
-from probe.models.plants import plant
+from probe.models.constructions import CONSTRUCTIONS
+from probe.models.planted import plant
 
 SMALL = ["--set", "prompts.curve=64", "--set", "prompts.train=64", "--set", "prompts.val=32", "--set", "prompts.test=128",
          "--set", "prompts.induced=32", "--set", "probes.enabled=false", "--set", "forgetting.prompts=16",
@@ -37,7 +39,7 @@ def test_planted_layers_equal_their_learner_exactly():
     out = newton.run(xs, ys)
     ref = run_learner("newton", xs, ys, iterations=range(4), alpha=(cfg.planted_scale,)).preds
     for layer in range(3, 10):
-        np.testing.assert_allclose(newton.lens(out.resid[layer][:, 0::2]).numpy(), ref[planted_layer_map("newton", layer)].numpy(),
+        np.testing.assert_allclose(newton.lens(out.resid[layer][:, 0::2]).numpy(), ref[CONSTRUCTIONS.get("newton").layer_map(layer)].numpy(),
                                    atol=1e-6)
     # causality: changing later examples never changes earlier predictions
     xs2 = xs.clone()
@@ -54,7 +56,7 @@ def test_relu_attention_newton_runs_one_iteration_per_layer():
     out = model.run(xs, ys)
     ref = run_learner("newton", xs, ys, iterations=range(7), alpha=(cfg.planted_scale,)).preds
     for layer in range(9):
-        k = planted_layer_map("newton-relu", layer)
+        k = CONSTRUCTIONS.get("newton-relu").layer_map(layer)
         pred = model.lens(out.resid[layer][:, 0::2]).numpy()
         np.testing.assert_allclose(pred, 0.0 if k is None else ref[k].numpy(), atol=1e-7, err_msg=f"layer {layer}")
     xs2, ys2 = xs.clone(), ys.clone()
@@ -98,7 +100,7 @@ def test_report_on_planted_newton_recovers_the_layer_map(tmp_path):
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     for metric in ("sime", "simw"):
         block = s["best_match"]["newton"][metric]
-        assert block["k"][3:] == [planted_layer_map("newton", l) for l in range(3, 12)], metric
+        assert block["k"][3:] == [CONSTRUCTIONS.get("newton").layer_map(l) for l in range(3, 12)], metric
     assert min(s["best_match"]["newton"]["simw"]["similarity"][3:]) > 0.999
     methods = (tmp_path / "r" / "index.html").read_text()
     assert "(fixed alpha)" in methods and "('spectral')" not in methods.split("Iterative Newton: M_(k+1)")[1][:80]
@@ -367,3 +369,32 @@ def test_planted_models_have_no_random_weights_control_and_the_report_says_so():
         checkpoint = type("C", (), {"model": {"family": "planted"}})()
 
     assert _probes(Stub()).endswith("No random-weights control: a planted model's weights are its construction.")
+
+
+@pytest.mark.parametrize("name", sorted(CONSTRUCTIONS))
+def test_every_construction_describes_itself_consistently(name):
+    """A construction is one class: the model built from its defaults has the sizes it declares, its
+    learner is registered, and the sweep its report checks runs that learner in the adapted quick recipe."""
+    from probe.learners import LEARNERS
+    from probe.reporting.recipe import adapt_recipe, resolve_recipe
+
+    c = CONSTRUCTIONS.get(name)
+    layers = {"adam": 8, "uniform": 1, "prng": 1}.get(name, 5)
+    cfg = planted_config(name, layers, 32 if name == "prng" else 3, 6)
+    model = plant(cfg.model)
+    width, heads, d_mlp = c.sizes(cfg.model)
+    assert (model.layout.width, model.q.shape[1], model.d_mlp) == (width, heads, d_mlp)
+    p = sample_prompts(cfg.task, 2, generator=generator_for(0))
+    xs, ys = p.xs, p.ys
+    assert model.run(xs, ys).pred.shape == (2, 6)
+    if c.first is None:
+        assert not c.learner and c.layer_map(layers) is None
+        return
+    assert c.learner in LEARNERS and c.layer_map(c.first) == 0
+    sweeps = {s.label: s.learner for s in adapt_recipe(resolve_recipe("quick"), cfg).sweeps}
+    assert sweeps.get(c.matching_sweep, c.matching_sweep) == c.learner  # a sweep, or the learner's best (an alias)
+
+
+def test_unknown_construction_gets_a_close_match():
+    with pytest.raises(ConfigError, match="Unknown planted algorithm 'newtn'. Did you mean: newton?"):
+        planted_config("newtn", 5, 4, 8)

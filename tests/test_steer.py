@@ -15,7 +15,7 @@ from probe.data.tasks import generator_for, sample_prompts
 from probe.interventions.runner import runner_for
 from probe.interventions.steer import ProbeMap, add_at_tokens, expected_move, steering_table
 from probe.io.planted_io import planted_config
-from probe.models.plants import plant
+from probe.models.planted import plant
 
 L, D, N, T, ETA = 5, 4, 12, 8, 0.1
 

@@ -18,7 +18,7 @@ from probe.data.tasks import generator_for, sample_prompts
 from probe.io.planted_io import planted_config
 from probe.learners import run_learner
 from probe.learners.stochastic import minibatch_masks
-from probe.models.plants import plant
+from probe.models.planted import plant
 from probe.models.xorshift import PRNG_BITS, xorshift32_step
 
 

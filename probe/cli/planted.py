@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..core.config import PLANTED_ALGORITHMS as ALGORITHMS
 from .common import add_out, positive_int, seed, writing
 
 MAX_LAYERS = 10_000  # a planted model is analysed layer by layer; deeper ones are never useful
@@ -29,7 +28,9 @@ MAX_POINTS = 4096
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--algorithm", required=True, help="gd, newton, newton-relu, sgd, uniform or prng")
+    p.add_argument(
+        "--algorithm", required=True, help="the construction: gd, newton, newton-relu, sgd, adam, uniform or prng"
+    )
     p.add_argument(
         "--layers",
         type=int,
@@ -53,10 +54,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..core.errors import ConfigError
-    from ..core.registry import unknown_name_message
+    from ..models.constructions import CONSTRUCTIONS
 
-    if args.algorithm not in ALGORITHMS:
-        raise ConfigError(unknown_name_message("planted algorithm", args.algorithm, list(ALGORITHMS)))
+    CONSTRUCTIONS.get(args.algorithm)  # unknown name -> close-match suggestion
     if not 1 <= args.layers <= MAX_LAYERS:
         raise ConfigError(f"--layers must be an integer in 1..{MAX_LAYERS}, got {args.layers}")
     if args.dims > MAX_DIMS or args.points > MAX_POINTS:

@@ -23,16 +23,6 @@ from .validate import check_seed
 
 MODEL_FAMILIES = ("gpt2", "lstm", "planted")
 PLANTED_ALGORITHMS = ("gd", "newton", "newton-relu", "sgd", "adam", "uniform", "prng")  # probe/models/planted.py
-# per learner construction: (first layer boundary that predicts, layers per step / iteration)
-PLANTED_SCHEDULE = {"gd": (0, 1), "newton": (3, 2), "newton-relu": (2, 1), "sgd": (0, 1), "adam": (0, 4)}
-
-
-def planted_layer_map(algorithm: str, layer: int) -> int | None:
-    """The step / iteration whose prediction boundary `layer` of a planted model holds (None: it predicts 0)."""
-    first, per_step = PLANTED_SCHEDULE[algorithm]
-    return (layer - first) // per_step if layer >= first else None
-
-
 ENCODINGS = ("garg", "akyurek")
 ATTENTION_ACTIVATIONS = ("softmax", "relu")  # GPT-2 attention weights: softmax, or ReLU / #keys (seed 001 Def. 7)
 TASKS = ("linear_regression", "sparse_linear_regression", "relu_network")

@@ -7,7 +7,7 @@ Minibatches are drawn in one of two ways:
 - by default, `batch_size` indices uniformly with replacement, fresh for every prompt (`seed`);
 - with `masks_seed` (or explicit `masks`), seed 000's Assumption 1: 0/1 masks b[l, t, i] that
   pick min(K, t) distinct examples of prefix t at step l, the same for every prompt. These are
-  the masks a planted SGD / Adam model of that seed holds (probe/models/planted.py), so the
+  the masks a planted SGD / Adam model of that seed holds (probe/models/constructions/sgd.py), so the
   learner replays the model's randomness exactly.
 """
 

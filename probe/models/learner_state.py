@@ -1,5 +1,6 @@
 """Where a planted construction keeps its learner's matrix iterate, for the causal map check that
-writes a state there (probe/interventions/state.py); read through `PlantedICL.learner_state`."""
+writes a state there (probe/interventions/state.py); each construction declares its own
+(probe/models/constructions/), read through `PlantedICL.learner_state`."""
 
 from __future__ import annotations
 
@@ -23,9 +24,3 @@ class LearnerState:
     def boundaries(self, n_layers: int) -> list[int]:
         """The boundaries where the state is whole and a later prediction reads it."""
         return list(range(self.first, n_layers - self.lag + 1, self.every))
-
-
-LEARNER_STATES = {
-    "newton": LearnerState("newton", (("m", "e"),), first=1, every=2, lag=2),
-    "newton-relu": LearnerState("newton", (("tx", "x"), ("tq", "xq")), first=1, every=1, lag=1),
-}

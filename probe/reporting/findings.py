@@ -8,8 +8,8 @@ from typing import Any
 
 from ..analysis.matching import trend_words
 from ..analysis.verdicts import NOT_SEPARABLE
-from ..core.config import PLANTED_SCHEDULE, planted_layer_map
 from ..learners import LEARNERS
+from ..models.constructions import CONSTRUCTIONS
 from .schema import Match, ProbeFit, Summary, Table1Entry, Verdict
 
 # Names that are neither learners nor sweeps: metrics, probe targets, nulls and the error curve's
@@ -190,41 +190,26 @@ def _span(summary: Summary, d: int) -> str | None:
     )
 
 
-CONSTRUCTIONS = {
-    "gd": ("GD with linear attention (von Oswald et al.)", "step"),
-    "newton": ("Iterative Newton with linear attention", "iteration"),
-    "newton-relu": ("Iterative Newton with ReLU attention (seed 003 Thm. 1)", "iteration"),
-    "sgd": ("minibatch SGD with seeded masks (seed 000 Thm. 4)", "step"),
-    "adam": ("Adam with seeded masks (seed 000 Thm. 5)", "step"),
-}
-MATCHING_SWEEP = {
-    "gd": "gd",
-    "sgd": "sgd_replay",
-    "adam": "adam_replay",
-}  # the sweep whose map a construction's findings check
-
-
 def _construction(summary: Summary) -> str | None:
     """For a planted model: its documented layer schedule, and whether the SimE matches recover it."""
     model = summary.checkpoint.model
-    algorithm = model.get("planted")
-    if model.get("family") != "planted" or algorithm not in PLANTED_SCHEDULE:
+    if model.get("family") != "planted" or str(model.get("planted")) not in CONSTRUCTIONS:
         return None
-    name, unit = CONSTRUCTIONS[algorithm]
-    first, per_step = PLANTED_SCHEDULE[algorithm]
+    c = CONSTRUCTIONS.get(model["planted"])
+    if c.first is None:
+        return None
     text = (
-        f"Planted construction: {name}, {per_step} layer{'s' if per_step > 1 else ''} per {unit}, "
-        f"first prediction at layer {first}"
+        f"Planted construction: {c.title}, {c.per_step} layer{'s' if c.per_step > 1 else ''} per {c.unit}, "
+        f"first prediction at layer {c.first}"
     )
-    if algorithm in ("newton", "newton-relu"):
-        other = "newton" if algorithm == "newton-relu" else "newton-relu"
-        text += f" (the {'linear' if other == 'newton' else 'ReLU'}-attention construction needs {PLANTED_SCHEDULE[other][1]})"
-    sweep = MATCHING_SWEEP.get(algorithm, "newton")
-    block = _sime(summary, sweep)
-    pairs = [(l, k) for l, k in zip(block.layer, block.k) if l >= first] if block else []
-    by = f" of {label(sweep, summary_titles(summary))}" if algorithm in ("sgd", "adam") else ""
+    if c.sibling:
+        other = CONSTRUCTIONS.get(c.sibling)
+        text += f" (the {'ReLU' if other.relu_attention else 'linear'}-attention construction needs {other.per_step})"
+    block = _sime(summary, c.matching_sweep)
+    pairs = [(l, k) for l, k in zip(block.layer, block.k) if l >= c.first] if block else []
+    by = f" of {label(c.matching_sweep, summary_titles(summary))}" if c.matching_sweep != c.learner else ""
     if pairs:
-        wrong = [l for l, k in pairs if k != planted_layer_map(algorithm, l)]
+        wrong = [l for l, k in pairs if k != c.layer_map(l)]
         text += (
             f"; the SimE best matches{by} recover this map at every predicting layer"
             if not wrong

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.config import PLANTED_SCHEDULE, current_names, from_dict, load_recipe, merge, to_dict
+from ..core.config import current_names, from_dict, load_recipe, merge, to_dict
 from ..core.errors import ConfigError
 from ..core.registry import unknown_name_message
 from ..core.resources import RECIPE_DIR
@@ -44,7 +44,7 @@ from ..core.settings import (
 )
 from ..core.validate import check_grid
 from ..learners import LEARNERS
-from ..learners.stochastic import STOCHASTIC_STEPS
+from ..models.constructions import CONSTRUCTIONS
 
 SWEEP_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -138,27 +138,7 @@ def adapt_recipe(recipe: Recipe, config) -> Recipe:
         return recipe
     recipe = copy.deepcopy(recipe)
     recipe.readout.method = "model"
-    if m.planted in ("sgd", "adam"):
-        per_step = PLANTED_SCHEDULE[m.planted][1]
-        steps = sorted(set(STOCHASTIC_STEPS) | set(range(m.n_layer // per_step + 1)))
-        name = LEARNERS.get(m.planted).label
-        for label, seed, which in (
-            (f"{m.planted}_replay", m.planted_seed, "the model's minibatches"),
-            (f"{m.planted}_other", m.planted_seed + 1, "other minibatches"),
-        ):
-            if label not in {s.label for s in recipe.sweeps}:
-                grid = {"steps": steps, "eta": [m.planted_scale], "batch_size": [m.planted_batch], "masks_seed": seed}
-                recipe.sweeps.append(SweepSettings(label, m.planted, "steps", grid, f"{name} ({which})"))
-    for sweep in recipe.sweeps:
-        if sweep.learner == "gd" and m.planted in ("gd", "sgd"):
-            sweep.grid = {
-                **sweep.grid,
-                "eta": [m.planted_scale],
-                "convention": ["paper"],
-                "steps": sorted(set(sweep.grid.get("steps", [])) | set(range(m.n_layer + 1))),
-            }
-        if sweep.learner == "newton" and m.planted in ("newton", "newton-relu"):
-            sweep.grid = {**sweep.grid, "alpha": [m.planted_scale]}
+    CONSTRUCTIONS.get(m.planted).adapt_sweeps(recipe.sweeps, m)
     return recipe
 
 
