@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from probe.analysis.similarity import sime
-from probe.core.config import TaskConfig
+from probe.data.config import TaskConfig
 from probe.data.tasks import generator_for, sample_prompts
 from probe.learners import run_learner
 from probe.learners.iterative import LOG_STEPS

@@ -29,9 +29,11 @@ ICL = [sys.executable, "-m", "probe"]
 
 
 def paper_model(directory: Path) -> Path:
-    from probe.core.config import ModelConfig, RunConfig, TaskConfig
+    from probe.data.config import TaskConfig
     from probe.io.checkpoint import save_model
+    from probe.io.run_config import RunConfig
     from probe.models import build_model
+    from probe.models.config import ModelConfig
 
     torch.manual_seed(0)
     cfg = RunConfig(model=ModelConfig(family="gpt2", n_dims=20, n_positions=41, n_embd=256, n_layer=12, n_head=8),

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from probe.core.config import ModelConfig, RunConfig, TaskConfig, TrainConfig
+from probe.core.config import TrainConfig
+from probe.data.config import TaskConfig
+from probe.io.run_config import RunConfig
+from probe.models.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 # reports' stage cache: one fresh directory per test session, never the user's ~/.cache

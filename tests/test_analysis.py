@@ -13,8 +13,8 @@ from probe.analysis.matching import trend
 from probe.analysis.pipeline import LayerSettings, analyse_layers
 from probe.analysis.readout import RidgeReadout, fit_layer_readouts
 from probe.analysis.span import span_residuals
-from probe.core.config import TaskConfig
 from probe.core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings
+from probe.data.config import TaskConfig
 from probe.models.oracle import LearnerOracle
 
 TASK = TaskConfig(n_dims=4, n_points=14)

@@ -275,8 +275,8 @@ def test_relu_attention_bridge_equals_the_plain_forward_and_seed_001_definition(
 
 
 def test_relu_attention_is_refused_where_it_does_not_exist(tmp_path):
-    from probe.core.config import ModelConfig
     from probe.io.checkpoint import export_garg
+    from probe.models.config import ModelConfig
 
     with pytest.raises(ConfigError, match="attn_activation applies to the gpt2 family only"):
         ModelConfig(family="lstm", attn_activation="relu")

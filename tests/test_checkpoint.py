@@ -83,8 +83,8 @@ def test_garg_export_resumes_and_evaluates_in_their_code(tmp_path):
 def test_garg_export_tasks_and_refusals(tmp_path):
     import yaml
 
-    from probe.core.config import RunConfig
     from probe.core.errors import ConfigError
+    from probe.io.run_config import RunConfig
 
     noisy = RunConfig.from_dict({**build_cfg().to_dict(), "task": {**build_cfg().to_dict()["task"], "noise_std": 0.5, "w_scale": 2.0}})
     export_garg(build_model(noisy.model), noisy, tmp_path / "noisy")

@@ -1,8 +1,11 @@
 import pytest
 from conftest import REPO, build_cfg
 
-from probe.core.config import RunConfig, Stage, TaskConfig, load_recipe, merge, parse_override
+from probe.core.config import Stage, TrainConfig, load_recipe, merge, parse_override
 from probe.core.errors import ConfigError
+from probe.data.config import TaskConfig
+from probe.io.run_config import RunConfig
+from probe.models.config import ModelConfig
 
 
 def test_round_trip_is_exact():
@@ -28,7 +31,7 @@ def test_bad_values_name_the_field():
         RunConfig.from_dict({"train": {"lr": -1}})
     with pytest.raises(ConfigError, match=r"model\.n_embd \(30\) must be divisible by model\.n_head \(4\)"):
         RunConfig.from_dict({"model": {"n_embd": 30, "n_head": 4}})
-    with pytest.raises(ConfigError, match=r"task\.name: Unknown name 'linear_regresion'\. Did you mean: linear_regression"):
+    with pytest.raises(ConfigError, match=r"task\.name: Unknown task 'linear_regresion'\. Did you mean: linear_regression"):
         TaskConfig(name="linear_regresion")
     with pytest.raises(ConfigError, match=r"model\.n_dims \(4\) must equal task\.n_dims \(5\)"):
         RunConfig.from_dict({"task": {"n_dims": 5}})
@@ -70,12 +73,54 @@ def test_study_recipes_validate_and_find_their_models(recipe, monkeypatch):
     assert study.report_recipe().sweeps and len(resolve_models(study)) >= 2
 
 
-def test_the_names_config_checks_are_the_registries_own():
-    """config.py lists families and constructions by name (it sits below the models in the import
-    layers); those lists must be the registries' keys, so a new construction cannot be forgotten."""
-    from probe.core.config import MODEL_FAMILIES, PLANTED_ALGORITHMS
-    from probe.models import FAMILIES
+def test_config_checks_read_the_registries():
+    """ModelConfig and TaskConfig check names against the registries themselves, not copies: a name
+    registered after the classes were defined is accepted, and a misspelling of it gets a close match."""
+    from probe.data.config import TASKS
+    from probe.models.config import FAMILIES, ModelConfig
     from probe.models.constructions import CONSTRUCTIONS
 
-    assert set(MODEL_FAMILIES) == set(FAMILIES)
-    assert set(PLANTED_ALGORITHMS) == set(CONSTRUCTIONS)
+    cases = [
+        (FAMILIES, "model.family", lambda name: ModelConfig(family=name)),
+        (CONSTRUCTIONS, "model.planted", lambda name: ModelConfig(family="planted", planted=name)),
+        (TASKS, "task.name", lambda name: TaskConfig(name=name)),
+    ]
+    for registry, key, make in cases:
+        registry.register("zz_new")(object())
+        try:
+            make("zz_new")
+            with pytest.raises(ConfigError, match=rf"{key}: Unknown .* 'zz_nex'\. Did you mean: zz_new\?"):
+                make("zz_nex")
+        finally:
+            del registry._items["zz_new"]
+        with pytest.raises(ConfigError, match=rf"{key}: Unknown .* 'zz_new'"):
+            make("zz_new")
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: TaskConfig(noise_std=-0.1), r"task\.noise_std must be >= 0, got -0\.1"),
+        (lambda: TaskConfig(kappa=0.5), r"task\.kappa must be >= 1, got 0\.5"),
+        (lambda: TaskConfig(relu_depth=1), r"task\.relu_depth must be an integer >= 2, got 1"),
+        (lambda: TaskConfig(mixture_weights=(1.5, -0.5)), r"task\.mixture_weights must be >= 0, got -0\.5"),
+        (lambda: TaskConfig(mixture_weights=(0.5, 0.2)), r"task\.mixture_weights must be two non-negative numbers summing to 1"),
+        (lambda: TrainConfig(min_lr_ratio=1.5), r"train\.min_lr_ratio must be <= 1, got 1\.5"),
+        (lambda: TrainConfig(lr=float("nan")), r"train\.lr must be a finite number"),
+        (lambda: TrainConfig(schedule="cosin"), r"train\.schedule: Unknown value 'cosin'\. Did you mean: cosine\?"),
+        (lambda: TrainConfig(seed=-1), r"train\.seed must be an integer in 0\.\.2\^63-1"),
+        (lambda: ModelConfig(planted_batch=-1), r"model\.planted_batch must be an integer >= 0, got -1"),
+        (lambda: ModelConfig(n_layer=True), r"model\.n_layer must be an integer >= 1, got True"),
+        (lambda: Stage(3, 2), r"curriculum stage needs start <= end, got start=3 end=2"),
+        (lambda: Stage(1, 2, inc=-1), r"curriculum\.inc must be an integer >= 0, got -1"),
+    ],
+)
+def test_bounds_are_declared_with_the_field(make, message):
+    """Each run-config field's bounds are its `setting(...)` rules, checked by Section when made."""
+    with pytest.raises(ConfigError, match=message):
+        make()
+
+
+def test_sections_normalise_numbers():
+    assert TrainConfig(lr=1).lr == 1.0 and isinstance(TrainConfig(lr=1).lr, float)
+    assert TaskConfig(mixture_weights=[1, 0]).mixture_weights == (1.0, 0.0)

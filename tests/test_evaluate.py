@@ -3,7 +3,7 @@ import torch
 from conftest import build_cfg
 
 from probe.analysis.evaluate import error_curve, eval_prompts
-from probe.core.config import TaskConfig
+from probe.data.config import TaskConfig
 from probe.models import build_model
 
 

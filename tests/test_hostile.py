@@ -22,8 +22,9 @@ import yaml
 from conftest import GargTransformerModel, build_cfg, write_garg_run
 
 from probe.cli import main
-from probe.core.config import RunConfig, TaskConfig
+from probe.data.config import TaskConfig
 from probe.io.checkpoint import save_model
+from probe.io.run_config import RunConfig
 from probe.models import build_model
 
 D, N = 3, 8
@@ -217,7 +218,7 @@ for override, culprit in [
     ("train.lr=nan", "train.lr must be a finite"), ("train.lr=-1", "train.lr must be > 0"),
     ("task.w_scale=inf", "task.w_scale must be a finite"), ("task.noise_std=-1", "task.noise_std must be >= 0"),
     ("train.batch_size=1e9", "train.batch_size must be an integer"),
-    ("train.batch_size=1000000000", "train.batch_size=1000000000"), ("train.steps=0", "train.steps must be a positive"),
+    ("train.batch_size=1000000000", "train.batch_size=1000000000"), ("train.steps=0", "train.steps must be an integer >= 1"),
     ("train.steps=2.5", "train.steps must be an integer"), ("model.n_embd=2000000", "memory"),
     ("train.lrr=1", "Did you mean: lr"), ("model.family=cnn", "model.family"), ("task.kappa=0.5", "task.kappa"),
     ("train.min_lr_ratio=2", "min_lr_ratio"), ("model.n_head=3", "divisible"),

@@ -8,8 +8,8 @@ import torch
 from sklearn.linear_model import Ridge
 from sklearn.neighbors import KNeighborsRegressor
 
-from probe.core.config import TaskConfig
 from probe.core.errors import ConfigError
+from probe.data.config import TaskConfig
 from probe.data.tasks import generator_for, sample_prompts
 from probe.learners import LEARNERS, run_learner
 

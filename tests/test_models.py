@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from probe.core.config import ModelConfig
 from probe.models import build_model
+from probe.models.config import ModelConfig
 from probe.models.encoding import interleave
 
 

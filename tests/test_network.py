@@ -5,7 +5,7 @@ import pytest
 import torch
 from sklearn.metrics import r2_score
 
-from probe.core.config import TaskConfig
+from probe.data.config import TaskConfig
 from probe.data.tasks import generator_for, sample_prompts
 from probe.learners import run_learner
 from probe.learners.network import init_networks, layer_sizes, network_forward

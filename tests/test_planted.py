@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from probe.cli import main
-from probe.core.config import TaskConfig
 from probe.core.errors import ConfigError
+from probe.data.config import TaskConfig
 from probe.data.tasks import generator_for, sample_prompts
 from probe.io.formats import load_checkpoint
 from probe.io.planted_io import planted_config

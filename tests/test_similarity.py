@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from probe.analysis.similarity import best_match, ilw, induced_weights, sime, similarity_frame, simw, spd
-from probe.core.config import TaskConfig
+from probe.data.config import TaskConfig
 from probe.data.tasks import generator_for, sample_prompts
 from probe.learners import run_learner
 

@@ -9,8 +9,8 @@ import torch
 
 from probe.analysis.probes import AttentionPoolProbe
 from probe.cli import main
-from probe.core.config import TaskConfig
 from probe.core.errors import ConfigError
+from probe.data.config import TaskConfig
 from probe.data.tasks import generator_for, sample_prompts
 from probe.interventions.runner import runner_for
 from probe.interventions.steer import ProbeMap, add_at_tokens, expected_move, steering_table

@@ -12,8 +12,8 @@ from scipy import stats
 from probe.analysis.order import order_share, order_table, permuted_prompts
 from probe.analysis.pipeline import ModelLens
 from probe.cli import main
-from probe.core.config import TaskConfig
 from probe.core.errors import ConfigError
+from probe.data.config import TaskConfig
 from probe.data.tasks import generator_for, sample_prompts
 from probe.io.planted_io import planted_config
 from probe.learners import run_learner

@@ -267,5 +267,5 @@ def test_study_x_axis_is_a_model_field_and_a_typo_is_named(tmp_path):
     assert set(X_AXES) == set(model_fields(default_checkpoint()))
     with pytest.raises(ConfigError, match="Unknown axis 'n_embdd'. Did you mean: n_embd"):
         StudyRecipe(checkpoints=["ck"], analyses=["evaluate"], x="n_embdd")
-    with pytest.raises(ConfigError, match="study seed must be an integer in 0..2\\^63-1"):
+    with pytest.raises(ConfigError, match="study.seed must be an integer in 0..2\\^63-1"):
         StudyRecipe(checkpoints=["ck"], analyses=["evaluate"], seed=2**70)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from probe.core.config import TaskConfig
+from probe.data.config import TaskConfig
 from probe.data.tasks import generator_for, input_transform, sample_prompts
 
 

@@ -13,9 +13,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core import budget
-from ..core.config import TaskConfig
 from ..core.seeds import Stream
 from ..core.validate import check_bootstrap, positive_int
+from ..data.config import TaskConfig
 from ..data.tasks import Prompts, generator_for, sample_prompts
 from ..learners import run_learner
 from ..models.sizes import shape_of

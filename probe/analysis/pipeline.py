@@ -22,12 +22,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core import budget
-from ..core.config import TaskConfig
 from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
 from ..core.seeds import Stream
 from ..core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings, quick_sweeps
 from ..core.validate import check_device, check_model, positive_int
+from ..data.config import TaskConfig
 from ..data.tasks import generator_for, sample_prompts
 from ..models.sizes import shape_of
 from .matching import compare_layers, family_of, learner_weights, run_sweep, table1, trend

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..core.config import TaskConfig
+from ..data.config import TaskConfig
 from ..data.tasks import generator_for, sample_prompts
 from ..learners import run_learner
 from ..learners.iterative import LOG_STEPS

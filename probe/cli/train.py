@@ -42,10 +42,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.config import RunConfig, load_recipe, merge, parse_override
+    from ..core.config import load_recipe, merge, parse_override
     from ..core.errors import ConfigError
     from ..core.resources import training_recipe
     from ..io.outputs import check_run_output, remove_previous
+    from ..io.run_config import RunConfig
 
     out = Path(args.out)
     target = check_run_output(out, "train", resume=args.resume, force=args.force)

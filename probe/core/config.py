@@ -1,8 +1,14 @@
-"""Run configuration: dataclasses that validate themselves and round-trip through dicts.
+"""The configuration framework, and the run's training schedule.
 
-A run is a model, a task, a curriculum and a training schedule. Recipes are TOML files whose
-tables are named after the fields of `RunConfig` (`[model]`, `[task]`, `[train]`,
-`[curriculum]`); command-line flags override recipe values, which override these defaults.
+Every configuration section is a dataclass whose fields are declared with `setting` (default,
+one line of help, and the rules its values obey: choices, bounds, non-empty) and checked by
+`Section` when made; `from_dict` builds one from a recipe table (unknown keys get a close-match
+hint; a section's `RENAMED` old keys are accepted with a warning), `to_dict` writes it back, and
+`parse_override` / `nested_override` / `merge` apply `--set section.key=value` overrides. Recipes
+are TOML files whose tables are named after the sections; command-line flags override recipe
+values, which override the defaults. The sections live with what owns their values: the model
+(probe/models/config.py), the task (probe/data/config.py), the analyses (probe/core/settings.py),
+a run (probe/io/run_config.py: model, task, and the training schedule below).
 """
 
 from __future__ import annotations
@@ -12,230 +18,115 @@ import math
 import tomllib
 import typing
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, RenamedSetting
 from .parsing import load_toml
-from .registry import unknown_name_message
-from .validate import check_seed
-
-MODEL_FAMILIES = ("gpt2", "lstm", "planted")
-PLANTED_ALGORITHMS = ("gd", "newton", "newton-relu", "sgd", "adam", "uniform", "prng")  # probe/models/planted.py
-ENCODINGS = ("garg", "akyurek")
-ATTENTION_ACTIVATIONS = ("softmax", "relu")  # GPT-2 attention weights: softmax, or ReLU / #keys (seed 001 Def. 7)
-TASKS = ("linear_regression", "sparse_linear_regression", "relu_network")
-COVARIANCES = ("isotropic", "ill_conditioned")
-SCHEDULES = ("cosine", "linear", "constant")
+from .registry import Registry, unknown_name_message
+from .validate import check_seed, finite_float, positive_int
 
 
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
+def setting(
+    default: Any,
+    help: str,
+    choices: Iterable[Any] | None = None,
+    *,
+    minimum: int | None = 1,
+    low: float | None = 0.0,
+    strict: bool = True,
+    high: float | None = None,
+    nonempty: bool = False,
+    noun: str = "value",
+) -> Any:
+    """A settings field: its default (copied per instance when mutable; `dataclasses.MISSING`: a
+    required field), one line of help, and the rules `Section` checks, declared here once:
+    `choices` (each value one of them, named `noun` in the error; a `Registry` is read when a value
+    is checked, so registrations made after this declaration count), the least value of an integer
+    (`minimum`; None: any integer), the bounds of a float (finite, > `low` or >= `low` when not
+    `strict`, <= `high`; None: unbounded), and whether a list may be empty."""
+    metadata = {
+        "help": help,
+        "choices": choices if choices is None or isinstance(choices, (tuple, Registry)) else tuple(choices),
+        "minimum": minimum,
+        "low": low,
+        "strict": strict,
+        "high": high,
+        "nonempty": nonempty,
+        "noun": noun,
+    }
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
-def _check_numbers(obj: Any, section: str) -> None:
-    """Every float field finite, every int field an int (not a bool, not a float)."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if f.type in ("float", float):
-            _check(
-                isinstance(value, (int, float)) and not isinstance(value, bool),
-                f"{section}.{f.name} must be a number, got {value!r}",
-            )
-            _check(math.isfinite(value), f"{section}.{f.name} must be a finite number, got {value!r}")
-        elif f.type in ("int", int):
-            _check(
-                isinstance(value, int) and not isinstance(value, bool),
-                f"{section}.{f.name} must be an integer, got {value!r}",
-            )
-            if f.name.endswith("seed"):
-                check_seed(value, f"{section}.{f.name}")
+class Section:
+    """Base of every configuration section: each field declared with `setting` is checked against its
+    rules when the dataclass is made (integers and floats normalised, list fields become tuples; a
+    scalar given for a list field is a list of one), and errors name the recipe key,
+    "<SECTION>.<field>". Cross-field rules go in the subclass's `__post_init__`, after super()'s."""
 
-
-def _check_choice(section: str, name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{section}.{name}: " + unknown_name_message(name, value, list(choices)))
-
-
-@dataclass
-class ModelConfig:
-    family: str = "gpt2"  # "gpt2" (Garg et al.'s TransformerModel) or "lstm" (seed 003 §3.3)
-    n_dims: int = 4  # d, the dimension of x
-    n_positions: int = 12  # number of (x, y) points; the GPT-2 context is twice this
-    n_embd: int = 32  # width of the residual stream / LSTM state
-    n_layer: int = 8  # transformer blocks or LSTM layers
-    n_head: int = 2  # attention heads (ignored by the LSTM)
-    encoding: str = "garg"  # "garg": x, [y,0..0] (width d); "akyurek": [0,x], [y,0..0] (width d+1)
-    planted: str = ""  # family "planted" only: the construction its weights implement (gd, newton, newton-relu)
-    planted_scale: float = 0.0  # family "planted" only: GD / SGD step eta, Newton's fixed alpha, or uniform's eps
-    planted_batch: int = 0  # planted "sgd" only: minibatch size K (seed 000 Assumption 1)
-    planted_seed: int = 0  # planted "sgd" only: seed of its minibatch masks (the learner's masks_seed)
-    planted_bound: float = 0.0  # planted "sgd" only: R, the residual bound within which its gradient is exact
-    attn_activation: str = "softmax"  # family "gpt2" only: "softmax", or "relu" (ReLU(q.k / sqrt(hs)) / #keys)
+    SECTION: typing.ClassVar[str]
 
     def __post_init__(self) -> None:
-        _check_numbers(self, "model")
-        _check_choice("model", "family", self.family, MODEL_FAMILIES)
-        _check_choice("model", "encoding", self.encoding, ENCODINGS)
-        _check_choice("model", "attn_activation", self.attn_activation, ATTENTION_ACTIVATIONS)
-        _check(
-            self.family == "gpt2" or self.attn_activation == "softmax",
-            f"model.attn_activation applies to the gpt2 family only; remove it for a {self.family} model",
-        )
-        for name in ("n_dims", "n_positions", "n_embd", "n_layer", "n_head"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 1, f"model.{name} must be a positive integer, got {value!r}")
-        _check(
-            self.family != "planted" or self.planted in PLANTED_ALGORITHMS,
-            f"model.planted must be one of {', '.join(PLANTED_ALGORITHMS)} for a planted model, got {self.planted!r}",
-        )
-        _check(
-            self.family != "gpt2" or self.n_embd % self.n_head == 0,
-            f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})",
-        )
-
-    @property
-    def token_dim(self) -> int:
-        return self.n_dims + (1 if self.encoding == "akyurek" else 0)
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value, key, rules = getattr(self, f.name), f"{self.SECTION}.{f.name}", f.metadata
+            if "help" not in rules or value is None:
+                continue
+            kind = scalar_type(hints[f.name])
+            if is_sequence(hints[f.name]):
+                value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+                if rules["nonempty"] and not value:
+                    raise ConfigError(f"{key} is empty; give at least one value, or leave it out for the default")
+                setattr(self, f.name, tuple(_check_value(item, kind, key, rules) for item in value))
+            else:
+                setattr(self, f.name, _check_value(value, kind, key, rules))
 
 
-@dataclass
-class TaskConfig:
-    name: str = "linear_regression"  # see probe.data.tasks.TASKS
-    n_dims: int = 4  # d
-    n_points: int = 12  # examples per prompt
-    w_scale: float = 1.0  # tau: w ~ N(0, tau^2 I)
-    noise_std: float = 0.0  # sigma: y = x.w + N(0, sigma^2)
-    covariance: str = "isotropic"  # x ~ N(0, I) or N(0, Sigma) with kappa(Sigma) = kappa
-    kappa: float = 100.0  # condition number of Sigma when covariance = "ill_conditioned"
-    sparsity: int = 2  # non-zero entries of w for sparse_linear_regression
-    relu_depth: int = 3  # N, layers of the ReLU network (seed 001 Def. 1)
-    relu_width: int = 16  # K, hidden width of the ReLU network
-    mixture_weights: tuple[float, float] = (1.0, 0.0)  # x ~ w1 N(-m, I) + w2 N(m, I) (relu only)
-    mixture_mean: float = 2.0  # m
-    param_mean: float = 0.0  # network parameters ~ N(param_mean, 1) before 1/sqrt(fan_in)
-
-    def __post_init__(self) -> None:
-        _check_numbers(self, "task")
-        _check_choice("task", "name", self.name, TASKS)
-        _check_choice("task", "covariance", self.covariance, COVARIANCES)
-        _check(self.n_dims >= 1, f"task.n_dims must be >= 1, got {self.n_dims}")
-        _check(self.n_points >= 1, f"task.n_points must be >= 1, got {self.n_points}")
-        _check(self.w_scale > 0, f"task.w_scale must be > 0, got {self.w_scale}")
-        _check(self.noise_std >= 0, f"task.noise_std must be >= 0, got {self.noise_std}")
-        _check(self.kappa >= 1, f"task.kappa must be >= 1, got {self.kappa}")
-        _check(
-            1 <= self.sparsity <= self.n_dims, f"task.sparsity must be in 1..n_dims={self.n_dims}, got {self.sparsity}"
-        )
-        _check(self.relu_depth >= 2, f"task.relu_depth must be >= 2, got {self.relu_depth}")
-        _check(self.relu_width >= 1, f"task.relu_width must be >= 1, got {self.relu_width}")
-        _check(
-            all(isinstance(w, (int, float)) and math.isfinite(w) for w in self.mixture_weights),
-            f"task.mixture_weights must be two finite numbers, got {self.mixture_weights}",
-        )
-        self.mixture_weights = tuple(float(w) for w in self.mixture_weights)  # type: ignore[assignment]  # length checked next
-        _check(
-            len(self.mixture_weights) == 2
-            and min(self.mixture_weights) >= 0
-            and abs(sum(self.mixture_weights) - 1) < 1e-6,
-            f"task.mixture_weights must be two non-negative numbers summing to 1, got {self.mixture_weights}",
-        )
+def _check_value(value: Any, kind: Any, key: str, rules: Mapping[str, Any]) -> Any:
+    """One value against its field's rules; returns it normalised (2.0 -> 2 for an int, 1 -> 1.0 for a float)."""
+    choices = rules["choices"]
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{key}: " + unknown_name_message(rules["noun"], str(value), list(map(str, choices))))
+    if kind is int and key.split(".")[-1].endswith("seed"):
+        return check_seed(value, key)
+    if kind is int and rules["minimum"] is not None:
+        return positive_int(value, key, rules["minimum"])
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if kind is float:
+        value = finite_float(value, key, low=rules["low"], strict=rules["strict"])
+        if rules["high"] is not None and value > rules["high"]:
+            raise ConfigError(f"{key} must be <= {rules['high']:g}, got {value!r}")
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    return value
 
 
-@dataclass
-class Stage:
-    """One curriculum schedule: value(step) = min(end, start + inc * (step // interval))."""
-
-    start: int
-    end: int
-    inc: int = 0
-    interval: int = 1
-
-    def __post_init__(self) -> None:
-        _check(
-            1 <= self.start <= self.end,
-            f"curriculum stage needs 1 <= start <= end, got start={self.start} end={self.end}",
-        )
-        _check(
-            self.inc >= 0 and self.interval >= 1,
-            f"curriculum stage needs inc >= 0 and interval >= 1, got {self.inc}, {self.interval}",
-        )
-
-    def at(self, step: int) -> int:
-        return min(self.end, self.start + self.inc * (step // self.interval))
+def field_default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
 
 
-@dataclass
-class CurriculumConfig:
-    """Garg et al.'s curriculum; an unset stage means 'always the task's full size'."""
-
-    dims: Stage | None = None
-    points: Stage | None = None
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 2000
-    batch_size: int = 64
-    lr: float = 1e-3  # peak learning rate of AdamW
-    weight_decay: float = 0.0
-    warmup_steps: int = 200
-    schedule: str = "cosine"  # decay after warm-up: cosine / linear to min_lr_ratio*lr, or constant
-    min_lr_ratio: float = 0.1
-    grad_clip: float = 1.0  # max global gradient norm (0 disables clipping)
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int = 250
-    eval_prompts: int = 256
-    save_every: int = 250
-
-    def __post_init__(self) -> None:
-        _check_numbers(self, "train")
-        _check_choice("train", "schedule", self.schedule, SCHEDULES)
-        for name in ("steps", "batch_size", "log_every", "eval_every", "eval_prompts", "save_every"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 1, f"train.{name} must be a positive integer, got {value!r}")
-        _check(self.lr > 0, f"train.lr must be > 0, got {self.lr}")
-        _check(self.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
-        _check(0 <= self.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        _check(self.grad_clip >= 0, f"train.grad_clip must be >= 0, got {self.grad_clip}")
-        _check(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
+def scalar_type(hint: Any) -> Any:
+    """The element type behind tuple[X, ...], list[X] or X | None."""
+    args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
+    if typing.get_origin(hint) in (tuple, list) or (args and typing.get_origin(hint) is not None):
+        return scalar_type(args[0]) if args else str
+    return hint
 
 
-@dataclass
-class RunConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-
-    def __post_init__(self) -> None:
-        _check(
-            self.model.n_dims == self.task.n_dims,
-            f"model.n_dims ({self.model.n_dims}) must equal task.n_dims ({self.task.n_dims})",
-        )
-        _check(
-            self.task.n_points <= self.model.n_positions,
-            f"task.n_points ({self.task.n_points}) exceeds model.n_positions ({self.model.n_positions})",
-        )
-        c = self.curriculum
-        _check(
-            c.dims is None or c.dims.end <= self.task.n_dims,
-            f"curriculum.dims.end must be <= task.n_dims ({self.task.n_dims})",
-        )
-        _check(
-            c.points is None or c.points.end <= self.model.n_positions,
-            f"curriculum.points.end must be <= model.n_positions ({self.model.n_positions})",
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        return from_dict(cls, data)
+def is_sequence(hint: Any) -> bool:
+    origins = {typing.get_origin(a) for a in (hint, *typing.get_args(hint))}
+    return bool(origins & {tuple, list})
 
 
 def to_dict(obj: Any) -> Any:
@@ -378,3 +269,59 @@ def nested_override(dotted: str, value: Any) -> dict[str, Any]:
         cursor = cursor.setdefault(key, {})
     cursor[keys[-1]] = value
     return out
+
+
+# ------------------------------------------------------------------ the training schedule
+
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+@dataclass
+class Stage(Section):
+    """One curriculum schedule: value(step) = min(end, start + inc * (step // interval))."""
+
+    SECTION = "curriculum"
+
+    start: int = setting(dataclasses.MISSING, "the value at step 0")
+    end: int = setting(dataclasses.MISSING, "the value it grows to")
+    inc: int = setting(0, "growth per interval", minimum=0)
+    interval: int = setting(1, "steps between increments")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.start > self.end:
+            raise ConfigError(f"curriculum stage needs start <= end, got start={self.start} end={self.end}")
+
+    def at(self, step: int) -> int:
+        return min(self.end, self.start + self.inc * (step // self.interval))
+
+
+@dataclass
+class CurriculumConfig:
+    """Garg et al.'s curriculum; an unset stage means 'always the task's full size'."""
+
+    dims: Stage | None = None
+    points: Stage | None = None
+
+
+@dataclass
+class TrainConfig(Section):
+    """How a model is trained: recipe section [train]."""
+
+    SECTION = "train"
+
+    steps: int = setting(2000, "optimizer steps")
+    batch_size: int = setting(64, "prompts per step")
+    lr: float = setting(1e-3, "peak learning rate of AdamW")
+    weight_decay: float = setting(0.0, "AdamW's weight decay", low=0.0, strict=False)
+    warmup_steps: int = setting(200, "linear warm-up steps", minimum=0)
+    schedule: str = setting(
+        "cosine", "decay after warm-up: cosine / linear to min_lr_ratio * lr, or constant", SCHEDULES
+    )
+    min_lr_ratio: float = setting(0.1, "the decay's floor as a fraction of lr", low=0.0, strict=False, high=1.0)
+    grad_clip: float = setting(1.0, "max global gradient norm (0 disables clipping)", low=0.0, strict=False)
+    seed: int = setting(0, "seed of the initialisation and the training prompts")
+    log_every: int = setting(10, "steps between log lines")
+    eval_every: int = setting(250, "steps between evaluations")
+    eval_prompts: int = setting(256, "prompts per evaluation")
+    save_every: int = setting(250, "steps between checkpoints")

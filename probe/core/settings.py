@@ -1,5 +1,6 @@
-"""Settings declared once: an analysis's settings dataclass is its recipe section, and the
-command-line flags of the commands that run it are derived from the same fields.
+"""The analyses' settings, and the command-line flags derived from them: an analysis's settings
+dataclass (a `Section` of probe/core/config.py) is its recipe section, and the flags of the
+commands that run it come from the same fields.
 
     @dataclass
     class ProbeSettings:
@@ -23,93 +24,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .config import Section, field_default, is_sequence, scalar_type, setting
 from .errors import ConfigError, RenamedSetting
-from .registry import unknown_name_message
 from .resources import RECIPE_DIR
-from .validate import check_bootstrap, check_seed, finite_float, positive_int
-
-
-def setting(
-    default: Any,
-    help: str,
-    choices: Iterable[Any] | None = None,
-    *,
-    minimum: int | None = 1,
-    nonempty: bool = False,
-    noun: str = "value",
-) -> Any:
-    """A settings field: its default (copied per instance when mutable), one line of help, and the
-    rules `Section` checks: `choices` (each value one of them, named `noun` in the error), the
-    least value of an integer (`minimum`; None: any integer; floats must be finite and > 0), and
-    whether a list may be empty."""
-    metadata = {
-        "help": help,
-        "choices": tuple(choices) if choices is not None else None,
-        "minimum": minimum,
-        "nonempty": nonempty,
-        "noun": noun,
-    }
-    if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-class Section:
-    """Base of the analyses' settings: every field declared with `setting` is checked against its
-    rules when the dataclass is made (list fields become tuples; a scalar given for a list field is
-    a list of one), and errors name the recipe key, "<SECTION>.<field>"."""
-
-    SECTION: typing.ClassVar[str]
-
-    def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value, key, rules = getattr(self, f.name), f"{self.SECTION}.{f.name}", f.metadata
-            if "help" not in rules or value is None:
-                continue
-            if _is_sequence(hints[f.name]):
-                value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-                setattr(self, f.name, value)
-                if rules["nonempty"] and not value:
-                    raise ConfigError(f"{key} is empty; give at least one value, or leave it out for the default")
-            for item in value if isinstance(value, tuple) else (value,):
-                _check_value(item, _scalar(hints[f.name]), key, rules)
-
-
-def _check_value(value: Any, kind: Any, key: str, rules: Mapping[str, Any]) -> None:
-    if rules["choices"] and value not in rules["choices"]:
-        raise ConfigError(
-            f"{key}: " + unknown_name_message(rules["noun"], str(value), list(map(str, rules["choices"])))
-        )
-    if kind is int and key.split(".")[-1] == "seed":
-        check_seed(value, key)
-    elif kind is int and rules["minimum"] is not None:
-        positive_int(value, key, rules["minimum"])
-    elif kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{key} must be an integer, got {value!r}")
-    elif kind is float:
-        finite_float(value, key, low=0.0)
-
-
-def field_default(field: dataclasses.Field) -> Any:
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return None
-
-
-def _scalar(hint: Any) -> Any:
-    """The element type behind tuple[X, ...], list[X] or X | None."""
-    args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
-    if typing.get_origin(hint) in (tuple, list) or (args and typing.get_origin(hint) is not None):
-        return _scalar(args[0]) if args else str
-    return hint
-
-
-def _is_sequence(hint: Any) -> bool:
-    origins = {typing.get_origin(a) for a in (hint, *typing.get_args(hint))}
-    return bool(origins & {tuple, list})
+from .validate import check_bootstrap
 
 
 def add_flags(
@@ -139,9 +57,9 @@ def add_flags(
         if hint is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs["type"] = _scalar(hint)
+            kwargs["type"] = scalar_type(hint)
             kwargs["metavar"] = {int: "N", float: "X"}.get(kwargs["type"], "NAME")
-            if _is_sequence(hint):
+            if is_sequence(hint):
                 kwargs["nargs"] = "+"
             choices = field.metadata.get("choices")
             if choices:

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..core.config import TaskConfig
-from ..core.registry import Registry
 from ..core.seeds import generator_for  # noqa: F401  (the prompt streams' generator, re-exported)
+from .config import TASKS, TaskConfig
 
 
 @dataclass
@@ -31,9 +30,6 @@ class Prompts:
             None if self.w is None else self.w.to(device),
             {k: v.to(device) for k, v in self.params.items()},
         )
-
-
-TASKS: Registry = Registry("task")
 
 
 def random_orthogonal(batch: int, d: int, generator: torch.Generator) -> Tensor:

@@ -53,10 +53,10 @@ from ..analysis.matching import run_sweep
 from ..analysis.stats import bootstrap_ratio, percentile_interval, resamples
 from ..analysis.verdicts import NOT_SEPARABLE
 from ..capture import hooks as H
-from ..core.config import TaskConfig
 from ..core.errors import ConfigError
 from ..core.seeds import Stream
 from ..core.settings import PATCH_SITES
+from ..data.config import TaskConfig
 from ..data.tasks import generator_for, relu_network_forward, sample_prompts
 from .runner import Runner, boundary_hook_name
 

@@ -17,11 +17,12 @@ import pandas as pd
 
 from ..analysis.verdicts import NOT_SEPARABLE
 from ..core import budget
-from ..core.config import TaskConfig, to_dict
+from ..core.config import to_dict
 from ..core.errors import ConfigError
 from ..core.seeds import Offset
 from ..core.settings import InterventionSettings
 from ..core.validate import check_bootstrap, check_device
+from ..data.config import TaskConfig
 from ..models.sizes import shape_of
 from .ablate import ablate, summarise_ablation
 from .patch import FLAT, context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples

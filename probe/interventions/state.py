@@ -31,9 +31,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..core.config import TaskConfig
 from ..core.errors import ConfigError
 from ..core.seeds import Stream
+from ..data.config import TaskConfig
 from ..data.tasks import generator_for, sample_prompts
 from ..learners.base import prefix_moments
 from ..learners.iterative import newton_schulz

@@ -30,13 +30,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from ..core.config import ModelConfig, RunConfig, TaskConfig, to_dict
+from ..core.config import to_dict
 from ..core.errors import CheckpointError, ConfigError
 from ..core.parsing import load_json, load_yaml
 from ..core.validate import check_memory
+from ..data.config import TaskConfig
 from ..models import build_model
+from ..models.config import ModelConfig
 from ..models.sizes import model_bytes
 from .outputs import fix_mode
+from .run_config import RunConfig
 
 GARG_VOCAB = 50257  # GPT-2's vocabulary: Garg's state dicts carry an unused wte of this size
 IGNORED_LEGACY = re.compile(r"^_backbone\.(wte\.weight|h\.\d+\.attn\.(bias|masked_bias))$")

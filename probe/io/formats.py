@@ -15,11 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.config import ModelConfig, RunConfig, TaskConfig, from_dict
+from ..core.config import from_dict
 from ..core.errors import CheckpointError, ConfigError
 from ..core.parsing import load_json
 from ..core.registry import Registry
+from ..data.config import TaskConfig
 from ..models import build_model
+from ..models.config import ModelConfig
 from .checkpoint import (
     LoadedCheckpoint,
     check_size,
@@ -30,6 +32,7 @@ from .checkpoint import (
     safe_torch_load,
     strip_prefixes,
 )
+from .run_config import RunConfig
 
 HF_HEAD = "icl_head.safetensors"
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..core.config import ModelConfig, RunConfig, TaskConfig
 from ..core.errors import ConfigError
 from ..core.provenance import stamp
+from ..data.config import TaskConfig
+from ..models.config import ModelConfig
 from ..models.constructions import CONSTRUCTIONS, PlantOptions
 from ..models.planted import plant
 from .checkpoint import save_model
+from .run_config import RunConfig
 
 
 def planted_config(

@@ -5,23 +5,30 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..core.config import ModelConfig
 from ..core.seeds import Offset
 from .base import ModelOutput
+from .config import FAMILIES, ModelConfig
 from .gpt2 import GPT2ICL
 from .lstm import LSTMICL
 from .planted import PlantedICL
 
-FAMILIES = {"gpt2": GPT2ICL, "lstm": LSTMICL, "planted": PlantedICL}
-
 
 def build_model(cfg: ModelConfig) -> nn.Module:
     """A freshly initialised model for `cfg` (seed torch beforehand for reproducibility)."""
-    family: type[nn.Module] = FAMILIES[cfg.family]  # type: ignore[assignment]
+    family: type[nn.Module] = FAMILIES.get(cfg.family)
     return family(cfg)
 
 
-__all__ = ["FAMILIES", "GPT2ICL", "LSTMICL", "RANDOM_INIT", "ModelOutput", "build_model", "random_weights_model"]
+__all__ = [
+    "FAMILIES",
+    "GPT2ICL",
+    "LSTMICL",
+    "RANDOM_INIT",
+    "ModelOutput",
+    "PlantedICL",
+    "build_model",
+    "random_weights_model",
+]
 
 
 RANDOM_INIT = ("gpt2", "lstm")  # families with an initialisation to draw a random-weights control from

@@ -10,7 +10,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     from torch import nn
 
-    from ..core.config import ModelConfig
+    from .config import ModelConfig
 
 
 @dataclass

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.config import ModelConfig
 from ..data.positions import x_positions
 from .base import ModelOutput, ReadInOutModel
+from .config import FAMILIES, ModelConfig
 from .encoding import interleave
 from .hooked import Hooked, HookFn, HookPoint
 
@@ -220,6 +220,7 @@ class Backbone(nn.Module):
 TL_NAMES = (("_backbone.h.", "blocks."), ("_backbone.ln_f.", "ln_final."), ("ln_1.", "ln1."), ("ln_2.", "ln2."))
 
 
+@FAMILIES.register("gpt2")
 class GPT2ICL(Hooked, ReadInOutModel, nn.Module):
     family = "gpt2"
     capture_backend = "hooked"  # probe/capture/backends.py

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..core.config import ModelConfig
 from ..data.positions import x_positions
 from .base import ModelOutput, ReadInOutModel
+from .config import FAMILIES, ModelConfig
 from .encoding import interleave
 
 
+@FAMILIES.register("lstm")
 class LSTMICL(ReadInOutModel, nn.Module):
     family = "lstm"
 

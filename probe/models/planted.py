@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..core.config import ModelConfig
 from ..core.validate import check_memory
 from ..data.positions import X_TOKENS
 from .base import ModelOutput
+from .config import FAMILIES, ModelConfig
 from .constructions import CONSTRUCTIONS
 from .hooked import Hooked, HookFn, HookPoint
 from .learner_state import LearnerState
@@ -74,6 +74,7 @@ class _Sites(nn.Module):
         self.hook_resid_post = HookPoint()
 
 
+@FAMILIES.register("planted")
 class PlantedICL(Hooked, nn.Module):
     family = "planted"
     capture_backend = "planted"  # probe/capture/backends.py

@@ -7,6 +7,7 @@ study and a report on the same checkpoint and recipe share results.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ def evaluate_rows(tables: dict[str, pd.DataFrame], task, shift: str = "") -> lis
     return rows
 
 
-def layer_rows(tables: dict[str, pd.DataFrame], analyses: list[str], task) -> list[dict]:
+def layer_rows(tables: dict[str, pd.DataFrame], analyses: Sequence[str], task) -> list[dict]:
     rows = []
     if "readout" in analyses:
         r = tables["readout"]

@@ -24,25 +24,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.config import TaskConfig, from_dict, load_recipe, merge, nested_override, to_dict
+from ..core.config import Section, from_dict, load_recipe, merge, nested_override, setting, to_dict
 from ..core.errors import ConfigError
 from ..core.registry import unknown_name_message
+from ..data.config import TaskConfig
 from ..learners import LEARNERS
 
 MAX_MATCHES = 256  # paths one checkpoints pattern may match
 ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes")
 from ..core.resources import RECIPE_DIR as STUDY_DIR
-from ..core.validate import check_grid, check_seed, positive_int
+from ..core.validate import check_grid
 from ..reporting.recipe import resolve_recipe
 
 
 @dataclass
-class CompareSection:
-    label: str
-    learner: str
+class CompareSection(Section):
+    """A [[compare]] entry: a learner and its grid for spd_ilw."""
+
+    SECTION = "compare"
+
+    label: str = setting(dataclasses.MISSING, "how the figures name it")
+    learner: str = setting(dataclasses.MISSING, "the learner (probe/learners)", LEARNERS, noun="learner")
     grid: dict[str, Any] = field(default_factory=dict)
-    pick: str = "all"  # "all" settings, or the "best" (lowest SPD) per model
-    title: str = ""  # how the study names this comparison (default: its learner's title)
+    pick: str = setting("all", "all grid settings, or the best (lowest SPD) per model", ("all", "best"), noun="pick")
+    title: str = setting("", "how the study names this comparison (default: its learner's title)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        grid = {k: v for k, v in self.grid.items() if not (k == "lam" and v in (["bayes"], "bayes"))}
+        check_grid(self.learner, grid, where=f"compare '{self.label}'")
 
 
 # the model fields a study can put on its figures' x axis: the columns of study/analyses.py model_fields
@@ -63,34 +73,35 @@ X_AXES = (
 
 
 @dataclass
-class StudyRecipe:
-    name: str = "study"
-    description: str = ""
-    checkpoints: list[str] = field(default_factory=list)
-    run: str = ""
-    analyses: list[str] = field(default_factory=lambda: ["evaluate", "heatmap"])
-    x: str = "n_layer"
-    report: str = "quick"
-    set: dict[str, Any] = field(default_factory=dict)
-    prompts: int = 256  # prompts for spd_ilw
-    queries: int = 0  # fresh queries per prefix for spd_ilw (0: 4 d)
-    evaluate_prompts: int = 1280
-    direct_epochs: int = 100  # ReLU tasks: epochs of the direct-training baseline
-    direct_prompts: int = 128
-    seed: int = 0
+class StudyRecipe(Section):
+    """A study recipe (the module docstring); its keys are checked as "study.<key>"."""
+
+    SECTION = "study"
+
+    name: str = setting("study", "the study's name (default: the recipe file's)")
+    description: str = setting("", "one line on what the study shows")
+    checkpoints: tuple[str, ...] = setting((), "checkpoint paths or globs (sorted)")
+    run: str = setting("", "a run directory whose snapshots, in step order, are the models")
+    analyses: tuple[str, ...] = setting(
+        ("evaluate", "heatmap"), "per-model analyses", ANALYSES, nonempty=True, noun="analysis"
+    )
+    x: str = setting("n_layer", "the model field figures put on the x axis", X_AXES, noun="axis")
+    report: str = setting("quick", "the report recipe whose stages are reused")
+    set: dict[str, Any] = field(default_factory=dict)  # overrides of the report recipe
+    prompts: int = setting(256, "prompts for spd_ilw")
+    queries: int = setting(0, "fresh queries per prefix for spd_ilw (0: 4 d)", minimum=0)
+    evaluate_prompts: int = setting(1280, "prompts for the evaluate analysis")
+    direct_epochs: int = setting(100, "ReLU tasks: epochs of the direct-training baseline")
+    direct_prompts: int = setting(128, "ReLU tasks: prompts of the direct-training baseline")
+    seed: int = setting(0, "seed of the study's prompt draws")
     compare: list[CompareSection] = field(default_factory=list)
     shifts: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-
+        super().__post_init__()
         self.compare = [
             c if isinstance(c, CompareSection) else from_dict(CompareSection, c, "compare") for c in self.compare
         ]
-        if not self.analyses:
-            raise ConfigError("study analyses is empty; choose from " + ", ".join(ANALYSES))
-        for name in self.analyses:
-            if name not in ANALYSES:
-                raise ConfigError("study analyses: " + unknown_name_message("analysis", name, list(ANALYSES)))
         if bool(self.checkpoints) == bool(self.run):
             raise ConfigError(
                 "a study names its models with either `checkpoints` (paths or globs) or `run` "
@@ -98,12 +109,6 @@ class StudyRecipe:
             )
         if "spd_ilw" in self.analyses and not self.compare:
             raise ConfigError("analysis spd_ilw needs at least one [[compare]] learner")
-        for c in self.compare:
-            LEARNERS.get(c.learner)
-            if c.pick not in ("all", "best"):
-                raise ConfigError(f"compare '{c.label}': pick must be 'all' or 'best', got {c.pick!r}")
-            grid = {k: v for k, v in c.grid.items() if not (k == "lam" and v in (["bayes"], "bayes"))}
-            check_grid(c.learner, grid, where=f"compare '{c.label}'")
         task_fields = [f.name for f in dataclasses.fields(TaskConfig)]
         for shift in self.shifts:
             if not isinstance(shift, dict) or not isinstance(shift.get("label"), str):
@@ -116,12 +121,6 @@ class StudyRecipe:
                     raise ConfigError(
                         f"shift '{shift['label']}': " + unknown_name_message("task field", key, task_fields)
                     )
-        for name in ("prompts", "evaluate_prompts", "direct_epochs", "direct_prompts"):
-            positive_int(getattr(self, name), f"study {name}")
-        positive_int(self.queries, "study queries", 0)
-        check_seed(self.seed, "study seed")
-        if self.x not in X_AXES:
-            raise ConfigError("study x: " + unknown_name_message("axis", self.x, list(X_AXES)))
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

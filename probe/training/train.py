@@ -27,7 +27,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..analysis.evaluate import eval_prompts
-from ..core.config import RunConfig
 from ..core.errors import CheckpointError, ConfigError, OutputError, TrainingDiverged
 from ..core.provenance import stamp
 from ..core.seeds import Stream, stream_generator
@@ -35,6 +34,7 @@ from ..core.validate import check_memory
 from ..data.tasks import generator_for, sample_prompts
 from ..io.checkpoint import atomic_write, load_weights, read_safetensors, safe_torch_load, save_model
 from ..io.outputs import mark_run_directory
+from ..io.run_config import RunConfig
 from ..models import build_model
 from ..models.sizes import activation_bytes, model_bytes
 

@@ -32,8 +32,8 @@ from .base import PlantOptions, construction, select
 from .sgd import SGD, gate_mlp
 
 if TYPE_CHECKING:
-    from ...core.config import ModelConfig
     from ...core.settings import SweepSettings
+    from ..config import ModelConfig
     from ..planted import PlantedICL
 
 ADAM_STEP = 0.1  # default eta

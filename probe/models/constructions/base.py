@@ -18,8 +18,8 @@ from ...data.positions import prefix_mask
 from ..learner_state import LearnerState
 
 if TYPE_CHECKING:
-    from ...core.config import ModelConfig
     from ...core.settings import SweepSettings
+    from ..config import ModelConfig
     from ..planted import PlantedICL
 
 

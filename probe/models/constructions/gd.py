@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from .base import Construction, PlantOptions, check_step, construction, gd_stable_limit, select
 
 if TYPE_CHECKING:
-    from ...core.config import ModelConfig
     from ...core.settings import SweepSettings
+    from ..config import ModelConfig
     from ..planted import PlantedICL
 
 

@@ -23,8 +23,8 @@ from ..learner_state import LearnerState
 from .base import Construction, PlantOptions, construction, select
 
 if TYPE_CHECKING:
-    from ...core.config import ModelConfig
     from ...core.settings import SweepSettings
+    from ..config import ModelConfig
     from ..planted import PlantedICL
 
 

@@ -34,7 +34,7 @@ from .base import construction, select
 from .newton import NewtonBase
 
 if TYPE_CHECKING:
-    from ...core.config import ModelConfig
+    from ..config import ModelConfig
     from ..planted import PlantedICL
 
 

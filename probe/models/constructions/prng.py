@@ -19,7 +19,7 @@ from ..xorshift import PRNG_BITS, xorshift32_matrix
 from .base import Construction, PlantOptions, construction, require_one_block, select
 
 if TYPE_CHECKING:
-    from ...core.config import ModelConfig
+    from ..config import ModelConfig
     from ..planted import PlantedICL
 
 PRNG_READ_BITS = 24  # bits of o_1 in the read-out (exact in float32)

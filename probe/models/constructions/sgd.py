@@ -34,7 +34,7 @@ from .base import Construction, PlantOptions, check_step, construction, gd_stabl
 from .gd import fit_gd_sweeps
 
 if TYPE_CHECKING:
-    from ...core.config import ModelConfig
+    from ..config import ModelConfig
     from ..planted import PlantedICL
 
 SGD_BOUND = 1000.0  # R: the gradient is exact while every |residual| <= R

@@ -20,7 +20,7 @@ from ...core.errors import ConfigError
 from .base import Construction, PlantOptions, construction, require_one_block, select
 
 if TYPE_CHECKING:
-    from ...core.config import ModelConfig
+    from ..config import ModelConfig
     from ..planted import PlantedICL
 
 

@@ -1,0 +1,70 @@
+"""The model a run trains or a checkpoint holds: recipe section [model], and the registry of model
+families (each family class registers itself in `FAMILIES`; `ModelConfig.family` is checked
+against it, and `ModelConfig.planted` against the constructions' registry)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.config import Section, setting
+from ..core.errors import ConfigError
+from ..core.registry import Registry
+from .constructions import CONSTRUCTIONS
+
+FAMILIES: Registry[Any] = Registry("model family")  # name -> model class (gpt2.py, lstm.py, planted.py)
+ENCODINGS = ("garg", "akyurek")  # probe/models/encoding.py
+ATTENTION_ACTIVATIONS = ("softmax", "relu")  # GPT-2 attention weights: softmax, or ReLU / #keys (seed 001 Def. 7)
+
+
+@dataclass
+class ModelConfig(Section):
+    """A model: recipe section [model]. The planted_* fields describe a planted construction
+    (probe/models/constructions/) and are 0 for the other families."""
+
+    SECTION = "model"
+
+    family: str = setting(
+        "gpt2", "gpt2 (Garg et al.'s TransformerModel), lstm (seed 003 §3.3) or planted", FAMILIES, noun="model family"
+    )
+    n_dims: int = setting(4, "d, the dimension of x")
+    n_positions: int = setting(12, "number of (x, y) points; the GPT-2 context is twice this")
+    n_embd: int = setting(32, "width of the residual stream / LSTM state")
+    n_layer: int = setting(8, "transformer blocks or LSTM layers")
+    n_head: int = setting(2, "attention heads (ignored by the LSTM)")
+    encoding: str = setting(
+        "garg", "garg: x, [y,0..0] (width d); akyurek: [0,x], [y,0..0] (width d+1)", ENCODINGS, noun="encoding"
+    )
+    planted: str = setting("", "family planted only: the construction its weights implement")
+    planted_scale: float = setting(
+        0.0, "planted only: GD / SGD / Adam step eta, Newton's alpha, or uniform's eps", low=None
+    )
+    planted_batch: int = setting(0, "planted sgd / adam only: minibatch size K (seed 000 Assumption 1)", minimum=0)
+    planted_seed: int = setting(0, "planted sgd / adam only: seed of its minibatch masks (the learner's masks_seed)")
+    planted_bound: float = setting(
+        0.0, "planted sgd / adam only: R, the residual bound within which its gradient is exact", low=None
+    )
+    attn_activation: str = setting(
+        "softmax",
+        "gpt2 only: softmax, or relu (ReLU(q.k / sqrt(hs)) / #keys)",
+        ATTENTION_ACTIVATIONS,
+        noun="activation",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.family != "gpt2" and self.attn_activation != "softmax":
+            raise ConfigError(
+                f"model.attn_activation applies to the gpt2 family only; remove it for a {self.family} model"
+            )
+        if self.family == "planted":
+            try:
+                CONSTRUCTIONS.get(self.planted)
+            except ConfigError as err:
+                raise ConfigError(f"model.planted: {err}") from None
+        if self.family == "gpt2" and self.n_embd % self.n_head:
+            raise ConfigError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
+
+    @property
+    def token_dim(self) -> int:
+        return self.n_dims + (1 if self.encoding == "akyurek" else 0)
