@@ -23,6 +23,7 @@ from torch import Tensor
 from ..capture import RESID, capture
 from ..core import budget
 from ..core.memory import MemoryBudget
+from ..core.seeds import Stream, stream_generator
 from ..learners import run_learner
 from ..models.sizes import shape_of
 from .stats import percentile_interval, resamples
@@ -84,7 +85,7 @@ def order_table(
             ),
         ]
     )
-    g = torch.Generator().manual_seed(seed)
+    g = stream_generator(seed, Stream.ORDER_PERMUTATIONS)
     rows = []
     for t in prefixes:
         xp, yp = permuted_prompts(xs, ys, t, n_perm, g)

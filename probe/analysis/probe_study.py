@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from ..capture.streams import by_position_streams
 from ..core import budget
 from ..core.memory import MemoryBudget
-from ..core.seeds import Offset, Stream, stream_generator
+from ..core.seeds import Stream, stream_generator
 from ..core.settings import ProbeSettings
 from ..core.validate import check_device, check_model, positive_int
 from ..data.tasks import sample_prompts
@@ -51,7 +51,7 @@ def probe_study(
     test = sample_prompts(task, n_test, generator=stream_generator(seed, Stream.PROBE_TEST))
     targets_train = {k: probe_targets(train.xs, train.ys, k) for k in settings.targets}
     targets_test = {k: probe_targets(test.xs, test.ys, k) for k in settings.targets}
-    perm = torch.randperm(settings.prompts, generator=torch.Generator().manual_seed(seed + Offset.SHUFFLE))
+    perm = torch.randperm(settings.prompts, generator=stream_generator(seed, Stream.SHUFFLE))
     shuffled = {k: v[perm] for k, v in targets_train.items()}
     models = [("none", model)] + (
         [("random_model", control_model)] if settings.controls and control_model is not None else []

@@ -59,6 +59,7 @@ from torch import Tensor
 
 from ..core import budget
 from ..core.errors import ConfigError
+from ..core.seeds import Stream, stream_generator
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
 from .pooling import MIN_GAIN, PoolingFit, ProbeSet, fit_pooling
@@ -124,9 +125,9 @@ HIDDEN_SCALES = (0.0, 0.1, 0.3, 1.0, 3.0, 10.0)  # hidden block against the line
 
 
 def random_layer(width: int, hidden: int, seed: int) -> tuple[Tensor, Tensor]:
-    """The MLP probe's hidden layer: A ~ N(0, 1/D) (D x H), c ~ N(0, 1), from `seed` alone (so a probe
-    fitted alone draws what it would in any grid)."""
-    g = torch.Generator().manual_seed(seed)
+    """The MLP probe's hidden layer: A ~ N(0, 1/D) (D x H), c ~ N(0, 1), from `seed`'s probe-features
+    stream alone (so a probe fitted alone draws what it would in any grid)."""
+    g = stream_generator(seed, Stream.PROBE_FEATURES)
     a = torch.randn(width, hidden, generator=g, dtype=torch.float64) / math.sqrt(width)
     return a, torch.randn(hidden, generator=g, dtype=torch.float64)
 

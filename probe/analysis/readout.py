@@ -17,6 +17,7 @@ import torch
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ..core.seeds import Stream, stream_generator
 from .stats import bootstrap_mean
 
 ALPHAS = (1e-6, 1e-4, 1e-2, 1.0)
@@ -155,7 +156,7 @@ def finetune_layer_readouts(
     coef = torch.tensor(readouts.coef, dtype=torch.float32, requires_grad=True)
     bias = torch.tensor(readouts.intercept, dtype=torch.float32, requires_grad=True)
     opt = torch.optim.Adam([coef, bias], lr=lr)
-    g = torch.Generator().manual_seed(seed)
+    g = stream_generator(seed, Stream.READOUT_MINIBATCHES)
     for _ in range(steps):
         idx = torch.randint(0, h.shape[1], (batch_size,), generator=g)
         pred = torch.einsum("lpnd,ld->lpn", h[:, idx], coef) + bias.view(-1, 1, 1)

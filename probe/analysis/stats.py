@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from ..core.seeds import Stream, stream_generator
+
 
 def r2_score(truth: Tensor, pred: Tensor, dim: int = -2) -> Tensor:
     """scikit-learn's r2_score per output, batched: 1 - SS_res / SS_tot over `dim` (samples).
@@ -26,10 +28,10 @@ def resamples(
 ) -> Iterator[Tensor]:
     """Bootstrap resamples of n prompts, as index batches (b, n) of at most `chunk` resamples.
 
-    One generator seeded with `seed` draws them in order; the draws do not depend on `chunk`
-    (CPU generator), so chunking only bounds memory.
+    One generator, the run seed's bootstrap stream (probe/core/seeds.py), draws them in order; the
+    draws do not depend on `chunk` (CPU generator), so chunking only bounds memory.
     """
-    g = torch.Generator().manual_seed(seed)
+    g = stream_generator(seed, Stream.BOOTSTRAP)
     chunk = chunk or n_boot
     for start in range(0, n_boot, chunk):
         yield torch.randint(0, n, (min(chunk, n_boot - start), n), generator=g).to(device)

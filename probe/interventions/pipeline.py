@@ -19,10 +19,11 @@ from ..analysis.verdicts import NOT_SEPARABLE
 from ..core import budget
 from ..core.config import to_dict
 from ..core.errors import ConfigError
-from ..core.seeds import Offset
+from ..core.seeds import Stream, stream_generator
 from ..core.settings import InterventionSettings
 from ..core.validate import check_bootstrap, check_device
 from ..data.config import TaskConfig
+from ..data.tasks import sample_prompts
 from ..models.sizes import shape_of
 from .ablate import ablate, summarise_ablation
 from .patch import FLAT, context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
@@ -30,7 +31,6 @@ from .runner import runner_for
 from .state import PICTURE as STATE_PICTURE
 from .state import source_xs, state_map_check, state_of
 
-HELD_OUT_SEED_OFFSET = Offset.HELD_OUT  # mean-ablation means come from prompts of seed + 1
 PARTS = ("ablate", "patch", "iteration")
 CONTEXT_PICTURE = "context patched (the query accumulates the prediction)"
 
@@ -86,7 +86,8 @@ def run_interventions(
     iteration: dict[str, pd.DataFrame] = {}
     if "ablate" in parts:
         xs, ys, _ = paired_prompts(task, settings.prompts, seed)
-        hx, hy, _ = paired_prompts(task, settings.prompts, seed + HELD_OUT_SEED_OFFSET)
+        held_out = sample_prompts(task, settings.prompts, generator=stream_generator(seed, Stream.HELD_OUT))
+        hx, hy = held_out.xs, held_out.ys
         ablation = ablate(runner, xs, ys, (hx, hy), settings.kinds, settings.heads, n_boot, seed, progress=progress)
         summary["ablation"] = summarise_ablation(ablation, min(2 * task.n_dims + 1, n - 1))
     check_maps = "iteration" in parts and bool(layer_maps)

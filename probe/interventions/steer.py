@@ -35,6 +35,7 @@ from ..analysis.stats import resamples
 from ..capture import RESID, capture
 from ..core import budget
 from ..core.errors import ConfigError
+from ..core.seeds import Stream, stream_generator
 from ..models.sizes import shape_of
 from .runner import Runner, boundary_hook_name, runner_for
 
@@ -132,7 +133,7 @@ def steering_table(
             budget.bootstrap_estimate("similarity.bootstrap", n_boot, test[0].shape[0], 2 * cells * len(sizes)),
         ]
     )
-    g = torch.Generator().manual_seed(seed)
+    g = stream_generator(seed, Stream.STEER_DIRECTIONS)
     rows = []
     for t in prefixes:
         xt, yt = test[0][:, : t + 1], test[1][:, : t + 1]  # all the prediction for x_{t+1} depends on

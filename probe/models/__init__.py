@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..core.seeds import Offset
+from ..core.seeds import Stream, stream_seed
 from .base import ModelOutput
 from .config import FAMILIES, ModelConfig
 from .gpt2 import GPT2ICL
@@ -35,13 +35,13 @@ RANDOM_INIT = ("gpt2", "lstm")  # families with an initialisation to draw a rand
 
 
 def random_weights_model(model_config, seed: int) -> nn.Module | None:
-    """The random-weights control: the architecture of `model_config`, initialised from seed + 99
-    (the same model for the probes' control and the null baselines; probe/core/seeds.py). None
+    """The random-weights control: the architecture of `model_config`, initialised from the seed's random-
+    weights stream (the same model for the probes' control and the null baselines; probe/core/seeds.py). None
     for a planted construction: its weights are the construction, and its class has no
     initialisation (a fresh one is all zeros), so there is no random-weights control to draw."""
 
     if model_config.family not in RANDOM_INIT:
         return None
     with torch.random.fork_rng(devices=[]):  # the caller's global random state is left as it was
-        torch.manual_seed(seed + Offset.RANDOM_WEIGHTS)
+        torch.manual_seed(stream_seed(seed, Stream.RANDOM_WEIGHTS))
         return build_model(model_config).eval()

@@ -126,7 +126,7 @@ def adapt_recipe(recipe: Recipe, config) -> Recipe:
     and every step count up to the depth; Newton sweeps the planted fixed alpha. A planted SGD
     (or Adam) model is also compared with its learner replaying its minibatch masks
     (`sgd_replay`, `adam_replay`) and with other draws (`sgd_other`, `adam_other`: masks of the
-    next seed, as a user without the model's seed meets)."""
+    another seed, as a user without the model's seed meets)."""
 
     m, task = config.model, config.task
     if task.name == "relu_network":  # direct training uses the task's own network depth

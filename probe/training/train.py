@@ -311,8 +311,9 @@ def _check_training(cfg: RunConfig, out: Path, resume: bool, device: str, keep_e
 def _training_state(cfg: RunConfig, out: Path, resume: bool, device: str, dist_info):
     """The seeded model and AdamW optimizer on `device`, at step 0 or where a resumed run stopped
     (its logs cut back to that step); returns (model, optimizer, start step, elapsed seconds)."""
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model)
+    with torch.random.fork_rng(devices=[]):  # the caller's global random state is left as it was
+        torch.manual_seed(cfg.train.seed)  # the initialisation (probe/core/seeds.py)
+        model = build_model(cfg.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     start, elapsed = 0, 0.0
     if resume:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from ...core.errors import ConfigError
+from ...core.seeds import Stream, stream_seed
 from ...core.settings import SweepSettings
 from ...data.positions import prefix_mask
 from ...learners import LEARNERS
@@ -121,14 +122,14 @@ class SGD(Construction):
         fit_gd_sweeps(sweeps, cfg)
 
     def add_replays(self, sweeps: list[SweepSettings], cfg: ModelConfig) -> None:
-        """Its learner replaying the model's masks (`<name>_replay`) and masks of the next seed
-        (`<name>_other`, as a user without the model's seed meets), at every step up to the depth."""
+        """Its learner replaying the model's masks (`<name>_replay`) and masks of another seed
+        (`<name>_other`, the model seed's other-masks stream: what a user without the model's seed meets), at every step up to the depth."""
         steps = sorted(set(STOCHASTIC_STEPS) | set(range(cfg.n_layer // self.per_step + 1)))
         title = LEARNERS.get(self.learner).label
         present = {s.label for s in sweeps}
         for suffix, seed, which in (
             ("replay", cfg.planted_seed, "the model's minibatches"),
-            ("other", cfg.planted_seed + 1, "other minibatches"),
+            ("other", stream_seed(cfg.planted_seed, Stream.OTHER_MASKS), "other minibatches"),
         ):
             if f"{self.name}_{suffix}" not in present:
                 grid = {
