@@ -495,3 +495,35 @@ def test_a_tie_between_two_sweeps_keeps_the_recipes_first_candidate():
     assert kept["gd"].sweep == "gd_linear" and kept["gd"].k == 6
     _keep_best(kept, SimpleNamespace(label="gd_log", axis="steps"), result, values + 1e-6, torch.zeros(2, 3))
     assert kept["gd"].sweep == "gd_log"
+
+
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+def test_heads_fitted_in_blocks_equal_the_batched_fit(kind, monkeypatch):
+    """fit_head fits at most HEAD_BLOCK_BYTES of probes at a time (the paper-scale memory bound);
+    each probe's head is its own, so blocks of one probe give the batched heads, penalties and errors."""
+    from probe.analysis import probes
+    from probe.analysis.probes import ALPHAS, fit_head
+
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(5, 40, 6, generator=g, dtype=torch.float64)
+    y = z[..., :2] @ torch.randn(5, 2, 2, generator=g, dtype=torch.float64) + 0.1 * torch.randn(5, 40, 2, generator=g, dtype=torch.float64)
+    batched = fit_head(kind, z, y, ALPHAS, 8, 0)
+    monkeypatch.setattr(probes, "HEAD_BLOCK_BYTES", 1)
+    blocks = fit_head(kind, z, y, ALPHAS, 8, 0)
+    for a, b in zip(batched[1:], blocks[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=0)
+    zt = torch.randn(5, 7, 6, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(batched[0].predict(zt), blocks[0].predict(zt), rtol=1e-12, atol=1e-14)
+
+
+def test_leave_one_out_in_blocks_equals_the_batched_error(monkeypatch):
+    from probe.analysis import ridge
+
+    g = torch.Generator().manual_seed(5)
+    fc = torch.randn(4, 30, 6, generator=g, dtype=torch.float64)
+    fc = fc - fc.mean(1, keepdim=True)
+    yc = torch.randn(4, 30, 2, generator=g, dtype=torch.float64)
+    penalties = ridge.ridge_penalties(fc, (1e-3, 1e-1, 10.0))
+    batched = ridge.ridge_loo(fc, yc, penalties)
+    monkeypatch.setattr(ridge, "LOO_BLOCK_BYTES", 1)
+    torch.testing.assert_close(ridge.ridge_loo(fc, yc, penalties), batched, rtol=1e-12, atol=0)

@@ -164,7 +164,7 @@ def test_streams_are_named_and_distinct():
     from probe.core.seeds import Stream, stream_generator, stream_seed
 
     assert len({int(s) for s in Stream}) == len(Stream)
-    seeds = {stream_seed(seed, stream) for seed in range(0, 100) for stream in Stream}
+    seeds = {stream_seed(seed, stream) for seed in range(100) for stream in Stream}
     assert len(seeds) == 100 * len(Stream)
     first = torch.rand(4, generator=stream_generator(0, Stream.BOOTSTRAP))
     assert not torch.equal(first, torch.rand(4, generator=torch.Generator().manual_seed(0)))

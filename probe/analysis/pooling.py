@@ -173,7 +173,7 @@ class ProbeSet:
     def centred_pool(self, scores: Tensor) -> Tensor:
         every = torch.arange(len(self.layer), device=self.layer.device)
         z = self.pool(self.attention(scores, every), every)
-        return z - z.mean(1, keepdim=True)
+        return z.sub_(z.mean(1, keepdim=True))  # in place: z is this call's own
 
 
 @dataclass

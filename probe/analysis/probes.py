@@ -113,11 +113,21 @@ class Head:
     def predict(self, z: Tensor) -> Tensor:
         return (self.features(z) - self.feature_mean) @ self.weight + self.target_mean
 
+    PER_PROBE = ("weight", "feature_mean", "target_mean", "z_mean", "z_std", "hidden_scale")
+
+    @staticmethod
+    def cat(heads: list[Head]) -> Head:
+        """The heads of consecutive blocks of probes as one (same kind, width and random layer)."""
+        merged: dict[str, Any] = {
+            f: None if getattr(heads[0], f) is None else torch.cat([getattr(h, f) for h in heads])
+            for f in Head.PER_PROBE
+        }
+        return dataclasses.replace(heads[0], **merged)
+
     def where(self, take: Tensor, other: Head) -> Head:
         """Per probe, `other`'s fitted parts where take (G,) is true (same kind, width and random layer)."""
         pick = lambda a, b: None if a is None else torch.where(take.view(-1, *[1] * (a.dim() - 1)), b, a)
-        fields = ("weight", "feature_mean", "target_mean", "z_mean", "z_std", "hidden_scale")
-        merged: dict[str, Any] = {f: pick(getattr(self, f), getattr(other, f)) for f in fields}
+        merged: dict[str, Any] = {f: pick(getattr(self, f), getattr(other, f)) for f in self.PER_PROBE}
         return dataclasses.replace(self, **merged)
 
 
@@ -132,11 +142,32 @@ def random_layer(width: int, hidden: int, seed: int) -> tuple[Tensor, Tensor]:
     return a, torch.randn(hidden, generator=g, dtype=torch.float64)
 
 
+HEAD_BLOCK_BYTES = 64 << 20  # the per-probe temporaries (ridge's N x F products) of one block of heads
+
+
 def fit_head(
     kind: str, z: Tensor, y: Tensor, alphas: Sequence[float], hidden: int, seed: int
 ) -> tuple[Head, Tensor, Tensor]:
     """The closed-form head of each probe on pooled features z (G, N, D) and targets y (G, N, d);
-    returns it with its penalties (G,) and leave-one-out MSE (G,). The linear head's penalty is
+    returns it with its penalties (G,) and leave-one-out MSE (G,) (`_fit_heads`). Fitted a block of
+    probes at a time (at most about HEAD_BLOCK_BYTES of temporaries): each probe's head depends on
+    its own features only, so the blocks give the batched result."""
+    n, width = z.shape[1], z.shape[2]
+    per_probe = 8 * n * (4 * (width + (hidden if kind == "mlp" else 0)) + 3 * len(alphas) * y.shape[-1])
+    block = max(1, HEAD_BLOCK_BYTES // per_probe)
+    if block >= len(z):
+        return _fit_heads(kind, z, y, alphas, hidden, seed)
+    parts = [
+        _fit_heads(kind, z[lo : lo + block], y[lo : lo + block], alphas, hidden, seed) for lo in range(0, len(z), block)
+    ]
+    heads, penalties, loos = zip(*parts)
+    return Head.cat(list(heads)), torch.cat(penalties), torch.cat(loos)
+
+
+def _fit_heads(
+    kind: str, z: Tensor, y: Tensor, alphas: Sequence[float], hidden: int, seed: int
+) -> tuple[Head, Tensor, Tensor]:
+    """`fit_head` for one block of probes. The linear head's penalty is
     chosen from `alphas` by leave-one-out; the MLP head keeps that penalty and chooses, the same
     way, how strongly its hidden block enters (HIDDEN_SCALES, after equalising the two blocks'
     mean eigenvalues; the smallest scale within MIN_GAIN of the best leave-one-out R^2): the hidden

@@ -17,9 +17,28 @@ def ridge_penalties(fc: Tensor, alphas: Sequence[float]) -> Tensor:
     return scale.clamp_min(1e-300).unsqueeze(-1) * torch.tensor(alphas, dtype=fc.dtype, device=fc.device)
 
 
+LOO_BLOCK_BYTES = 64 << 20  # the per-probe temporaries (N x F, A x N x d) of one block of probes
+
+
 def ridge_loo(fc: Tensor, yc: Tensor, penalties: Tensor) -> Tensor:
     """(k, A) leave-one-out mean squared error of ridge with an unpenalised intercept, for each
-    penalty; fc (k, N, F) and yc (k, N, d) centred over N. Exact: e_i / (1 - 1/N - H_ii)."""
+    penalty; fc (k, N, F) and yc (k, N, d) centred over N. Exact: e_i / (1 - 1/N - H_ii). Computed
+    a block of probes at a time (at most about LOO_BLOCK_BYTES of temporaries; each probe's error is
+    its own, so the blocks give the batched result)."""
+    n, width, a, d = fc.shape[1], fc.shape[2], penalties.shape[1], yc.shape[-1]
+    block = max(1, LOO_BLOCK_BYTES // (8 * (2 * n * width + width * a * d + 4 * a * n * d)))
+    if block >= len(fc):
+        return _ridge_loo(fc, yc, penalties)
+    return torch.cat(
+        [
+            _ridge_loo(fc[lo : lo + block], yc[lo : lo + block], penalties[lo : lo + block])
+            for lo in range(0, len(fc), block)
+        ]
+    )
+
+
+def _ridge_loo(fc: Tensor, yc: Tensor, penalties: Tensor) -> Tensor:
+    """`ridge_loo` for one block of probes."""
     n, width = fc.shape[1], fc.shape[2]
     if width <= n:  # eigenvectors of the smaller Gram matrix
         evals, vecs = torch.linalg.eigh(fc.transpose(1, 2) @ fc)

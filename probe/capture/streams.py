@@ -13,8 +13,8 @@ from torch import Tensor
 from ..core.memory import MemoryBudget, nbytes
 from .activations import RESID, capture, spill_dir
 
-CHUNK_BYTES = 64 << 20  # one chunk's streams
-MIN_CHUNK = 64
+CHUNK_BYTES = 32 << 20  # one chunk's streams (capture holds a few copies of them while it stores a chunk)
+MIN_CHUNK = 8
 
 
 def by_position_streams(
