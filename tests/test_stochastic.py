@@ -277,3 +277,22 @@ def test_report_order_stage_reuses_the_layers_read_outs_exactly(ckpt, monkeypatc
     reused = run_stages(loaded, recipe, "cpu", StageCache(None), False, only={"layers", "order"})
     assert reused.data["readouts"] is not None and "readouts" not in refitted.data
     pd.testing.assert_frame_equal(reused.tables["order"], refitted.tables["order"], rtol=0, atol=0)
+
+
+def test_order_learners_in_blocks_equal_one_batch(monkeypatch):
+    """order_table runs the learners a block of sequences at a time (the paper-scale memory bound);
+    each sequence's prediction is its own, so blocks of one sequence give the one-batch table (to
+    round-off: the order-free learners' shares are 0 +- 1e-31 either way)."""
+    from probe.analysis import order
+
+    xs, ys = _prompts(n=10, b=12)
+    learners = {
+        "gd": {"learner": "gd", "grid": {"steps": [8]}},
+        "ogd": {"learner": "ogd"},
+        "sgd": {"learner": "sgd", "grid": {"steps": [8], "eta": [0.05], "batch_size": [2], "masks_seed": 0}},
+    }
+    model = plant(planted_config("gd", 3, 4, 10).model)
+    whole = order_table(model, ModelLens(model), xs, ys, [6, 9], 4, learners, n_boot=50)
+    monkeypatch.setattr(order, "LEARNER_BLOCK_BYTES", 1)
+    blocks = order_table(model, ModelLens(model), xs, ys, [6, 9], 4, learners, n_boot=50)
+    pd.testing.assert_frame_equal(whole, blocks, check_exact=False, rtol=1e-9, atol=1e-20)

@@ -28,6 +28,8 @@ from ..learners import run_learner
 from ..models.sizes import shape_of
 from .stats import percentile_interval, resamples
 
+LEARNER_BLOCK_BYTES = 64 << 20  # per-sequence moments and eigenvectors of one block of the learners' sequences
+
 
 def permuted_prompts(xs: Tensor, ys: Tensor, t: int, n_perm: int, generator: torch.Generator):
     """(P, B, t + 1, d) and (P, B, t + 1): the first t examples of each prompt permuted (the first
@@ -105,8 +107,18 @@ def order_table(
         layer_preds = readouts.predict(at_query).reshape(at_query.shape[0], n_perm, -1)
         value, lo, hi = order_share(layer_preds, n_boot, seed)
         rows += [_row("model", layer, t, value[layer], lo[layer], hi[layer]) for layer in range(len(value))]
+        # the learners a block of sequences at a time (each sequence's prediction is its own): every
+        # prefix's moments and eigendecomposition of all P x B sequences would be ~1 GB at paper scale
+        block = max(1, LEARNER_BLOCK_BYTES // (8 * (t + 1) * flat_x.shape[-1] ** 2 * 6))
         for label, spec in learners.items():
-            preds = run_learner(spec["learner"], flat_x, flat_y, **spec.get("grid", {})).preds[0, :, t]
+            preds = torch.cat(
+                [
+                    run_learner(
+                        spec["learner"], flat_x[lo : lo + block], flat_y[lo : lo + block], **spec.get("grid", {})
+                    ).preds[0, :, t]
+                    for lo in range(0, len(flat_x), block)
+                ]
+            )
             value, lo, hi = order_share(preds.reshape(n_perm, -1), n_boot, seed)
             rows.append(_row(label, -1, t, value, lo, hi))
     return pd.DataFrame(rows)
