@@ -18,7 +18,7 @@ from ..core.validate import check_bootstrap, positive_int
 from ..data.config import TaskConfig
 from ..data.tasks import Prompts, generator_for, sample_prompts
 from ..learners import run_learner
-from ..models.sizes import shape_of
+from ..models.sizes import forward_batch, shape_of
 from .stats import bootstrap_mean, bootstrap_r2, r2_score
 
 EVAL_STREAM = Stream.EVALUATION  # keeps evaluation prompts apart from the training stream
@@ -36,6 +36,8 @@ def predict(
     """Model predictions (P, n) in batches, on `device`, returned on the CPU."""
 
     model = model.to(device).eval()
+    if all(hasattr(model, name) for name in ("n_layers", "d_model")):  # the model protocol
+        batch_size = forward_batch(model, prompts.xs.shape[1], batch_size)
     out = []
     starts = range(0, prompts.xs.shape[0], batch_size)
     for s in tqdm(starts, desc="predict", disable=not progress, leave=False):

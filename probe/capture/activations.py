@@ -30,6 +30,7 @@ from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget, nbytes
 from ..core.validate import check_device, check_prompts_for, positive_int
 from ..io.outputs import clean_stale
+from ..models.sizes import forward_batch
 from . import hooks as H
 from .backends import Request, backend_for, final_norm
 from .handle import to_bridge
@@ -250,12 +251,8 @@ def _stored_bytes(model, hooks: list[str], b: int, n_pos: int) -> int:
 
 
 def _batch_within_budget(model, n: int, batch_size: int, kept: int, headroom: int) -> int:
-    """The batch size, lowered so that one batch's forward pass (every boundary, the MLP's 4x
-    hidden width and the attention scores: about 8 (L+2) 2n D floats a prompt) fits in what the
-    memory budget leaves beside `kept` bytes."""
-
-    per_prompt = nbytes((8, model.n_layers + 2, 2 * n, model.d_model))
-    return max(1, min(batch_size, (headroom - kept) // per_prompt))
+    """`forward_batch` within what the memory budget leaves beside `kept` bytes."""
+    return forward_batch(model, n, batch_size, headroom - kept)
 
 
 def _public_bridge(model, device: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from ..core.budget import Shape
+from ..core.memory import nbytes
 
 
 def model_bytes(model_cfg) -> int:
@@ -49,3 +50,17 @@ def shape_of(model_or_config) -> Shape:
         return Shape(max(int(m.n_layers), 1), max(int(m.d_model), 1), int(m.n_dims))
     params = sum(p.numel() for p in m.parameters()) if hasattr(m, "parameters") else 0
     return Shape(1, max(int(math.sqrt(params / 12)), 1), 1)  # a bare forward: one block of its parameter count
+
+
+FORWARD_BATCH_BYTES = 512 << 20  # the most one batch's forward pass may take by that estimate, whatever the budget
+
+
+def forward_batch(model, n: int, batch_size: int, headroom: int | None = None) -> int:
+    """The batch size, lowered so that one batch's forward pass (every boundary, the MLP's 4x hidden
+    width and the attention scores: about 8 (L+2) 2n D floats a prompt) takes at most
+    FORWARD_BATCH_BYTES and what `headroom` leaves. Larger batches gain nothing on a CPU (a batch of
+    such a size already fills the matrix products) but their temporaries raise the peak memory; the
+    forward is batch-invariant, so no number depends on the batch."""
+    per_prompt = nbytes((8, model.n_layers + 2, 2 * n, model.d_model))
+    limit = FORWARD_BATCH_BYTES if headroom is None else min(FORWARD_BATCH_BYTES, headroom)
+    return max(1, min(batch_size, limit // per_prompt))
