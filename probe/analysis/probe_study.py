@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from ..capture.streams import by_position_streams
 from ..core import budget
+from ..core.allocator import release_free_memory
 from ..core.memory import MemoryBudget
 from ..core.seeds import Stream, stream_generator
 from ..core.settings import ProbeSettings
@@ -82,5 +83,6 @@ def probe_study(
             frames.append(grid.score(states, targets_test).assign(control=name))
             bar.update()
         del states, grids
+        release_free_memory()  # this model's fit temporaries leave the heap before the next model's streams
     bar.close()
     return pd.concat(frames, ignore_index=True)
