@@ -29,3 +29,20 @@ def test_a_report_is_byte_identical_under_a_starved_memory_budget(ckpt, report, 
     assert files == sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file() and p.name != "summary.json")
     different = [str(f) for f in files if (report / f).read_bytes() != (out / f).read_bytes()]
     assert different == []
+
+
+def test_linear_rows_do_not_depend_on_how_many_rows_share_the_call():
+    # MKL takes other kernels for a call's tail rows and for calls of under 12 rows (probe/models/linear.py)
+    import torch
+
+    from probe.models.linear import StableLinear, padded_rows
+
+    g = torch.Generator().manual_seed(0)
+    for n_in, n_out, dtype in ((256, 1, torch.float32), (16, 48, torch.float32), (16, 48, torch.float64)):
+        layer = StableLinear(n_in, n_out).to(dtype)
+        x = torch.randn(160, n_in, generator=g, dtype=dtype)
+        with torch.no_grad():
+            full = layer(x)
+            assert all(torch.equal(layer(x[:m]), full[:m]) for m in range(1, 70))
+            assert torch.allclose(full, x @ layer.weight.t() + layer.bias, rtol=1e-5, atol=1e-5)
+    assert [padded_rows(m) for m in (1, 12, 16, 17, 41, 44)] == [16, 16, 16, 20, 44, 44]

@@ -38,6 +38,7 @@ from .base import ModelOutput, ReadInOutModel
 from .config import FAMILIES, ModelConfig
 from .encoding import interleave
 from .hooked import Hooked, HookFn, HookPoint
+from .linear import StableLinear, stable_addmm
 
 LN_EPS = 1e-5
 
@@ -87,7 +88,7 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(n_out))
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+        return stable_addmm(self.bias, x, self.weight)  # rows independent of the batch (models/linear.py)
 
 
 class LayerNorm(nn.LayerNorm):
@@ -229,10 +230,10 @@ class GPT2ICL(Hooked, ReadInOutModel, nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self._read_in = nn.Linear(cfg.token_dim, cfg.n_embd)
+        self._read_in = StableLinear(cfg.token_dim, cfg.n_embd)
         self.hook_embed, self.hook_pos_embed = HookPoint(), HookPoint()
         self._backbone = Backbone(cfg)
-        self._read_out = nn.Linear(cfg.n_embd, 1)
+        self._read_out = StableLinear(cfg.n_embd, 1)
         self._init_weights()
         self.name_hook_points(TL_NAMES)
 

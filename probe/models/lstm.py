@@ -12,6 +12,7 @@ from ..data.positions import x_positions
 from .base import ModelOutput, ReadInOutModel
 from .config import FAMILIES, ModelConfig
 from .encoding import interleave
+from .linear import StableLinear
 
 
 @FAMILIES.register("lstm")
@@ -21,9 +22,9 @@ class LSTMICL(ReadInOutModel, nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self._read_in = nn.Linear(cfg.token_dim, cfg.n_embd)
+        self._read_in = StableLinear(cfg.token_dim, cfg.n_embd)
         self._layers = nn.ModuleList(nn.LSTM(cfg.n_embd, cfg.n_embd, batch_first=True) for _ in range(cfg.n_layer))
-        self._read_out = nn.Linear(cfg.n_embd, 1)
+        self._read_out = StableLinear(cfg.n_embd, 1)
 
     def lens(self, resid: Tensor) -> Tensor:
         """The model's own read-out applied to any layer's hidden state."""

@@ -1,0 +1,43 @@
+"""Linear layers whose every row's result is independent of how many rows share the call.
+
+A report's numbers must not depend on the batch and chunk sizes its memory budget picks
+(tests/test_memory_invariance.py). MKL's GEMM (torch's CPU BLAS) computes a call's last rows
+with other kernels when their count is not a multiple of 4, and calls of fewer than 12 rows
+entirely so (measured on torch 2.13's AVX-512 build: rows 4-6 of a 7-row float32 product, or
+the last row of a 41-row (D, 1) read-out, differ from the same rows inside a larger call by
+round-off). `stable_addmm` pads the rows to a multiple of 4 and at least MIN_ROWS with zeros,
+so every real row takes the main kernel, as it does in a large batch; the padding is a few
+rows, and only calls that need it copy their input.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+MIN_ROWS = 16
+ROW_MULTIPLE = 4
+
+
+def padded_rows(m: int) -> int:
+    """The row count a product of m rows is computed with."""
+    return max(MIN_ROWS, -(-m // ROW_MULTIPLE) * ROW_MULTIPLE)
+
+
+def stable_addmm(bias: Tensor, x: Tensor, weight: Tensor) -> Tensor:
+    """bias + x @ weight for x (..., K) and weight (K, N), every row as a large batch computes it."""
+    rows = x.reshape(-1, x.shape[-1])
+    m = rows.shape[0]
+    target = padded_rows(m)
+    if target != m:
+        rows = F.pad(rows, (0, 0, 0, target - m))
+    return torch.addmm(bias, rows, weight)[:m].view(*x.shape[:-1], weight.shape[-1])
+
+
+class StableLinear(nn.Linear):
+    """nn.Linear (same parameters and state-dict keys) computed by `stable_addmm`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = self.bias if self.bias is not None else x.new_zeros(self.out_features)
+        return stable_addmm(bias, x, self.weight.t())
