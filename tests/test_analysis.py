@@ -215,6 +215,28 @@ def test_probe_hessian_equals_finite_differences_of_its_gradient():
     assert torch.allclose(probes.hessian(penalty, max_bytes=1)(scores, every)[2], hess, atol=1e-14)
 
 
+def test_probe_objective_in_blocks_of_layers_equals_one_block():
+    """The objective in blocks of whole layers' probes (`max_bytes`) gives the numbers of one
+    block bit for bit: each layer's pooling is one matmul either way, the rest is per probe."""
+    from probe.analysis.pooling import layer_blocks
+    from probe.analysis.probes import ProbeSet
+
+    g = torch.Generator().manual_seed(5)
+    states = torch.randn(4, 7, 60, 6, generator=g, dtype=torch.float64)
+    layer = torch.tensor([0, 0, 1, 2, 2, 2, 3])
+    yc = torch.randn(7, 60, 2, generator=g, dtype=torch.float64)
+    probes = ProbeSet(states, layer, torch.tensor([7, 3, 5, 7, 2, 6, 4]), yc - yc.mean(1, keepdim=True))
+    penalty = torch.rand(7, generator=g, dtype=torch.float64) + 0.1
+    scores = torch.randn(7, 7, generator=g, dtype=torch.float64)
+    for index in (torch.arange(7), torch.tensor([1, 2, 4, 5, 6])):  # every probe, and a working set
+        whole = probes.objective(penalty)(scores[index], index)
+        blocked = probes.objective(penalty, max_bytes=1)(scores[index], index)
+        assert all(torch.equal(a, b) for a, b in zip(whole, blocked))
+    blocks = layer_blocks(probes.groups(torch.arange(7)), per_block=3)
+    assert [rows for rows, _ in blocks] == [slice(0, 3), slice(3, 6), slice(6, 7)]  # whole layers, >= 1 each
+    assert [[layer for _, layer, _ in groups] for _, groups in blocks] == [[0, 1], [2], [3]]
+
+
 def test_newton_minimize_reaches_scipy_minimum():
     """Batched modified Newton on Rosenbrock's function (negative curvature on the way) and on
     a convex quadratic: the minima scipy's trust-region Newton finds, each converged."""

@@ -30,6 +30,28 @@ MAX_ROUNDS = 5  # penalty re-chosen at the optimum pooling at most this many tim
 
 
 Groups = list[tuple[Tensor | slice, int, int]]  # (rows, layer, positions used) per layer: ProbeSet.groups
+OBJECTIVE_BLOCK_BYTES = 64 << 20  # pooled states, centred, and their gradient for one block of layers' probes
+
+
+def layer_blocks(groups: Groups, per_block: int) -> list[tuple[slice, Groups]]:
+    """`groups` (rows as consecutive slices, layer by layer) cut into blocks of whole layers of
+    about `per_block` probes (at least one layer each): (rows of the block, its groups with rows
+    counted from the block's first). Groups whose rows are not slices stay one block."""
+    if not all(isinstance(rows, slice) for rows, _, _ in groups):
+        return [(slice(None), groups)]
+    blocks: list[tuple[slice, Groups]] = []
+    start = 0
+    current: Groups = []
+    for rows, layer, used in groups:
+        assert isinstance(rows, slice)
+        if current and rows.stop - start > per_block:
+            blocks.append((slice(start, rows.start), current))
+            start, current = rows.start, []
+        current.append((slice(rows.start - start, rows.stop - start), layer, used))
+    last = groups[-1][0] if groups else slice(0, 0)
+    assert isinstance(last, slice)
+    blocks.append((slice(start, last.stop), current))
+    return blocks
 
 
 @dataclass
@@ -97,21 +119,36 @@ class ProbeSet:
             out[rows, :used] = (grad.reshape(len(grad), -1).to(flat.dtype) @ flat.T).double()
         return out
 
-    def objective(self, penalty: Tensor):
-        """f(s) and its gradient for `minimize`: the ridge objective at the optimal head (module docstring)."""
+    def objective(self, penalty: Tensor, max_bytes: int = OBJECTIVE_BLOCK_BYTES):
+        """f(s) and its gradient for `minimize`: the ridge objective at the optimal head (module
+        docstring), for blocks of whole layers' probes at a time (at most about `max_bytes` of pooled
+        states and their gradients): each layer's pooling is the same one matmul as unblocked, and
+        every other product is per probe, so the numbers do not depend on the blocks (tested)."""
 
         def fun(scores: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
-            alpha, groups = self.attention(scores, index), self.groups(index)
-            z = self.pool(alpha, index, groups=groups)
-            zc, yc = z - z.mean(1, keepdim=True), self.yc[index]
-            w = ridge_head(zc, yc, penalty[index])
-            resid = yc - zc @ w
-            scale = resid.shape[1] * resid.shape[2]
-            f = (resid.pow(2).sum((1, 2)) + penalty[index] * w.pow(2).sum((1, 2))) / scale
-            grad_alpha = self.pool_grad(-2 / scale * resid @ w.transpose(1, 2), index, groups)  # centring drops out
-            return f, alpha * (grad_alpha - (alpha * grad_alpha).sum(-1, keepdim=True))
+            groups = self.groups(index)
+            _, _, n, width = self.states.shape
+            blocks = layer_blocks(groups, max(1, max_bytes // (3 * 8 * n * width)))
+            if len(blocks) == 1:
+                return self._objective_block(scores, index, penalty, groups)
+            f, grad = torch.empty(len(index), dtype=torch.float64, device=scores.device), torch.empty_like(scores)
+            for rows, local in blocks:
+                f[rows], grad[rows] = self._objective_block(scores[rows], index[rows], penalty, local)
+            return f, grad
 
         return fun
+
+    def _objective_block(self, scores: Tensor, index: Tensor, penalty: Tensor, groups: Groups):
+        alpha = self.attention(scores, index)
+        z = self.pool(alpha, index, groups=groups)
+        zc, yc = z.sub_(z.mean(1, keepdim=True)), self.yc[index]  # in place: z is this call's own
+        w = ridge_head(zc, yc, penalty[index])
+        resid = yc - zc @ w
+        del zc, z
+        scale = resid.shape[1] * resid.shape[2]
+        f = (resid.pow(2).sum((1, 2)) + penalty[index] * w.pow(2).sum((1, 2))) / scale
+        grad_alpha = self.pool_grad(-2 / scale * resid @ w.transpose(1, 2), index, groups)  # centring drops out
+        return f, alpha * (grad_alpha - (alpha * grad_alpha).sum(-1, keepdim=True))
 
     def hessian(self, penalty: Tensor, max_bytes: int = 64 << 20):
         """f(s), its gradient and its Hessian (k, P, P) for `newton_minimize`, probes in chunks of at

@@ -54,6 +54,7 @@ def probe_study(
     targets_test = {k: probe_targets(test.xs, test.ys, k) for k in settings.targets}
     perm = torch.randperm(settings.prompts, generator=stream_generator(seed, Stream.SHUFFLE))
     shuffled = {k: v[perm] for k, v in targets_train.items()}
+    release_free_memory()  # the targets' least-squares temporaries (~0.4 GB at d = 20) before the streams
     models = [("none", model)] + (
         [("random_model", control_model)] if settings.controls and control_model is not None else []
     )
@@ -78,6 +79,7 @@ def probe_study(
         if control == "none" and settings.controls:
             grids.append(("shuffled", fit_probe_grid(states, shuffled, combos, settings.kinds, **fit)))
         del states
+        release_free_memory()  # the fits' temporaries before the test streams
         states = by_position_streams(m, test.xs, test.ys, device, dtype=dtype, memory=memory)
         for name, grid in grids:
             frames.append(grid.score(states, targets_test).assign(control=name))

@@ -17,6 +17,7 @@ import torch
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ..core.allocator import release_free_memory
 from ..core.seeds import Stream, stream_generator
 from .stats import bootstrap_mean
 
@@ -121,18 +122,17 @@ def fit_layer_readouts(
         grams.append(a.T @ a)
         rhss.append(a.T @ y)
         del a
+        release_free_memory()  # a layer's design matrices leave the heap before the next layer's (fragmentation)
     beta = ridge_solve(torch.stack(grams), torch.stack(rhss), alphas_t, len(y))  # (A, L+1, D+1)
     val_err = torch.stack(
         [((_layer_design(s) @ beta[:, layer].T - yv[:, None]) ** 2).mean(0) for layer, s in enumerate(val_states)],
         dim=1,
     )  # (A, L+1)
-    pick = alphas_t[val_err.argmin(0)].numpy()
-    fitted = [
-        RidgeReadout(float(alpha)).fit(np.asarray(s).reshape(-1, s.shape[-1]), y.numpy())
-        for alpha, s in zip(pick, train_states)
-    ]
-    coef = np.stack([est.coef_ for est in fitted])
-    return LayerReadouts(coef, np.array([est.intercept_ for est in fitted]), pick, val_err.numpy())
+    best = val_err.argmin(0)
+    # each layer's solution at its chosen penalty is already among the solved systems: the system
+    # RidgeReadout(alpha).fit solves on these states (equal to round-off, tested)
+    chosen = beta[best, torch.arange(beta.shape[1])].numpy()  # (L+1, D+1)
+    return LayerReadouts(chosen[:, :-1].copy(), chosen[:, -1].copy(), alphas_t[best].numpy(), val_err.numpy())
 
 
 def _layer_design(states) -> torch.Tensor:

@@ -18,6 +18,7 @@ from ..capture import RESID, capture
 from ..core.memory import MemoryBudget, nbytes
 from ..data.positions import X_TOKENS
 from ..models.encoding import interleave
+from ..models.sizes import FORWARD_BATCH_BYTES
 
 LayerReadout = Callable[[int, np.ndarray], np.ndarray]  # (layer, states (..., D)) -> predictions (...)
 
@@ -151,8 +152,8 @@ def cached_query_states(
     once; then every query of every prefix t is one token at position 2t, resumed block by block
     after the prompt's cached keys and values, of which it sees those before 2t (seed 003 eq. 11).
     Equal to `sequence_query_states` up to float round-off (tested to 1e-5). Prompts are
-    processed in chunks sized from `max_bytes` (default: a quarter of `memory`'s headroom; the
-    output array and the prompt's capture hold the rest).
+    processed in chunks sized from `max_bytes` (default: a quarter of `memory`'s headroom, at most
+    FORWARD_BATCH_BYTES as for any forward; the output array and the prompt's capture hold the rest).
     """
 
     b, n, _ = xs.shape
@@ -165,7 +166,9 @@ def cached_query_states(
         else np.empty((layers + 1, b, steps, q), dtype=np.float64)
     )
     keep = (lambda layer, s: s) if readout is None else readout
-    budget = max_bytes if max_bytes is not None else (memory or MemoryBudget()).headroom() // 4
+    budget = (
+        max_bytes if max_bytes is not None else min((memory or MemoryBudget()).headroom() // 4, FORWARD_BATCH_BYTES)
+    )
     chunk = _query_chunk(budget, n, steps, q, width, heads)
     model = model.to(device).eval()
     t_idx = torch.arange(start, n, device=device)
