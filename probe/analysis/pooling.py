@@ -246,6 +246,7 @@ def fit_pooling(
     # round pools with at most FIRST_ROUND_PENALTY, to a loose tolerance where that is not the choice
     cap = (ridge_penalties(zc, (FIRST_ROUND_PENALTY,)) >= grid).sum(1).clamp(1, grid.shape[1]) - 1
     capped = learned & (choice > cap)
+    del zc  # (G, N, D): not held through the fits
     choice = torch.where(capped, cap, choice)
     iterations = torch.zeros(n_probes, dtype=torch.long, device=device)
     grad_norm = torch.zeros(n_probes, dtype=torch.float64, device=device)
