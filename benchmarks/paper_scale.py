@@ -5,7 +5,8 @@ Each report runs in its own process (`icl-probe report --no-cache`, probes on); 
 prints every stage's seconds and share, the ratio of total times, and each run's peak resident
 memory; then the paper-scale report's cost in forward-pass units (FPE: its wall time over one bare
 forward of the model over the recipe's curve prompts) beside the recipe's floor in the same units
-(the forwards it cannot avoid, counted from its settings). Last line: `fpe=<x> floor=<y> peak_gb=<z>`. It also times SimW query states on the same inputs by the key/value-cache path and by
+(the forwards it cannot avoid, counted from its settings), and the forward work its stages do as
+built, counted in token-blocks (`work_fpe`). Last line: `fpe=<x> floor=<y> peak_gb=<z>`. It also times SimW query states on the same inputs by the key/value-cache path and by
 one sequence per prefix and query (the old path), and checks they agree.
 Run from the repository root:  python benchmarks/paper_scale.py [--skip-reports | --skip-query-states]
 """
@@ -99,6 +100,67 @@ def floor_fpe(ckpt: Path) -> float:
     return prompts / p.curve
 
 
+def work_fpe(ckpt: Path, float64_cost: float) -> dict[str, float]:
+    """The forward work the quick recipe's stages do as they are built, in curve-forward units,
+    counted in token-blocks (one token through one block) from its settings and the model's depth:
+    what `floor_fpe` counts plus the float64 cost of the probe streams (`float64_cost`: a float64
+    forward's time over a float32 one's, measured), the order prompts' real lengths (2t + 1 tokens),
+    the prompt runs behind the SimW queries and forgetting's queries, the ablations' re-runs from
+    the ablated block (skip, and zero and mean of each MLP) and the patching heatmap's windows
+    (tokens p..query from each boundary). Attention's own cost, the learners, fits, bootstraps and
+    figures are not counted: the rest of a report's FPE is those."""
+    from probe.io.formats import load_checkpoint
+    from probe.reporting.recipe import adapt_recipe, resolve_recipe
+
+    loaded = load_checkpoint(ckpt)
+    r = adapt_recipe(resolve_recipe("quick"), loaded.config)
+    n, d, layers = loaded.config.task.n_points, loaded.config.task.n_dims, loaded.config.model.n_layer
+    p, full = r.prompts, 2 * n * layers  # token-blocks of one whole prompt
+    work = {"evaluate": p.curve * full, "read-outs": (p.train + p.val + p.test) * full}
+    induced = min(p.induced, p.test)
+    work["SimW queries"] = induced * full + induced * (p.queries or 4 * d) * n * layers
+    if r.probes.enabled:
+        work["probe streams"] = (r.probes.prompts + p.test) * (2 if r.probes.controls else 1) * full * float64_cost
+    if r.forgetting.enabled:
+        work["forgetting"] = r.forgetting.prompts * (full + (n - 1) * layers)
+    if r.order.enabled:
+        ts = r.order.prefixes_for(d, n)
+        work["order"] = r.order.prompts * r.order.permutations * sum(2 * t + 1 for t in ts) * layers
+    if r.interventions.enabled:
+        s = r.interventions
+        reruns = 3 * layers * (layers + 1) / 2  # skip, zero-MLP, mean-MLP of each block, from that block on
+        work["ablation"] = 2 * s.prompts * full + s.prompts * 2 * n * reruns
+        q = n - 1 if s.query is None else s.query
+        positions = range(2 * q + 1)[-s.max_positions :] if s.max_positions > 0 else range(2 * q + 1)
+        windows = sum(2 * q + 1 - pos for pos in positions)
+        work["patching"] = 2 * s.patch_prompts * (2 * q + 1) * layers + s.patch_prompts * windows * sum(
+            layers - b for b in range(layers + 1)
+        )
+    return {k: v / (p.curve * full) for k, v in work.items()}
+
+
+def float64_cost(ckpt: Path, prompts: int = 256) -> float:
+    """A float64 forward's time over a float32 one's on the same prompts (best of three each)."""
+    import copy
+
+    from probe.data.tasks import generator_for, sample_prompts
+    from probe.io.formats import load_checkpoint
+
+    loaded = load_checkpoint(ckpt)
+    p = sample_prompts(loaded.config.task, prompts, generator=generator_for(0))
+    double = copy.deepcopy(loaded.model).double()
+    best = {}
+    with torch.no_grad():
+        for name, model, xs, ys in (("32", loaded.model, p.xs, p.ys), ("64", double, p.xs.double(), p.ys.double())):
+            best[name] = float("inf")
+            for _ in range(3):
+                start = time.perf_counter()
+                for lo in range(0, prompts, 64):
+                    model(xs[lo : lo + 64], ys[lo : lo + 64])
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best["64"] / best["32"]
+
+
 def query_state_speedup(ckpt: Path, prompts: int, queries: int) -> tuple[float, float, float]:
     from probe.analysis.states import cached_query_states, sequence_query_states
     from probe.io.formats import load_checkpoint
@@ -142,6 +204,9 @@ def main() -> None:
         forward = bare_forward(paper)
         fpe, floor = runs["paper"][1] / forward, floor_fpe(paper)
         print(f"paper: one bare forward over the curve prompts {forward:.2f}s; report {fpe:.1f} FPE, floor {floor:.1f} FPE")
+        work = work_fpe(paper, float64_cost(paper))
+        print("forward work as built, FPE: " + ", ".join(f"{k} {v:.2f}" for k, v in work.items())
+              + f"; total {sum(work.values()):.1f} (the rest of the report: {fpe - sum(work.values()):.1f})")
         print(f"fpe={fpe:.1f} floor={floor:.1f} peak_gb={runs['paper'][2]:.2f}")
 
 
