@@ -237,6 +237,21 @@ def test_probe_objective_in_blocks_of_layers_equals_one_block():
     assert [[layer for _, layer, _ in groups] for _, groups in blocks] == [[0, 1], [2], [3]]
 
 
+def test_probe_grid_in_blocks_of_layers_equals_one_block(monkeypatch):
+    """The whole pooling fit (penalty grids, leave-one-out choices, every round) with one layer's
+    probes per block gives the grid of one block, bit for bit."""
+    import probe.analysis.pooling as pooling
+    from probe.analysis.probes import fit_probes
+
+    states, targets = _calibration_states(120)
+    args = (states[:, :80], {"xty": targets["xty"][:80]}, states[:, 80:], {"xty": targets["xty"][80:]})
+    combos = [(2, "xty"), (5, "xty")]
+    whole = fit_probes(*args, combos, ("linear", "mlp"), hidden=16)
+    monkeypatch.setattr(pooling, "OBJECTIVE_BLOCK_BYTES", 1)
+    blocked = fit_probes(*args, combos, ("linear", "mlp"), hidden=16)
+    pd.testing.assert_frame_equal(whole, blocked, check_exact=True)
+
+
 def test_newton_minimize_reaches_scipy_minimum():
     """Batched modified Newton on Rosenbrock's function (negative curvature on the way) and on
     a convex quadratic: the minima scipy's trust-region Newton finds, each converged."""

@@ -6,7 +6,7 @@ per-round fit, L-BFGS then modified Newton where that pays (`newton_pays`)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -119,7 +119,7 @@ class ProbeSet:
             out[rows, :used] = (grad.reshape(len(grad), -1).to(flat.dtype) @ flat.T).double()
         return out
 
-    def objective(self, penalty: Tensor, max_bytes: int = OBJECTIVE_BLOCK_BYTES):
+    def objective(self, penalty: Tensor, max_bytes: int | None = None):
         """f(s) and its gradient for `minimize`: the ridge objective at the optimal head (module
         docstring), for blocks of whole layers' probes at a time (at most about `max_bytes` of pooled
         states and their gradients): each layer's pooling is the same one matmul as unblocked, and
@@ -128,7 +128,7 @@ class ProbeSet:
         def fun(scores: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
             groups = self.groups(index)
             _, _, n, width = self.states.shape
-            blocks = layer_blocks(groups, max(1, max_bytes // (3 * 8 * n * width)))
+            blocks = layer_blocks(groups, max(1, (max_bytes or OBJECTIVE_BLOCK_BYTES) // (3 * 8 * n * width)))
             if len(blocks) == 1:
                 return self._objective_block(scores, index, penalty, groups)
             f, grad = torch.empty(len(index), dtype=torch.float64, device=scores.device), torch.empty_like(scores)
@@ -207,10 +207,25 @@ class ProbeSet:
         hess = jac @ hess_alpha @ jac + torch.diag_embed(gamma) - outer - outer.transpose(1, 2)
         return f, gamma, hess
 
-    def centred_pool(self, scores: Tensor) -> Tensor:
+    def centred_blocks(self, scores: Tensor, max_bytes: int | None = None) -> Iterator[tuple[slice, Tensor]]:
+        """(rows, Zc (k, N, D) of those probes at `scores`) for blocks of whole layers' probes (at most
+        about `max_bytes` of pooled states and their temporaries): every probe's pooled, centred
+        states a block at a time, each layer's pooling the same one matmul as for all at once."""
         every = torch.arange(len(self.layer), device=self.layer.device)
-        z = self.pool(self.attention(scores, every), every)
-        return z.sub_(z.mean(1, keepdim=True))  # in place: z is this call's own
+        for rows, z in self.pooled_blocks(lambda rows: self.attention(scores[rows], every[rows]), max_bytes):
+            yield rows, z.sub_(z.mean(1, keepdim=True))  # in place: z is this block's own
+
+    def pooled_blocks(
+        self, alpha_of: Callable[[slice], Tensor], max_bytes: int | None = None
+    ) -> Iterator[tuple[slice, Tensor]]:
+        """(rows, z (k, N, D)) for blocks of whole layers' probes, pooled with the weights
+        `alpha_of(rows)` (k, P): `pool` a block at a time (about `max_bytes` of pooled states and
+        their temporaries a block), each layer's pooling the same one matmul as for all at once."""
+        every = torch.arange(len(self.layer), device=self.layer.device)
+        _, _, n, width = self.states.shape
+        per_block = max(1, (max_bytes or OBJECTIVE_BLOCK_BYTES) // (3 * 8 * n * width))
+        for rows, groups in layer_blocks(self.groups(every), per_block):
+            yield rows, self.pool(alpha_of(rows), every[rows], groups=groups)
 
 
 @dataclass
@@ -239,14 +254,16 @@ def fit_pooling(
     n_probes, n_pos = len(probes.layer), probes.states.shape[1]
     device = probes.layer.device
     scores = torch.zeros(n_probes, n_pos, dtype=torch.float64, device=device)
-    zc = probes.centred_pool(scores)
-    grid = ridge_penalties(zc, alphas)  # (G, A)
-    choice, loo = choose_penalty(zc, probes.yc, grid)
+    grid = torch.empty(n_probes, len(alphas), dtype=torch.float64, device=device)  # (G, A)
+    choice, loo = torch.empty(n_probes, dtype=torch.long, device=device), torch.empty_like(scores[:, 0])
     # a heavy penalty flattens f(s) around uniform pooling and can hold it in a poor basin: the first
     # round pools with at most FIRST_ROUND_PENALTY, to a loose tolerance where that is not the choice
-    cap = (ridge_penalties(zc, (FIRST_ROUND_PENALTY,)) >= grid).sum(1).clamp(1, grid.shape[1]) - 1
+    cap = torch.empty_like(choice)
+    for rows, zc in probes.centred_blocks(scores):  # each probe's numbers are its own
+        grid[rows] = ridge_penalties(zc, alphas)
+        choice[rows], loo[rows] = choose_penalty(zc, probes.yc[rows], grid[rows])
+        cap[rows] = (ridge_penalties(zc, (FIRST_ROUND_PENALTY,)) >= grid[rows]).sum(1).clamp(1, grid.shape[1]) - 1
     capped = learned & (choice > cap)
-    del zc  # (G, N, D): not held through the fits
     choice = torch.where(capped, cap, choice)
     iterations = torch.zeros(n_probes, dtype=torch.long, device=device)
     grad_norm = torch.zeros(n_probes, dtype=torch.float64, device=device)
@@ -263,7 +280,9 @@ def fit_pooling(
         res = _minimize(sub, penalty, scores[index], tol, ftol, max_iter)
         scores[index], iterations[index] = res.x, iterations[index] + res.iterations
         grad_norm[index], converged[index] = res.grad_norm, res.converged
-        every_loo = ridge_loo(sub.centred_pool(res.x), sub.yc, grid[index])  # (k, A)
+        every_loo = torch.cat(
+            [ridge_loo(zc, sub.yc[rows], grid[index][rows]) for rows, zc in sub.centred_blocks(res.x)]
+        )  # (k, A)
         best = every_loo.argmin(1)
         current = every_loo.gather(1, choice[index].unsqueeze(1)).squeeze(1)
         # move the penalty only for a leave-one-out gain above MIN_GAIN (in R^2): where nothing is

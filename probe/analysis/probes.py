@@ -218,14 +218,28 @@ def fit_probe_head(
     every = torch.arange(len(probes.layer), device=scores.device)
     alpha = probes.attention(scores, every)
     y = probes.yc
-    head, penalty, loo = fit_head(kind, probes.pool(alpha, every), y, alphas, hidden, seed)
+    head, penalty, loo = _heads_by_block(kind, probes, alpha, alphas, hidden, seed)
     if kind != "mlp":
         return head, penalty, loo, alpha
     uniform = probes.attention(torch.zeros_like(scores), every)
-    other, other_penalty, other_loo = fit_head(kind, probes.pool(uniform, every), y, alphas, hidden, seed)
+    other, other_penalty, other_loo = _heads_by_block(kind, probes, uniform, alphas, hidden, seed)
     take = other_loo < loo - MIN_GAIN * y.pow(2).mean((1, 2))
     alpha = torch.where(take.unsqueeze(-1), uniform, alpha)
     return head.where(take, other), torch.where(take, other_penalty, penalty), torch.minimum(loo, other_loo), alpha
+
+
+def _heads_by_block(
+    kind: str, probes: ProbeSet, alpha: Tensor, alphas: Sequence[float], hidden: int, seed: int
+) -> tuple[Head, Tensor, Tensor]:
+    """`fit_head` on the probes' states pooled with alpha (G, P), for blocks of whole layers'
+    probes (`ProbeSet.pooled_blocks`): the pooled states of every probe are never held at once, and
+    each probe's head is its own, so the numbers are those of one block."""
+    parts = [
+        fit_head(kind, z, probes.yc[rows], alphas, hidden, seed)
+        for rows, z in probes.pooled_blocks(lambda rows: alpha[rows])
+    ]
+    heads, penalties, loos = zip(*parts)
+    return Head.cat(list(heads)), torch.cat(penalties), torch.cat(loos)
 
 
 # ---------------------------------------------------------------- the grid of a report
