@@ -240,7 +240,7 @@ def test_probe_objective_in_blocks_of_layers_equals_one_block():
 def test_probe_grid_in_blocks_of_layers_equals_one_block(monkeypatch):
     """The whole pooling fit (penalty grids, leave-one-out choices, every round) with one layer's
     probes per block gives the grid of one block, bit for bit."""
-    import probe.analysis.pooling as pooling
+    from probe.analysis import pooling
     from probe.analysis.probes import fit_probes
 
     states, targets = _calibration_states(120)
