@@ -119,6 +119,12 @@ class ProbeSet:
             out[rows, :used] = (grad.reshape(len(grad), -1).to(flat.dtype) @ flat.T).double()
         return out
 
+    def per_block(self, max_bytes: int | None = None) -> int:
+        """Probes per block of `layer_blocks` whose pooled states, centred, and gradient take about
+        `max_bytes` (default OBJECTIVE_BLOCK_BYTES)."""
+        _, _, n, width = self.states.shape
+        return max(1, (max_bytes or OBJECTIVE_BLOCK_BYTES) // (3 * 8 * n * width))
+
     def objective(self, penalty: Tensor, max_bytes: int | None = None):
         """f(s) and its gradient for `minimize`: the ridge objective at the optimal head (module
         docstring), for blocks of whole layers' probes at a time (at most about `max_bytes` of pooled
@@ -127,8 +133,7 @@ class ProbeSet:
 
         def fun(scores: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
             groups = self.groups(index)
-            _, _, n, width = self.states.shape
-            blocks = layer_blocks(groups, max(1, (max_bytes or OBJECTIVE_BLOCK_BYTES) // (3 * 8 * n * width)))
+            blocks = layer_blocks(groups, self.per_block(max_bytes))
             if len(blocks) == 1:
                 return self._objective_block(scores, index, penalty, groups)
             f, grad = torch.empty(len(index), dtype=torch.float64, device=scores.device), torch.empty_like(scores)
@@ -222,9 +227,7 @@ class ProbeSet:
         `alpha_of(rows)` (k, P): `pool` a block at a time (about `max_bytes` of pooled states and
         their temporaries a block), each layer's pooling the same one matmul as for all at once."""
         every = torch.arange(len(self.layer), device=self.layer.device)
-        _, _, n, width = self.states.shape
-        per_block = max(1, (max_bytes or OBJECTIVE_BLOCK_BYTES) // (3 * 8 * n * width))
-        for rows, groups in layer_blocks(self.groups(every), per_block):
+        for rows, groups in layer_blocks(self.groups(every), self.per_block(max_bytes)):
             yield rows, self.pool(alpha_of(rows), every[rows], groups=groups)
 
 
