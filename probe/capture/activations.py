@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..core.allocator import release_free_memory
 from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget, nbytes
 from ..core.validate import check_device, check_prompts_for, positive_int
@@ -173,6 +174,7 @@ def capture(
             preds[start : start + len(acts.pred)] = acts.pred.float().cpu().numpy()
             _store_batch(sink, acts, request, pos, start, (b, n_pos, model.d_model), model.n_layers)
     result = Capture(pred=preds, acts=sink.arrays, positions=None if pos is None else pos.numpy())
+    release_free_memory()  # the batches' forward temporaries leave the resident set before the caller's next step
     if spilled:  # our own temporary directory goes when the result does (the memmaps stay readable until then)
         weakref.finalize(result, shutil.rmtree, str(out_dir), True)
     if as_cache:
