@@ -402,3 +402,30 @@ def test_eigendecomposition_is_shared_split_and_weights_formed_on_read():
         iterative.batched_eigh = original
     for res in (newton, gd):
         torch.testing.assert_close(torch.einsum("kbnd,bnd->kbn", res.weights, xs), res.preds, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "name, grid",
+    [
+        ("least_squares", {}),
+        ("ridge", {"lam": (0.1, 1.0)}),
+        ("gd", {"steps": (0, 8), "eta": ("auto", 0.05)}),
+        ("newton", {"iterations": (0, 4), "alpha": ("spectral", 0.5)}),
+        ("ogd", {}),
+        ("sgd", {"steps": (8,), "eta": (0.02,), "batch_size": (4,), "masks_seed": 0}),
+    ],
+)
+def test_last_prefix_is_the_full_runs_last_prefix(name, grid):
+    # the order stage asks for the query's prefix alone: the closed-form and spectral learners
+    # decompose that prefix only, the others are sliced; the predictions and weights are those of
+    # the full run bit for bit (query predictions to round-off: their products are batched otherwise)
+    g = torch.Generator().manual_seed(3)
+    xs, ys = torch.randn(40, 9, 4, generator=g, dtype=torch.float64), torch.randn(40, 9, generator=g, dtype=torch.float64)
+    queries = torch.randn(40, 3, 4, generator=g, dtype=torch.float64)
+    full = run_learner(name, xs, ys, queries, **grid)
+    last = run_learner(name, xs, ys, queries, last_prefix=True, **grid)
+    assert LEARNERS.get(name).last_prefix == (name in ("least_squares", "ridge", "gd", "newton"))
+    assert last.preds.shape == (*full.preds.shape[:2], 1) and last.grid == full.grid
+    assert torch.equal(last.preds, full.preds[..., -1:])
+    assert torch.equal(last.weights, full.weights[:, :, -1:])
+    torch.testing.assert_close(last.query_preds, full.query_preds[:, :, -1:], rtol=1e-12, atol=1e-12)

@@ -107,8 +107,9 @@ def order_table(
         layer_preds = readouts.predict(at_query).reshape(at_query.shape[0], n_perm, -1)
         value, lo, hi = order_share(layer_preds, n_boot, seed)
         rows += [_row("model", layer, t, value[layer], lo[layer], hi[layer]) for layer in range(len(value))]
-        # the learners a block of sequences at a time (each sequence's prediction is its own): every
-        # prefix's moments and eigendecomposition of all P x B sequences would be ~1 GB at paper scale.
+        # the learners at the query's prefix alone (`last_prefix`: the closed-form and spectral ones
+        # decompose that prefix only), a block of sequences at a time (each sequence's prediction is
+        # its own): every prefix's moments of all P x B sequences would be ~1 GB at paper scale.
         # Every learner runs on a block before the next block, so that GD and Newton share its
         # eigendecomposition (learners.iterative.LAST_PROMPTS holds it while the block lives)
         block = max(1, LEARNER_BLOCK_BYTES // (8 * (t + 1) * flat_x.shape[-1] ** 2 * 6))
@@ -116,7 +117,8 @@ def order_table(
         for start in range(0, len(flat_x), block):
             bx, by = flat_x[start : start + block], flat_y[start : start + block]
             for label, spec in learners.items():
-                parts[label].append(run_learner(spec["learner"], bx, by, **spec.get("grid", {})).preds[0, :, t])
+                result = run_learner(spec["learner"], bx, by, last_prefix=True, **spec.get("grid", {}))
+                parts[label].append(result.preds[0, :, 0])
         for label, preds in parts.items():
             value, lo, hi = order_share(torch.cat(preds).reshape(n_perm, -1), n_boot, seed)
             rows.append(_row(label, -1, t, value, lo, hi))

@@ -21,12 +21,16 @@ from .registry import LEARNERS, LearnerSpec
 TENSOR_ARGUMENTS = ("masks",)  # arguments that are arrays, not grids of values
 
 
-def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None, **grid: Any) -> LearnerResult:
+def run_learner(
+    name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, last_prefix: bool = False, **grid: Any
+) -> LearnerResult:
     """Run learner `name` on prompts xs (B, n, d), ys (B, n) over its hyper-parameter grid.
 
     Prompts may be tensors or numpy arrays; they must be finite. Grid values are checked
     (integral step counts, positive penalties and step sizes, non-empty grids) and the work they
-    ask for (probe/core/budget.py) before any work.
+    ask for (probe/core/budget.py) before any work. `last_prefix`: the result at the last prefix
+    alone (`LearnerResult.last_prefix`), which the closed-form and spectral learners compute
+    without the others (the same numbers).
     """
     spec = LEARNERS.get(name)
     xs, ys, queries = as_prompt_tensors(xs, ys, queries, what=f"learner '{name}'")
@@ -41,7 +45,11 @@ def run_learner(name: str, xs: Tensor, ys: Tensor, queries: Tensor | None = None
     b, n, d = xs.shape
     sweep = SimpleNamespace(label=name, learner=name, grid={**spec.defaults, **grid})
     budget.check(budget.learner_estimates([sweep], b, n, d, where="learner"))
-    return spec.fn(xs, ys, queries, **grid, **tensors)  # a ValueError from inside is a bug, not the user's
+    # a ValueError from inside is a bug, not the user's
+    if last_prefix and spec.last_prefix:
+        return spec.fn(xs, ys, queries, last_prefix=True, **grid, **tensors)
+    result = spec.fn(xs, ys, queries, **grid, **tensors)
+    return result.last_prefix() if last_prefix else result
 
 
 __all__ = ["LEARNERS", "LearnerResult", "LearnerSpec", "prefix_moments", "run_learner"]

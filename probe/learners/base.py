@@ -44,6 +44,15 @@ class LearnerResult:
     def __repr__(self) -> str:
         return f"LearnerResult({self.name!r}, {len(self.grid)} settings, preds {tuple(self.preds.shape)})"
 
+    def last_prefix(self) -> LearnerResult:
+        """The result at the last prefix alone: preds (K, B, 1), weights (K, B, 1, d), query_preds
+        (K, B, 1, Q)."""
+        last = lambda t: None if t is None else t[:, :, -1:]
+        weights_from = None if self._weights_from is None else (lambda: last(self.weights))
+        return LearnerResult(
+            self.name, self.grid, last(self.preds), last(self._weights), last(self.query_preds), weights_from=weights_from
+        )
+
 
 def check_prompts(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> None:
     if xs.ndim != 3:
@@ -58,15 +67,21 @@ def check_prompts(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> None
         )
 
 
-def prefix_moments(xs: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
+def prefix_moments(xs: Tensor, ys: Tensor, last_prefix: bool = False) -> tuple[Tensor, Tensor]:
     """S_t = sum_{i<=t} x_i x_i^T and b_t = X_t^T y_t for every prefix t = 0..n-1 (exclusive sums).
 
-    Returns S (B, n, d, d) and b (B, n, d); S[:, 0] = 0 (no example seen).
+    Returns S (B, n, d, d) and b (B, n, d); S[:, 0] = 0 (no example seen). `last_prefix`: the last
+    prefix's alone, (B, 1, d, d) and (B, 1, d), the same numbers.
     """
     outer = xs.unsqueeze(-1) * xs.unsqueeze(-2)  # (B, n, d, d)
     s = torch.cumsum(outer, dim=1) - outer  # exclusive: examples before position t
     b = torch.cumsum(xs * ys.unsqueeze(-1), dim=1) - xs * ys.unsqueeze(-1)
-    return s, b
+    return (s[:, -1:], b[:, -1:]) if last_prefix else (s, b)
+
+
+def at_prefixes(xs: Tensor, last_prefix: bool) -> Tensor:
+    """The x whose predictions a learner returns: every prefix's (B, n, d), or the last one's (B, 1, d)."""
+    return xs[:, -1:] if last_prefix else xs
 
 
 def spectral_result(

@@ -8,26 +8,32 @@ import torch
 from torch import Tensor
 
 from ..core.errors import ConfigError
-from .base import LearnerResult, as_float64, linear_result, prefix_moments
+from .base import LearnerResult, as_float64, at_prefixes, linear_result, prefix_moments
 from .registry import register
 
 
-def least_squares_weights(xs: Tensor, ys: Tensor, rtol: float = 1e-10) -> Tensor:
-    """Minimum-norm w_t = S_t^+ X_t^T y_t for every prefix (B, n, d) (seed 003 eq. 5)."""
-    s, b = prefix_moments(xs, ys)
+def least_squares_weights(xs: Tensor, ys: Tensor, rtol: float = 1e-10, last_prefix: bool = False) -> Tensor:
+    """Minimum-norm w_t = S_t^+ X_t^T y_t for every prefix (B, n, d), or the last (B, 1, d) (seed 003 eq. 5)."""
+    s, b = prefix_moments(xs, ys, last_prefix)
     return (torch.linalg.pinv(s, hermitian=True, rtol=rtol) @ b.unsqueeze(-1)).squeeze(-1)
 
 
 @register("least_squares", label="least squares")
-def least_squares(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> LearnerResult:
+def least_squares(xs: Tensor, ys: Tensor, queries: Tensor | None = None, last_prefix: bool = False) -> LearnerResult:
     """OLS with the pseudo-inverse: the minimum-norm interpolant while t < d."""
     xs, ys, queries = as_float64(xs, ys, queries)
-    return linear_result("least_squares", [{}], least_squares_weights(xs, ys)[None], xs, queries)
+    weights = least_squares_weights(xs, ys, last_prefix=last_prefix)[None]
+    return linear_result("least_squares", [{}], weights, at_prefixes(xs, last_prefix), queries)
 
 
 @register("ridge", label="ridge")
 def ridge(
-    xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, lam: Sequence[float] = (0.01, 0.1, 1.0)
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    last_prefix: bool = False,
+    *,
+    lam: Sequence[float] = (0.01, 0.1, 1.0),
 ) -> LearnerResult:
     """w_t = (S_t + lambda I)^{-1} X_t^T y_t, minimising ||y - X w||^2 + lambda ||w||^2.
 
@@ -35,14 +41,14 @@ def ridge(
     lambda = sigma^2 / tau^2 (seed 002 eq. 18); see `bayes_lambda`.
     """
     xs, ys, queries = as_float64(xs, ys, queries)
-    s, b = prefix_moments(xs, ys)
+    s, b = prefix_moments(xs, ys, last_prefix)
     eye = torch.eye(xs.shape[-1], dtype=xs.dtype, device=xs.device)
     lams = torch.as_tensor(list(lam), dtype=xs.dtype, device=xs.device)
     if (lams <= 0).any():
         raise ConfigError(f"ridge lambdas must be > 0 (use least_squares for 0), got {list(lam)}")
     reg = s.unsqueeze(0) + lams.view(-1, 1, 1, 1, 1) * eye  # (K, B, n, d, d)
     w = torch.linalg.solve(reg, b.unsqueeze(0).expand(len(lams), *b.shape).unsqueeze(-1)).squeeze(-1)
-    return linear_result("ridge", [{"lam": float(v)} for v in lams], w, xs, queries)
+    return linear_result("ridge", [{"lam": float(v)} for v in lams], w, at_prefixes(xs, last_prefix), queries)
 
 
 def bayes_lambda(noise_std: float, w_scale: float) -> float:

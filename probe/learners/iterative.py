@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import ConfigError
-from .base import LearnerResult, as_float64, prefix_moments, spectral_result
+from .base import LearnerResult, as_float64, at_prefixes, prefix_moments, spectral_result
 from .registry import register
 
 LOG_STEPS = tuple([0] + [2**k for k in range(13)])  # 0, 1, 2, 4, ..., 4096
@@ -33,15 +33,15 @@ class _LastPrompts:
         self.key: tuple | None = None
         self.value: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
-    def get(self, xs: Tensor, ys: Tensor):
+    def get(self, xs: Tensor, ys: Tensor, last_prefix: bool = False):
         if self.key is None:
             return None
         xs_ref, ys_ref, versions = self.key
-        same = xs_ref() is xs and ys_ref() is ys and versions == (xs._version, ys._version)
+        same = xs_ref() is xs and ys_ref() is ys and versions == (xs._version, ys._version, last_prefix)
         return self.value if same else None
 
-    def put(self, xs: Tensor, ys: Tensor, value: tuple[Tensor, Tensor, Tensor, Tensor]) -> None:
-        self.key = (weakref.ref(xs, self.clear), weakref.ref(ys, self.clear), (xs._version, ys._version))
+    def put(self, xs: Tensor, ys: Tensor, value: tuple[Tensor, Tensor, Tensor, Tensor], last_prefix: bool = False):
+        self.key = (weakref.ref(xs, self.clear), weakref.ref(ys, self.clear), (xs._version, ys._version, last_prefix))
         self.value = value
 
     def clear(self, *_) -> None:
@@ -66,20 +66,21 @@ def batched_eigh(s: Tensor) -> tuple[Tensor, Tensor]:
     return lam.view(*s.shape[:-1]), v.view(s.shape)
 
 
-def prefix_eigh(xs: Tensor, ys: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def prefix_eigh(xs: Tensor, ys: Tensor, last_prefix: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Eigen-decompose every prefix in float64: lam (B, n, d), V (B, n, d, d), c = V^T b (B, n, d),
-    counts t (n,); the last prompts' decomposition is reused (`_LastPrompts`)."""
-    cached = LAST_PROMPTS.get(xs, ys)
+    counts t (n,) (`last_prefix`: the last prefix's alone, n = 1 in those shapes); the last prompts'
+    decomposition is reused (`_LastPrompts`)."""
+    cached = LAST_PROMPTS.get(xs, ys, last_prefix)
     if cached is not None:
         return cached
     key_xs, key_ys = xs, ys
     xs, ys, _ = as_float64(xs, ys)
-    s, b = prefix_moments(xs, ys)
+    s, b = prefix_moments(xs, ys, last_prefix)
     lam, v = batched_eigh(s)
     lam = lam.clamp_min(0)  # S is PSD; round-off can leave -1e-16
     c = (v.transpose(-1, -2) @ b.unsqueeze(-1)).squeeze(-1)
-    t = torch.arange(xs.shape[1], dtype=xs.dtype, device=xs.device)
-    LAST_PROMPTS.put(key_xs, key_ys, (lam, v, c, t))
+    t = torch.arange(xs.shape[1], dtype=xs.dtype, device=xs.device)[-s.shape[1] :]
+    LAST_PROMPTS.put(key_xs, key_ys, (lam, v, c, t), last_prefix)
     return lam, v, c, t
 
 
@@ -114,6 +115,7 @@ def gd(
     xs: Tensor,
     ys: Tensor,
     queries: Tensor | None = None,
+    last_prefix: bool = False,
     *,
     eta: Sequence[float | str] = ("auto",),
     steps: Sequence[int] = LOG_STEPS,
@@ -127,7 +129,7 @@ def gd(
     which is always stable; a fixed eta diverges where eta * lambda_max >= 2.
     Closed form per eigenvalue h = eta*lambda(/t): w_k = V diag((1 - (1 - h)^k) / lambda) V^T b.
     """
-    lam, v, c, t = prefix_eigh(xs, ys)
+    lam, v, c, t = prefix_eigh(xs, ys, last_prefix)
     xs, ys, queries = as_float64(xs, ys, queries)
     steps_t = torch.as_tensor(list(steps), dtype=xs.dtype, device=xs.device)
     if (steps_t < 0).any():
@@ -151,11 +153,12 @@ def gd(
                 filt = torch.where(h > 1e-12, (1 - (1 - h) ** k) / curv.clamp_min(1e-300), k * step)
                 coefs.append(filt * g)
                 grid.append({"eta": e, "steps": int(k), "convention": conv})
-    return spectral_result("gd", grid, v, torch.stack(coefs), xs, queries)
+    return spectral_result("gd", grid, v, torch.stack(coefs), at_prefixes(xs, last_prefix), queries)
 
 
-def newton_alpha(lam: Tensor, rule: str | float) -> Tensor:
-    """Initial scale alpha of M_0 = alpha S, per prefix (B, n, 1), from the eigenvalues of S.
+def newton_alpha(lam: Tensor, rule: str | float, t: Tensor | None = None) -> Tensor:
+    """Initial scale alpha of M_0 = alpha S, per prefix (B, n, 1), from the eigenvalues of S (of
+    prefixes t, default 0..n-1).
 
     "spectral": 1/||S S^T||_2 (default; converges); "frobenius": 1/||S S^T||_F (the paper's
     code); "paper": 2/||S S^T||_2 as printed in seed 003 eq. 8, which sits on the convergence
@@ -166,11 +169,8 @@ def newton_alpha(lam: Tensor, rule: str | float) -> Tensor:
     if isinstance(rule, (int, float)) and not isinstance(rule, bool):
         if rule <= 0:
             raise ConfigError(f"newton alpha must be positive, got {rule}")
-        t = (
-            torch.arange(lam.shape[-2], dtype=lam.dtype, device=lam.device)
-            .clamp_min(1)
-            .view(*([1] * (lam.ndim - 2)), -1, 1)
-        )
+        t = torch.arange(lam.shape[-2], dtype=lam.dtype, device=lam.device) if t is None else t
+        t = t.to(lam.dtype).clamp_min(1).view(*([1] * (lam.ndim - 2)), -1, 1)
         return torch.full_like(lam[..., :1], float(rule)) / t**2
     sq = lam**2
     if rule == "spectral":
@@ -197,6 +197,7 @@ def newton(
     xs: Tensor,
     ys: Tensor,
     queries: Tensor | None = None,
+    last_prefix: bool = False,
     *,
     iterations: Sequence[int] = NEWTON_ITERATIONS,
     alpha: Sequence[str] = ("spectral",),
@@ -211,11 +212,11 @@ def newton(
     its = sorted({int(k) for k in iterations})
     if its and its[0] < 0:
         raise ConfigError(f"newton iterations must be >= 0, got {list(iterations)}")
-    lam, v, c, _ = prefix_eigh(xs, ys)
+    lam, v, c, t = prefix_eigh(xs, ys, last_prefix)
     xs, ys, queries = as_float64(xs, ys, queries)
     grid, coefs = [], []
     for rule in alpha:
-        m = newton_alpha(lam, rule) * lam
+        m = newton_alpha(lam, rule, t) * lam
         wanted = {}
         for k in range(its[-1] + 1 if its else 0):
             if k in its:
@@ -224,4 +225,4 @@ def newton(
         for k in iterations:
             coefs.append(wanted[int(k)])
             grid.append({"iterations": int(k), "alpha": rule})  # rule: a name or a fixed number
-    return spectral_result("newton", grid, v, torch.stack(coefs), xs, queries)
+    return spectral_result("newton", grid, v, torch.stack(coefs), at_prefixes(xs, last_prefix), queries)

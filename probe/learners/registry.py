@@ -21,6 +21,7 @@ class LearnerSpec:
     label: str = ""  # in words: "Iterative Newton"
     unit: str = "iterations"  # what its step count counts: "steps" or "iterations"
     describe: Callable[[dict[str, Any]], str] | None = None  # a grid -> what was run, in words
+    last_prefix: bool = False  # fn computes the last prefix alone when asked (`last_prefix=True`)
 
     @property
     def title(self) -> str:
@@ -39,11 +40,13 @@ def signature_defaults(fn: Callable[..., Any]) -> dict[str, Any]:
 def register(
     name: str, label: str = "", unit: str = "iterations", describe: Callable[[dict[str, Any]], str] | None = None
 ):
-    """Register a learner `fn(xs, ys, queries=None, *, <grid>)`; its grid defaults come from its
-    signature; `label`, `unit` and `describe` are how reports name it and say what a grid ran."""
+    """Register a learner `fn(xs, ys, queries=None, [last_prefix=False,] *, <grid>)`; its grid defaults
+    come from its signature; `label`, `unit` and `describe` are how reports name it and say what a
+    grid ran. A learner that takes `last_prefix` computes only the last prefix when it is true."""
 
     def decorator(fn):
-        LEARNERS.register(name)(LearnerSpec(name, fn, signature_defaults(fn), label, unit, describe))
+        last_prefix = "last_prefix" in inspect.signature(fn).parameters
+        LEARNERS.register(name)(LearnerSpec(name, fn, signature_defaults(fn), label, unit, describe, last_prefix))
         return fn
 
     return decorator

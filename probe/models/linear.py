@@ -5,9 +5,9 @@ A report's numbers must not depend on the batch and chunk sizes its memory budge
 with other kernels when their count is not a multiple of 4, and calls of fewer than 12 rows
 entirely so (measured on torch 2.13's AVX-512 build: rows 4-6 of a 7-row float32 product, or
 the last row of a 41-row (D, 1) read-out, differ from the same rows inside a larger call by
-round-off). `stable_addmm` pads the rows to a multiple of 4 and at least MIN_ROWS with zeros,
-so every real row takes the main kernel, as it does in a large batch; the padding is a few
-rows, and only calls that need it copy their input.
+round-off). `stable_addmm` computes the rows up to the last multiple of 4 as they are (written in
+place into the output) and pads the few rows after them with zeros to MIN_ROWS, so every real row
+takes the main kernel, as it does in a large batch; only those tail rows are copied.
 """
 
 from __future__ import annotations
@@ -29,10 +29,15 @@ def stable_addmm(bias: Tensor, x: Tensor, weight: Tensor) -> Tensor:
     """bias + x @ weight for x (..., K) and weight (K, N), every row as a large batch computes it."""
     rows = x.reshape(-1, x.shape[-1])
     m = rows.shape[0]
-    target = padded_rows(m)
-    if target != m:
-        rows = F.pad(rows, (0, 0, 0, target - m))
-    return torch.addmm(bias, rows, weight)[:m].view(*x.shape[:-1], weight.shape[-1])
+    if padded_rows(m) == m:
+        return torch.addmm(bias, rows, weight).view(*x.shape[:-1], weight.shape[-1])
+    main = m - m % ROW_MULTIPLE if m >= MIN_ROWS else 0  # rows that take the main kernel as they are
+    out = torch.empty(m, weight.shape[-1], dtype=torch.result_type(rows, weight), device=rows.device)
+    if main:
+        torch.addmm(bias, rows[:main], weight, out=out[:main])
+    tail = F.pad(rows[main:], (0, 0, 0, padded_rows(m - main) - (m - main)))
+    out[main:] = torch.addmm(bias, tail, weight)[: m - main]
+    return out.view(*x.shape[:-1], weight.shape[-1])
 
 
 class StableLinear(nn.Linear):
