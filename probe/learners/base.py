@@ -47,10 +47,14 @@ class LearnerResult:
     def last_prefix(self) -> LearnerResult:
         """The result at the last prefix alone: preds (K, B, 1), weights (K, B, 1, d), query_preds
         (K, B, 1, Q)."""
-        last = lambda t: None if t is None else t[:, :, -1:]
-        weights_from = None if self._weights_from is None else (lambda: last(self.weights))
+        weights, queries = self._weights, self.query_preds
         return LearnerResult(
-            self.name, self.grid, last(self.preds), last(self._weights), last(self.query_preds), weights_from=weights_from
+            self.name,
+            self.grid,
+            self.preds[:, :, -1:],
+            None if weights is None else weights[:, :, -1:],
+            None if queries is None else queries[:, :, -1:],
+            weights_from=None if self._weights_from is None else (lambda: self.weights[:, :, -1:]),  # type: ignore[index]
         )
 
 
