@@ -507,7 +507,7 @@ def test_probe_streams_go_to_disk_when_the_memory_budget_is_spent(tmp_path, monk
     spent = MemoryBudget(resident_memory())  # as `--max-memory` equal to what the process holds
     assert spent.headroom() < 128 << 20  # the floor, or what was allocated since
     on_disk = by_position_streams(model, xs, ys, chunk=128, memory=spent)
-    assert (tmp_path / "probe_streams.npy").is_file()
+    assert (tmp_path / "resid.npy").is_file()
     np.testing.assert_array_equal(on_disk.numpy(), in_memory.numpy())
     # the layout is the capture's, by position
     from probe.capture import RESID, capture

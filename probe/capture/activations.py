@@ -122,6 +122,7 @@ def capture(
     as_cache: bool = False,
     double: bool = False,
     memory: MemoryBudget | None = None,
+    by_position: bool = False,
 ):
     """Predictions and the requested activations for prompts xs (B, n, d), ys (B, n).
 
@@ -140,6 +141,8 @@ def capture(
     memory: the budget that sizes batches and decides spilling (default: MemoryBudget()).
     double: the model (a float64 copy, run by its native back-end) and the stored activations in
     float64.
+    by_position: "resid" stored (L+1, P, B, D), prompts on axis 2 (the probes' layout), written so
+    from each batch's streams directly.
     """
     xs, ys = check_prompts_for(model, xs, ys)
     if double:
@@ -172,7 +175,7 @@ def capture(
                 xs[start : start + batch_size].to(device), ys[start : start + batch_size].to(device), request
             )
             preds[start : start + len(acts.pred)] = acts.pred.float().cpu().numpy()
-            _store_batch(sink, acts, request, pos, start, (b, n_pos, model.d_model), model.n_layers)
+            _store_batch(sink, acts, request, pos, start, (b, n_pos, model.d_model), model.n_layers, by_position)
     result = Capture(pred=preds, acts=sink.arrays, positions=None if pos is None else pos.numpy())
     release_free_memory()  # the batches' forward temporaries leave the resident set before the caller's next step
     if spilled:  # our own temporary directory goes when the result does (the memmaps stay readable until then)
@@ -182,11 +185,19 @@ def capture(
     return result
 
 
-def _store_batch(sink, acts, request, pos, start: int, stream_shape: tuple[int, int, int], n_layers: int) -> None:
+def _store_batch(
+    sink, acts, request, pos, start: int, stream_shape: tuple[int, int, int], n_layers: int, by_position: bool = False
+) -> None:
     """One batch's activations (prompts start.., positions `pos`) into the sink's arrays, whose
-    whole shape is stream_shape (B, P, D) per stream, with L+1 boundaries for the residual stream."""
+    whole shape is stream_shape (B, P, D) per stream, with L+1 boundaries for the residual stream
+    (by_position: (L+1, P, B, D))."""
+    b, p, d = stream_shape
     for boundary, stream in enumerate(acts.resid):
-        sink.put(RESID, (n_layers + 1, *stream_shape), 1, start, _numpy(_select(stream, pos))[None], boundary)
+        value = _numpy(_select(stream, pos))[None]  # (1, b, P, D)
+        if by_position:
+            sink.put(RESID, (n_layers + 1, p, b, d), 2, start, value.transpose(0, 2, 1, 3), boundary)
+        else:
+            sink.put(RESID, (n_layers + 1, b, p, d), 1, start, value, boundary)
     if request.readout:
         sink.put(H.READOUT, stream_shape, 0, start, _numpy(_select(_present(acts.readout), pos)))
     if request.normalized:

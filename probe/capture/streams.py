@@ -3,9 +3,6 @@ memory budget (spilled to a memmap on disk above half the headroom)."""
 
 from __future__ import annotations
 
-import copy
-import os
-
 import numpy as np
 import torch
 from torch import Tensor
@@ -13,7 +10,7 @@ from torch import Tensor
 from ..core.memory import MemoryBudget, nbytes
 from .activations import RESID, capture, spill_dir
 
-CHUNK_BYTES = 32 << 20  # one chunk's streams (capture holds a few copies of them while it stores a chunk)
+CHUNK_BYTES = 32 << 20  # one chunk's streams (its forward's temporaries are a few times that)
 MIN_CHUNK = 8
 
 
@@ -29,33 +26,29 @@ def by_position_streams(
     """Every layer boundary's residual stream at every token, by position: (L+1, 2n, N, D).
 
     Captured `chunk` prompts at a time (default: as many as CHUNK_BYTES of streams hold, at least
-    MIN_CHUNK; the forward is batch-invariant, so the numbers do not depend on it) straight into
-    that layout, so the probes never hold a second copy; above half the headroom of `memory` (`--max-memory` less what the process holds) the
-    array is a memmap on disk. With dtype float64 the model runs in double precision (on a copy),
-    so that the streams agree across machines' kernels to ~1e-15 rather than ~1e-7."""
+    MIN_CHUNK; the forward is batch-invariant, so the numbers do not depend on it), each batch's
+    streams written straight into that layout (`capture(by_position=True)`), so the probes never
+    hold a second copy; above half the headroom of `memory` (`--max-memory` less what the process
+    holds) the array is a memmap on disk (resid.npy in a spill directory). With dtype float64 the
+    model runs in double precision (on a copy), so that the streams agree across machines' kernels
+    to ~1e-15 rather than ~1e-7."""
     n_prompts, n = xs.shape[:2]
     shape = (model.n_layers + 1, 2 * n, n_prompts, model.d_model)
     np_dtype = np.dtype(np.float64 if dtype == torch.float64 else np.float32)
     if chunk is None:
         chunk = max(MIN_CHUNK, CHUNK_BYTES // max(1, nbytes(shape[:2] + shape[3:], np_dtype)))
-    if dtype == torch.float64:
-        model = copy.deepcopy(model).double()  # once, not per chunk
     memory = memory or MemoryBudget()
-    if nbytes(shape, np_dtype) > memory.headroom() // 2:
-        path = os.path.join(spill_dir(), "probe_streams.npy")
-        array: np.ndarray = np.lib.format.open_memmap(path, "w+", np_dtype, shape)
-    else:
-        array = np.empty(shape, dtype=np_dtype)
-    for lo in range(0, n_prompts, chunk):
-        # a chunk is copied out at once: never spilled on its own (its batch still fits the budget)
-        cap = capture(
-            model,
-            xs[lo : lo + chunk],
-            ys[lo : lo + chunk],
-            hooks=[RESID],
-            device=device,
-            max_bytes=1 << 62,
-            double=dtype == torch.float64,
-        )
-        array[:, :, lo : lo + chunk] = np.asarray(cap.acts[RESID]).transpose(0, 2, 1, 3)
-    return torch.from_numpy(array)
+    spill = nbytes(shape, np_dtype) > memory.headroom() // 2
+    cap = capture(
+        model,
+        xs,
+        ys,
+        hooks=[RESID],
+        batch_size=chunk,
+        device=device,
+        out_dir=spill_dir() if spill else None,
+        max_bytes=1 << 62,  # the chunk is the batch; the array is on disk or not by the rule above
+        double=dtype == torch.float64,
+        by_position=True,
+    )
+    return torch.from_numpy(cap.acts[RESID])
