@@ -553,6 +553,24 @@ def test_heads_fitted_in_blocks_equal_the_batched_fit(kind, monkeypatch):
     torch.testing.assert_close(batched[0].predict(zt), blocks[0].predict(zt), rtol=1e-12, atol=1e-14)
 
 
+def test_mlp_head_given_the_linear_heads_choice_is_the_mlp_head_that_chooses_again():
+    """fit_probe_grid hands the linear head's penalty and leave-one-out error (and those of the
+    pooling fit at uniform pooling) to the MLP head on the same pooling instead of choosing again."""
+    from probe.analysis.probes import ALPHAS, fit_head
+
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(5, 40, 6, generator=g, dtype=torch.float64)
+    y = torch.tanh(z[..., :2]) @ torch.randn(5, 2, 2, generator=g, dtype=torch.float64)
+    _, penalty, loo = fit_head("linear", z, y, ALPHAS, 8, 0)
+    again, reused = fit_head("mlp", z, y, ALPHAS, 8, 0), fit_head("mlp", z, y, ALPHAS, 8, 0, (penalty, loo))
+    for a, b in zip(again[1:], reused[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=0)
+    zt = torch.randn(5, 7, 6, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(again[0].predict(zt), reused[0].predict(zt), rtol=1e-12, atol=1e-14)
+    wrong = fit_head("mlp", z, y, ALPHAS, 8, 0, (penalty * 100, loo))  # the choice is really used
+    assert not torch.allclose(wrong[0].predict(zt), reused[0].predict(zt))
+
+
 def test_leave_one_out_in_blocks_equals_the_batched_error(monkeypatch):
     from probe.analysis import ridge
 

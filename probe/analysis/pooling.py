@@ -5,6 +5,7 @@ per-round fit, L-BFGS then modified Newton where that pays (`newton_pays`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -234,7 +235,9 @@ class ProbeSet:
 @dataclass
 class PoolingFit:
     """Per probe (G,): pooling scores (G, P), penalty, leave-one-out MSE, L-BFGS iterations (all
-    rounds), final |grad_s f|_inf and whether the stopping rule was met."""
+    rounds), final |grad_s f|_inf, whether the stopping rule was met, and the penalty chosen by
+    leave-one-out at uniform pooling with its error (`uniform_penalty`, `uniform_loo`: what a head
+    on uniform pooling chooses, so the MLP probe's uniform alternative does not choose again)."""
 
     scores: Tensor
     penalty: Tensor
@@ -242,11 +245,11 @@ class PoolingFit:
     iterations: Tensor
     grad_norm: Tensor
     converged: Tensor
+    uniform_penalty: Tensor
+    uniform_loo: Tensor
 
     def to(self, device: str) -> PoolingFit:
-        return PoolingFit(
-            *(getattr(self, f).to(device) for f in ("scores", "penalty", "loo", "iterations", "grad_norm", "converged"))
-        )
+        return PoolingFit(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
 def fit_pooling(
@@ -266,6 +269,7 @@ def fit_pooling(
         grid[rows] = ridge_penalties(zc, alphas)
         choice[rows], loo[rows] = choose_penalty(zc, probes.yc[rows], grid[rows])
         cap[rows] = (ridge_penalties(zc, (FIRST_ROUND_PENALTY,)) >= grid[rows]).sum(1).clamp(1, grid.shape[1]) - 1
+    uniform_penalty, uniform_loo = grid.gather(1, choice.unsqueeze(1)).squeeze(1), loo.clone()
     capped = learned & (choice > cap)
     choice = torch.where(capped, cap, choice)
     iterations = torch.zeros(n_probes, dtype=torch.long, device=device)
@@ -299,7 +303,7 @@ def fit_pooling(
         choice[index] = new_choice
     converged &= ~todo  # the penalty still moving after the last round
     penalty = grid.gather(1, choice.unsqueeze(1)).squeeze(1)
-    return PoolingFit(scores, penalty, loo, iterations, grad_norm, converged)
+    return PoolingFit(scores, penalty, loo, iterations, grad_norm, converged, uniform_penalty, uniform_loo)
 
 
 def hessian_flops(n_pos: Tensor, n_prompts: int, width: int, n_targets: int) -> Tensor:

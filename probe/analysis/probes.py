@@ -145,27 +145,33 @@ def random_layer(width: int, hidden: int, seed: int) -> tuple[Tensor, Tensor]:
 HEAD_BLOCK_BYTES = 64 << 20  # the per-probe temporaries (ridge's N x F products) of one block of heads
 
 
+Chosen = tuple[Tensor, Tensor]  # per probe (G,): the linear head's penalty chosen by leave-one-out, its error
+
+
 def fit_head(
-    kind: str, z: Tensor, y: Tensor, alphas: Sequence[float], hidden: int, seed: int
+    kind: str, z: Tensor, y: Tensor, alphas: Sequence[float], hidden: int, seed: int, chosen: Chosen | None = None
 ) -> tuple[Head, Tensor, Tensor]:
     """The closed-form head of each probe on pooled features z (G, N, D) and targets y (G, N, d);
-    returns it with its penalties (G,) and leave-one-out MSE (G,) (`_fit_heads`). Fitted a block of
+    returns it with its penalties (G,) and leave-one-out MSE (G,) (`_fit_heads`; `chosen`: the
+    linear penalty and its error on these features, where already known). Fitted a block of
     probes at a time (at most about HEAD_BLOCK_BYTES of temporaries): each probe's head depends on
     its own features only, so the blocks give the batched result."""
     n, width = z.shape[1], z.shape[2]
     per_probe = 8 * n * (4 * (width + (hidden if kind == "mlp" else 0)) + 3 * len(alphas) * y.shape[-1])
     block = max(1, HEAD_BLOCK_BYTES // per_probe)
     if block >= len(z):
-        return _fit_heads(kind, z, y, alphas, hidden, seed)
+        return _fit_heads(kind, z, y, alphas, hidden, seed, chosen)
+    part = lambda lo: None if chosen is None else (chosen[0][lo : lo + block], chosen[1][lo : lo + block])
     parts = [
-        _fit_heads(kind, z[lo : lo + block], y[lo : lo + block], alphas, hidden, seed) for lo in range(0, len(z), block)
+        _fit_heads(kind, z[lo : lo + block], y[lo : lo + block], alphas, hidden, seed, part(lo))
+        for lo in range(0, len(z), block)
     ]
     heads, penalties, loos = zip(*parts)
     return Head.cat(list(heads)), torch.cat(penalties), torch.cat(loos)
 
 
 def _fit_heads(
-    kind: str, z: Tensor, y: Tensor, alphas: Sequence[float], hidden: int, seed: int
+    kind: str, z: Tensor, y: Tensor, alphas: Sequence[float], hidden: int, seed: int, chosen: Chosen | None = None
 ) -> tuple[Head, Tensor, Tensor]:
     """`fit_head` for one block of probes. The linear head's penalty is
     chosen from `alphas` by leave-one-out; the MLP head keeps that penalty and chooses, the same
@@ -175,9 +181,12 @@ def _fit_heads(
     leave-one-out error is at most MIN_GAIN (in R^2) above the linear probe's."""
     head = Head(kind, torch.empty(0), torch.empty(0), y.mean(1, keepdim=True))
     zc, yc = z - z.mean(1, keepdim=True), y - head.target_mean
-    grid = ridge_penalties(zc, alphas)
-    choice, loo = choose_penalty(zc, yc, grid)
-    penalty = grid.gather(1, choice.unsqueeze(1)).squeeze(1)
+    if chosen is None:
+        grid = ridge_penalties(zc, alphas)
+        choice, loo = choose_penalty(zc, yc, grid)
+        penalty = grid.gather(1, choice.unsqueeze(1)).squeeze(1)
+    else:
+        penalty, loo = chosen
     if kind != "mlp":
         head.feature_mean, head.weight = z.mean(1, keepdim=True), ridge_head(zc, yc, penalty)
         return head, penalty, loo
@@ -209,33 +218,50 @@ def _fit_heads(
 
 
 def fit_probe_head(
-    kind: str, probes: ProbeSet, scores: Tensor, alphas: Sequence[float], hidden: int, seed: int
+    kind: str,
+    probes: ProbeSet,
+    scores: Tensor,
+    alphas: Sequence[float],
+    hidden: int,
+    seed: int,
+    linear: Chosen | None = None,
+    uniform_linear: Chosen | None = None,
 ) -> tuple[Head, Tensor, Tensor, Tensor]:
     """The head of each probe of `probes` on its pooling: (head, penalty, leave-one-out MSE, the
     pooling weights alpha (G, P) it reads). The MLP probe pools with the linear probe's weights or
     uniformly, whichever leaves the smaller leave-one-out error by MIN_GAIN (in R^2): where the
-    linear probe decodes nothing its pooling is arbitrary, and uniform pooling keeps every token."""
+    linear probe decodes nothing its pooling is arbitrary, and uniform pooling keeps every token.
+    `linear` and `uniform_linear`: the linear penalty and its error at `scores`' pooling and at
+    uniform pooling, where already chosen (the linear head's, `PoolingFit.uniform_penalty`): the
+    MLP head starts from them instead of choosing again (the same numbers)."""
     every = torch.arange(len(probes.layer), device=scores.device)
     alpha = probes.attention(scores, every)
     y = probes.yc
-    head, penalty, loo = _heads_by_block(kind, probes, alpha, alphas, hidden, seed)
+    head, penalty, loo = _heads_by_block(kind, probes, alpha, alphas, hidden, seed, linear)
     if kind != "mlp":
         return head, penalty, loo, alpha
     uniform = probes.attention(torch.zeros_like(scores), every)
-    other, other_penalty, other_loo = _heads_by_block(kind, probes, uniform, alphas, hidden, seed)
+    other, other_penalty, other_loo = _heads_by_block(kind, probes, uniform, alphas, hidden, seed, uniform_linear)
     take = other_loo < loo - MIN_GAIN * y.pow(2).mean((1, 2))
     alpha = torch.where(take.unsqueeze(-1), uniform, alpha)
     return head.where(take, other), torch.where(take, other_penalty, penalty), torch.minimum(loo, other_loo), alpha
 
 
 def _heads_by_block(
-    kind: str, probes: ProbeSet, alpha: Tensor, alphas: Sequence[float], hidden: int, seed: int
+    kind: str,
+    probes: ProbeSet,
+    alpha: Tensor,
+    alphas: Sequence[float],
+    hidden: int,
+    seed: int,
+    chosen: Chosen | None = None,
 ) -> tuple[Head, Tensor, Tensor]:
     """`fit_head` on the probes' states pooled with alpha (G, P), for blocks of whole layers'
     probes (`ProbeSet.pooled_blocks`): the pooled states of every probe are never held at once, and
     each probe's head is its own, so the numbers are those of one block."""
+    rows_of = lambda rows: None if chosen is None else (chosen[0][rows], chosen[1][rows])
     parts = [
-        fit_head(kind, z, probes.yc[rows], alphas, hidden, seed)
+        fit_head(kind, z, probes.yc[rows], alphas, hidden, seed, rows_of(rows))
         for rows, z in probes.pooled_blocks(lambda rows: alpha[rows])
     ]
     heads, penalties, loos = zip(*parts)
@@ -341,7 +367,14 @@ def fit_probe_grid(
     n_used = torch.tensor([2 * t for t, _ in combos], device=device).repeat(n_layers)
     probes = ProbeSet(train_states, layer, n_used, y_train - y_train.mean(1, keepdim=True))
     fit = fit_pooling(probes, alphas, pooling == "learned", gtol, ftol, max_iter)
-    heads = [(kind, *fit_probe_head(kind, probes, fit.scores, alphas, hidden, seed)) for kind in kinds]
+    heads: list[tuple[str, Head, Tensor, Tensor, Tensor]] = []
+    linear: Chosen | None = None  # the linear head's penalty and error, which the MLP head on that pooling reuses
+    for kind in kinds:
+        head, penalty, loo, alpha = fit_probe_head(
+            kind, probes, fit.scores, alphas, hidden, seed, linear, (fit.uniform_penalty, fit.uniform_loo)
+        )
+        heads.append((kind, head, penalty, loo, alpha))
+        linear = (penalty, loo) if kind == "linear" else linear
     without_states = dataclasses.replace(probes, states=train_states.new_empty(0, 0, 0, 0))
     return FittedProbes(without_states, fit, heads, y_train, stats, list(combos), hidden, layout, dtype, device)
 
