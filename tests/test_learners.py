@@ -429,3 +429,20 @@ def test_last_prefix_is_the_full_runs_last_prefix(name, grid):
     assert torch.equal(last.preds, full.preds[..., -1:])
     assert torch.equal(last.weights, full.weights[:, :, -1:])
     torch.testing.assert_close(last.query_preds, full.query_preds[:, :, -1:], rtol=1e-12, atol=1e-12)
+
+
+def test_per_matrix_threads_give_the_batched_call_bit_for_bit():
+    # least squares' pseudo-inverses, the span test's projectors and GD/Newton's eigendecompositions
+    # run their batch split over threads (probe/core/threads.py)
+    from probe.core.threads import per_matrix
+
+    g = torch.Generator().manual_seed(8)
+    xs = torch.randn(6, 7, 9, 4, generator=g, dtype=torch.float64)
+    s = xs.transpose(-1, -2) @ xs
+    s[0, 0] = 0.0  # rank 0 and rank-deficient (t < d) matrices included
+    low = xs[:, :, :2].transpose(-1, -2) @ xs[:, :, :2]  # (6, 7, 4, 4) of rank 2
+    herm = lambda m: torch.linalg.pinv(m, hermitian=True, rtol=1e-10)
+    for fn, x in ((herm, s), (herm, low), (torch.linalg.pinv, xs), (torch.linalg.eigh, s)):
+        threaded, batched = per_matrix(fn, x), fn(x)
+        for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in (threaded, batched))):
+            assert a.shape == b.shape and torch.equal(a, b)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.threads import per_matrix
 from ..data.positions import prefix_mask
 
 
@@ -21,7 +22,7 @@ def span_projectors(xs: torch.Tensor) -> torch.Tensor:
     n = x.shape[1]
     mask = prefix_mask(n).to(x.dtype)  # (t, i): i < t
     xt = x.unsqueeze(1) * mask.view(1, n, n, 1)  # (B, t, n, d): first t rows kept
-    return torch.linalg.pinv(xt) @ xt
+    return per_matrix(torch.linalg.pinv, xt) @ xt
 
 
 def span_residuals(weights: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import ConfigError
+from ..core.threads import per_matrix
 from .base import LearnerResult, as_float64, at_prefixes, linear_result, prefix_moments
 from .registry import register
 
@@ -15,7 +16,8 @@ from .registry import register
 def least_squares_weights(xs: Tensor, ys: Tensor, rtol: float = 1e-10, last_prefix: bool = False) -> Tensor:
     """Minimum-norm w_t = S_t^+ X_t^T y_t for every prefix (B, n, d), or the last (B, 1, d) (seed 003 eq. 5)."""
     s, b = prefix_moments(xs, ys, last_prefix)
-    return (torch.linalg.pinv(s, hermitian=True, rtol=rtol) @ b.unsqueeze(-1)).squeeze(-1)
+    pinv = per_matrix(lambda m: torch.linalg.pinv(m, hermitian=True, rtol=rtol), s)
+    return (pinv @ b.unsqueeze(-1)).squeeze(-1)
 
 
 @register("least_squares", label="least squares")

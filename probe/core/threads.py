@@ -1,0 +1,29 @@
+"""Batched LAPACK calls split over threads: torch's CPU `eigh`, `svd` and `pinv` of a batch run
+one matrix at a time on one thread, and LAPACK releases the GIL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar, cast
+
+import torch
+from torch import Tensor
+
+Result = TypeVar("Result", Tensor, Any)
+
+
+def per_matrix(fn: Callable[[Tensor], Result], x: Tensor) -> Result:
+    """fn(x) for a function of a batch of matrices x (..., m, k) that treats each matrix on its own
+    (eigh, pinv): on CPU the batch is cut into torch.get_num_threads() parts, one thread each. Each
+    matrix goes through the same call as in fn(x), so the result is fn(x)'s bit for bit (tested)."""
+    threads = torch.get_num_threads()
+    batch = x.shape[:-2]
+    if x.device.type != "cpu" or threads < 2 or x[..., 0, 0].numel() < 2 * threads:
+        return fn(x)
+    with ThreadPoolExecutor(threads) as pool:
+        parts = list(pool.map(fn, x.reshape(-1, *x.shape[-2:]).chunk(threads)))
+    if isinstance(parts[0], Tensor):
+        out = torch.cat(parts)
+        return cast(Result, out.view(*batch, *out.shape[1:]))
+    return cast(Result, tuple(torch.cat(p).view(*batch, *p[0].shape[1:]) for p in zip(*parts)))
