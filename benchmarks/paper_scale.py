@@ -106,9 +106,12 @@ def work_fpe(ckpt: Path, float64_cost: float) -> dict[str, float]:
     what `floor_fpe` counts plus the float64 cost of the probe streams (`float64_cost`: a float64
     forward's time over a float32 one's, measured), the order prompts' real lengths (2t + 1 tokens),
     the prompt runs behind the SimW queries and forgetting's queries, the ablations' re-runs from
-    the ablated block (skip, and zero and mean of each MLP) and the patching heatmap's windows
-    (tokens p..query from each boundary). Attention's own cost, the learners, fits, bootstraps and
-    figures are not counted: the rest of a report's FPE is those."""
+    the ablated block (skip, and zero and mean of each MLP), the patching heatmap's windows
+    (tokens p..query from each boundary), the random-weights null model's predictions on the
+    held-out prompts, and the layer-map check (its clean and source runs, each twice: predictions,
+    then streams and keys, and each pooled query token resumed from every boundary). Attention's own
+    cost, the learners, fits, bootstraps and figures are not counted: the rest of a report's FPE is
+    those."""
     from probe.io.formats import load_checkpoint
     from probe.reporting.recipe import adapt_recipe, resolve_recipe
 
@@ -119,6 +122,7 @@ def work_fpe(ckpt: Path, float64_cost: float) -> dict[str, float]:
     work = {"evaluate": p.curve * full, "read-outs": (p.train + p.val + p.test) * full}
     induced = min(p.induced, p.test)
     work["SimW queries"] = induced * full + induced * (p.queries or 4 * d) * n * layers
+    work["null model"] = p.test * full
     if r.probes.enabled:
         work["probe streams"] = (r.probes.prompts + p.test) * (2 if r.probes.controls else 1) * full * float64_cost
     if r.forgetting.enabled:
@@ -136,6 +140,13 @@ def work_fpe(ckpt: Path, float64_cost: float) -> dict[str, float]:
         work["patching"] = 2 * s.patch_prompts * (2 * q + 1) * layers + s.patch_prompts * windows * sum(
             layers - b for b in range(layers + 1)
         )
+        if s.learner_labels(r.sweeps):
+            from probe.interventions.patch import spread_examples
+
+            queries = len(spread_examples(n, s.max_queries))
+            work["map check"] = 4 * s.patch_prompts * full + s.patch_prompts * queries * sum(
+                layers - b for b in range(layers)
+            )
     return {k: v / (p.curve * full) for k, v in work.items()}
 
 
