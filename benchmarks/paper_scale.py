@@ -9,6 +9,7 @@ forward of the model over the recipe's curve prompts) beside the recipe's floor 
 built, counted in token-blocks (`work_fpe`). Last line: `fpe=<x> floor=<y> peak_gb=<z>`. It also times SimW query states on the same inputs by the key/value-cache path and by
 one sequence per prefix and query (the old path), and checks they agree.
 Run from the repository root:  python benchmarks/paper_scale.py [--skip-reports | --skip-query-states]
+[--set KEY=VALUE ...] (recipe overrides for both reports, e.g. --set probes.precision=float32)
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ def paper_model(directory: Path) -> Path:
     return directory
 
 
-def timed_report(ckpt: Path, out: Path) -> tuple[dict, float, float, float, float]:
+def timed_report(ckpt: Path, out: Path, overrides: tuple[str, ...] = ()) -> tuple[dict, float, float, float, float]:
     """(stage timings, wall seconds, peak RSS in GB, user and system seconds) of one report in a
-    child process (the children's rusage before and after)."""
+    child process (the children's rusage before and after); `overrides`: its --set KEY=VALUE."""
     start = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([*ICL, "-q", "report", str(ckpt), "--out", str(out), "--no-cache"], check=True, cwd=REPO)
+    sets = [arg for kv in overrides for arg in ("--set", kv)]
+    subprocess.run([*ICL, "-q", "report", str(ckpt), "--out", str(out), "--no-cache", *sets], check=True, cwd=REPO)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     peak = max(after.ru_maxrss, before.ru_maxrss) / 2**20
@@ -193,6 +195,9 @@ def main() -> None:
     parser.add_argument("--skip-reports", action="store_true", help="only the query-state comparison")
     parser.add_argument("--skip-query-states", action="store_true", help="only the two reports")
     parser.add_argument("--qs-prompts", type=int, default=4)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override for both reports"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         paper = paper_model(Path(tmp) / "paper")
@@ -204,7 +209,7 @@ def main() -> None:
             return
         runs = {}
         for name, ckpt in (("default", REPO / "checkpoints" / "gpt2-default"), ("paper", paper)):
-            runs[name] = timed_report(ckpt, Path(tmp) / f"report-{name}")
+            runs[name] = timed_report(ckpt, Path(tmp) / f"report-{name}", tuple(args.set))
         for name, (timings, wall, peak, user, system) in runs.items():
             stages = {k: v for k, v in timings.items() if isinstance(v, (int, float))}
             total = sum(stages.values())
