@@ -77,7 +77,15 @@ def bare_forward(ckpt: Path) -> float:
     return best
 
 
-def floor_fpe(ckpt: Path) -> float:
+def quick_recipe(loaded, overrides: tuple[str, ...] = ()):
+    """The quick recipe as the report runs it on `loaded`: --set overrides applied, then adapted."""
+    from probe.core.config import parse_override
+    from probe.reporting.recipe import adapt_recipe, resolve_recipe
+
+    return adapt_recipe(resolve_recipe("quick", [parse_override(kv) for kv in overrides]), loaded.config)
+
+
+def floor_fpe(ckpt: Path, overrides: tuple[str, ...] = ()) -> float:
     """A floor for the quick recipe in curve-forward units, counted from its settings: every prompt
     set it needs through the model once (curve; read-out train, val and test; probe training and
     test prompts, twice with the random-weights control; forgetting; order prompts x permutations;
@@ -85,10 +93,9 @@ def floor_fpe(ckpt: Path) -> float:
     fresh queries as the tokens they add (induced x queries x prefixes single tokens over 2n tokens
     a prompt). The ablations' and patches' partial re-runs are not counted: this is a floor."""
     from probe.io.formats import load_checkpoint
-    from probe.reporting.recipe import adapt_recipe, resolve_recipe
 
     loaded = load_checkpoint(ckpt)
-    r = adapt_recipe(resolve_recipe("quick"), loaded.config)
+    r = quick_recipe(loaded, overrides)
     n, d = loaded.config.task.n_points, loaded.config.task.n_dims
     p = r.prompts
     prompts = p.curve + p.train + p.val + p.test
@@ -102,10 +109,10 @@ def floor_fpe(ckpt: Path) -> float:
     return prompts / p.curve
 
 
-def work_fpe(ckpt: Path, float64_cost: float) -> dict[str, float]:
+def work_fpe(ckpt: Path, float64_cost: float, overrides: tuple[str, ...] = ()) -> dict[str, float]:
     """The forward work the quick recipe's stages do as they are built, in curve-forward units,
     counted in token-blocks (one token through one block) from its settings and the model's depth:
-    what `floor_fpe` counts plus the float64 cost of the probe streams (`float64_cost`: a float64
+    what `floor_fpe` counts plus the float64 cost of float64 probe streams (`float64_cost`: a float64
     forward's time over a float32 one's, measured), the order prompts' real lengths (2t + 1 tokens),
     the prompt runs behind the SimW queries and forgetting's queries, the ablations' re-runs from
     the ablated block (skip, and zero and mean of each MLP), the patching heatmap's windows
@@ -115,10 +122,9 @@ def work_fpe(ckpt: Path, float64_cost: float) -> dict[str, float]:
     cost, the learners, fits, bootstraps and figures are not counted: the rest of a report's FPE is
     those."""
     from probe.io.formats import load_checkpoint
-    from probe.reporting.recipe import adapt_recipe, resolve_recipe
 
     loaded = load_checkpoint(ckpt)
-    r = adapt_recipe(resolve_recipe("quick"), loaded.config)
+    r = quick_recipe(loaded, overrides)
     n, d, layers = loaded.config.task.n_points, loaded.config.task.n_dims, loaded.config.model.n_layer
     p, full = r.prompts, 2 * n * layers  # token-blocks of one whole prompt
     work = {"evaluate": p.curve * full, "read-outs": (p.train + p.val + p.test) * full}
@@ -126,7 +132,8 @@ def work_fpe(ckpt: Path, float64_cost: float) -> dict[str, float]:
     work["SimW queries"] = induced * full + induced * (p.queries or 4 * d) * n * layers
     work["null model"] = p.test * full
     if r.probes.enabled:
-        work["probe streams"] = (r.probes.prompts + p.test) * (2 if r.probes.controls else 1) * full * float64_cost
+        cost = float64_cost if r.probes.precision == "float64" else 1.0
+        work["probe streams"] = (r.probes.prompts + p.test) * (2 if r.probes.controls else 1) * full * cost
     if r.forgetting.enabled:
         work["forgetting"] = r.forgetting.prompts * (full + (n - 1) * layers)
     if r.order.enabled:
@@ -218,9 +225,9 @@ def main() -> None:
                   f"(sys/user {system / max(user, 1e-9):.3f}), peak RSS {peak:.2f} GB; {shares}")
         print(f"ratio paper/default wall = {runs['paper'][1] / runs['default'][1]:.1f}")
         forward = bare_forward(paper)
-        fpe, floor = runs["paper"][1] / forward, floor_fpe(paper)
+        fpe, floor = runs["paper"][1] / forward, floor_fpe(paper, tuple(args.set))
         print(f"paper: one bare forward over the curve prompts {forward:.2f}s; report {fpe:.1f} FPE, floor {floor:.1f} FPE")
-        work = work_fpe(paper, float64_cost(paper))
+        work = work_fpe(paper, float64_cost(paper), tuple(args.set))
         print("forward work as built, FPE: " + ", ".join(f"{k} {v:.2f}" for k, v in work.items())
               + f"; total {sum(work.values()):.1f} (the rest of the report: {fpe - sum(work.values()):.1f})")
         print(f"fpe={fpe:.1f} floor={floor:.1f} peak_gb={runs['paper'][2]:.2f}")
