@@ -1,5 +1,7 @@
-"""Batched LAPACK calls split over threads: torch's CPU `eigh`, `svd` and `pinv` of a batch run
-one matrix at a time on one thread, and LAPACK releases the GIL."""
+"""Batched LAPACK calls split over threads: torch's CPU `eigh` and `pinv` of a batch of small
+matrices (the learners' d x d moments, the span test's t x d prefixes) run one matrix at a time on
+one thread, and LAPACK releases the GIL (1280 x 41 pseudo-inverses at d = 20: 1.5 -> 1.0 s on two
+threads; 256 x 256 eigendecompositions gain nothing, MKL already threads each)."""
 
 from __future__ import annotations
 
