@@ -148,6 +148,11 @@ HEAD_BLOCK_BYTES = 64 << 20  # the per-probe temporaries (ridge's N x F products
 Chosen = tuple[Tensor, Tensor]  # per probe (G,): the linear head's penalty chosen by leave-one-out, its error
 
 
+def _chosen_rows(chosen: Chosen | None, rows: slice) -> Chosen | None:
+    """The entries of `chosen` for the probes `rows`."""
+    return None if chosen is None else (chosen[0][rows], chosen[1][rows])
+
+
 def fit_head(
     kind: str, z: Tensor, y: Tensor, alphas: Sequence[float], hidden: int, seed: int, chosen: Chosen | None = None
 ) -> tuple[Head, Tensor, Tensor]:
@@ -161,11 +166,8 @@ def fit_head(
     block = max(1, HEAD_BLOCK_BYTES // per_probe)
     if block >= len(z):
         return _fit_heads(kind, z, y, alphas, hidden, seed, chosen)
-    part = lambda lo: None if chosen is None else (chosen[0][lo : lo + block], chosen[1][lo : lo + block])
-    parts = [
-        _fit_heads(kind, z[lo : lo + block], y[lo : lo + block], alphas, hidden, seed, part(lo))
-        for lo in range(0, len(z), block)
-    ]
+    blocks = [slice(lo, lo + block) for lo in range(0, len(z), block)]
+    parts = [_fit_heads(kind, z[b], y[b], alphas, hidden, seed, _chosen_rows(chosen, b)) for b in blocks]
     heads, penalties, loos = zip(*parts)
     return Head.cat(list(heads)), torch.cat(penalties), torch.cat(loos)
 
@@ -259,9 +261,8 @@ def _heads_by_block(
     """`fit_head` on the probes' states pooled with alpha (G, P), for blocks of whole layers'
     probes (`ProbeSet.pooled_blocks`): the pooled states of every probe are never held at once, and
     each probe's head is its own, so the numbers are those of one block."""
-    rows_of = lambda rows: None if chosen is None else (chosen[0][rows], chosen[1][rows])
     parts = [
-        fit_head(kind, z, probes.yc[rows], alphas, hidden, seed, rows_of(rows))
+        fit_head(kind, z, probes.yc[rows], alphas, hidden, seed, _chosen_rows(chosen, rows))
         for rows, z in probes.pooled_blocks(lambda rows: alpha[rows])
     ]
     heads, penalties, loos = zip(*parts)
