@@ -42,6 +42,7 @@ API = (
     "report",
     "recipe",
     "analyse",
+    "spectral",
     "activations",
     "prompts",
     "probe_data",

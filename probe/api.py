@@ -185,6 +185,37 @@ def analyse(
     return analyse_layers(model, task, layer_settings(parsed, device), progress=progress)
 
 
+def spectral(
+    checkpoint=None,
+    recipe: str = "quick",
+    *,
+    model=None,
+    task=None,
+    device: str = "cpu",
+    progress: bool = False,
+    **sections: Any,
+):
+    """The spectral instrument alone (probe/analysis/spectral.py) as a SpectralAnalysis: each
+    layer's response to each eigen-direction of its prompt's S, local exponent and filter class,
+    on the induced weights the layers stage makes with the recipe's [prompts], [readout],
+    [similarity] and [spectral] (keyword sections override them: `spectral={"bins": 16}`)."""
+    from .analysis.pipeline import analyse_spectrum
+    from .core.validate import check_device
+    from .reporting.build import layer_settings
+    from .reporting.recipe import adapt_recipe, resolve_recipe
+
+    parsed = resolve_recipe(recipe, _overrides(sections))
+    device = check_device(device)
+    if model is None:
+        ckpt = _checkpoint(checkpoint)
+        model, task, parsed = ckpt.model, ckpt.config.task, adapt_recipe(parsed, ckpt.config)
+    elif checkpoint is not None:
+        raise ConfigError("give a checkpoint or a model (with its task), not both")
+    elif task is None:
+        raise ConfigError("a model object needs its task: probe.spectral(model=m, task=TaskConfig(n_dims=..., ...))")
+    return analyse_spectrum(model, task, layer_settings(parsed, device), progress=progress)
+
+
 def prompts(checkpoint=None, n: int = 64, seed: int = 0, *, task=None):
     """(xs (n, n_points, d), ys (n, n_points)): prompts of a checkpoint's task (or of `task`, a
     TaskConfig), drawn from the evaluation stream of `seed` (probe/core/seeds.py), as `icl-probe evaluate`

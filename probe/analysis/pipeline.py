@@ -25,7 +25,14 @@ from ..core import budget
 from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
 from ..core.seeds import Stream
-from ..core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings, quick_sweeps
+from ..core.settings import (
+    PromptSettings,
+    ReadoutSettings,
+    SimilaritySettings,
+    SpectralSettings,
+    SweepSettings,
+    quick_sweeps,
+)
 from ..core.validate import check_device, check_model, positive_int
 from ..data.config import TaskConfig
 from ..data.tasks import generator_for, sample_prompts
@@ -35,6 +42,7 @@ from .nulls import flag_degenerate, null_predictions, null_table
 from .readout import LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .similarity import induced_weights, sime, simw
 from .span import span_table
+from .spectral import SpectralAnalysis, reference_families, spectral_analysis
 from .states import query_states, x_states
 from .verdicts import Candidate, final_layer_verdicts, pick, sime_between, simw_between
 
@@ -52,6 +60,7 @@ class LayerSettings:
     readout: ReadoutSettings = field(default_factory=ReadoutSettings)
     similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
     sweeps: tuple[SweepSettings, ...] = field(default_factory=quick_sweeps)  # analyses/quick.toml's
+    spectral: SpectralSettings = field(default_factory=SpectralSettings)
     batch_size: int = 256
     device: str = "cpu"
     memory: MemoryBudget = field(default_factory=MemoryBudget)
@@ -64,6 +73,7 @@ class LayerSettings:
             recipe.readout,
             recipe.similarity,
             tuple(recipe.sweeps),
+            recipe.spectral,
             device=device,
             memory=memory or MemoryBudget(),
         )
@@ -125,6 +135,8 @@ class LayerAnalysis:
         span of the examples, beside a random vector's.
     nulls: layer, null ("zero" / "random_model"), similarity, ci_low, ci_high, relative_norm,
         predicts_zero: SimE of the null predictors per layer.
+    spectral: the spectral instrument on the induced weights (SpectralAnalysis; None without SimW or
+        when [spectral] is off).
     verdicts: claim, a, b, metric, sweep_a, sweep_b, k_a, k_b, difference (a - b), ci_low, ci_high,
         resolution, verdict ("a closer", "b closer", "not separable at this resolution"): Table 1's
         paired comparisons (probe/analysis/verdicts.py).
@@ -141,6 +153,7 @@ class LayerAnalysis:
     nulls: pd.DataFrame = field(default_factory=pd.DataFrame)  # per layer: SimE vs the zero / random-model predictor
     verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)  # paired final-layer verdicts (analysis/verdicts.py)
     timings: dict[str, float] = field(default_factory=dict)
+    spectral: SpectralAnalysis | None = None  # each layer's spectral filter (analysis/spectral.py), with SimW
 
 
 def analysis_prompts(task: TaskConfig, settings: LayerSettings, split: str, n: int):
@@ -358,4 +371,47 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
         )
         span = pd.concat([layers, *span_parts], ignore_index=True)
     clock.lap("similarity")
-    return LayerAnalysis(readouts, readout, cells, best, trends, t1, span, nulls, verdicts, clock.timings)
+    spectral = None
+    if layer_weights is not None and settings.spectral.enabled:
+        spectral = layer_spectrum(layer_weights, ev, settings)
+        clock.lap("spectral")
+    return LayerAnalysis(readouts, readout, cells, best, trends, t1, span, nulls, verdicts, clock.timings, spectral)
+
+
+def fixed_steps(sweeps) -> tuple[float | None, float | None]:
+    """The fixed step sizes the recipe's sweeps use (a planted model's, set by `adapt_recipe`): a
+    numeric paper-convention GD eta and a numeric Newton alpha, or None (the spectral references'
+    defaults)."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    eta = alpha = None
+    for s in sweeps:
+        if s.learner == "gd" and s.grid.get("convention", ["paper"]) == ["paper"]:
+            eta = next((float(v) for v in s.grid.get("eta", []) if number(v)), eta)
+        if s.learner == "newton":
+            alpha = next((float(v) for v in s.grid.get("alpha", []) if number(v)), alpha)
+    return eta, alpha
+
+
+def layer_spectrum(layer_weights, ev, settings: LayerSettings) -> SpectralAnalysis:
+    """The spectral instrument on each layer's induced weights (the first n_induced held-out prompts)."""
+    m = settings.n_induced
+    families = reference_families(ev.xs.shape[-1], *fixed_steps(settings.sweeps))
+    return spectral_analysis(
+        layer_weights,
+        ev.xs[:m],
+        ev.ys[:m],
+        settings.spectral,
+        settings.similarity.bootstrap,
+        settings.prompts.seed,
+        families,
+    )
+
+
+def analyse_spectrum(model, task: TaskConfig, settings: LayerSettings, progress: bool = False) -> SpectralAnalysis:
+    """The spectral instrument alone (`icl-probe spectral`, `probe.spectral`): the layers' read-outs
+    and induced weights exactly as `analyse_layers` makes them, without the sweeps."""
+    check_model(model)
+    check_simw_queries(task, settings)
+    readouts, ev, _ = fit_readouts(model, task, settings, progress)
+    layer_weights, _ = induced_layer_weights(model, task, settings, readouts, ev, progress)
+    return layer_spectrum(layer_weights, ev, settings)

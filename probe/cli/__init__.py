@@ -21,6 +21,7 @@ COMMANDS = {
     "readout": "Per-layer readout retraining: error / d per layer",
     "heatmap": "Layer-vs-learner SimE/SimW heatmaps, best matches, trend verdicts",
     "span": "Span-of-examples test of each layer's induced weights",
+    "spectral": "Each layer's spectral filter: response per eigenvalue, exponent, GD or Newton class",
     "probes": "Attention-pooled probes for X^T y and w, with controls",
     "order": "Order sensitivity: how much permuting the examples moves each layer's prediction",
     "report": "Everything above as one HTML report with summary.json",

@@ -218,3 +218,79 @@ def newton(
             coefs.append(wanted[int(k)])
             grid.append({"iterations": int(k), "alpha": rule})  # rule: a name or a fixed number
     return spectral_result("newton", grid, v, torch.stack(coefs), at_prefixes(xs, last_prefix), queries)
+
+
+def _step_on_moment(lam: Tensor, rule: str | float, t: Tensor, power: int) -> Tensor:
+    """A step size on S^power per prefix (B, n, 1): "auto" (GD's word) or "spectral" (Newton's) is
+    1/lambda_max(S)^power, per prompt and always stable; a number a is a fixed step on the
+    normalised moment S/t, a / t^power on S."""
+    if rule in ("auto", "spectral"):
+        top = lam.amax(-1, keepdim=True) ** power
+        return torch.where(top > 0, 1.0 / top.clamp_min(1e-300), torch.zeros_like(top))
+    if isinstance(rule, (int, float)) and not isinstance(rule, bool) and rule > 0:
+        return torch.full_like(lam[..., :1], float(rule)) / t.clamp_min(1).view(1, -1, 1) ** power
+    raise ConfigError(f"step rule must be a positive number or 'auto', got {rule!r}")
+
+
+def _filtered(lam: Tensor, c: Tensor, h: Tensor, steps: int) -> Tensor:
+    """V^T w after `steps` of the contraction 1 - h per eigenvalue: (1 - (1 - h)^steps) c / lambda
+    (zero on zero eigenvalues, the pseudo-inverse's convention)."""
+    resp = 1 - (1 - h) ** steps
+    return torch.where(lam > 0, resp * c / lam.clamp_min(1e-300), torch.zeros_like(c))
+
+
+@register("newton_identity", label="Newton from alpha I", describe=lambda g: "M_0 = alpha I, M_(k+1) = 2 M_k - M_k S M_k")
+def newton_identity(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    last_prefix: bool = False,
+    *,
+    iterations: Sequence[int] = NEWTON_ITERATIONS,
+    alpha: Sequence[str | float] = ("spectral",),
+) -> LearnerResult:
+    """Newton-Schulz from M_0 = alpha I (not the seeds' alpha S): M_(k+1) = 2 M_k - M_k S M_k,
+    w_k = M_k X^T y. Per eigenvalue 1 - lambda m_k = (1 - alpha lambda)^(2^k), so this is exactly
+    GD from 0 with 2^k steps of size alpha (tests). alpha "spectral": 1/lambda_max(S); a number a: a
+    fixed step on S/t (GD's paper-convention eta = a).
+    """
+    its = sorted({int(k) for k in iterations})
+    if its and its[0] < 0:
+        raise ConfigError(f"newton_identity iterations must be >= 0, got {list(iterations)}")
+    lam, v, c, t = prefix_eigh(xs, ys, last_prefix)
+    xs, ys, queries = as_float64(xs, ys, queries)
+    grid, coefs = [], []
+    for rule in alpha:
+        h = _step_on_moment(lam, rule, t, 1) * lam
+        for k in iterations:
+            coefs.append(_filtered(lam, c, h, 2 ** int(k)))
+            grid.append({"iterations": int(k), "alpha": rule})
+    return spectral_result("newton_identity", grid, v, torch.stack(coefs), at_prefixes(xs, last_prefix), queries)
+
+
+@register("precond_gd", label="S-preconditioned GD", unit="steps", describe=lambda g: "w <- w + eta S (X^T y - S w)")
+def precond_gd(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    last_prefix: bool = False,
+    *,
+    steps: Sequence[int] = LOG_STEPS,
+    eta: Sequence[str | float] = ("auto",),
+) -> LearnerResult:
+    """GD from 0 preconditioned by S: w_(k+1) = w_k + eta S (X^T y - S w_k). Per eigenvalue the
+    response is 1 - (1 - eta lambda^2)^k, so the seeds' Iterative Newton (M_0 = alpha S, seed 003
+    eq. 8) after k iterations is this with 2^k steps and eta = alpha (tests). eta "auto":
+    1/lambda_max(S)^2 (the seeds' 'spectral' alpha); a number a: a fixed step on S/t, a / t^2 on S.
+    """
+    if any(int(k) < 0 for k in steps):
+        raise ConfigError(f"precond_gd steps must be >= 0, got {list(steps)}")
+    lam, v, c, t = prefix_eigh(xs, ys, last_prefix)
+    xs, ys, queries = as_float64(xs, ys, queries)
+    grid, coefs = [], []
+    for rule in eta:
+        h = _step_on_moment(lam, rule, t, 2) * lam**2
+        for k in steps:
+            coefs.append(_filtered(lam, c, h, int(k)))
+            grid.append({"eta": rule, "steps": int(k)})
+    return spectral_result("precond_gd", grid, v, torch.stack(coefs), at_prefixes(xs, last_prefix), queries)

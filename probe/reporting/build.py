@@ -104,14 +104,24 @@ def _stage_layers(c: Context):
             "span": res.span,
             "nulls": res.nulls,
             "verdicts": res.verdicts,
+            **spectral_tables(res.spectral),
         },
         {
             "trends": res.trends,
             "readout_alpha": None if alphas is None else list(map(float, alphas)),
             "readouts": res.readouts.to_json() if isinstance(res.readouts, LayerReadouts) else None,
             "timings": res.timings,
+            **({"spectral_counts": res.spectral.counts} if res.spectral is not None else {}),
         },
     )
+
+
+def spectral_tables(spectral) -> dict[str, pd.DataFrame]:
+    """The spectral instrument's tables, named as the report writes them (none when it did not run)."""
+    if spectral is None:
+        return {}
+    names = ("curves", "layers", "summary", "references", "fits")
+    return {f"spectral_{name}": getattr(spectral, name) for name in names}
 
 
 def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
@@ -304,6 +314,11 @@ def _layer_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
             ]
     if not t["span"].empty:
         out["span"] = figures.span(t["span"], fig_dir / "span")[0]
+    if "spectral_curves" in t:
+        for variable in t["spectral_curves"].variable.unique():
+            key = f"spectral_{variable}"
+            out[key] = figures.spectral_curves(t["spectral_curves"], variable, fig_dir / key)[0]
+        out["spectral_exponents"] = figures.spectral_exponents(t["spectral_layers"], fig_dir / "spectral_exponents")[0]
     return out
 
 
@@ -330,7 +345,7 @@ def _one_figure(name: str, draw: Callable[[pd.DataFrame, Path], list[Path]]):
     return lambda t, fig_dir, c: {name: draw(t[name], fig_dir / name)[0]}
 
 
-LAYER_SECTIONS = ("readout", "similarity", "sweeps")
+LAYER_SECTIONS = ("readout", "similarity", "sweeps", "spectral")
 STAGES = {
     stage.name: stage
     for stage in (
@@ -340,7 +355,7 @@ STAGES = {
         Stage("forgetting", _stage_forgetting, _one_figure("forgetting", figures.forgetting)),
         Stage("order", _stage_order, _order_figures, ("readout",)),
         Stage("steering", _stage_steering, _one_figure("steering", figures.steering), transformers_only=True),
-        Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS, transformers_only=True),
+        Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS[:3], transformers_only=True),
     )
 }
 

@@ -357,3 +357,68 @@ def resolution(table: pd.DataFrame, stem: Path) -> list[Path]:
     ]
     axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return save_png(fig, stem)
+
+
+SPECTRAL_FLOOR = 1e-4  # responses below this (or negative) are drawn at it on the log axis
+
+
+def spectral_curves(curves: pd.DataFrame, variable: str, stem: Path) -> list[Path]:
+    """Each layer's response r against the eigenvalue variable on log-log axes, 90% band, with each
+    filter class's best member (times its gain) dashed (probe/analysis/spectral.py)."""
+    from ..analysis.spectral import CLASSES, VARIABLES
+
+    plt = pyplot()
+    rows = curves[curves.variable == variable]
+    layers = list(dict.fromkeys(rows[rows.kind == "layer"].predictor))
+    cols = min(4, len(layers))
+    nrows = -(-len(layers) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.0 * cols, 2.4 * nrows), squeeze=False, sharex=True, sharey=True)
+    for ax, layer in zip(axes.flat, layers):
+        own = rows[(rows.predictor == layer) & (rows.kind == "layer")].sort_values("u")
+        ax.plot(own.u, own.r.clip(lower=SPECTRAL_FLOOR), "-o", color="k", ms=3, label="layer")
+        ax.fill_between(
+            own.u, own.ci_low.clip(lower=SPECTRAL_FLOOR), own.ci_high.clip(lower=SPECTRAL_FLOOR), color="k", alpha=0.15
+        )
+        fits = rows[(rows.predictor == layer) & (rows.kind == "fit")]
+        for klass, fit in fits.groupby("class", sort=False):
+            fit = fit.sort_values("u")
+            color = f"C{list(CLASSES).index(klass)}"
+            ax.plot(fit.u, fit.r.clip(lower=SPECTRAL_FLOOR), "--", lw=1, color=color, label=f"{klass} class")
+        ax.set(xscale="log", yscale="log", title=f"layer {layer}")
+        ax.title.set_fontsize(8)
+    for ax in axes.flat[len(layers) :]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel(VARIABLES[variable], fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("response r", fontsize=8)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return save_png(fig, stem)
+
+
+def spectral_exponents(layers: pd.DataFrame, stem: Path) -> list[Path]:
+    """The local exponent p per layer in each bin variable with its 90% interval; 1 is the GD
+    class's small-eigenvalue limit, 2 the seeds' Newton's (probe/analysis/spectral.py)."""
+    from ..analysis.spectral import VARIABLES
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for i, (variable, rows) in enumerate(layers.groupby("variable", sort=False)):
+        x = rows.predictor.astype(int) + (i - 0.5) * 0.12
+        ax.errorbar(
+            x,
+            rows.p,
+            yerr=[(rows.p - rows.p_low).clip(lower=0), (rows.p_high - rows.p).clip(lower=0)],
+            fmt="o",
+            ms=3,
+            capsize=2,
+            label=VARIABLES[variable],
+        )
+    for level, text in ((1.0, "GD class"), (2.0, "Newton class")):
+        ax.axhline(level, color="grey", lw=0.8, ls=":")
+        ax.text(0, level, f" {text}", fontsize=7, va="bottom", color="grey")
+    ax.set(xlabel="layer", ylabel="local exponent p")
+    legend_outside(ax, 7)
+    return save_png(fig, stem)

@@ -78,6 +78,7 @@ SECTIONS = [
     ("Layers vs reference learners", "matching", None),
     ("Table 1: final layer against each learner", "table1", None),
     ("Span of the examples", "span", "span"),
+    ("Spectral filter of each layer", "spectral", "spectral_exponents"),
     ("Probes for X<sup>T</sup>y and w", "probes", "probes"),
     ("Forgetting", "forgetting", "forgetting"),
     ("Order sensitivity", "order", "order"),
@@ -150,6 +151,8 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
             ]
         )
         out["verdicts"] = _table(rows)
+    if summary.spectral is not None:
+        out.update(_spectral_tables(summary))
     if "probes" in t:
         own = t["probes"][t["probes"].control == "none"]
         attention = own.groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()
@@ -184,6 +187,31 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
     alternatives = {k: markupsafe.Markup(v) for k, v in _alternative_tables(summary).items()}
     iteration = {k: markupsafe.Markup(v) for k, v in _iteration_tables(summary).items()}
     return {**html, "iteration": iteration, "iteration_alternatives": alternatives}
+
+
+def _spectral_tables(summary: Summary) -> dict[str, str]:
+    """Per layer: the verdict, p in the best family's own variable, and each variable's best member."""
+    sp = summary.spectral
+    assert sp is not None
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    rows = []
+    for i, layer in enumerate(sp.layer):
+        row = {
+            "layer": layer,
+            "verdict": sp.verdict[i],
+            "p [90%]": f"{fmt(sp.p[i])} [{fmt(sp.p_low[i])}, {fmt(sp.p_high[i])}] ({sp.variable[i]})",
+        }
+        for var, fit in sp.by_variable.items():
+            k = fit.best_k[i]
+            member = fit.best_family[i] + ("" if k is None else f" {fit.best_axis[i]}={k:g}")
+            row[f"best fit, {var}"] = f"{member}, error {fit.error[i]:.4f}"
+            row[f"runner-up - best, {var}"] = (
+                f"{fit.runner_up[i]} {fit.difference[i]:+.4f} [{fit.diff_low[i]:+.4f}, {fit.diff_high[i]:+.4f}]"
+            )
+        row["not a filter"] = f"{sp.by_variable[sp.variable[i]].non_filter[i]:.3f}"
+        rows.append(row)
+    refs = ", ".join(f"{name} {fmt(r['p_median'])} ({r['variable']})" for name, r in sp.references.items())
+    return {"spectral": _table(pd.DataFrame(rows)), "spectral_refs": refs}
 
 
 def _alternative_tables(summary: Summary) -> dict[str, str]:

@@ -4,6 +4,7 @@
     [readout]        ReadoutSettings       per-layer read-outs
     [similarity]     SimilaritySettings    SimE / SimW options, bootstrap size
     [[sweeps]]       SweepSettings         label, learner, axis, grid (one per heatmap family)
+    [spectral]       SpectralSettings      each layer's spectral filter (on SimW's induced weights)
     [probes]         ProbeSettings         attention-pooled probes
     [forgetting]     ForgettingSettings    forgetting curves and their comparison learners
     [interventions]  InterventionSettings  causal checks
@@ -39,6 +40,7 @@ from ..core.settings import (
     PromptSettings,
     ReadoutSettings,
     SimilaritySettings,
+    SpectralSettings,
     SteeringSettings,
     SweepSettings,
 )
@@ -71,6 +73,7 @@ class Recipe:
     readout: ReadoutSettings = field(default_factory=ReadoutSettings)
     similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
     sweeps: list[SweepSettings] = field(default_factory=list)
+    spectral: SpectralSettings = field(default_factory=SpectralSettings)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     forgetting: ForgettingSettings = field(default_factory=ForgettingSettings)
     interventions: InterventionSettings = field(default_factory=InterventionSettings)

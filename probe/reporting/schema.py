@@ -18,7 +18,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ..core.errors import ConfigError
 
-SCHEMA_VERSION = 3  # 3: `verdicts`
+SCHEMA_VERSION = 4  # 3: `verdicts`; 4: `spectral`
 
 
 OMIT = {"omit_if_none": True}  # field metadata: summary.json leaves the field out when it is None
@@ -263,6 +263,56 @@ class OrderSensitivity:
 
 
 @dataclass
+class SpectralFit:
+    """One bin variable's measurement per layer (probe/analysis/spectral.py): the local exponent p
+    with its 90% interval, the best-fitting filter class and member (k on its axis, gain), its
+    relative fit error, the runner-up class and the paired interval of (runner-up - best) error."""
+
+    p: list[float]
+    p_low: list[float]
+    p_high: list[float]
+    bins_used: list[int]
+    min_r: list[float]
+    max_r: list[float]
+    non_filter: list[float]
+    best_class: list[str]
+    best_family: list[str]
+    best_axis: list[str]
+    best_k: list
+    gain: list[float]
+    error: list[float]
+    runner_up: list[str]
+    difference: list[float]
+    diff_low: list[float]
+    diff_high: list[float]
+    separated: list[bool]
+
+
+@dataclass
+class Spectral:
+    """Each layer's spectral filter on its induced weights: one verdict per layer over both bin
+    variables ("gd", "precond_gd", "ridge", "least_squares", "... not separable from ...",
+    "ambiguous: ...", "converged", "no response"), the exponent in the best family's own variable,
+    each variable's fits, and the references' own exponents (the estimator's bias)."""
+
+    layer: list[int]
+    verdict: list[str]
+    p: list[float]
+    p_low: list[float]
+    p_high: list[float]
+    variable: list[str]
+    by_variable: dict[str, SpectralFit]
+    references: dict[str, dict[str, Any]]
+    counts: dict[str, int]
+    classes: dict[str, str]
+    identities: str = (
+        "Newton from alpha I is GD with 2^k steps of size alpha; the seeds' Newton (M_0 = alpha S) is "
+        "S-preconditioned GD with 2^k steps: behaviour identifies the filter class and its rate, not which "
+        "equivalent procedure computes it"
+    )
+
+
+@dataclass
 class Interventions:
     """The causal checks (probe/interventions/pipeline.py) with one verdict per layer map."""
 
@@ -295,6 +345,7 @@ class Summary:
     nulls: Nulls | None = field(default=None, metadata=OMIT)
     icl_r2: dict[str, list] | None = field(default=None, metadata=OMIT)
     span: Span | None = field(default=None, metadata=OMIT)
+    spectral: Spectral | None = field(default=None, metadata=OMIT)
     probes: Probes | None = field(default=None, metadata=OMIT)
     forgetting: dict[str, dict[str, list]] | None = field(default=None, metadata=OMIT)
     order_sensitivity: OrderSensitivity | None = field(default=None, metadata=OMIT)

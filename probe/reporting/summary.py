@@ -30,6 +30,8 @@ from .schema import (
     Probes,
     Readout,
     Span,
+    Spectral,
+    SpectralFit,
     Summary,
     Table1,
     Table1Entry,
@@ -247,6 +249,8 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
     if not t["span"].empty:
         layers = t["span"][t["span"].kind == "layer"]
         out["span"] = _columns(layers, Span, layer=_col(layers, "index"))
+    if "spectral_summary" in t:
+        out["spectral"] = spectral_block(t, built.data.get("spectral_counts", {}))
     if "probes" in t:
         out["probes"] = Probes(probe_summary(t["probes"]))
     if "forgetting" in t:
@@ -311,3 +315,24 @@ def probe_summary(table: pd.DataFrame) -> dict[str, dict[str, ProbeFit]]:
             max_grad_norm=float(own.grad_norm.max()) if converged else None,
         )
     return out
+
+
+def spectral_block(tables: dict[str, pd.DataFrame], counts: dict[str, int]) -> Spectral:
+    """The spectral instrument's verdict per layer, each bin variable's fits and the references'
+    exponents in their own variable (probe/analysis/spectral.py)."""
+    from ..analysis.spectral import CLASSES
+
+    summary, layers, refs = (tables[f"spectral_{name}"] for name in ("summary", "layers", "references"))
+    own = refs[refs.own_variable]
+    return Spectral(
+        layer=[int(v) for v in summary.predictor],
+        verdict=list(summary.verdict),
+        p=_col(summary, "p"),
+        p_low=_col(summary, "p_low"),
+        p_high=_col(summary, "p_high"),
+        variable=list(summary.variable),
+        by_variable={var: _columns(rows, SpectralFit) for var, rows in layers.groupby("variable", sort=False)},
+        references={r.family: {"variable": r.variable, "p_median": _plain(r.p_median)} for r in own.itertuples()},
+        counts={k: int(v) for k, v in counts.items()},
+        classes=dict(CLASSES),
+    )

@@ -1,0 +1,533 @@
+"""Which spectral filter does each layer apply? (issue 58; seed 003 eq. 6, 8; seed 002 eq. 16)
+
+On a prompt with S_t = X_t^T X_t = V diag(lambda) V^T, the linear learners of the seeds return,
+along each eigen-direction v_i, a fraction r(lambda_i) of the least-squares weights' component:
+
+    GD from 0, k steps of size eta          1 - (1 - eta lambda)^k          ~ k eta lambda      (slope 1)
+    seeds' Newton, M_0 = alpha S, k its.    1 - (1 - alpha lambda^2)^(2^k)  ~ 2^k alpha lambda^2 (slope 2)
+    Newton-Schulz from M_0 = alpha I        1 - (1 - alpha lambda)^(2^k)                         (slope 1)
+    S-preconditioned GD, k steps            1 - (1 - eta lambda^2)^k                             (slope 2)
+    ridge, penalty c                        lambda / (lambda + c)                                (slope 1)
+    least squares                           1
+
+Two identities hold exactly (tests): Newton from alpha I *is* GD with 2^k steps of size alpha, and
+the seeds' Newton *is* S-preconditioned GD with 2^k steps. Behaviour therefore identifies a filter
+class and its rate, never which of two equivalent procedures computes it; the classes below
+(`CLASSES`) are what this instrument can tell apart.
+
+The measurement (`spectral_analysis`): for each predictor (a layer's induced weights, or a
+reference learner's weights) and each prefix t >= d, a = V^T w and b = V^T w_OLS per direction;
+pooled over prompts and prefixes in log-spaced bins of an eigenvalue variable, r = sum(a b) / sum(b^2)
+(invariant to eigh's signs), each bin placed at the b^2-weighted mean of its variable. Two bin
+variables: lambda / t (the own variable of a learner whose step is fixed on S/t: the planted models)
+and lambda / lambda_max (of one whose step is set per prompt). The local exponent p is the slope of
+log(-log(1 - r)) against log(variable) over the bins whose r lies in [r_low, r_high]; it is 1 for
+the GD class and 2 for the preconditioned class in the small-r limit, biased by saturation over a
+finite range (the references' own p, measured on the same prompts, show the bias).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..core.errors import ConfigError
+from ..core.settings import SpectralSettings
+from ..learners import run_learner
+from ..learners.iterative import prefix_eigh
+from .stats import resamples
+
+VARIABLES = {"lam_t": "lambda / t", "lam_max": "lambda / lambda_max"}
+CLASSES = {
+    "gd": "GD class: 1 - (1 - eta lambda)^k (GD; Newton from alpha I is GD with 2^k steps)",
+    "precond_gd": "S-preconditioned GD class: 1 - (1 - eta lambda^2)^k (the seeds' Newton is it with 2^k steps)",
+    "ridge": "ridge: lambda / (lambda + c)",
+    "least_squares": "least squares: r = 1",
+}
+CLASS_SLOPE = {"gd": 1.0, "precond_gd": 2.0, "ridge": 1.0, "least_squares": math.nan}
+FINE_STEPS = tuple(sorted({round(2 ** (j / 4)) for j in range(53)}))  # 1 .. 8192, four per octave
+TIE = 1e-12  # relative fit errors closer than this are equal (float round-off)
+RIDGE_LAMS = tuple(float(10**e) for e in np.linspace(-2, 3, 21))
+
+
+@dataclass(frozen=True)
+class Family:
+    """A reference family with its step rule fixed: `learner` run over `axis` (`grid` fixes the rest).
+    `variable` is its own bin variable; `klass` the filter class it belongs to (`CLASSES`)."""
+
+    name: str
+    learner: str
+    axis: str | None
+    grid: dict[str, Any]
+    variable: str
+    klass: str
+
+
+def reference_families(d: int, gd_eta: float | None = None, newton_alpha: float | None = None) -> list[Family]:
+    """Every reference family with a per-prompt step rule and with a fixed one. The fixed steps
+    default to the planted models' (probe/models/constructions): eta = (2 / (1 + sqrt d)^2) / 2 for
+    GD and alpha = 1 / (2 (1 + sqrt d)^2)^2 for Newton, both on S/t."""
+    eta = gd_eta if gd_eta is not None else 1.0 / (1 + math.sqrt(d)) ** 2
+    alpha = newton_alpha if newton_alpha is not None else 1.0 / (2 * (1 + math.sqrt(d)) ** 2) ** 2
+    if eta <= 0 or alpha <= 0:
+        raise ConfigError(f"spectral reference steps must be > 0, got gd eta {eta} and newton alpha {alpha}")
+    steps = {"steps": list(FINE_STEPS)}
+    return [
+        Family("gd", "gd", "steps", {**steps, "eta": ["auto"]}, "lam_max", "gd"),
+        Family("gd_fixed", "gd", "steps", {**steps, "eta": [eta]}, "lam_t", "gd"),
+        Family("newton_identity", "newton_identity", "iterations", {"iterations": list(range(14))}, "lam_max", "gd"),
+        Family(
+            "newton_identity_fixed",
+            "newton_identity",
+            "iterations",
+            {"iterations": list(range(14)), "alpha": [eta]},
+            "lam_t",
+            "gd",
+        ),
+        Family("newton", "newton", "iterations", {"iterations": list(range(21))}, "lam_max", "precond_gd"),
+        Family(
+            "newton_fixed",
+            "newton",
+            "iterations",
+            {"iterations": list(range(21)), "alpha": [alpha]},
+            "lam_t",
+            "precond_gd",
+        ),
+        Family("precond_gd", "precond_gd", "steps", {**steps, "eta": ["auto"]}, "lam_max", "precond_gd"),
+        Family("precond_gd_fixed", "precond_gd", "steps", {**steps, "eta": [alpha]}, "lam_t", "precond_gd"),
+        Family("ridge", "ridge", "lam", {"lam": list(RIDGE_LAMS)}, "lam_t", "ridge"),
+        Family("least_squares", "least_squares", None, {}, "lam_t", "least_squares"),
+    ]
+
+
+@dataclass
+class Directions:
+    """Every eigen-direction of every prompt's S_t (t >= d), flattened to N = B * n' * d entries:
+    prompt index, the two bin variables, b = V^T w_OLS, V (for projecting weights), and which
+    directions are counted out (zero eigenvalues, the top eigenvalue for lambda / lambda_max)."""
+
+    prompt: Tensor  # (N,) long
+    u: dict[str, Tensor]  # variable -> (N,)
+    b: Tensor  # (N,)
+    basis: Tensor  # (B, n', d, d)
+    prefixes: Tensor  # (n',) the t used
+    keep: dict[str, Tensor]  # variable -> (N,) bool
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def directions(xs: Tensor, ys: Tensor, rtol: float = 1e-10) -> Directions:
+    """The eigen-directions of S_t for t = d..n-1 (no w_OLS below d) and w_OLS's components."""
+    xs, ys = torch.as_tensor(xs, dtype=torch.float64), torch.as_tensor(ys, dtype=torch.float64)
+    n_prompts, n, d = xs.shape
+    if n <= d:
+        raise ConfigError(f"the spectral analysis needs prompts of more than d = {d} points (w_OLS from t >= d), got {n}")
+    lam, v, c, t = prefix_eigh(xs, ys)
+    lam, v, c, t = lam[:, d:], v[:, d:], c[:, d:], t[d:]
+    top = lam.amax(-1, keepdim=True)
+    nonzero = lam > rtol * top.clamp_min(1e-300)
+    b = torch.where(nonzero, c / lam.clamp_min(1e-300), torch.zeros_like(c))
+    is_top = torch.zeros_like(nonzero)
+    is_top.scatter_(-1, lam.argmax(-1, keepdim=True), True)
+    u = {"lam_t": lam / t.view(1, -1, 1), "lam_max": lam / top.clamp_min(1e-300)}
+    keep = {"lam_t": nonzero, "lam_max": nonzero & ~is_top}
+    prompt = torch.arange(n_prompts).view(-1, 1, 1).expand_as(lam)
+    flat = lambda x: x.reshape(-1)  # noqa: E731
+    counts = {
+        "prompts": n_prompts,
+        "prefixes_skipped": d,  # t = 0..d-1: S_t is singular, no w_OLS
+        "directions": int(lam.numel()),
+        "zero_eigenvalues": int((~nonzero).sum()),
+        "top_eigenvalues": int((is_top & nonzero).sum()),
+    }
+    return Directions(
+        flat(prompt),
+        {k: flat(x) for k, x in u.items()},
+        flat(b),
+        v,
+        t,
+        {k: flat(x) for k, x in keep.items()},
+        counts,
+    )
+
+
+def components(weights: Tensor, dirs: Directions) -> Tensor:
+    """a = V^T w per direction: weights (A, B, n, d) -> (A, N) (prefixes t >= d)."""
+    w = torch.as_tensor(weights, dtype=torch.float64)[:, :, -dirs.basis.shape[1] :]
+    return torch.einsum("bnij,abni->abnj", dirs.basis, w).reshape(w.shape[0], -1)
+
+
+@dataclass
+class Bins:
+    """One bin variable's binning: per direction its bin (-1: counted out), and the edges."""
+
+    variable: str
+    index: Tensor  # (N,) long
+    edges: np.ndarray  # (K + 1,)
+
+    @property
+    def n(self) -> int:
+        return len(self.edges) - 1
+
+
+def make_bins(dirs: Directions, variable: str, n_bins: int, min_count: int) -> Bins:
+    """Log-spaced bins between the 0.5th percentile of the variable and its largest kept value;
+    bins with fewer than `min_count` directions are merged away (their directions counted out)."""
+    u, keep = dirs.u[variable], dirs.keep[variable]
+    vals = u[keep].clamp_min(1e-300)
+    if vals.numel() == 0:
+        raise ConfigError(f"no eigen-direction to bin on {VARIABLES[variable]}")
+    lo = float(torch.quantile(vals.log(), 0.005).exp())
+    hi = float(vals.max()) * (1 + 1e-9)
+    edges = np.geomspace(max(lo, 1e-300), hi, n_bins + 1)
+    idx = torch.bucketize(u.clamp_min(1e-300), torch.as_tensor(edges, dtype=u.dtype)) - 1
+    idx = torch.where(keep & (idx >= 0) & (idx < n_bins), idx, torch.full_like(idx, -1))
+    counts = torch.bincount(idx[idx >= 0], minlength=n_bins)
+    sparse = counts < min_count
+    idx = torch.where((idx >= 0) & sparse[idx.clamp_min(0)], torch.full_like(idx, -1), idx)
+    return Bins(variable, idx, edges)
+
+
+@dataclass
+class BinSums:
+    """Per prompt and bin: sum(a b) (A, B, K), sum(a^2) (A, B, K), sum(b^2) (B, K), sum(b^2 u) (B, K),
+    directions (K,)."""
+
+    ab: Tensor
+    aa: Tensor
+    bb: Tensor
+    bbu: Tensor
+    count: Tensor
+
+
+def bin_sums(a: Tensor, dirs: Directions, bins: Bins) -> BinSums:
+    n_prompts, k = int(dirs.prompt.max()) + 1, bins.n
+    ok = bins.index >= 0
+    cell = dirs.prompt[ok] * k + bins.index[ok]  # (N',) flat (prompt, bin)
+    b, u = dirs.b[ok], dirs.u[bins.variable][ok]
+
+    def total(values: Tensor) -> Tensor:  # (..., N') -> (..., B, K)
+        out = values.new_zeros(*values.shape[:-1], n_prompts * k)
+        out.index_add_(-1, cell, values)
+        return out.view(*values.shape[:-1], n_prompts, k)
+
+    a = a[:, ok]
+    return BinSums(
+        total(a * b), total(a * a), total(b * b), total(b * b * u), torch.bincount(bins.index[ok], minlength=k)
+    )
+
+
+def resample_weights(n_prompts: int, n_boot: int, seed: int) -> Tensor:
+    """Bootstrap resamples of the prompts as counts (n_boot, B): sums over a resample are one matmul."""
+    (idx,) = resamples(n_prompts, n_boot, seed)
+    counts = torch.zeros(n_boot, n_prompts, dtype=torch.float64)
+    counts.scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float64))
+    return counts
+
+
+def response(ab: Tensor, bb: Tensor) -> Tensor:
+    """r = sum(a b) / sum(b^2) over the prompt axis (-2): (..., B, K) -> (..., K)."""
+    return ab.sum(-2) / bb.sum(-2).clamp_min(1e-300)
+
+
+def local_exponent(r: Tensor, center: Tensor, use: Tensor) -> Tensor:
+    """Slope of log(-log(1 - r)) against log(center) over the bins `use` (..., K); NaN with under
+    two usable bins or where r leaves (0, 1) in a used bin (a resample's overshoot)."""
+    x = torch.where(use, center.log(), torch.zeros_like(center)).expand_as(r)
+    inside = (r > 0) & (r < 1)
+    y = torch.where(use & inside, (-torch.log1p(-r.clamp(-1, 1 - 1e-15))).clamp_min(1e-300).log(), torch.zeros_like(r))
+    w = use.to(r.dtype).expand_as(r)
+    n = w.sum(-1)
+    mx, my = (w * x).sum(-1) / n.clamp_min(1), (w * y).sum(-1) / n.clamp_min(1)
+    sxx = (w * (x - mx.unsqueeze(-1)) ** 2).sum(-1)
+    sxy = (w * (x - mx.unsqueeze(-1)) * (y - my.unsqueeze(-1))).sum(-1)
+    slope = sxy / sxx.clamp_min(1e-300)
+    bad = (n < 2) | (sxx <= 0) | ((use & ~inside).any(-1))
+    return torch.where(bad, torch.full_like(slope, math.nan), slope)
+
+
+def fit_errors(r: Tensor, r_ref: Tensor) -> tuple[Tensor, Tensor]:
+    """Each reference curve with a fitted gain g >= 0 against each predictor's: r (..., A, K) and
+    r_ref (..., M, K) -> gain, relative error sum((r - g r_ref)^2) / sum(r^2), each (..., A, M)."""
+    rr = torch.einsum("...mk,...mk->...m", r_ref, r_ref).unsqueeze(-2)
+    cross = torch.einsum("...ak,...mk->...am", r, r_ref)
+    gain = (cross / rr.clamp_min(1e-300)).clamp_min(0)
+    sq = (r * r).sum(-1).unsqueeze(-1)
+    err = sq - 2 * gain * cross + gain**2 * rr
+    return gain, err / sq.clamp_min(1e-300)
+
+
+@dataclass
+class SpectralAnalysis:
+    """Tables of `spectral_analysis`.
+
+    curves: predictor, kind ("layer" / "fit"), family, class, variable, bin, u (the bin's b^2-weighted
+        mean of its variable), r, ci_low, ci_high, directions. "fit" rows are each class's best member
+        (`family`) times its gain, per layer.
+    layers: one row per (layer, variable): p (local exponent) with p_low / p_high, bins_used, u range,
+        non_filter (share of the weights' energy in S's eigenbasis the binned filter leaves
+        unexplained), overshoot_bins (r > 1), best_class / best_family / best_k / gain / error,
+        runner_up, difference (runner-up error - best) with its paired interval, separated.
+    summary: one row per layer: the verdict over both variables ("GD class", "ambiguous", ...).
+    references: p per reference family (its best member's measured exponent: the estimator's bias).
+    fits: layer, variable, family, class, k, gain, error: every family's best member per layer.
+    counts: what was counted out (t < d prefixes, zero and top eigenvalues).
+    """
+
+    curves: pd.DataFrame
+    layers: pd.DataFrame
+    summary: pd.DataFrame
+    references: pd.DataFrame
+    fits: pd.DataFrame
+    counts: dict[str, int]
+
+
+def _reference_weights(families: list[Family], xs: Tensor, ys: Tensor) -> tuple[Tensor, list[tuple[Family, Any]]]:
+    """Every member's weights (M, B, n, d), and per member (family, its axis value)."""
+    weights, members = [], []
+    for fam in families:
+        res = run_learner(fam.learner, xs, ys, **fam.grid)
+        w = res.weights
+        if w is None:
+            raise ConfigError(f"spectral reference '{fam.name}' has no weights")
+        weights.append(w)
+        members += [(fam, g.get(fam.axis) if fam.axis else None) for g in res.grid]
+    return torch.cat(weights), members
+
+
+def spectral_analysis(
+    layer_weights,
+    xs,
+    ys,
+    settings: SpectralSettings | None = None,
+    n_boot: int = 500,
+    seed: int = 0,
+    families: list[Family] | None = None,
+    names: list[str] | None = None,
+) -> SpectralAnalysis:
+    """Response curves, exponents and filter-class fits of every predictor in `layer_weights`
+    (A, B, n, d): a layer's induced weights (seed 003 eq. 11-12) on prompts xs (B, n, d), ys (B, n).
+    Intervals: 5-95% over `n_boot` resamples of the prompts. `families`: the references (default
+    `reference_families(d)`); `names` labels the predictors (default: layer 0..A-1)."""
+    s = settings or SpectralSettings()
+    xs = torch.as_tensor(xs, dtype=torch.float64)
+    ys = torch.as_tensor(ys, dtype=torch.float64)
+    lw = torch.as_tensor(np.asarray(layer_weights), dtype=torch.float64)
+    if lw.ndim != 4 or lw.shape[1:] != xs.shape:
+        raise ConfigError(f"layer weights must have shape (A, {', '.join(map(str, xs.shape))}), got {tuple(lw.shape)}")
+    names = names or [str(i) for i in range(lw.shape[0])]
+    d = xs.shape[-1]
+    fams = families or reference_families(d)
+    dirs = directions(xs, ys)
+    ref_w, members = _reference_weights(fams, xs, ys)
+    a_layer, a_ref = components(lw, dirs), components(ref_w, dirs)
+    boot = resample_weights(xs.shape[0], n_boot, seed)
+    curves, rows, fit_rows, ref_rows = [], [], [], []
+    for var in VARIABLES:
+        bins = make_bins(dirs, var, s.bins, s.min_count)
+        lay, ref = bin_sums(a_layer, dirs, bins), bin_sums(a_ref, dirs, bins)
+        used = lay.count >= s.min_count  # (K,)
+        center = lay.bbu.sum(0) / lay.bb.sum(0).clamp_min(1e-300)
+        r, r_ref = response(lay.ab, lay.bb), response(ref.ab, ref.bb)  # (A, K), (M, K)
+        # bootstrap: sums over resampled prompts, one matmul each
+        bb_b = boot @ lay.bb  # (S, K)
+        r_b = torch.einsum("sb,abk->sak", boot, lay.ab) / bb_b.unsqueeze(1).clamp_min(1e-300)
+        rref_b = torch.einsum("sb,mbk->smk", boot, ref.ab) / bb_b.unsqueeze(1).clamp_min(1e-300)
+        center_b = (boot @ lay.bbu) / bb_b.clamp_min(1e-300)
+        lo, hi = torch.nanquantile(r_b, torch.tensor([0.05, 0.95], dtype=r_b.dtype), dim=0)
+        for a, name in enumerate(names):
+            for k in torch.nonzero(used).flatten().tolist():
+                curves.append(
+                    {
+                        "predictor": name,
+                        "kind": "layer",
+                        "family": "",
+                        "class": "",
+                        "variable": var,
+                        "bin": k,
+                        "u": float(center[k]),
+                        "r": float(r[a, k]),
+                        "ci_low": float(lo[a, k]),
+                        "ci_high": float(hi[a, k]),
+                        "directions": int(lay.count[k]),
+                    }
+                )
+        rk, rrk = r[:, used], r_ref[:, used]
+        gain, err = fit_errors(rk, rrk)  # (A, M)
+        gain_b, err_b = fit_errors(r_b[:, :, used], rref_b[:, :, used])  # (S, A, M)
+        in_range = (r > s.r_low) & (r < s.r_high) & used
+        p = local_exponent(r, center, in_range)
+        p_b = local_exponent(r_b, center_b.unsqueeze(1), in_range.unsqueeze(0))
+        p_lo, p_hi = torch.nanquantile(p_b, torch.tensor([0.05, 0.95], dtype=p_b.dtype), dim=0)
+        # the references' own exponent at their best member per layer: the estimator's bias
+        ref_use = (r_ref > s.r_low) & (r_ref < s.r_high) & used
+        p_ref = local_exponent(r_ref, center, ref_use)
+        non_filter = _non_filter_share(lay, r)
+        klasses = list(dict.fromkeys(f.klass for f in fams))
+        member_class = torch.tensor([klasses.index(m[0].klass) for m in members])
+        member_family = [m[0].name for m in members]
+
+        def class_min(e: Tensor) -> Tensor:  # (..., M) -> (..., C): each class's best member
+            big = torch.full((*e.shape[:-1], len(klasses)), math.inf, dtype=e.dtype)
+            return big.scatter_reduce(-1, member_class.expand_as(e), e, "amin")
+
+        cls_err, cls_err_b = class_min(err), class_min(err_b)
+        for a, name in enumerate(names):
+            order = torch.argsort(cls_err[a])
+            best_c = int(order[0])
+            second_c = int(order[1]) if len(klasses) > 1 else best_c  # one class: nothing to separate from
+            diff_b = cls_err_b[:, a, second_c] - cls_err_b[:, a, best_c]
+            d_lo, d_hi = torch.nanquantile(diff_b, torch.tensor([0.05, 0.95], dtype=diff_b.dtype))
+            best_m = _first_best(torch.where(member_class == best_c, err[a], math.inf))
+            fam, k_val = members[best_m]
+            top_r = float(r[a, used].flatten()[-1]) if used.any() else math.nan
+            rows.append(
+                {
+                    "predictor": name,
+                    "variable": var,
+                    "own_variable_of_best": fam.variable == var,
+                    "p": float(p[a]),
+                    "p_low": float(p_lo[a]),
+                    "p_high": float(p_hi[a]),
+                    "bins_used": int(in_range[a].sum()),
+                    "u_low": float(center[in_range[a]].min()) if in_range[a].any() else math.nan,
+                    "u_high": float(center[in_range[a]].max()) if in_range[a].any() else math.nan,
+                    "min_r": float(r[a, used].min()) if used.any() else math.nan,
+                    "max_r": float(r[a, used].max()) if used.any() else math.nan,
+                    "top_r": top_r,
+                    "overshoot_bins": int(((r[a] > 1) & used).sum()),
+                    "non_filter": float(non_filter[a]),
+                    "best_class": klasses[best_c],
+                    "best_family": fam.name,
+                    "best_axis": fam.axis or "",
+                    "best_k": k_val,
+                    "gain": float(gain[a, best_m]),
+                    "error": float(cls_err[a, best_c]),
+                    "runner_up": klasses[second_c] if second_c != best_c else "",
+                    "runner_up_error": float(cls_err[a, second_c]),
+                    "difference": float(cls_err[a, second_c] - cls_err[a, best_c]),
+                    "diff_low": float(d_lo),
+                    "diff_high": float(d_hi),
+                    "separated": bool(d_lo > 0),
+                }
+            )
+            for fam_name in dict.fromkeys(member_family):
+                idx = [i for i, f in enumerate(member_family) if f == fam_name]
+                m = idx[_first_best(err[a, idx])]
+                f, kv = members[m]
+                fit_rows.append(
+                    {
+                        "predictor": name,
+                        "variable": var,
+                        "family": f.name,
+                        "class": f.klass,
+                        "k": kv,
+                        "gain": float(gain[a, m]),
+                        "error": float(err[a, m]),
+                        "p": float(p_ref[m]),
+                    }
+                )
+            for c in range(len(klasses)):
+                m = _first_best(torch.where(member_class == c, err[a], math.inf))
+                for k in torch.nonzero(used).flatten().tolist():
+                    curves.append(
+                        {
+                            "predictor": name,
+                            "kind": "fit",
+                            "family": members[m][0].name,
+                            "class": klasses[c],
+                            "variable": var,
+                            "bin": k,
+                            "u": float(center[k]),
+                            "r": float(gain[a, m] * r_ref[m, k]),
+                            "ci_low": math.nan,
+                            "ci_high": math.nan,
+                            "directions": int(lay.count[k]),
+                        }
+                    )
+        for fam_name in dict.fromkeys(member_family):
+            idx = [i for i, f in enumerate(member_family) if f == fam_name]
+            vals = p_ref[idx]
+            f = members[idx[0]][0]
+            ref_rows.append(
+                {
+                    "family": fam_name,
+                    "class": f.klass,
+                    "variable": var,
+                    "own_variable": f.variable == var,
+                    "p_median": float(torch.nanmedian(vals)) if torch.isfinite(vals).any() else math.nan,
+                    "p_min": float(vals[torch.isfinite(vals)].min()) if torch.isfinite(vals).any() else math.nan,
+                    "p_max": float(vals[torch.isfinite(vals)].max()) if torch.isfinite(vals).any() else math.nan,
+                    "members_measured": int(torch.isfinite(vals).sum()),
+                }
+            )
+    layers = pd.DataFrame(rows)
+    return SpectralAnalysis(
+        pd.DataFrame(curves),
+        layers,
+        summarise(layers, s.r_low, s.r_high),
+        pd.DataFrame(ref_rows),
+        pd.DataFrame(fit_rows),
+        dirs.counts,
+    )
+
+
+def _first_best(errors: Tensor) -> int:
+    """The first member within TIE of the smallest error: equivalent members (GD with 2^k steps and
+    Newton from alpha I) fit equally to round-off, and the family listed first names the fit."""
+    return int((errors <= errors.min() + TIE).to(torch.uint8).argmax())
+
+
+def _non_filter_share(sums: BinSums, r: Tensor) -> Tensor:
+    """Share of sum(a^2) that a_i = r(bin) b_i leaves: sum(a^2) - 2 r sum(a b) + r^2 sum(b^2), pooled
+    (A,). 0 for an exact spectral filter constant within each bin; off-diagonal mixing, within-bin
+    variation of the filter and noise all raise it."""
+    aa, ab, bb = sums.aa.sum(-2), sums.ab.sum(-2), sums.bb.sum(-2)  # (A, K), (A, K), (K,)
+    left = aa - 2 * r * ab + r**2 * bb
+    return left.sum(-1) / aa.sum(-1).clamp_min(1e-300)
+
+
+def summarise(layers: pd.DataFrame, r_low: float, r_high: float) -> pd.DataFrame:
+    """One verdict per predictor over both bin variables: the filter class both variables'
+    fits name (separated from the runner-up by their paired intervals), "ambiguous" where the two
+    variables name different classes, "not separable" where the best class's paired interval
+    reaches 0, "no response" where r stays below r_low everywhere, "converged" where it stays above
+    r_high in every bin (every class that converges fits; the layers that can decide are earlier). The exponent quoted is the one
+    in the best family's own variable."""
+    out = []
+    for name, rows in layers.groupby("predictor", sort=False):
+        by_var = {row.variable: row for row in rows.itertuples()}
+        classes = {row.best_class for row in by_var.values()}
+        own = next((row for row in by_var.values() if row.own_variable_of_best), next(iter(by_var.values())))
+        if all(not (row.max_r > r_low) for row in by_var.values()):
+            verdict, klass = "no response", ""
+        elif all(row.min_r > r_high for row in by_var.values()):
+            verdict, klass = "converged", ""  # r ~ 1 in every bin: every class that converges fits
+        elif len(classes) > 1:
+            verdict, klass = "ambiguous: " + " / ".join(f"{v} {r.best_class}" for v, r in by_var.items()), ""
+        elif not all(row.separated for row in by_var.values()):
+            klass = classes.pop()
+            verdict = f"{klass} not separable from {own.runner_up}"
+        else:
+            klass = classes.pop()
+            verdict = klass
+        out.append(
+            {
+                "predictor": name,
+                "verdict": verdict,
+                "best_class": klass,
+                "p": own.p,
+                "p_low": own.p_low,
+                "p_high": own.p_high,
+                "variable": own.variable,
+                "best_family": own.best_family,
+                "best_k": own.best_k,
+                "non_filter": own.non_filter,
+            }
+        )
+    return pd.DataFrame(out)

@@ -1,0 +1,198 @@
+"""The spectral instrument (probe/analysis/spectral.py) and the two learners it adds: identities to
+round-off, plain matrix loops, bin-wise bounds from the closed-form response, and known answers
+(reference weights, oracles, planted models) with tolerances from the estimator's measured bias."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from probe.analysis.pipeline import LayerSettings, analyse_spectrum
+from probe.analysis.spectral import (
+    CLASSES,
+    directions,
+    make_bins,
+    reference_families,
+    spectral_analysis,
+)
+from probe.core.errors import ConfigError
+from probe.core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SpectralSettings
+from probe.data.config import TaskConfig
+from probe.learners import run_learner
+from probe.models.oracle import LearnerOracle
+
+D, N = 4, 16
+# the local exponent's bias over r in [0.05, 0.95], measured on the exact references on these prompts:
+# GD (fixed step, lambda / t) 0.96-1.11, the seeds' Newton (fixed alpha, lambda / t) 1.89-1.99
+GD_P = (0.9, 1.2)
+NEWTON_P = (1.8, 2.1)
+
+
+def prompts(b=64, n=N, d=D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    xs = torch.randn(b, n, d, generator=g, dtype=torch.float64)
+    w = torch.randn(b, d, generator=g, dtype=torch.float64)
+    return xs, torch.einsum("bnd,bd->bn", xs, w)
+
+
+def test_newton_identity_is_gd_with_two_to_the_k_steps():
+    xs, ys = prompts(8, 12)
+    for alpha, gd_grid in ((0.05, {"eta": [0.05]}), ("spectral", {"eta": ["auto"], "convention": ["code"]})):
+        a = run_learner("newton_identity", xs, ys, iterations=[0, 1, 3, 5], alpha=[alpha]).weights
+        b = run_learner("gd", xs, ys, steps=[1, 2, 8, 32], **gd_grid).weights
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_seeds_newton_is_preconditioned_gd_with_two_to_the_k_steps():
+    xs, ys = prompts(8, 12)
+    for alpha, eta in ((0.01, 0.01), ("spectral", "auto")):
+        a = run_learner("newton", xs, ys, iterations=[0, 1, 3, 5], alpha=[alpha]).weights
+        b = run_learner("precond_gd", xs, ys, steps=[1, 2, 8, 32], eta=[eta]).weights
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_new_learners_match_plain_matrix_loops():
+    xs, ys = prompts(3, 9)
+    t = 7  # prefix: the first 7 examples
+    x, y = xs[:, :t].numpy(), ys[:, :t].numpy()
+    pg = run_learner("precond_gd", xs, ys, steps=[5], eta=[0.002]).weights[0, :, t].numpy()
+    ni = run_learner("newton_identity", xs, ys, iterations=[3], alpha=[0.08]).weights[0, :, t].numpy()
+    for i in range(3):
+        s, b = x[i].T @ x[i], x[i].T @ y[i]
+        w = np.zeros(D)
+        for _ in range(5):  # eta 0.002 on S/t: 0.002 / t^2 on S
+            w = w + 0.002 / t**2 * s @ (b - s @ w)
+        np.testing.assert_allclose(pg[i], w, rtol=1e-10, atol=1e-12)
+        m = 0.08 / t * np.eye(D)  # alpha 0.08 on S/t: 0.08 / t on S
+        for _ in range(3):
+            m = 2 * m - m @ s @ m
+        np.testing.assert_allclose(ni[i], m @ b, rtol=1e-10, atol=1e-12)
+
+
+def test_binned_response_lies_between_the_closed_form_at_the_bin_edges():
+    """GD with a fixed step is a function of lambda / t alone: r = 1 - (1 - eta u)^k is increasing,
+    so a bin's b^2-weighted mean response lies between its values at the bin's edges."""
+    xs, ys = prompts()
+    eta, k = 0.1, 6
+    w = run_learner("gd", xs, ys, steps=[k], eta=[eta]).weights
+    res = spectral_analysis(w, xs, ys, n_boot=20, families=reference_families(D)[-1:])
+    bins = make_bins(directions(xs, ys), "lam_t", 12, 20)
+    rows = res.curves[(res.curves.kind == "layer") & (res.curves.variable == "lam_t")]
+    resp = lambda u: 1 - (1 - eta * u) ** k  # noqa: E731
+    for r in rows.itertuples():
+        lo, hi = resp(bins.edges[r.bin]), resp(bins.edges[r.bin + 1])
+        assert lo - 1e-12 <= r.r <= hi + 1e-12
+        assert bins.edges[r.bin] <= r.u <= bins.edges[r.bin + 1]
+
+
+def test_response_is_invariant_to_rotations_and_label_scale():
+    """A rotation of the inputs changes every eigenvector (and eigh's arbitrary signs) but not the
+    response of a rotation-equivariant learner; scaling y scales both a and b."""
+    xs, ys = prompts(32)
+    q, _ = torch.linalg.qr(torch.randn(D, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    base = spectral_analysis(run_learner("gd", xs, ys, steps=[4], eta=[0.1]).weights, xs, ys, n_boot=20)
+    rotated = spectral_analysis(run_learner("gd", xs @ q, ys, steps=[4], eta=[0.1]).weights, xs @ q, ys, n_boot=20)
+    scaled = spectral_analysis(run_learner("gd", xs, 3 * ys, steps=[4], eta=[0.1]).weights, xs, 3 * ys, n_boot=20)
+    for other in (rotated, scaled):
+        np.testing.assert_allclose(other.curves.r, base.curves.r, rtol=1e-8, atol=1e-12)
+
+
+def test_reference_weights_are_classified_with_their_exponent():
+    xs, ys = prompts()
+    gd = run_learner("gd", xs, ys, steps=[1, 2, 4, 8], eta=[1 / 9]).weights
+    newton = run_learner("newton", xs, ys, iterations=[3, 4, 5], alpha=[1 / 324]).weights
+    res = spectral_analysis(torch.cat([gd, newton]), xs, ys, n_boot=100)
+    summary = res.summary.set_index("predictor")
+    for i in range(4):
+        row = summary.loc[str(i)]
+        assert row.verdict == "gd" and row.variable == "lam_t"
+        assert GD_P[0] < row.p < GD_P[1]
+    for i in range(4, 7):
+        row = summary.loc[str(i)]
+        assert row.verdict == "precond_gd"
+        assert NEWTON_P[0] < row.p < NEWTON_P[1]
+    fits = res.layers[res.layers.variable == "lam_t"].set_index("predictor")
+    assert fits.loc["0", "best_family"] == "gd_fixed" and fits.loc["0", "best_k"] == 1
+    assert fits.loc["3", "best_k"] == 8 and fits.loc["3", "gain"] == pytest.approx(1.0)
+    assert (fits.error < 1e-12).all()  # each is its own reference, exactly
+    # the references' own exponents in their own variable: the bias the tolerances above come from
+    own = res.references[res.references.own_variable].set_index("family")
+    assert GD_P[0] < own.loc["gd_fixed", "p_median"] < GD_P[1]
+    assert NEWTON_P[0] < own.loc["newton_fixed", "p_median"] < NEWTON_P[1]
+
+
+def oracle_settings(n_boot=100):
+    return LayerSettings(
+        PromptSettings(train=64, val=32, test=64, induced=64, queries=16),
+        ReadoutSettings(method="model"),
+        SimilaritySettings(bootstrap=n_boot),
+        (),
+    )
+
+
+TASK = TaskConfig(n_dims=D, n_points=N)
+
+
+@pytest.mark.parametrize(
+    ("learner", "schedule", "fixed", "klass"),
+    [
+        ("gd", lambda l: 2**l if l else 0, {"eta": [1 / 9]}, "gd"),  # GD with 2^l steps: reads as Newton's rate
+        ("newton_identity", lambda l: l, {"alpha": [1 / 9]}, "gd"),  # Newton from alpha I
+        ("newton", lambda l: l + 2, {"alpha": [1 / 324]}, "precond_gd"),  # the seeds' Newton
+    ],
+)
+def test_oracles_land_in_their_filter_class(learner, schedule, fixed, klass):
+    oracle = LearnerOracle(learner, "iterations" if learner != "gd" else "steps", schedule, 4, D, N, fixed=fixed)
+    res = analyse_spectrum(oracle, TASK, oracle_settings())
+    summary = res.summary.set_index("predictor")
+    answered = summary[~summary.verdict.isin(["no response", "converged"])]
+    assert len(answered) >= 2
+    assert (answered.verdict == klass).all(), answered.verdict.tolist()
+    assert "2^k" in CLASSES[klass]  # the output names the equivalence
+    lo, hi = GD_P if klass == "gd" else NEWTON_P
+    measured = answered.p.dropna()
+    assert len(measured) and ((measured > lo) & (measured < hi)).all(), measured.tolist()
+
+
+def test_planted_gd_and_newton(planted_checkpoints):
+    gd, newton = planted_checkpoints
+    settings = oracle_settings()
+    res = analyse_spectrum(gd.model, gd.config.task, settings)
+    summary = res.summary.set_index("predictor")
+    assert summary.loc["0", "verdict"] == "no response"
+    for layer in range(1, gd.config.model.n_layer + 1):
+        assert summary.loc[str(layer), "verdict"] == "gd"
+        assert GD_P[0] < summary.loc[str(layer), "p"] < GD_P[1]
+    res = analyse_spectrum(newton.model, newton.config.task, settings)
+    summary = res.summary.set_index("predictor")
+    later = summary.loc[[str(l) for l in range(9, newton.config.model.n_layer + 1)]]
+    assert (later.verdict == "precond_gd").all()
+    assert ((later.p > NEWTON_P[0]) & (later.p < NEWTON_P[1])).all()
+
+
+@pytest.fixture(scope="module")
+def planted_checkpoints():
+    from probe.io.formats import load_checkpoint
+
+    return load_checkpoint("checkpoints/planted/gd"), load_checkpoint("checkpoints/planted/newton")
+
+
+def test_bad_inputs_are_refused():
+    xs, ys = prompts(4)
+    with pytest.raises(ConfigError, match="layer weights must have shape"):
+        spectral_analysis(torch.zeros(2, 4, N, D + 1), xs, ys)
+    with pytest.raises(ConfigError, match="more than d = 4 points"):
+        spectral_analysis(torch.zeros(1, 4, 4, D), xs[:, :4], ys[:, :4])
+    with pytest.raises(ConfigError, match="spectral.r_low .* must be below spectral.r_high"):
+        SpectralSettings(r_low=0.9, r_high=0.5)
+    with pytest.raises(ConfigError, match="spectral.bins"):
+        SpectralSettings(bins=2)
+
+
+def test_zero_predictor_has_no_response():
+    xs, ys = prompts(32)
+    res = spectral_analysis(torch.zeros(1, *xs.shape, dtype=torch.float64), xs, ys, n_boot=20)
+    assert res.summary.verdict.tolist() == ["no response"]
+    assert math.isnan(res.summary.p[0])
