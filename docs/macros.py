@@ -45,6 +45,21 @@ def verdict(report: str, a: str, b: str, metric: str = "sime", claim: str = "fin
     raise KeyError(f"{report}: no {claim} verdict on {metric} between {a} and {b}")
 
 
+def spectral(report: str) -> str:
+    """A report's spectral instrument per layer as a markdown table: verdict, local exponent p
+    [90% interval] in the best family's own bin variable, and the share that is not a filter."""
+    block = lookup(report, "spectral")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    rows = ["| layer | verdict | p [90% interval] (variable) | not a filter |", "|---|---|---|---|"]
+    for i, layer in enumerate(block["layer"]):
+        fits = block["by_variable"][block["variable"][i]]
+        rows.append(
+            f"| {layer} | {block['verdict'][i]} | {fmt(block['p'][i])} [{fmt(block['p_low'][i])}, "
+            f"{fmt(block['p_high'][i])}] ({block['variable'][i]}) | {fits['non_filter'][i]:.3f} |"
+        )
+    return "\n".join(rows)
+
+
 FIGURES: set[str] = set()
 
 
@@ -82,7 +97,7 @@ def cli_reference() -> str:
 
 
 def define_env(env) -> None:
-    for macro in (number, table1, verdict, cli_reference, all_modules):
+    for macro in (number, table1, verdict, spectral, cli_reference, all_modules):
         env.macro(macro)
 
     @env.macro

@@ -40,7 +40,12 @@ def test_summary_schema(report):
             block = s["probes"][target][kind]
             assert set(block) >= {"layer", "r2", "control_r2"} and _aligned({k: block[k] for k in ("layer", "r2", "control_r2")})
     assert set(s["timings"]) >= {"evaluate", "layers", "probes", "figures", "interventions"}
-    assert s["schema_version"] == 3 and not s["checkpoint"]["path"].startswith("/")
+    assert s["schema_version"] == 4 and not s["checkpoint"]["path"].startswith("/")
+    spectral = s["spectral"]  # one verdict per layer, each bin variable's fits aligned with the layers
+    assert spectral["layer"] == [0, 1, 2, 3] and _aligned({k: spectral[k] for k in ("layer", "verdict", "p")})
+    assert set(spectral["by_variable"]) == {"lam_t", "lam_max"}
+    assert all(len(fit["best_class"]) == 4 for fit in spectral["by_variable"].values())
+    assert "2^k" in spectral["identities"] and spectral["counts"]["prompts"] == 12
     for v in s["verdicts"]:  # paired verdicts: Table 1's learners, and each causal map against its alternatives
         assert v["ci_low"] <= v["difference"] + 1e-12 and 0 <= v["resolution"] <= 2
         assert v["verdict"] in (f"{v['a']} closer", f"{v['b']} closer", "not separable at this resolution",

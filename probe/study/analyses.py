@@ -144,6 +144,37 @@ def layer_rows(tables: dict[str, pd.DataFrame], analyses: Sequence[str], task) -
     return rows
 
 
+def spectral_rows(tables: dict[str, pd.DataFrame]) -> list[dict]:
+    """The spectral exponent per layer: in the best family's own bin variable (metric spectral_p,
+    learner = the verdict) and in each variable (spectral_p_<variable>), with 90% intervals."""
+    rows = []
+    for rec in tables["spectral_summary"].to_dict("records"):
+        rows.append(
+            _row(
+                "spectral",
+                "spectral_p",
+                rec["p"],
+                rec["verdict"],
+                layer=int(rec["predictor"]),
+                ci_low=rec["p_low"],
+                ci_high=rec["p_high"],
+            )
+        )
+    for rec in tables["spectral_layers"].to_dict("records"):
+        rows.append(
+            _row(
+                "spectral",
+                f"spectral_p_{rec['variable']}",
+                rec["p"],
+                rec["best_class"],
+                layer=int(rec["predictor"]),
+                ci_low=rec["p_low"],
+                ci_high=rec["p_high"],
+            )
+        )
+    return rows
+
+
 def probe_rows(table: pd.DataFrame) -> list[dict]:
     rows = []
     for (target, kind, control, layer), part in table.groupby(["target", "kind", "control", "layer"]):
@@ -249,7 +280,7 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
     stages = set()
     if "evaluate" in recipe.analyses:
         stages.add("evaluate")
-    if {"readout", "heatmap"} & set(recipe.analyses):
+    if {"readout", "heatmap", "spectral"} & set(recipe.analyses):
         stages.add("layers")
     if "probes" in recipe.analyses:
         stages.add("probes")
@@ -276,6 +307,13 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
                 frame = error_curve(ckpt.model, shifted, recipe.evaluate_prompts, recipe.seed, points, device=device)
                 rows += evaluate_rows({"icl_error": frame}, shifted, shift["label"])
     rows += layer_rows(built.tables, recipe.analyses, task)
+    if "spectral" in recipe.analyses:
+        if "spectral_summary" not in built.tables:
+            raise ConfigError(
+                "study analysis 'spectral' reads the layers' induced weights: set \"similarity.simw\" = true "
+                "and leave \"spectral.enabled\" on in the study's [set]"
+            )
+        rows += spectral_rows(built.tables)
     if "probes" in recipe.analyses:
         rows += probe_rows(built.tables["probes"])
     if "spd_ilw" in recipe.analyses:

@@ -118,6 +118,18 @@ def curves_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
 def best_k_figure(table: pd.DataFrame, x: str, learner: str, path: Path, titles: Titles | None = None) -> Path | None:
     """Best-matching iteration per layer (rows) against the model axis (columns)."""
     rows = table[(table.analysis == "heatmap") & (table.metric == "sime_best_k") & (table.learner == learner)]
+    return _layer_grid(rows, x, f"best-matching {label(learner, titles)} iteration by SimE", path, "{:g}")
+
+
+def spectral_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
+    """The spectral exponent p per layer (rows) against the model axis (columns), in each layer's
+    best family's own bin variable (probe/analysis/spectral.py): 1 the GD class, 2 the Newton class."""
+    rows = table[(table.analysis == "spectral") & (table.metric == "spectral_p")]
+    return _layer_grid(rows, x, "spectral exponent p (1: GD class, 2: Newton class)", path, "{:.2f}")
+
+
+def _layer_grid(rows: pd.DataFrame, x: str, title: str, path: Path, fmt: str) -> Path | None:
+    """One value per layer (rows) and model (columns) as a labelled colour grid."""
     if rows.empty:
         return None
     plt = pyplot()
@@ -126,20 +138,13 @@ def best_k_figure(table: pd.DataFrame, x: str, learner: str, path: Path, titles:
     im = ax.imshow(grid.values, aspect="auto", cmap="viridis")
     ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns], rotation=45, ha="right")
     ax.set_yticks(range(grid.shape[0]), [str(i) for i in grid.index])
+    top = np.nanmax(grid.values) if np.isfinite(grid.values).any() else 0.0
     for (i, j), v in np.ndenumerate(grid.values):
         if np.isfinite(v):
-            ax.text(
-                j,
-                i,
-                f"{v:g}",
-                ha="center",
-                va="center",
-                fontsize=8,
-                color="white" if v < np.nanmax(grid.values) / 2 else "black",
-            )
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8, color="white" if v < top / 2 else "black")
     ax.set_xlabel(axis_name(x))
     ax.set_ylabel("layer")
-    ax.set_title(f"best-matching {label(learner, titles)} iteration by SimE")
+    ax.set_title(title)
     fig.colorbar(im, ax=ax)
     return _save(fig, path)
 
@@ -221,6 +226,9 @@ def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str
         path = best_k_figure(table, x, learner, out / "figures" / f"best_k_{learner}", titles)
         if path is not None:
             figs[f"best_k_{learner}"] = path
+    spectral = spectral_figure(table, x, out / "figures" / "spectral_p")
+    if spectral is not None:
+        figs["spectral_p"] = spectral
     stable = {lr: stabilisation(table, x, lr) for lr in learners} if x == "train_step" else {}
     icl = table[(table.analysis == "evaluate") & table.metric.isin(["error_at_2d1", "r2_at_2d1"])]
     closest = closest_learners(table)
