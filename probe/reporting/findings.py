@@ -289,6 +289,28 @@ def _order(summary: Summary) -> str | None:
     )
 
 
+def _spectral(summary: Summary) -> str | None:
+    """Each layer's spectral verdict, grouped (probe/analysis/spectral.py), with the exponent where
+    the verdict names one class."""
+    block = summary.spectral
+    if block is None:
+        return None
+    groups: dict[str, list[str]] = {}
+    for layer, verdict, p, lo, hi in zip(block.layer, block.verdict, block.p, block.p_low, block.p_high):
+        exponent = f" (p {p:.2f} [{lo:.2f}, {hi:.2f}])" if verdict in CLASS_WORDS and p is not None else ""
+        groups.setdefault(CLASS_WORDS.get(verdict, verdict), []).append(f"{layer}{exponent}")
+    parts = [f"{words}: {_layers(layers)}" for words, layers in groups.items()]
+    return "Spectral filter per layer (exponent p: 1 GD class, 2 Newton class): " + "; ".join(parts) + "."
+
+
+CLASS_WORDS = {
+    "gd": "GD class",
+    "precond_gd": "S-preconditioned class (the seeds' Newton)",
+    "ridge": "ridge",
+    "least_squares": "least squares",
+}
+
+
 def findings(summary: Summary) -> tuple[list[str], list[str]]:
     """(findings, caveats): short sentences for the top of the report."""
     d = summary.checkpoint.task["n_dims"]
@@ -297,6 +319,7 @@ def findings(summary: Summary) -> tuple[list[str], list[str]]:
         _icl(summary, d),
         *_verdicts(summary),
         _table1(summary),
+        _spectral(summary),
         _probes(summary),
         _span(summary, d),
         _order(summary),
