@@ -38,6 +38,12 @@ class ReportResult:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     figures: dict[str, Path] = field(default_factory=dict)
 
+    @property
+    def evidence(self) -> pd.DataFrame:
+        """The evidence table (probe/reporting/evidence.py): one row per (question, instrument) and
+        each question's consolidated answer; empty where the report has none."""
+        return self.tables.get("evidence", pd.DataFrame())
+
     @classmethod
     def read(cls, path: Path) -> ReportResult:
         path = Path(path)

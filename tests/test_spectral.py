@@ -5,7 +5,6 @@ round-off, plain matrix loops, bin-wise bounds from the closed-form response, an
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
@@ -80,7 +79,7 @@ def test_binned_response_lies_between_the_closed_form_at_the_bin_edges():
     res = spectral_analysis(w, xs, ys, n_boot=20, families=reference_families(D)[-1:])
     bins = make_bins(directions(xs, ys), "lam_t", 12, 20)
     rows = res.curves[(res.curves.kind == "layer") & (res.curves.variable == "lam_t")]
-    resp = lambda u: 1 - (1 - eta * u) ** k  # noqa: E731
+    resp = lambda u: 1 - (1 - eta * u) ** k
     for r in rows.itertuples():
         lo, hi = resp(bins.edges[r.bin]), resp(bins.edges[r.bin + 1])
         assert lo - 1e-12 <= r.r <= hi + 1e-12

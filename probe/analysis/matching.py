@@ -92,6 +92,7 @@ def _r2(y: np.ndarray, fit: np.ndarray) -> float:
 
 
 INCONCLUSIVE = "inconclusive (fewer than 3 layers with a varying, unconverged best match)"
+TREND_MIN_R2 = 0.8  # below this on both fits the best k has no trend with depth worth a shape
 
 
 def trend_words(fit: Any, unit: str) -> str:
@@ -100,6 +101,8 @@ def trend_words(fit: Any, unit: str) -> str:
     if fit.linear_r2 is None:
         return INCONCLUSIVE
     r2 = f" (R^2 linear {fit.linear_r2:.2f}, exponential {fit.exponential_r2:.2f})"
+    if max(fit.linear_r2, fit.exponential_r2) < TREND_MIN_R2:
+        return f"no trend: neither fit reaches R^2 {TREND_MIN_R2}" + r2
     if fit.linear_r2 >= fit.exponential_r2:
         return f"linear, about {fit.slope:.1f} {unit} per layer" + r2
     return f"exponential, about x{fit.growth:.2f} per layer" + r2
@@ -107,13 +110,18 @@ def trend_words(fit: Any, unit: str) -> str:
 
 def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | None = None) -> dict[str, Any]:
     """Linear and exponential fits of the best-matching k against the layer index, over layers
-    l >= 1 before convergence (best k neither at the start nor at the end of the grid).
+    l >= 1 before convergence (best k neither at the start nor at the end of the grid) whose match
+    is not degenerate (no better than a null predictor, `nulls.flag_degenerate`). A convergence-rate
+    measurement: GD whose step count doubles per layer reads "Newton: linear" (the evidence table
+    says so); below TREND_MIN_R2 on both fits the words say "no trend".
 
     Linear: k = a l + b. Exponential: k = c g^l, fitted by least squares on k itself (started
     from the log-linear fit), so both R^2 are measured on the same scale.
     """
     rows = best[(best.sweep == learner) & (best.metric == metric) & (best.layer >= 1) & ~best.at_grid_end]
     rows = rows[rows.k > 0]
+    if "degenerate" in rows:  # a match no better than a null predictor names no k: left out in every metric
+        rows = rows[~rows.degenerate.astype(bool)]
     layers, ks = rows.layer.to_numpy(float), rows.k.to_numpy(float)
     out: dict[str, Any] = {"learner": learner, "metric": metric, "layers": rows.layer.tolist()}
     if len(rows) < 3 or np.ptp(ks) == 0:

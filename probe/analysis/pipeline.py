@@ -382,7 +382,7 @@ def fixed_steps(sweeps) -> tuple[float | None, float | None]:
     """The fixed step sizes the recipe's sweeps use (a planted model's, set by `adapt_recipe`): a
     numeric paper-convention GD eta and a numeric Newton alpha, or None (the spectral references'
     defaults)."""
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
     eta = alpha = None
     for s in sweeps:
         if s.learner == "gd" and s.grid.get("convention", ["paper"]) == ["paper"]:

@@ -126,7 +126,9 @@ def directions(xs: Tensor, ys: Tensor, rtol: float = 1e-10) -> Directions:
     xs, ys = torch.as_tensor(xs, dtype=torch.float64), torch.as_tensor(ys, dtype=torch.float64)
     n_prompts, n, d = xs.shape
     if n <= d:
-        raise ConfigError(f"the spectral analysis needs prompts of more than d = {d} points (w_OLS from t >= d), got {n}")
+        raise ConfigError(
+            f"the spectral analysis needs prompts of more than d = {d} points (w_OLS from t >= d), got {n}"
+        )
     lam, v, c, t = prefix_eigh(xs, ys)
     lam, v, c, t = lam[:, d:], v[:, d:], c[:, d:], t[d:]
     top = lam.amax(-1, keepdim=True)
@@ -137,7 +139,7 @@ def directions(xs: Tensor, ys: Tensor, rtol: float = 1e-10) -> Directions:
     u = {"lam_t": lam / t.view(1, -1, 1), "lam_max": lam / top.clamp_min(1e-300)}
     keep = {"lam_t": nonzero, "lam_max": nonzero & ~is_top}
     prompt = torch.arange(n_prompts).view(-1, 1, 1).expand_as(lam)
-    flat = lambda x: x.reshape(-1)  # noqa: E731
+    flat = lambda x: x.reshape(-1)
     counts = {
         "prompts": n_prompts,
         "prefixes_skipped": d,  # t = 0..d-1: S_t is singular, no w_OLS
@@ -287,17 +289,202 @@ class SpectralAnalysis:
     counts: dict[str, int]
 
 
-def _reference_weights(families: list[Family], xs: Tensor, ys: Tensor) -> tuple[Tensor, list[tuple[Family, Any]]]:
-    """Every member's weights (M, B, n, d), and per member (family, its axis value)."""
-    weights, members = [], []
+@dataclass
+class Members:
+    """Every reference member (a family at one grid value) in order: its family and axis value,
+    and its filter class as an index into `classes`."""
+
+    family: list[Family]
+    k: list[Any]
+    classes: list[str]
+    class_index: Tensor  # (M,) long
+
+    def of_class(self, errors: Tensor, c: int) -> int:
+        """The first best member of class c by `errors` (M,)."""
+        return _first_best(torch.where(self.class_index == c, errors, math.inf))
+
+    def family_best(self, errors: Tensor) -> dict[str, int]:
+        """Each family's first best member by `errors` (M,)."""
+        out: dict[str, int] = {}
+        for name in dict.fromkeys(f.name for f in self.family):
+            idx = [i for i, f in enumerate(self.family) if f.name == name]
+            out[name] = idx[_first_best(errors[idx])]
+        return out
+
+    def class_min(self, errors: Tensor) -> Tensor:
+        """(..., M) -> (..., C): each class's smallest error."""
+        big = torch.full((*errors.shape[:-1], len(self.classes)), math.inf, dtype=errors.dtype)
+        return big.scatter_reduce(-1, self.class_index.expand_as(errors), errors, "amin")
+
+
+def _reference_weights(families: list[Family], xs: Tensor, ys: Tensor) -> tuple[Tensor, Members]:
+    """Every member's weights (M, B, n, d), and the members."""
+    weights, fams, ks = [], [], []
     for fam in families:
         res = run_learner(fam.learner, xs, ys, **fam.grid)
-        w = res.weights
-        if w is None:
+        if res.weights is None:
             raise ConfigError(f"spectral reference '{fam.name}' has no weights")
-        weights.append(w)
-        members += [(fam, g.get(fam.axis) if fam.axis else None) for g in res.grid]
-    return torch.cat(weights), members
+        weights.append(res.weights)
+        fams += [fam] * len(res.grid)
+        ks += [g.get(fam.axis) if fam.axis else None for g in res.grid]
+    classes = list(dict.fromkeys(f.klass for f in families))
+    return torch.cat(weights), Members(fams, ks, classes, torch.tensor([classes.index(f.klass) for f in fams]))
+
+
+@dataclass
+class Measured:
+    """One bin variable's measurement: per bin whether it is kept (`used`, K) and its position
+    (`center`), the responses of the predictors r (A, K) and of the references r_ref (M, K), and
+    their bootstrap resamples (S, A, K), (S, M, K), (S, K)."""
+
+    variable: str
+    sums: BinSums
+    used: Tensor
+    center: Tensor
+    r: Tensor
+    r_ref: Tensor
+    r_boot: Tensor
+    r_ref_boot: Tensor
+    center_boot: Tensor
+
+
+def measure(a_layer: Tensor, a_ref: Tensor, dirs: Directions, variable: str, s: SpectralSettings, boot: Tensor):
+    """The binned responses in one variable, with resamples as sums over counted prompts (one
+    matmul each)."""
+    bins = make_bins(dirs, variable, s.bins, s.min_count)
+    lay, ref = bin_sums(a_layer, dirs, bins), bin_sums(a_ref, dirs, bins)
+    bb_b = (boot @ lay.bb).clamp_min(1e-300)  # (S, K)
+    return Measured(
+        variable,
+        lay,
+        lay.count >= s.min_count,
+        lay.bbu.sum(0) / lay.bb.sum(0).clamp_min(1e-300),
+        response(lay.ab, lay.bb),
+        response(ref.ab, ref.bb),
+        torch.einsum("sb,abk->sak", boot, lay.ab) / bb_b.unsqueeze(1),
+        torch.einsum("sb,mbk->smk", boot, ref.ab) / bb_b.unsqueeze(1),
+        (boot @ lay.bbu) / bb_b,
+    )
+
+
+def _quantiles(values: Tensor, dim: int = 0) -> tuple[Tensor, Tensor]:
+    """The 5% and 95% quantiles over `dim`, NaN ignored."""
+    lo, hi = torch.nanquantile(values, torch.tensor([0.05, 0.95], dtype=values.dtype), dim=dim)
+    return lo, hi
+
+
+def _curve_rows(m: Measured, name: str, r: Tensor, kind: str, lo=None, hi=None, family="", klass="") -> list[dict]:
+    """One row per kept bin of one curve r (K,)."""
+    return [
+        {
+            "predictor": name,
+            "kind": kind,
+            "family": family,
+            "class": klass,
+            "variable": m.variable,
+            "bin": k,
+            "u": float(m.center[k]),
+            "r": float(r[k]),
+            "ci_low": math.nan if lo is None else float(lo[k]),
+            "ci_high": math.nan if hi is None else float(hi[k]),
+            "directions": int(m.sums.count[k]),
+        }
+        for k in torch.nonzero(m.used).flatten().tolist()
+    ]
+
+
+def _variable_tables(m: Measured, members: Members, names: list[str], s: SpectralSettings):
+    """Curves, per-layer rows, family fits and the references' exponents of one bin variable."""
+    used, r, center = m.used, m.r, m.center
+    lo, hi = _quantiles(m.r_boot)
+    gain, err = fit_errors(r[:, used], m.r_ref[:, used])  # (A, M)
+    _, err_b = fit_errors(m.r_boot[:, :, used], m.r_ref_boot[:, :, used])  # (S, A, M)
+    in_range = (r > s.r_low) & (r < s.r_high) & used
+    p = local_exponent(r, center, in_range)
+    p_lo, p_hi = _quantiles(local_exponent(m.r_boot, m.center_boot.unsqueeze(1), in_range.unsqueeze(0)))
+    # the references' own exponent in the same bins: the estimator's bias over a finite range
+    p_ref = local_exponent(m.r_ref, center, (m.r_ref > s.r_low) & (m.r_ref < s.r_high) & used)
+    non_filter = _non_filter_share(m.sums, r)
+    cls_err, cls_err_b = members.class_min(err), members.class_min(err_b)
+    curves, rows, fits = [], [], []
+    for a, name in enumerate(names):
+        curves += _curve_rows(m, name, r[a], "layer", lo[a], hi[a])
+        order = torch.argsort(cls_err[a])
+        best_c = int(order[0])
+        second_c = int(order[1]) if len(members.classes) > 1 else best_c  # one class: nothing to separate from
+        d_lo, d_hi = _quantiles(cls_err_b[:, a, second_c] - cls_err_b[:, a, best_c])
+        best_m = members.of_class(err[a], best_c)
+        fam = members.family[best_m]
+        inside = center[in_range[a]]
+        rows.append(
+            {
+                "predictor": name,
+                "variable": m.variable,
+                "own_variable_of_best": fam.variable == m.variable,
+                "p": float(p[a]),
+                "p_low": float(p_lo[a]),
+                "p_high": float(p_hi[a]),
+                "bins_used": int(in_range[a].sum()),
+                "u_low": float(inside.min()) if len(inside) else math.nan,
+                "u_high": float(inside.max()) if len(inside) else math.nan,
+                "min_r": float(r[a, used].min()) if used.any() else math.nan,
+                "max_r": float(r[a, used].max()) if used.any() else math.nan,
+                "overshoot_bins": int(((r[a] > 1) & used).sum()),
+                "non_filter": float(non_filter[a]),
+                "best_class": members.classes[best_c],
+                "best_family": fam.name,
+                "best_axis": fam.axis or "",
+                "best_k": members.k[best_m],
+                "gain": float(gain[a, best_m]),
+                "error": float(cls_err[a, best_c]),
+                "runner_up": members.classes[second_c] if second_c != best_c else "",
+                "runner_up_error": float(cls_err[a, second_c]),
+                "difference": float(cls_err[a, second_c] - cls_err[a, best_c]),
+                "diff_low": float(d_lo),
+                "diff_high": float(d_hi),
+                "separated": bool(d_lo > 0),
+            }
+        )
+        for family, i in members.family_best(err[a]).items():
+            f = members.family[i]
+            fits.append(
+                {
+                    "predictor": name,
+                    "variable": m.variable,
+                    "family": family,
+                    "class": f.klass,
+                    "k": members.k[i],
+                    "gain": float(gain[a, i]),
+                    "error": float(err[a, i]),
+                    "p": float(p_ref[i]),
+                }
+            )
+        for c, klass in enumerate(members.classes):
+            i = members.of_class(err[a], c)
+            curves += _curve_rows(m, name, gain[a, i] * m.r_ref[i], "fit", family=members.family[i].name, klass=klass)
+    return curves, rows, fits, _reference_exponents(m.variable, members, p_ref)
+
+
+def _reference_exponents(variable: str, members: Members, p_ref: Tensor) -> list[dict]:
+    """Per reference family the spread of its members' exponents (those with two bins in range)."""
+    out = []
+    for name in dict.fromkeys(f.name for f in members.family):
+        idx = [i for i, f in enumerate(members.family) if f.name == name]
+        vals = p_ref[idx][torch.isfinite(p_ref[idx])]
+        f = members.family[idx[0]]
+        out.append(
+            {
+                "family": name,
+                "class": f.klass,
+                "variable": variable,
+                "own_variable": f.variable == variable,
+                "p_median": float(vals.median()) if len(vals) else math.nan,
+                "p_min": float(vals.min()) if len(vals) else math.nan,
+                "p_max": float(vals.max()) if len(vals) else math.nan,
+                "members_measured": len(vals),
+            }
+        )
+    return out
 
 
 def spectral_analysis(
@@ -321,160 +508,13 @@ def spectral_analysis(
     if lw.ndim != 4 or lw.shape[1:] != xs.shape:
         raise ConfigError(f"layer weights must have shape (A, {', '.join(map(str, xs.shape))}), got {tuple(lw.shape)}")
     names = names or [str(i) for i in range(lw.shape[0])]
-    d = xs.shape[-1]
-    fams = families or reference_families(d)
     dirs = directions(xs, ys)
-    ref_w, members = _reference_weights(fams, xs, ys)
+    ref_w, members = _reference_weights(families or reference_families(xs.shape[-1]), xs, ys)
     a_layer, a_ref = components(lw, dirs), components(ref_w, dirs)
     boot = resample_weights(xs.shape[0], n_boot, seed)
-    curves, rows, fit_rows, ref_rows = [], [], [], []
-    for var in VARIABLES:
-        bins = make_bins(dirs, var, s.bins, s.min_count)
-        lay, ref = bin_sums(a_layer, dirs, bins), bin_sums(a_ref, dirs, bins)
-        used = lay.count >= s.min_count  # (K,)
-        center = lay.bbu.sum(0) / lay.bb.sum(0).clamp_min(1e-300)
-        r, r_ref = response(lay.ab, lay.bb), response(ref.ab, ref.bb)  # (A, K), (M, K)
-        # bootstrap: sums over resampled prompts, one matmul each
-        bb_b = boot @ lay.bb  # (S, K)
-        r_b = torch.einsum("sb,abk->sak", boot, lay.ab) / bb_b.unsqueeze(1).clamp_min(1e-300)
-        rref_b = torch.einsum("sb,mbk->smk", boot, ref.ab) / bb_b.unsqueeze(1).clamp_min(1e-300)
-        center_b = (boot @ lay.bbu) / bb_b.clamp_min(1e-300)
-        lo, hi = torch.nanquantile(r_b, torch.tensor([0.05, 0.95], dtype=r_b.dtype), dim=0)
-        for a, name in enumerate(names):
-            for k in torch.nonzero(used).flatten().tolist():
-                curves.append(
-                    {
-                        "predictor": name,
-                        "kind": "layer",
-                        "family": "",
-                        "class": "",
-                        "variable": var,
-                        "bin": k,
-                        "u": float(center[k]),
-                        "r": float(r[a, k]),
-                        "ci_low": float(lo[a, k]),
-                        "ci_high": float(hi[a, k]),
-                        "directions": int(lay.count[k]),
-                    }
-                )
-        rk, rrk = r[:, used], r_ref[:, used]
-        gain, err = fit_errors(rk, rrk)  # (A, M)
-        gain_b, err_b = fit_errors(r_b[:, :, used], rref_b[:, :, used])  # (S, A, M)
-        in_range = (r > s.r_low) & (r < s.r_high) & used
-        p = local_exponent(r, center, in_range)
-        p_b = local_exponent(r_b, center_b.unsqueeze(1), in_range.unsqueeze(0))
-        p_lo, p_hi = torch.nanquantile(p_b, torch.tensor([0.05, 0.95], dtype=p_b.dtype), dim=0)
-        # the references' own exponent at their best member per layer: the estimator's bias
-        ref_use = (r_ref > s.r_low) & (r_ref < s.r_high) & used
-        p_ref = local_exponent(r_ref, center, ref_use)
-        non_filter = _non_filter_share(lay, r)
-        klasses = list(dict.fromkeys(f.klass for f in fams))
-        member_class = torch.tensor([klasses.index(m[0].klass) for m in members])
-        member_family = [m[0].name for m in members]
-
-        def class_min(e: Tensor) -> Tensor:  # (..., M) -> (..., C): each class's best member
-            big = torch.full((*e.shape[:-1], len(klasses)), math.inf, dtype=e.dtype)
-            return big.scatter_reduce(-1, member_class.expand_as(e), e, "amin")
-
-        cls_err, cls_err_b = class_min(err), class_min(err_b)
-        for a, name in enumerate(names):
-            order = torch.argsort(cls_err[a])
-            best_c = int(order[0])
-            second_c = int(order[1]) if len(klasses) > 1 else best_c  # one class: nothing to separate from
-            diff_b = cls_err_b[:, a, second_c] - cls_err_b[:, a, best_c]
-            d_lo, d_hi = torch.nanquantile(diff_b, torch.tensor([0.05, 0.95], dtype=diff_b.dtype))
-            best_m = _first_best(torch.where(member_class == best_c, err[a], math.inf))
-            fam, k_val = members[best_m]
-            top_r = float(r[a, used].flatten()[-1]) if used.any() else math.nan
-            rows.append(
-                {
-                    "predictor": name,
-                    "variable": var,
-                    "own_variable_of_best": fam.variable == var,
-                    "p": float(p[a]),
-                    "p_low": float(p_lo[a]),
-                    "p_high": float(p_hi[a]),
-                    "bins_used": int(in_range[a].sum()),
-                    "u_low": float(center[in_range[a]].min()) if in_range[a].any() else math.nan,
-                    "u_high": float(center[in_range[a]].max()) if in_range[a].any() else math.nan,
-                    "min_r": float(r[a, used].min()) if used.any() else math.nan,
-                    "max_r": float(r[a, used].max()) if used.any() else math.nan,
-                    "top_r": top_r,
-                    "overshoot_bins": int(((r[a] > 1) & used).sum()),
-                    "non_filter": float(non_filter[a]),
-                    "best_class": klasses[best_c],
-                    "best_family": fam.name,
-                    "best_axis": fam.axis or "",
-                    "best_k": k_val,
-                    "gain": float(gain[a, best_m]),
-                    "error": float(cls_err[a, best_c]),
-                    "runner_up": klasses[second_c] if second_c != best_c else "",
-                    "runner_up_error": float(cls_err[a, second_c]),
-                    "difference": float(cls_err[a, second_c] - cls_err[a, best_c]),
-                    "diff_low": float(d_lo),
-                    "diff_high": float(d_hi),
-                    "separated": bool(d_lo > 0),
-                }
-            )
-            for fam_name in dict.fromkeys(member_family):
-                idx = [i for i, f in enumerate(member_family) if f == fam_name]
-                m = idx[_first_best(err[a, idx])]
-                f, kv = members[m]
-                fit_rows.append(
-                    {
-                        "predictor": name,
-                        "variable": var,
-                        "family": f.name,
-                        "class": f.klass,
-                        "k": kv,
-                        "gain": float(gain[a, m]),
-                        "error": float(err[a, m]),
-                        "p": float(p_ref[m]),
-                    }
-                )
-            for c in range(len(klasses)):
-                m = _first_best(torch.where(member_class == c, err[a], math.inf))
-                for k in torch.nonzero(used).flatten().tolist():
-                    curves.append(
-                        {
-                            "predictor": name,
-                            "kind": "fit",
-                            "family": members[m][0].name,
-                            "class": klasses[c],
-                            "variable": var,
-                            "bin": k,
-                            "u": float(center[k]),
-                            "r": float(gain[a, m] * r_ref[m, k]),
-                            "ci_low": math.nan,
-                            "ci_high": math.nan,
-                            "directions": int(lay.count[k]),
-                        }
-                    )
-        for fam_name in dict.fromkeys(member_family):
-            idx = [i for i, f in enumerate(member_family) if f == fam_name]
-            vals = p_ref[idx]
-            f = members[idx[0]][0]
-            ref_rows.append(
-                {
-                    "family": fam_name,
-                    "class": f.klass,
-                    "variable": var,
-                    "own_variable": f.variable == var,
-                    "p_median": float(torch.nanmedian(vals)) if torch.isfinite(vals).any() else math.nan,
-                    "p_min": float(vals[torch.isfinite(vals)].min()) if torch.isfinite(vals).any() else math.nan,
-                    "p_max": float(vals[torch.isfinite(vals)].max()) if torch.isfinite(vals).any() else math.nan,
-                    "members_measured": int(torch.isfinite(vals).sum()),
-                }
-            )
-    layers = pd.DataFrame(rows)
-    return SpectralAnalysis(
-        pd.DataFrame(curves),
-        layers,
-        summarise(layers, s.r_low, s.r_high),
-        pd.DataFrame(ref_rows),
-        pd.DataFrame(fit_rows),
-        dirs.counts,
-    )
+    parts = [_variable_tables(measure(a_layer, a_ref, dirs, var, s, boot), members, names, s) for var in VARIABLES]
+    curves, layers, fits, refs = (pd.DataFrame([row for part in parts for row in part[i]]) for i in range(4))
+    return SpectralAnalysis(curves, layers, summarise(layers, s.r_low, s.r_high), refs, fits, dirs.counts)
 
 
 def _first_best(errors: Tensor) -> int:

@@ -10,8 +10,9 @@ difference the comparison can show is `resolution` = 1 - Sim(a_{k_a}, b_{k_b}) (
 same prompts). For Iterative Newton against tuned GD it is ~0.01 on SimE (seed 003's Table 1 cannot
 separate them by more), which is why the iterations-per-layer trend is the evidence that does.
 
-Verdict: "<a> closer" or "<b> closer" when the paired interval excludes 0 and is narrower than the
-resolution (half-width below it); otherwise "not separable at this resolution".
+Verdict (`decide`, the one rule; `verdict_words` its text): the winner a or b when the paired
+interval excludes 0 and is narrower than the resolution (half-width below it); otherwise none, "not
+separable at this resolution". Code reads `winner`, never the text.
 """
 
 from __future__ import annotations
@@ -26,6 +27,24 @@ from .stats import bootstrap_mean
 
 NOT_SEPARABLE = "not separable at this resolution"
 CANNOT_TEST = "cannot test here"
+
+
+def decide(low: float, high: float, resolution: float, a: str, b: str, testable: bool = True) -> str | None:
+    """The paired rule, written once: the winner of a against b, or None. `low`, `high` bound the
+    mean of (score favouring a - score favouring b); a wins when the interval lies above 0, b when
+    it lies below, either only when its half-width is below the resolution (the largest
+    difference the comparison could show)."""
+    if not testable or (high - low) / 2 >= resolution:
+        return None
+    return a if low > 0 else b if high < 0 else None
+
+
+def verdict_words(winner: str | None, testable: bool = True) -> str:
+    """A decision in words, the one place they are written: "<winner> closer", "not separable at
+    this resolution" or "cannot test here"."""
+    if not testable:
+        return CANNOT_TEST
+    return NOT_SEPARABLE if winner is None else f"{winner} closer"
 
 
 @dataclass
@@ -49,10 +68,7 @@ def paired_verdict(
     low, high = bootstrap_mean(diff, n_boot=n_boot, seed=seed)
     difference, lo, hi = float(diff.mean()), float(low), float(high)
     resolution = float(1 - between.double().mean())
-    if (lo > 0 or hi < 0) and (hi - lo) / 2 < resolution:
-        verdict = f"{a.key if lo > 0 else b.key} closer"
-    else:
-        verdict = NOT_SEPARABLE
+    winner = decide(lo, hi, resolution, a.key, b.key)
     return {
         "claim": claim,
         "a": a.key,
@@ -66,7 +82,8 @@ def paired_verdict(
         "ci_low": lo,
         "ci_high": hi,
         "resolution": resolution,
-        "verdict": verdict,
+        "winner": winner,
+        "verdict": verdict_words(winner),
     }
 
 

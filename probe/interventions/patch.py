@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from ..analysis.evaluate import eval_prompts
 from ..analysis.matching import run_sweep
 from ..analysis.stats import bootstrap_ratio, percentile_interval, resamples
-from ..analysis.verdicts import NOT_SEPARABLE
+from ..analysis.verdicts import decide, verdict_words
 from ..capture import hooks as H
 from ..core.errors import ConfigError
 from ..core.seeds import Stream
@@ -274,9 +274,11 @@ def iteration_patching(
     frame = boundary_table(patched, tested, claimed, {b: layer_map[b] for b in tested}, n_boot, seed, min_expected)
     alternatives = named_alternatives(layer_map, n_layers)
     effects = {name: ExpectedEffects(sweep, m, xs, ys, ys_src, patched.examples) for name, m in alternatives.items()}
+    learners = {}  # alternative name -> the other learner's sweep label
     for label, (other_sweep, other_map) in (others or {}).items():
         effects[f"{label} map"] = ExpectedEffects(other_sweep, other_map, xs, ys, ys_src, patched.examples)
-    summary = compare_maps(frame, patched, tested, claimed, effects, n_boot, seed, min_expected)
+        learners[f"{label} map"] = label
+    summary = compare_maps(frame, patched, tested, claimed, effects, n_boot, seed, min_expected, learners)
     return frame, summary
 
 
@@ -350,7 +352,7 @@ def named_alternatives(layer_map: dict, n_layers: int) -> dict[str, dict]:
     return out
 
 
-FLAT = "cannot test here"
+CLAIMED = "claimed map"  # the winner's name when the claimed map wins against an alternative
 PICTURE_TOLERANCE = 0.1  # some map must come this close (mean |observed - expected|) for the picture to hold
 
 
@@ -363,8 +365,10 @@ def compare_maps(
     n_boot: int,
     seed: int,
     min_expected: float,
+    learners: Mapping[str, str] | None = None,
 ) -> dict:
-    """The claimed map against each alternative, paired over prompts: on every bootstrap resample of
+    """The claimed map against each alternative, paired over prompts (`learners`: the sweep label
+    of each alternative that is another learner's map, recorded in its row): on every bootstrap resample of
     the prompts, the mean over boundaries of |observed - expected| for both maps (observed and
     expected as ratios of the resample's sums), and their difference (alternative - claim: > 0 when
     the claim fits better). Verdicts as probe/analysis/verdicts.py's; `resolution` is the mean over
@@ -409,14 +413,8 @@ def compare_maps(
         gap = [abs(effects.expected(b) - claimed.expected(b)) for b in tested]
         resolution = float(sum(gap) / len(gap))
         point = points[name] - deviation
-        if flat or max(gap) < min_expected:
-            verdict = FLAT
-        elif lo > 0 and (hi - lo) / 2 < resolution:
-            verdict = "claimed map closer"
-        elif hi < 0 and (hi - lo) / 2 < resolution:
-            verdict = f"{name} closer"
-        else:
-            verdict = NOT_SEPARABLE
+        testable = not (flat or max(gap) < min_expected)
+        winner = decide(lo, hi, resolution, CLAIMED, name, testable)
         rows.append(
             {
                 "alternative": name,
@@ -424,7 +422,10 @@ def compare_maps(
                 "ci_low": lo,
                 "ci_high": hi,
                 "resolution": resolution,
-                "verdict": verdict,
+                "learner": (learners or {}).get(name),
+                "testable": testable,
+                "winner": winner,
+                "verdict": verdict_words(winner, testable),
             }
         )
     return {"deviation": deviation, "testable": not flat, "reason": reason, "map_alternatives": rows}

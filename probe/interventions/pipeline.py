@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..analysis.verdicts import NOT_SEPARABLE
 from ..core import budget
 from ..core.config import to_dict
 from ..core.errors import ConfigError
@@ -26,7 +25,7 @@ from ..data.config import TaskConfig
 from ..data.tasks import sample_prompts
 from ..models.sizes import shape_of
 from .ablate import ablate, summarise_ablation
-from .patch import FLAT, context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
+from .patch import CLAIMED, context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
 from .runner import runner_for
 from .state import PICTURE as STATE_PICTURE
 from .state import source_xs, state_map_check, state_of
@@ -176,10 +175,10 @@ def iteration_verdict(label: str, entry: dict) -> str:
     if not entry.get("testable", True):
         return f"{head}; this check cannot test the map here: {entry['reason']}"
     rows = entry.get("map_alternatives", [])
-    beaten = [r["alternative"] for r in rows if r["verdict"] == "claimed map closer"]
-    lost = [r["alternative"] for r in rows if r["verdict"].endswith(" closer") and r["verdict"] != "claimed map closer"]
-    tied = [r["alternative"] for r in rows if r["verdict"] == NOT_SEPARABLE]
-    same = [r["alternative"] for r in rows if r["verdict"] == FLAT]
+    beaten = [r["alternative"] for r in rows if r["winner"] == CLAIMED]
+    lost = [r["alternative"] for r in rows if r["winner"] not in (None, CLAIMED)]
+    tied = [r["alternative"] for r in rows if r["testable"] and r["winner"] is None]
+    same = [r["alternative"] for r in rows if not r["testable"]]
     parts = []
     if beaten:
         parts.append("closer than " + ", ".join(beaten))

@@ -239,7 +239,9 @@ def _filtered(lam: Tensor, c: Tensor, h: Tensor, steps: int) -> Tensor:
     return torch.where(lam > 0, resp * c / lam.clamp_min(1e-300), torch.zeros_like(c))
 
 
-@register("newton_identity", label="Newton from alpha I", describe=lambda g: "M_0 = alpha I, M_(k+1) = 2 M_k - M_k S M_k")
+@register(
+    "newton_identity", label="Newton from alpha I", describe=lambda g: "M_0 = alpha I, M_(k+1) = 2 M_k - M_k S M_k"
+)
 def newton_identity(
     xs: Tensor,
     ys: Tensor,

@@ -40,6 +40,7 @@ from ..models.sizes import shape_of
 from . import figures
 from . import intervention_figures as ifig
 from .cache import StageCache, _jsonable
+from .evidence import evidence_frame
 from .findings import sweep_titles
 from .html import render_html
 from .recipe import Recipe, adapt_recipe
@@ -456,6 +457,8 @@ def build_report(
         figs = make_figures(built, ckpt, recipe, tmp / "figures", compare)
         built.timings["figures"] = round(time.perf_counter() - start, 2)
         summary = build_summary(built, ckpt, recipe, compare)
+        if summary.evidence:
+            evidence_frame(summary.evidence).to_csv(data_dir / "evidence.csv", index=False)
         plain = json.loads(json.dumps(summary.to_json(), default=_jsonable))  # numpy values as JSON ones
         (tmp / "summary.json").write_text(json.dumps(strict(plain), indent=2, allow_nan=False) + "\n")
         (tmp / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")

@@ -7,7 +7,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..analysis.matching import trend_words
-from ..analysis.verdicts import NOT_SEPARABLE
 from ..learners import LEARNERS
 from ..models.constructions import CONSTRUCTIONS
 from .schema import Match, ProbeFit, Summary, Table1Entry, Verdict
@@ -135,10 +134,9 @@ def verdict_text(v: Verdict, titles: Titles | None = None) -> str:
     metric = {"sime": "SimE", "simw": "SimW"}.get(v.metric, v.metric)
     head = f"paired {metric} difference {label(v.a, titles)} - {label(v.b, titles)} {v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}]"
     head += f", resolution {v.resolution:.4f}: "
-    if v.verdict == NOT_SEPARABLE:
+    if v.winner is None:
         return head + v.verdict + (f"; what separates them: {v.evidence}" if v.evidence else "")
-    closer = v.verdict.removesuffix(" closer")
-    return head + f"{label(closer, titles)} closer"
+    return head + f"{label(v.winner, titles)} closer"
 
 
 def _probe_fits(summary: Summary) -> list[tuple[str, str, ProbeFit]]:
@@ -252,6 +250,14 @@ def caveats(summary: Summary) -> list[str]:
             "about which algorithm the model runs."
         )
     for target, kind, fit in _probe_fits(summary):
+        best = fit.layer.index(fit.best_layer)
+        control = fit.control_r2[best] if fit.control_r2 else None
+        if control is not None and fit.r2[best] is not None and control > fit.r2[best]:
+            out.append(
+                f"At the {kind} probe's best layer for {label(target)} ({fit.best_layer}), the same probe on a "
+                f"random-weights model of the same architecture scores higher ({control:.2f} against "
+                f"{fit.r2[best]:.2f}): what it decodes there is not evidence of learning."
+            )
         if fit.converged_share is not None and fit.converged_share < CONVERGED_ENOUGH:
             out.append(
                 f"Only {fit.converged_share * 100:.0f}% of the {kind} probes for {label(target)} reached the stopping "
@@ -315,6 +321,7 @@ def findings(summary: Summary) -> tuple[list[str], list[str]]:
     """(findings, caveats): short sentences for the top of the report."""
     d = summary.checkpoint.task["n_dims"]
     items = [
+        *(f"{label(q.a)} or {label(q.b)}? {q.answer_words}." for q in summary.evidence or []),
         _construction(summary),
         _icl(summary, d),
         *_verdicts(summary),

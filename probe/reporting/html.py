@@ -73,6 +73,7 @@ def _training_rows(ckpt) -> list[tuple[str, Any]]:
 
 # (title, macro of templates/report.html.j2, shown when): the report's sections in reading order
 SECTIONS = [
+    ("Evidence: which algorithm?", "evidence", "evidence"),
     ("Model card", "model_card", None),
     ("Per-layer readout retraining", "readout", None),
     ("Layers vs reference learners", "matching", None),
@@ -92,6 +93,7 @@ SECTIONS = [
 def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, compare) -> str:
     """The report page: templates/page.html.j2 with the sections of templates/report.html.j2."""
     shown = set(figs) | ({"interventions"} if summary.interventions else set())
+    shown |= {"evidence"} if summary.evidence else set()
     items, caveats = findings(summary)
     context = {
         "summary": summary,
@@ -141,9 +143,7 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
                     "b": label(v.b, titles),
                     "difference a - b": f"{v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}]",
                     "resolution": f"{v.resolution:.4f}",
-                    "verdict": label(v.verdict.removesuffix(" closer"), titles) + " closer"
-                    if v.verdict.endswith(" closer")
-                    else v.verdict,
+                    "verdict": v.verdict if v.winner is None else label(v.winner, titles) + " closer",
                     "what separates them": v.evidence or "",
                 }
                 for v in summary.verdicts
@@ -153,6 +153,8 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
         out["verdicts"] = _table(rows)
     if summary.spectral is not None:
         out.update(_spectral_tables(summary))
+    for i, q in enumerate(summary.evidence or []):
+        out[f"evidence_{i}"] = _table(_evidence_rows(q, titles))
     if "probes" in t:
         own = t["probes"][t["probes"].control == "none"]
         attention = own.groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()
@@ -189,11 +191,27 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
     return {**html, "iteration": iteration, "iteration_alternatives": alternatives}
 
 
+def _evidence_rows(q, titles: Titles) -> pd.DataFrame:
+    """One question's instruments: what each favours, its effect, validation and blind spot."""
+    return pd.DataFrame(
+        [
+            {
+                "instrument": r.instrument,
+                "favours": "undecided" if r.favours is None else label(r.favours, titles),
+                "effect": r.effect,
+                "validated on known answers": r.validated_on or "not validated for this question",
+                "cannot tell apart": r.cannot_tell_apart,
+            }
+            for r in q.rows
+        ]
+    )
+
+
 def _spectral_tables(summary: Summary) -> dict[str, str]:
     """Per layer: the verdict, p in the best family's own variable, and each variable's best member."""
     sp = summary.spectral
     assert sp is not None
-    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"
     rows = []
     for i, layer in enumerate(sp.layer):
         row = {

@@ -18,7 +18,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ..core.errors import ConfigError
 
-SCHEMA_VERSION = 4  # 3: `verdicts`; 4: `spectral`
+SCHEMA_VERSION = 4  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`
 
 
 OMIT = {"omit_if_none": True}  # field metadata: summary.json leaves the field out when it is None
@@ -160,9 +160,9 @@ class Table1Entry:
 class Verdict:
     """A paired comparison of two candidate learners (probe/analysis/verdicts.py): the mean per-prompt
     difference Sim(a) - Sim(b) with its bootstrap interval, the resolution (the largest difference
-    a model that is exactly a could show) and the verdict: "<a> closer", "<b> closer", "not separable
-    at this resolution" or "cannot test here"; `evidence` names what separates the pair when this
-    comparison does not."""
+    a model that is exactly a could show), the winner (a, b, or None: what code reads) and the
+    verdict in words: "<a> closer", "<b> closer", "not separable at this resolution" or "cannot test
+    here"; `evidence` names what separates the pair when this comparison does not."""
 
     claim: str
     a: str
@@ -173,6 +173,7 @@ class Verdict:
     ci_high: float
     resolution: float
     verdict: str
+    winner: str | None = None  # a, b, or None (not separable, or cannot test): what code reads
     sweep_a: str | None = field(default=None, metadata=OMIT)
     sweep_b: str | None = field(default=None, metadata=OMIT)
     k_a: Any = field(default=None, metadata=OMIT)
@@ -313,6 +314,38 @@ class Spectral:
 
 
 @dataclass
+class EvidenceRow:
+    """One instrument's evidence on one question (probe/reporting/evidence.py): `favours` is a, b or
+    None (undecided); the difference is oriented a - b where the instrument has one; `validated_on`
+    names the known-answer models (and tests) on which it names each candidate, empty when none."""
+
+    instrument: str
+    favours: str | None
+    effect: str
+    difference: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    resolution: float | None = None
+    validated_on: str = ""
+    cannot_tell_apart: str = ""
+
+
+@dataclass
+class EvidenceQuestion:
+    """The evidence on "a or b?", and the consolidated answer: the side the validated instruments
+    that decide agree on (None: none decides, or they disagree), the equivalence class it leaves,
+    and every decided row that points the other way, named as a contradiction."""
+
+    a: str
+    b: str
+    rows: list[EvidenceRow]
+    answer: str | None
+    answer_words: str
+    equivalence: str = ""
+    contradictions: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Interventions:
     """The causal checks (probe/interventions/pipeline.py) with one verdict per layer map."""
 
@@ -342,6 +375,7 @@ class Summary:
     trend: dict[str, Trend]
     table1: Table1
     verdicts: list[Verdict] | None = field(default=None, metadata=OMIT)
+    evidence: list[EvidenceQuestion] | None = field(default=None, metadata=OMIT)
     nulls: Nulls | None = field(default=None, metadata=OMIT)
     icl_r2: dict[str, list] | None = field(default=None, metadata=OMIT)
     span: Span | None = field(default=None, metadata=OMIT)

@@ -8,12 +8,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analysis.verdicts import NOT_SEPARABLE
+from ..analysis.verdicts import verdict_words
 from ..core.provenance import display_path, stamp
+from ..interventions.patch import CLAIMED
 from ..interventions.pipeline import iteration_verdict
 from ..interventions.state import PICTURE as STATE_PICTURE
 from ..interventions.steer import steering_summary
 from ..io.checkpoint import LoadedCheckpoint
+from .evidence import evidence
 from .findings import Titles, sweep_titles
 from .findings import label as human_label
 from .recipe import Recipe
@@ -134,6 +136,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
     if "nulls" in t and not t["nulls"].empty:
         summary.nulls = nulls_block(t["nulls"])
         summary.table1.null = {name: {"similarity": vals[-1]} for name, vals in summary.nulls.sime.items()}
+    summary.evidence = evidence(summary) or None  # last: it reads every block above
     if compare is not None:
         other = t["compare_readout"]
         summary.compare = {
@@ -196,8 +199,9 @@ def verdicts_block(table: pd.DataFrame | None, trends: dict[str, Trend]) -> list
     out = []
     for row in table.to_dict("records"):
         verdict = Verdict(**{k: _plain(v) for k, v in row.items()})
+        verdict.winner = verdict.winner if isinstance(verdict.winner, str) else None  # the table's None is NaN
         fitted = [key for key in (verdict.a, verdict.b) if key in trends and trends[key].verdict]
-        if verdict.verdict == NOT_SEPARABLE and fitted:
+        if verdict.winner is None and fitted:
             verdict.evidence = "the iterations-per-layer trend (" + "; ".join(trends[k].verdict for k in fitted) + ")"
         out.append(verdict)
     return out
@@ -214,9 +218,7 @@ def causal_verdicts(block: Interventions | None) -> list[Verdict]:
     out = []
     for name, entry in ((block.iteration if block else None) or {}).items():
         for row in entry.get("map_alternatives") or []:
-            verdict = row["verdict"]
-            if verdict == "claimed map closer":
-                verdict = f"{name} closer"
+            winner = name if row["winner"] == CLAIMED else row["winner"]
             out.append(
                 Verdict(
                     claim="causal map",
@@ -227,7 +229,10 @@ def causal_verdicts(block: Interventions | None) -> list[Verdict]:
                     ci_low=row["ci_low"],
                     ci_high=row["ci_high"],
                     resolution=row["resolution"],
-                    verdict=verdict,
+                    sweep_a=name,
+                    sweep_b=row.get("learner"),
+                    winner=winner,
+                    verdict=verdict_words(winner, row["testable"]),
                     evidence=entry.get("reason"),
                 )
             )

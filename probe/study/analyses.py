@@ -311,7 +311,7 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
         if "spectral_summary" not in built.tables:
             raise ConfigError(
                 "study analysis 'spectral' reads the layers' induced weights: set \"similarity.simw\" = true "
-                "and leave \"spectral.enabled\" on in the study's [set]"
+                'and leave "spectral.enabled" on in the study\'s [set]'
             )
         rows += spectral_rows(built.tables)
     if "probes" in recipe.analyses:

@@ -141,7 +141,9 @@ def _layer_grid(rows: pd.DataFrame, x: str, title: str, path: Path, fmt: str) ->
     top = np.nanmax(grid.values) if np.isfinite(grid.values).any() else 0.0
     for (i, j), v in np.ndenumerate(grid.values):
         if np.isfinite(v):
-            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8, color="white" if v < top / 2 else "black")
+            ax.text(
+                j, i, fmt.format(v), ha="center", va="center", fontsize=8, color="white" if v < top / 2 else "black"
+            )
     ax.set_xlabel(axis_name(x))
     ax.set_ylabel("layer")
     ax.set_title(title)
