@@ -45,12 +45,12 @@ def ridge(
     xs, ys, queries = as_float64(xs, ys, queries)
     s, b = prefix_moments(xs, ys, last_prefix)
     eye = torch.eye(xs.shape[-1], dtype=xs.dtype, device=xs.device)
-    lams = torch.as_tensor(list(lam), dtype=xs.dtype, device=xs.device)
-    if (lams <= 0).any():
+    if any(v <= 0 for v in lam):  # checked on the host values: no device sync
         raise ConfigError(f"ridge lambdas must be > 0 (use least_squares for 0), got {list(lam)}")
+    lams = torch.as_tensor(list(lam), dtype=xs.dtype, device=xs.device)
     reg = s.unsqueeze(0) + lams.view(-1, 1, 1, 1, 1) * eye  # (K, B, n, d, d)
     w = torch.linalg.solve(reg, b.unsqueeze(0).expand(len(lams), *b.shape).unsqueeze(-1)).squeeze(-1)
-    return linear_result("ridge", [{"lam": float(v)} for v in lams], w, at_prefixes(xs, last_prefix), queries)
+    return linear_result("ridge", [{"lam": float(v)} for v in lam], w, at_prefixes(xs, last_prefix), queries)
 
 
 def bayes_lambda(noise_std: float, w_scale: float) -> float:

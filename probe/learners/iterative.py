@@ -121,11 +121,11 @@ def gd(
     which is always stable; a fixed eta diverges where eta * lambda_max >= 2.
     Closed form per eigenvalue h = eta*lambda(/t): w_k = V diag((1 - (1 - h)^k) / lambda) V^T b.
     """
+    if any(k < 0 for k in steps):  # checked on the host values: no device sync
+        raise ConfigError(f"gd steps must be >= 0, got {list(steps)}")
     lam, v, c, t = prefix_eigh(xs, ys, last_prefix)
     xs, ys, queries = as_float64(xs, ys, queries)
     steps_t = torch.as_tensor(list(steps), dtype=xs.dtype, device=xs.device)
-    if (steps_t < 0).any():
-        raise ConfigError(f"gd steps must be >= 0, got {list(steps)}")
     grid, coefs = [], []
     for conv in convention:
         if conv not in ("paper", "code"):
@@ -141,8 +141,10 @@ def gd(
             else:
                 raise ConfigError(f"gd eta must be a positive number or 'auto', got {e!r}")
             h = step * curv  # per-eigenvalue contraction: u_{k+1} = (1 - h) u_k + step * g
-            for k in steps_t:
-                filt = torch.where(h > 1e-12, (1 - (1 - h) ** k) / curv.clamp_min(1e-300), k * step)
+            # the exponent a 0-dim tensor (pow of a Python 2 or 3 rounds differently); the grid's
+            # counts from the host values, so that nothing here waits on the device
+            for k, k_t in zip(steps, steps_t):
+                filt = torch.where(h > 1e-12, (1 - (1 - h) ** k_t) / curv.clamp_min(1e-300), k_t * step)
                 coefs.append(filt * g)
                 grid.append({"eta": e, "steps": int(k), "convention": conv})
     return spectral_result("gd", grid, v, torch.stack(coefs), at_prefixes(xs, last_prefix), queries)
