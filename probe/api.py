@@ -175,20 +175,9 @@ def analyse(
     [readout], [similarity] and sweeps (keyword sections override them). For a model object that
     is not a checkpoint pass `model` and its `task` (a TaskConfig)."""
     from .analysis.pipeline import analyse_layers
-    from .core.validate import check_device
-    from .reporting.build import layer_settings
-    from .reporting.recipe import adapt_recipe, resolve_recipe
 
-    parsed = resolve_recipe(recipe, _overrides(sections))
-    device = check_device(device)
-    if model is None:
-        ckpt = _checkpoint(checkpoint)
-        model, task, parsed = ckpt.model, ckpt.config.task, adapt_recipe(parsed, ckpt.config)
-    elif checkpoint is not None:
-        raise ConfigError("give a checkpoint or a model (with its task), not both")
-    elif task is None:
-        raise ConfigError("a model object needs its task: probe.analyse(model=m, task=TaskConfig(n_dims=..., ...))")
-    return analyse_layers(model, task, layer_settings(parsed, device), progress=progress)
+    model, task, settings = _layer_job("analyse", checkpoint, recipe, model, task, device, sections)
+    return analyse_layers(model, task, settings, progress=progress)
 
 
 def spectral(
@@ -206,6 +195,14 @@ def spectral(
     on the induced weights the layers stage makes with the recipe's [prompts], [readout],
     [similarity] and [spectral] (keyword sections override them: `spectral={"bins": 16}`)."""
     from .analysis.pipeline import analyse_spectrum
+
+    model, task, settings = _layer_job("spectral", checkpoint, recipe, model, task, device, sections)
+    return analyse_spectrum(model, task, settings, progress=progress)
+
+
+def _layer_job(job: str, checkpoint, recipe: str, model, task, device: str, sections: dict[str, Any]):
+    """(model, task, LayerSettings) of a layers-stage job: a checkpoint (the recipe adapted to it)
+    or a model object with its task, never both."""
     from .core.validate import check_device
     from .reporting.build import layer_settings
     from .reporting.recipe import adapt_recipe, resolve_recipe
@@ -218,8 +215,8 @@ def spectral(
     elif checkpoint is not None:
         raise ConfigError("give a checkpoint or a model (with its task), not both")
     elif task is None:
-        raise ConfigError("a model object needs its task: probe.spectral(model=m, task=TaskConfig(n_dims=..., ...))")
-    return analyse_spectrum(model, task, layer_settings(parsed, device), progress=progress)
+        raise ConfigError(f"a model object needs its task: probe.{job}(model=m, task=TaskConfig(n_dims=..., ...))")
+    return model, task, layer_settings(parsed, device)
 
 
 def prompts(checkpoint=None, n: int = 64, seed: int = 0, *, task=None):

@@ -5,6 +5,7 @@ round-off, plain matrix loops, bin-wise bounds from the closed-form response, an
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -195,3 +196,23 @@ def test_zero_predictor_has_no_response():
     res = spectral_analysis(torch.zeros(1, *xs.shape, dtype=torch.float64), xs, ys, n_boot=20)
     assert res.summary.verdict.tolist() == ["no response"]
     assert math.isnan(res.summary.p[0])
+
+
+def test_python_api_and_command(tmp_path, capsys):
+    import probe
+    from probe.cli import main
+
+    oracle = LearnerOracle("gd", "steps", lambda l: l, 3, D, N, fixed={"eta": [1 / 9]})
+    with pytest.raises(ConfigError, match=r"needs its task: probe.spectral\(model=m"):
+        probe.spectral(model=oracle)
+    small = {"prompts": {"train": 64, "val": 32, "test": 64, "induced": 64, "queries": 16}, "readout": {"method": "model"}}
+    res = probe.spectral(model=oracle, task=TASK, **small)
+    assert res.summary.verdict.tolist()[1:] == ["gd"] * 3
+    out = tmp_path / "spectral"
+    argv = ["-q", "spectral", "checkpoints/planted/gd", "--out", str(out), "--test-prompts", "64", "--induced-prompts", "64"]
+    assert main(argv) == 0
+    assert {p.name for p in out.iterdir()} >= {"spectral_summary.csv", "spectral_layers.csv", "spectral_lam_t.png", "run.json"}
+    summary = pd.read_csv(out / "spectral_summary.csv")
+    assert summary.verdict.tolist() == ["no response"] + ["gd"] * 6
+    assert "gd" in capsys.readouterr().out
+    assert main(["-q", "spectral", "checkpoints/planted/gd", "--out", str(tmp_path / "x"), "--r-low", "0.9", "--r-high", "0.5"]) == 2
