@@ -216,3 +216,25 @@ def test_python_api_and_command(tmp_path, capsys):
     assert summary.verdict.tolist() == ["no response"] + ["gd"] * 6
     assert "gd" in capsys.readouterr().out
     assert main(["-q", "spectral", "checkpoints/planted/gd", "--out", str(tmp_path / "x"), "--r-low", "0.9", "--r-high", "0.5"]) == 2
+
+
+def test_study_figure_and_caption_of_the_exponents(tmp_path):
+    from probe.study.present import _caption, spectral_figure
+
+    table = pd.DataFrame(
+        {
+            "model": ["a", "a", "b", "b"],
+            "train_step": [1000, 1000, 2000, 2000],
+            "analysis": "spectral",
+            "metric": "spectral_p",
+            "learner": ["gd", "no response", "precond_gd", "gd"],
+            "layer": [1, 0, 1, 0],
+            "n_examples": -1,
+            "shift": "",
+            "value": [1.05, np.nan, 1.95, 1.1],
+            "ci_low": np.nan,
+            "ci_high": np.nan,
+        }
+    )
+    assert spectral_figure(table, "train_step", tmp_path / "spectral_p").is_file()
+    assert "exponent p" in _caption("spectral_p", table, "train_step")

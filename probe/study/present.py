@@ -177,6 +177,9 @@ CAPTIONS = {
     "curves": "{metric} against the number of in-context examples for every model (solid: in-context; dashed: the "
     "task's network trained directly on each prompt's examples, as seed 001), one panel per distribution.",
     "best_k": "Best-matching {learner} iteration by SimE for every layer (rows) and {axis} (columns).",
+    "spectral_p": "Spectral exponent p of every layer (rows) for each {axis} (columns), in the bin variable of the "
+    "layer's best-fitting family (probe/analysis/spectral.py): 1 is the GD class's small-eigenvalue limit, 2 the "
+    "seeds' Newton's; blank where fewer than two bins respond in [0.05, 0.95] (no response, or converged).",
 }
 
 
