@@ -415,22 +415,12 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
         d_lo, d_hi = _quantiles(cls_err_b[:, a, second_c] - cls_err_b[:, a, best_c])
         best_m = members.of_class(err[a], best_c)
         fam = members.family[best_m]
-        inside = center[in_range[a]]
         rows.append(
             {
                 "predictor": name,
                 "variable": m.variable,
                 "own_variable_of_best": fam.variable == m.variable,
-                "p": float(p[a]),
-                "p_low": float(p_lo[a]),
-                "p_high": float(p_hi[a]),
-                "bins_used": int(in_range[a].sum()),
-                "u_low": float(inside.min()) if len(inside) else math.nan,
-                "u_high": float(inside.max()) if len(inside) else math.nan,
-                "min_r": float(r[a, used].min()) if used.any() else math.nan,
-                "max_r": float(r[a, used].max()) if used.any() else math.nan,
-                "overshoot_bins": int(((r[a] > 1) & used).sum()),
-                "non_filter": float(non_filter[a]),
+                **_response_row(m, r[a], (p[a], p_lo[a], p_hi[a]), in_range[a], non_filter[a]),
                 "best_class": members.classes[best_c],
                 "best_family": fam.name,
                 "best_axis": fam.axis or "",
@@ -463,6 +453,24 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
             i = members.of_class(err[a], c)
             curves += _curve_rows(m, name, gain[a, i] * m.r_ref[i], "fit", family=members.family[i].name, klass=klass)
     return curves, rows, fits, _reference_exponents(m.variable, members, p_ref)
+
+
+def _response_row(m: Measured, r: Tensor, p: tuple, in_range: Tensor, non_filter: Tensor) -> dict:
+    """One predictor's response in one variable: its exponent with interval, the bins and range it
+    was fitted over, its smallest and largest response, overshooting bins and non-filter share."""
+    used, inside = m.used, m.center[in_range]
+    return {
+        "p": float(p[0]),
+        "p_low": float(p[1]),
+        "p_high": float(p[2]),
+        "bins_used": int(in_range.sum()),
+        "u_low": float(inside.min()) if len(inside) else math.nan,
+        "u_high": float(inside.max()) if len(inside) else math.nan,
+        "min_r": float(r[used].min()) if used.any() else math.nan,
+        "max_r": float(r[used].max()) if used.any() else math.nan,
+        "overshoot_bins": int(((r > 1) & used).sum()),
+        "non_filter": float(non_filter),
+    }
 
 
 def _reference_exponents(variable: str, members: Members, p_ref: Tensor) -> list[dict]:
