@@ -9,7 +9,7 @@ import torch
 from conftest import REPO
 from sklearn.linear_model import Ridge
 
-from probe.analysis.matching import trend
+from probe.analysis.matching import K_DRAWS, _fits, trend
 from probe.analysis.pipeline import LayerSettings, analyse_layers
 from probe.analysis.readout import RidgeReadout, fit_layer_readouts
 from probe.analysis.span import span_residuals
@@ -41,7 +41,7 @@ def test_newton_oracle_is_matched_at_3l_with_a_linear_verdict():
         assert rows.k.tolist() == [0, 3, 6, 9, 12, 15], metric
         assert (rows.similarity[rows.layer >= 1] > 0.999).all()
     verdict = next(t for t in res.trends if t["learner"] == "newton" and t["metric"] == "sime")
-    assert verdict["verdict"].startswith("newton: linear, about 3.0 iterations per layer")
+    assert verdict["verdict"].startswith("newton: linear, about 3.0 [3.0, 3.0] iterations per layer")
     assert verdict["linear_r2"] == pytest.approx(1.0)
     # the readout recovers the planted predictions: layer error equals Newton's own error
     assert res.readout.error.notna().all()
@@ -57,7 +57,7 @@ def test_gd_oracle_is_matched_at_l_steps():
     assert (rows.similarity[rows.layer >= 1] > 0.999).all()
     newton_sim = res.best[(res.best.sweep == "newton") & (res.best.metric == "sime") & (res.best.layer >= 1)]
     assert (newton_sim.similarity.to_numpy() < rows.similarity[rows.layer >= 1].to_numpy()).all()
-    assert "linear, about 1.0 steps per layer" in next(t for t in res.trends if t["learner"] == "gd_linear"
+    assert "linear, about 1.0 [1.0, 1.0] steps per layer" in next(t for t in res.trends if t["learner"] == "gd_linear"
                                                         and t["metric"] == "sime")["verdict"]
 
 
@@ -67,6 +67,29 @@ def test_trend_prefers_exponential_for_doubling():
     out = trend(best, "gd")
     assert out["verdict"].startswith("gd: exponential, about x2.00 per layer")
     assert out["exponential_r2"] == pytest.approx(1.0) and out["linear_r2"] < 0.95
+
+
+def test_trend_intervals_refit_every_prompt_resample():
+    """Closed-form fits per resample agree with numpy's polyfit; identical draws give a point
+    interval and shape share 1; draws split between a line and a doubling name both shapes."""
+    g = np.random.default_rng(1)
+    layers, ks = np.arange(1.0, 6.0), g.uniform(1, 40, (7, 5))
+    slope, growth, r2_lin, _ = _fits(layers, ks)
+    for row, s_, gr, r2 in zip(ks, slope, growth, r2_lin):
+        a, b = np.polyfit(layers, row, 1)
+        assert s_ == pytest.approx(a) and gr == pytest.approx(np.exp(np.polyfit(layers, np.log(row), 1)[0]))
+        assert r2 == pytest.approx(1 - ((row - a * layers - b) ** 2).sum() / ((row - row.mean()) ** 2).sum())
+    doubling = [0, 2, 4, 8, 16, 32, 64]
+    best = pd.DataFrame({"sweep": "gd", "metric": "sime", "layer": range(7), "k": doubling, "at_grid_end": False,
+                         K_DRAWS: [np.full(50, k) for k in doubling]})
+    out = trend(best, "gd")
+    assert out["growth_low"] == pytest.approx(2.0) and out["growth_high"] == pytest.approx(2.0)
+    assert out["shape_share"] == 1.0 and "this shape on 100% of prompt resamples" in out["verdict"]
+    line = [0, 10, 20, 30, 40, 50, 60]
+    best[K_DRAWS] = [np.array([d] * 25 + [l] * 25) for d, l in zip(doubling, line)]
+    out = trend(best, "gd")
+    assert out["shape_share"] == 0.5 and out["verdict"].startswith("gd: shape undecided")
+    assert out["slope_low"] == pytest.approx(10.0) and out["slope_high"] == pytest.approx(11.4857, abs=1e-3)
 
 
 def test_readout_recovers_linear_target_and_matches_sklearn():

@@ -217,5 +217,6 @@ def test_the_reports_trend_words_are_rendered_from_the_fit_not_from_a_sentence()
     for fit in summary.trend.values():
         fit.verdict = "x: not parsed"
     text = " ".join(findings(summary)[0])
-    assert "Layers vs Iterative Newton (SimE): linear, about 3.0 iterations per layer (R^2 linear 0.91" in text
-    assert "Layers vs GD (log grid) (SimE): exponential, about x1.80 per layer" in text
+    newton, gd = summary.trend["newton"], summary.trend["gd_log"]
+    assert f"Layers vs Iterative Newton (SimE, a convergence rate): linear, about {newton.slope:.1f} [" in text
+    assert f"Layers vs GD (log grid) (SimE, a convergence rate): exponential, about x{gd.growth:.2f} [" in text

@@ -86,7 +86,7 @@ def test_report_on_planted_gd_recovers_steps(tmp_path):
     newton = s["best_match"]["newton"]["sime"]
     assert max(newton["similarity"][1:]) < min(gd["similarity"][1:])
     assert max(s["span"]["residual"]) < 1e-5  # GD iterates lie in the span of the examples
-    assert s["trend"]["gd"]["verdict"].startswith("gd_log: linear, about 1.0 steps per layer")
+    assert s["trend"]["gd"]["verdict"].startswith("gd_log: linear, about 1.0 [1.0, 1.0] steps per layer")
     # the causal check confirms the planted map end to end: patched predictions move exactly as GD says
     check = s["interventions"]["iteration"]["gd_log"]
     assert check["k"] == list(range(6)) and check["deviation"] < 1e-4 and check["testable"]
@@ -128,7 +128,7 @@ def test_report_on_relu_attention_newton_recovers_one_iteration_per_layer(tmp_pa
     for metric in ("sime", "simw"):
         assert s["best_match"]["newton"][metric]["k"][2:] == list(range(9)), metric
     assert min(s["best_match"]["newton"]["simw"]["similarity"][2:]) > 0.999
-    assert s["trend"]["newton"]["verdict"].startswith("newton: linear, about 1.0 iterations per layer")
+    assert s["trend"]["newton"]["verdict"].startswith("newton: linear, about 1.0 [1.0, 1.0] iterations per layer")
     assert s["trend"]["newton"]["layers"][0] > 3  # the degenerate early iterates are left out
     # the spectral filter is scale-free: the preconditioned (Newton) class from the first iterate on
     assert s["spectral"]["verdict"][3:] == ["precond_gd"] * 8

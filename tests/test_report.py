@@ -40,7 +40,7 @@ def test_summary_schema(report):
             block = s["probes"][target][kind]
             assert set(block) >= {"layer", "r2", "control_r2"} and _aligned({k: block[k] for k in ("layer", "r2", "control_r2")})
     assert set(s["timings"]) >= {"evaluate", "layers", "probes", "figures", "interventions"}
-    assert s["schema_version"] == 4 and not s["checkpoint"]["path"].startswith("/")
+    assert s["schema_version"] == 5 and not s["checkpoint"]["path"].startswith("/")
     spectral = s["spectral"]  # one verdict per layer, each bin variable's fits aligned with the layers
     assert spectral["layer"] == [0, 1, 2, 3] and _aligned({k: spectral[k] for k in ("layer", "verdict", "p")})
     assert set(spectral["by_variable"]) == {"lam_t", "lam_max"}
@@ -72,7 +72,7 @@ def test_report_files_and_html_linking_each_figure_once(report):
         assert (report / "data" / f"{name}.csv").exists(), name
     assert json.loads((report / "recipe.json").read_text())["prompts"]["train"] == 48  # resolved recipe
     head = html[: html.index('<nav id="contents"')]
-    assert '<section id="findings"' in head and "Layers vs Iterative Newton (SimE)" in head  # the answer comes first
+    assert '<section id="findings"' in head and "Layers vs Iterative Newton (SimE, a convergence rate)" in head  # the answer comes first
     anchors = re.findall(r'<a href="#([^"]+)">', html)
     assert anchors and all(f'<section id="{a}">' in html for a in anchors)
 

@@ -46,7 +46,9 @@ def compare_layers(
     seed: int = 0,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Heatmap cells and best matches of one sweep against all layers, for SimE (and SimW when
-    layer weights are given). Returns (cells, best) tidy tables."""
+    layer weights are given). Returns (cells, best) tidy tables; best's K_DRAWS column holds each
+    row's best k on every prompt resample (paired across layers) for `trend`'s intervals, and is
+    dropped (`without_draws`) before the table leaves the analysis."""
     lp = torch.as_tensor(layer_preds, dtype=torch.float64)
     ys = ys.to(torch.float64).cpu()
     metrics = {"sime": sime(lp, result.preds.cpu(), ys, include_first)}
@@ -64,6 +66,7 @@ def compare_layers(
         )
         table = best_match(values, n_boot=n_boot, seed=seed)
         axis_values = [g.get(sweep.axis, i) if sweep.axis else i for i, g in enumerate(result.grid)]
+        draws = np.asarray(axis_values, dtype=object)[table.attrs["draws"]]  # (n_boot, layers): k per resample
         best.append(
             pd.DataFrame(
                 {
@@ -80,6 +83,7 @@ def compare_layers(
                     "at_grid_end": (table.best_index == len(result.grid) - 1)
                     & (sweep.axis is not None)
                     & (len(result.grid) > 1),
+                    K_DRAWS: list(draws.T),
                 }
             )
         )
@@ -91,21 +95,60 @@ def _r2(y: np.ndarray, fit: np.ndarray) -> float:
     return float("nan") if np.ptp(y) == 0 else float(r2_score(torch.as_tensor(y), torch.as_tensor(fit), dim=0))
 
 
+K_DRAWS = "k_draws"  # best's column of per-resample best k (compare_layers), read by `trend`
 INCONCLUSIVE = "inconclusive (fewer than 3 layers with a varying, unconverged best match)"
 TREND_MIN_R2 = 0.8  # below this on both fits the best k has no trend with depth worth a shape
+SHAPE_MIN_SHARE = 0.8  # the chosen shape must win on this share of prompt resamples to be named alone
+LEVEL = 0.90  # the trend's intervals, as best_match's
+
+
+def without_draws(best: pd.DataFrame) -> pd.DataFrame:
+    """best without the per-resample column (what tables, CSVs and reports keep)."""
+    return best.drop(columns=[K_DRAWS], errors="ignore")
 
 
 def trend_words(fit: Any, unit: str) -> str:
-    """A trend fit (`trend`'s fields, or summary.json's) in words: its shape, rate and both R^2;
-    the one place the words are made (the report renders them from the fields)."""
+    """A trend fit (`trend`'s fields, or summary.json's) in words: its shape, rate with its
+    interval over prompt resamples, and both R^2; the one place the words are made (the report
+    renders them from the fields)."""
     if fit.linear_r2 is None:
         return INCONCLUSIVE
-    r2 = f" (R^2 linear {fit.linear_r2:.2f}, exponential {fit.exponential_r2:.2f})"
+    r2 = f"R^2 linear {fit.linear_r2:.2f}, exponential {fit.exponential_r2:.2f}"
     if max(fit.linear_r2, fit.exponential_r2) < TREND_MIN_R2:
-        return f"no trend: neither fit reaches R^2 {TREND_MIN_R2}" + r2
+        return f"no trend: neither fit reaches R^2 {TREND_MIN_R2} ({r2})"
+    linear = f"about {fit.slope:.1f}{_interval(fit, 'slope', '.1f')} {unit} per layer"
+    growth = f"about x{fit.growth:.2f}{_interval(fit, 'growth', '.2f')} per layer"
+    share = getattr(fit, "shape_share", None)
+    if share is not None and share < SHAPE_MIN_SHARE:
+        return (
+            f"shape undecided (the better fit wins on {share:.0%} of prompt resamples): linear {linear} or "
+            f"exponential {growth} ({r2})"
+        )
+    agree = "" if share is None else f"; this shape on {share:.0%} of prompt resamples"
     if fit.linear_r2 >= fit.exponential_r2:
-        return f"linear, about {fit.slope:.1f} {unit} per layer" + r2
-    return f"exponential, about x{fit.growth:.2f} per layer" + r2
+        return f"linear, {linear} ({r2}{agree})"
+    return f"exponential, {growth} ({r2}{agree})"
+
+
+def _interval(fit: Any, name: str, fmt: str) -> str:
+    low, high = getattr(fit, f"{name}_low", None), getattr(fit, f"{name}_high", None)
+    return "" if low is None or high is None else f" [{low:{fmt}}, {high:{fmt}}]"
+
+
+def _fits(layers: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Closed-form fits of ks (R, n) against layers (n,), one per row: the linear slope, the
+    log-linear growth factor, and both fits' R^2 measured on k itself."""
+    x = layers - layers.mean()
+    slope = (ks - ks.mean(-1, keepdims=True)) @ x / (x @ x)
+    lin = ks.mean(-1, keepdims=True) + slope[:, None] * x
+    logs = np.log(np.clip(ks, ks[ks > 0].min() if (ks > 0).any() else 1.0, None))
+    rate = (logs - logs.mean(-1, keepdims=True)) @ x / (x @ x)
+    exp = np.exp(logs.mean(-1, keepdims=True) + rate[:, None] * x)
+    total = ((ks - ks.mean(-1, keepdims=True)) ** 2).sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2_lin = 1 - ((ks - lin) ** 2).sum(-1) / total
+        r2_exp = 1 - ((ks - exp) ** 2).sum(-1) / total
+    return slope, np.exp(rate), r2_lin, r2_exp
 
 
 def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | None = None) -> dict[str, Any]:
@@ -116,7 +159,11 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | No
     says so); below TREND_MIN_R2 on both fits the words say "no trend".
 
     Linear: k = a l + b. Exponential: k = c g^l, fitted by least squares on k itself (started
-    from the log-linear fit), so both R^2 are measured on the same scale.
+    from the log-linear fit), so both R^2 are measured on the same scale. Intervals (LEVEL): the
+    same layers refitted on every prompt resample of the best matches (best's K_DRAWS, paired
+    across layers; closed-form fits, the exponential one log-linear), with `shape_share`, the
+    share of resamples on which the point estimate's shape fits better; below SHAPE_MIN_SHARE the
+    words name both shapes.
     """
     rows = best[(best.sweep == learner) & (best.metric == metric) & (best.layer >= 1) & ~best.at_grid_end]
     rows = rows[rows.k > 0]
@@ -143,6 +190,18 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | No
         pass
     lin_r2, exp_r2 = _r2(ks, a * layers + b), _r2(ks, np.exp(ea * layers + eb))
     out.update(linear_r2=lin_r2, exponential_r2=exp_r2, slope=float(a), growth=float(np.exp(ea)))
+    if K_DRAWS in rows:
+        draws = np.stack([np.asarray(d, dtype=float) for d in rows[K_DRAWS]], axis=-1)  # (R, layers)
+        slope, growth, r2_lin, r2_exp = _fits(layers, draws)
+        q = [(1 - LEVEL) / 2 * 100, (1 + LEVEL) / 2 * 100]
+        linear_won = np.nan_to_num(r2_lin, nan=-np.inf) >= np.nan_to_num(r2_exp, nan=-np.inf)
+        out.update(
+            slope_low=float(np.percentile(slope, q[0])),
+            slope_high=float(np.percentile(slope, q[1])),
+            growth_low=float(np.percentile(growth, q[0])),
+            growth_high=float(np.percentile(growth, q[1])),
+            shape_share=float(linear_won.mean() if lin_r2 >= exp_r2 else 1 - linear_won.mean()),
+        )
     unit = unit or ("iterations" if "newton" in learner else "steps")
     out["verdict"] = f"{learner}: " + trend_words(SimpleNamespace(**out), unit)
     return out

@@ -37,7 +37,7 @@ from ..core.validate import check_device, check_model, positive_int
 from ..data.config import TaskConfig
 from ..data.tasks import generator_for, sample_prompts
 from ..models.sizes import shape_of
-from .matching import compare_layers, family_of, learner_weights, run_sweep, table1, trend
+from .matching import compare_layers, family_of, learner_weights, run_sweep, table1, trend, without_draws
 from .nulls import flag_degenerate, null_predictions, null_table
 from .readout import LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .similarity import induced_weights, sime, simw
@@ -354,6 +354,7 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
             for metric in sorted(best.metric.unique())
         ]
         t1 = table1(best, int(layer_preds.shape[0] - 1))
+        best = without_draws(best)
     sim = settings.similarity
     verdicts = pd.concat(
         [

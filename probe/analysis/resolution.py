@@ -69,19 +69,42 @@ def _similarities(name: str, a, b, ys: torch.Tensor, queries: torch.Tensor, d: i
     return simw(learner_weights(a, queries), learner_weights(b, queries))
 
 
-def _trend(ks_a: list, ks_b: list) -> str:
+@dataclass
+class TrendShape:
+    """Shape of b's matched count against a's: "flat", "linear" or "exponential", its rate (slope,
+    or growth factor per iteration) and both fits' R^2; `words` renders it (nothing parses them)."""
+
+    shape: str
+    rate: float | None = None
+    linear_r2: float | None = None
+    exponential_r2: float | None = None
+
+    @property
+    def words(self) -> str:
+        if self.shape == "flat":
+            return "flat"
+        r2 = f"R^2 {self.exponential_r2:.2f} vs linear {self.linear_r2:.2f}"
+        if self.shape == "exponential":
+            return f"exponential, x{self.rate:.2f} per iteration ({r2})"
+        return (
+            f"linear, {self.rate:.1f} per iteration (R^2 {self.linear_r2:.2f} vs exponential {self.exponential_r2:.2f})"
+        )
+
+
+def _trend(ks_a: list, ks_b: list) -> TrendShape:
     """Shape of b's matched count against a's (k_a >= 1, before b's grid end)."""
     pairs = [(x, y) for x, y in zip(ks_a, ks_b) if x >= 1 and y > 0]
     if len(pairs) < 3 or len({y for _, y in pairs}) < 2:
-        return "flat"
+        return TrendShape("flat")
     x, y = (np.array(v, dtype=float) for v in zip(*pairs))
     linear = np.polyval(np.polyfit(x, y, 1), x)
     slope, intercept = np.polyfit(x, np.log(y), 1)
     exponential = np.exp(intercept + slope * x)
     r2 = lambda fit: 1 - ((y - fit) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-300)
-    if r2(exponential) > r2(linear):
-        return f"exponential, x{np.exp(slope):.2f} per iteration (R^2 {r2(exponential):.2f} vs linear {r2(linear):.2f})"
-    return f"linear, {np.polyfit(x, y, 1)[0]:.1f} per iteration (R^2 {r2(linear):.2f} vs exponential {r2(exponential):.2f})"
+    lin, exp = float(r2(linear)), float(r2(exponential))
+    if exp > lin:
+        return TrendShape("exponential", float(np.exp(slope)), lin, exp)
+    return TrendShape("linear", float(np.polyfit(x, y, 1)[0]), lin, exp)
 
 
 def resolution_table(grid: ResolutionGrid, device: str = "cpu", progress: bool = False) -> pd.DataFrame:
@@ -126,14 +149,21 @@ def resolution_table(grid: ResolutionGrid, device: str = "cpu", progress: bool =
                         "matched_k_b": [ks_b[int(i)] for i in matched],
                     }
                 )
-            trend = _trend(ks_a, block[0]["matched_k_b"]) if axis_a and axis_b else "no grid"
+            trend = _trend(ks_a, block[0]["matched_k_b"]) if axis_a and axis_b else TrendShape("no grid")
             best = max(block, key=lambda r: r["resolution_max"])
             evidence = f"{best['metric']} (resolution up to {best['resolution_max']:.3f})"
-            if trend.startswith("exponential"):
-                evidence += f"; the trend: {b_name}'s matched count grows {trend.split(',')[1].strip().split(' (')[0]}"
+            if trend.shape == "exponential":
+                evidence += f"; the trend: {b_name}'s matched count grows x{trend.rate:.2f} per iteration"
             for row in block:
                 rows.append(
-                    {**row, "matched_k_b": " ".join(map(str, row["matched_k_b"])), "trend": trend, "evidence": evidence}
+                    {
+                        **row,
+                        "matched_k_b": " ".join(map(str, row["matched_k_b"])),
+                        "trend": "no grid" if trend.shape == "no grid" else trend.words,
+                        "trend_shape": trend.shape,
+                        "trend_rate": trend.rate,
+                        "evidence": evidence,
+                    }
                 )
     return pd.DataFrame(rows)
 
@@ -146,15 +176,15 @@ def pair_summary(table: pd.DataFrame) -> pd.DataFrame:
         row: dict = {"a": a, "b": b}
         for metric, m in part.groupby("metric", sort=False):
             row[f"{metric}_resolution"] = f"{m.resolution_min.min():.4f}-{m.resolution_max.max():.4f}"
-        trends = part.drop_duplicates(["d", "kappa", "noise"]).trend
-        growing = trends[trends.str.startswith("exponential")]
+        trends = part.drop_duplicates(["d", "kappa", "noise"])
+        growing = trends[trends.trend_shape == "exponential"]
         if len(growing):
-            factors = growing.str.extract(r"x([0-9.]+)")[0].astype(float)
+            factors = growing.trend_rate.astype(float)
             row["trend"] = (
                 f"exponential in {len(growing)} of {len(trends)} conditions (x{factors.min():.2f}-x{factors.max():.2f} "
                 "per iteration)"
             )
         else:
-            row["trend"] = "no grid" if (trends == "no grid").all() else "not exponential"
+            row["trend"] = "no grid" if (trends.trend_shape == "no grid").all() else "not exponential"
         rows.append(row)
     return pd.DataFrame(rows)

@@ -130,7 +130,8 @@ def best_match(
     """Hyper-parameter matching (seed 003 Def. 4): per index a, the grid index k maximising the
     mean similarity over prompts (minimising, for distances), with bootstrap intervals on both
     the best similarity and the argmax itself (prompts resampled). Ties up to float round-off
-    go to the first grid index (`first_best`)."""
+    go to the first grid index (`first_best`). The argmax on every resample, (n_boot, A), shared
+    across a so that draws are paired, is kept in the frame's attrs["draws"]."""
     vals = values.double() if higher_is_better else -values.double()  # (A, K, B)
     n_a, _, n_b = vals.shape
     best = first_best(vals.mean(-1))  # (A,)
@@ -155,4 +156,6 @@ def best_match(
                 "best_index_high": int(k_hi),
             }
         )
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.attrs["draws"] = boot_arg
+    return frame

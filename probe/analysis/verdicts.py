@@ -27,6 +27,7 @@ from .stats import bootstrap_mean
 
 NOT_SEPARABLE = "not separable at this resolution"
 CANNOT_TEST = "cannot test here"
+NEITHER = "neither map confirmed"
 
 
 def decide(low: float, high: float, resolution: float, a: str, b: str, testable: bool = True) -> str | None:
@@ -39,11 +40,14 @@ def decide(low: float, high: float, resolution: float, a: str, b: str, testable:
     return a if low > 0 else b if high < 0 else None
 
 
-def verdict_words(winner: str | None, testable: bool = True) -> str:
+def verdict_words(winner: str | None, testable: bool = True, confirmed: bool = True) -> str:
     """A decision in words, the one place they are written: "<winner> closer", "not separable at
-    this resolution" or "cannot test here"."""
+    this resolution", "cannot test here" or (a causal map check where neither map comes within
+    the check's noise floor, `confirmed` False) "neither map confirmed"."""
     if not testable:
         return CANNOT_TEST
+    if not confirmed:
+        return NEITHER
     return NOT_SEPARABLE if winner is None else f"{winner} closer"
 
 

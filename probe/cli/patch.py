@@ -55,15 +55,15 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_device(p)
 
 
-def layer_maps(args, ckpt, labels: list[str]) -> dict:
+def layer_maps(args, ckpt, labels: list[str]) -> tuple[dict, list[int]]:
     import pandas as pd
 
     from ..analysis.pipeline import analyse_layers
     from ..core.errors import ConfigError
-    from ..interventions.pipeline import layer_maps_from_best
+    from ..interventions.pipeline import degenerate_boundaries, layer_maps_from_best
 
     if not labels:
-        return {}
+        return {}, []
     settings = settings_from_args(args, ckpt, tuple(labels), similarity={"simw": False})  # the report's layer settings
     sweeps = settings.sweeps
     if args.map_from is not None:
@@ -84,7 +84,7 @@ def layer_maps(args, ckpt, labels: list[str]) -> dict:
     missing = [s.label for s in sweeps if s.label not in maps]
     if missing:
         raise ConfigError(f"--map-from {args.map_from}: no SimE best matches for {missing}")
-    return maps
+    return maps, degenerate_boundaries(best, sweeps)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,12 +105,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--query must lie in 0..{n - 1} (examples before the query), got {settings.query}")
     labels = settings.learner_labels(recipe.sweeps)
     budget.check(budget.intervention_estimates(shape_of(ckpt.model), n, settings, recipe.similarity.bootstrap))
+    maps, skip = layer_maps(args, ckpt, labels)
     result = run_interventions(
         ckpt.model,
         ckpt.config.task,
         settings,
         parts=("patch", "iteration"),
-        layer_maps=layer_maps(args, ckpt, labels),
+        layer_maps=maps,
+        skip=skip,
         n_boot=recipe.similarity.bootstrap,
         seed=recipe.prompts.seed,
         device=check_device(args.device),

@@ -247,6 +247,7 @@ def iteration_patching(
     min_expected: float = 0.05,
     patched: ContextPatch | None = None,
     others: dict[str, tuple] | None = None,
+    skip: Sequence[int] = (),
 ) -> tuple[pd.DataFrame, dict]:
     """Observed vs expected effect of patching each boundary's context from the source prompts.
 
@@ -257,14 +258,16 @@ def iteration_patching(
     the query, the context feeds every later step). examples: numbers of examples t before the
     query that are pooled (default 1..n-1). `patched`: a `context_patching` result to reuse (the
     model side does not depend on the map). `others`: other learners' maps, label -> (sweep, map),
-    tested as alternatives. Returns one row per boundary (boundary, k, observed, observed_lo,
+    tested as alternatives. `skip`: boundaries left out of every map alike (those whose layer
+    predicts ~0: GD's step 0 expects the whole change there, Newton's iteration 0 less, a convention
+    and not evidence); the shifted maps still read the claim's counts there. Returns one row per boundary (boundary, k, observed, observed_lo,
     observed_hi, expected, consistency) and a summary: the map's mean |observed - expected|
     (`deviation`) and its paired comparison with each named alternative (`map_alternatives`).
     """
     n_layers = runner.n_layers
     if n_layers not in layer_map:
         raise ConfigError(f"the layer map must include the last boundary {n_layers}")
-    tested = sorted(b for b in layer_map if b < n_layers)
+    tested = sorted(b for b in layer_map if b < n_layers and b not in skip)
     if patched is None:
         patched = context_patching(runner, xs, ys, ys_src, tested, examples, max_rows)
     missing = [b for b in tested if b not in patched.num]
@@ -279,6 +282,7 @@ def iteration_patching(
         effects[f"{label} map"] = ExpectedEffects(other_sweep, other_map, xs, ys, ys_src, patched.examples)
         learners[f"{label} map"] = label
     summary = compare_maps(frame, patched, tested, claimed, effects, n_boot, seed, min_expected, learners)
+    summary["skipped"] = sorted(b for b in skip if b in layer_map and b < n_layers)
     return frame, summary
 
 
@@ -303,7 +307,8 @@ def boundary_table(
                 "consistency": ratio.item() / exp if abs(exp) >= min_expected else float("nan"),
             }
         )
-    return pd.DataFrame(rows)
+    columns = ["boundary", "k", "observed", "observed_lo", "observed_hi", "expected", "consistency"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 class Effects(Protocol):
@@ -378,7 +383,10 @@ def compare_maps(
     then carries the learner's whole state at every depth, as in the Newton constructions), where no map
     comes within PICTURE_TOLERANCE of the observed effect (the picture does not hold: planted Adam, whose
     query holds the moments and a step's gradient mid-step), nor against an alternative whose
-    expectation differs from the claim's by less than `min_expected` at every boundary."""
+    expectation differs from the claim's by less than `min_expected` at every boundary. A map is
+    confirmed when its deviation is within the check's noise floor, the mean half-width of the
+    observed effects' intervals (what sampling alone moves them by); where neither map of a
+    comparison is, its verdict is "neither map confirmed" whichever deviates less."""
     if frame.empty:
         return {"deviation": float("nan"), "testable": False, "reason": "no boundaries to test", "map_alternatives": []}
     if float(claimed.norm.sum()) == 0:  # e.g. every boundary at GD's 0 steps: the learner ignores y
@@ -405,6 +413,7 @@ def compare_maps(
     }
     reason = untestable(frame, min([deviation, *points.values()]), min_expected)
     flat = reason is not None
+    floor = float(((frame.observed_hi - frame.observed_lo) / 2).mean())
     base = deviations(claimed)
     rows = []
     for name, effects in alternatives.items():
@@ -414,7 +423,8 @@ def compare_maps(
         resolution = float(sum(gap) / len(gap))
         point = points[name] - deviation
         testable = not (flat or max(gap) < min_expected)
-        winner = decide(lo, hi, resolution, CLAIMED, name, testable)
+        confirmed = deviation <= floor or points[name] <= floor
+        winner = decide(lo, hi, resolution, CLAIMED, name, testable) if confirmed else None
         rows.append(
             {
                 "alternative": name,
@@ -424,11 +434,20 @@ def compare_maps(
                 "resolution": resolution,
                 "learner": (learners or {}).get(name),
                 "testable": testable,
+                "alternative_deviation": points[name],
+                "confirmed": confirmed,
                 "winner": winner,
-                "verdict": verdict_words(winner, testable),
+                "verdict": verdict_words(winner, testable, confirmed),
             }
         )
-    return {"deviation": deviation, "testable": not flat, "reason": reason, "map_alternatives": rows}
+    return {
+        "deviation": deviation,
+        "noise_floor": floor,
+        "confirmed": deviation <= floor,
+        "testable": not flat,
+        "reason": reason,
+        "map_alternatives": rows,
+    }
 
 
 def untestable(frame: pd.DataFrame, closest: float, min_expected: float) -> str | None:

@@ -11,6 +11,7 @@ them with the layer analyses when no report's best_match.csv is given.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -53,6 +54,18 @@ def layer_maps_from_best(best: pd.DataFrame, sweeps, metric: str = "sime") -> di
     return maps
 
 
+def degenerate_boundaries(best: pd.DataFrame, sweeps, metric: str = "sime") -> list[int]:
+    """Boundaries below the last whose layer is degenerate (no better than predicting 0,
+    `nulls.flag_degenerate`) in any swept learner's match: the causal map check leaves them out of
+    every map alike. Empty when the table has no `degenerate` column (a best_match.csv without nulls)."""
+    if "degenerate" not in best:
+        return []
+    labels = [s.label for s in sweeps if s.axis is not None]
+    rows = best[best.sweep.isin(labels) & (best.metric == metric)]
+    last = int(best.layer.max())
+    return sorted({int(l) for l in rows[rows.degenerate.astype(bool)].layer if int(l) < last})
+
+
 def _grid_value(k):
     value = float(k)
     return int(value) if value.is_integer() else value
@@ -68,9 +81,11 @@ def run_interventions(
     seed: int = 0,
     device: str = "cpu",
     progress: bool = False,
+    skip: Sequence[int] = (),
 ) -> InterventionResult:
     """The causal checks in `parts` (ablate, patch, iteration); the iteration check tests
-    `layer_maps` (label -> (sweep, {boundary: k}), e.g. from `layer_maps_from_best`)."""
+    `layer_maps` (label -> (sweep, {boundary: k}), e.g. from `layer_maps_from_best`), leaving the
+    boundaries in `skip` out of every context-patch map (`degenerate_boundaries`)."""
 
     unknown = set(parts) - set(PARTS)
     if unknown:
@@ -108,13 +123,22 @@ def run_interventions(
             summary["patching"] = summarise_patching(patching)
         if check_maps:
             iteration, summary["iteration"] = _check_layer_maps(
-                runner, task, xs, ys, yc, settings, layer_maps, n_boot, seed
+                runner, task, xs, ys, yc, settings, layer_maps, n_boot, seed, skip
             )
     return InterventionResult(ablation, patching, iteration, summary)
 
 
 def _check_layer_maps(
-    runner, task: TaskConfig, xs, ys, yc, settings: InterventionSettings, layer_maps: dict, n_boot: int, seed: int
+    runner,
+    task: TaskConfig,
+    xs,
+    ys,
+    yc,
+    settings: InterventionSettings,
+    layer_maps: dict,
+    n_boot: int,
+    seed: int,
+    skip: Sequence[int] = (),
 ) -> tuple[dict[str, pd.DataFrame], dict]:
     """The causal check of every map. Maps of the learner whose state the model says it keeps in
     the context (the Newton constructions) get the state check (state.py); the others get
@@ -133,7 +157,17 @@ def _check_layer_maps(
                 patched = context_patching(runner, xs, ys, yc, list(range(runner.n_layers)), examples)
             others = {other: pair for other, pair in layer_maps.items() if other != label}
             frame, check = iteration_patching(
-                runner, xs, ys, yc, sweep, layer_map, n_boot=n_boot, seed=seed, patched=patched, others=others
+                runner,
+                xs,
+                ys,
+                yc,
+                sweep,
+                layer_map,
+                n_boot=n_boot,
+                seed=seed,
+                patched=patched,
+                others=others,
+                skip=skip,
             )
             check["picture"] = CONTEXT_PICTURE
         frames[label] = frame
@@ -172,14 +206,21 @@ def iteration_verdict(label: str, entry: dict) -> str:
         "predictions resumed from a written state" if entry.get("picture") == STATE_PICTURE else "patched predictions"
     )
     head = f"{label}: {what} deviate from the map's expectation by {dev:.3f} on average"
+    if entry.get("skipped"):
+        head += f" (boundaries {', '.join(map(str, entry['skipped']))} left out of every map: their layers predict ~0)"
     if not entry.get("testable", True):
         return f"{head}; this check cannot test the map here: {entry['reason']}"
+    if entry.get("confirmed") is False:
+        head += f", beyond the check's noise floor {entry['noise_floor']:.3f}: not confirmed"
     rows = entry.get("map_alternatives", [])
     beaten = [r["alternative"] for r in rows if r["winner"] == CLAIMED]
     lost = [r["alternative"] for r in rows if r["winner"] not in (None, CLAIMED)]
-    tied = [r["alternative"] for r in rows if r["testable"] and r["winner"] is None]
+    neither = [r["alternative"] for r in rows if r["testable"] and not r.get("confirmed", True)]
+    tied = [r["alternative"] for r in rows if r["testable"] and r["winner"] is None and r.get("confirmed", True)]
     same = [r["alternative"] for r in rows if not r["testable"]]
     parts = []
+    if neither:
+        parts.append("neither it nor " + ", ".join(neither) + " confirmed")
     if beaten:
         parts.append("closer than " + ", ".join(beaten))
     if lost:

@@ -30,7 +30,7 @@ from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
 from ..core.seeds import Stream, stream_generator
 from ..data.tasks import sample_prompts
-from ..interventions.pipeline import layer_maps_from_best, run_interventions
+from ..interventions.pipeline import degenerate_boundaries, layer_maps_from_best, run_interventions
 from ..interventions.runner import has_runner
 from ..interventions.steer import steering_table
 from ..io.checkpoint import LoadedCheckpoint
@@ -211,6 +211,7 @@ def _stage_interventions(c: Context):
         c.ckpt.config.task,
         iv,
         layer_maps=layer_maps_from_best(c.before("best_match"), sweeps),
+        skip=degenerate_boundaries(c.before("best_match"), sweeps),
         n_boot=recipe.similarity.bootstrap,
         seed=recipe.prompts.seed,
         device=c.device,

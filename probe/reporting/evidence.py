@@ -17,8 +17,8 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.matching import family_of
+from .schema import CAUSAL_METRICS, EvidenceRow, OrderSensitivity, Spectral, Summary, Trend, Verdict
 from .schema import EvidenceQuestion as Question
-from .schema import EvidenceRow, OrderSensitivity, Spectral, Summary, Trend, Verdict
 
 # (a, b): the hypotheses a question weighs, by learner family; asked where the recipe sweeps both
 QUESTIONS = (("newton", "gd"), ("gd", "ogd"), ("ridge", "least_squares"))
@@ -202,20 +202,21 @@ def _causal_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
             1 if _side(v.a) == a else -1
         )  # the check's difference is (other's deviation - claimed's): a - b closeness
         lo, hi = sorted((sign * v.ci_low, sign * v.ci_high))
+        picture = "state written" if v.metric == CAUSAL_METRICS[True] else "context patched"
         out.append(
             EvidenceRow(
-                f"causal map check ({v.metric}, claimed {v.a})",
+                f"causal map check ({picture}, claimed {v.a})",
                 winner,
-                f"{v.b}'s map deviates {v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}] more than {v.a}'s, "
-                f"resolution {v.resolution:.4f}" + (f" ({v.evidence})" if v.evidence else ""),
+                f"{v.verdict}: {v.b}'s map deviates {v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}] more "
+                f"than {v.a}'s, resolution {v.resolution:.4f}" + (f" ({v.evidence})" if v.evidence else ""),
                 sign * v.difference,
                 lo,
                 hi,
                 v.resolution,
                 validated_on=VALIDATED.get(("causal map check", (a, b)), ""),
                 cannot_tell_apart=(
-                    "validated only against shifted maps of the claimed learner; the two maps' conventions differ at "
-                    "boundaries that predict ~0 (Newton's iteration 0 is alpha S X^T y, GD's step 0 is 0)"
+                    "validated only against shifted maps of the claimed learner; boundaries whose layer predicts ~0 "
+                    "are left out of both maps"
                 ),
             )
         )

@@ -100,7 +100,8 @@ def _verdicts(summary: Summary) -> list[str]:
                 f"{' (at grid end)' if block.at_grid_end[-1] else ''}"
             )
         out.append(
-            f"Layers vs {label(name, summary_titles(summary))} (SimE): {trend_words(tr, _unit(summary, name))}{tail}."
+            f"Layers vs {label(name, summary_titles(summary))} (SimE, a convergence rate): "
+            f"{trend_words(tr, _unit(summary, name))}{tail}."
         )
     return out
 

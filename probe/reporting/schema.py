@@ -18,7 +18,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ..core.errors import ConfigError
 
-SCHEMA_VERSION = 4  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`
+SCHEMA_VERSION = 5  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`
 
 
 OMIT = {"omit_if_none": True}  # field metadata: summary.json leaves the field out when it is None
@@ -135,6 +135,12 @@ class TrendFit:
     growth: float | None
     verdict: str
     layers: list[int]
+    # 90% intervals over prompt resamples, and the share of resamples on which the shape holds
+    slope_low: float | None = field(default=None, metadata=OMIT)
+    slope_high: float | None = field(default=None, metadata=OMIT)
+    growth_low: float | None = field(default=None, metadata=OMIT)
+    growth_high: float | None = field(default=None, metadata=OMIT)
+    shape_share: float | None = field(default=None, metadata=OMIT)
 
 
 @dataclass
@@ -179,6 +185,11 @@ class Verdict:
     k_a: Any = field(default=None, metadata=OMIT)
     k_b: Any = field(default=None, metadata=OMIT)
     evidence: str | None = field(default=None, metadata=OMIT)
+    # causal map checks: whether either map came within the check's noise floor (False: "neither map confirmed")
+    confirmed: bool | None = field(default=None, metadata=OMIT)
+
+
+CAUSAL_METRICS = {False: "context patch deviation", True: "state write deviation"}  # a causal map verdict's metric
 
 
 @dataclass

@@ -20,6 +20,7 @@ from .findings import Titles, sweep_titles
 from .findings import label as human_label
 from .recipe import Recipe
 from .schema import (
+    CAUSAL_METRICS,
     SCHEMA_VERSION,
     CheckpointInfo,
     IclError,
@@ -100,7 +101,9 @@ def trend_block(trends: list[dict[str, Any]], recipe: Recipe) -> dict[str, Trend
     """learner -> its SimE trend (the headline, as in seed 003 Fig. 3) with every metric's fit."""
     fits: dict[str, dict[str, TrendFit]] = {}
     for t in trends:
-        fits.setdefault(t["learner"], {})[t["metric"]] = TrendFit(**{k: t[k] for k in TrendFit.__dataclass_fields__})
+        fits.setdefault(t["learner"], {})[t["metric"]] = TrendFit(
+            **{k: t[k] for k in TrendFit.__dataclass_fields__ if k in t}
+        )
     out = {
         label: Trend(**vars(metrics.get("sime", next(iter(metrics.values())))), by_metric=metrics)
         for label, metrics in fits.items()
@@ -207,9 +210,6 @@ def verdicts_block(table: pd.DataFrame | None, trends: dict[str, Trend]) -> list
     return out
 
 
-CAUSAL_METRICS = {False: "context patch deviation", True: "state write deviation"}
-
-
 def causal_verdicts(block: Interventions | None) -> list[Verdict]:
     """The causal map check's comparisons (probe/interventions/patch.py compare_maps) as verdicts:
     a = the claimed map's learner, b = the alternative; the metric is the mean over boundaries of
@@ -232,7 +232,8 @@ def causal_verdicts(block: Interventions | None) -> list[Verdict]:
                     sweep_a=name,
                     sweep_b=row.get("learner"),
                     winner=winner,
-                    verdict=verdict_words(winner, row["testable"]),
+                    verdict=verdict_words(winner, row["testable"], row.get("confirmed", True)),
+                    confirmed=row.get("confirmed"),
                     evidence=entry.get("reason"),
                 )
             )
