@@ -605,3 +605,42 @@ def test_leave_one_out_in_blocks_equals_the_batched_error(monkeypatch):
     batched = ridge.ridge_loo(fc, yc, penalties)
     monkeypatch.setattr(ridge, "LOO_BLOCK_BYTES", 1)
     torch.testing.assert_close(ridge.ridge_loo(fc, yc, penalties), batched, rtol=1e-12, atol=0)
+
+
+def test_probe_intervals_pair_the_best_layers_over_test_prompt_resamples():
+    """Hand-built draws: a target whose layer 1 wins on every resample is decoded before one whose
+    layer 2 always wins; with the second target's layers 1 and 2 tied, nothing is claimed."""
+    from probe.analysis.probe_study import probe_intervals
+    from probe.analysis.probes import R2_DRAWS
+
+    g = np.random.default_rng(0)
+
+    def table(peaks):
+        rows = []
+        for target, peak in (("xty", {1}), ("w_ols", peaks)):
+            for layer in range(4):
+                for prefix in (3, 5):
+                    base = 0.9 if layer in peak else 0.5
+                    rows.append({"target": target, "kind": "linear", "control": "none", "layer": layer,
+                                 "prefix": prefix, "r2": base, R2_DRAWS: base + 0.01 * g.standard_normal(200)})
+        return pd.DataFrame(rows)
+
+    out = probe_intervals(table({2}))
+    assert out["fits"]["xty"]["linear"]["best_layer_low"] == out["fits"]["xty"]["linear"]["best_layer_high"] == 1
+    (order,) = out["order"]
+    assert (order["first"], order["then"], order["difference"], order["earlier"]) == ("xty", "w_ols", 1, "xty")
+    lo, hi = out["fits"]["w_ols"]["linear"]["r2_low"][2], out["fits"]["w_ols"]["linear"]["r2_high"][2]
+    assert lo < 0.9 < hi and hi - lo < 0.05
+    (order,) = probe_intervals(table({1, 2}))["order"]
+    assert order["earlier"] is None and order["ci_low"] <= 0 <= order["ci_high"]
+
+
+def test_r2_resamples_equal_r2_score_on_each_resample():
+    from probe.analysis.stats import r2_resamples, r2_score, resamples
+
+    g = torch.Generator().manual_seed(0)
+    truth = torch.randn(3, 40, 2, generator=g, dtype=torch.float64)
+    pred = truth + 0.5 * torch.randn(3, 40, 2, generator=g, dtype=torch.float64)
+    (idx,) = resamples(40, 25, 7)
+    reference = torch.stack([r2_score(truth[:, i], pred[:, i]) for i in idx])
+    torch.testing.assert_close(r2_resamples(truth, pred, 25, seed=7), reference)

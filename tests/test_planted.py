@@ -369,8 +369,8 @@ def test_planted_models_have_no_random_weights_control_and_the_report_says_so():
     fits = probe_summary(rows)
     assert fits["w_ols"]["linear"].control_r2 == []
 
-    class Stub:  # the two summary fields _probes reads
-        probes = type("P", (), {"fits": fits})()
+    class Stub:  # the summary fields _probes reads
+        probes = type("P", (), {"fits": fits, "order": None})()
         checkpoint = type("C", (), {"model": {"family": "planted"}})()
 
     assert _probes(Stub()).endswith("No random-weights control: a planted model's weights are its construction.")

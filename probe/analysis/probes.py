@@ -64,7 +64,7 @@ from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
 from .pooling import MIN_GAIN, PoolingFit, ProbeSet, fit_pooling
 from .ridge import TwoBlockRidge, choose_penalty, ridge_head, ridge_penalties
-from .stats import r2_score
+from .stats import percentile_interval, r2_resamples, r2_score
 
 ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # ridge penalties, fractions of the mean eigenvalue
 
@@ -284,7 +284,8 @@ def fit_probes(
     """Fit a probe for every layer x (prefix, target) x kind at once; score on held-out prompts:
     `fit_probe_grid(...).score(test_states, test_targets)` (options: those of fit_probe_grid).
 
-    Returns one row per probe: layer, prefix, target, kind, r2 (test), nmse, loo_r2 (training,
+    Returns one row per probe: layer, prefix, target, kind, r2 (test) with r2_low, r2_high and
+    R2_DRAWS (`_probe_rows`; `without_r2_draws` drops the last), nmse, loo_r2 (training,
     leave-one-out), penalty (the head's ridge penalty, absolute), hidden, iterations, grad_norm,
     converged (of the pooling, which the MLP probe shares), y_mass (attention on y tokens),
     last_example_mass, peak_position.
@@ -308,8 +309,11 @@ class FittedProbes:
     dtype: torch.dtype
     device: str
 
-    def score(self, test_states: Tensor, test_targets: dict[str, Tensor]) -> pd.DataFrame:
-        """The table of `fit_probes` on the held-out states and targets."""
+    def score(
+        self, test_states: Tensor, test_targets: dict[str, Tensor], n_boot: int = 1000, seed: int = 0
+    ) -> pd.DataFrame:
+        """The table of `fit_probes` on the held-out states and targets (R^2 intervals over
+        `n_boot` resamples of the test prompts, `_probe_rows`)."""
         test_states = _by_position(test_states, self.layout, self.dtype).to(self.device)
         n_layers = test_states.shape[0]
         y_test = _stack_targets(self.target_stats, test_targets, self.combos).repeat(n_layers, 1, 1).to(self.device)
@@ -318,7 +322,9 @@ class FittedProbes:
         for kind, head, penalty, loo, alpha in self.heads:
             pred = head.predict(self.probes.pool(alpha, every, test_states)) + self.y_train.mean(1, keepdim=True)
             on_cpu = (pred.cpu(), y_test.cpu(), loo.cpu(), penalty.cpu(), self.y_train.cpu())
-            frames.append(_probe_rows(kind, on_cpu, self.fit.to("cpu"), alpha.cpu(), self.combos, self.hidden))
+            frames.append(
+                _probe_rows(kind, on_cpu, self.fit.to("cpu"), alpha.cpu(), self.combos, self.hidden, n_boot, seed)
+            )
         return pd.concat(frames, ignore_index=True)
 
 
@@ -408,11 +414,23 @@ def probe_dtype(precision: str) -> torch.dtype:
     return PRECISIONS[precision]
 
 
-def _probe_rows(kind, arrays, fit: PoolingFit, alpha, combos, hidden) -> pd.DataFrame:
+R2_DRAWS = "r2_draws"  # the probe table's column of per-resample test R^2 (one array per row)
+
+
+def without_r2_draws(table: pd.DataFrame) -> pd.DataFrame:
+    """The probe table without its per-resample column (what CSVs and caches keep)."""
+    return table.drop(columns=[R2_DRAWS], errors="ignore")
+
+
+def _probe_rows(kind, arrays, fit: PoolingFit, alpha, combos, hidden, n_boot: int, seed: int) -> pd.DataFrame:
     """The table of fit_probes for one kind, from the flat probe axis G = layers x combos; arrays:
-    (test predictions, test truth, leave-one-out MSE, penalty, training targets)."""
+    (test predictions, test truth, leave-one-out MSE, penalty, training targets). R2_DRAWS: the
+    test R^2 on each of `n_boot` resamples of the test prompts (the same resamples for every probe,
+    so probes are paired), with its 90% interval r2_low, r2_high."""
     pred, truth, loo, penalty, y_train = arrays
     r2 = r2_score(truth, pred).mean(-1)  # (G,): sklearn's multioutput="uniform_average"
+    draws = r2_resamples(truth, pred, n_boot, seed).mean(-1)  # (n_boot, G)
+    r2_lo, r2_hi = percentile_interval(draws)
     nmse = ((pred - truth) ** 2).mean((1, 2)) / truth.var(dim=(1, 2)).clamp_min(1e-12)
     loo_r2 = 1 - loo / y_train.var(dim=1, unbiased=False).mean(-1).clamp_min(1e-300)
     is_y = (torch.arange(alpha.shape[1]) % 2 == 1).double()
@@ -427,6 +445,9 @@ def _probe_rows(kind, arrays, fit: PoolingFit, alpha, combos, hidden) -> pd.Data
                 "target": target,
                 "kind": kind,
                 "r2": float(r2[g]),
+                "r2_low": float(r2_lo[g]),
+                "r2_high": float(r2_hi[g]),
+                R2_DRAWS: draws[:, g].numpy(),
                 "nmse": float(nmse[g]),
                 "loo_r2": float(loo_r2[g]),
                 "penalty": float(penalty[g]),

@@ -79,3 +79,20 @@ def bootstrap_r2(
         r2_score(truth[idx], pred[idx], dim=1) for idx in resamples(truth.shape[0], n_boot, seed, chunk, truth.device)
     ]
     return percentile_interval(torch.cat(r2), level)
+
+
+def r2_resamples(truth: Tensor, pred: Tensor, n_boot: int = 1000, seed: int = 0) -> Tensor:
+    """r2_score over dim -2 (prompts) on every bootstrap resample of the prompts, the same resamples
+    for every leading index so that draws are paired: (..., P, J) -> (n_boot, ..., J). Resample
+    counts times per-prompt sums (no copy of the data per resample); the resamples are
+    `resamples`', so each draw equals r2_score of truth[..., idx, :]."""
+    truth, pred = truth.double(), pred.double()
+    n = truth.shape[-2]
+    (idx,) = resamples(n, n_boot, seed, device=truth.device)
+    counts = torch.zeros(n_boot, n, dtype=torch.float64, device=truth.device)
+    counts.scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float64))
+    sse = torch.einsum("rp,...pj->r...j", counts, (truth - pred) ** 2)
+    s1, s2 = torch.einsum("rp,...pj->r...j", counts, truth), torch.einsum("rp,...pj->r...j", counts, truth**2)
+    sst = (s2 - s1**2 / n).clamp_min(0)
+    constant = torch.where(sse > 0, torch.zeros_like(sse), torch.ones_like(sse))
+    return torch.where(sst > 1e-12 * s2.clamp_min(1e-300), 1 - sse / sst.clamp_min(1e-300), constant)

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         args,
         "order",
         "order",
-        summary=lambda table: {"order_sensitivity": to_json(order_block(table))},
+        summary=lambda table, data: {"order_sensitivity": to_json(order_block(table))},
         record=lambda ckpt, r: {**to_dict(r.order), "seed": r.prompts.seed, "readout": to_dict(r.readout)},
         show=show,
         # refuse prefixes without a query before any work

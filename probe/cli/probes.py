@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         args,
         "probes",
         "probes",
-        summary=lambda table: {"probes": to_json(probe_summary(table))},
+        summary=lambda table, data: {"probes": to_json(probe_summary(table, data.get("probe_intervals")))},
         record=lambda ckpt, r: {**to_dict(r.probes), "test_prompts": r.prompts.test, "seed": r.prompts.seed},
         show=show,
     )

@@ -36,13 +36,13 @@ def run_stage(
     args: argparse.Namespace,
     command: str,
     stage: str,
-    summary: Callable[[Any], dict[str, Any]],
+    summary: Callable[[Any, dict[str, Any]], dict[str, Any]],
     record: Callable[[Any, Any], dict[str, Any]],
     show: Callable[[Any], None],
     check: Callable[[Any, Any], None] = lambda ckpt, recipe: None,
 ) -> int:
     """Run report stage `stage` on args.checkpoint into args.out: `check(ckpt, recipe)` before any
-    work, then the table, {**summary(table), "settings": record(ckpt, recipe), provenance} and the
+    work, then the table, {**summary(table, the stage's data), "settings": record(ckpt, recipe), provenance} and the
     stage's figure; `show(table)` prints."""
     from ..core.provenance import stamp
     from ..io.formats import load_checkpoint
@@ -53,11 +53,11 @@ def run_stage(
     recipe = recipe_from_args(args, ckpt)  # the report's settings, then the flags
     check(ckpt, recipe)
     context = Context(ckpt, recipe, check_device(args.device), progress=not args.quiet)
-    tables, _ = STAGES[stage].run(context)
+    tables, data = STAGES[stage].run(context)
     table = tables[stage]
     with writing(target) as out:
         table.to_csv(out / f"{stage}.csv", index=False)
-        written = {**summary(table), "settings": record(ckpt, recipe), **stamp()}
+        written = {**summary(table, data), "settings": record(ckpt, recipe), **stamp()}
         (out / f"{stage}_summary.json").write_text(json.dumps(written, indent=2, default=str) + "\n")
         STAGES[stage].figures(tables, out, context)
     show(table)

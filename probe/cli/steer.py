@@ -51,5 +51,5 @@ def run(args: argparse.Namespace) -> int:
         print(view.to_string(float_format=lambda v: f"{v:.3f}"))
 
     return run_stage(
-        args, "steer", "steering", lambda table: {"steering": steering_summary(table)}, record, show, check
+        args, "steer", "steering", lambda table, data: {"steering": steering_summary(table)}, record, show, check
     )

@@ -22,7 +22,8 @@ from ..analysis.evaluate import error_curve, plot_error_curve, r2_curve
 from ..analysis.forgetting import forgetting_table
 from ..analysis.order import order_table
 from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
-from ..analysis.probe_study import probe_study
+from ..analysis.probe_study import probe_intervals, probe_study
+from ..analysis.probes import without_r2_draws
 from ..analysis.readout import LayerReadouts
 from ..core import budget
 from ..core.allocator import release_free_memory
@@ -137,8 +138,9 @@ def _stage_probes(c: Context):
     settings, seed = c.recipe.probes, c.recipe.prompts.seed
     control = probe_control_model(c.ckpt, seed) if settings.controls else None
     task, n_test = c.ckpt.config.task, c.recipe.prompts.test
-    table = probe_study(c.ckpt.model, task, settings, n_test, seed, c.device, control, c.progress, c.memory)
-    return {"probes": table}, {}
+    n_boot = c.recipe.similarity.bootstrap
+    table = probe_study(c.ckpt.model, task, settings, n_test, seed, c.device, control, c.progress, c.memory, n_boot)
+    return {"probes": without_r2_draws(table)}, {"probe_intervals": probe_intervals(table)}
 
 
 def _stage_forgetting(c: Context):

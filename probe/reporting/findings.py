@@ -9,7 +9,7 @@ from typing import Any
 from ..analysis.matching import trend_words
 from ..learners import LEARNERS
 from ..models.constructions import CONSTRUCTIONS
-from .schema import Match, ProbeFit, Summary, Table1Entry, Verdict
+from .schema import Match, ProbeFit, ProbeOrder, Summary, Table1Entry, Verdict
 
 # Names that are neither learners nor sweeps: metrics, probe targets, nulls and the error curve's
 # k-NN baseline column. A learner reads as its registered title (probe/learners: LearnerSpec), a
@@ -153,19 +153,35 @@ def _probes(summary: Summary) -> str | None:
     for target, kind, fit in _probe_fits(summary):
         best = max(range(len(fit.r2)), key=lambda i: fit.r2[i])
         control = fit.control_r2[best] if fit.control_r2 else None
+        r2 = f"{fit.r2[best]:.2f}" + (f" [{fit.r2_low[best]:.2f}, {fit.r2_high[best]:.2f}]" if fit.r2_low else "")
+        where = f"layer {fit.layer[best]}" + (
+            f" [{fit.best_layer_low}, {fit.best_layer_high}]" if fit.best_layer_low is not None else ""
+        )
         parts.append(
-            f"{kind} {label(target)} R^2 {fit.r2[best]:.2f} at layer {fit.layer[best]}"
+            f"{kind} {label(target)} R^2 {r2} at {where}"
             + (f" (random-weights model {control:.2f})" if control is not None else "")
         )
     if not parts:
         return None
     none = summary.checkpoint.model.get("family") == "planted"
     return (
-        "Probes: "
+        "Probes (90% intervals over resamples of the test prompts): "
         + "; ".join(parts)
         + "."
+        + "".join(f" {probe_order_words(o)}." for o in (summary.probes.order or []))
         + (" No random-weights control: a planted model's weights are its construction." if none else "")
     )
+
+
+def probe_order_words(o: ProbeOrder) -> str:
+    """Which target a probe kind decodes first, from the paired interval alone (`ProbeOrder`)."""
+    diff = f"best layer of {label(o.then)} minus {label(o.first)} {o.difference:+d} [{o.ci_low:+d}, {o.ci_high:+d}]"
+    if o.earlier is None:
+        return (
+            f"The {o.kind} probes do not decide whether {label(o.first)} or {label(o.then)} is decoded first ({diff})"
+        )
+    later = o.then if o.earlier == o.first else o.first
+    return f"The {o.kind} probes decode {label(o.earlier)} at an earlier layer than {label(later)} ({diff})"
 
 
 def _span(summary: Summary, d: int) -> str | None:

@@ -234,22 +234,48 @@ class ProbeFit:
     converged_share: float | None = field(default=None, metadata=OMIT)  # of the model's own probes
     max_iterations: int | None = field(default=None, metadata=OMIT)  # L-BFGS iterations of the slowest pooling fit
     max_grad_norm: float | None = field(default=None, metadata=OMIT)  # largest final |gradient|_inf
+    # 90% intervals over resamples of the test prompts (probe/analysis/probe_study.py probe_intervals)
+    r2_low: list[float] | None = field(default=None, metadata=OMIT)
+    r2_high: list[float] | None = field(default=None, metadata=OMIT)
+    best_layer_low: int | None = field(default=None, metadata=OMIT)
+    best_layer_high: int | None = field(default=None, metadata=OMIT)
+
+
+@dataclass
+class ProbeOrder:
+    """Which of two targets a probe kind decodes at an earlier layer, paired over resamples of the
+    test prompts: `difference` is then's best layer minus first's, with its 90% interval; `earlier`
+    names the target the interval puts first, None where it contains 0."""
+
+    kind: str
+    first: str
+    then: str
+    difference: int
+    ci_low: int
+    ci_high: int
+    earlier: str | None = None
+
+
+PROBE_KEYS = ("target_normalisation", "order")  # the Probes block's keys that are not targets
 
 
 @dataclass
 class Probes:
-    """target -> kind -> ProbeFit; in JSON the targets sit beside `target_normalisation`."""
+    """target -> kind -> ProbeFit; in JSON the targets sit beside `target_normalisation` and `order`."""
 
     fits: dict[str, dict[str, ProbeFit]]
     target_normalisation: str = "standardised per prefix and coordinate with training-prompt mean and std"
+    order: list[ProbeOrder] | None = None
 
     def to_json_value(self) -> dict[str, Any]:
-        return {**to_json(self.fits), "target_normalisation": self.target_normalisation}
+        out = {**to_json(self.fits), "target_normalisation": self.target_normalisation}
+        return out if self.order is None else {**out, "order": to_json(self.order)}
 
     @classmethod
     def from_json_value(cls, value: dict[str, Any]) -> Probes:
-        fits = {key: v for key, v in value.items() if key != "target_normalisation"}
-        return cls(from_json(dict[str, dict[str, ProbeFit]], fits), value["target_normalisation"])
+        fits = {key: v for key, v in value.items() if key not in PROBE_KEYS}
+        order = from_json(list[ProbeOrder], value["order"]) if value.get("order") is not None else None
+        return cls(from_json(dict[str, dict[str, ProbeFit]], fits), value["target_normalisation"], order)
 
 
 @dataclass
@@ -474,7 +500,10 @@ def _dataclass_schema(kind: type, defs: dict[str, Any]) -> dict[str, Any]:
         return {
             "type": "object",
             "description": (kind.__doc__ or "").strip(),
-            "properties": {"target_normalisation": {"type": "string"}},
+            "properties": {
+                "target_normalisation": {"type": "string"},
+                "order": {"type": "array", "items": _schema_of(ProbeOrder, defs)},
+            },
             "required": ["target_normalisation"],
             "additionalProperties": kinds,
         }

@@ -30,6 +30,7 @@ from .schema import (
     OrderSensitivity,
     OrderSeries,
     ProbeFit,
+    ProbeOrder,
     Probes,
     Readout,
     Span,
@@ -258,7 +259,9 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
     if "spectral_summary" in t:
         out["spectral"] = spectral_block(t, built.data.get("spectral_counts", {}))
     if "probes" in t:
-        out["probes"] = Probes(probe_summary(t["probes"]))
+        intervals = built.data.get("probe_intervals")
+        order = [ProbeOrder(**o) for o in intervals["order"]] if intervals else None
+        out["probes"] = Probes(probe_summary(t["probes"], intervals), order=order)
     if "forgetting" in t:
         out["forgetting"] = {
             name: {"gap": _col(r, "gap"), "error": _col(r, "error")} for name, r in t["forgetting"].groupby("predictor")
@@ -294,10 +297,12 @@ def order_block(table: pd.DataFrame) -> OrderSensitivity:
     )
 
 
-def probe_summary(table: pd.DataFrame) -> dict[str, dict[str, ProbeFit]]:
+def probe_summary(table: pd.DataFrame, intervals: dict[str, Any] | None = None) -> dict[str, dict[str, ProbeFit]]:
     """Per target and kind: R^2 by layer (mean over all probed prefixes), with the random-model
-    and shuffled controls aligned by layer, and the best layer."""
+    and shuffled controls aligned by layer, and the best layer; with `intervals`
+    (probe_study.probe_intervals), their 90% intervals over test-prompt resamples."""
     out: dict[str, dict[str, ProbeFit]] = {}
+    extra = (intervals or {}).get("fits", {})
     for (target, kind), rows in table.groupby(["target", "kind"]):
         by = rows.groupby(["control", "layer"]).r2.mean()
         layers = sorted(rows.layer.unique())
@@ -319,6 +324,7 @@ def probe_summary(table: pd.DataFrame) -> dict[str, dict[str, ProbeFit]]:
             converged_share=float(own.converged.mean()) if converged else None,
             max_iterations=int(own.iterations.max()) if converged else None,
             max_grad_norm=float(own.grad_norm.max()) if converged else None,
+            **extra.get(target, {}).get(kind, {}),
         )
     return out
 
