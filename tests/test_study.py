@@ -269,3 +269,26 @@ def test_study_x_axis_is_a_model_field_and_a_typo_is_named(tmp_path):
         StudyRecipe(checkpoints=["ck"], analyses=["evaluate"], x="n_embdd")
     with pytest.raises(ConfigError, match="study.seed must be an integer in 0..2\\^63-1"):
         StudyRecipe(checkpoints=["ck"], analyses=["evaluate"], seed=2**70)
+
+
+def test_a_study_carries_each_models_evidence_table(family):
+    """analysis "evidence": per model the report's evidence table (probe/reporting/evidence.py) as
+    rows, +1 / -1 / 0 for the question's first / second hypothesis / neither, the consolidated
+    answers in summary.json and a table on the page."""
+    recipe = TINY.replace('analyses = ["evaluate", "heatmap", "spd_ilw"]', 'analyses = ["evidence"]').replace(
+        'sweeps = [{label = "newton", learner = "newton", axis = "iterations", grid = {iterations = [0, 1, 2, 3]}}]',
+        'sweeps = [{label = "newton", learner = "newton", axis = "iterations", grid = {iterations = [0, 1, 2]}}, '
+        '{label = "gd", learner = "gd", axis = "steps", grid = {steps = [0, 1, 2, 4], eta = ["auto"]}}]',
+    )
+    (family / "ev.toml").write_text(recipe.split("[[compare]]")[0])
+    assert main(["-q", "study", "ev.toml", "--out", "ev"]) == 0
+    table = pd.read_csv(family / "ev" / "study.csv", keep_default_na=False)
+    rows = table[table.analysis == "evidence"]
+    assert set(rows.metric) == {"newton_vs_gd"} and set(rows.value) <= {-1.0, 0.0, 1.0}
+    assert {"Table 1 SimE", "consolidated answer"} <= set(rows.learner)
+    answers = rows[rows.learner == "consolidated answer"]
+    summary = json.loads((family / "ev" / "summary.json").read_text())
+    side = {1.0: "newton", -1.0: "gd", 0.0: "undecided"}
+    assert summary["evidence"] == {r.model: {"newton vs gd": side[r.value]} for r in answers.itertuples()}
+    assert len(summary["evidence"]) == 2
+    assert "Evidence tables: consolidated answers" in (family / "ev" / "index.html").read_text()

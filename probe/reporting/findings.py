@@ -118,13 +118,17 @@ def _table1(summary: Summary) -> str | None:
         return None
     (fam, top), rest = rows[0], rows[1:]
     titles = summary_titles(summary)
-    text = (
-        f"Final layer closest to {label(fam, titles)} (SimE {top.similarity:.3f} [{top.ci_low:.3f}, {top.ci_high:.3f}])"
+    fam2, second = rest[0] if rest else (None, None)
+    paired = next((v for v in summary.verdicts or [] if v.metric == "sime" and {v.a, v.b} == {fam, fam2}), None)
+    # "closest" only where the paired verdict names the top family (or there is no runner-up)
+    head = (
+        "Final layer closest to"
+        if second is None or (paired and paired.winner == fam)
+        else "Final layer's highest SimE:"
     )
-    if rest:
-        fam2, second = rest[0]
+    text = f"{head} {label(fam, titles)} (SimE {top.similarity:.3f} [{top.ci_low:.3f}, {top.ci_high:.3f}])"
+    if second is not None:
         text += f", runner-up {label(fam2, titles)} {second.similarity:.3f} [{second.ci_low:.3f}, {second.ci_high:.3f}]"
-        paired = next((v for v in summary.verdicts or [] if v.metric == "sime" and {v.a, v.b} == {fam, fam2}), None)
         if paired is not None:
             text += "; " + verdict_text(paired, titles)
     return text + "."

@@ -175,6 +175,32 @@ def spectral_rows(tables: dict[str, pd.DataFrame]) -> list[dict]:
     return rows
 
 
+SIDE_VALUE = 1.0  # an evidence row's value: +1 favours the question's first hypothesis, -1 the second, 0 neither
+
+
+def evidence_rows(built, report) -> list[dict]:
+    """The evidence tables (probe/reporting/evidence.py) of the stages the study ran: per question
+    "<a>_vs_<b>", one row per instrument (learner = the instrument, value +1 where it favours a, -1
+    where it favours b, 0 where undecided) and the consolidated answer (learner "consolidated
+    answer"). The causal map and order rows need the interventions and order stages, which a study
+    does not run."""
+    from ..reporting.evidence import Blocks, questions
+    from ..reporting.summary import spectral_block, trend_block, verdicts_block
+
+    t = built.tables
+    trends = trend_block(built.data.get("trends", []), report)
+    spectral = spectral_block(t, built.data.get("spectral_counts", {})) if "spectral_summary" in t else None
+    blocks = Blocks(report.to_dict()["sweeps"], verdicts_block(t.get("verdicts"), trends), trends, spectral)
+    rows = []
+    for q in questions(blocks):
+        side = {q.a: SIDE_VALUE, q.b: -SIDE_VALUE}
+        metric = f"{q.a}_vs_{q.b}"
+        for r in q.rows:
+            rows.append(_row("evidence", metric, side.get(r.favours, 0.0), r.instrument))
+        rows.append(_row("evidence", metric, side.get(q.answer, 0.0), "consolidated answer"))
+    return rows
+
+
 def probe_rows(table: pd.DataFrame) -> list[dict]:
     rows = []
     for (target, kind, control, layer), part in table.groupby(["target", "kind", "control", "layer"]):
@@ -280,7 +306,7 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
     stages = set()
     if "evaluate" in recipe.analyses:
         stages.add("evaluate")
-    if {"readout", "heatmap", "spectral"} & set(recipe.analyses):
+    if {"readout", "heatmap", "spectral", "evidence"} & set(recipe.analyses):
         stages.add("layers")
     if "probes" in recipe.analyses:
         stages.add("probes")
@@ -314,6 +340,8 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
                 'and leave "spectral.enabled" on in the study\'s [set]'
             )
         rows += spectral_rows(built.tables)
+    if "evidence" in recipe.analyses:
+        rows += evidence_rows(built, report)
     if "probes" in recipe.analyses:
         rows += probe_rows(built.tables["probes"])
     if "spd_ilw" in recipe.analyses:

@@ -246,6 +246,7 @@ def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str
         "models": x_order(table, x),
         "icl_at_2d1": {f"{r.model}|{r['shift']}": float(r.value) for _, r in icl.iterrows()},
         "closest_learner": closest,
+        "evidence": evidence_answers(table),
         "stabilises_at": stable,
         "timings": timings,
         **stamp(),
@@ -254,6 +255,32 @@ def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str
     atomic_write(out / "summary.json", lambda p: p.write_text(text))  # each file whole, old or new
     atomic_write(out / "index.html", lambda p: p.write_text(page))
     return summary
+
+
+def _answer(metric: str, value: float) -> str:
+    """An evidence row's side from its question key "<a>_vs_<b>" and value (+1 a, -1 b, 0 neither)."""
+    a, b = metric.split("_vs_")
+    return a if value > 0 else b if value < 0 else "undecided"
+
+
+def evidence_answers(table: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """model -> question -> the evidence table's consolidated answer (study/analyses.py evidence_rows)."""
+    rows = table[(table.analysis == "evidence") & (table.learner == "consolidated answer")]
+    out: dict[str, dict[str, str]] = {}
+    for r in rows.itertuples():
+        out.setdefault(str(r.model), {})[r.metric.replace("_vs_", " vs ")] = _answer(r.metric, r.value)
+    return out
+
+
+def evidence_table(table: pd.DataFrame, x: str) -> pd.DataFrame:
+    """One row per model and question: every instrument's side and the consolidated answer."""
+    rows = table[table.analysis == "evidence"]
+    wide = rows.assign(side=[_answer(m, v) for m, v in zip(rows.metric, rows.value)]).pivot_table(
+        index=["model", x, "metric"], columns="learner", values="side", aggfunc="first"
+    )
+    wide = wide.reset_index().rename(columns={"metric": "question"}).sort_values([x, "question"])
+    wide["question"] = wide.question.str.replace("_vs_", " vs ")
+    return wide
 
 
 def study_titles(recipe) -> dict[str, str]:
@@ -282,6 +309,8 @@ def study_page(summary: dict[str, Any], figs: dict[str, Path], frame: pd.DataFra
                 else [table(closest_table(frame, x, summary["closest_learner"], titles))],
             )
         )
+    if summary.get("evidence"):
+        sections.append(Section("Evidence tables: consolidated answers", [table(evidence_table(frame, x))]))
     icl_parts = [fig[k] for k in ("icl", "curves") if k in fig]
     if icl_parts:
         sections.append(Section("In-context performance", icl_parts))

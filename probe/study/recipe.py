@@ -31,7 +31,7 @@ from ..data.config import TaskConfig
 from ..learners import LEARNERS
 
 MAX_MATCHES = 256  # paths one checkpoints pattern may match
-ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes", "spectral")
+ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes", "spectral", "evidence")
 from ..core.resources import RECIPE_DIR as STUDY_DIR
 from ..core.validate import check_grid
 from ..reporting.recipe import resolve_recipe
