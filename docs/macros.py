@@ -60,6 +60,27 @@ def spectral(report: str) -> str:
     return "\n".join(rows)
 
 
+def evidence(report: str, question: int | None = None) -> str:
+    """A report's evidence tables (summary.json `evidence`) as markdown: per question, one row per
+    instrument (what it favours, its effect, whether it was validated on known answers) and the
+    consolidated answer with its contradictions."""
+    out = []
+    for i, q in enumerate(lookup(report, "evidence")):
+        if question is not None and i != question:
+            continue
+        rows = [f"**{q['a']} or {q['b']}?**", "", "| instrument | favours | effect | validated |", "|---|---|---|---|"]
+        for r in q["rows"]:
+            effect = r["effect"].replace("|", "/")
+            rows.append(
+                f"| {r['instrument']} | {r['favours'] or 'neither'} | {effect} | {'yes' if r['validated_on'] else 'no'} |"
+            )
+        rows += ["", f"Consolidated answer: **{q['answer_words']}**."]
+        if q.get("contradictions"):
+            rows.append(" Contradictions: " + "; ".join(q["contradictions"]) + ".")
+        out.append("\n".join(rows))
+    return "\n\n".join(out)
+
+
 FIGURES: set[str] = set()
 
 
@@ -80,7 +101,11 @@ def all_modules() -> str:
     import probe
 
     names = ["probe"] + sorted(m.name for m in pkgutil.walk_packages(probe.__path__, "probe.") if ".cli" not in m.name)
-    blocks = [f"## `{name}`\n\n::: {name}\n    options:\n      show_root_heading: false\n      show_submodules: false\n" for name in names if name != "probe.__main__"]
+    blocks = [
+        f"## `{name}`\n\n::: {name}\n    options:\n      show_root_heading: false\n      show_submodules: false\n"
+        for name in names
+        if name != "probe.__main__"
+    ]
     return "\n".join(blocks)
 
 
@@ -97,7 +122,7 @@ def cli_reference() -> str:
 
 
 def define_env(env) -> None:
-    for macro in (number, table1, verdict, spectral, cli_reference, all_modules):
+    for macro in (number, table1, verdict, spectral, evidence, cli_reference, all_modules):
         env.macro(macro)
 
     @env.macro
@@ -109,7 +134,9 @@ def on_post_build(env) -> None:
     """Copy the figures the pages showed, and summary.json's schema, into the site."""
     import shutil
 
-    shutil.copyfile(REPO / "probe" / "reporting" / "summary.schema.json", Path(env.conf["site_dir"]) / "summary.schema.json")
+    shutil.copyfile(
+        REPO / "probe" / "reporting" / "summary.schema.json", Path(env.conf["site_dir"]) / "summary.schema.json"
+    )
     target = Path(env.conf["site_dir"]) / "figures"
     target.mkdir(parents=True, exist_ok=True)
     for path in sorted(FIGURES):

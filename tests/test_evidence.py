@@ -127,3 +127,23 @@ def test_a_random_weights_control_that_beats_the_model_is_a_caveat():
     lstm = [c for c in caveats(read("lstm-default-quick")) if "random-weights model" in c]
     assert len(lstm) == 2 and all("X^T y" in c for c in lstm)  # its linear and MLP X^T y probes
     assert not [c for c in caveats(read("gpt2-default-quick")) if "random-weights model" in c]
+
+
+@pytest.mark.parametrize(
+    ("share", "low", "high", "favours"),
+    [(0.021, 0.018, 0.024, "ogd"), (0.0014, 0.0012, 0.0017, None), (0.0, 0.0, 0.0, "gd")],
+)
+def test_order_sensitivity_names_online_gd_only_near_its_share(share, low, high, favours):
+    """GD is order-free by construction and online GD is at 0.010 here: a model at or above half of
+    online GD's share reads as online GD (the LSTM's 0.021), one far below it (the GPT-2's 0.0014)
+    as neither, one at 0 as GD."""
+    from probe.reporting.schema import OrderSensitivity, OrderSeries
+
+    block = OrderSensitivity(
+        [15], [0, 1], {"15": OrderSeries([0.5, share], [0.4, low], [0.6, high])},
+        {"ogd": {"15": OrderSeries(0.0102, 0.009, 0.011)}, "gd": {"15": OrderSeries(0.0, 0.0, 0.0)}},
+    )
+    sweeps = [{"label": "gd", "learner": "gd"}, {"label": "ogd", "learner": "ogd"}]
+    (q,) = questions(Blocks(sweeps, None, {}, None, block))
+    (row,) = [r for r in q.rows if r.instrument == "order sensitivity"]
+    assert row.favours == favours

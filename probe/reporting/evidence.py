@@ -207,7 +207,7 @@ def _causal_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
             EvidenceRow(
                 f"causal map check ({picture}, claimed {v.a})",
                 winner,
-                f"{v.verdict}: {v.b}'s map deviates {v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}] more "
+                f"{v.verdict}: the {v.b} deviates {v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}] more "
                 f"than {v.a}'s, resolution {v.resolution:.4f}" + (f" ({v.evidence})" if v.evidence else ""),
                 sign * v.difference,
                 lo,
@@ -224,6 +224,7 @@ def _causal_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
 
 
 ORDER_FREE = 1e-6  # below this an order share is float round-off (probe/reporting/findings.py)
+ORDER_LIKE_OGD = 0.5  # a share whose interval lies at or above this fraction of online GD's reads as online GD
 
 
 def _order_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
@@ -236,10 +237,13 @@ def _order_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
     if share is None:
         return []
     ogd = block.learners.get("ogd", {}).get(t)
-    favours = "ogd" if lo > ORDER_FREE else "gd" if hi < ORDER_FREE else None
+    like_ogd = ogd is not None and lo >= ORDER_LIKE_OGD * ogd.sensitivity
+    favours = "gd" if hi < ORDER_FREE else "ogd" if lo > ORDER_FREE and like_ogd else None
     words = f"final layer's order share {share:.3g} [{lo:.3g}, {hi:.3g}] at t = {t}; GD is order-free (0)"
     if ogd is not None:
         words += f", online GD {ogd.sensitivity:.3g}"
+    if favours is None and lo > ORDER_FREE:
+        words += f" (order-sensitive, but below {ORDER_LIKE_OGD:g} x online GD's share: neither)"
     return [
         EvidenceRow(
             "order sensitivity",
