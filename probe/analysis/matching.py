@@ -14,7 +14,6 @@ import torch
 from ..core.settings import SweepSettings
 from ..learners import LearnerResult, run_learner
 from .similarity import best_match, induced_weights, sime, similarity_frame, simw
-from .stats import r2_score
 
 
 def run_sweep(
@@ -90,11 +89,6 @@ def compare_layers(
     return pd.concat(cells, ignore_index=True), pd.concat(best, ignore_index=True)
 
 
-def _r2(y: np.ndarray, fit: np.ndarray) -> float:
-    """R^2 of a trend fit; NaN when the best k does not vary (no trend to explain)."""
-    return float("nan") if np.ptp(y) == 0 else float(r2_score(torch.as_tensor(y), torch.as_tensor(fit), dim=0))
-
-
 K_DRAWS = "k_draws"  # best's column of per-resample best k (compare_layers), read by `trend`
 INCONCLUSIVE = "inconclusive (fewer than 3 layers with a varying, unconverged best match)"
 TREND_MIN_R2 = 0.8  # below this on both fits the best k has no trend with depth worth a shape
@@ -135,20 +129,52 @@ def _interval(fit: Any, name: str, fmt: str) -> str:
     return "" if low is None or high is None else f" [{low:{fmt}}, {high:{fmt}}]"
 
 
+def _exponential_fit(x: np.ndarray, ks: np.ndarray, iterations: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares on k itself of k = exp(c0 + c1 x), one fit per row of ks (R, n): damped
+    Gauss-Newton (Levenberg-Marquardt) from the log-linear fit, batched over rows. Returns (c0, c1)."""
+    logs = np.log(np.clip(ks, ks[ks > 0].min() if (ks > 0).any() else 1.0, None))
+    xc = x - x.mean()
+    c1 = (logs - logs.mean(-1, keepdims=True)) @ xc / (xc @ xc)
+    c0 = logs.mean(-1) - c1 * x.mean()
+    damping = np.full(len(ks), 1e-3)
+
+    def sse(a, b):
+        return ((ks - np.exp(a[:, None] + b[:, None] * x)) ** 2).sum(-1)
+
+    current = sse(c0, c1)
+    for _ in range(iterations):
+        f = np.exp(c0[:, None] + c1[:, None] * x)
+        r, j1 = ks - f, f * x
+        a00, a01, a11 = (f * f).sum(-1), (f * j1).sum(-1), (j1 * j1).sum(-1)
+        g0, g1 = (f * r).sum(-1), (j1 * r).sum(-1)
+        a00d, a11d = a00 * (1 + damping), a11 * (1 + damping)
+        det = a00d * a11d - a01**2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d0, d1 = (a11d * g0 - a01 * g1) / det, (a00d * g1 - a01 * g0) / det
+        ok = np.isfinite(d0) & np.isfinite(d1)
+        t0, t1 = np.where(ok, c0 + d0, c0), np.where(ok, c1 + d1, c1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            trial = sse(t0, t1)
+        better = ok & np.isfinite(trial) & (trial < current)
+        c0, c1, current = np.where(better, t0, c0), np.where(better, t1, c1), np.where(better, trial, current)
+        damping = np.where(better, damping / 10, damping * 10)
+    return c0, c1
+
+
 def _fits(layers: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Closed-form fits of ks (R, n) against layers (n,), one per row: the linear slope, the
-    log-linear growth factor, and both fits' R^2 measured on k itself."""
+    """Fits of ks (R, n) against layers (n,), one per row, both by least squares on k itself: the
+    linear slope, the exponential fit's growth factor per layer (`_exponential_fit`), and both
+    fits' R^2."""
     x = layers - layers.mean()
     slope = (ks - ks.mean(-1, keepdims=True)) @ x / (x @ x)
     lin = ks.mean(-1, keepdims=True) + slope[:, None] * x
-    logs = np.log(np.clip(ks, ks[ks > 0].min() if (ks > 0).any() else 1.0, None))
-    rate = (logs - logs.mean(-1, keepdims=True)) @ x / (x @ x)
-    exp = np.exp(logs.mean(-1, keepdims=True) + rate[:, None] * x)
+    c0, c1 = _exponential_fit(layers, ks)
+    exp = np.exp(c0[:, None] + c1[:, None] * layers)
     total = ((ks - ks.mean(-1, keepdims=True)) ** 2).sum(-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         r2_lin = 1 - ((ks - lin) ** 2).sum(-1) / total
         r2_exp = 1 - ((ks - exp) ** 2).sum(-1) / total
-    return slope, np.exp(rate), r2_lin, r2_exp
+    return slope, np.exp(c1), r2_lin, r2_exp
 
 
 def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | None = None) -> dict[str, Any]:
@@ -160,8 +186,8 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | No
 
     Linear: k = a l + b. Exponential: k = c g^l, fitted by least squares on k itself (started
     from the log-linear fit), so both R^2 are measured on the same scale. Intervals (LEVEL): the
-    same layers refitted on every prompt resample of the best matches (best's K_DRAWS, paired
-    across layers; closed-form fits, the exponential one log-linear), with `shape_share`, the
+    same layers refitted the same way on every prompt resample of the best matches (best's
+    K_DRAWS, paired across layers), with `shape_share`, the
     share of resamples on which the point estimate's shape fits better; below SHAPE_MIN_SHARE the
     words name both shapes.
     """
@@ -180,16 +206,9 @@ def trend(best: pd.DataFrame, learner: str, metric: str = "sime", unit: str | No
             verdict=f"{learner}: {INCONCLUSIVE}",
         )
         return out
-    from scipy.optimize import curve_fit
-
-    a, b = np.polyfit(layers, ks, 1)
-    ea, eb = np.polyfit(layers, np.log(ks), 1)
-    try:
-        (eb, ea), _ = curve_fit(lambda l, c0, c1: np.exp(c0 + c1 * l), layers, ks, p0=(eb, ea), maxfev=5000)
-    except RuntimeError:  # no convergence: keep the log-linear fit
-        pass
-    lin_r2, exp_r2 = _r2(ks, a * layers + b), _r2(ks, np.exp(ea * layers + eb))
-    out.update(linear_r2=lin_r2, exponential_r2=exp_r2, slope=float(a), growth=float(np.exp(ea)))
+    (slope,), (growth,), (lin_r2,), (exp_r2,) = _fits(layers, ks[None])
+    lin_r2, exp_r2 = float(lin_r2), float(exp_r2)
+    out.update(linear_r2=lin_r2, exponential_r2=exp_r2, slope=float(slope), growth=float(growth))
     if K_DRAWS in rows:
         draws = np.stack([np.asarray(d, dtype=float) for d in rows[K_DRAWS]], axis=-1)  # (R, layers)
         slope, growth, r2_lin, r2_exp = _fits(layers, draws)
