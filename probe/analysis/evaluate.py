@@ -164,3 +164,57 @@ def plot_error_curve(frame: pd.DataFrame, path, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+@torch.no_grad()
+def shifted_error_curve(
+    model: nn.Module,
+    task: TaskConfig,
+    shift: str,
+    value: float | None = None,
+    n_prompts: int = 1280,
+    seed: int = 0,
+    n_points: int | None = None,
+    device: str = "cpu",
+    n_boot: int = 1000,
+) -> pd.DataFrame:
+    """`error_curve` under one of Garg et al.'s prompt shifts (probe/data/shifts.py): per number
+    of examples t, the squared error / d of the model's prediction for the shift's query after
+    the first t examples, with its band, beside least squares, 3-NN and averaging asked the same
+    query on the same examples. Shifts that replace the query run the model once per t on the
+    prompt (x_1, y_1, ..., x_t, y_t, q_t); positions where the shift defines no test are NaN."""
+    from ..data.shifts import parse_shift, shifted_prompts
+
+    name, parsed = parse_shift(shift)
+    value = parsed if value is None else value
+    n_prompts, n_boot = positive_int(n_prompts, "prompts"), check_bootstrap(n_boot, "bootstrap")
+    points = n_points or task.n_points
+    budget.check([budget.prompt_estimate("prompts", n_prompts, shape_of(model), points)])
+    p = shifted_prompts(task, name, n_prompts, seed, n_points, value)
+    n, d = p.xs.shape[1], task.n_dims
+    defined = ~p.queries.isnan().any(-1).any(0)  # (n,)
+    if p.queries is p.xs:
+        preds = predict(model, Prompts(p.xs, p.ys), device=device)
+    else:
+        preds = torch.full((n_prompts, n), float("nan"))
+        for t in range(n):
+            if defined[t]:
+                xs = torch.cat([p.xs[:, :t], p.queries[:, t : t + 1]], 1)
+                ys = torch.cat([p.ys[:, :t], p.query_ys[:, t : t + 1]], 1)
+                preds[:, t] = predict(model, Prompts(xs, ys), device=device)[:, t]
+    queries = torch.nan_to_num(p.queries)
+    sq = lambda pred: ((pred.double() - p.query_ys.double()) ** 2) / d
+    model_err = sq(preds)
+    lo, hi = bootstrap_mean(model_err, n_boot=n_boot, seed=seed)
+    frame = pd.DataFrame(
+        {"n_examples": np.arange(n), "model": model_err.mean(0).numpy(), "model_lo": lo.numpy(), "model_hi": hi.numpy()}
+    )
+    for column, learner, options in (
+        ("least_squares", "least_squares", {}),
+        ("knn3", "knn", {"k": (3,)}),
+        ("averaging", "averaging", {}),
+    ):
+        query_preds = run_learner(learner, p.xs, p.ys, queries, **options).query_preds[0]  # (P, n, Q = n)
+        frame[column] = sq(torch.diagonal(query_preds, dim1=1, dim2=2)).mean(0).numpy()
+    frame.loc[~defined.numpy(), frame.columns[1:]] = np.nan
+    return frame.assign(shift=name if value is None else f"{name}={value:g}")

@@ -3,12 +3,16 @@
 For ReLU-network tasks: R^2 (scikit-learn's, over prompts, per number of examples) beside
 training the N-layer network directly on each prompt's examples (seed 001 App. G).
 Shifts: --mixture (input mixture weights), --param-mean (network parameter mean),
---points beyond the training length.
+--points beyond the training length (ReLU tasks); --shift NAME[=VALUE], Garg et al.'s
+evaluation prompt families for isotropic linear regression (probe/data/shifts.py: random_quadrants,
+opposite_quadrants, orthogonal_train_test, overlapping_train_test, half_subspace, skewed,
+scale_x=S, scale_y=S, noisy=SIGMA), every baseline asked the same shifted queries.
 
 examples:
   icl-probe evaluate checkpoints/gpt2-default
   icl-probe evaluate checkpoints/gpt2-default --prompts 1280 --seed 0 --out /tmp/eval
   icl-probe evaluate checkpoints/gpt2-relu3 --mixture 0.7,0.3 --param-mean 0.5 --points 32
+  icl-probe evaluate checkpoints/gpt2-default --shift scale_x=3 --out /tmp/eval-scale3
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_out(p, "directory for eval.csv, eval.png and eval.json", required=False)
     p.add_argument("--mixture", help="input mixture weights w1,w2 of w1 N(-2,I) + w2 N(2,I) (ReLU tasks)")
     p.add_argument("--param-mean", type=float, help="mean of the network parameters (ReLU tasks)")
+    p.add_argument(
+        "--shift",
+        metavar="NAME[=VALUE]",
+        help="one of Garg et al.'s evaluation prompt families (linear tasks; probe/data/shifts.py)",
+    )
     p.add_argument("--epochs", type=positive_int, default=100, help="direct-training epochs (ReLU tasks, default 100)")
     p.add_argument(
         "--direct-prompts",
@@ -57,7 +66,16 @@ def run(args: argparse.Namespace) -> int:
     if args.points and args.points > ckpt.config.model.n_positions:
         raise ConfigError(f"--points {args.points} exceeds the model's {ckpt.config.model.n_positions} positions")
     task = shifted_task(ckpt.config.task, args)
-    if task.name == "relu_network":
+    if args.shift is not None:
+        from ..analysis.evaluate import shifted_error_curve
+        from ..data.shifts import parse_shift
+
+        parse_shift(args.shift)  # a bad name or value is refused before any work
+        if task.name != "linear_regression" or task.covariance != "isotropic":
+            raise ConfigError(f"--shift applies to isotropic linear regression; this checkpoint's task is {task.name}")
+        frame = shifted_error_curve(ckpt.model, task, args.shift, None, args.prompts, args.seed, args.points, device)
+        metric = f"squared error / d under {frame['shift'].iloc[0]}"
+    elif task.name == "relu_network":
         frame = r2_curve(
             ckpt.model,
             task,
@@ -90,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
                 "seed": args.seed,
                 "points": args.points,
                 "metric": metric,
+                "shift": args.shift,
                 "task": task.__dict__,
                 **stamp(),
             }
