@@ -209,12 +209,14 @@ def shifted_error_curve(
     frame = pd.DataFrame(
         {"n_examples": np.arange(n), "model": model_err.mean(0).numpy(), "model_lo": lo.numpy(), "model_hi": hi.numpy()}
     )
-    for column, learner, options in (
-        ("least_squares", "least_squares", {}),
-        ("knn3", "knn", {"k": (3,)}),
-        ("averaging", "averaging", {}),
-    ):
-        query_preds = run_learner(learner, p.xs, p.ys, queries, **options).query_preds[0]  # (P, n, Q = n)
-        frame[column] = sq(torch.diagonal(query_preds, dim1=1, dim2=2)).mean(0).numpy()
+    baselines = {
+        "least_squares": run_learner("least_squares", p.xs, p.ys, queries),
+        "knn3": run_learner("knn", p.xs, p.ys, queries, k=(3,)),
+        "averaging": run_learner("averaging", p.xs, p.ys, queries),
+    }
+    for column, result in baselines.items():
+        assert result.query_preds is not None  # queries were given
+        diagonal = torch.diagonal(result.query_preds[0], dim1=1, dim2=2)  # (P, n): position t's own query
+        frame[column] = sq(diagonal).mean(0).numpy()
     frame.loc[~defined.numpy(), frame.columns[1:]] = np.nan
     return frame.assign(shift=name if value is None else f"{name}={value:g}")

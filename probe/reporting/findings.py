@@ -128,7 +128,7 @@ def _table1(summary: Summary) -> str | None:
     )
     text = f"{head} {label(fam, titles)} (SimE {top.similarity:.3f} [{top.ci_low:.3f}, {top.ci_high:.3f}])"
     if second is not None:
-        text += f", runner-up {label(fam2, titles)} {second.similarity:.3f} [{second.ci_low:.3f}, {second.ci_high:.3f}]"
+        text += f", runner-up {label(str(fam2), titles)} {second.similarity:.3f} [{second.ci_low:.3f}, {second.ci_high:.3f}]"
         if paired is not None:
             text += "; " + verdict_text(paired, titles)
     return text + "."
@@ -157,7 +157,9 @@ def _probes(summary: Summary) -> str | None:
     for target, kind, fit in _probe_fits(summary):
         best = max(range(len(fit.r2)), key=lambda i: fit.r2[i])
         control = fit.control_r2[best] if fit.control_r2 else None
-        r2 = f"{fit.r2[best]:.2f}" + (f" [{fit.r2_low[best]:.2f}, {fit.r2_high[best]:.2f}]" if fit.r2_low else "")
+        r2 = f"{fit.r2[best]:.2f}" + (
+            f" [{fit.r2_low[best]:.2f}, {fit.r2_high[best]:.2f}]" if fit.r2_low and fit.r2_high else ""
+        )
         where = f"layer {fit.layer[best]}" + (
             f" [{fit.best_layer_low}, {fit.best_layer_high}]" if fit.best_layer_low is not None else ""
         )
@@ -172,7 +174,7 @@ def _probes(summary: Summary) -> str | None:
         "Probes (90% intervals over resamples of the test prompts): "
         + "; ".join(parts)
         + "."
-        + "".join(f" {probe_order_words(o)}." for o in (summary.probes.order or []))
+        + "".join(f" {probe_order_words(o)}." for o in ((summary.probes.order if summary.probes else None) or []))
         + (" No random-weights control: a planted model's weights are its construction." if none else "")
     )
 

@@ -193,7 +193,7 @@ def evidence_rows(built, report) -> list[dict]:
     blocks = Blocks(report.to_dict()["sweeps"], verdicts_block(t.get("verdicts"), trends), trends, spectral)
     rows = []
     for q in questions(blocks):
-        side = {q.a: SIDE_VALUE, q.b: -SIDE_VALUE}
+        side: dict[str | None, float] = {q.a: SIDE_VALUE, q.b: -SIDE_VALUE}
         metric = f"{q.a}_vs_{q.b}"
         for r in q.rows:
             rows.append(_row("evidence", metric, side.get(r.favours, 0.0), r.instrument))
