@@ -417,3 +417,23 @@ def test_context_check_confirms_the_planted_sgd_map_and_rejects_shifted_ones():
     assert check["testable"]
     for row in check["map_alternatives"]:
         assert row["verdict"] == "claimed map closer" and row["ci_low"] > 0, row["alternative"]
+
+
+def test_the_map_check_leaves_out_the_layers_that_predict_zero_for_every_map_alike():
+    """A layer that predicts ~0 is a property of the layer: left out of every map; a match that is
+    degenerate for one learner only (planted GD's layers against Newton) is not."""
+    import pandas as pd
+
+    from probe.core.settings import SweepSettings
+    from probe.interventions.pipeline import degenerate_boundaries
+
+    sweeps = [SweepSettings("newton", "newton", "iterations", {}), SweepSettings("gd", "gd", "steps", {})]
+    rows = [
+        {"sweep": s, "metric": "sime", "layer": l, "predicts_zero": l == 0, "degenerate": l == 0 or s == "newton"}
+        for s in ("newton", "gd")
+        for l in range(4)
+    ]
+    best = pd.DataFrame(rows)
+    assert degenerate_boundaries(best, sweeps) == [0]
+    assert degenerate_boundaries(best.drop(columns="predicts_zero"), sweeps) == [0]
+    assert degenerate_boundaries(best.drop(columns=["predicts_zero", "degenerate"]), sweeps) == []

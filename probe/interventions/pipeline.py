@@ -55,15 +55,21 @@ def layer_maps_from_best(best: pd.DataFrame, sweeps, metric: str = "sime") -> di
 
 
 def degenerate_boundaries(best: pd.DataFrame, sweeps, metric: str = "sime") -> list[int]:
-    """Boundaries below the last whose layer is degenerate (no better than predicting 0,
-    `nulls.flag_degenerate`) in any swept learner's match: the causal map check leaves them out of
-    every map alike. Empty when the table has no `degenerate` column (a best_match.csv without nulls)."""
-    if "degenerate" not in best:
-        return []
-    labels = [s.label for s in sweeps if s.axis is not None]
-    rows = best[best.sweep.isin(labels) & (best.metric == metric)]
+    """Boundaries below the last whose layer predicts ~0 (`nulls.flag_degenerate`'s predicts_zero,
+    a property of the layer, not of a learner): the causal map check leaves them out of every map
+    alike. Without that column (a best_match.csv of `icl-probe heatmap`), the layers whose match
+    is degenerate for every swept learner; without either, none."""
     last = int(best.layer.max())
-    return sorted({int(l) for l in rows[rows.degenerate.astype(bool)].layer if int(l) < last})
+    if "predicts_zero" in best:
+        layers = best[best.predicts_zero.astype(bool)].layer
+    elif "degenerate" in best:
+        labels = [s.label for s in sweeps if s.axis is not None]
+        rows = best[best.sweep.isin(labels) & (best.metric == metric)]
+        every = rows.groupby("layer").degenerate.apply(lambda v: bool(v.astype(bool).all()))
+        layers = every[every].index
+    else:
+        return []
+    return sorted({int(l) for l in layers if int(l) < last})
 
 
 def _grid_value(k):
