@@ -81,6 +81,27 @@ def evidence(report: str, question: int | None = None) -> str:
     return "\n\n".join(out)
 
 
+def shift_table(checkpoint: str) -> str:
+    """A checkpoint's evaluations under Garg et al.'s prompt shifts (checkpoints/<name>/eval-shift-*/
+    eval.csv, `icl-probe evaluate --shift`) as markdown: per shift, error / d at 2d+1 examples (or
+    the last number of examples the shift defines) for the model with its 90% band and the baselines."""
+    import csv
+
+    folder = REPO / "checkpoints" / checkpoint
+    d = json.loads((folder / "config.json").read_text())["config"]["task"]["n_dims"]
+    rows = ["| shift | t | model [90% band] | least squares | 3-NN | averaging |", "|---|---|---|---|---|---|"]
+    for path in sorted(folder.glob("eval-shift-*/eval.csv")):
+        with path.open() as f:
+            table = [r for r in csv.DictReader(f) if r["model"] not in ("", "nan")]
+        row = next((r for r in table if int(r["n_examples"]) == 2 * d + 1), table[-1])
+        g = lambda k: f"{float(row[k]):.3g}"  # noqa: E731
+        rows.append(
+            f"| {row['shift']} | {row['n_examples']} | {g('model')} [{g('model_lo')}, {g('model_hi')}] | "
+            f"{g('least_squares')} | {g('knn3')} | {g('averaging')} |"
+        )
+    return "\n".join(rows)
+
+
 FIGURES: set[str] = set()
 
 
@@ -122,7 +143,7 @@ def cli_reference() -> str:
 
 
 def define_env(env) -> None:
-    for macro in (number, table1, verdict, spectral, evidence, cli_reference, all_modules):
+    for macro in (number, table1, verdict, spectral, evidence, shift_table, cli_reference, all_modules):
         env.macro(macro)
 
     @env.macro
