@@ -102,6 +102,17 @@ def shift_table(checkpoint: str) -> str:
     return "\n".join(rows)
 
 
+def number_csv(checkpoint: str, shift: str, fmt: str = ".3g") -> str:
+    """The model's error / d at 2d+1 examples under one shift (eval-shift-<shift>/eval.csv)."""
+    import csv
+
+    folder = REPO / "checkpoints" / checkpoint
+    d = json.loads((folder / "config.json").read_text())["config"]["task"]["n_dims"]
+    with (folder / f"eval-shift-{shift}" / "eval.csv").open() as f:
+        row = next(r for r in csv.DictReader(f) if int(r["n_examples"]) == 2 * d + 1)
+    return format(float(row["model"]), fmt)
+
+
 FIGURES: set[str] = set()
 
 
@@ -143,7 +154,7 @@ def cli_reference() -> str:
 
 
 def define_env(env) -> None:
-    for macro in (number, table1, verdict, spectral, evidence, shift_table, cli_reference, all_modules):
+    for macro in (number, table1, verdict, spectral, evidence, shift_table, number_csv, cli_reference, all_modules):
         env.macro(macro)
 
     @env.macro

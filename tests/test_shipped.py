@@ -69,3 +69,15 @@ def test_the_committed_default_report_is_reproduced(tmp_path):
                  "--no-cache"]) == 0
     fresh = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert _numbers_differ(json.loads(committed.read_text()), fresh) == []
+
+
+def test_a_stored_shift_evaluation_is_reproduced():
+    """checkpoints/<name>/eval-shift-*/ (`icl-probe evaluate --shift`): the input-scale-3 one again."""
+    from probe.analysis.evaluate import shifted_error_curve
+
+    stored = pd.read_csv(REPO / "checkpoints" / "gpt2-default" / "eval-shift-scale_x-3" / "eval.csv")
+    ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    fresh = shifted_error_curve(ckpt.model, ckpt.config.task, "scale_x", 3.0, 1280, 0)
+    cols = ["model", "model_lo", "model_hi", "least_squares", "knn3", "averaging"]
+    np.testing.assert_allclose(fresh[cols].to_numpy(), stored[cols].to_numpy(), rtol=1e-6, atol=1e-9)
+    assert (stored["shift"] == "scale_x=3").all()
