@@ -216,3 +216,27 @@ def test_publishing_is_one_atomic_exchange(tmp_path, monkeypatch):
         target.publish(staged)
     monkeypatch.undo()
     assert (out / "eval.csv").read_text() == "new" and json.loads((out / ".icl-probe-output.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_report_from_another_checkpoint_is_never_replaced_even_with_force(tmp_path, monkeypatch, capsys):
+    """runA/final and runB/final share the default report name: the second report names both
+    checkpoints and refuses, with or without --force, and the first report is left as it was; the
+    same checkpoint may still replace its own report."""
+    import shutil
+
+    from conftest import REPO
+
+    from probe.cli import main
+
+    for run, algorithm in (("runA", "gd"), ("runB", "sgd")):
+        shutil.copytree(REPO / "checkpoints" / "planted" / algorithm, tmp_path / run / "final")
+    monkeypatch.chdir(tmp_path)
+    assert main(["-q", "report", "runA/final", "--recipe", "smoke"]) == 0
+    before = (tmp_path / "runs" / "final-smoke" / "summary.json").read_bytes()
+    for extra in ([], ["--force"]):
+        assert main(["-q", "report", "runB/final", "--recipe", "smoke", *extra]) != 0
+        err = capsys.readouterr().err
+        assert "made from another checkpoint (runA/final), not runB/final" in err and "--force does not" in err
+    assert (tmp_path / "runs" / "final-smoke" / "summary.json").read_bytes() == before
+    assert main(["-q", "report", "runA/final", "--recipe", "smoke"]) == 0

@@ -271,6 +271,20 @@ class OutputTarget:
             )
         self._previous = marker
 
+    def check_same_source(self, sources: dict[str, str], label: str) -> None:
+        """Refuse, even with --force, to replace an output made from other inputs: `sources` are
+        the fingerprints this run records in the marker (probe.io.checkpoint's `fingerprint`), and
+        an earlier marker holding different ones names another checkpoint. A marker without them
+        (written before they were recorded) is not compared."""
+        previous = self._previous or {}
+        differs = [k for k, v in sources.items() if k in previous and previous[k] != v]
+        if differs:
+            self._refuse(
+                f"holds a {previous.get('command')} made from another checkpoint "
+                f"({previous.get('checkpoint_path', previous.get('checkpoint', '?'))}), not {label}",
+                "choose another --out, or delete that directory yourself to replace it (--force does not)",
+            )
+
     # ------------------------------------------------------------------ writing
 
     def stage(self) -> Path:

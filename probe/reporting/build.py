@@ -29,6 +29,7 @@ from ..core import budget
 from ..core.allocator import release_free_memory
 from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
+from ..core.provenance import display_path
 from ..core.seeds import Stream, stream_generator
 from ..data.tasks import sample_prompts
 from ..interventions.pipeline import degenerate_boundaries, layer_maps_from_best, run_interventions
@@ -440,6 +441,8 @@ def build_report(
         else OutputTarget(Path(out), "report", force=force, inputs=(ckpt.path,) + ((compare.path,) if compare else ()))
     )
     check_report_size(ckpt, recipe)
+    sources = {"fingerprint": ckpt.fingerprint, **({"compare_fingerprint": compare.fingerprint} if compare else {})}
+    target.check_same_source(sources, display_path(ckpt.path))
     cache = StageCache(cache_dir)
     built = run_stages(ckpt, recipe, device, cache, progress, memory=memory)
     if compare is not None:  # the user's recipe, adapted to the compared checkpoint by run_stages
@@ -469,4 +472,5 @@ def build_report(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target.publish(tmp, {"checkpoint": ckpt.name, "recipe": recipe.name})
+    record = {"checkpoint": ckpt.name, "checkpoint_path": display_path(ckpt.path), "recipe": recipe.name}
+    return target.publish(tmp, {**record, **sources})
