@@ -446,3 +446,16 @@ def test_per_matrix_threads_give_the_batched_call_bit_for_bit():
         threaded, batched = per_matrix(fn, x), fn(x)
         for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in (threaded, batched))):
             assert a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["least_squares", "gd", "newton", "ridge"])
+def test_prompts_that_would_overflow_the_learners_are_refused_naming_the_scale(name):
+    """Float64 prompts at 1e200 overflowed S = sum x x^T into a raw LinAlgError from eigh."""
+    from probe.core.errors import ConfigError
+
+    xs, ys = torch.randn(4, 8, 3, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)
+    with pytest.raises(ConfigError, match=r"prompts reach \|value\| .*e\+200.*rescale the prompts$"):
+        run_learner(name, xs * 1e200, ys * 1e200)
+    with pytest.raises(ConfigError, match="or pass them as float64"):
+        run_learner(name, (xs * 1e12).float(), (ys * 1e12).float())
+    assert torch.isfinite(run_learner(name, xs * 1e50, ys * 1e50).preds).all()

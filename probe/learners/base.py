@@ -69,6 +69,24 @@ def check_prompts(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> None
         raise ConfigError(
             f"queries must have shape (batch={xs.shape[0]}, Q, d={xs.shape[2]}), got {tuple(queries.shape)}"
         )
+    check_scale(xs, ys, queries)
+
+
+def check_scale(xs: Tensor, ys: Tensor, queries: Tensor | None = None) -> None:
+    """Refuse prompts whose magnitude overflows the learners' arithmetic in their dtype: the moments
+    S = sum x x^T reach n |x|^2 and Newton's iteration multiplies them again, so beyond
+    finfo.max^(1/4) / sqrt(n) an eigendecomposition or product overflows to inf (a raw LinAlgError
+    from deep inside torch, or NaN predictions)."""
+    if not xs.is_floating_point() or xs.numel() == 0:
+        return
+    scale = max(float(t.detach().abs().max()) for t in (xs, ys, queries) if t is not None and t.numel())
+    limit = torch.finfo(xs.dtype).max ** 0.25 / max(xs.shape[1], 1) ** 0.5
+    if scale > limit:
+        raise ConfigError(
+            f"prompts reach |value| {scale:.3g}, beyond what the learners can square in {xs.dtype} "
+            f"({limit:.3g} for {xs.shape[1]} points); rescale the prompts"
+            + ("" if xs.dtype == torch.float64 else " or pass them as float64")
+        )
 
 
 def prefix_moments(xs: Tensor, ys: Tensor, last_prefix: bool = False) -> tuple[Tensor, Tensor]:
