@@ -370,3 +370,20 @@ def test_weights_edited_in_place_are_seen_by_the_next_capture():
             expected = model(xs, ys).numpy()
         assert not np.allclose(before, after)
         np.testing.assert_allclose(after, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_capture_refuses_prompts_whose_predictions_overflow(tmp_path, capsys):
+    """Prompts at 1e30 made the default checkpoint's LayerNorm overflow: NaN predictions and
+    activations written with exit 0. Now one message naming the input scale, and no file."""
+    import numpy as np
+    from conftest import REPO
+
+    from probe.cli import main
+
+    g = np.random.default_rng(0)
+    np.savez(tmp_path / "p.npz", xs=g.standard_normal((4, 16, 4)) * 1e30, ys=g.standard_normal((4, 16)) * 1e30)
+    out = tmp_path / "acts.npz"
+    assert main(["-q", "capture", str(REPO / "checkpoints" / "gpt2-default"), "--prompts", str(tmp_path / "p.npz"),
+                 "--out", str(out)]) != 0
+    assert "overflow to NaN or inf on these prompts (inputs reach |value| " in capsys.readouterr().err
+    assert not out.exists()

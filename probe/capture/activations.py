@@ -27,7 +27,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.allocator import release_free_memory
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, ProbeError
 from ..core.memory import MemoryBudget, nbytes
 from ..core.validate import check_device, check_prompts_for, positive_int
 from ..io.outputs import clean_stale
@@ -176,6 +176,13 @@ def capture(
             )
             preds[start : start + len(acts.pred)] = acts.pred.float().cpu().numpy()
             _store_batch(sink, acts, request, pos, start, (b, n_pos, model.d_model), model.n_layers, by_position)
+    if pos is None and not np.isfinite(preds).all():  # every run ran: a non-finite prediction is an overflow
+        scale = max(float(xs.abs().max()), float(ys.abs().max()))
+        raise ProbeError(
+            f"the model's predictions overflow to NaN or inf on these prompts (inputs reach |value| {scale:.3g}; "
+            f"{model.__class__.__name__} computes in {next(model.parameters()).dtype}): rescale the prompts"
+            + ("" if double else " or capture with double=True")
+        )
     result = Capture(pred=preds, acts=sink.arrays, positions=None if pos is None else pos.numpy())
     release_free_memory()  # the batches' forward temporaries leave the resident set before the caller's next step
     if spilled:  # our own temporary directory goes when the result does (the memmaps stay readable until then)
