@@ -79,12 +79,16 @@ def test_the_paired_rule_is_written_once():
 
 
 def test_no_code_parses_verdict_words():
-    """Verdicts are data: code reads `winner`, never the rendered words."""
+    """Verdicts are data: code reads `winner` (and a trend its fields, the resolution table its
+    TrendShape), never the rendered words."""
     import pathlib
     import re
 
     root = pathlib.Path(__file__).resolve().parents[1] / "probe"
-    pattern = re.compile(r"""(endswith|removesuffix)\(["'] closer["']\)|== ["']claimed map closer|== NOT_SEPARABLE""")
+    pattern = re.compile(
+        r"""(endswith|removesuffix)\(["'] closer["']\)|== ["']claimed map closer|== NOT_SEPARABLE"""
+        r"""|startswith\(["'](exponential|linear|no trend|shape|inconclusive|neither)|str\.extract\(r?["']x"""
+    )
     found = [f"{p.name}:{i}" for p in root.rglob("*.py") for i, line in enumerate(p.read_text().splitlines()) if pattern.search(line)]
     assert found == []
 
