@@ -89,7 +89,9 @@ def test_report_on_planted_gd_recovers_steps(tmp_path):
     assert s["trend"]["gd"]["verdict"].startswith("gd_log: linear, about 1.0 [1.0, 1.0] steps per layer")
     # the causal check confirms the planted map end to end: patched predictions move exactly as GD says
     check = s["interventions"]["iteration"]["gd_log"]
-    assert check["k"] == list(range(6)) and check["deviation"] < 1e-4 and check["testable"]
+    # boundary 0 predicts 0 (GD's step 0): left out of every map alike
+    assert check["skipped"] == [0] and check["k"] == list(range(1, 6)) and check["deviation"] < 1e-4
+    assert check["testable"] and check["confirmed"]
     assert {r["verdict"] for r in check["map_alternatives"]} == {"claimed map closer"}  # shifted by 2 included
 
 
