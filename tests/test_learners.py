@@ -453,9 +453,10 @@ def test_prompts_that_would_overflow_the_learners_are_refused_naming_the_scale(n
     """Float64 prompts at 1e200 overflowed S = sum x x^T into a raw LinAlgError from eigh."""
     from probe.core.errors import ConfigError
 
-    xs, ys = torch.randn(4, 8, 3, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    xs, ys = torch.randn(4, 8, 3, dtype=torch.float64, generator=g), torch.randn(4, 8, dtype=torch.float64, generator=g)
     with pytest.raises(ConfigError, match=r"prompts reach \|value\| .*e\+200.*rescale the prompts$"):
         run_learner(name, xs * 1e200, ys * 1e200)
     with pytest.raises(ConfigError, match="or pass them as float64"):
         run_learner(name, (xs * 1e12).float(), (ys * 1e12).float())
-    assert torch.isfinite(run_learner(name, xs * 1e50, ys * 1e50).preds).all()
+    assert torch.isfinite(run_learner(name, xs * 1e6, ys * 1e6).preds).all()  # large but affordable: no refusal
