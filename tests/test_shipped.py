@@ -81,3 +81,13 @@ def test_a_stored_shift_evaluation_is_reproduced():
     cols = ["model", "model_lo", "model_hi", "least_squares", "knn3", "averaging"]
     np.testing.assert_allclose(fresh[cols].to_numpy(), stored[cols].to_numpy(), rtol=1e-6, atol=1e-9)
     assert (stored["shift"] == "scale_x=3").all()
+
+
+def test_the_d8_checkpoint_meets_issue_57s_bar():
+    """gpt2-d8: 12 layers, d = 8, normalised error (MSE / var(y) = error / d for isotropic x and w)
+    at most 0.01 at 2d+1 examples and beyond."""
+    ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-d8")
+    d = ckpt.config.task.n_dims
+    assert (ckpt.config.model.n_layer, d, ckpt.config.task.covariance) == (12, 8, "isotropic")
+    stored = pd.read_csv(REPO / "checkpoints" / "gpt2-d8" / "eval" / "eval.csv").set_index("n_examples")
+    assert (stored.model_hi[2 * d + 1 :] < 0.01).all()
