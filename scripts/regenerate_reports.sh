@@ -21,6 +21,7 @@ declare -A JOBS=(
   [gpt2-default-quick]="report checkpoints/gpt2-default --out reports/gpt2-default-quick"
   [gpt2-default-vs-lstm]="report checkpoints/gpt2-default --compare checkpoints/lstm-default --out reports/gpt2-default-vs-lstm"
   [gpt2-illcond-quick]="report checkpoints/gpt2-illcond --out reports/gpt2-illcond-quick"
+  [gpt2-d8-quick]="report checkpoints/gpt2-d8 --out reports/gpt2-d8-quick"
   [lstm-default-quick]="report checkpoints/lstm-default --out reports/lstm-default-quick"
   [gpt2-relu3-relu]="report checkpoints/gpt2-relu3 --recipe relu --out reports/gpt2-relu3-relu"
   [planted-gd-quick]="report checkpoints/planted/gd --out reports/planted-gd-quick"
