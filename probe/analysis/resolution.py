@@ -11,9 +11,9 @@ SimE on t >= d only runs with label noise: without it, learners that solve the e
 (least squares; any converged iterate) err at round-off there, and the cosine of round-off says
 nothing.
 
-The trend is the evidence that separates Iterative Newton from GD when the similarities cannot:
-b's matched count k_b against k_a, fitted linear and exponential (seed 003 §4: GD needs
-exponentially many steps per Newton iteration). `evidence` names, per pair and condition, the
+The trend: b's matched count k_b against k_a, fitted linear and exponential (seed 003 §4: GD needs
+exponentially many steps per Newton iteration). It measures a rate: a model running GD whose step
+count doubles per layer shows the same trend as one running Newton. `evidence` names, per pair and condition, the
 metric with the largest resolution and the trend's shape.
 """
 

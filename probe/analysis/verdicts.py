@@ -8,7 +8,8 @@ Resolution: even a model that *is* learner a at its matched hyper-parameter k_a 
 Sim(a_{k_a}, b_{k_b}) against b at the hyper-parameter matched to the layer, so the largest
 difference the comparison can show is `resolution` = 1 - Sim(a_{k_a}, b_{k_b}) (its mean over the
 same prompts). For Iterative Newton against tuned GD it is ~0.01 on SimE (seed 003's Table 1 cannot
-separate them by more), which is why the iterations-per-layer trend is the evidence that does.
+separate them by more); the iterations-per-layer trend measures a rate and cannot either, and the
+spectral filter (probe/analysis/spectral.py) is the instrument validated on both.
 
 Verdict (`decide`, the one rule; `verdict_words` its text): the winner a or b when the paired
 interval excludes 0 and is narrower than the resolution (half-width below it); otherwise none, "not

@@ -1,8 +1,8 @@
 """Resolution ceilings of the learner comparisons (probe/analysis/resolution.py): for each pair of
 reference learners and each task condition (d, condition number, label noise), how large a
 difference in SimE (all t, and t >= d), or SimW, a model that is exactly one of them could show
-against the other, and the evidence that separates the pair (the iterations-per-layer trend for
-Iterative Newton against GD). Writes resolution.csv, resolution.png and run.json.
+against the other, the metric with the largest resolution and the shape of the matched-count trend
+(a rate: GD with a doubling step count shows Newton's). Writes resolution.csv, resolution.png and run.json.
 
 examples:
   icl-probe resolution --out reports/resolution

@@ -196,8 +196,9 @@ def table1_block(table: pd.DataFrame, degenerate: bool = True) -> dict[str, Tabl
 
 
 def verdicts_block(table: pd.DataFrame | None, trends: dict[str, Trend]) -> list[Verdict] | None:
-    """The paired verdicts; where one cannot separate its pair, the evidence that can: the
-    iterations-per-layer trends of the two learners, when the report fitted them."""
+    """The paired verdicts; where one cannot separate its pair, a pointer to the evidence table,
+    with the two learners' iterations-per-layer trends when the report fitted them, named as the
+    rate they are (they cannot separate the pair either)."""
     if table is None or table.empty:
         return None
     out = []
@@ -206,7 +207,11 @@ def verdicts_block(table: pd.DataFrame | None, trends: dict[str, Trend]) -> list
         verdict.winner = verdict.winner if isinstance(verdict.winner, str) else None  # the table's None is NaN
         fitted = [key for key in (verdict.a, verdict.b) if key in trends and trends[key].verdict]
         if verdict.winner is None and fitted:
-            verdict.evidence = "the iterations-per-layer trend (" + "; ".join(trends[k].verdict for k in fitted) + ")"
+            verdict.evidence = (
+                "see the evidence table; the iterations-per-layer trend ("
+                + "; ".join(trends[k].verdict for k in fitted)
+                + ") measures a rate and cannot separate them"
+            )
         out.append(verdict)
     return out
 
