@@ -50,6 +50,18 @@ def test_the_device_check_compares_every_number_and_flags_discrete_changes():
     assert none == [] and all(c["rel"] == 0 for c in same)
 
 
+def test_the_device_check_keeps_optimiser_diagnostics_out_of_its_maximum():
+    check = _gpu_check()
+    a = {"probes": {"w_ols": {"linear": {"r2": [0.5], "max_grad_norm": 4e-6, "max_iterations": 106}}}}
+    b = {"probes": {"w_ols": {"linear": {"r2": [0.5 * (1 + 1e-5)], "max_grad_norm": 1e-6, "max_iterations": 103}}}}
+    continuous, discrete = check.compare(a, b)
+    assert discrete == []
+    assert sorted(c["path"] for c in continuous if c["diagnostic"]) == [
+        "probes.w_ols.linear.max_grad_norm", "probes.w_ols.linear.max_iterations"]
+    assert [c["path"] for c in check.results_only(continuous)] == ["probes.w_ols.linear.r2.0"]
+    assert check.block_maxima(continuous) == {"probes": pytest.approx(1e-5, rel=1e-3)}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ("gd", "newton", "least_squares", "ridge", "precond_gd"))
@@ -59,3 +71,19 @@ def test_learners_on_cuda_equal_cpu(name):
     ys = torch.randn(16, 12, generator=g, dtype=torch.float64)
     cpu, cuda = run_learner(name, xs, ys), run_learner(name, xs.cuda(), ys.cuda())
     torch.testing.assert_close(cuda.preds.cpu(), cpu.preds, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("algorithm,layers", [("gd", 3), ("sgd", 3), ("adam", 4), ("newton", 3), ("newton-relu", 3),
+                                             ("prng", 1), ("uniform", 1)])
+def test_planted_tokens_are_built_on_the_prompts_device(algorithm, layers):
+    """Every planted construction fills its tokens and divisors on the prompts' device (the H100 run
+    found them built on the CPU); the meta device raises on any tensor from another device."""
+    from probe.io.planted_io import planted_config
+    from probe.models.planted import plant
+
+    model = plant(planted_config(algorithm, layers, 32 if algorithm == "prng" else 4, 10).model).to("meta")
+    d = model.config.n_dims
+    xs, ys = torch.empty(2, 10, d, device="meta"), torch.empty(2, 10, device="meta")
+    h, t = model.tokens(xs, ys)
+    assert h.device.type == "meta" and t.device.type == "meta"
+    assert model.interleave_runs(h[:, :4], [0, 1, 2, 3], 10).device.type == "meta"

@@ -20,7 +20,7 @@ def span_projectors(xs: torch.Tensor) -> torch.Tensor:
     """P_t = X_t^+ X_t, the projector onto span{x_1..x_t}, for every prefix: (B, n, d, d)."""
     x = xs.double()
     n = x.shape[1]
-    mask = prefix_mask(n).to(x.dtype)  # (t, i): i < t
+    mask = prefix_mask(n, x.device).to(x.dtype)  # (t, i): i < t
     xt = x.unsqueeze(1) * mask.view(1, n, n, 1)  # (B, t, n, d): first t rows kept
     return per_matrix(torch.linalg.pinv, xt) @ xt
 

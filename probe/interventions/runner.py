@@ -243,9 +243,10 @@ class PlantedRunner(Runner):
     def stream_mask(self, token_mask: Tensor, n_prompts: int, query: int | None = None) -> Tensor:
         k, two_n = token_mask.shape
         n = two_n // 2
-        per_run = torch.zeros(k, n, self._runs(n), dtype=torch.bool)
+        per_run = torch.zeros(k, n, self._runs(n), dtype=torch.bool, device=token_mask.device)
         per_run[:, :, -1] = token_mask[:, X_TOKENS]  # x token i is the query of run i
-        per_run[:, :, :n] = token_mask[:, Y_TOKENS].unsqueeze(1) & prefix_mask(n)  # example i is in run r > i
+        seen = prefix_mask(n, token_mask.device)  # example i is in run r > i
+        per_run[:, :, :n] = token_mask[:, Y_TOKENS].unsqueeze(1) & seen
         if query is not None:
             per_run, n = per_run[:, query : query + 1], 1
         return per_run.repeat_interleave(n_prompts, dim=0).reshape(k * n_prompts * n, -1, 1).to(self.device)

@@ -181,12 +181,13 @@ class PlantedICL(Hooked, nn.Module):
             attn = self._stacked_heads(h, l, scale, sites.attn)
         else:
             attn = h @ self.skip[l].T
-            for head in range(self.q.shape[1]):
-                if not (self.q[l, head].any() and self.v[l, head].any()):
+            active = (self.q[l].flatten(1).any(1) & self.v[l].flatten(1).any(1)).tolist()  # one host read per layer
+            for head, per_example in enumerate((self.per_example[l] != 0).tolist()):
+                if not active[head]:
                     continue
                 q, k, v = h @ self.q[l, head].T, h @ self.k[l, head].T, h @ self.v[l, head].T
                 att = self.scores(q, k) @ v  # (B, n, T, W): sum_i sigma(<K h_i, Q h_j>) V h_i
-                attn = attn + att * (scale if self.per_example[l, head] else 1.0)
+                attn = attn + att * (scale if per_example else 1.0)
         out = fire(sites.hook_resid_mid, h + fire(sites.hook_attn_out, attn))
         if self.d_mlp:
             out = out + fire(sites.hook_mlp_out, self.mlp(out, l))
@@ -201,9 +202,9 @@ class PlantedICL(Hooked, nn.Module):
         (runs, T, heads + 1, W) through their hook points; the last head is the skip map A h."""
         b, n, length, width = h.shape
         patterns, values = [], []
-        for head in range(self.q.shape[1]):
+        for head, per_example in enumerate((self.per_example[l] != 0).tolist()):
             pattern = self.scores(h @ self.q[l, head].T, h @ self.k[l, head].T)  # [j, i] = sigma(<K h_i, Q h_j>)
-            patterns.append(pattern * scale if self.per_example[l, head] else pattern)
+            patterns.append(pattern * scale if per_example else pattern)
             values.append(h @ self.v[l, head].T)
         patterns.append(torch.eye(length, dtype=h.dtype, device=h.device).expand(b, n, length, length))
         values.append(h @ self.skip[l].T)
@@ -245,11 +246,11 @@ class PlantedICL(Hooked, nn.Module):
         runs = list(range(n)) if runs is None else runs
         at = {run: i for i, run in enumerate(runs)}
         seq = state.new_zeros(b, 2 * n, state.shape[-1])
-        queries = torch.tensor(runs, dtype=torch.long)
+        queries = torch.tensor(runs, dtype=torch.long, device=state.device)
         seq[:, 2 * queries] = state[:, :, -1]
         examples = [(i, at[min(i + 1, n - 1)]) for i in range(n) if min(i + 1, n - 1) in at]
         if examples:
-            token, run = (torch.tensor(v, dtype=torch.long) for v in zip(*examples))
+            token, run = (torch.tensor(v, dtype=torch.long, device=state.device) for v in zip(*examples))
             seq[:, 2 * token + 1] = state[:, run, token]
         return seq
 

@@ -113,11 +113,11 @@ class Construction:
         divisor of its per-example heads (n,). Default: example i of run t holds (x_i, y_i) in the
         slots "x" and `target_slot` for i < t, the query token x_{t+1} in "xq"; divisor t."""
         b, n, _ = xs.shape
-        s, seen = model.layout, prefix_mask(n).to(xs.dtype).view(1, n, n, 1)
+        s, seen = model.layout, prefix_mask(n, xs.device).to(xs.dtype).view(1, n, n, 1)
         h[:, :, :n, s["x"]] = xs.unsqueeze(1) * seen
         h[:, :, :n, s[self.target_slot]] = ys.view(b, 1, n, 1) * seen
         h[:, :, -1, s["xq"]] = xs  # run t queries x_{t+1}
-        return h, torch.arange(n, dtype=xs.dtype)
+        return h, torch.arange(n, dtype=xs.dtype, device=xs.device)
 
     target_slot: ClassVar[str] = "y"
 

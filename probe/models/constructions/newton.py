@@ -84,7 +84,7 @@ class Newton(NewtonBase):
         """The default tokens, then column token j holds e_j and the query a 1."""
         h, t = super().tokens(model, h, xs, ys)
         n, d, s = xs.shape[1], xs.shape[2], model.layout
-        h[:, :, n : n + d, s["e"]] = torch.eye(d, dtype=xs.dtype)
+        h[:, :, n : n + d, s["e"]] = torch.eye(d, dtype=xs.dtype, device=xs.device)
         h[:, :, -1, s["one"]] = 1.0
         return h, t
 

@@ -43,11 +43,11 @@ class PRNG(Construction):
     def tokens(self, model: PlantedICL, h: Tensor, xs: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
         """Run t >= 1 holds the seed x_1 in its first token; the query token a 1."""
         s = model.layout
-        has_seed = (torch.arange(xs.shape[1]) > 0).to(xs.dtype).view(1, -1, 1)
+        has_seed = (torch.arange(xs.shape[1], device=xs.device) > 0).to(xs.dtype).view(1, -1, 1)
         h[:, :, 0, s["s"]] = xs[:, :1] * has_seed
         h[:, :, 0, s["first"]] = has_seed
         h[:, :, -1, s["qone"]] = 1.0
-        return h, torch.zeros(xs.shape[1], dtype=xs.dtype)
+        return h, xs.new_zeros(xs.shape[1])
 
     def plant(self, model: PlantedICL) -> None:
         """Head m emits A^m s_0, the MLP reduces mod 2."""

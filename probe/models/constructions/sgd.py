@@ -72,7 +72,7 @@ class SGD(Construction):
     def tokens(self, model: PlantedICL, h: Tensor, xs: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
         """Examples carry (x, y, 1), their mask bits and step 1's gate b_1 y; divisor |B_t| = min(K, t)."""
         n, s = xs.shape[1], model.layout
-        seen = prefix_mask(n).to(xs.dtype).view(1, n, n, 1)
+        seen = prefix_mask(n, xs.device).to(xs.dtype).view(1, n, n, 1)
         masks = model.masks[:, :n, :n].to(xs.dtype)  # (L, run t, i)
         h[:, :, :n, s["x"]] = xs.unsqueeze(1) * seen
         h[:, :, :n, s["r"]] = ys.view(-1, 1, n, 1) * seen

@@ -38,13 +38,14 @@ class Uniform(Construction):
         """Run t: examples 0..t-2 are the keys, example t-1's first coordinate sits in the query;
         divisor t - 1."""
         n, s = xs.shape[1], model.layout
-        keys = torch.ones(n, n).tril(-2).to(xs.dtype).view(1, n, n, 1)
+        keys = xs.new_ones(n, n).tril(-2).view(1, n, n, 1)
         h[:, :, :n, s["x"]] = xs.unsqueeze(1) * keys
         h[:, :, :n, s["one"]] = keys.expand(h.shape[0], n, n, 1)
-        last = (torch.arange(n) - 1).clamp(min=0)  # run t holds out example t-1 (0-based)
-        h[:, :, -1, s["z"]] = xs[:, last, :1] * (torch.arange(n) > 0).to(xs.dtype).view(1, n, 1)
+        run = torch.arange(n, device=xs.device)
+        last = (run - 1).clamp(min=0)  # run t holds out example t-1 (0-based)
+        h[:, :, -1, s["z"]] = xs[:, last, :1] * (run > 0).to(xs.dtype).view(1, n, 1)
         h[:, :, -1, s["qone"]] = 1.0
-        return h, (torch.arange(n) - 1).clamp(min=0).to(xs.dtype)
+        return h, last.to(xs.dtype)
 
     def plant(self, model: PlantedICL) -> None:
         """Eq. 17: the held-out coordinate's empirical CDF."""
