@@ -70,6 +70,7 @@ def probe_study(
         "seed": seed,
         "device": device,
         "precision": settings.precision,
+        "mlp_head": settings.mlp_head,
         "layout": "lpnd",
     }
     dtype, frames = probe_dtype(settings.precision), []

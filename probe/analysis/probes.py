@@ -62,8 +62,10 @@ from ..core.errors import ConfigError
 from ..core.seeds import Stream, stream_generator
 from ..learners import prefix_moments
 from ..learners.closed_form import least_squares_weights
+from .mlp_head import split as mlp_split
+from .mlp_head import train_heads
 from .pooling import MIN_GAIN, PoolingFit, ProbeSet, fit_pooling
-from .ridge import TwoBlockRidge, choose_penalty, ridge_head, ridge_penalties
+from .ridge import TwoBlockRidge, choose_penalty, ridge_head, ridge_loo, ridge_penalties
 from .stats import percentile_interval, r2_resamples, r2_score
 
 ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # ridge penalties, fractions of the mean eigenvalue
@@ -94,8 +96,8 @@ class Head:
     target_mean: Tensor  # (G, 1, d)
     z_mean: Tensor | None = None  # (G, 1, D)
     z_std: Tensor | None = None
-    hidden_weight: Tensor | None = None  # (D, H)
-    hidden_bias: Tensor | None = None  # (H,)
+    hidden_weight: Tensor | None = None  # (G, D, H): the random layer (the same for every probe) or trained
+    hidden_bias: Tensor | None = None  # (G, 1, H)
     hidden_scale: Tensor | None = None  # (G, 1, 1)
 
     def hidden(self, z: Tensor) -> Tensor:
@@ -113,7 +115,23 @@ class Head:
     def predict(self, z: Tensor) -> Tensor:
         return (self.features(z) - self.feature_mean) @ self.weight + self.target_mean
 
-    PER_PROBE = ("weight", "feature_mean", "target_mean", "z_mean", "z_std", "hidden_scale")
+    PER_PROBE = (
+        "weight",
+        "feature_mean",
+        "target_mean",
+        "z_mean",
+        "z_std",
+        "hidden_weight",
+        "hidden_bias",
+        "hidden_scale",
+    )
+
+    def rows(self, rows: slice) -> Head:
+        """The heads of the probes `rows`."""
+        parts: dict[str, Any] = {
+            f: None if getattr(self, f) is None else getattr(self, f)[rows] for f in self.PER_PROBE
+        }
+        return dataclasses.replace(self, **parts)
 
     @staticmethod
     def cat(heads: list[Head]) -> Head:
@@ -193,7 +211,8 @@ def _fit_heads(
         head.feature_mean, head.weight = z.mean(1, keepdim=True), ridge_head(zc, yc, penalty)
         return head, penalty, loo
     head.z_mean, head.z_std = z.mean(1, keepdim=True), z.std(1, keepdim=True).nan_to_num(1.0).clamp_min(1e-12)
-    head.hidden_weight, head.hidden_bias = (v.to(z.device) for v in random_layer(z.shape[-1], hidden, seed))
+    a, c = (v.to(z.device) for v in random_layer(z.shape[-1], hidden, seed))
+    head.hidden_weight, head.hidden_bias = a.expand(len(z), -1, -1), c.view(1, 1, -1).expand(len(z), 1, -1)
     h = head.hidden(z)
     h_mean = h.mean(1, keepdim=True)
     hc = h - h_mean
@@ -249,6 +268,73 @@ def fit_probe_head(
     return head.where(take, other), torch.where(take, other_penalty, penalty), torch.minimum(loo, other_loo), alpha
 
 
+@dataclass
+class HeadFit:
+    """Per MLP probe (G,): whether its head is the trained network (`train_mlp_heads`; else the
+    random-feature head, which predicted the held-out share as well), and the trained fit's weight
+    decay, L-BFGS iterations, final |grad|_inf and whether it met the stopping rule."""
+
+    trained: Tensor
+    decay: Tensor
+    iterations: Tensor
+    grad_norm: Tensor
+    converged: Tensor
+
+    @staticmethod
+    def cat(parts: list[HeadFit]) -> HeadFit:
+        return HeadFit(*(torch.cat([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(HeadFit)))
+
+
+def train_mlp_heads(
+    probes: ProbeSet,
+    alpha: Tensor,
+    head: Head,
+    penalty: Tensor,
+    loo: Tensor,
+    alphas: Sequence[float],
+    seed: int,
+    *,
+    gtol: float,
+    ftol: float,
+    max_iter: int,
+) -> tuple[Head, Tensor, HeadFit]:
+    """The MLP probes' heads trained as two-layer networks on their pooling alpha (G, P)
+    (probe/analysis/mlp_head.py), kept per probe where the trained head predicts the validation
+    share of the training prompts better (by MIN_GAIN in R^2) than the random-feature head `head`
+    refitted without it; elsewhere `head`. Returns (heads, leave-one-out MSE of each head's output
+    layer, HeadFit). A block of whole layers' probes at a time (`ProbeSet.pooled_blocks`)."""
+    parts = [
+        _train_block(z, probes.yc[rows], head.rows(rows), penalty[rows], loo[rows], alphas, seed, gtol, ftol, max_iter)
+        for rows, z in probes.pooled_blocks(lambda rows: alpha[rows])
+    ]
+    heads, loos, fits = zip(*parts)
+    return Head.cat(list(heads)), torch.cat(loos), HeadFit.cat(list(fits))
+
+
+def _train_block(z, yc, rf: Head, penalty, rf_loo, alphas, seed, gtol, ftol, max_iter) -> tuple[Head, Tensor, HeadFit]:
+    """`train_mlp_heads` for one block of probes: z (k, N, D) pooled, yc (k, N, d) centred."""
+    assert rf.z_mean is not None and rf.z_std is not None and rf.hidden_weight is not None
+    assert rf.hidden_bias is not None
+    zs = (z - rf.z_mean) / rf.z_std
+    first = (rf.hidden_weight[0].cpu(), rf.hidden_bias[0, 0].cpu())
+    fit_rows, val_rows = mlp_split(z.shape[1], seed, z.device)
+    baseline, _, _ = fit_head("mlp", z[:, fit_rows], yc[:, fit_rows], alphas, first[0].shape[1], seed)
+    baseline_val = (baseline.predict(z[:, val_rows]) - yc[:, val_rows]).pow(2).mean((1, 2))
+    margin = MIN_GAIN * yc.pow(2).mean((1, 2))
+    fitted = train_heads(z, zs, yc, penalty, first, seed, baseline_val, margin, gtol=gtol, ftol=ftol, max_iter=max_iter)
+    trained = Head("mlp", torch.empty(0), torch.empty(0), yc.mean(1, keepdim=True), rf.z_mean, rf.z_std)
+    trained.hidden_weight, trained.hidden_bias = fitted.hidden_weight, fitted.hidden_bias
+    trained.hidden_scale = torch.ones_like(rf.z_mean[..., :1])
+    features = trained.features(z)
+    trained.feature_mean = features.mean(1, keepdim=True)
+    fc, ycc = features - trained.feature_mean, yc - trained.target_mean
+    trained.weight = ridge_head(fc, ycc, penalty)
+    trained_loo = ridge_loo(fc, ycc, penalty.unsqueeze(1))[:, 0]
+    take = fitted.better
+    fit = HeadFit(take, fitted.decay, fitted.iterations, fitted.grad_norm, fitted.converged)
+    return rf.where(take, trained), torch.where(take, trained_loo, rf_loo), fit
+
+
 def _heads_by_block(
     kind: str,
     probes: ProbeSet,
@@ -300,7 +386,7 @@ class FittedProbes:
 
     probes: ProbeSet  # layer and positions of every probe (its states dropped)
     fit: PoolingFit
-    heads: list[tuple[str, Head, Tensor, Tensor, Tensor]]  # (kind, head, penalty, loo MSE, alpha)
+    heads: list[tuple[str, Head, Tensor, Tensor, Tensor, HeadFit | None]]  # (kind, head, penalty, loo MSE, alpha, fit)
     y_train: Tensor  # (G, N, d) standardised training targets
     target_stats: dict[str, tuple[Tensor, Tensor]]  # the training targets' mean and std per name
     combos: list[tuple[int, str]]
@@ -319,12 +405,14 @@ class FittedProbes:
         y_test = _stack_targets(self.target_stats, test_targets, self.combos).repeat(n_layers, 1, 1).to(self.device)
         every = torch.arange(len(self.probes.layer), device=self.device)
         frames = []
-        for kind, head, penalty, loo, alpha in self.heads:
+        for kind, head, penalty, loo, alpha, head_fit in self.heads:
             pred = head.predict(self.probes.pool(alpha, every, test_states)) + self.y_train.mean(1, keepdim=True)
             on_cpu = (pred.cpu(), y_test.cpu(), loo.cpu(), penalty.cpu(), self.y_train.cpu())
-            frames.append(
-                _probe_rows(kind, on_cpu, self.fit.to("cpu"), alpha.cpu(), self.combos, self.hidden, n_boot, seed)
+            fits = (
+                self.fit.to("cpu"),
+                None if head_fit is None else HeadFit(*(v.cpu() for v in vars(head_fit).values())),
             )
+            frames.append(_probe_rows(kind, on_cpu, fits, alpha.cpu(), self.combos, self.hidden, n_boot, seed))
         return pd.concat(frames, ignore_index=True)
 
 
@@ -344,13 +432,15 @@ def fit_probe_grid(
     device: str = "cpu",
     layout: str = "lnpd",
     precision: str = "float64",
+    mlp_head: str = "trained",
 ) -> FittedProbes:
     """Fit a probe for every layer x (prefix, target) x kind at once on the training prompts.
 
     states (L+1, N, 2n, D) at all token positions, or (L+1, 2n, N, D) with layout "lpnd" (used in
     place, no copy: `by_position_streams`); targets name -> (N, n, d); combos [(t, target)].
     All training prompts fit the probes (penalties by leave-one-out). `precision` is the dtype of
-    the states (pooling products); the heads and the objective are float64.
+    the states (pooling products); the heads and the objective are float64. `mlp_head`: "trained"
+    (the MLP probes' hidden layer trained, `train_mlp_heads`) or "random" (random features only).
     """
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     for kind in kinds:
@@ -360,6 +450,8 @@ def fit_probe_grid(
         raise ConfigError(f"states layout must be 'lnpd' or 'lpnd', got {layout!r}")
     if pooling not in ("learned", "uniform"):
         raise ConfigError(f"probe pooling must be 'learned' or 'uniform', got {pooling!r}")
+    if mlp_head not in MLP_HEADS:
+        raise ConfigError(f"probes.mlp_head must be one of {', '.join(MLP_HEADS)}, got {mlp_head!r}")
     if "mlp" in kinds:
         n_probes, n_prompts = train_states.shape[0] * len(combos), train_states.shape[1 if layout == "lnpd" else 2]
         budget.check([budget.mlp_probe_estimate("hidden", hidden, n_probes, n_prompts, train_states.shape[-1])])
@@ -374,13 +466,19 @@ def fit_probe_grid(
     n_used = torch.tensor([2 * t for t, _ in combos], device=device).repeat(n_layers)
     probes = ProbeSet(train_states, layer, n_used, y_train - y_train.mean(1, keepdim=True))
     fit = fit_pooling(probes, alphas, pooling == "learned", gtol, ftol, max_iter)
-    heads: list[tuple[str, Head, Tensor, Tensor, Tensor]] = []
+    heads: list[tuple[str, Head, Tensor, Tensor, Tensor, HeadFit | None]] = []
     linear: Chosen | None = None  # the linear head's penalty and error, which the MLP head on that pooling reuses
     for kind in kinds:
         head, penalty, loo, alpha = fit_probe_head(
             kind, probes, fit.scores, alphas, hidden, seed, linear, (fit.uniform_penalty, fit.uniform_loo)
         )
-        heads.append((kind, head, penalty, loo, alpha))
+        head_fit = None
+        if kind == "mlp" and mlp_head == "trained":
+            trained = train_mlp_heads(
+                probes, alpha, head, penalty, loo, alphas, seed, gtol=gtol, ftol=ftol, max_iter=max_iter
+            )
+            head, loo, head_fit = trained
+        heads.append((kind, head, penalty, loo, alpha, head_fit))
         linear = (penalty, loo) if kind == "linear" else linear
     without_states = dataclasses.replace(probes, states=train_states.new_empty(0, 0, 0, 0))
     return FittedProbes(without_states, fit, heads, y_train, stats, list(combos), hidden, layout, dtype, device)
@@ -422,12 +520,18 @@ def without_r2_draws(table: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=[R2_DRAWS], errors="ignore")
 
 
-def _probe_rows(kind, arrays, fit: PoolingFit, alpha, combos, hidden, n_boot: int, seed: int) -> pd.DataFrame:
+def _probe_rows(
+    kind, arrays, fits: tuple[PoolingFit, HeadFit | None], alpha, combos, hidden, n_boot: int, seed: int
+) -> pd.DataFrame:
     """The table of fit_probes for one kind, from the flat probe axis G = layers x combos; arrays:
-    (test predictions, test truth, leave-one-out MSE, penalty, training targets). R2_DRAWS: the
+    (test predictions, test truth, leave-one-out MSE, penalty, training targets); fits: the
+    pooling's and (trained MLP heads) the heads' (`converged`: both, where the head is trained). R2_DRAWS: the
     test R^2 on each of `n_boot` resamples of the test prompts (the same resamples for every probe,
     so probes are paired), with its 90% interval r2_low, r2_high."""
     pred, truth, loo, penalty, y_train = arrays
+    fit, head_fit = fits
+    trained = [False] * len(pred) if head_fit is None else head_fit.trained.tolist()
+    head_converged = trained if head_fit is None else head_fit.converged.tolist()
     r2 = r2_score(truth, pred).mean(-1)  # (G,): sklearn's multioutput="uniform_average"
     draws = r2_resamples(truth, pred, n_boot, seed).mean(-1)  # (n_boot, G)
     r2_lo, r2_hi = percentile_interval(draws)
@@ -454,7 +558,10 @@ def _probe_rows(kind, arrays, fit: PoolingFit, alpha, combos, hidden, n_boot: in
                 "hidden": hidden if kind == "mlp" else 0,
                 "iterations": int(fit.iterations[g]),
                 "grad_norm": float(fit.grad_norm[g]),
-                "converged": bool(fit.converged[g]),
+                "converged": bool(fit.converged[g]) and (not trained[g] or head_converged[g]),
+                "head": "linear" if kind == "linear" else "trained" if trained[g] else "random",
+                "head_iterations": 0 if head_fit is None else int(head_fit.iterations[g]),
+                "head_grad_norm": 0.0 if head_fit is None else float(head_fit.grad_norm[g]),
                 "y_mass": float((a * is_y).sum()),
                 "last_example_mass": float(a[2 * t - 2 : 2 * t].sum()),
                 "peak_position": int(a.argmax()),
@@ -493,9 +600,11 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
         ftol: float = 2.2e-9,
         pooling: str = "learned",
         random_state: int = 0,
+        mlp_head: str = "trained",
     ):
         self.kind, self.alphas, self.hidden, self.max_iter = kind, alphas, hidden, max_iter
         self.gtol, self.ftol, self.pooling, self.random_state = gtol, ftol, pooling, random_state
+        self.mlp_head = mlp_head
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -529,6 +638,8 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
             raise ValueError(f"AttentionPoolProbe kind must be 'linear' or 'mlp', got {self.kind!r}")
         if self.pooling not in ("learned", "uniform"):
             raise ValueError(f"AttentionPoolProbe pooling must be 'learned' or 'uniform', got {self.pooling!r}")
+        if self.mlp_head not in MLP_HEADS:
+            raise ValueError(f"AttentionPoolProbe mlp_head must be 'trained' or 'random', got {self.mlp_head!r}")
         if len(h) < 3:
             raise ValueError(f"AttentionPoolProbe needs 3 samples or more (leave-one-out), got {len(h)} sample")
         self.n_positions_ = h.shape[1]
@@ -542,6 +653,21 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
         self.head_, penalty, loo, alpha = fit_probe_head(
             self.kind, probes, fit.scores, self.alphas, self.hidden, self.random_state
         )
+        self.head_trained_ = False
+        if self.kind == "mlp" and self.mlp_head == "trained":
+            self.head_, loo, head_fit = train_mlp_heads(
+                probes,
+                alpha,
+                self.head_,
+                penalty,
+                loo,
+                self.alphas,
+                self.random_state,
+                gtol=self.gtol,
+                ftol=self.ftol,
+                max_iter=self.max_iter,
+            )
+            self.head_trained_ = bool(head_fit.trained[0])
         self.head_.target_mean = self.head_.target_mean + y_std.mean(1, keepdim=True)
         self.attention_ = alpha[0].numpy()
         self.loo_r2_ = float(1 - loo[0] / y_std.var(dim=1, unbiased=False).mean())
@@ -584,3 +710,5 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
 
 
 PRECISIONS = {"float64": torch.float64, "float32": torch.float32}
+# the MLP probe's hidden layer: trained (probe/analysis/mlp_head.py) or random features
+MLP_HEADS = ("trained", "random")

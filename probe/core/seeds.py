@@ -29,6 +29,8 @@ class Stream(IntEnum):
     PROBE_TEST = 202  # [probes] test prompts
     PROBE_FEATURES = 203  # the MLP probes' random GELU layer
     SHUFFLE = 204  # the probes' shuffled-targets control permutation
+    PROBE_SPLIT = 205  # the MLP probes' validation share of the training prompts (analysis/mlp_head.py)
+    PROBE_RESTARTS = 206  # the MLP probes' other starting hidden layers
     FORGETTING = 301  # [forgetting] prompts
     ORDER = 302  # [order] prompts
     ORDER_PERMUTATIONS = 303  # [order] the orderings of each prompt's examples

@@ -120,7 +120,13 @@ class ProbeSettings(Section):
         "by leave-one-out",
         nonempty=True,
     )
-    hidden: int = setting(128, "width of the MLP probes' random GELU layer")
+    hidden: int = setting(128, "width of the MLP probes' GELU layer")
+    mlp_head: str = setting(
+        "trained",
+        "the MLP probes' hidden layer: trained as a two-layer network (weight decay and start chosen on a "
+        "validation share) or random features only",
+        ("trained", "random"),
+    )
     max_iter: int = setting(500, "the most L-BFGS iterations per round of a probe's pooling fit")
     gtol: float = setting(1e-6, "a pooling fit has converged when |gradient|_inf is at most this")
     ftol: float = setting(
