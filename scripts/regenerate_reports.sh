@@ -34,7 +34,7 @@ declare -A JOBS=(
   [line-search-default]="probe heatmap checkpoints/gpt2-default --recipe analyses/line-search.toml --out reports/line-search-default --force"
   [shifts-gpt2-default]="shifts checkpoints/gpt2-default"
   [shifts-lstm-default]="shifts checkpoints/lstm-default"
-  [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --out reports/probes-default-converged --force"
+  [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --targets xty w_ols xtx --out reports/probes-default-converged --force"
 )
 for study in depth-phases relu-depth training-dynamics depth-noiseless width relu-attention relu-transformer-depth; do
   JOBS[study-$study]="probe study $study --out reports/study-$study --jobs 2 --force"

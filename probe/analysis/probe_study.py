@@ -55,6 +55,9 @@ def probe_study(
     test = sample_prompts(task, n_test, generator=stream_generator(seed, Stream.PROBE_TEST))
     targets_train = {k: probe_targets(train.xs, train.ys, k) for k in settings.targets}
     targets_test = {k: probe_targets(test.xs, test.ys, k) for k in settings.targets}
+    # one grid per target width (a grid stacks its targets): X^T y and w_OLS have d, S has d (d + 1) / 2
+    width = {k: v.shape[-1] for k, v in targets_train.items()}
+    groups = [[c for c in combos if width[c[1]] == w] for w in dict.fromkeys(width[t] for _, t in combos)]
     perm = torch.randperm(settings.prompts, generator=stream_generator(seed, Stream.SHUFFLE))
     shuffled = {k: v[perm] for k, v in targets_train.items()}
     release_free_memory()  # the targets' least-squares temporaries (~0.4 GB at d = 20) before the streams
@@ -79,14 +82,15 @@ def probe_study(
         # the training streams are freed before the test streams are captured: the fitted grids hold
         # no states, so the two never sit in memory together
         states = by_position_streams(m, train.xs, train.ys, device, dtype=dtype, memory=memory)
-        grids = [(control, fit_probe_grid(states, targets_train, combos, settings.kinds, **fit))]
+        grids = [(control, [fit_probe_grid(states, targets_train, g, settings.kinds, **fit) for g in groups])]
         if control == "none" and settings.controls:
-            grids.append(("shuffled", fit_probe_grid(states, shuffled, combos, settings.kinds, **fit)))
+            grids.append(("shuffled", [fit_probe_grid(states, shuffled, g, settings.kinds, **fit) for g in groups]))
         del states
         release_free_memory()  # the fits' temporaries before the test streams
         states = by_position_streams(m, test.xs, test.ys, device, dtype=dtype, memory=memory)
-        for name, grid in grids:
-            frames.append(grid.score(states, targets_test, n_boot, seed).assign(control=name))
+        for name, per_width in grids:
+            scored = [grid.score(states, targets_test, n_boot, seed) for grid in per_width]
+            frames.append(pd.concat(scored, ignore_index=True).assign(control=name))
             bar.update()
         del states, grids
         release_free_memory()  # this model's fit temporaries leave the heap before the next model's streams

@@ -72,13 +72,20 @@ ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # ridge penalties, fra
 
 
 def probe_targets(xs: Tensor, ys: Tensor, name: str) -> Tensor:
-    """(B, n, d): the target after each prefix t (t examples seen), for 'xty' or 'w_ols'."""
+    """(B, n, k): the target after each prefix t (t examples seen): 'xty' X_t^T y_t and 'w_ols' the
+    least-squares weights (k = d), 'xtx' the d (d + 1) / 2 entries of S_t / t = X_t^T X_t / t on and
+    above the diagonal (the state Newton-type learners keep; seed 003 eq. 5: M_0 = alpha S)."""
     xs, ys = xs.double(), ys.double()
     if name == "xty":
         return prefix_moments(xs, ys)[1]
     if name == "w_ols":
         return least_squares_weights(xs, ys)
-    raise ValueError(f"unknown probe target {name!r} (xty, w_ols)")
+    if name == "xtx":
+        s = prefix_moments(xs, ys)[0]
+        rows, cols = torch.triu_indices(xs.shape[-1], xs.shape[-1], device=xs.device)
+        seen = torch.arange(xs.shape[1], device=xs.device, dtype=xs.dtype).clamp_min(1).view(1, -1, 1)
+        return s[..., rows, cols] / seen
+    raise ValueError(f"unknown probe target {name!r} (xty, w_ols, xtx)")
 
 
 # ---------------------------------------------------------------- heads on a fitted pooling

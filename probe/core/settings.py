@@ -96,7 +96,8 @@ def flag_overrides(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 PROBE_KINDS = ("linear", "mlp")
-PROBE_TARGETS = ("xty", "w_ols")
+PROBE_TARGETS = ("xty", "w_ols", "xtx")
+DEFAULT_PROBE_TARGETS = ("xty", "w_ols")
 
 
 @dataclass
@@ -109,7 +110,10 @@ class ProbeSettings(Section):
     enabled: bool = setting(True, "run the probes in reports")
     kinds: tuple[str, ...] = setting(PROBE_KINDS, "probe kinds", PROBE_KINDS, noun="probe kind")
     targets: tuple[str, ...] = setting(
-        PROBE_TARGETS, "probe targets: X^T y and w_OLS of the prefix", PROBE_TARGETS, noun="target"
+        DEFAULT_PROBE_TARGETS,
+        "probe targets: X^T y, w_OLS and (xtx) S = X^T X / t of the prefix",
+        PROBE_TARGETS,
+        noun="target",
     )
     prefixes: tuple[int, ...] | None = setting(
         None, "prefix lengths t probed (none: 1, d, 2d and n-1 below n)", nonempty=True
@@ -122,9 +126,9 @@ class ProbeSettings(Section):
     )
     hidden: int = setting(128, "width of the MLP probes' GELU layer")
     mlp_head: str = setting(
-        "trained",
+        "random",
         "the MLP probes' hidden layer: trained as a two-layer network (weight decay and start chosen on a "
-        "validation share) or random features only",
+        "validation share; about 5x the probes' time) or random features only",
         ("trained", "random"),
     )
     max_iter: int = setting(500, "the most L-BFGS iterations per round of a probe's pooling fit")

@@ -20,6 +20,7 @@ LABELS = {
     "simw": "SimW",
     "xty": "X^T y",
     "w_ols": "w_OLS",
+    "xtx": "S = X^T X / t",
     "random_model": "a random-weights model",
     "zero": "the zero predictor",
 }
