@@ -460,3 +460,15 @@ def test_prompts_that_would_overflow_the_learners_are_refused_naming_the_scale(n
     with pytest.raises(ConfigError, match="or pass them as float64"):
         run_learner(name, (xs * 1e12).float(), (ys * 1e12).float())
     assert torch.isfinite(run_learner(name, xs * 1e6, ys * 1e6).preds).all()  # large but affordable: no refusal
+
+
+def test_ridge_whose_penalty_vanishes_beside_huge_prompts_says_so():
+    from probe.core.errors import ConfigError
+    from probe.learners import run_learner
+
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(4, 10, 5, generator=g, dtype=torch.float64) * 1e50
+    ys = torch.randn(4, 10, generator=g, dtype=torch.float64)
+    with pytest.raises(ConfigError, match=r"ridge with lambda 0.01 is singular on these prompts: S = X\^T X reaches .*e\+10"):
+        run_learner("ridge", xs, ys)
+    assert torch.isfinite(run_learner("ridge", xs, ys, lam=(1e98,)).preds).all()  # a penalty at the data's scale

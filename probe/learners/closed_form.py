@@ -49,7 +49,14 @@ def ridge(
         raise ConfigError(f"ridge lambdas must be > 0 (use least_squares for 0), got {list(lam)}")
     lams = torch.as_tensor(list(lam), dtype=xs.dtype, device=xs.device)
     reg = s.unsqueeze(0) + lams.view(-1, 1, 1, 1, 1) * eye  # (K, B, n, d, d)
-    w = torch.linalg.solve(reg, b.unsqueeze(0).expand(len(lams), *b.shape).unsqueeze(-1)).squeeze(-1)
+    try:
+        w = torch.linalg.solve(reg, b.unsqueeze(0).expand(len(lams), *b.shape).unsqueeze(-1)).squeeze(-1)
+    except torch.linalg.LinAlgError:  # singular: lambda vanishes beside S in float64 (below d examples)
+        top = float(s.diagonal(dim1=-2, dim2=-1).abs().max())
+        raise ConfigError(
+            f"ridge with lambda {min(lam):g} is singular on these prompts: S = X^T X reaches {top:.3g}, where "
+            f"{min(lam):g} is below {xs.dtype}'s resolution; rescale the prompts or use lambdas comparable to |x|^2"
+        ) from None
     return linear_result("ridge", [{"lam": float(v)} for v in lam], w, at_prefixes(xs, last_prefix), queries)
 
 
