@@ -9,11 +9,12 @@ cd "$(dirname "$0")/.."
 # this checkout's code (not whatever an editable install points at), so the reports record its commit
 probe() { OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" PYTHONPATH="$PWD" "${PYTHON:-.venv/bin/python}" -m probe -q "$@"; }
 report() { probe report "$@" --force --no-cache; }
-# a checkpoint's evaluations under every Garg et al. prompt shift (probe/data/shifts.py), beside its eval/
+# a checkpoint's evaluations under every Garg et al. prompt shift (probe/data/shifts.py), beside its eval/,
+# each with the learner the model tracks there (track.csv; probe/analysis/shift_tracking.py)
 shifts() {
   for shift in random_quadrants opposite_quadrants orthogonal_train_test overlapping_train_test half_subspace skewed \
     scale_x=0.5 scale_x=2 scale_x=3 scale_y=0.5 scale_y=3 noisy; do
-    probe evaluate "$1" --shift "$shift" --out "$1/eval-shift-${shift/=/-}" --force
+    probe evaluate "$1" --shift "$shift" --track --out "$1/eval-shift-${shift/=/-}" --force
   done
 }
 
@@ -34,6 +35,7 @@ declare -A JOBS=(
   [line-search-default]="probe heatmap checkpoints/gpt2-default --recipe analyses/line-search.toml --out reports/line-search-default --force"
   [shifts-gpt2-default]="shifts checkpoints/gpt2-default"
   [shifts-lstm-default]="shifts checkpoints/lstm-default"
+  [shifts-planted-gd]="shifts checkpoints/planted/gd"
   [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --targets xty w_ols xtx --out reports/probes-default-converged --force"
 )
 for study in depth-phases relu-depth training-dynamics depth-noiseless width relu-attention relu-transformer-depth; do

@@ -167,6 +167,40 @@ def plot_error_curve(frame: pd.DataFrame, path, title: str = "") -> None:
 
 
 @torch.no_grad()
+def shifted_predictions(
+    model: nn.Module,
+    task: TaskConfig,
+    shift: str,
+    n_prompts: int = 1280,
+    seed: int = 0,
+    n_points: int | None = None,
+    value: float | None = None,
+    device: str = "cpu",
+):
+    """The shifted prompts (probe/data/shifts.py), the model's prediction for each position's
+    query (P, n), and which positions the shift defines a query for (n,). Shifts that replace the
+    query run the model once per t on (x_1, y_1, ..., x_t, y_t, q_t)."""
+    from ..data.shifts import parse_shift, shifted_prompts
+
+    name, parsed = parse_shift(shift)
+    value = parsed if value is None else value
+    n_prompts = positive_int(n_prompts, "prompts")
+    points = n_points or task.n_points
+    budget.check([budget.prompt_estimate("prompts", n_prompts, shape_of(model), points)])
+    p = shifted_prompts(task, name, n_prompts, seed, n_points, value)
+    n = p.xs.shape[1]
+    defined = ~p.queries.isnan().any(-1).any(0)  # (n,)
+    if p.queries is p.xs:
+        return p, predict(model, Prompts(p.xs, p.ys), device=device), defined
+    preds = torch.full((n_prompts, n), float("nan"))
+    for t in range(n):
+        if defined[t]:
+            xs = torch.cat([p.xs[:, :t], p.queries[:, t : t + 1]], 1)
+            ys = torch.cat([p.ys[:, :t], p.query_ys[:, t : t + 1]], 1)
+            preds[:, t] = predict(model, Prompts(xs, ys), device=device)[:, t]
+    return p, preds, defined
+
+
 def shifted_error_curve(
     model: nn.Module,
     task: TaskConfig,
@@ -183,25 +217,13 @@ def shifted_error_curve(
     the first t examples, with its band, beside least squares, 3-NN and averaging asked the same
     query on the same examples. Shifts that replace the query run the model once per t on the
     prompt (x_1, y_1, ..., x_t, y_t, q_t); positions where the shift defines no test are NaN."""
-    from ..data.shifts import parse_shift, shifted_prompts
+    from ..data.shifts import parse_shift
 
     name, parsed = parse_shift(shift)
     value = parsed if value is None else value
-    n_prompts, n_boot = positive_int(n_prompts, "prompts"), check_bootstrap(n_boot, "bootstrap")
-    points = n_points or task.n_points
-    budget.check([budget.prompt_estimate("prompts", n_prompts, shape_of(model), points)])
-    p = shifted_prompts(task, name, n_prompts, seed, n_points, value)
+    n_boot = check_bootstrap(n_boot, "bootstrap")
+    p, preds, defined = shifted_predictions(model, task, shift, n_prompts, seed, n_points, value, device)
     n, d = p.xs.shape[1], task.n_dims
-    defined = ~p.queries.isnan().any(-1).any(0)  # (n,)
-    if p.queries is p.xs:
-        preds = predict(model, Prompts(p.xs, p.ys), device=device)
-    else:
-        preds = torch.full((n_prompts, n), float("nan"))
-        for t in range(n):
-            if defined[t]:
-                xs = torch.cat([p.xs[:, :t], p.queries[:, t : t + 1]], 1)
-                ys = torch.cat([p.ys[:, :t], p.query_ys[:, t : t + 1]], 1)
-                preds[:, t] = predict(model, Prompts(xs, ys), device=device)[:, t]
     queries = torch.nan_to_num(p.queries)
     sq = lambda pred: ((pred.double() - p.query_ys.double()) ** 2) / d
     model_err = sq(preds)

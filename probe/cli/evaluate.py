@@ -6,13 +6,16 @@ Shifts: --mixture (input mixture weights), --param-mean (network parameter mean)
 --points beyond the training length (ReLU tasks); --shift NAME[=VALUE], Garg et al.'s
 evaluation prompt families for isotropic linear regression (probe/data/shifts.py: random_quadrants,
 opposite_quadrants, orthogonal_train_test, overlapping_train_test, half_subspace, skewed,
-scale_x=S, scale_y=S, noisy=SIGMA), every baseline asked the same shifted queries.
+scale_x=S, scale_y=S, noisy=SIGMA), every baseline asked the same shifted queries; with --track,
+which reference learner (each at its member matched to the model in distribution) the model
+tracks under the shift (probe/analysis/shift_tracking.py).
 
 examples:
   icl-probe evaluate checkpoints/gpt2-default
   icl-probe evaluate checkpoints/gpt2-default --prompts 1280 --seed 0 --out /tmp/eval
   icl-probe evaluate checkpoints/gpt2-relu3 --mixture 0.7,0.3 --param-mean 0.5 --points 32
   icl-probe evaluate checkpoints/gpt2-default --shift scale_x=3 --out /tmp/eval-scale3
+  icl-probe evaluate checkpoints/planted/gd --shift scale_x=3 --track
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         metavar="NAME[=VALUE]",
         help="one of Garg et al.'s evaluation prompt families (linear tasks; probe/data/shifts.py)",
     )
+    p.add_argument(
+        "--track",
+        action="store_true",
+        help="with --shift: which reference learner the model tracks under the shift, each at the member matched "
+        "to the model in distribution (probe/analysis/shift_tracking.py); writes track.csv",
+    )
     p.add_argument("--epochs", type=positive_int, default=100, help="direct-training epochs (ReLU tasks, default 100)")
     p.add_argument(
         "--direct-prompts",
@@ -66,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
     if args.points and args.points > ckpt.config.model.n_positions:
         raise ConfigError(f"--points {args.points} exceeds the model's {ckpt.config.model.n_positions} positions")
     task = shifted_task(ckpt.config.task, args)
+    if args.track and args.shift is None:
+        raise ConfigError("--track compares learners under a shift: give --shift NAME[=VALUE] too")
+    tracking = None
     if args.shift is not None:
         from ..analysis.evaluate import shifted_error_curve
         from ..data.shifts import parse_shift
@@ -75,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--shift applies to isotropic linear regression; this checkpoint's task is {task.name}")
         frame = shifted_error_curve(ckpt.model, task, args.shift, None, args.prompts, args.seed, args.points, device)
         metric = f"squared error / d under {frame['shift'].iloc[0]}"
+        if args.track:
+            from ..analysis.shift_tracking import track_under_shift
+
+            tracking = track_under_shift(ckpt.model, task, args.shift, args.prompts, args.seed, device)
     elif task.name == "relu_network":
         frame = r2_curve(
             ckpt.model,
@@ -97,9 +113,16 @@ def run(args: argparse.Namespace) -> int:
         f"{ckpt.path} ({ckpt.format}, {task.name}, d={task.n_dims}); {metric} over {args.prompts} prompts, seed {args.seed}"
     )
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    if tracking is not None:
+        from ..analysis.shift_tracking import tracking_words
+
+        print(tracking.table.drop(columns="shift").to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(tracking_words(tracking))
     if target is not None:
         with writing(target) as out:
             frame.to_csv(out / "eval.csv", index=False)
+            if tracking is not None:
+                tracking.table.to_csv(out / "track.csv", index=False)
             plot_error_curve(frame, out / "eval.png", title=f"{ckpt.path.name}: error vs in-context examples")
             record = {
                 "checkpoint": display_path(ckpt.path),
@@ -109,6 +132,16 @@ def run(args: argparse.Namespace) -> int:
                 "points": args.points,
                 "metric": metric,
                 "shift": args.shift,
+                "track": None
+                if tracking is None
+                else {
+                    "tracks": tracking.tracks,
+                    "runner_up": tracking.runner_up,
+                    "difference": tracking.difference,
+                    "ci_low": tracking.low,
+                    "ci_high": tracking.high,
+                    "separable": tracking.separable,
+                },
                 "task": task.__dict__,
                 **stamp(),
             }
