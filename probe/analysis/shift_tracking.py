@@ -12,8 +12,9 @@ spectral rule. So:
 2. **Follow off distribution.** On the shifted prompts (probe/data/shifts.py), each matched member
    is asked the shift's queries beside the model; per family the mean squared distance / d between
    its predictions and the model's, and its own error / d, with 90% intervals over resamples of the
-   prompts (paired across families). The model *tracks* the family at the least distance; the
-   paired difference to the runner-up says whether the two can be told apart.
+   prompts (paired across families), and the share of prompts on which it overflowed (`diverged`:
+   its distance is then NaN, as far from the model as can be). The model *tracks* the family at the
+   least distance; the paired difference to the runner-up says whether the two can be told apart.
 """
 
 from __future__ import annotations
@@ -123,12 +124,13 @@ def track_under_shift(
     queries = torch.nan_to_num(p.queries)
     d, y = task.n_dims, p.query_ys.double()[:, use]
     model_pred = model_pred.double()[:, use]
-    distance, error = {}, {}
+    distance, error, diverged = {}, {}, {}
     for family, (learner, params, _) in matched.items():
         result = run_learner(learner, p.xs, p.ys, queries, **params)
         assert result.query_preds is not None
         pred = torch.diagonal(result.query_preds[0], dim1=1, dim2=2)[:, use]  # (P, t): position t's own query
         distance[family] = ((pred - model_pred) ** 2).mean(1) / d  # per prompt
+        diverged[family] = float((~torch.isfinite(pred).all(1)).double().mean())
         error[family] = ((pred - y) ** 2).mean(1) / d
     families = list(matched)
     per_prompt = torch.stack([distance[f] for f in families], 1)  # (P, F)
@@ -151,6 +153,7 @@ def track_under_shift(
             "distance_low": lo.numpy(),
             "distance_high": hi.numpy(),
             "relative_distance": point.numpy() / max(model_size, 1e-300),
+            "diverged": [diverged[f] for f in families],
             "error": [float(error[f].mean()) for f in families],
             "model_error": model_error,
         }
