@@ -102,6 +102,30 @@ def shift_table(checkpoint: str) -> str:
     return "\n".join(rows)
 
 
+def track_table(checkpoint: str) -> str:
+    """Which learner family a checkpoint tracks under each shift (eval-shift-*/track.csv and the
+    `track` record of eval.json, `icl-probe evaluate --shift S --track`) as markdown."""
+    import csv
+
+    folder = REPO / "checkpoints" / checkpoint
+    rows = [
+        "| shift | tracks (member matched in distribution) | relative distance | runner-up, paired 90% interval | overflowed |",
+        "|---|---|---|---|---|",
+    ]
+    for path in sorted(folder.glob("eval-shift-*/track.csv")):
+        record = json.loads((path.parent / "eval.json").read_text())["track"]
+        with path.open() as f:
+            table = {r["family"]: r for r in csv.DictReader(f)}
+        first = table[record["tracks"]]
+        apart = "apart" if record["separable"] else "not separable"
+        over = ", ".join(f for f, r in table.items() if float(r["diverged"]) > 0) or "none"
+        rows.append(
+            f"| {first['shift']} | {record['tracks']} ({first['matched']}) | {float(first['relative_distance']):.3g} | "
+            f"{record['runner_up']}: {apart} ({record['ci_low']:.2g} to {record['ci_high']:.2g}) | {over} |"
+        )
+    return "\n".join(rows)
+
+
 def number_csv(checkpoint: str, shift: str, fmt: str = ".3g") -> str:
     """The model's error / d at 2d+1 examples under one shift (eval-shift-<shift>/eval.csv)."""
     import csv
@@ -154,7 +178,7 @@ def cli_reference() -> str:
 
 
 def define_env(env) -> None:
-    for macro in (number, table1, verdict, spectral, evidence, shift_table, number_csv, cli_reference, all_modules):
+    for macro in (number, table1, verdict, spectral, evidence, shift_table, track_table, number_csv, cli_reference, all_modules):
         env.macro(macro)
 
     @env.macro

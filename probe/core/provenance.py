@@ -24,9 +24,14 @@ def versions() -> dict[str, str]:
     return out
 
 
+# the committed evaluations beside the checkpoints (scripts/regenerate_reports.sh rewrites them)
+EXAMPLES = (":(top,exclude,glob)checkpoints/**/eval-shift-*/**",)
+
+
 def git_commit(cwd: Path | None = None) -> str:
-    """HEAD of the repository holding this package (suffix '-dirty' if it has changes outside reports/,
-    which regenerating the committed examples changes), or 'unknown'."""
+    """HEAD of the repository holding this package (suffix '-dirty' if it has changes outside reports/
+    and the checkpoints' committed evaluations, which regenerating the committed examples changes),
+    or 'unknown'."""
     cwd = cwd or Path(__file__).resolve().parent
     try:
         head = subprocess.run(
@@ -35,7 +40,16 @@ def git_commit(cwd: Path | None = None) -> str:
         if head.returncode != 0:
             return "unknown"
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)reports"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":(top)",
+                ":(top,exclude)reports",
+                *EXAMPLES,
+            ],
             cwd=cwd,
             capture_output=True,
             text=True,
