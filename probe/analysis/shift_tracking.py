@@ -147,7 +147,7 @@ def track_under_shift(
             "shift": shift,
             "family": families,
             "learner": [matched[f][0] for f in families],
-            "matched": [", ".join(f"{k}={v[0]}" for k, v in matched[f][1].items()) for f in families],
+            "matched": [_member_words(matched[f][1]) for f in families],
             "distance_in_distribution": [matched[f][2] for f in families],
             "distance": point.numpy(),
             "distance_low": lo.numpy(),
@@ -166,6 +166,12 @@ def track_under_shift(
         float(diff_lo[0]),
         float(diff_hi[0]),
     )
+
+
+def _member_words(params: dict[str, tuple]) -> str:
+    """A matched member's hyper-parameters, e.g. 'eta=0.1112, steps=6' (GD's default convention left out)."""
+    shown = {k: v[0] for k, v in params.items() if not (k == "convention" and v[0] == "paper")}
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()) or "-"
 
 
 def tracking_words(tracking: Tracking) -> str:
