@@ -259,3 +259,13 @@ def test_estimated_adam_moments_resume_at_adam_s_usual_step_size():
         torch.testing.assert_close(delta, expected, rtol=1e-3, atol=1e-7)  # float32 weights
     for s in state["state"].values():  # |mean g| <= rms g: a resumed step never exceeds lr (zero moments: ~lr)
         assert bool((s["exp_avg"].abs() <= s["exp_avg_sq"].sqrt() * (1 + 1e-5) + 1e-12).all())
+
+
+def test_train_refuses_held_out_prompts_it_cannot_hold_before_any_work(tmp_path, capsys):
+    from probe.cli import main
+
+    out = tmp_path / "run"
+    code = main(["-q", "train", "--recipe", "tiny", "--set", "train.eval_prompts=1000000000", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code != 0 and "train.eval_prompts = 1000000000 would need about" in err and "lower train.eval_prompts" in err
+    assert not out.exists()

@@ -305,6 +305,13 @@ def _check_training(cfg: RunConfig, out: Path, resume: bool, device: str, keep_e
         f"training with train.batch_size={cfg.train.batch_size}",
         "lower train.batch_size or the model size",
     )
+    # the held-out prompts and one forward over them at once (held_out_error)
+    check_memory(
+        4 * cfg.train.eval_prompts * cfg.task.n_points * (cfg.task.n_dims + 2)
+        + activation_bytes(cfg.model, cfg.train.eval_prompts, cfg.task.n_points, training=False),
+        f"train.eval_prompts = {cfg.train.eval_prompts}",
+        "lower train.eval_prompts",
+    )
     return device
 
 
