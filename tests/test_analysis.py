@@ -568,7 +568,7 @@ def test_a_tie_between_two_sweeps_keeps_the_recipes_first_candidate():
 def test_heads_fitted_in_blocks_equal_the_batched_fit(kind, monkeypatch):
     """fit_head fits at most HEAD_BLOCK_BYTES of probes at a time (the paper-scale memory bound);
     each probe's head is its own, so blocks of one probe give the batched heads, penalties and errors."""
-    from probe.analysis import probes
+    from probe.analysis import probe_heads as probes  # where fit_head reads HEAD_BLOCK_BYTES
     from probe.analysis.probes import ALPHAS, fit_head
 
     g = torch.Generator().manual_seed(3)
