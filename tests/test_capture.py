@@ -93,7 +93,7 @@ def test_lstm_native_capture_and_streaming(tmp_path):
     assert np.abs(np.load(tmp_path / "acts" / "resid.npy")[2] - out.resid[2].detach().numpy()).max() < TOL
     with pytest.raises(ConfigError, match="need TransformerLens-named hook points"):
         capture(model, xs, ys, hooks=["blocks.0.attn.hook_pattern"])
-    with pytest.raises(ConfigError, match="the hooked backend needs a GPT-2 family or planted model"):
+    with pytest.raises(ConfigError, match="the hooked backend needs a GPT-2 family, linear self-attention or planted model"):
         capture(model, xs, ys, backend="hooked")
     with pytest.raises(ConfigError, match=r"backend must be 'auto', 'hooked' .* or 'native', got 'transformer_lens'"):
         capture(model, xs, ys, backend="transformer_lens")

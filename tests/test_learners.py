@@ -413,6 +413,7 @@ def test_eigendecomposition_is_shared_split_and_weights_formed_on_read():
         ("newton", {"iterations": (0, 4), "alpha": ("spectral", 0.5)}),
         ("ogd", {}),
         ("sgd", {"steps": (8,), "eta": (0.02,), "batch_size": (4,), "masks_seed": 0}),
+        ("lsa_optimum", {"n_train": (5, 20)}),
     ],
 )
 def test_last_prefix_is_the_full_runs_last_prefix(name, grid):
@@ -424,7 +425,7 @@ def test_last_prefix_is_the_full_runs_last_prefix(name, grid):
     queries = torch.randn(40, 3, 4, generator=g, dtype=torch.float64)
     full = run_learner(name, xs, ys, queries, **grid)
     last = run_learner(name, xs, ys, queries, last_prefix=True, **grid)
-    assert LEARNERS.get(name).last_prefix == (name in ("least_squares", "ridge", "gd", "newton"))
+    assert LEARNERS.get(name).last_prefix == (name in ("least_squares", "ridge", "gd", "newton", "lsa_optimum"))
     assert last.preds.shape == (*full.preds.shape[:2], 1) and last.grid == full.grid
     assert torch.equal(last.preds, full.preds[..., -1:])
     assert torch.equal(last.weights, full.weights[:, :, -1:])

@@ -228,7 +228,7 @@ def _request(model, hooks: list[str], runner) -> Request:
     named = tuple(h for h in hooks if h not in (RESID, H.READOUT, H.FINAL))
     if named and not runner.takes_named_hooks:
         raise ConfigError(
-            f"hooks {list(named)} need TransformerLens-named hook points (a GPT-2 family or planted model); this model offers "
+            f"hooks {list(named)} need TransformerLens-named hook points (a GPT-2 family, linear self-attention or planted model); this model offers "
             f"only 'resid', '{H.READOUT}' and '{H.FINAL}'"
         )
     if H.FINAL in hooks and final_norm(model) is None:

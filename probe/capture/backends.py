@@ -147,7 +147,9 @@ def backend_for(model, choice: str, device: str) -> Backend:
         choice = hooked or "native"
     elif choice == "hooked":
         if hooked is None:
-            raise ConfigError("the hooked backend needs a GPT-2 family or planted model; use backend='native'")
+            raise ConfigError(
+                "the hooked backend needs a GPT-2 family, linear self-attention or planted model; use backend='native'"
+            )
         choice = hooked
     elif choice != "native":
         raise ConfigError(

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         if not has_runner(ckpt.model):
             raise ConfigError(
                 f"steering edits a transformer's residual stream; this checkpoint is a {ckpt.config.model.family} "
-                "model (use a GPT-2 family or planted checkpoint)"
+                "model (use a GPT-2 family, linear self-attention or planted checkpoint)"
             )
         check_cells(ckpt.model, *_cells(ckpt, recipe), recipe.steering.targets, ckpt.config.task.n_points)
 

@@ -274,6 +274,7 @@ def nested_override(dotted: str, value: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------ the training schedule
 
 SCHEDULES = ("cosine", "linear", "constant")
+LOSSES = ("every_prefix", "last")  # probe/training/train.py
 
 
 @dataclass
@@ -320,6 +321,13 @@ class TrainConfig(Section):
     )
     min_lr_ratio: float = setting(0.1, "the decay's floor as a fraction of lr", low=0.0, strict=False, high=1.0)
     grad_clip: float = setting(1.0, "max global gradient norm (0 disables clipping)", low=0.0, strict=False)
+    loss: str = setting(
+        "every_prefix",
+        "every_prefix: squared error averaged over every prefix (Garg et al.); last: the last point's alone, "
+        "a fixed number of examples (Zhang, Frei & Bartlett 2024)",
+        LOSSES,
+        noun="loss",
+    )
     seed: int = setting(0, "seed of the initialisation and the training prompts")
     log_every: int = setting(10, "steps between log lines")
     eval_every: int = setting(250, "steps between evaluations")

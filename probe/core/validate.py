@@ -37,6 +37,9 @@ GRID_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "beta2": ("unit", ()),
     "eps": ("positive", ()),
     "line_search": ("choice", ("exact", "wolfe")),
+    "n_train": ("count1", ()),
+    "input_var": ("positive", ()),
+    "noise": ("nonnegative", ()),
 }
 MEMORY_FRACTION = 0.8  # refuse work whose estimate exceeds this share of available memory
 
@@ -128,6 +131,8 @@ def check_grid(learner: str, grid: dict[str, Any], where: str = "") -> dict[str,
                 checked.append(positive_int(v, f"{where}: {key}", -(2**63)))
             elif rule == "positive":
                 checked.append(finite_float(v, f"{where}: {key}", low=0.0))
+            elif rule == "nonnegative":
+                checked.append(finite_float(v, f"{where}: {key}", low=0.0, strict=False))
             elif rule == "unit":
                 f = finite_float(v, f"{where}: {key}", low=0.0, strict=False)
                 if f >= 1:

@@ -214,6 +214,15 @@ class GPT2Runner(Runner):
         return mean.expand_as(like)
 
 
+class HookedRunner(GPT2Runner):
+    """Linear self-attention models (probe/models/lsa.py): every intervention through hooks on their
+    one forward (no resumed paths), no MLP blocks."""
+
+    def __init__(self, model, device: str):
+        super().__init__(model, device, resumed=False)
+        self.has_mlp = False
+
+
 class PlantedRunner(Runner):
     """Planted models: their hooked forward, one sequence per prefix run."""
 
@@ -271,6 +280,7 @@ class PlantedRunner(Runner):
 
 RUNNERS: dict[str, type[GPT2Runner | PlantedRunner]] = {
     "gpt2": GPT2Runner,
+    "hooked": HookedRunner,
     "planted": PlantedRunner,
 }  # a model class's `runner`
 
@@ -288,7 +298,8 @@ def runner_for(model, device: str = "cpu") -> Runner:
     if runner is not None:
         return runner(model.eval(), device)
     raise ConfigError(
-        f"interventions need a transformer with TransformerLens-named hook points (GPT-2 family or planted); "
+        f"interventions need a transformer with TransformerLens-named hook points (GPT-2, linear self-attention "
+        f"or planted); "
         f"this checkpoint is a {getattr(model, 'family', type(model).__name__)} model, which has no "
         "attention heads or residual stream to ablate or patch"
     )

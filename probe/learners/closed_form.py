@@ -63,3 +63,46 @@ def ridge(
 def bayes_lambda(noise_std: float, w_scale: float) -> float:
     """sigma^2 / tau^2, the ridge penalty whose estimate is the posterior mean (seed 002 eq. 18)."""
     return noise_std**2 / w_scale**2
+
+
+def zfb_gamma(n_train: int, d: int, input_var: float = 1.0, noise: float = 0.0) -> float:
+    """Gamma = ((1 + 1/N) Lambda + (tr(Lambda) + sigma^2) / N I)^-1 for Lambda = v I, a scalar here:
+    Zhang, Frei & Bartlett (2024, Theorem 4.1) global minimum of one linear self-attention layer trained
+    on N examples of x ~ N(0, Lambda), w ~ N(0, I), label noise sigma^2 (in units of w's variance)."""
+    return 1.0 / ((1 + 1 / n_train) * input_var + (d * input_var + noise) / n_train)
+
+
+@register(
+    "lsa_optimum",
+    label="one LSA layer's optimum",
+    describe=lambda g: f"w = Gamma X^T y / t, Gamma for N = {g['n_train']} (Zhang, Frei & Bartlett 2024)",
+)
+def lsa_optimum(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    last_prefix: bool = False,
+    *,
+    n_train: Sequence[int] = (20,),
+    input_var: Sequence[float] = (1.0,),
+    noise: Sequence[float] = (0.0,),
+) -> LearnerResult:
+    """One preconditioned step from 0, w_t = Gamma X_t^T y_t / t with `zfb_gamma`'s Gamma: what a
+    linear self-attention layer trained on N examples of isotropic inputs predicts after t (its
+    attention divides by the t examples it sees; at t = N this is the theorem's x_q^T Gamma X^T y / N).
+    Gamma is built from the training distribution (N, Lambda = input_var I, noise), not from the prompt."""
+    if any(int(n) < 1 for n in n_train) or any(v <= 0 for v in input_var) or any(s < 0 for s in noise):
+        raise ConfigError(
+            f"lsa_optimum needs n_train >= 1, input_var > 0 and noise >= 0, got n_train={list(n_train)}, "
+            f"input_var={list(input_var)}, noise={list(noise)}"
+        )
+    xs, ys, queries = as_float64(xs, ys, queries)
+    _, b = prefix_moments(xs, ys, last_prefix)
+    n = xs.shape[1]
+    t = torch.arange(n - 1, n, device=xs.device) if last_prefix else torch.arange(n, device=xs.device)
+    mean_b = b / t.clamp_min(1).to(xs.dtype).view(1, -1, 1)  # X_t^T y_t / t (0 at t = 0)
+    settings = [(int(n_), float(v), float(s)) for n_ in n_train for v in input_var for s in noise]
+    grid = [{"n_train": n_, "input_var": v, "noise": s} for n_, v, s in settings]
+    gammas = torch.tensor([zfb_gamma(n_, xs.shape[-1], v, s) for n_, v, s in settings], dtype=xs.dtype).to(xs.device)
+    weights = gammas.view(-1, 1, 1, 1) * mean_b.unsqueeze(0)
+    return linear_result("lsa_optimum", grid, weights, at_prefixes(xs, last_prefix), queries)

@@ -1,4 +1,4 @@
-"""In-context regression models: Garg et al.'s GPT-2 and the LSTM baseline."""
+"""In-context regression models: Garg et al.'s GPT-2, the LSTM baseline and linear self-attention."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from ..core.seeds import Stream, stream_seed
 from .base import ModelOutput
 from .config import FAMILIES, ModelConfig
 from .gpt2 import GPT2ICL
+from .lsa import LinearSelfAttentionICL, SparseLinearSelfAttentionICL
 from .lstm import LSTMICL
 from .planted import PlantedICL
 
@@ -24,14 +25,21 @@ __all__ = [
     "GPT2ICL",
     "LSTMICL",
     "RANDOM_INIT",
+    "LinearSelfAttentionICL",
     "ModelOutput",
     "PlantedICL",
+    "SparseLinearSelfAttentionICL",
     "build_model",
     "random_weights_model",
 ]
 
 
-RANDOM_INIT = ("gpt2", "lstm")  # families with an initialisation to draw a random-weights control from
+RANDOM_INIT = (
+    "gpt2",
+    "lstm",
+    "lsa",
+    "lsa_sparse",
+)  # families with an initialisation to draw a random-weights control from
 
 
 def random_weights_model(model_config, seed: int) -> nn.Module | None:

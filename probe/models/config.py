@@ -15,6 +15,7 @@ from .constructions import CONSTRUCTIONS
 FAMILIES: Registry[Any] = Registry("model family")  # name -> model class (gpt2.py, lstm.py, planted.py)
 ENCODINGS = ("garg", "akyurek")  # probe/models/encoding.py
 ATTENTION_ACTIVATIONS = ("softmax", "relu")  # GPT-2 attention weights: softmax, or ReLU / #keys (seed 001 Def. 7)
+LSA_FAMILIES = ("lsa", "lsa_sparse")  # linear self-attention, probe/models/lsa.py
 
 
 @dataclass
@@ -25,11 +26,15 @@ class ModelConfig(Section):
     SECTION = "model"
 
     family: str = setting(
-        "gpt2", "gpt2 (Garg et al.'s TransformerModel), lstm (seed 003 §3.3) or planted", FAMILIES, noun="model family"
+        "gpt2",
+        "gpt2 (Garg et al.'s TransformerModel), lstm (seed 003 §3.3), lsa / lsa_sparse (linear self-attention) "
+        "or planted",
+        FAMILIES,
+        noun="model family",
     )
     n_dims: int = setting(4, "d, the dimension of x")
     n_positions: int = setting(12, "number of (x, y) points; the GPT-2 context is twice this")
-    n_embd: int = setting(32, "width of the residual stream / LSTM state")
+    n_embd: int = setting(32, "width of the residual stream / LSTM state (lsa: d + 1)")
     n_layer: int = setting(8, "transformer blocks or LSTM layers")
     n_head: int = setting(2, "attention heads (ignored by the LSTM)")
     encoding: str = setting(
@@ -62,6 +67,13 @@ class ModelConfig(Section):
                 CONSTRUCTIONS.get(self.planted)
             except ConfigError as err:
                 raise ConfigError(f"model.planted: {err}") from None
+        if self.family in LSA_FAMILIES and self.encoding != "garg":
+            raise ConfigError("model.encoding does not apply to the lsa family (its tokens are (x, y)); remove it")
+        if self.family in LSA_FAMILIES and self.n_embd != self.n_dims + 1:
+            raise ConfigError(
+                f"an lsa model's width is its token's, d + 1 = {self.n_dims + 1}; set model.n_embd = {self.n_dims + 1}"
+                f" (got {self.n_embd})"
+            )
         if self.family == "gpt2" and self.n_embd % self.n_head:
             raise ConfigError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
 

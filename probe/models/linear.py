@@ -32,10 +32,14 @@ def stable_addmm(bias: Tensor, x: Tensor, weight: Tensor) -> Tensor:
     if padded_rows(m) == m:
         return torch.addmm(bias, rows, weight).view(*x.shape[:-1], weight.shape[-1])
     main = m - m % ROW_MULTIPLE if m >= MIN_ROWS else 0  # rows that take the main kernel as they are
+    tail = F.pad(rows[main:], (0, 0, 0, padded_rows(m - main) - (m - main)))
+    if torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad):  # no out= under autograd
+        parts = [torch.addmm(bias, rows[:main], weight)] if main else []
+        parts.append(torch.addmm(bias, tail, weight)[: m - main])
+        return torch.cat(parts).view(*x.shape[:-1], weight.shape[-1])
     out = torch.empty(m, weight.shape[-1], dtype=torch.result_type(rows, weight), device=rows.device)
     if main:
         torch.addmm(bias, rows[:main], weight, out=out[:main])
-    tail = F.pad(rows[main:], (0, 0, 0, padded_rows(m - main) - (m - main)))
     out[main:] = torch.addmm(bias, tail, weight)[: m - main]
     return out.view(*x.shape[:-1], weight.shape[-1])
 

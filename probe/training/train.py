@@ -352,14 +352,15 @@ def _train_step(
 ) -> torch.Tensor:
     """One AdamW step on fresh prompts (batch, points, active dims = `shape`) seeded by (seed,
     step, rank); the loss is the squared error averaged over every prefix (Garg et al.'s
-    training objective). Returns the loss."""
+    training objective), or at the last point alone (`train.loss = "last"`). Returns the loss."""
     batch, points, dims = shape
     prompts = sample_prompts(
         cfg.task, batch, points, generator=generator_for(cfg.train.seed, step, rank), active_dims=dims
     ).to(device)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    loss = ((net(prompts.xs, prompts.ys) - prompts.ys) ** 2).mean()
+    errors = (net(prompts.xs, prompts.ys) - prompts.ys) ** 2
+    loss = (errors[:, -1] if cfg.train.loss == "last" else errors).mean()
     if not torch.isfinite(loss):
         raise TrainingDiverged(
             f"training diverged at step {step}: the loss is {loss.item()} (train.lr={cfg.train.lr:g}, "
