@@ -53,6 +53,19 @@ def test_the_forward_is_the_papers_layer_rule(family, heads):
     np.testing.assert_allclose(pred, _loop_forward(model, xs, ys), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("family", ["lsa", "lsa_sparse"])
+def test_a_prediction_never_sees_its_own_label_or_later_examples(family):
+    model = _model(family, layers=3, heads=2)
+    g = torch.Generator().manual_seed(6)
+    xs, ys = torch.randn(2, 7, 3, generator=g, dtype=torch.float64), torch.randn(2, 7, generator=g, dtype=torch.float64)
+    base = model(xs, ys)
+    for t in range(7):
+        xs2, ys2 = xs.clone(), ys.clone()
+        xs2[:, t + 1 :] += 1.0
+        ys2[:, t:] += 1.0
+        torch.testing.assert_close(model(xs2, ys2)[:, : t + 1], base[:, : t + 1], rtol=0, atol=1e-12)
+
+
 def test_one_layer_at_the_last_query_is_zfbs_model():
     """ZFB eq. 4: f(E) = E + W_PV E M E^T W_KQ E / N, M = diag(I_N, 0), read at [d+1, N+1]."""
     model = _model("lsa", d=3, layers=1)

@@ -6,7 +6,7 @@ from probe.models.config import ModelConfig
 from probe.models.encoding import interleave
 
 
-@pytest.mark.parametrize("family", ["gpt2", "lstm"])
+@pytest.mark.parametrize("family", ["gpt2", "lstm", "lstm_residual"])
 @pytest.mark.parametrize("encoding", ["garg", "akyurek"])
 def test_causality(family, encoding):
     """Changing example t+1 or later never changes the prediction at x_t."""
@@ -23,6 +23,18 @@ def test_causality(family, encoding):
         torch.testing.assert_close(pred[:, : t + 1], base[:, : t + 1], rtol=0, atol=1e-6)
         if t + 1 < 6:
             assert not torch.allclose(pred[:, t + 1 :], base[:, t + 1 :])
+
+
+def test_residual_lstm_adds_each_layers_output_to_its_input():
+    torch.manual_seed(1)
+    model = build_model(ModelConfig(family="lstm_residual", n_dims=3, n_positions=5, n_embd=8, n_layer=3)).eval()
+    xs, ys = torch.randn(2, 5, 3), torch.randn(2, 5)
+    out = model.run(xs, ys)
+    for layer, lstm in enumerate(model._layers):
+        torch.testing.assert_close(out.resid[layer + 1], out.resid[layer] + lstm(out.resid[layer])[0])
+    plain = build_model(ModelConfig(family="lstm", n_dims=3, n_positions=5, n_embd=8, n_layer=3)).eval()
+    plain.load_state_dict(model.state_dict())  # same parameters, stacked without the skip
+    assert not torch.allclose(plain(xs, ys), model(xs, ys))
 
 
 def test_encodings():

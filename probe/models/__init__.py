@@ -10,7 +10,7 @@ from .base import ModelOutput
 from .config import FAMILIES, ModelConfig
 from .gpt2 import GPT2ICL
 from .lsa import LinearSelfAttentionICL, SparseLinearSelfAttentionICL
-from .lstm import LSTMICL
+from .lstm import LSTMICL, ResidualLSTMICL
 from .planted import PlantedICL
 
 
@@ -28,6 +28,7 @@ __all__ = [
     "LinearSelfAttentionICL",
     "ModelOutput",
     "PlantedICL",
+    "ResidualLSTMICL",
     "SparseLinearSelfAttentionICL",
     "build_model",
     "random_weights_model",
@@ -39,6 +40,7 @@ RANDOM_INIT = (
     "lstm",
     "lsa",
     "lsa_sparse",
+    "lstm_residual",
 )  # families with an initialisation to draw a random-weights control from
 
 

@@ -27,7 +27,8 @@ class ModelConfig(Section):
 
     family: str = setting(
         "gpt2",
-        "gpt2 (Garg et al.'s TransformerModel), lstm (seed 003 §3.3), lsa / lsa_sparse (linear self-attention) "
+        "gpt2 (Garg et al.'s TransformerModel), lstm / lstm_residual (seed 003 §3.3), lsa / lsa_sparse (linear "
+        "self-attention) "
         "or planted",
         FAMILIES,
         noun="model family",

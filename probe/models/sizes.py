@@ -18,7 +18,7 @@ def model_bytes(model_cfg) -> int:
         params = m.n_layer * per_layer + 2 * m.n_positions * m.n_embd + (d_in + 3) * m.n_embd + 1
     elif m.family in ("lsa", "lsa_sparse"):
         params = m.n_layer * m.n_head * 2 * (m.n_dims + 1) ** 2
-    elif m.family == "lstm":
+    elif m.family in ("lstm", "lstm_residual"):
         params = m.n_layer * 8 * m.n_embd**2 + (d_in + 1) * m.n_embd + m.n_embd + 1
     else:
         from .planted import planted_bytes
