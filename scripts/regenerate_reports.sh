@@ -23,7 +23,14 @@ declare -A JOBS=(
   [gpt2-default-vs-lstm]="report checkpoints/gpt2-default --compare checkpoints/lstm-default --out reports/gpt2-default-vs-lstm"
   [gpt2-illcond-quick]="report checkpoints/gpt2-illcond --out reports/gpt2-illcond-quick"
   [gpt2-d8-quick]="report checkpoints/gpt2-d8 --out reports/gpt2-d8-quick"
+  [gpt2-d8-illcond-quick]="report checkpoints/gpt2-d8-illcond --out reports/gpt2-d8-illcond-quick"
   [lstm-default-quick]="report checkpoints/lstm-default --out reports/lstm-default-quick"
+  [lstm-d8-quick]="report checkpoints/lstm-d8 --out reports/lstm-d8-quick"
+  [lsa-L1-d4-quick]="report checkpoints/lsa-L1-d4 --recipe lsa --out reports/lsa-L1-d4-quick"
+  [lsa-L1-d8-quick]="report checkpoints/lsa-L1-d8 --recipe lsa --out reports/lsa-L1-d8-quick"
+  [lsa-L4-d4-quick]="report checkpoints/lsa-L4-d4 --recipe lsa --out reports/lsa-L4-d4-quick"
+  [lsa-L4-d8-quick]="report checkpoints/lsa-L4-d8 --recipe lsa --out reports/lsa-L4-d8-quick"
+  [lsa-L4-d4-illcond-quick]="report checkpoints/lsa-L4-d4-illcond --recipe lsa --out reports/lsa-L4-d4-illcond-quick"
   [gpt2-relu3-relu]="report checkpoints/gpt2-relu3 --recipe relu --out reports/gpt2-relu3-relu"
   [planted-gd-quick]="report checkpoints/planted/gd --out reports/planted-gd-quick"
   [planted-newton-quick]="report checkpoints/planted/newton --out reports/planted-newton-quick"
@@ -38,7 +45,8 @@ declare -A JOBS=(
   [shifts-planted-gd]="shifts checkpoints/planted/gd"
   [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --targets xty w_ols xtx --out reports/probes-default-converged --force"
 )
-for study in depth-phases relu-depth training-dynamics depth-noiseless width relu-attention relu-transformer-depth; do
+for study in depth-phases relu-depth training-dynamics depth-noiseless width relu-attention relu-transformer-depth \
+  dimension dimension-illcond; do
   JOBS[study-$study]="probe study $study --out reports/study-$study --jobs 2 --force"
 done
 

@@ -183,7 +183,8 @@ def test_the_trained_one_layer_checkpoint_meets_the_closed_form():
 def test_the_analyses_name_the_trained_one_layer_model(tmp_path):
     """The report of the shipped one-layer model (recipe lsa: the model's own read-out): SimE is
     highest against lsa_optimum, which wins every Table 1 SimE comparison; the spectral filter is
-    the GD class with one step (r = Gamma lambda / t)."""
+    the GD class with one step (r = Gamma lambda / t), and the evidence table's spectral row for
+    Newton against GD favours GD."""
     from probe.cli import main
 
     assert main(["-q", "report", str(SHIPPED), "--recipe", "lsa", "--out", str(tmp_path / "r"), "--no-cache"]) == 0
@@ -195,3 +196,5 @@ def test_the_analyses_name_the_trained_one_layer_model(tmp_path):
     assert verdicts and all(v["winner"] == "lsa_optimum" for v in verdicts)
     spectral = summary["spectral"]["by_variable"]["lam_t"]
     assert spectral["best_class"][1] == "gd" and spectral["best_k"][1] == 1
+    newton_gd = next(q for q in summary["evidence"] if (q["a"], q["b"]) == ("newton", "gd"))
+    assert next(r for r in newton_gd["rows"] if r["instrument"] == "spectral filter")["favours"] == "gd"

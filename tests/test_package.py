@@ -167,3 +167,35 @@ def test_git_commit_is_dirty_for_code_changes_but_not_for_regenerated_reports(tm
     assert git_commit(tmp_path) == head  # a regenerated example report does not make the tree dirty
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == head + "-dirty"
+
+
+def test_the_first_set_up_layer_holds_every_package_probe_imports():
+    """`scripts/setup.sh` without --dev installs [project.dependencies] only: every third-party
+    module probe/ imports (at the top or inside a function) must come from one of them, not from the
+    test or docs extras; and the script refuses an option it does not know."""
+    import importlib.metadata
+    import re
+    import subprocess
+    import sys
+    import tomllib
+
+    declared = {
+        re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower().replace("_", "-")
+        for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    owners = importlib.metadata.packages_distributions()
+    imported: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = {m for m in imported if m not in sys.stdlib_module_names and m != "probe" and m != "__future__"}
+    missing = {
+        m: owners.get(m) for m in third_party if not {o.lower().replace("_", "-") for o in owners.get(m, [])} & declared
+    }
+    assert missing == {}
+    setup = [str(REPO / "scripts" / "setup.sh"), "--devv"]
+    run = subprocess.run(["bash", *setup], check=False, capture_output=True, text=True)
+    assert run.returncode == 2 and "unknown option '--devv' (use --dev or --with-browser)" in run.stderr

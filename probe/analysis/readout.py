@@ -1,9 +1,10 @@
 """Per-layer readout retraining (seed 003 §4.1, Def. 3): a fresh u^T h + v on each frozen layer.
 
-`RidgeReadout` is a scikit-learn estimator for one layer and the engine of the reports:
-`fit_layer_readouts` scores every layer and every ridge penalty in one batched solve, keeps per
-layer the penalty with the lowest error on validation prompts, and fits that layer's read-out
-as `RidgeReadout(alpha).fit(states, ys)`. With a read-out each layer becomes a predictor.
+The reports' read-outs come from `fit_layer_readouts`: it scores every layer and every ridge
+penalty in one batched solve and keeps per layer the penalty with the lowest error on validation
+prompts. `RidgeReadout` is the same read-out for one layer as a scikit-learn estimator, for users'
+own pipelines: the reports do not construct it, and a test holds its fit equal to the layer's
+solution `fit_layer_readouts` keeps. With a read-out each layer becomes a predictor.
 """
 
 from __future__ import annotations

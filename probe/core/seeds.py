@@ -8,6 +8,8 @@ initialisation, a learner's masks_seed) it gets `stream_seed(seed, Stream.X)`. T
 prompts from `generator_for(train.seed, step, rank)` (resumable per step) and initialises its model
 from train.seed inside `torch.random.fork_rng`; learners take their own `seed` hyper-parameter for
 their minibatches and initial values. Library code never leaves torch's global generator changed.
+One exception: `icl-probe resolution` (probe/analysis/resolution.py) draws its prompts from
+`generator_for(seed)` and its fresh queries from `generator_for(seed, 1)`, without a named stream.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ commands that run it come from the same fields.
 The field's name is the recipe key (`[probes] max_iter = 500`, `--set probes.max_iter=1000`) and,
 with dashes, the flag (`--max-iter 1000`). `add_flags` builds the flags a command exposes, each
 storing into `args` under "section.key"; `flag_overrides` turns the flags given into recipe
-overrides. A flag, a recipe key and `--set` therefore set the same value, and its default is
-written only in the dataclass.
+overrides. A flag, a recipe key and `--set` therefore set the same value, and the flag's and the
+recipe's default is the dataclass's (a Python API function's own keyword default may repeat it).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class GD(Construction):
         return [("x", d), ("r", 1), ("xq", d)]
 
     def plant(self, model: PlantedICL) -> None:
-        """One head per layer: r_j -= eta/t sum_i r_i <x_i, x_j>."""
+        """Head 0 of each layer: r_j -= eta/t sum_i r_i <x_i, x_j> (the construction's second head stays zero)."""
         cfg, s = model.config, model.layout
         for l in range(cfg.n_layer):
             model.q[l, 0] = select(s, "x", "x") + select(s, "x", "xq")  # query: x_j (or x_q)
