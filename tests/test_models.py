@@ -64,3 +64,21 @@ def test_hidden_states_match_hugging_face_conventions():
     torch.testing.assert_close(out.final, hf.hidden_states[3], rtol=0, atol=1e-5)
     torch.testing.assert_close(out.pred, ref(xs, ys), rtol=0, atol=1e-5)
     assert len(out.resid) == 4  # embeddings + one per block, raw (before ln_f)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "lstm", "lstm_residual", "lsa", "lsa_sparse", "newton", "newton-relu"])
+def test_the_size_estimate_from_the_config_is_the_built_models(family):
+    """`model_bytes` (the memory checks before building a model or loading a checkpoint) reads its
+    family class's `parameter_count`: 4 bytes per parameter of the model actually built."""
+    from probe.io.planted_io import planted_config
+    from probe.models.planted import plant
+    from probe.models.sizes import model_bytes
+
+    if family.startswith("newton"):
+        cfg = planted_config(family, 5, 4, 12).model
+        model = plant(cfg)
+    else:
+        width = 5 if family.startswith("lsa") else 16
+        cfg = ModelConfig(family=family, n_dims=4, n_positions=6, n_embd=width, n_layer=3, n_head=1)
+        model = build_model(cfg)
+    assert model_bytes(cfg) == 4 * sum(p.numel() for p in model.parameters())

@@ -24,24 +24,20 @@ __all__ = [
     "FAMILIES",
     "GPT2ICL",
     "LSTMICL",
-    "RANDOM_INIT",
     "LinearSelfAttentionICL",
     "ModelOutput",
     "PlantedICL",
     "ResidualLSTMICL",
     "SparseLinearSelfAttentionICL",
     "build_model",
+    "has_random_init",
     "random_weights_model",
 ]
 
 
-RANDOM_INIT = (
-    "gpt2",
-    "lstm",
-    "lsa",
-    "lsa_sparse",
-    "lstm_residual",
-)  # families with an initialisation to draw a random-weights control from
+def has_random_init(family: str) -> bool:
+    """Whether a family's fresh instance is a random-weights control (its class's `random_init`)."""
+    return bool(FAMILIES.get(family).random_init)
 
 
 def random_weights_model(model_config, seed: int) -> nn.Module | None:
@@ -50,7 +46,7 @@ def random_weights_model(model_config, seed: int) -> nn.Module | None:
     for a planted construction: its weights are the construction, and its class has no
     initialisation (a fresh one is all zeros), so there is no random-weights control to draw."""
 
-    if model_config.family not in RANDOM_INIT:
+    if not has_random_init(model_config.family):
         return None
     with torch.random.fork_rng(devices=[]):  # the caller's global random state is left as it was
         torch.manual_seed(stream_seed(seed, Stream.RANDOM_WEIGHTS))

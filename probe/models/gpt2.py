@@ -228,6 +228,14 @@ class GPT2ICL(Hooked, ReadInOutModel, nn.Module):
     family = "gpt2"
     capture_backend = "hooked"  # probe/capture/backends.py
     runner = "gpt2"  # probe/interventions/runner.py
+    random_init = True  # a fresh instance is the random-weights control (probe/models/__init__.py)
+
+    @staticmethod
+    def parameter_count(cfg: ModelConfig) -> int:
+        """Parameters of the model `cfg` describes, from the config alone (probe/models/sizes.py)."""
+        per_layer = 12 * cfg.n_embd**2 + 13 * cfg.n_embd
+        # blocks, position embedding (2n tokens), final LayerNorm, read-in and read-out
+        return cfg.n_layer * per_layer + 2 * cfg.n_positions * cfg.n_embd + (cfg.token_dim + 4) * cfg.n_embd + 1
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

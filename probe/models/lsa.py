@@ -131,9 +131,15 @@ class LinearSelfAttentionICL(Hooked, nn.Module):
 
     family = "lsa"
     sparse = False
+    random_init = True
     sign = 1.0  # the prediction is sign * the y coordinate
     capture_backend = "hooked"  # probe/capture/backends.py
     runner = "hooked"  # probe/interventions/runner.py: interventions through the hook points
+
+    @staticmethod
+    def parameter_count(cfg: ModelConfig) -> int:
+        """Stored parameters: W_KQ and W_PV per head and layer (the sparse form masks most of them)."""
+        return cfg.n_layer * cfg.n_head * 2 * (cfg.n_dims + 1) ** 2
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -23,6 +23,13 @@ from .linear import StableLinear
 class LSTMICL(ReadInOutModel, nn.Module):
     family = "lstm"
     residual = False
+    random_init = True
+
+    @staticmethod
+    def parameter_count(cfg: ModelConfig) -> int:
+        """Parameters of the model `cfg` describes: per layer nn.LSTM's four gates (weights and both
+        biases), then the read-in and the read-out."""
+        return cfg.n_layer * (8 * cfg.n_embd**2 + 8 * cfg.n_embd) + (cfg.token_dim + 1) * cfg.n_embd + cfg.n_embd + 1
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

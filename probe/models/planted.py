@@ -39,8 +39,7 @@ def planted_sizes(cfg: ModelConfig) -> tuple[int, int, int]:
 
 def planted_bytes(cfg: ModelConfig) -> int:
     """float32 bytes of a construction's weights (query, key, value, skip and MLP maps per layer)."""
-    width, heads, d_mlp = planted_sizes(cfg)
-    return 4 * cfg.n_layer * ((3 * heads + 1) * width * width + 2 * d_mlp * width)
+    return 4 * PlantedICL.parameter_count(cfg)
 
 
 class _Attention(nn.Module):
@@ -79,6 +78,14 @@ class PlantedICL(Hooked, nn.Module):
     family = "planted"
     capture_backend = "planted"  # probe/capture/backends.py
     runner = "planted"  # probe/interventions/runner.py
+    random_init = False  # its weights are the construction: a fresh instance is all zeros
+
+    @staticmethod
+    def parameter_count(cfg: ModelConfig) -> int:
+        """Entries of the query, key, value, skip and MLP maps of every layer, and the read-out."""
+        width, heads, d_mlp = planted_sizes(cfg)
+        return cfg.n_layer * ((3 * heads + 1) * width * width + 2 * d_mlp * width) + width
+
     q: nn.Parameter  # (L, heads, W, W) query maps
     k: nn.Parameter
     v: nn.Parameter

@@ -10,21 +10,11 @@ from ..core.memory import nbytes
 
 
 def model_bytes(model_cfg) -> int:
-    """float32 bytes of a model's parameters, from its config alone (before building it)."""
-    m = model_cfg
-    d_in = m.token_dim
-    if m.family == "gpt2":
-        per_layer = 12 * m.n_embd**2 + 13 * m.n_embd
-        params = m.n_layer * per_layer + 2 * m.n_positions * m.n_embd + (d_in + 3) * m.n_embd + 1
-    elif m.family in ("lsa", "lsa_sparse"):
-        params = m.n_layer * m.n_head * 2 * (m.n_dims + 1) ** 2
-    elif m.family in ("lstm", "lstm_residual"):
-        params = m.n_layer * 8 * m.n_embd**2 + (d_in + 1) * m.n_embd + m.n_embd + 1
-    else:
-        from .planted import planted_bytes
+    """float32 bytes of a model's parameters, from its config alone (before building it): its family
+    class's `parameter_count`."""
+    from .config import FAMILIES
 
-        return planted_bytes(m)
-    return 4 * params
+    return 4 * FAMILIES.get(model_cfg.family).parameter_count(model_cfg)
 
 
 def activation_bytes(model_cfg, batch: int, points: int, *, training: bool = False) -> int:
