@@ -177,7 +177,13 @@ def layer_estimates(shape: Shape, points: int, prompts, similarity, sweeps) -> l
     induced = min(prompts.induced, prompts.test)
     cells = (shape.layers + 1) * sum(grid_points(s) for s in sweeps)
     out = [
-        prompt_estimate("prompts.train", prompts.train + prompts.val, shape, points),
+        prompt_estimate(
+            "prompts.train + prompts.val",
+            prompts.train + prompts.val,
+            shape,
+            points,
+            value=f"{prompts.train} + {prompts.val}",
+        ),
         prompt_estimate("prompts.test", prompts.test, shape, points),
         bootstrap_estimate("similarity.bootstrap", similarity.bootstrap, prompts.test, cells),
         *learner_estimates(sweeps, prompts.test, points, shape.d),
@@ -203,6 +209,23 @@ def probe_estimates(shape: Shape, points: int, probes, n_test: int) -> list[Esti
     return out
 
 
+def spectral_estimate(bins: int, prompts: int, predictors: int, n_boot: int) -> Estimate:
+    """The spectral instrument (probe/analysis/spectral.py): five float64 sums per (prompt, bin) for
+    every predictor (the layers and the reference members), and their bootstrap resamples (a
+    (resamples x prompts) by (prompts x bins) product per sum and predictor), per bin variable."""
+    variables = 2
+    nbytes = 8.0 * 5 * predictors * bins * (prompts + n_boot)
+    flop = variables * 5 * predictors * 2.0 * n_boot * prompts * bins
+    return Estimate("spectral.bins", bins, nbytes, flop)
+
+
+def finetune_estimate(steps: int, shape: Shape, prompts: int, points: int) -> Estimate:
+    """The 'adam' read-out: `steps` full-batch Adam steps of a (width + 1) read-out per layer over the
+    training prompts' states."""
+    flop = (shape.layers + 1) * float(steps) * (6.0 * prompts * points * (shape.width + 1) + PYTHON_STEP_FLOP)
+    return Estimate("readout.finetune_steps", steps, 0.0, flop)
+
+
 def mlp_probe_estimate(knob: str, hidden: int, n_probes: int, prompts: int, width: int) -> Estimate:
     """MLP probes: a random layer of `hidden` units on each probe's pooled features (float64, held
     for all prompts) and a ridge head on them (hidden^2 per prompt)."""
@@ -215,8 +238,8 @@ def intervention_estimates(shape: Shape, points: int, settings, n_boot: int) -> 
     """Ablations (every head, MLP and layer skip per kind, on the prompts and as many held out),
     the patching heatmap (every boundary x position) and the map check (every boundary x query)."""
     components = shape.layers * (shape.heads + 2)
-    positions = settings.max_positions or 2 * points
-    queries = settings.max_queries or points
+    positions = min(settings.max_positions or 2 * points, 2 * points)  # caps: never more than the prompt has
+    queries = min(settings.max_queries or points, points)
     patch_forwards = (shape.layers + 1) * (positions + queries)
     return [
         prompt_estimate("interventions.prompts", settings.prompts, shape, points, 2 * components * len(settings.kinds)),

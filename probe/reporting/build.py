@@ -25,6 +25,7 @@ from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
 from ..analysis.probe_study import probe_intervals, probe_study
 from ..analysis.probes import without_r2_draws
 from ..analysis.readout import LayerReadouts
+from ..analysis.spectral import reference_families
 from ..core import budget
 from ..core.allocator import release_free_memory
 from ..core.errors import ConfigError
@@ -232,6 +233,16 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         budget.prompt_estimate("prompts.curve", p.curve, shape, n),
         *budget.layer_estimates(shape, n, p, recipe.similarity, recipe.sweeps),
     ]
+    if recipe.readout.method == "adam":
+        out.append(budget.finetune_estimate(recipe.readout.finetune_steps, shape, p.train, n))
+    if recipe.spectral.enabled and recipe.similarity.simw:
+        members = sum(budget.grid_points(f) for f in reference_families(shape.d))
+        n_spectral = min(p.induced, p.test)
+        out.append(
+            budget.spectral_estimate(
+                recipe.spectral.bins, n_spectral, shape.layers + 1 + members, recipe.similarity.bootstrap
+            )
+        )
     if recipe.probes.enabled:
         out += budget.probe_estimates(shape, n, recipe.probes, p.test)
     if recipe.forgetting.enabled:

@@ -1,0 +1,69 @@
+"""Every size knob of the report's recipe goes through the up-front estimate (probe/core/budget.py,
+issue 63 item 3): set to 10^9, each is refused before any work with a message naming it; the fields
+that are not sizes are listed with the reason."""
+
+import copy
+import dataclasses
+import re
+
+import pytest
+
+from probe.api import recipe as load_recipe
+from probe.core.errors import ConfigError
+from probe.core.resources import default_checkpoint
+from probe.io.formats import load_checkpoint
+from probe.reporting.build import check_report_size
+
+NOT_SIZES = {
+    "prompts.seed": "a seed",
+    "prompts.induced": "a cap: of the test prompts, at most prompts.test are used (prompts.test is the size)",
+    "spectral.min_count": "a threshold: directions a bin needs to be kept",
+    "interventions.max_positions": "a cap: at most the prompt's 2n tokens are patched",
+    "interventions.max_queries": "a cap: at most the prompt's n queries are checked",
+}
+NEEDS = {"readout.finetune_steps": ("readout", "method", "adam"), "steering.train_prompts": ("steering", "enabled", True),
+         "steering.test_prompts": ("steering", "enabled", True)}
+
+
+def _int_knobs(recipe) -> list[str]:
+    out = []
+    for section in dataclasses.fields(recipe):
+        settings = getattr(recipe, section.name)
+        if not dataclasses.is_dataclass(settings):
+            continue
+        for f in dataclasses.fields(settings):
+            value = getattr(settings, f.name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                out.append(f"{section.name}.{f.name}")
+    return out
+
+
+KNOBS = _int_knobs(load_recipe("quick"))
+
+
+def test_the_enumeration_sees_the_knobs_and_its_exemptions_exist():
+    assert {"prompts.train", "probes.hidden", "spectral.bins", "order.permutations"} <= set(KNOBS)
+    assert set(NOT_SIZES) <= set(KNOBS) and set(NEEDS) <= set(KNOBS)
+
+
+@pytest.mark.parametrize("knob", [k for k in KNOBS if k not in NOT_SIZES])
+def test_a_huge_knob_is_refused_up_front_by_name(knob):
+    ckpt = load_checkpoint(default_checkpoint())
+    recipe = copy.deepcopy(load_recipe("quick"))
+    check_report_size(ckpt, recipe)  # the quick recipe itself is affordable
+    if knob in NEEDS:
+        section, key, value = NEEDS[knob]
+        setattr(getattr(recipe, section), key, value)
+    section, key = knob.split(".")
+    setattr(getattr(recipe, section), key, 10**9)
+    with pytest.raises(ConfigError, match=re.escape(knob)):
+        check_report_size(ckpt, recipe)
+
+
+@pytest.mark.parametrize("knob", sorted(NOT_SIZES))
+def test_a_field_that_is_not_a_size_costs_nothing_more_when_huge(knob):
+    ckpt = load_checkpoint(default_checkpoint())
+    recipe = copy.deepcopy(load_recipe("quick"))
+    section, key = knob.split(".")
+    setattr(getattr(recipe, section), key, 10**9)
+    check_report_size(ckpt, recipe)
