@@ -31,6 +31,7 @@ from ..core.settings import (
     SimilaritySettings,
     SpectralSettings,
     SweepSettings,
+    query_count,
     quick_sweeps,
 )
 from ..core.validate import check_device, check_model, positive_int
@@ -211,7 +212,7 @@ def induced_layer_weights(model, task: TaskConfig, settings: LayerSettings, read
     (weights (L+1, m, n, d), the fresh queries (m, Q, d))."""
     m = settings.n_induced
     sub = type(ev)(ev.xs[:m], ev.ys[:m], None if ev.w is None else ev.w[:m], {k: v[:m] for k, v in ev.params.items()})
-    queries = fresh_queries(task, sub, settings.prompts.queries or 4 * task.n_dims, settings.prompts.seed)
+    queries = fresh_queries(task, sub, query_count(settings.prompts.queries, task.n_dims), settings.prompts.seed)
     q_preds = query_states(
         model,
         sub.xs,

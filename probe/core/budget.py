@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .settings import query_count
 from .validate import check_memory
 
 # The estimates run at 6e10-4e11 "flop" per second on this project's 2-core machine: the quick report
@@ -173,7 +174,7 @@ def learner_estimates(sweeps, prompts: int, points: int, d: int, where: str = "s
 def layer_estimates(shape: Shape, points: int, prompts, similarity, sweeps) -> list[Estimate]:
     """The layer analyses ([prompts], [similarity], sweeps): captures, fresh-query forwards for
     SimW, every learner on the test prompts, bootstrap intervals of every layer x grid cell."""
-    queries = prompts.queries or 4 * shape.d
+    queries = query_count(prompts.queries, shape.d)
     induced = min(prompts.induced, prompts.test)
     cells = (shape.layers + 1) * sum(grid_points(s) for s in sweeps)
     out = [

@@ -153,6 +153,12 @@ class ProbeSettings(Section):
             )
 
 
+def query_count(queries: int, d: int) -> int:
+    """Fresh queries per prefix for a layer's induced weights (seed 003 eq. 11-12): `queries`, or
+    4 d where it is 0 (the recipes' default; SimW solves for d unknowns, so at least d are needed)."""
+    return queries or 4 * d
+
+
 @dataclass
 class PromptSettings(Section):
     """How many prompts each analysis draws, and the seed of every draw: recipe section [prompts].

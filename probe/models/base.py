@@ -47,12 +47,10 @@ class ICLModel(Protocol):
     def readout(self, final: Tensor) -> Tensor: ...
 
 
-class ReadInOutModel:
-    """Shared members of the toolkit's own models (a read-in, layers, a Linear(D, 1) read-out):
-    the protocol's sizes come from `self.config`, the read-out from `self._read_out`."""
+class ConfigSizes:
+    """The protocol's sizes of the toolkit's own models, read from `self.config`."""
 
     config: ModelConfig
-    _read_out: nn.Linear
 
     @property
     def n_dims(self) -> int:
@@ -69,6 +67,13 @@ class ReadInOutModel:
     @property
     def n_points(self) -> int:
         return self.config.n_positions
+
+
+class ReadInOutModel(ConfigSizes):
+    """Shared members of the models with a read-in, layers and a Linear(D, 1) read-out (GPT-2, LSTM):
+    the sizes from `self.config`, the read-out from `self._read_out`."""
+
+    _read_out: nn.Linear
 
     def readout(self, final: Tensor) -> Tensor:
         return self._read_out(final)[..., 0]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .base import ModelOutput
+from .base import ConfigSizes, ModelOutput
 from .config import FAMILIES, ModelConfig
 from .hooked import Hooked, HookFn, HookPoint
 from .linear import stable_addmm
@@ -126,7 +126,7 @@ class LSABlock(nn.Module):
 
 
 @FAMILIES.register("lsa")
-class LinearSelfAttentionICL(Hooked, nn.Module):
+class LinearSelfAttentionICL(Hooked, ConfigSizes, nn.Module):
     """L layers of residual linear self-attention on concatenated (x, y) tokens (module docstring)."""
 
     family = "lsa"
@@ -148,22 +148,6 @@ class LinearSelfAttentionICL(Hooked, nn.Module):
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList(LSABlock(cfg.n_head, width, self.sparse) for _ in range(cfg.n_layer))
         self.name_hook_points()
-
-    @property
-    def n_dims(self) -> int:
-        return self.config.n_dims
-
-    @property
-    def n_layers(self) -> int:
-        return self.config.n_layer
-
-    @property
-    def d_model(self) -> int:
-        return self.config.n_embd
-
-    @property
-    def n_points(self) -> int:
-        return self.config.n_positions
 
     def readout(self, final: Tensor) -> Tensor:
         """The prediction: the token's y coordinate (negated in the sparse form)."""

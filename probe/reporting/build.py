@@ -32,6 +32,7 @@ from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
 from ..core.provenance import display_path
 from ..core.seeds import Stream, stream_generator
+from ..core.settings import query_count
 from ..data.tasks import sample_prompts
 from ..interventions.pipeline import degenerate_boundaries, layer_maps_from_best, run_interventions
 from ..interventions.runner import has_runner
@@ -270,7 +271,7 @@ def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
     m = ckpt.config.model
     if recipe.probes.enabled:
         recipe.probes.check_for(ckpt.config.task.n_points)
-    queries = recipe.prompts.queries or 4 * m.n_dims
+    queries = query_count(recipe.prompts.queries, m.n_dims)
     if recipe.similarity.simw and queries < m.n_dims:
         raise ConfigError(
             f"prompts.queries = {queries} is fewer than d = {m.n_dims} on {ckpt.name}: a layer's induced weights "

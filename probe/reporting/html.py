@@ -13,6 +13,7 @@ from typing import Any
 import markupsafe
 import pandas as pd
 
+from ..core.settings import query_count
 from ..learners import LEARNERS
 from .findings import Titles, findings, label, summary_titles, sweep_titles
 from .page import Page, Section
@@ -103,7 +104,7 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
         "label": partial(label, titles=summary_titles(summary)),
         "compare_name": compare.name if compare is not None else "",
         "learner_lines": learner_methods(recipe),
-        "queries": recipe.prompts.queries or 4 * ckpt.config.task.n_dims,
+        "queries": query_count(recipe.prompts.queries, ckpt.config.task.n_dims),
     }
     return Page(
         title=f"icl-probe report: {summary.checkpoint.name} ({recipe.name} recipe)",

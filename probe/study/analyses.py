@@ -21,6 +21,7 @@ from ..analysis.similarity import first_best, ilw, induced_weights, sime, spd
 from ..analysis.states import prefix_query_sequences
 from ..core.errors import ConfigError
 from ..core.seeds import Stream, stream_generator
+from ..core.settings import query_count
 from ..data.tasks import sample_prompts
 from ..io.formats import load_checkpoint
 from ..learners import run_learner
@@ -257,7 +258,7 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
 
     prompts = sample_prompts(task, recipe.prompts, generator=stream_generator(recipe.seed, Stream.STUDY_PROMPTS))
     g = stream_generator(recipe.seed, Stream.STUDY_QUERIES)
-    n_q = recipe.queries or 4 * task.n_dims
+    n_q = query_count(recipe.queries, task.n_dims)
     if n_q < task.n_dims:
         raise ConfigError(
             f"queries = {n_q} is fewer than d = {task.n_dims}: ILW's induced weights solve for d unknowns "

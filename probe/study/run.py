@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from ..core.errors import ConfigError, ProbeError, RenamedSetting
 from ..core.registry import unknown_name_message
+from ..core.settings import query_count
 from ..core.validate import check_device, check_memory, positive_int
 from ..io.checkpoint import atomic_write
 from ..io.formats import load_checkpoint
@@ -90,7 +91,7 @@ def check_study_size(recipe: StudyRecipe, models: list[Path]) -> None:
         check_report_size(ckpt, adapt_recipe(report, ckpt.config))
         if "spd_ilw" in recipe.analyses:
             task = ckpt.config.task
-            queries = recipe.queries or 4 * task.n_dims
+            queries = query_count(recipe.queries, task.n_dims)
             grid = sum(math.prod(len(v) if isinstance(v, list) else 1 for v in c.grid.values()) for c in recipe.compare)
             check_memory(
                 recipe.prompts * task.n_points * queries * 8 * (4 + 2 * max(grid, 1) + task.n_dims),
