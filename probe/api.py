@@ -312,7 +312,7 @@ def run_study_command(
     device = check_device(device)
     models = resolve_models(parsed)  # every checkpoint is an input the output may not hold or replace
     target = OutputTarget(Path(out), "study", force=force, inputs=tuple(models))
-    check_models(models)
+    check_models(models, parsed.x)
     check_study_size(parsed, models)
     parsed.report_recipe()
     path = target.path

@@ -156,6 +156,10 @@ def test_mixed_tasks_and_empty_snapshot_runs_are_refused(family, capsys):
     save_model(build_model(cfg.model).eval(), cfg, family / "m" / "L9")
     assert main(["-q", "study", "s.toml", "--out", "out"]) == 2
     assert "different tasks" in capsys.readouterr().err
+    from probe.study.run import check_models
+
+    models = sorted((family / "m").iterdir())
+    assert {f["n_dims"] for f in check_models(models, "n_dims").values()} == {2, 3}  # d is what such a study varies
     assert main(["-q", "study", "s.toml", "--out", "out", "--set", 'checkpoints=[]', "--set", 'run="m/L1"']) == 2
     assert "no snapshots" in capsys.readouterr().err
     assert not (family / "out").exists()

@@ -60,20 +60,22 @@ def model_key(path: Path, recipe: StudyRecipe) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_models(models: list[Path]) -> dict[str, dict[str, Any]]:
-    """Load every model's config before any heavy work; the models must share one task family."""
+def check_models(models: list[Path], x: str = "") -> dict[str, dict[str, Any]]:
+    """Load every model's config before any heavy work; the models must share one task family, and
+    its dimension too unless the dimension is what the study varies (`x = "n_dims"`: every analysis
+    runs on each model's own task, and the study's tables are per model)."""
     fields = {}
     for path in models:
         try:
             fields[_relative(path)] = model_fields(path)
         except ProbeError as err:
             raise ConfigError(f"study model {path}: {err}") from None
-    kinds = {(f["task"], f["n_dims"]) for f in fields.values()}
+    kinds = {(f["task"], f["n_dims"] if x != "n_dims" else 0) for f in fields.values()}
     if len(kinds) > 1:
         raise ConfigError(
             "study models have different tasks: "
             + ", ".join(f"{m} ({f['task']}, d={f['n_dims']})" for m, f in fields.items())
-            + "; a study compares one task"
+            + "; a study compares one task (models of several d only with x = \"n_dims\")"
         )
     return fields
 
@@ -173,7 +175,7 @@ def run_study(
 
     jobs, device = _check_run_options(executor, cluster, jobs, device)
     models = resolve_models(recipe, base)
-    fields = check_models(models)
+    fields = check_models(models, recipe.x)
     recipe.report_recipe()  # a bad report recipe or override fails here, before any work
     names = {_relative(p): p for p in models}
     folders = {name: out / "models" / safe_name(name) for name in names}
