@@ -83,6 +83,17 @@ def test_a_stored_shift_evaluation_is_reproduced():
     assert (stored["shift"] == "scale_x=3").all()
 
 
+def test_the_ill_conditioned_d8_checkpoint_meets_issue_57s_bar():
+    """gpt2-d8-illcond: kappa = 100, so var(y) = trace(Sigma) = 4 x 100 + 4 x 1 and the normalised
+    error MSE / var(y) is error / d x d / 404: at most 0.01 at 2d+1 examples and beyond."""
+    ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-d8-illcond")
+    task = ckpt.config.task
+    assert (ckpt.config.model.n_layer, task.n_dims, task.covariance, task.kappa) == (12, 8, "ill_conditioned", 100.0)
+    stored = pd.read_csv(REPO / "checkpoints" / "gpt2-d8-illcond" / "eval" / "eval.csv").set_index("n_examples")
+    variance = (task.n_dims // 2) * task.kappa + (task.n_dims - task.n_dims // 2)
+    assert (stored.model_hi[2 * task.n_dims + 1 :] * task.n_dims / variance < 0.01).all()
+
+
 def test_the_d8_checkpoint_meets_issue_57s_bar():
     """gpt2-d8: 12 layers, d = 8, normalised error (MSE / var(y) = error / d for isotropic x and w)
     at most 0.01 at 2d+1 examples and beyond."""
