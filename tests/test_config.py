@@ -124,3 +124,20 @@ def test_bounds_are_declared_with_the_field(make, message):
 def test_sections_normalise_numbers():
     assert TrainConfig(lr=1).lr == 1.0 and isinstance(TrainConfig(lr=1).lr, float)
     assert TaskConfig(mixture_weights=[1, 0]).mixture_weights == (1.0, 0.0)
+
+
+def test_one_integer_rule_for_keyword_and_dict_settings_and_one_seed_rule():
+    """A section built from keywords and the same section read from a recipe dict agree (issue 61):
+    an integral float is the integer, 2.5 is refused both ways; a grid's seed follows check_seed."""
+    from probe.core.config import from_dict
+    from probe.core.settings import ProbeSettings, PromptSettings
+    from probe.core.validate import check_grid
+
+    assert ProbeSettings(max_iter=1000.0).max_iter == from_dict(ProbeSettings, {"max_iter": 1000.0}).max_iter == 1000
+    assert PromptSettings(seed=3.0).seed == from_dict(PromptSettings, {"seed": 3.0}).seed == 3
+    for make in (lambda: ProbeSettings(max_iter=2.5), lambda: from_dict(ProbeSettings, {"max_iter": 2.5})):
+        with pytest.raises(ConfigError, match=r"max_iter must be an integer"):
+            make()
+    with pytest.raises(ConfigError, match=r"seed must be an integer in 0\.\.2\^63-1, got -5"):
+        check_grid("sgd", {"seed": -5})
+    assert check_grid("sgd", {"seed": 7.0}) == {"seed": 7}

@@ -217,7 +217,7 @@ for override, culprit in [
     ("train.lr=fast", "train.lr must be a number"), ("train.lr=inf", "train.lr must be a finite"),
     ("train.lr=nan", "train.lr must be a finite"), ("train.lr=-1", "train.lr must be > 0"),
     ("task.w_scale=inf", "task.w_scale must be a finite"), ("task.noise_std=-1", "task.noise_std must be >= 0"),
-    ("train.batch_size=1e9", "train.batch_size must be an integer"),
+    ("train.batch_size=1e9", r"train.batch_size=1000000000 would need about .* of memory"),  # 1e9 is an integer
     ("train.batch_size=1000000000", "train.batch_size=1000000000"), ("train.steps=0", "train.steps must be an integer >= 1"),
     ("train.steps=2.5", "train.steps must be an integer"), ("model.n_embd=2000000", "memory"),
     ("train.lrr=1", "Did you mean: lr"), ("model.family=cnn", "model.family"), ("task.kappa=0.5", "task.kappa"),
@@ -247,7 +247,7 @@ case("resume-corrupt-config", ["train", "--out", "run", "--resume"], "config.jso
 # ---- report recipes
 REPORT = ["report", "ck", "--out", "rep"]
 for override, culprit in [
-    ("prompts.curve=1e12", "prompts.curve must be an integer"),
+    ("prompts.curve=1e12", r"prompts.curve = 1000000000000 on ck would need about .* of memory"),
     ("prompts.curve=1000000000000", "prompts.curve"), ("prompts.test=0", "prompts.test must be an integer >= 1"),
     ("prompts.train=-5", "prompts.train"), ("similarity.bootstrap=0", "similarity.bootstrap"),
     ("probes.max_iter=-1", "probes.max_iter"), ("probes.gtol=nan", "probes.gtol"), ("readout.alphas=[-1.0]", "readout.alphas"),

@@ -26,7 +26,7 @@ from typing import Any
 from .errors import ConfigError, RenamedSetting
 from .parsing import load_toml
 from .registry import Registry, unknown_name_message
-from .validate import check_seed, finite_float, positive_int
+from .validate import check_seed, finite_float, positive_int, whole_number
 
 
 def setting(
@@ -92,11 +92,11 @@ def _check_value(value: Any, kind: Any, key: str, rules: Mapping[str, Any]) -> A
     if choices is not None and value not in choices:
         raise ConfigError(f"{key}: " + unknown_name_message(rules["noun"], str(value), list(map(str, choices))))
     if kind is int and key.split(".")[-1].endswith("seed"):
-        return check_seed(value, key)
+        return check_seed(whole_number(value, key), key)
     if kind is int and rules["minimum"] is not None:
         return positive_int(value, key, rules["minimum"])
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if kind is int:
+        return whole_number(value, key)
     if kind is float:
         value = finite_float(value, key, low=rules["low"], strict=rules["strict"])
         if rules["high"] is not None and value > rules["high"]:
@@ -210,8 +210,8 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         if not math.isfinite(value):
             raise ConfigError(f"{where} must be a finite number, got {value!r}")
         return float(value)
-    if hint is int and not (isinstance(value, int) and not isinstance(value, bool)):
-        raise ConfigError(f"{where} must be an integer, got {value!r}")
+    if hint is int:
+        return whole_number(value, where)  # the field's own rules (minimum, seed) run in its section
     if hint is str and not isinstance(value, str):
         raise ConfigError(f"{where} must be a string, got {value!r}")
     if hint is bool and not isinstance(value, bool):

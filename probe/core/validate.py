@@ -28,7 +28,7 @@ GRID_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "batch_size": ("count1", ()),
     "width": ("count1", ()),
     "depth": ("count1", ()),
-    "seed": ("int", ()),
+    "seed": ("seed", ()),
     "lam": ("positive", ()),
     "eta": ("positive", ("auto", "normalized")),
     "alpha": ("positive", ("spectral", "frobenius", "paper")),
@@ -42,6 +42,18 @@ GRID_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "noise": ("nonnegative", ()),
 }
 MEMORY_FRACTION = 0.8  # refuse work whose estimate exceeds this share of available memory
+
+
+def whole_number(value: Any, name: str) -> int:
+    """An integer; a float with an integral value (1000.0, as TOML and JSON may write it) is taken as
+    one, 2.5 and booleans are not: the one rule for every integer setting, however it is given."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()))
+    ):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 def positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -127,8 +139,8 @@ def check_grid(learner: str, grid: dict[str, Any], where: str = "") -> dict[str,
                 checked.append(positive_int(v, f"{where}: {key}", 0))
             elif rule in ("count1",):
                 checked.append(positive_int(v, f"{where}: {key}", 1))
-            elif rule == "int":
-                checked.append(positive_int(v, f"{where}: {key}", -(2**63)))
+            elif rule == "seed":
+                checked.append(check_seed(whole_number(v, f"{where}: {key}"), f"{where}: {key}"))
             elif rule == "positive":
                 checked.append(finite_float(v, f"{where}: {key}", low=0.0))
             elif rule == "nonnegative":
