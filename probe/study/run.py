@@ -75,7 +75,7 @@ def check_models(models: list[Path], x: str = "") -> dict[str, dict[str, Any]]:
         raise ConfigError(
             "study models have different tasks: "
             + ", ".join(f"{m} ({f['task']}, d={f['n_dims']})" for m, f in fields.items())
-            + "; a study compares one task (models of several d only with x = \"n_dims\")"
+            + '; a study compares one task (models of several d only with x = "n_dims")'
         )
     return fields
 
