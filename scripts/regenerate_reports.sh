@@ -22,6 +22,7 @@ declare -A JOBS=(
   [gpt2-default-quick]="report checkpoints/gpt2-default --out reports/gpt2-default-quick"
   [gpt2-default-vs-lstm]="report checkpoints/gpt2-default --compare checkpoints/lstm-default --out reports/gpt2-default-vs-lstm"
   [gpt2-illcond-quick]="report checkpoints/gpt2-illcond --out reports/gpt2-illcond-quick"
+  [gpt2-illcond-24k-quick]="report checkpoints/gpt2-illcond-24k --out reports/gpt2-illcond-24k-quick"
   [gpt2-d8-quick]="report checkpoints/gpt2-d8 --out reports/gpt2-d8-quick"
   [gpt2-d8-illcond-quick]="report checkpoints/gpt2-d8-illcond --out reports/gpt2-d8-illcond-quick"
   [lstm-default-quick]="report checkpoints/lstm-default --out reports/lstm-default-quick"
