@@ -1,5 +1,9 @@
 """icl-probe: which learning algorithm do the layers of an in-context learner run?"""
 
+from .core.omp import passive_waits
+
+passive_waits()  # before torch loads OpenMP: see probe/core/omp.py
+
 from .core.allocator import tune_allocator
 from .core.provenance import VERSION as __version__  # noqa: F401  (the package version)
 

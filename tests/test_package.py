@@ -199,3 +199,40 @@ def test_the_first_set_up_layer_holds_every_package_probe_imports():
     setup = [str(REPO / "scripts" / "setup.sh"), "--devv"]
     run = subprocess.run(["bash", *setup], check=False, capture_output=True, text=True)
     assert run.returncode == 2 and "unknown option '--devv' (use --dev or --with-browser)" in run.stderr
+
+
+def test_importing_probe_makes_openmp_waits_passive_unless_chosen_or_too_late():
+    """probe/core/omp.py: idle OpenMP threads sleep instead of spinning (set before torch loads its
+    runtime); a policy the user set is kept, and nothing is set once torch is already loaded."""
+    import os
+    import subprocess
+    import sys
+
+    show = "import os, sys; {} import probe; print(os.environ.get('OMP_WAIT_POLICY'))"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+
+    def policy(code: str, **extra: str) -> str:
+        run = subprocess.run([sys.executable, "-c", show.format(code)], env={**env, **extra}, check=True,
+                             capture_output=True, text=True, cwd=REPO)
+        return run.stdout.strip()
+
+    assert policy("") == "PASSIVE"
+    assert policy("", OMP_WAIT_POLICY="active") == "active"
+    assert policy("import torch;") == "None"
+
+
+def test_usable_cpus_follow_the_affinity_mask():
+    """Study workers split the CPUs the process may use, not the machine's count."""
+    import os
+
+    from probe.core.omp import usable_cpus
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no affinity API on this platform")
+    mask = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(mask)})
+        assert usable_cpus() == 1
+    finally:
+        os.sched_setaffinity(0, mask)
+    assert usable_cpus() <= len(mask)

@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -26,6 +25,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from ..core.errors import ConfigError, ProbeError, RenamedSetting
+from ..core.omp import usable_cpus
 from ..core.registry import unknown_name_message
 from ..core.settings import query_count
 from ..core.validate import check_device, check_memory, positive_int
@@ -113,7 +113,7 @@ def _init_worker(threads: int) -> None:
 def _submit_local(
     pending: list[tuple[str, Path]], args: tuple, jobs: int, on_done: Callable[[str, pd.DataFrame], None]
 ) -> None:
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = max(1, usable_cpus() // jobs)
     with ProcessPoolExecutor(
         max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(threads,)
     ) as pool:
@@ -136,7 +136,7 @@ def _submit_slurm(
         raise ConfigError("--executor slurm needs submitit: pip install submitit") from None
     executor = submitit.AutoExecutor(folder=str(folder), cluster=None if cluster == "auto" else cluster)
     executor.update_parameters(
-        timeout_min=240, cpus_per_task=max(1, (os.cpu_count() or 1) // jobs), slurm_array_parallelism=jobs
+        timeout_min=240, cpus_per_task=max(1, usable_cpus() // jobs), slurm_array_parallelism=jobs
     )
     submitted = [(name, executor.submit(analyse_model, str(path), *args)) for name, path in pending]
     for name, job in submitted:
