@@ -22,10 +22,24 @@ def _model(family: str, d: int = 3, layers: int = 2, heads: int = 1, seed: int =
     return build_model(cfg).double().eval()
 
 
+def _layer_norm(v: np.ndarray, ln) -> np.ndarray:
+    centred = v - v.mean(-1, keepdims=True)
+    scaled = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + ln.eps)
+    return scaled * ln.weight.detach().numpy() + ln.bias.detach().numpy()
+
+
+def _mlp(v: np.ndarray, mlp) -> np.ndarray:
+    """GPT-2's MLP: Conv1D (weight [in, out]), gelu_new (tanh form), Conv1D."""
+    hidden = v @ mlp.c_fc.weight.detach().numpy() + mlp.c_fc.bias.detach().numpy()
+    hidden = 0.5 * hidden * (1 + np.tanh(np.sqrt(2 / np.pi) * (hidden + 0.044715 * hidden**3)))
+    return hidden @ mlp.c_proj.weight.detach().numpy() + mlp.c_proj.bias.detach().numpy()
+
+
 def _loop_forward(model, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """Predictions (B, n) by the module docstring's rule, one token at a time in numpy: tokens
     (x_i, 0), (x_i, y_i); e_i += sum_h sum_{j in K_i} W_PV e_j (e_j^T W_KQ e_i) / |K_i| with K_i the
-    labelled tokens at or before i, all tokens updated from the previous layer's values."""
+    labelled tokens at or before i, all tokens updated from the previous layer's values (lsa_mlp:
+    the attention reads LayerNorm(e), then e += MLP(LayerNorm(e)))."""
     b, n, d = xs.shape
     e = np.zeros((b, 2 * n, d + 1))
     e[:, 0::2, :d] = xs
@@ -33,18 +47,21 @@ def _loop_forward(model, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     e[:, 1::2, d] = ys
     for block in model.blocks:
         w_kq, w_pv = (w.detach().numpy() for w in block.attn.weights())
+        a = _layer_norm(e, block.ln_1) if model.mlp else e
         new = e.copy()
         for i in range(2 * n):
             keys = [j for j in range(1, i + 1, 2)]
             for j in keys:
                 for h in range(w_kq.shape[0]):
-                    score = np.einsum("bk,kl,bl->b", e[:, j], w_kq[h], e[:, i])
-                    new[:, i] += (score[:, None] * (e[:, j] @ w_pv[h].T)) / len(keys)
+                    score = np.einsum("bk,kl,bl->b", a[:, j], w_kq[h], a[:, i])
+                    new[:, i] += (score[:, None] * (a[:, j] @ w_pv[h].T)) / len(keys)
         e = new
+        if model.mlp:
+            e = e + _mlp(_layer_norm(e, block.ln_2), block.mlp)
     return model.sign * e[:, 0::2, d]
 
 
-@pytest.mark.parametrize("family, heads", [("lsa", 1), ("lsa", 2), ("lsa_sparse", 1)])
+@pytest.mark.parametrize("family, heads", [("lsa", 1), ("lsa", 2), ("lsa_sparse", 1), ("lsa_mlp", 2)])
 def test_the_forward_is_the_papers_layer_rule(family, heads):
     model = _model(family, layers=2, heads=heads)
     g = np.random.default_rng(0)
@@ -53,7 +70,7 @@ def test_the_forward_is_the_papers_layer_rule(family, heads):
     np.testing.assert_allclose(pred, _loop_forward(model, xs, ys), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("family", ["lsa", "lsa_sparse"])
+@pytest.mark.parametrize("family", ["lsa", "lsa_sparse", "lsa_mlp"])
 def test_a_prediction_never_sees_its_own_label_or_later_examples(family):
     model = _model(family, layers=3, heads=2)
     g = torch.Generator().manual_seed(6)
@@ -135,6 +152,19 @@ def test_hook_points_carry_the_stream_and_capture_reads_them():
     pattern = acts.acts["blocks.1.attn.hook_pattern"]
     assert pattern.shape == (6, 2, 14, 14)
     assert (pattern[..., 0::2] == 0).all()  # query tokens are never keys
+
+
+def test_the_mlp_form_has_gpt2s_extra_hook_points_and_runs_the_smoke_report(tmp_path):
+    from probe.cli import main
+    from probe.io.checkpoint import save_model
+
+    model = _model("lsa_mlp", layers=2).float()
+    assert {"blocks.0.ln1.hook_normalized", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out"} <= set(model.hook_dict)
+    cfg = build_cfg(family="lsa_mlp", d=3, points=7, width=4, layers=2, heads=1)
+    save_model(build_model(cfg.model).eval(), cfg, tmp_path / "m")
+    assert main(["-q", "report", str(tmp_path / "m"), "--recipe", "smoke", "--out", str(tmp_path / "r")]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["checkpoint"]["model"]["family"] == "lsa_mlp"
 
 
 def test_training_on_the_last_query_alone(tmp_path):

@@ -66,7 +66,9 @@ def test_hidden_states_match_hugging_face_conventions():
     assert len(out.resid) == 4  # embeddings + one per block, raw (before ln_f)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "lstm", "lstm_residual", "lsa", "lsa_sparse", "newton", "newton-relu"])
+@pytest.mark.parametrize(
+    "family", ["gpt2", "lstm", "lstm_residual", "lsa", "lsa_sparse", "lsa_mlp", "newton", "newton-relu"]
+)
 def test_the_size_estimate_from_the_config_is_the_built_models(family):
     """`model_bytes` (the memory checks before building a model or loading a checkpoint) reads its
     family class's `parameter_count`: 4 bytes per parameter of the model actually built."""

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         "n_dims": m.n_dims,
         "n_layer": m.n_layer,
         "n_embd": m.n_embd,
-        "n_head": m.n_head if m.family in ("gpt2", "lsa", "lsa_sparse") else None,
+        "n_head": m.n_head if m.family in ("gpt2", "lsa", "lsa_sparse", "lsa_mlp") else None,
         "n_points": m.n_positions,
         "encoding": m.encoding,
         "parameters": sum(p.numel() for p in ckpt.model.parameters()),

@@ -216,11 +216,11 @@ class GPT2Runner(Runner):
 
 class HookedRunner(GPT2Runner):
     """Linear self-attention models (probe/models/lsa.py): every intervention through hooks on their
-    one forward (no resumed paths), no MLP blocks."""
+    one forward (no resumed paths); MLP blocks only in lsa_mlp."""
 
     def __init__(self, model, device: str):
         super().__init__(model, device, resumed=False)
-        self.has_mlp = False
+        self.has_mlp = bool(getattr(model, "mlp", False))
 
 
 class PlantedRunner(Runner):

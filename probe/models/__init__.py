@@ -9,7 +9,7 @@ from ..core.seeds import Stream, stream_seed
 from .base import ModelOutput
 from .config import FAMILIES, ModelConfig
 from .gpt2 import GPT2ICL
-from .lsa import LinearSelfAttentionICL, SparseLinearSelfAttentionICL
+from .lsa import LinearSelfAttentionICL, MLPLinearSelfAttentionICL, SparseLinearSelfAttentionICL
 from .lstm import LSTMICL, ResidualLSTMICL
 from .planted import PlantedICL
 
@@ -25,6 +25,7 @@ __all__ = [
     "GPT2ICL",
     "LSTMICL",
     "LinearSelfAttentionICL",
+    "MLPLinearSelfAttentionICL",
     "ModelOutput",
     "PlantedICL",
     "ResidualLSTMICL",

@@ -15,7 +15,7 @@ from .constructions import CONSTRUCTIONS
 FAMILIES: Registry[Any] = Registry("model family")  # name -> model class (gpt2.py, lstm.py, planted.py)
 ENCODINGS = ("garg", "akyurek")  # probe/models/encoding.py
 ATTENTION_ACTIVATIONS = ("softmax", "relu")  # GPT-2 attention weights: softmax, or ReLU / #keys (seed 001 Def. 7)
-LSA_FAMILIES = ("lsa", "lsa_sparse")  # linear self-attention, probe/models/lsa.py
+LSA_FAMILIES = ("lsa", "lsa_sparse", "lsa_mlp")  # linear self-attention, probe/models/lsa.py
 
 
 @dataclass
@@ -27,8 +27,8 @@ class ModelConfig(Section):
 
     family: str = setting(
         "gpt2",
-        "gpt2 (Garg et al.'s TransformerModel), lstm / lstm_residual (seed 003 §3.3), lsa / lsa_sparse (linear "
-        "self-attention) "
+        "gpt2 (Garg et al.'s TransformerModel), lstm / lstm_residual (seed 003 §3.3), lsa / lsa_sparse / lsa_mlp "
+        "(linear self-attention) "
         "or planted",
         FAMILIES,
         noun="model family",

@@ -7,7 +7,10 @@ token e_i
     e_i <- e_i + sum_h (1 / |K_i|) sum_{j in K_i} W_PV^h e_j (e_j^T W_KQ^h e_i)
 
 with no softmax, no MLP and no LayerNorm; the prediction is the last (y) coordinate of the query
-token after the last layer. Family "lsa" trains every entry of W_KQ and W_PV; family "lsa_sparse"
+token after the last layer. Family "lsa_mlp" adds, optionally, what the papers leave out: GPT-2's
+LayerNorm before the attention and a LayerNorm and GELU MLP (hidden 4 (d + 1)) after it, each a
+residual update, with GPT-2's hook names (`ln1`/`ln2.hook_normalized`, `mlp.hook_pre` / `hook_post`,
+`hook_resid_mid`, `hook_mlp_out`). Family "lsa" trains every entry of W_KQ and W_PV; family "lsa_sparse"
 is Ahn et al.'s (2023, eq. 8) restriction W_KQ = [[A, 0], [0, 0]], W_PV = [[0, 0], [0, p]]: only
 the y coordinates move, y_i <- y_i + (p / |K_i|) sum_j y_j x_j^T A^T x_i, so with p A = -eta P each
 layer is a step of GD preconditioned by P on the labelled tokens' residuals y_j - x_j^T w, and the
@@ -37,6 +40,7 @@ from torch import Tensor, nn
 
 from .base import ConfigSizes, ModelOutput
 from .config import FAMILIES, ModelConfig
+from .gpt2 import MLP, LayerNorm
 from .hooked import Hooked, HookFn, HookPoint
 from .linear import stable_addmm
 
@@ -115,14 +119,24 @@ class LinearAttention(nn.Module):
 
 
 class LSABlock(nn.Module):
-    def __init__(self, heads: int, width: int, sparse: bool = False):
+    """One residual LSA layer; with `mlp`, GPT-2's block around it: LayerNorm before the attention, then
+    a LayerNorm and a GELU MLP (hidden 4 D) as a second residual update."""
+
+    def __init__(self, heads: int, width: int, sparse: bool = False, mlp: bool = False):
         super().__init__()
         self.attn = LinearAttention(heads, width, sparse)
         self.hook_resid_pre, self.hook_attn_out, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
+        self.with_mlp = mlp
+        if mlp:
+            self.ln_1, self.ln_2, self.mlp = LayerNorm(width), LayerNorm(width), MLP(width)
+            self.hook_resid_mid, self.hook_mlp_out = HookPoint(), HookPoint()
 
     def forward(self, h: Tensor) -> Tensor:
         h = self.hook_resid_pre(h)
-        return self.hook_resid_post(h + self.hook_attn_out(self.attn(h)))
+        if not self.with_mlp:
+            return self.hook_resid_post(h + self.hook_attn_out(self.attn(h)))
+        h = self.hook_resid_mid(h + self.hook_attn_out(self.attn(self.ln_1(h))))
+        return self.hook_resid_post(h + self.hook_mlp_out(self.mlp(self.ln_2(h))))
 
 
 @FAMILIES.register("lsa")
@@ -131,6 +145,7 @@ class LinearSelfAttentionICL(Hooked, ConfigSizes, nn.Module):
 
     family = "lsa"
     sparse = False
+    mlp = False  # lsa_mlp: GPT-2's LayerNorms and MLP around each attention layer
     random_init = True
     sign = 1.0  # the prediction is sign * the y coordinate
     capture_backend = "hooked"  # probe/capture/backends.py
@@ -138,16 +153,19 @@ class LinearSelfAttentionICL(Hooked, ConfigSizes, nn.Module):
 
     @staticmethod
     def parameter_count(cfg: ModelConfig) -> int:
-        """Stored parameters: W_KQ and W_PV per head and layer (the sparse form masks most of them)."""
-        return cfg.n_layer * cfg.n_head * 2 * (cfg.n_dims + 1) ** 2
+        """Stored parameters: W_KQ and W_PV per head and layer (the sparse form masks most of them), and
+        in lsa_mlp two LayerNorms and the MLP per layer."""
+        width = cfg.n_dims + 1
+        extra = 4 * width + 8 * width**2 + 5 * width if FAMILIES.get(cfg.family).mlp else 0
+        return cfg.n_layer * (cfg.n_head * 2 * width**2 + extra)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         width = cfg.n_dims + 1  # ModelConfig holds n_embd to it
         self.config = cfg
         self.hook_embed = HookPoint()
-        self.blocks = nn.ModuleList(LSABlock(cfg.n_head, width, self.sparse) for _ in range(cfg.n_layer))
-        self.name_hook_points()
+        self.blocks = nn.ModuleList(LSABlock(cfg.n_head, width, self.sparse, self.mlp) for _ in range(cfg.n_layer))
+        self.name_hook_points((("ln_1.", "ln1."), ("ln_2.", "ln2.")))  # TransformerLens's names, as GPT-2's
 
     def readout(self, final: Tensor) -> Tensor:
         """The prediction: the token's y coordinate (negated in the sparse form)."""
@@ -182,3 +200,11 @@ class SparseLinearSelfAttentionICL(LinearSelfAttentionICL):
     family = "lsa_sparse"
     sparse = True
     sign = -1.0
+
+
+@FAMILIES.register("lsa_mlp")
+class MLPLinearSelfAttentionICL(LinearSelfAttentionICL):
+    """LSA with GPT-2's LayerNorms and GELU MLP around each attention layer (off in `lsa`)."""
+
+    family = "lsa_mlp"
+    mlp = True
