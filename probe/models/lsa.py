@@ -151,12 +151,12 @@ class LinearSelfAttentionICL(Hooked, ConfigSizes, nn.Module):
     capture_backend = "hooked"  # probe/capture/backends.py
     runner = "hooked"  # probe/interventions/runner.py: interventions through the hook points
 
-    @staticmethod
-    def parameter_count(cfg: ModelConfig) -> int:
+    @classmethod
+    def parameter_count(cls, cfg: ModelConfig) -> int:
         """Stored parameters: W_KQ and W_PV per head and layer (the sparse form masks most of them), and
         in lsa_mlp two LayerNorms and the MLP per layer."""
         width = cfg.n_dims + 1
-        extra = 4 * width + 8 * width**2 + 5 * width if FAMILIES.get(cfg.family).mlp else 0
+        extra = 4 * width + 8 * width**2 + 5 * width if cls.mlp else 0
         return cfg.n_layer * (cfg.n_head * 2 * width**2 + extra)
 
     def __init__(self, cfg: ModelConfig):
