@@ -1,10 +1,13 @@
 """Which learner a model tracks under a shift (issue 64 item 2): the planted GD model is GD with
 its construction's fixed step in distribution, and under inputs scaled past that step's stability
-it is told apart from every learner whose step adapts (probe/analysis/shift_tracking.py)."""
+it is told apart from every learner whose step adapts; the planted Newton model is Newton with its
+fixed alpha, and diverges where that learner does and GD with the matched fixed step does not
+(probe/analysis/shift_tracking.py)."""
 
 import pytest
+import torch
 
-from probe.analysis.shift_tracking import matched_members, track_under_shift, tracking_words
+from probe.analysis.shift_tracking import _diverged, _masked_mean, matched_members, track_under_shift, tracking_words
 from probe.cli import main
 from probe.io.planted_io import planted_config
 from probe.models.planted import plant
@@ -29,6 +32,30 @@ def test_the_planted_gd_model_is_matched_to_its_step_and_tracked_where_it_diverg
     rows = diverging.table.set_index("family")
     assert rows.loc["gd_adaptive_step", "relative_distance"] > 0.9  # a step that adapts does not follow it
     assert "tracks gd_fixed_step" in tracking_words(diverging)
+
+
+def test_the_planted_newton_model_is_matched_to_its_alpha_and_tracked_where_it_diverges():
+    cfg = planted_config("newton", 21, 4, 16)  # 9 iterations at the construction's default alpha
+    model, task, alpha = plant(cfg.model), cfg.task, cfg.model.planted_scale
+    matched = matched_members(model, task, n_prompts=128)
+    learner, params, distance = matched["newton_fixed_alpha"]
+    assert learner == "newton" and params["iterations"] == (9,) and distance < 1e-10
+    assert params["alpha"][0] == pytest.approx(alpha, rel=1e-4)
+    # alpha x 2^k fixes the in-distribution match of GD too (a close but not equal filter)
+    assert matched["gd_fixed_step"][2] > 1e3 * distance
+    tracking = track_under_shift(model, task, "scale_x=3", n_prompts=128, n_boot=200, matched=matched)
+    rows = tracking.table.set_index("family")
+    assert rows.loc["newton_fixed_alpha", "model_diverged"] > 0.5 and rows.loc["newton_fixed_alpha", "mismatch"] == 0
+    assert tracking.tracks == "newton_fixed_alpha" and tracking.separable and tracking.criterion == "mismatch"
+    assert "diverges on" in tracking_words(tracking)
+
+
+def test_divergence_is_told_from_distance():
+    pred = torch.tensor([[1.0, float("nan")], [2e3, 1.0], [1.0, 1.0]])
+    assert _diverged(pred, 1e3).tolist() == [[False, True], [True, False], [False, False]]
+    values, mask = torch.tensor([[1.0, 2.0], [float("inf"), 4.0]]), torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    out = _masked_mean(values, mask)
+    assert out[0] == 1.0 and torch.isnan(out[1])  # the second column keeps no prompt
 
 
 def test_track_needs_a_shift(tmp_path, capsys):

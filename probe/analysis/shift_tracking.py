@@ -8,13 +8,18 @@ spectral rule. So:
 1. **Match in distribution.** On unshifted prompts of the checkpoint's task, every member of each
    candidate family (CANDIDATES: its hyper-parameter grid) is compared with the model's own
    prediction at every prefix t >= 1; the member with the least mean squared distance / d is that
-   family's match (its fixed step, alpha rule or penalty, and its step count).
+   family's match (its fixed step, alpha rule or penalty, and its step count). A fixed step or
+   alpha is then refined around the grid's best (2% apart).
 2. **Follow off distribution.** On the shifted prompts (probe/data/shifts.py), each matched member
-   is asked the shift's queries beside the model; per family the mean squared distance / d between
-   its predictions and the model's, and its own error / d, with 90% intervals over resamples of the
-   prompts (paired across families), and the share of prompts on which it overflowed (`diverged`:
-   its distance is then NaN, as far from the model as can be). The model *tracks* the family at the
-   least distance; the paired difference to the runner-up says whether the two can be told apart.
+   is asked the shift's queries beside the model. A prediction *diverges* when it is not finite or
+   exceeds DIVERGED times the labels' root mean square; a prompt diverges when any of its positions
+   does. Per family: the share of prompts on which it and the model disagree about diverging
+   (`mismatch`), the mean squared distance / d to the model over the prompts on which neither
+   diverges, and its own error / d, with 90% intervals over resamples of the prompts (paired across
+   families). The model *tracks* the family with the least mismatch, then the least distance (a
+   learner that diverges where the model does not, or the reverse, is further than any finite
+   distance); the paired difference to the runner-up, in whichever of the two decided, says
+   whether the two can be told apart.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..core.seeds import Stream, stream_generator
 from ..core.validate import check_model, positive_int
@@ -38,7 +43,7 @@ from .stats import percentile_interval, resamples
 
 # GD steps on L = |y - X w|^2 / (2t) (paper convention), 8% apart; Newton's M_0 = a S / t
 FIXED_ETAS = tuple(float(v) for v in np.geomspace(0.02, 0.5, 21))
-FIXED_ALPHAS = tuple(float(v) for v in np.geomspace(0.01, 1.0, 11))
+FIXED_ALPHAS = tuple(float(v) for v in np.geomspace(1e-3, 1.0, 31))  # planted Newton at d = 4: 0.0031
 STEPS = tuple(range(17)) + tuple(2**k for k in range(5, 13))  # every count to 16, then 32 .. 4096
 CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "gd_fixed_step": ("gd", {"eta": FIXED_ETAS, "steps": STEPS}),
@@ -49,16 +54,20 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "least_squares": ("least_squares", {}),
 }
 LEVEL = 0.90
-REFINE = 1  # rounds of the fixed GD step's refinement (matched_members)
+REFINE = 3  # rounds of refinement of a fixed step or alpha (matched_members), each 10x finer
+NEAR = np.geomspace(0.8, 1.25, 23)  # the first round's factors, 2% apart
+DIVERGED = 1e3  # a prediction beyond this many times the labels' root mean square has diverged
 CLOSE = 0.1  # the closest family's distance over the model's mean squared prediction, above which none is close
 
 
 @dataclass
 class Tracking:
     """The comparison of one shift: `table` one row per family (member matched in distribution,
-    distance to the model off distribution with its interval, the family's and the model's error
-    / d); the family tracked, the runner-up, and their paired difference in distance with its
-    interval (`separable`: the interval excludes 0)."""
+    mismatch in diverging, distance to the model off distribution with its interval, the family's
+    and the model's error / d); the family tracked, the runner-up, and their paired difference in
+    the `criterion` that ranked them (mismatch or distance) with its interval (`separable`: the
+    interval excludes 0); `curves`, the error / d per number of examples of the model and each
+    family."""
 
     table: pd.DataFrame
     tracks: str
@@ -66,6 +75,8 @@ class Tracking:
     difference: float
     low: float
     high: float
+    criterion: str = "distance"
+    curves: pd.DataFrame | None = None
 
     @property
     def separable(self) -> bool:
@@ -87,20 +98,29 @@ def matched_members(model: nn.Module, task: TaskConfig, n_prompts: int = 256, se
     out = {}
     for family, (learner, grid) in CANDIDATES.items():
         member, dist = closest(learner, grid)
-        for _ in range(REFINE if family == "gd_fixed_step" else 0):
-            # in distribution a small fixed step is set by eta x steps: search every step count at
-            # that product, eta within 25% of it (2% apart), so that the count is found too
-            total = member["eta"] * member["steps"]
-            tries = [
-                closest(
-                    learner, {"eta": tuple(e for e in total / s * np.geomspace(0.8, 1.25, 23) if e <= 1), "steps": (s,)}
-                )
-                for s in STEPS
-                if s and total / s * 0.8 <= 1
-            ]
-            member, dist = min([(member, dist), *tries], key=lambda pair: pair[1])
+        for r in range(REFINE):
+            tries = _refinements(family, member, NEAR ** (0.1**r))
+            member, dist = min([(member, dist), *(closest(learner, g) for g in tries)], key=lambda pair: pair[1])
         out[family] = (learner, {k: (v,) for k, v in member.items()}, dist)
     return out
+
+
+def _refinements(family: str, member: dict[str, Any], near: np.ndarray) -> list[dict[str, Any]]:
+    """Grids around a matched fixed step or alpha. In distribution a small fixed GD step is set by
+    eta x steps, so every step count is searched at that product (eta within 25% of it), so that the
+    count is found too; Newton's alpha likewise at alpha x 2^k, at every iteration count k. `near`:
+    the factors around the product."""
+    if family == "gd_fixed_step":
+        total = member["eta"] * member["steps"]
+        return [
+            {"eta": tuple(float(e) for e in total / s * near if e <= 1), "steps": (s,)}
+            for s in STEPS
+            if s and total / s * near[0] <= 1
+        ]
+    if family == "newton_fixed_alpha":  # alpha 2^k is Newton's eta x steps ((1 - alpha lambda^2)^(2^k) per eigenvalue)
+        total = member["alpha"] * 2 ** member["iterations"]
+        return [{"alpha": tuple(float(a) for a in total / 2**k * near), "iterations": (k,)} for k in NEWTON_ITERATIONS]
+    return []
 
 
 def track_under_shift(
@@ -123,25 +143,51 @@ def track_under_shift(
     use[0] = False  # no example seen: every learner predicts 0
     queries = torch.nan_to_num(p.queries)
     d, y = task.n_dims, p.query_ys.double()[:, use]
+    bound = DIVERGED * float(y.pow(2).mean().sqrt())
     model_pred = model_pred.double()[:, use]
-    distance, error, diverged = {}, {}, {}
-    for family, (learner, params, _) in matched.items():
+    model_off = _diverged(model_pred, bound)  # (P, t)
+    families = list(matched)
+    preds = {}
+    for family in families:
+        learner, params, _ = matched[family]
         result = run_learner(learner, p.xs, p.ys, queries, **params)
         assert result.query_preds is not None
-        pred = torch.diagonal(result.query_preds[0], dim1=1, dim2=2)[:, use]  # (P, t): position t's own query
-        distance[family] = ((pred - model_pred) ** 2).mean(1) / d  # per prompt
-        diverged[family] = float((~torch.isfinite(pred).all(1)).double().mean())
-        error[family] = ((pred - y) ** 2).mean(1) / d
-    families = list(matched)
-    per_prompt = torch.stack([distance[f] for f in families], 1)  # (P, F)
-    draws = torch.cat([per_prompt[idx].mean(1) for idx in resamples(len(per_prompt), n_boot, seed, 100)])
-    lo, hi = percentile_interval(draws, LEVEL)
-    point = per_prompt.mean(0)
-    order = torch.argsort(torch.nan_to_num(point, nan=float("inf")))
-    first, second = int(order[0]), int(order[1])
-    diff_lo, diff_hi = percentile_interval((draws[:, second] - draws[:, first]).unsqueeze(1), LEVEL)
-    model_error = float(((model_pred - y) ** 2).mean() / d)
-    model_size = float((model_pred**2).mean() / d)  # what a distance is relative to
+        preds[family] = torch.diagonal(result.query_preds[0], dim1=1, dim2=2)[:, use]  # position t's own query
+    off = torch.stack([_diverged(preds[f], bound).any(1) for f in families], 1)  # (P, F)
+    mismatch = (off != model_off.any(1, keepdim=True)).double()
+    both = (~off & ~model_off.any(1, keepdim=True)).double()  # neither diverged on the prompt
+    sq = torch.stack(
+        [((torch.nan_to_num(preds[f]) - torch.nan_to_num(model_pred)) ** 2).mean(1) / d for f in families], 1
+    )
+    sq = torch.where(both > 0, sq, torch.zeros_like(sq))
+    point_mismatch, point = mismatch.mean(0), _masked_mean(sq, both)
+    draws_mismatch, draws = [], []
+    for idx in resamples(n_prompts, n_boot, seed, 100):
+        draws_mismatch.append(mismatch[idx].mean(1))
+        draws.append(_masked_mean(sq[idx], both[idx]))
+    dm, dd = torch.cat(draws_mismatch), torch.cat(draws)
+    lo, hi = percentile_interval(dd, LEVEL, ignore_nan=True)
+    key = [(float(point_mismatch[i]), _finite_or_inf(point[i])) for i in range(len(families))]
+    first, second = sorted(range(len(families)), key=key.__getitem__)[:2]
+    by_mismatch = key[first][0] != key[second][0]
+    if by_mismatch:
+        diff = dm[:, second] - dm[:, first]
+        difference = float(point_mismatch[second] - point_mismatch[first])
+    else:  # paired over the prompts on which neither family (nor the model) diverged
+        common = both[:, first] * both[:, second]
+        pair = sq[:, [second]] - sq[:, [first]]
+        diff = torch.cat(
+            [_masked_mean(pair[idx], common[idx].unsqueeze(-1)) for idx in resamples(n_prompts, n_boot, seed, 100)]
+        )[:, 0]
+        difference = float(_masked_mean(pair, common.unsqueeze(-1))[0])
+    diff_lo, diff_hi = percentile_interval(diff.unsqueeze(1), LEVEL, ignore_nan=True)
+    model_ok = ~model_off.any(1)
+    model_error = float(((model_pred[model_ok] - y[model_ok]) ** 2).mean() / d) if model_ok.any() else float("nan")
+    model_size = float((model_pred[model_ok] ** 2).mean() / d) if model_ok.any() else float("nan")
+    errors = {
+        f: _masked_mean((((preds[f] - y) ** 2).mean(1) / d).unsqueeze(1), (~off[:, [i]]).double())[0]
+        for i, f in enumerate(families)
+    }
     table = pd.DataFrame(
         {
             "shift": shift,
@@ -149,23 +195,59 @@ def track_under_shift(
             "learner": [matched[f][0] for f in families],
             "matched": [_member_words(matched[f][1]) for f in families],
             "distance_in_distribution": [matched[f][2] for f in families],
+            "mismatch": point_mismatch.numpy(),
             "distance": point.numpy(),
             "distance_low": lo.numpy(),
             "distance_high": hi.numpy(),
-            "relative_distance": point.numpy() / max(model_size, 1e-300),
-            "diverged": [diverged[f] for f in families],
-            "error": [float(error[f].mean()) for f in families],
+            "relative_distance": point.numpy() / model_size if model_size > 0 else float("nan"),
+            "diverged": off.double().mean(0).numpy(),
+            "model_diverged": float(model_off.any(1).double().mean()),
+            "error": [float(errors[f]) for f in families],
             "model_error": model_error,
         }
     )
+    curves = _error_curves(shift, {"model": model_pred, **preds}, y, bound, torch.nonzero(use)[:, 0], d)
     return Tracking(
         table,
         families[first],
         families[second],
-        float(point[second] - point[first]),
+        difference,
         float(diff_lo[0]),
         float(diff_hi[0]),
+        "mismatch" if by_mismatch else "distance",
+        curves,
     )
+
+
+def _diverged(pred: Tensor, bound: float) -> Tensor:
+    """Predictions that are not finite or beyond `bound` in size (module docstring)."""
+    return ~torch.isfinite(pred) | (pred.abs() > bound)
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean over dim -2 (prompts) of `values` where `mask` is 1; NaN where no prompt is left."""
+    total = mask.sum(-2)
+    return torch.where(mask > 0, values, torch.zeros_like(values)).sum(-2) / torch.where(
+        total > 0, total, torch.full_like(total, float("nan"))
+    )
+
+
+def _finite_or_inf(v: Tensor) -> float:
+    return float(v) if bool(torch.isfinite(v)) else float("inf")
+
+
+def _error_curves(shift: str, preds: dict[str, Tensor], y: Tensor, bound: float, positions: Tensor, d: int):
+    """Per predictor and number of examples t, the error / d over the prompts on which it did not
+    diverge at t, and the share on which it did."""
+    rows = []
+    for who, pred in preds.items():
+        off = _diverged(pred, bound)
+        err = torch.where(off, torch.zeros_like(pred), torch.nan_to_num(pred) - y) ** 2 / d
+        kept = (~off).double().sum(0)
+        mean = err.sum(0) / torch.where(kept > 0, kept, torch.full_like(kept, float("nan")))
+        for j, t in enumerate(positions.tolist()):
+            rows.append((shift, who, t, float(mean[j]), float(off[:, j].double().mean())))
+    return pd.DataFrame(rows, columns=["shift", "predictor", "t", "error", "diverged"])
 
 
 def _member_words(params: dict[str, tuple]) -> str:
@@ -179,18 +261,28 @@ def tracking_words(tracking: Tracking) -> str:
     rows = tracking.table.set_index("family")
     shift = rows.iloc[0]["shift"]
     first = rows.loc[tracking.tracks]
+    what = "share of prompts diverging differently" if tracking.criterion == "mismatch" else "distance"
     verdict = (
-        f"apart from {tracking.runner_up} (paired difference {tracking.difference:.3g}, 90% interval "
+        f"apart from {tracking.runner_up} (paired difference in {what} {tracking.difference:.3g}, 90% interval "
         f"{tracking.low:.3g} to {tracking.high:.3g})"
         if tracking.separable
-        else f"not separable from {tracking.runner_up} (paired interval {tracking.low:.3g} to {tracking.high:.3g})"
+        else f"not separable from {tracking.runner_up} (paired {what} interval {tracking.low:.3g} to {tracking.high:.3g})"
     )
+    relative = first["relative_distance"]
     close = (
         ""
-        if first["relative_distance"] <= CLOSE
-        else f"; but no family is close (relative distance {first['relative_distance']:.2f})"
+        if relative <= CLOSE
+        else f"; but no family is close (relative distance {relative:.2f})"
+        if np.isfinite(relative)
+        else ""
+    )
+    diverged = first["model_diverged"]
+    model = (
+        f"; the model diverges on {diverged:.0%} of prompts, {tracking.tracks} on {first['diverged']:.0%}"
+        if diverged > 0
+        else ""
     )
     return (
         f"under {shift} the model tracks {tracking.tracks} ({first['matched']}; distance / d "
-        f"{first['distance']:.3g}), {verdict}{close}"
+        f"{first['distance']:.3g}), {verdict}{close}{model}"
     )
