@@ -109,8 +109,9 @@ def track_table(checkpoint: str) -> str:
 
     folder = REPO / "checkpoints" / checkpoint
     rows = [
-        "| shift | tracks (member matched in distribution) | relative distance | runner-up, paired 90% interval | overflowed |",
-        "|---|---|---|---|---|",
+        "| shift | tracks (member matched in distribution) | relative distance | runner-up, paired 90% interval "
+        "(criterion) | model diverged | diverged, not with the model |",
+        "|---|---|---|---|---|---|",
     ]
     for path in sorted(folder.glob("eval-shift-*/track.csv")):
         record = json.loads((path.parent / "eval.json").read_text())["track"]
@@ -118,10 +119,12 @@ def track_table(checkpoint: str) -> str:
             table = {r["family"]: r for r in csv.DictReader(f)}
         first = table[record["tracks"]]
         apart = "apart" if record["separable"] else "not separable"
-        over = ", ".join(f for f, r in table.items() if float(r["diverged"]) > 0) or "none"
+        over = ", ".join(f for f, r in table.items() if float(r["mismatch"]) > 0) or "none"
+        relative = f"{float(first['relative_distance']):.3g}" if first["relative_distance"] else "-"
         rows.append(
-            f"| {first['shift']} | {record['tracks']} ({first['matched']}) | {float(first['relative_distance']):.3g} | "
-            f"{record['runner_up']}: {apart} ({record['ci_low']:.2g} to {record['ci_high']:.2g}) | {over} |"
+            f"| {first['shift']} | {record['tracks']} ({first['matched']}) | {relative} | "
+            f"{record['runner_up']}: {apart} ({record['ci_low']:.2g} to {record['ci_high']:.2g}, "
+            f"{record['criterion']}) | {float(first['model_diverged']):.0%} | {over} |"
         )
     return "\n".join(rows)
 

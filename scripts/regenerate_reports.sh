@@ -44,6 +44,7 @@ declare -A JOBS=(
   [shifts-gpt2-default]="shifts checkpoints/gpt2-default"
   [shifts-lstm-default]="shifts checkpoints/lstm-default"
   [shifts-planted-gd]="shifts checkpoints/planted/gd"
+  [shifts-planted-newton]="shifts checkpoints/planted/newton"
   [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --targets xty w_ols xtx --out reports/probes-default-converged --force"
 )
 for study in depth-phases relu-depth training-dynamics depth-noiseless width relu-attention relu-transformer-depth \

@@ -473,3 +473,21 @@ def test_ridge_whose_penalty_vanishes_beside_huge_prompts_says_so():
     with pytest.raises(ConfigError, match=r"ridge with lambda 0.01 is singular on these prompts: S = X\^T X reaches .*e\+10"):
         run_learner("ridge", xs, ys)
     assert torch.isfinite(run_learner("ridge", xs, ys, lam=(1e98,)).preds).all()  # a penalty at the data's scale
+
+
+def test_per_matrix_leaves_large_matrices_to_lapack_alone(monkeypatch):
+    """No thread pool on top of LAPACK's own threads: a batch of large matrices is one call on the
+    calling thread (probe/core/threads.py); small ones are split."""
+    import threading
+
+    from probe.core import threads
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    seen = []
+    record = lambda m: seen.append(threading.get_ident()) or torch.linalg.eigh(m)
+    big = torch.eye(threads.SMALL + 1, dtype=torch.float64).expand(4, -1, -1).clone()
+    threads.per_matrix(record, big)
+    assert seen == [threading.get_ident()]
+    seen.clear()
+    threads.per_matrix(record, torch.eye(4, dtype=torch.float64).expand(8, -1, -1).clone())
+    assert len(seen) == 2 and threading.get_ident() not in seen

@@ -236,3 +236,17 @@ def test_usable_cpus_follow_the_affinity_mask():
     finally:
         os.sched_setaffinity(0, mask)
     assert usable_cpus() <= len(mask)
+
+
+def test_progress_bars_are_plain_text_without_ipywidgets(monkeypatch):
+    """tqdm.auto without ipywidgets warns in every notebook cell (TqdmWarning with a machine path);
+    probe/core/progress.py picks the text bar then."""
+    import importlib.util
+
+    import tqdm.std
+
+    from probe.core import progress
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ipywidgets" else real(name, *a))
+    assert progress._choose() is tqdm.std.tqdm

@@ -4,10 +4,20 @@ it is told apart from every learner whose step adapts; the planted Newton model 
 fixed alpha, and diverges where that learner does and GD with the matched fixed step does not
 (probe/analysis/shift_tracking.py)."""
 
+import pandas as pd
 import pytest
 import torch
 
-from probe.analysis.shift_tracking import _diverged, _masked_mean, matched_members, track_under_shift, tracking_words
+from probe.analysis.shift_tracking import (
+    PerPrompt,
+    Tracking,
+    _diverged,
+    _masked_mean,
+    matched_members,
+    side_comparisons,
+    track_under_shift,
+    tracking_words,
+)
 from probe.cli import main
 from probe.io.planted_io import planted_config
 from probe.models.planted import plant
@@ -46,8 +56,11 @@ def test_the_planted_newton_model_is_matched_to_its_alpha_and_tracked_where_it_d
     tracking = track_under_shift(model, task, "scale_x=3", n_prompts=128, n_boot=200, matched=matched)
     rows = tracking.table.set_index("family")
     assert rows.loc["newton_fixed_alpha", "model_diverged"] > 0.5 and rows.loc["newton_fixed_alpha", "mismatch"] == 0
-    assert tracking.tracks == "newton_fixed_alpha" and tracking.separable and tracking.criterion == "mismatch"
+    assert tracking.tracks == "newton_fixed_alpha" and tracking.separable and tracking.best.criterion == "mismatch"
     assert "diverges on" in tracking_words(tracking)
+    sides = tracking.compare("gd_fixed_step", "newton_fixed_alpha")  # either order gives the same answer
+    assert sides == tracking.compare("newton_fixed_alpha", "gd_fixed_step") and sides.closer == "newton_fixed_alpha"
+    assert sides.separable and sides.difference == pytest.approx(rows.loc["gd_fixed_step", "mismatch"])
 
 
 def test_divergence_is_told_from_distance():
@@ -62,3 +75,33 @@ def test_track_needs_a_shift(tmp_path, capsys):
     code = main(["-q", "evaluate", "--track", "--prompts", "8", "--out", str(tmp_path / "out")])
     assert code != 0 and "--track compares learners under a shift: give --shift" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_side_comparisons_name_the_planted_algorithm_under_scaled_inputs(planted_gd):
+    model, task = planted_gd
+    tracking = track_under_shift(model, task, "scale_x=3", n_prompts=128, n_boot=200)
+    sides = side_comparisons(tracking).set_index("a")
+    newton_gd = sides.loc["newton"]
+    assert newton_gd.favours == "gd" and newton_gd.family_b == "gd_fixed_step" and newton_gd.difference < 0
+    assert newton_gd.ci_high < 0 and newton_gd.criterion == "mismatch" and newton_gd.resolved
+
+
+def test_a_side_is_not_favoured_when_the_model_is_further_from_both_than_their_gap():
+    """A model that is neither learner (here: their average plus a large offset) is separable from
+    both by its distance, but the hypotheses' gap is below its distance: no side is favoured."""
+    g = torch.Generator().manual_seed(0)
+    n, t = 400, 6
+    a, b = torch.randn(n, t, generator=g), torch.randn(n, t, generator=g)
+    b = a + 0.05 * (b - b.mean(1, keepdim=True))  # mean zero per prompt: the offset adds the same to both
+    model = 0.3 * a + 0.7 * b + 1.0  # nearer b, far from both
+    families = ["gd_fixed_step", "newton_fixed_alpha", "ridge", "least_squares"]
+    preds = {"gd_fixed_step": a, "newton_fixed_alpha": b, "ridge": a, "least_squares": b}
+    dist = torch.stack([((preds[f] - model) ** 2).mean(1) for f in families], 1)
+    pp = PerPrompt(families, torch.zeros(n, 4, dtype=torch.float64), dist.double(), torch.ones(n, 4).double(), 200, 0, preds, 1)
+    c = pp.compare("gd_fixed_step", "newton_fixed_alpha")
+    assert c.closer == "newton_fixed_alpha" and c.separable and c.criterion == "distance"
+    assert pp.gap("gd_fixed_step", "newton_fixed_alpha") == pytest.approx(float(((a - b) ** 2).mean()), rel=1e-6)
+    table = pd.DataFrame({"shift": "x", "family": families, "distance": dist.mean(0).numpy(), "relative_distance": 1.0})
+    tracking = Tracking(table, c, pd.DataFrame(), pp)
+    sides = side_comparisons(tracking).set_index("a")
+    assert sides.loc["newton"].favours is None and not sides.loc["newton"].resolved

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..core import budget
+from ..core.progress import tqdm
 from ..core.seeds import Stream
 from ..core.validate import check_bootstrap, positive_int
 from ..data.config import TaskConfig

@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..core import budget
 from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
+from ..core.progress import tqdm
 from ..core.seeds import Stream
 from ..core.settings import (
     PromptSettings,

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from ..capture.streams import by_position_streams
 from ..core import budget
 from ..core.allocator import release_free_memory
 from ..core.memory import MemoryBudget
+from ..core.progress import tqdm
 from ..core.seeds import Stream, stream_generator
 from ..core.settings import ProbeSettings
 from ..core.validate import check_device, check_model, positive_int

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
+from ..core.progress import tqdm
 from ..data.config import TaskConfig
 from ..data.tasks import generator_for, sample_prompts
 from ..learners import run_learner

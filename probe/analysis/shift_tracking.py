@@ -53,7 +53,18 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "ridge": ("ridge", {"lam": (1e-3, 1e-2, 1e-1, 1.0, 10.0)}),
     "least_squares": ("least_squares", {}),
 }
+# the hypothesis each family stands for, and the pairs of hypotheses compared (best member of each side)
+SIDES = {
+    "gd_fixed_step": "gd",
+    "gd_adaptive_step": "gd",
+    "newton_fixed_alpha": "newton",
+    "newton_spectral_alpha": "newton",
+    "ridge": "ridge",
+    "least_squares": "least_squares",
+}
+SIDE_PAIRS = (("newton", "gd"), ("ridge", "least_squares"))
 LEVEL = 0.90
+MATCH_PROMPTS = 256  # unshifted prompts on which each family's member is matched to the model
 REFINE = 3  # rounds of refinement of a fixed step or alpha (matched_members), each 10x finer
 NEAR = np.geomspace(0.8, 1.25, 23)  # the first round's factors, 2% apart
 DIVERGED = 1e3  # a prediction beyond this many times the labels' root mean square has diverged
@@ -61,29 +72,101 @@ CLOSE = 0.1  # the closest family's distance over the model's mean squared predi
 
 
 @dataclass
-class Tracking:
-    """The comparison of one shift: `table` one row per family (member matched in distribution,
-    mismatch in diverging, distance to the model off distribution with its interval, the family's
-    and the model's error / d); the family tracked, the runner-up, and their paired difference in
-    the `criterion` that ranked them (mismatch or distance) with its interval (`separable`: the
-    interval excludes 0); `curves`, the error / d per number of examples of the model and each
-    family."""
+class Comparison:
+    """Two families under one shift: which is closer to the model, by the `criterion` that ranks
+    them (mismatch in diverging first, then distance), the runner-up's excess in it with its paired
+    90% interval (`separable`: the interval excludes 0)."""
 
-    table: pd.DataFrame
-    tracks: str
-    runner_up: str
+    closer: str
+    other: str
+    criterion: str
     difference: float
     low: float
     high: float
-    criterion: str = "distance"
-    curves: pd.DataFrame | None = None
 
     @property
     def separable(self) -> bool:
         return self.low > 0
 
 
-def matched_members(model: nn.Module, task: TaskConfig, n_prompts: int = 256, seed: int = 0, device: str = "cpu"):
+@dataclass
+class PerPrompt:
+    """Per prompt and family (P, F): whether it and the model disagree about diverging, its squared
+    distance / d to the model, and whether neither diverged (where the distance counts)."""
+
+    families: list[str]
+    mismatch: Tensor
+    distance: Tensor
+    both: Tensor
+    n_boot: int
+    seed: int
+    preds: dict[str, Tensor]  # (P, t) each family's predictions, for the gap between two of them
+    n_dims: int
+
+    def gap(self, a: str, b: str) -> float:
+        """Mean squared distance / d between families a and b, over the prompts where neither they
+        nor the model diverged: how far apart the two hypotheses are under the shift."""
+        i, j = self.families.index(a), self.families.index(b)
+        common = self.both[:, [i]] * self.both[:, [j]]
+        sq = ((torch.nan_to_num(self.preds[a]) - torch.nan_to_num(self.preds[b])) ** 2).mean(1, keepdim=True)
+        return float(_masked_mean(sq / self.n_dims, common)[0])
+
+    def key(self, i: int) -> tuple[float, float]:
+        """Rank of family i: its mismatch share, then its mean distance (inf where none counts)."""
+        return float(self.mismatch[:, i].mean()), _finite_or_inf(
+            _masked_mean(self.distance[:, [i]], self.both[:, [i]])[0]
+        )
+
+    def compare(self, a: str, b: str) -> Comparison:
+        """Family a against family b, paired over the same prompts and resamples."""
+        i, j = sorted((self.families.index(a), self.families.index(b)), key=self.key)
+        if self.key(i)[0] != self.key(j)[0]:
+            per = self.mismatch[:, [j]] - self.mismatch[:, [i]]
+            common = torch.ones_like(per)
+            criterion = "mismatch"
+        else:  # over the prompts on which neither family (nor the model) diverged
+            per = self.distance[:, [j]] - self.distance[:, [i]]
+            common = self.both[:, [i]] * self.both[:, [j]]
+            criterion = "distance"
+        n = len(per)
+        draws = torch.cat([_masked_mean(per[idx], common[idx]) for idx in resamples(n, self.n_boot, self.seed, 100)])
+        lo, hi = percentile_interval(draws, LEVEL, ignore_nan=True)
+        point = float(_masked_mean(per, common)[0])
+        return Comparison(self.families[i], self.families[j], criterion, point, float(lo[0]), float(hi[0]))
+
+
+@dataclass
+class Tracking:
+    """The comparison of one shift: `table` one row per family (member matched in distribution,
+    mismatch in diverging, distance to the model off distribution with its interval, the family's
+    and the model's error / d); `best`, the family tracked against the runner-up (`Comparison`);
+    `curves`, the error / d per number of examples of the model and each family; `per_prompt`, what
+    further pairs are compared from (`compare`)."""
+
+    table: pd.DataFrame
+    best: Comparison
+    curves: pd.DataFrame
+    per_prompt: PerPrompt
+
+    @property
+    def tracks(self) -> str:
+        return self.best.closer
+
+    @property
+    def runner_up(self) -> str:
+        return self.best.other
+
+    @property
+    def separable(self) -> bool:
+        return self.best.separable
+
+    def compare(self, a: str, b: str) -> Comparison:
+        return self.per_prompt.compare(a, b)
+
+
+def matched_members(
+    model: nn.Module, task: TaskConfig, n_prompts: int = MATCH_PROMPTS, seed: int = 0, device: str = "cpu"
+):
     """Per family of CANDIDATES, the grid member closest to the model in distribution: {family:
     (learner, params, distance / d)} from `n_prompts` unshifted prompts (the probe-train stream)."""
     p = sample_prompts(task, n_prompts, generator=stream_generator(seed, Stream.PROBE_TRAIN))
@@ -112,6 +195,8 @@ def _refinements(family: str, member: dict[str, Any], near: np.ndarray) -> list[
     the factors around the product."""
     if family == "gd_fixed_step":
         total = member["eta"] * member["steps"]
+        if total == 0:  # zero steps: every step size predicts 0, nothing to refine
+            return []
         return [
             {"eta": tuple(float(e) for e in total / s * near if e <= 1), "steps": (s,)}
             for s in STEPS
@@ -161,26 +246,10 @@ def track_under_shift(
     )
     sq = torch.where(both > 0, sq, torch.zeros_like(sq))
     point_mismatch, point = mismatch.mean(0), _masked_mean(sq, both)
-    draws_mismatch, draws = [], []
-    for idx in resamples(n_prompts, n_boot, seed, 100):
-        draws_mismatch.append(mismatch[idx].mean(1))
-        draws.append(_masked_mean(sq[idx], both[idx]))
-    dm, dd = torch.cat(draws_mismatch), torch.cat(draws)
-    lo, hi = percentile_interval(dd, LEVEL, ignore_nan=True)
-    key = [(float(point_mismatch[i]), _finite_or_inf(point[i])) for i in range(len(families))]
-    first, second = sorted(range(len(families)), key=key.__getitem__)[:2]
-    by_mismatch = key[first][0] != key[second][0]
-    if by_mismatch:
-        diff = dm[:, second] - dm[:, first]
-        difference = float(point_mismatch[second] - point_mismatch[first])
-    else:  # paired over the prompts on which neither family (nor the model) diverged
-        common = both[:, first] * both[:, second]
-        pair = sq[:, [second]] - sq[:, [first]]
-        diff = torch.cat(
-            [_masked_mean(pair[idx], common[idx].unsqueeze(-1)) for idx in resamples(n_prompts, n_boot, seed, 100)]
-        )[:, 0]
-        difference = float(_masked_mean(pair, common.unsqueeze(-1))[0])
-    diff_lo, diff_hi = percentile_interval(diff.unsqueeze(1), LEVEL, ignore_nan=True)
+    draws = torch.cat([_masked_mean(sq[idx], both[idx]) for idx in resamples(n_prompts, n_boot, seed, 100)])
+    lo, hi = percentile_interval(draws, LEVEL, ignore_nan=True)
+    per_prompt = PerPrompt(families, mismatch, sq, both, n_boot, seed, preds, d)
+    first, second = sorted(range(len(families)), key=per_prompt.key)[:2]
     model_ok = ~model_off.any(1)
     model_error = float(((model_pred[model_ok] - y[model_ok]) ** 2).mean() / d) if model_ok.any() else float("nan")
     model_size = float((model_pred[model_ok] ** 2).mean() / d) if model_ok.any() else float("nan")
@@ -207,15 +276,94 @@ def track_under_shift(
         }
     )
     curves = _error_curves(shift, {"model": model_pred, **preds}, y, bound, torch.nonzero(use)[:, 0], d)
-    return Tracking(
-        table,
-        families[first],
-        families[second],
-        difference,
-        float(diff_lo[0]),
-        float(diff_hi[0]),
-        "mismatch" if by_mismatch else "distance",
-        curves,
+    return Tracking(table, per_prompt.compare(families[first], families[second]), curves, per_prompt)
+
+
+def side_comparisons(tracking: Tracking) -> pd.DataFrame:
+    """Per pair of SIDE_PAIRS (a, b): the closest family of each side, the paired comparison, and
+    the side it favours: where separable and `resolved`, i.e. by distance, the model is nearer the
+    closer family than the two families are to each other (its distance below their `gap`: else the
+    model's own deviation, not the hypotheses, sets the comparison); by mismatch, the model is close
+    to the closer family (relative distance at most CLOSE). The difference is oriented so that > 0 favours a; by distance, `position` is it over
+    the squared gap between the two families (1: the model sits at a's side of the line between
+    them, -1 at b's, 0 midway; |d_b|^2 - |d_a|^2 = gap^2 + 2 (m - a).(a - b))."""
+    pp, rows = tracking.per_prompt, []
+    shift = tracking.table["shift"].iloc[0]
+    rows_of = tracking.table.set_index("family")
+    for a, b in SIDE_PAIRS:
+        best = {
+            side: min((f for f in pp.families if SIDES[f] == side), key=lambda f: pp.key(pp.families.index(f)))
+            for side in (a, b)
+        }
+        c = tracking.compare(best[a], best[b])
+        sign = 1 if c.closer == best[a] else -1
+        lo, hi = sorted((sign * c.low, sign * c.high))
+        gap = pp.gap(best[a], best[b])
+        near = rows_of.loc[c.closer]
+        resolved = near["distance"] < gap if c.criterion == "distance" else near["relative_distance"] <= CLOSE
+        rows.append(
+            {
+                "shift": shift,
+                "a": a,
+                "b": b,
+                "family_a": best[a],
+                "family_b": best[b],
+                "favours": SIDES[c.closer] if c.separable and resolved else None,
+                "criterion": c.criterion,
+                "difference": sign * c.difference,
+                "ci_low": lo,
+                "ci_high": hi,
+                "gap": gap,
+                "position": sign * c.difference / gap if c.criterion == "distance" and gap > 0 else float("nan"),
+                "distance": float(near["distance"]),
+                "resolved": bool(resolved),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class ShiftStudy:
+    """Every shift of a report's [ood] section: the families' rows (`table`, with `tracks` and the
+    comparison with the runner-up per shift), the error curves, and the side comparisons."""
+
+    table: pd.DataFrame
+    curves: pd.DataFrame
+    sides: pd.DataFrame
+
+
+def track_shifts(
+    model: nn.Module,
+    task: TaskConfig,
+    shifts: tuple[str, ...],
+    n_prompts: int = 512,
+    seed: int = 0,
+    device: str = "cpu",
+    n_boot: int = 1000,
+    progress: bool = False,
+) -> ShiftStudy:
+    """`track_under_shift` for every shift, the members matched in distribution once."""
+    from ..core.progress import tqdm
+
+    matched = matched_members(model, task, seed=seed, device=device)
+    tables, curves, sides = [], [], []
+    for shift in tqdm(shifts, desc="shifts", disable=not progress, leave=False):
+        tr = track_under_shift(model, task, shift, n_prompts, seed, device, n_boot, matched)
+        tables.append(
+            tr.table.assign(
+                tracks=tr.table.family == tr.tracks,
+                runner_up=tr.runner_up,
+                criterion=tr.best.criterion,
+                difference=tr.best.difference,
+                ci_low=tr.best.low,
+                ci_high=tr.best.high,
+                separable=tr.separable,
+            )
+        )
+        curves.append(tr.curves)
+        sides.append(side_comparisons(tr))
+    return ShiftStudy(
+        pd.concat(tables, ignore_index=True), pd.concat(curves, ignore_index=True), pd.concat(sides, ignore_index=True)
     )
 
 
@@ -256,18 +404,20 @@ def _member_words(params: dict[str, tuple]) -> str:
     return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()) or "-"
 
 
+def comparison_words(c: Comparison) -> str:
+    """'apart from B (paired difference in ...)' or 'not separable from B (...)'."""
+    what = "share of prompts diverging differently" if c.criterion == "mismatch" else "distance"
+    if c.separable:
+        return f"apart from {c.other} (paired difference in {what} {c.difference:.3g}, 90% interval {c.low:.3g} to {c.high:.3g})"
+    return f"not separable from {c.other} (paired {what} interval {c.low:.3g} to {c.high:.3g})"
+
+
 def tracking_words(tracking: Tracking) -> str:
     """One line: which family the model tracks under the shift, and whether the runner-up is apart."""
     rows = tracking.table.set_index("family")
     shift = rows.iloc[0]["shift"]
     first = rows.loc[tracking.tracks]
-    what = "share of prompts diverging differently" if tracking.criterion == "mismatch" else "distance"
-    verdict = (
-        f"apart from {tracking.runner_up} (paired difference in {what} {tracking.difference:.3g}, 90% interval "
-        f"{tracking.low:.3g} to {tracking.high:.3g})"
-        if tracking.separable
-        else f"not separable from {tracking.runner_up} (paired {what} interval {tracking.low:.3g} to {tracking.high:.3g})"
-    )
+    verdict = comparison_words(tracking.best)
     relative = first["relative_distance"]
     close = (
         ""

@@ -12,10 +12,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..capture import RESID, capture
 from ..core.memory import MemoryBudget, nbytes
+from ..core.progress import tqdm
 from ..data.positions import X_TOKENS
 from ..models.encoding import interleave
 from ..models.sizes import FORWARD_BATCH_BYTES

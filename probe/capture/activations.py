@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..core.allocator import release_free_memory
 from ..core.errors import ConfigError, ProbeError
 from ..core.memory import MemoryBudget, nbytes
+from ..core.progress import tqdm
 from ..core.validate import check_device, check_prompts_for, positive_int
 from ..io.outputs import clean_stale
 from ..models.sizes import forward_batch

@@ -137,9 +137,10 @@ def run(args: argparse.Namespace) -> int:
                 else {
                     "tracks": tracking.tracks,
                     "runner_up": tracking.runner_up,
-                    "difference": tracking.difference,
-                    "ci_low": tracking.low,
-                    "ci_high": tracking.high,
+                    "criterion": tracking.best.criterion,
+                    "difference": tracking.best.difference,
+                    "ci_low": tracking.best.low,
+                    "ci_high": tracking.best.high,
                     "separable": tracking.separable,
                 },
                 "task": task.__dict__,

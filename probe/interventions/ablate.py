@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..analysis.stats import bootstrap_mean
 from ..capture import hooks as H
+from ..core.progress import tqdm
 from ..core.settings import ABLATION_KINDS
 from ..core.validate import positive_int
 from .runner import Hook, Runner, head_hook, replace_hook, skip_hooks

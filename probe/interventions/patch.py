@@ -46,7 +46,6 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..analysis.evaluate import eval_prompts
 from ..analysis.matching import run_sweep
@@ -54,6 +53,7 @@ from ..analysis.stats import bootstrap_ratio, percentile_interval, resamples
 from ..analysis.verdicts import decide, verdict_words
 from ..capture import hooks as H
 from ..core.errors import ConfigError
+from ..core.progress import tqdm
 from ..core.seeds import Stream
 from ..core.settings import PATCH_SITES
 from ..data.config import TaskConfig

@@ -9,6 +9,7 @@
     [forgetting]     ForgettingSettings    forgetting curves and their comparison learners
     [interventions]  InterventionSettings  causal checks
     [order]          OrderSettings         order sensitivity and its comparison learners
+    [ood]            OodSettings           which matched learner the model tracks under distribution shifts
     [steering]       SteeringSettings      causal probes (steering along linear probes)
 
 Every section is a settings class of probe/core/settings.py, where its keys, defaults and help are
@@ -35,6 +36,7 @@ from ..core.resources import RECIPE_DIR
 from ..core.settings import (
     ForgettingSettings,
     InterventionSettings,
+    OodSettings,
     OrderSettings,
     ProbeSettings,
     PromptSettings,
@@ -45,6 +47,7 @@ from ..core.settings import (
     SweepSettings,
 )
 from ..core.validate import check_grid
+from ..data.shifts import parse_shift
 from ..learners import LEARNERS
 from ..models.constructions import CONSTRUCTIONS
 
@@ -78,6 +81,7 @@ class Recipe:
     forgetting: ForgettingSettings = field(default_factory=ForgettingSettings)
     interventions: InterventionSettings = field(default_factory=InterventionSettings)
     order: OrderSettings = field(default_factory=OrderSettings)
+    ood: OodSettings = field(default_factory=OodSettings)
     steering: SteeringSettings = field(default_factory=SteeringSettings)
 
     def __post_init__(self) -> None:
@@ -101,6 +105,11 @@ class Recipe:
         for s in self.order.learners:
             _check_sweep(s, "order learner")
         self._check_interventions()
+        for shift in self.ood.shifts:
+            try:
+                parse_shift(shift)
+            except ConfigError as err:
+                raise ConfigError(f"ood.shifts: {err}") from None
 
     def _check_interventions(self) -> None:
         with_axis = [s.label for s in self.sweeps if s.axis]

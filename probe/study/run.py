@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from ..core.errors import ConfigError, ProbeError, RenamedSetting
 from ..core.omp import usable_cpus
+from ..core.progress import tqdm
 from ..core.registry import unknown_name_message
 from ..core.settings import query_count
 from ..core.validate import check_device, check_memory, positive_int

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..analysis.evaluate import eval_prompts
 from ..core.errors import CheckpointError, ConfigError, OutputError, TrainingDiverged
+from ..core.progress import tqdm
 from ..core.provenance import stamp
 from ..core.seeds import Stream, stream_generator
 from ..core.validate import check_memory
