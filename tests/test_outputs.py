@@ -240,3 +240,24 @@ def test_a_report_from_another_checkpoint_is_never_replaced_even_with_force(tmp_
         assert "made from another checkpoint (runA/final), not runB/final" in err and "--force does not" in err
     assert (tmp_path / "runs" / "final-smoke" / "summary.json").read_bytes() == before
     assert main(["-q", "report", "runA/final", "--recipe", "smoke"]) == 0
+
+
+def test_the_fingerprint_is_the_files_not_this_versions_config_fields(tmp_path, monkeypatch):
+    """A run-config field added in a later version (its default in no file) must not change a
+    checkpoint's fingerprint: it did, and every report made before refused `--force` as "made
+    from another checkpoint"."""
+    from conftest import build_cfg
+
+    from probe.io import checkpoint
+    from probe.io.checkpoint import save_model
+    from probe.io.formats import load_checkpoint
+    from probe.models import build_model
+
+    cfg = build_cfg()
+    save_model(build_model(cfg.model), cfg, tmp_path / "ck")
+    before = load_checkpoint(tmp_path / "ck").fingerprint
+    from probe.core.config import to_dict
+
+    newer = lambda c: {**to_dict(c), "new_field": "its default"}  # what a later version would write
+    monkeypatch.setattr(checkpoint, "to_dict", newer, raising=False)
+    assert load_checkpoint(tmp_path / "ck").fingerprint == before

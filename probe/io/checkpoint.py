@@ -30,7 +30,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from ..core.config import to_dict
 from ..core.errors import CheckpointError, ConfigError
 from ..core.parsing import load_json, load_yaml
 from ..core.validate import check_memory
@@ -65,12 +64,13 @@ class LoadedCheckpoint:
 
     @property
     def fingerprint(self) -> str:
-        """What defines this checkpoint's numbers: the weights' sha256, the resolved run config
-        (task, model) and every other weight or config file beside them (a Hugging Face read-out
-        head, a config.json edited by hand). Logs, evaluations and optimizer state do not count."""
+        """What defines this checkpoint's numbers: the weights' sha256 and every weight or config
+        file beside them (a Hugging Face read-out head, a config.json edited by hand), byte for
+        byte. Logs, evaluations and optimizer state do not count; nor does how this version of
+        icl-probe represents the run config (a field added in a later version, with its default,
+        changed every fingerprint and refused every --force over a report made before)."""
 
         digest = hashlib.sha256(self.sha256.encode())
-        digest.update(json.dumps(to_dict(self.config), sort_keys=True).encode())
         folder = self.path if self.path.is_dir() else self.path.parent
         for path in sorted(folder.iterdir()):
             if path.is_file() and path.suffix in DEFINING_SUFFIXES and path.name not in NOT_DEFINING:
