@@ -84,3 +84,27 @@ def test_the_size_estimate_from_the_config_is_the_built_models(family):
         cfg = ModelConfig(family=family, n_dims=4, n_positions=6, n_embd=width, n_layer=3, n_head=1)
         model = build_model(cfg)
     assert model_bytes(cfg) == 4 * sum(p.numel() for p in model.parameters())
+
+
+def test_no_code_outside_the_families_dispatches_on_a_family_name():
+    """A model family declares its traits (probe/models/base.py FamilyTraits); code elsewhere asks
+    `family_class(name)`, never compares the name (issue 61 item 2)."""
+    import re
+    from pathlib import Path
+
+    import probe
+    from probe.models import FAMILIES, family_class
+
+    root = Path(probe.__file__).parent
+    names = "|".join(sorted(FAMILIES.names(), key=len, reverse=True))
+    pattern = re.compile(rf"""family["'\]]*\s*(==|!=|in)\s*[(\[]?\s*["']({names})["']""")
+    found = [
+        f"{p.relative_to(root)}:{i}"
+        for p in root.rglob("*.py")
+        if p.parent.name != "models"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line) or 'hasattr(model, "resume")' in line
+    ]
+    assert found == []
+    assert family_class("gpt2").garg_format and not family_class("lstm").garg_format
+    assert family_class("lsa").attention_heads and not family_class("planted").random_init

@@ -65,11 +65,12 @@ def query_states(
     chunk by chunk so the states (Q times a capture's size) are never held at once.
 
     For each prefix t the model sees x_1, y_1, ..., x_t, y_t, x~_q; causality makes this exactly
-    the model's state when predicting for x~_q after t examples (seed 003 eq. 11). GPT-2 family
-    models take the key/value-cache path (`cached_query_states`: each prompt runs once); others
-    run every prefix and query as its own sequence.
+    the model's state when predicting for x~_q after t examples (seed 003 eq. 11). Families that
+    declare a key/value cache (`FamilyTraits.key_value_cache`: GPT-2) take the cache path
+    (`cached_query_states`: each prompt runs once); others run every prefix and query as its own
+    sequence.
     """
-    if hasattr(model, "resume"):
+    if getattr(model, "key_value_cache", False):
         return cached_query_states(model, xs, ys, queries, device, progress, start, max_bytes, readout, memory)
     return sequence_query_states(model, xs, ys, queries, device, batch_size, progress, start, readout, memory)
 

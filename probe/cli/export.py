@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..models import family_class
 from .common import add_out, writing
 
 LAYOUTS = ("garg",)
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     lr = learning_rate(ckpt.config, max(step - 1, 0)) if ckpt.format == "icl-probe" else None
     saved = ckpt.path / TRAIN_STATE
     optimizer = safe_torch_load(saved).get("optimizer") if ckpt.format == "icl-probe" and saved.is_file() else None
-    if optimizer is None and ckpt.format == "icl-probe" and ckpt.config.model.family == "gpt2":
+    if optimizer is None and ckpt.format == "icl-probe" and family_class(ckpt.config.model.family).garg_format:
         # no moments kept (a shipped checkpoint): estimate them, so that their Adam resumes smoothly
         optimizer = estimated_adam_state(ckpt.model, ckpt.config, step)
     with writing(target) as staged:

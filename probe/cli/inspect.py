@@ -11,6 +11,7 @@ import argparse
 import json
 
 from ..core.resources import DEFAULT_CHECKPOINT
+from ..models import family_class
 from .common import positive_int
 
 
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         "n_dims": m.n_dims,
         "n_layer": m.n_layer,
         "n_embd": m.n_embd,
-        "n_head": m.n_head if m.family in ("gpt2", "lsa", "lsa_sparse", "lsa_mlp") else None,
+        "n_head": m.n_head if family_class(m.family).attention_heads else None,
         "n_points": m.n_positions,
         "encoding": m.encoding,
         "parameters": sum(p.numel() for p in ckpt.model.parameters()),

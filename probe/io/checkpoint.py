@@ -34,7 +34,7 @@ from ..core.errors import CheckpointError, ConfigError
 from ..core.parsing import load_json, load_yaml
 from ..core.validate import check_memory
 from ..data.config import TaskConfig
-from ..models import build_model
+from ..models import build_model, family_class
 from ..models.config import ModelConfig
 from ..models.sizes import model_bytes
 from .outputs import fix_mode
@@ -247,7 +247,7 @@ def check_size(config: RunConfig, weights: Path) -> None:
 
     expected = model_bytes(config.model)
     actual = weights.stat().st_size
-    if config.model.family != "planted" and expected > 2 * actual + (1 << 20):
+    if family_class(config.model.family).sized_by_config and expected > 2 * actual + (1 << 20):
         raise CheckpointError(
             f"{weights}: the config describes a model of about {expected / 1e6:.1f} MB of weights but the file "
             f"holds {actual / 1e6:.3f} MB; the config does not belong to these weights (check n_embd, n_layer)"
@@ -493,7 +493,7 @@ def export_garg(
     (train_state.pt), whose moments are carried over (see garg_adam_state).
     """
 
-    if config.model.family != "gpt2" or config.model.encoding != "garg":
+    if not family_class(config.model.family).garg_format or config.model.encoding != "garg":
         raise ConfigError("Only GPT-2 models with Garg's token encoding can be exported to their layout")
     if config.model.attn_activation != "softmax":
         raise ConfigError(

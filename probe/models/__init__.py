@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..core.seeds import Stream, stream_seed
-from .base import ModelOutput
+from .base import FamilyTraits, ModelOutput
 from .config import FAMILIES, ModelConfig
 from .gpt2 import GPT2ICL
 from .lsa import LinearSelfAttentionICL, MLPLinearSelfAttentionICL, SparseLinearSelfAttentionICL
@@ -31,14 +31,21 @@ __all__ = [
     "ResidualLSTMICL",
     "SparseLinearSelfAttentionICL",
     "build_model",
+    "family_class",
     "has_random_init",
     "random_weights_model",
 ]
 
 
+def family_class(family: str) -> type[FamilyTraits]:
+    """The class of a model family (FAMILIES), which declares its traits (probe/models/base.py
+    `FamilyTraits`): the one place code outside a family's module asks about it."""
+    return FAMILIES.get(family)
+
+
 def has_random_init(family: str) -> bool:
     """Whether a family's fresh instance is a random-weights control (its class's `random_init`)."""
-    return bool(FAMILIES.get(family).random_init)
+    return bool(family_class(family).random_init)
 
 
 def random_weights_model(model_config, seed: int) -> nn.Module | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -47,7 +47,29 @@ class ICLModel(Protocol):
     def readout(self, final: Tensor) -> Tensor: ...
 
 
-class ConfigSizes:
+class FamilyTraits:
+    """What a model family declares about itself (class attributes; defaults here), so that no code
+    outside the family's module dispatches on its name: whether a fresh instance is a random-weights
+    control (`random_init`), whether `n_head` counts attention heads (`attention_heads`), whether
+    `attn_activation` applies (`attention_activation`), whether Garg et al.'s train.py can hold it
+    (`garg_format`), whether its weights file's size follows its config (`sized_by_config`), and
+    whether it can resume a forward from a layer with a key/value cache (`key_value_cache`: it then
+    has `resume`, probe/analysis/states.py)."""
+
+    random_init: bool = True
+    attention_heads: bool = False
+    attention_activation: bool = False
+    garg_format: bool = False
+    sized_by_config: bool = True
+    key_value_cache: bool = False
+
+    @classmethod
+    def adapt_recipe(cls, recipe: Any, config: Any) -> Any:
+        """The report recipe as it applies to a checkpoint of this family (unchanged by default)."""
+        return recipe
+
+
+class ConfigSizes(FamilyTraits):
     """The protocol's sizes of the toolkit's own models, read from `self.config`."""
 
     config: ModelConfig

@@ -228,7 +228,7 @@ class GPT2ICL(Hooked, ReadInOutModel, nn.Module):
     family = "gpt2"
     capture_backend = "hooked"  # probe/capture/backends.py
     runner = "gpt2"  # probe/interventions/runner.py
-    random_init = True  # a fresh instance is the random-weights control (probe/models/__init__.py)
+    attention_heads = attention_activation = garg_format = key_value_cache = True  # base.py FamilyTraits
 
     @staticmethod
     def parameter_count(cfg: ModelConfig) -> int:

@@ -146,7 +146,7 @@ class LinearSelfAttentionICL(Hooked, ConfigSizes, nn.Module):
     family = "lsa"
     sparse = False
     mlp = False  # lsa_mlp: GPT-2's LayerNorms and MLP around each attention layer
-    random_init = True
+    attention_heads = True  # probe/models/base.py FamilyTraits
     sign = 1.0  # the prediction is sign * the y coordinate
     capture_backend = "hooked"  # probe/capture/backends.py
     runner = "hooked"  # probe/interventions/runner.py: interventions through the hook points

@@ -23,7 +23,6 @@ from .linear import StableLinear
 class LSTMICL(ReadInOutModel, nn.Module):
     family = "lstm"
     residual = False
-    random_init = True
 
     @staticmethod
     def parameter_count(cfg: ModelConfig) -> int:

@@ -18,12 +18,14 @@ module is the architecture they run on, and `plant` builds one.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor, nn
 
 from ..core.validate import check_memory
 from ..data.positions import X_TOKENS
-from .base import ModelOutput
+from .base import FamilyTraits, ModelOutput
 from .config import FAMILIES, ModelConfig
 from .constructions import CONSTRUCTIONS
 from .hooked import Hooked, HookFn, HookPoint
@@ -74,11 +76,22 @@ class _Sites(nn.Module):
 
 
 @FAMILIES.register("planted")
-class PlantedICL(Hooked, nn.Module):
+class PlantedICL(Hooked, FamilyTraits, nn.Module):
     family = "planted"
     capture_backend = "planted"  # probe/capture/backends.py
     runner = "planted"  # probe/interventions/runner.py
     random_init = False  # its weights are the construction: a fresh instance is all zeros
+    sized_by_config = False  # its weights file holds the construction's nonzero maps only
+
+    @classmethod
+    def adapt_recipe(cls, recipe, config):
+        """Planted models are judged with their own read-out (retraining would rescale the planted
+        predictor) and against their learner's exact hyper-parameters (the construction's
+        `adapt_sweeps`)."""
+        recipe = copy.deepcopy(recipe)
+        recipe.readout.method = "model"
+        CONSTRUCTIONS.get(config.model.planted).adapt_sweeps(recipe.sweeps, config.model)
+        return recipe
 
     @staticmethod
     def parameter_count(cfg: ModelConfig) -> int:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from ..core.settings import query_count
 from ..learners import LEARNERS
+from ..models import family_class
 from .findings import Titles, findings, label, summary_titles, sweep_titles
 from .page import Page, Section
 from .page import table as _table
@@ -308,7 +309,7 @@ def _model_card(summary: Summary, ckpt) -> pd.DataFrame:
             ("family", m["family"]),
             ("layers", m["n_layer"]),
             ("width", m["n_embd"]),
-            ("heads", m["n_head"] if m["family"] == "gpt2" else "-"),
+            ("heads", m["n_head"] if family_class(m["family"]).attention_heads else "-"),
             ("d", m["n_dims"]),
             ("points", m["n_positions"]),
             ("parameters", f"{c.parameters:,}"),

@@ -49,7 +49,7 @@ from ..core.settings import (
 from ..core.validate import check_grid
 from ..data.shifts import parse_shift
 from ..learners import LEARNERS
-from ..models.constructions import CONSTRUCTIONS
+from ..models import family_class
 
 SWEEP_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -146,12 +146,7 @@ def adapt_recipe(recipe: Recipe, config) -> Recipe:
         for sweep in recipe.sweeps:
             if sweep.learner == "relu_gd":
                 sweep.grid = {**sweep.grid, "depth": task.relu_depth}
-    if m.family != "planted":
-        return recipe
-    recipe = copy.deepcopy(recipe)
-    recipe.readout.method = "model"
-    CONSTRUCTIONS.get(m.planted).adapt_sweeps(recipe.sweeps, m)
-    return recipe
+    return family_class(m.family).adapt_recipe(recipe, config)
 
 
 def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | None = None) -> Recipe:

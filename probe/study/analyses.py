@@ -26,6 +26,7 @@ from ..data.tasks import sample_prompts
 from ..io.formats import load_checkpoint
 from ..learners import run_learner
 from ..learners.closed_form import bayes_lambda
+from ..models import family_class
 from ..reporting.build import run_stages
 from ..reporting.cache import StageCache
 from ..reporting.recipe import adapt_recipe
@@ -363,7 +364,7 @@ def model_fields(path: Path) -> dict[str, Any]:
         "n_layer": m.n_layer,
         "n_embd": m.n_embd,
         "n_head": m.n_head,
-        "attn_activation": m.attn_activation if m.family == "gpt2" else None,
+        "attn_activation": m.attn_activation if family_class(m.family).attention_activation else None,
         "n_dims": t.n_dims,
         "n_points": t.n_points,
         "task": t.name,
