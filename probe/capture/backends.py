@@ -10,7 +10,7 @@ architectures to adapters:
     "planted"   planted linear-attention models: "hooked" with one sequence per prefix run
     "native"    anything with the ICLModel protocol's `run` (the LSTM, your own model)
 
-A model class names its own in `capture_backend` (default "native").
+DECLARED (below) gives each model family class its own; any other model gets "native".
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from torch import Tensor
 from ..core.errors import ConfigError
 from ..core.registry import Registry
 from ..models.base import ICLModel
+from ..models.gpt2 import GPT2ICL
+from ..models.lsa import LinearSelfAttentionICL
+from ..models.planted import PlantedICL
 
 
 @dataclass
@@ -138,11 +141,14 @@ class PlantedBackend(HookedBackend):
         return value.reshape(n_prompts, -1, *value.shape[1:])
 
 
+# model family class -> the back-end "auto" and "hooked" pick for it (subclasses inherit it)
+DECLARED: dict[type, str] = {GPT2ICL: "hooked", LinearSelfAttentionICL: "hooked", PlantedICL: "planted"}
+
+
 def backend_for(model, choice: str, device: str) -> Backend:
-    """The back-end for `model`: "auto" or "hooked" picks the one its class declares
-    (`capture_backend`: TransformerLens hook names for transformers), "native" its plain `run`."""
-    declared = getattr(model, "capture_backend", "native")
-    hooked = declared if declared != "native" else None
+    """The back-end for `model`: "auto" or "hooked" picks its family's (DECLARED: TransformerLens hook
+    names for transformers), "native" its plain `run`."""
+    hooked = next((DECLARED[c] for c in type(model).__mro__ if c in DECLARED), None)
     if choice == "auto":
         choice = hooked or "native"
     elif choice == "hooked":

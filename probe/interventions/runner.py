@@ -24,6 +24,9 @@ from ..capture import hooks as H
 from ..core.errors import ConfigError
 from ..core.validate import check_device
 from ..data.positions import X_TOKENS, Y_TOKENS, prefix_mask
+from ..models.gpt2 import GPT2ICL
+from ..models.lsa import LinearSelfAttentionICL
+from ..models.planted import PlantedICL
 from .resumed import context_patch_predictions, patched_resid_predictions
 
 Hook = tuple[str, Callable]
@@ -278,23 +281,29 @@ class PlantedRunner(Runner):
         return mean.repeat(like.shape[0] // mean.shape[0], *([1] * (mean.dim() - 1)))
 
 
-RUNNERS: dict[str, type[GPT2Runner | PlantedRunner]] = {
-    "gpt2": GPT2Runner,
-    "hooked": HookedRunner,
-    "planted": PlantedRunner,
-}  # a model class's `runner`
+# model family class -> its Runner (subclasses inherit it: lsa_sparse and lsa_mlp are lsa's); a family
+# without one (the LSTM, a user's own model) has no TransformerLens form to intervene on
+RUNNERS: dict[type, type[GPT2Runner | PlantedRunner]] = {
+    GPT2ICL: GPT2Runner,
+    LinearSelfAttentionICL: HookedRunner,
+    PlantedICL: PlantedRunner,
+}
+
+
+def _runner_class(model) -> type[GPT2Runner | PlantedRunner] | None:
+    return next((RUNNERS[c] for c in type(model).__mro__ if c in RUNNERS), None)
 
 
 def has_runner(model) -> bool:
-    """Whether the model's class names a Runner: a TransformerLens form to ablate, patch and steer."""
-    return getattr(model, "runner", None) in RUNNERS
+    """Whether the model's family has a Runner: a TransformerLens form to ablate, patch and steer."""
+    return _runner_class(model) is not None
 
 
 def runner_for(model, device: str = "cpu") -> Runner:
-    """The Runner its model class names (`runner`); models without a TransformerLens form get a clear error."""
+    """The Runner of its model's family (RUNNERS); models without a TransformerLens form get a clear error."""
 
     device = check_device(device)
-    runner = RUNNERS.get(getattr(model, "runner", ""))
+    runner = _runner_class(model)
     if runner is not None:
         return runner(model.eval(), device)
     raise ConfigError(

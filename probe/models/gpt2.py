@@ -226,8 +226,6 @@ TL_NAMES = (("_backbone.h.", "blocks."), ("_backbone.ln_f.", "ln_final."), ("ln_
 @FAMILIES.register("gpt2")
 class GPT2ICL(Hooked, ReadInOutModel, nn.Module):
     family = "gpt2"
-    capture_backend = "hooked"  # probe/capture/backends.py
-    runner = "gpt2"  # probe/interventions/runner.py
     attention_heads = attention_activation = garg_format = key_value_cache = True  # base.py FamilyTraits
 
     @staticmethod

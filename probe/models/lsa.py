@@ -148,8 +148,6 @@ class LinearSelfAttentionICL(Hooked, ConfigSizes, nn.Module):
     mlp = False  # lsa_mlp: GPT-2's LayerNorms and MLP around each attention layer
     attention_heads = True  # probe/models/base.py FamilyTraits
     sign = 1.0  # the prediction is sign * the y coordinate
-    capture_backend = "hooked"  # probe/capture/backends.py
-    runner = "hooked"  # probe/interventions/runner.py: interventions through the hook points
 
     @classmethod
     def parameter_count(cls, cfg: ModelConfig) -> int:

@@ -78,8 +78,6 @@ class _Sites(nn.Module):
 @FAMILIES.register("planted")
 class PlantedICL(Hooked, FamilyTraits, nn.Module):
     family = "planted"
-    capture_backend = "planted"  # probe/capture/backends.py
-    runner = "planted"  # probe/interventions/runner.py
     random_init = False  # its weights are the construction: a fresh instance is all zeros
     sized_by_config = False  # its weights file holds the construction's nonzero maps only
 
