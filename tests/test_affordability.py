@@ -7,6 +7,7 @@ import dataclasses
 import re
 
 import pytest
+from conftest import REPO
 
 from probe.api import recipe as load_recipe
 from probe.core.errors import ConfigError
@@ -67,3 +68,24 @@ def test_a_field_that_is_not_a_size_costs_nothing_more_when_huge(knob):
     section, key = knob.split(".")
     setattr(getattr(recipe, section), key, 10**9)
     check_report_size(ckpt, recipe)
+
+
+def test_the_report_counts_the_order_stage_as_the_stage_does():
+    """The order stage runs the permuted prompts once per prefix; the report's up-front estimate
+    counted one forward, so a report could pass its check and be refused at the order stage."""
+    from probe.analysis.order import ORDER_BOOTSTRAP, order_estimates
+    from probe.io.formats import load_checkpoint
+    from probe.models.sizes import shape_of
+    from probe.reporting.build import report_estimates
+    from probe.reporting.recipe import resolve_recipe
+
+    ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    recipe = resolve_recipe("quick")
+    o, shape, n = recipe.order, shape_of(ckpt.model), ckpt.config.task.n_points
+    prefixes = o.prefixes_for(shape.d, n)
+    assert len(prefixes) == 3
+    up_front = {e.knob: e for e in report_estimates(ckpt, recipe)}
+    at_stage = {e.knob: e for e in order_estimates(shape, n, o.prompts, o.permutations, len(prefixes), len(o.learners), ORDER_BOOTSTRAP)}
+    assert up_front["order.permutations"].flop == at_stage["order.permutations"].flop
+    one_forward = order_estimates(shape, n, o.prompts, o.permutations, 1, len(o.learners), ORDER_BOOTSTRAP)
+    assert at_stage["order.permutations"].flop > 2.9 * one_forward[1].flop

@@ -62,6 +62,22 @@ def order_share(preds, n_boot: int = 500, seed: int = 0) -> tuple[Tensor, Tensor
     return value, lo, hi
 
 
+ORDER_BOOTSTRAP = 500  # resamples of the prompts for every share's interval
+
+
+def order_estimates(
+    shape, points: int, prompts: int, permutations: int, prefixes: int, learners: int, n_boot: int
+) -> list[budget.Estimate]:
+    """The order stage's work, one formula for the report's up-front check and the stage's own: the
+    permuted prompts run once per prefix (a forward each), and the bootstrap of every layer's and
+    learner's share at each prefix."""
+    return [
+        budget.prompt_estimate("order.prompts", prompts, shape, points),
+        budget.prompt_estimate("order.permutations", prompts * permutations, shape, points, prefixes, permutations),
+        budget.bootstrap_estimate("similarity.bootstrap", n_boot, prompts, (shape.layers + 1 + learners) * prefixes),
+    ]
+
+
 def order_table(
     model,
     readouts,
@@ -73,20 +89,13 @@ def order_table(
     seed: int = 0,
     device: str = "cpu",
     memory: MemoryBudget | None = None,
-    n_boot: int = 500,
+    n_boot: int = ORDER_BOOTSTRAP,
 ) -> pd.DataFrame:
     """Rows (predictor, layer, prefix, sensitivity, ci_low, ci_high): every layer of the model
     (through `readouts`, a LayerReadouts or the model's own lens) and each learner (layer -1),
     at each prefix t, over P = n_perm orderings of the examples of every prompt."""
     shape, (n_prompts, n) = shape_of(model), xs.shape[:2]
-    budget.check(
-        [
-            budget.prompt_estimate("order.permutations", n_prompts * n_perm, shape, n, len(prefixes), n_perm),
-            budget.bootstrap_estimate(
-                "similarity.bootstrap", n_boot, n_prompts, (shape.layers + 1 + len(learners)) * len(prefixes)
-            ),
-        ]
-    )
+    budget.check(order_estimates(shape, n, n_prompts, n_perm, len(prefixes), len(learners), n_boot))
     g = stream_generator(seed, Stream.ORDER_PERMUTATIONS)
     rows = []
     for t in prefixes:

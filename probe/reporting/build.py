@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..analysis.evaluate import error_curve, plot_error_curve, r2_curve
 from ..analysis.forgetting import forgetting_table
-from ..analysis.order import order_table
+from ..analysis.order import ORDER_BOOTSTRAP, order_estimates, order_table
 from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
 from ..analysis.probe_study import probe_intervals, probe_study
 from ..analysis.probes import without_r2_draws
@@ -273,10 +273,8 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         out.append(budget.prompt_estimate("forgetting.prompts", recipe.forgetting.prompts, shape, n))
     if recipe.order.enabled:
         o = recipe.order
-        out.append(budget.prompt_estimate("order.prompts", o.prompts, shape, n))
-        out.append(
-            budget.prompt_estimate("order.permutations", o.prompts * o.permutations, shape, n, 1, o.permutations)
-        )
+        prefixes = len(o.prefixes_for(shape.d, n))
+        out += order_estimates(shape, n, o.prompts, o.permutations, prefixes, len(o.learners), ORDER_BOOTSTRAP)
     if recipe.ood.enabled and shifts_apply(ckpt):
         ood = recipe.ood  # the shifted prompts (a forward per t where a shift replaces the queries), the grids' match
         out.append(budget.prompt_estimate("ood.prompts", ood.prompts * len(ood.shifts), shape, n, n, ood.prompts))
