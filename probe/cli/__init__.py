@@ -23,6 +23,7 @@ COMMANDS = {
     "span": "Span-of-examples test of each layer's induced weights",
     "spectral": "Each layer's spectral filter: response per eigenvalue, exponent, GD or Newton class",
     "probes": "Attention-pooled probes for X^T y and w, with controls",
+    "token-probes": "Per-token probes for the state a learner keeps: S x, S^3 x and Newton's M_k x, per layer",
     "order": "Order sensitivity: how much permuting the examples moves each layer's prediction",
     "report": "Everything above as one HTML report with summary.json",
     "planted": "Write a transformer whose layers run GD, Newton, SGD or a random generator by construction",
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
     for name, help_text in COMMANDS.items():
-        module = importlib.import_module(f".{name}", __name__)
+        module = importlib.import_module(f".{name.replace('-', '_')}", __name__)
         command = sub.add_parser(
             name, help=help_text, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
         )
@@ -99,7 +100,7 @@ def _main(argv: list[str] | None) -> int:
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
-    module = importlib.import_module(f".{args.command}", __name__)
+    module = importlib.import_module(f".{args.command.replace('-', '_')}", __name__)
     try:
         from ..core.budget import max_work, work_limit
 

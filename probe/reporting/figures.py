@@ -318,6 +318,28 @@ def ood_curves(table: pd.DataFrame, stem: Path) -> list[Path]:
     return save_png(fig, stem)
 
 
+def token_probes(table: pd.DataFrame, stem: Path) -> list[Path]:
+    """R^2 of each per-token probe by layer (probe/analysis/token_probes.py), one panel per token
+    kind, 90% bands; Newton's M_k x in shades of one colour by k."""
+    plt = pyplot()
+    tokens = list(dict.fromkeys(table.token))
+    fig, axes = plt.subplots(1, len(tokens), figsize=(4.8 * len(tokens), 3.4), squeeze=False, sharey=True)
+    newton = sorted(table.iterations.dropna().unique())
+    shades = plt.get_cmap("Blues")
+    for ax, token in zip(axes[0], tokens):
+        part = table[table.token == token]
+        for i, (name, r) in enumerate(part.groupby("target", sort=False)):
+            r = r.sort_values("layer")
+            k = r.iterations.iloc[0]
+            color = shades(0.35 + 0.6 * newton.index(k) / max(len(newton) - 1, 1)) if pd.notna(k) else f"C{i + 1}"
+            ax.plot(r.layer, r.r2, "-o", ms=3, color=color, label=name)
+            ax.fill_between(r.layer, r.r2_low, r.r2_high, color=color, alpha=0.12)
+        ax.set(xlabel="layer boundary", title=f"{token} tokens", ylim=(min(-0.05, part.r2.min()), 1.02))
+    axes[0][0].set_ylabel("held-out R^2")
+    legend_outside(axes[0][-1], 7)
+    return save_png(fig, stem)
+
+
 def steering(table: pd.DataFrame, stem: Path) -> list[Path]:
     """Steering slope by layer (one panel per probe target), per prefix, with 90% intervals; the
     random-edit control dashed (probe/interventions/steer.py)."""

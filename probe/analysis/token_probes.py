@@ -1,0 +1,208 @@
+"""Probes for the state a learner keeps in the tokens (issue 60 item 2): per token, a function of
+the second moment S the token can see, applied to its own x.
+
+A Newton-type learner keeps a d x d matrix built from S = X^T X; GD keeps a d-vector. The seeds'
+construction of Iterative Newton (seed 003 Thm. 1, App. B) keeps M_k x_i in example i's token
+(probe/models/constructions/newton_relu.py), and M_1 = 2 alpha S - alpha^2 S^3 (eq. 8). So the
+targets, per token of example j (0-indexed), with S the normalised moment the token can see
+(causality): the x token of example j sees the j examples before it (S_j / j), the y token sees
+example j too (S_{j+1} / (j + 1)):
+
+    sx          (S/t) x_j
+    s3x         (S/t)^3 x_j
+    newton_mx   M_k x_j, M_0 = alpha S/t, M_{k+1} = 2 M_k - M_k (S/t) M_k (seed 003 eq. 8), for each
+                k of `iterations`; alpha a fixed number (a planted model's) or "spectral"
+                (1 / lambda_max(S/t)^2, the learners' default rule)
+
+Each is probed at every layer boundary by one ridge map from the token's residual stream, shared
+by all examples' tokens of that kind (x or y; the x token of example 0, which sees nothing, and the
+last example's y token, which nothing reads, are left out), fitted on training prompts with the penalty chosen by exact leave-one-out, and scored on
+held-out prompts: R^2 = 1 - SSE / SST pooled over the target's d entries, with a 90% percentile
+interval over resamples of the test prompts. A linear read-out of a cubic (S x) cannot come from
+the raw tokens: layer 0 is the floor every layer is compared with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..capture.streams import by_position_streams
+from ..core import budget
+from ..core.errors import ConfigError
+from ..core.seeds import Stream, stream_generator
+from ..core.validate import check_device, check_model, positive_int
+from ..data.config import TaskConfig
+from ..data.tasks import sample_prompts
+from ..learners.iterative import newton_alpha
+from ..models.sizes import shape_of
+from .ridge import choose_penalty, ridge_head, ridge_penalties
+from .stats import percentile_interval, resamples
+
+TOKEN_TARGETS = ("sx", "s3x", "newton_mx")
+TOKENS = ("x", "y")
+ALPHAS = (1e-8, 1e-6, 1e-4, 1e-2, 1.0)  # ridge penalties, fractions of the mean eigenvalue
+LEVEL = 0.90
+
+
+@dataclass(frozen=True)
+class TokenTarget:
+    """One target: its name, and for newton_mx the iteration count and alpha rule."""
+
+    name: str
+    iterations: int = 0
+    alpha: float | str = "spectral"
+
+    @property
+    def label(self) -> str:
+        return f"newton_mx[k={self.iterations}]" if self.name == "newton_mx" else self.name
+
+
+def token_moments(xs: Tensor, token: str) -> Tensor:
+    """(B, n, d, d): the normalised second moment each example's `token` can see (module docstring)."""
+    xs = xs.double()
+    outer = xs.unsqueeze(-1) * xs.unsqueeze(-2)
+    through = torch.cumsum(outer, dim=1)  # examples 0..j
+    count = torch.arange(1, xs.shape[1] + 1, dtype=xs.dtype, device=xs.device).view(1, -1, 1, 1)
+    if token == "y":
+        return through / count
+    if token == "x":
+        return (through - outer) / (count - 1).clamp_min(1)
+    raise ConfigError(f"token must be one of {TOKENS}, got {token!r}")
+
+
+def token_targets(xs: Tensor, target: TokenTarget, token: str) -> Tensor:
+    """(B, n, d): `target` at every example's `token` (module docstring)."""
+    s, x = token_moments(xs, token), xs.double().unsqueeze(-1)
+    if target.name == "sx":
+        return (s @ x).squeeze(-1)
+    if target.name == "s3x":
+        return (s @ s @ s @ x).squeeze(-1)
+    if target.name == "newton_mx":
+        lam, vecs = torch.linalg.eigh(s)
+        lam = lam.clamp_min(0)
+        ones = torch.ones(xs.shape[1], dtype=lam.dtype, device=lam.device)
+        m = newton_alpha(lam, target.alpha, ones) * lam  # M_0 = alpha S/t per eigenvalue
+        for _ in range(target.iterations):
+            m = 2 * m - lam * m**2
+        return (vecs @ (m.unsqueeze(-1) * (vecs.transpose(-1, -2) @ x))).squeeze(-1)
+    raise ConfigError(f"unknown token target {target.name!r}; known: {', '.join(TOKEN_TARGETS)}")
+
+
+def expand_targets(names: Sequence[str], iterations: Sequence[int], alpha: float | str) -> list[TokenTarget]:
+    """The targets of `names`, newton_mx once per iteration count."""
+    out = []
+    for name in names:
+        if name not in TOKEN_TARGETS:
+            raise ConfigError(f"unknown token target {name!r}; known: {', '.join(TOKEN_TARGETS)}")
+        if name == "newton_mx":
+            out += [TokenTarget(name, positive_int(k, "iterations", 0), alpha) for k in iterations]
+        else:
+            out.append(TokenTarget(name))
+    return out
+
+
+def _positions(token: str, n: int) -> tuple[Tensor, Tensor]:
+    """(examples, stream positions) of a token kind: x tokens of examples 1..n-1 (example 0's sees
+    nothing), y tokens of 0..n-2 (the last example's label follows the last query: nothing reads it)."""
+    examples = torch.arange(1, n) if token == "x" else torch.arange(0, n - 1)
+    return examples, 2 * examples + (0 if token == "x" else 1)
+
+
+def fit_token_probes(
+    train_states: Tensor,
+    train_xs: Tensor,
+    test_states: Tensor,
+    test_xs: Tensor,
+    targets: Sequence[TokenTarget],
+    tokens: Sequence[str] = TOKENS,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Rows (layer, token, target, iterations, r2 with r2_low / r2_high, gain = r2 - layer 0's with a
+    paired interval, penalty): every layer boundary's ridge probe for every target at every token
+    kind; states (L+1, 2n, N, D) as `by_position_streams` gives."""
+    n = train_xs.shape[1]
+    rows = []
+    for token in tokens:
+        examples, pos = _positions(token, n)
+        feats = [s[:, pos].double().permute(0, 2, 1, 3) for s in (train_states, test_states)]  # (L+1, N, J, D)
+        for target in targets:
+            y_train, y_test = (token_targets(xs, target, token)[:, examples] for xs in (train_xs, test_xs))
+            rows += _layer_rows(feats[0], y_train, feats[1], y_test, n_boot, seed, token, target)
+    return pd.DataFrame(rows)
+
+
+def _layer_rows(f_train, y_train, f_test, y_test, n_boot, seed, token, target) -> list[dict]:
+    """Ridge probes of all layers at once (a batch of L+1 problems) for one target and token kind."""
+    layers, n_train, j, width = f_train.shape
+    fc = f_train.reshape(layers, n_train * j, width)
+    f_mean = fc.mean(1, keepdim=True)
+    y = y_train.reshape(1, n_train * j, -1).expand(layers, -1, -1)
+    y_mean = y.mean(1, keepdim=True)
+    fc, yc = fc - f_mean, y - y_mean
+    penalties = ridge_penalties(fc, ALPHAS)
+    best, _ = choose_penalty(fc, yc, penalties)
+    chosen = penalties.gather(1, best.unsqueeze(1)).squeeze(1)
+    coef = ridge_head(fc, yc, chosen)  # (L+1, D, d)
+    pred = (f_test - f_mean.unsqueeze(1)) @ coef.unsqueeze(1) + y_mean.unsqueeze(1)  # (L+1, N_test, J, d)
+    sse = (pred - y_test).pow(2).sum((2, 3))  # (L+1, N_test): per prompt, so prompts resample
+    sst = (y_test - y_mean.unsqueeze(1)).pow(2).sum((2, 3)).expand_as(sse)
+    r2 = 1 - sse.sum(1) / sst.sum(1)
+    draws = torch.cat(
+        [1 - sse[:, idx].sum(-1) / sst[:, idx].sum(-1) for idx in resamples(sse.shape[1], n_boot, seed, 100)], 1
+    )  # (L+1, n_boot)
+    lo, hi = percentile_interval(draws.T, LEVEL)
+    gain_lo, gain_hi = percentile_interval((draws - draws[:1]).T, LEVEL)  # paired: the same resamples
+    return [
+        {
+            "layer": layer,
+            "token": token,
+            "target": target.label,
+            "iterations": target.iterations if target.name == "newton_mx" else None,
+            "r2": float(r2[layer]),
+            "r2_low": float(lo[layer]),
+            "r2_high": float(hi[layer]),
+            "gain": float(r2[layer] - r2[0]),
+            "gain_low": float(gain_lo[layer]),
+            "gain_high": float(gain_hi[layer]),
+            "penalty": float(chosen[layer]),
+        }
+        for layer in range(layers)
+    ]
+
+
+def token_probe_study(
+    model,
+    task: TaskConfig,
+    targets: Sequence[TokenTarget],
+    n_train: int = 512,
+    n_test: int = 256,
+    seed: int = 0,
+    device: str = "cpu",
+    tokens: Sequence[str] = TOKENS,
+    n_boot: int = 1000,
+) -> pd.DataFrame:
+    """`fit_token_probes` on the model's streams over fresh prompts of its task (the probes' train
+    and test streams of probe/core/seeds.py), in float64."""
+    check_model(model)
+    device = check_device(device)
+    n_train, n_test = positive_int(n_train, "prompts"), positive_int(n_test, "test prompts")
+    shape, n = shape_of(model), task.n_points
+    budget.check(
+        [
+            budget.prompt_estimate("prompts", n_train, shape, n),
+            budget.prompt_estimate("test prompts", n_test, shape, n),
+            budget.bootstrap_estimate("bootstrap", n_boot, n_test, (shape.layers + 1) * len(targets) * len(tokens)),
+        ]
+    )
+    prompts = [
+        sample_prompts(task, size, generator=stream_generator(seed, stream))
+        for size, stream in ((n_train, Stream.PROBE_TRAIN), (n_test, Stream.PROBE_TEST))
+    ]
+    states = [by_position_streams(model, p.xs, p.ys, device, dtype=torch.float64) for p in prompts]
+    return fit_token_probes(states[0], prompts[0].xs, states[1], prompts[1].xs, targets, tokens, n_boot, seed)

@@ -1,0 +1,102 @@
+"""Probes for the state a learner keeps in the tokens (probe/analysis/token_probes.py, issue 60):
+per example token, (S/t) x, (S/t)^3 x and Newton's M_k x (seed 003 eq. 8, Thm. 1), read by one
+ridge map per layer boundary and token kind; R^2 on held-out prompts with 90% intervals, and each
+layer's gain over layer 0 (the raw tokens: at large t, S/t is near I, so x alone already gives
+part of S x) with a paired interval. Writes token_probes.csv, token_probes.png and run.json.
+
+examples:
+  icl-probe token-probes checkpoints/planted/newton-relu --alpha 0.0030864 --out /tmp/tp
+  icl-probe token-probes checkpoints/gpt2-default --targets sx newton_mx --iterations 0 1 2 3 4 --out /tmp/tp
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import add_device, add_out, check_device, output_target, positive_int, seed, writing
+
+
+def _alpha(text: str) -> float | str:
+    if text == "spectral":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'spectral' or a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"alpha must be a positive number, got {text}")
+    return value
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    from ..analysis.token_probes import TOKEN_TARGETS, TOKENS
+    from ..core.resources import DEFAULT_CHECKPOINT
+
+    p.add_argument(
+        "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
+    )
+    add_out(p, "directory for token_probes.csv, token_probes.png and run.json")
+    p.add_argument("--targets", nargs="+", choices=TOKEN_TARGETS, default=list(TOKEN_TARGETS), help="targets")
+    p.add_argument("--tokens", nargs="+", choices=TOKENS, default=list(TOKENS), help="token kinds probed")
+    p.add_argument(
+        "--iterations", nargs="+", type=int, default=list(range(6)), help="Newton iteration counts k of newton_mx"
+    )
+    p.add_argument(
+        "--alpha",
+        type=_alpha,
+        default=None,
+        help="newton_mx's M_0 = alpha S/t: a number, or 'spectral' (1 / lambda_max(S/t)^2); "
+        "default: a planted Newton model's own alpha, else spectral",
+    )
+    p.add_argument("--prompts", type=positive_int, default=512, help="training prompts")
+    p.add_argument("--test-prompts", type=positive_int, default=256, help="held-out prompts")
+    p.add_argument("--bootstrap", type=positive_int, default=1000, help="resamples of the test prompts")
+    p.add_argument("--seed", type=seed, default=0)
+    add_device(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis.token_probes import expand_targets, token_probe_study
+    from ..core.provenance import display_path
+    from ..io.formats import load_checkpoint
+    from ..reporting import figures
+    from .layers import write_tables
+
+    target = output_target(args, "token-probes", (args.checkpoint,))
+    device = check_device(args.device)
+    ckpt = load_checkpoint(args.checkpoint)
+    model = ckpt.config.model
+    alpha = args.alpha
+    if alpha is None:
+        alpha = model.planted_scale if model.planted in ("newton", "newton-relu") else "spectral"
+    targets = expand_targets(args.targets, args.iterations, alpha)
+    table = token_probe_study(
+        ckpt.model,
+        ckpt.config.task,
+        targets,
+        args.prompts,
+        args.test_prompts,
+        args.seed,
+        device,
+        args.tokens,
+        args.bootstrap,
+    )
+    record = {
+        "command": "token-probes",
+        "checkpoint": display_path(ckpt.path),
+        "targets": args.targets,
+        "tokens": args.tokens,
+        "iterations": args.iterations,
+        "alpha": alpha,
+        "prompts": args.prompts,
+        "test_prompts": args.test_prompts,
+        "bootstrap": args.bootstrap,
+        "seed": args.seed,
+    }
+    with writing(target) as out:
+        write_tables(out, {"token_probes": table}, record)
+        figures.token_probes(table, out / "token_probes")
+    view = table.pivot_table(index="layer", columns=["token", "target"], values="r2")
+    print(view.to_string(float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {target.path}")
+    return 0

@@ -1,0 +1,110 @@
+"""Per-token probes for the state a learner keeps (issue 60 item 2, probe/analysis/token_probes.py):
+targets against numpy, the planted Newton-ReLU model holding M_k x exactly where its construction
+writes it, the planted GD model holding no more of S x than its raw tokens, and the command."""
+
+import numpy as np
+import pytest
+import torch
+
+from probe.analysis.token_probes import (
+    TokenTarget,
+    expand_targets,
+    fit_token_probes,
+    token_moments,
+    token_probe_study,
+    token_targets,
+)
+from probe.cli import main
+from probe.core.errors import ConfigError
+from probe.io.planted_io import planted_config
+from probe.models.planted import plant
+
+
+def _numpy_targets(xs, token, alpha, k):
+    """S the token sees (x: the examples before it, y: through it), normalised; S x, S^3 x, M_k x."""
+    b, n, d = xs.shape
+    out = {"sx": np.zeros((b, n, d)), "s3x": np.zeros((b, n, d)), "newton": np.zeros((b, n, d))}
+    for p in range(b):
+        for j in range(n):
+            seen = xs[p, : j + (token == "y")]
+            s = seen.T @ seen / max(len(seen), 1)
+            m = alpha * s
+            for _ in range(k):
+                m = 2 * m - m @ s @ m
+            out["sx"][p, j], out["s3x"][p, j] = s @ xs[p, j], s @ s @ s @ xs[p, j]
+            out["newton"][p, j] = m @ xs[p, j]
+    return out
+
+
+@pytest.mark.parametrize("token", ["x", "y"])
+def test_targets_match_numpy(token):
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(3, 6, 4, generator=g, dtype=torch.float64)
+    expected = _numpy_targets(xs.numpy(), token, 0.05, 3)
+    np.testing.assert_allclose(token_targets(xs, TokenTarget("sx"), token).numpy(), expected["sx"], atol=1e-12)
+    np.testing.assert_allclose(token_targets(xs, TokenTarget("s3x"), token).numpy(), expected["s3x"], atol=1e-12)
+    newton = token_targets(xs, TokenTarget("newton_mx", 3, 0.05), token).numpy()
+    np.testing.assert_allclose(newton, expected["newton"], atol=1e-10)
+    assert token_moments(xs, token).shape == (3, 6, 4, 4)
+
+
+def test_the_spectral_alpha_converges_to_the_pseudo_inverse():
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn(2, 9, 3, generator=g, dtype=torch.float64)
+    s = token_moments(xs, "y")
+    got = token_targets(xs, TokenTarget("newton_mx", 30, "spectral"), "y")
+    expected = (torch.linalg.pinv(s, hermitian=True) @ xs.unsqueeze(-1)).squeeze(-1)
+    np.testing.assert_allclose(got[:, 3:].numpy(), expected[:, 3:].numpy(), atol=1e-8)  # full rank from t >= d
+
+
+def test_a_linearly_held_target_is_read_exactly_and_a_missing_one_not():
+    """States that hold S x at example tokens (layer 1) and only x (layer 0): R^2 1 against ~0.5."""
+    g = torch.Generator().manual_seed(2)
+
+    def streams(n_prompts):
+        xs = torch.randn(n_prompts, 8, 3, generator=g, dtype=torch.float64)
+        states = torch.zeros(2, 16, n_prompts, 6, dtype=torch.float64)
+        states[:, 0::2, :, :3] = xs.transpose(0, 1)
+        states[1, 0::2, :, 3:] = token_targets(xs, TokenTarget("sx"), "x").transpose(0, 1)
+        return states, xs
+
+    (tr, xtr), (te, xte) = streams(300), streams(200)
+    table = fit_token_probes(tr, xtr, te, xte, [TokenTarget("sx")], ["x"], n_boot=200).set_index("layer")
+    assert table.loc[1, "r2"] > 0.999 and table.loc[0, "r2"] < 0.9
+    assert table.loc[1, "gain_low"] > 0 and table.loc[0, "gain"] == 0
+
+
+def test_the_planted_newton_relu_model_holds_m_k_x_where_its_construction_writes_it():
+    cfg = planted_config("newton-relu", 6, 4, 12)
+    model, alpha = plant(cfg.model), cfg.model.planted_scale
+    targets = expand_targets(["newton_mx"], range(6), alpha)
+    table = token_probe_study(model, cfg.task, targets, 256, 128, n_boot=100)
+    for token in ("x", "y"):
+        rows = table[table.token == token]
+        best = rows.loc[rows.groupby("layer").r2.idxmax()].set_index("layer")
+        for layer in range(1, 7):  # boundary l holds T^(l-1) x = M_(l-1) x (newton_relu.py)
+            assert best.loc[layer, "iterations"] == layer - 1 and best.loc[layer, "r2"] > 0.999, (token, layer)
+        assert best.loc[0, "r2"] < 0.95  # the raw tokens hold x only
+
+
+def test_the_planted_gd_model_holds_no_more_of_s_x_than_its_raw_tokens():
+    cfg = planted_config("gd", 6, 4, 12, step_size=1 / 9)
+    table = token_probe_study(plant(cfg.model), cfg.task, expand_targets(["sx", "s3x"], [], "spectral"), 256, 128, n_boot=100)
+    assert (table.gain_low <= 0).all() and (table.gain < 0.02).all()  # no layer above its raw tokens
+    assert (table[table.target == "s3x"].r2 < 0.1).all()
+
+
+def test_targets_and_the_command_refuse_bad_input(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="unknown token target 'sxx'; known: sx, s3x, newton_mx"):
+        expand_targets(["sxx"], [0], "spectral")
+    with pytest.raises(SystemExit) as exit_:
+        main(["-q", "token-probes", "--alpha", "-1", "--out", str(tmp_path / "o")])
+    assert exit_.value.code == 2 and "alpha must be a positive number, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_command_writes_its_table_figure_and_record(tmp_path):
+    out = tmp_path / "tp"
+    args = ["-q", "token-probes", "checkpoints/planted/gd", "--targets", "sx", "--prompts", "64"]
+    assert main([*args, "--test-prompts", "32", "--bootstrap", "50", "--out", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} >= {"token_probes.csv", "token_probes.png", "run.json"}
