@@ -18,8 +18,10 @@ Each is probed at every layer boundary by one ridge map from the token's residua
 by all examples' tokens of that kind (x or y; the x token of example 0, which sees nothing, and the
 last example's y token, which nothing reads, are left out), fitted on training prompts with the penalty chosen by exact leave-one-out, and scored on
 held-out prompts: R^2 = 1 - SSE / SST pooled over the target's d entries, with a 90% percentile
-interval over resamples of the test prompts. A linear read-out of a cubic (S x) cannot come from
-the raw tokens: layer 0 is the floor every layer is compared with.
+interval over resamples of the test prompts. At large t, S/t is near I, so x_j alone already gives
+part of S x_j: the floor every layer is compared with is the same probe on the example's own x
+(`floor_r2`; the gain over it has a paired interval). A Garg-encoded y token holds no x at layer 0,
+so layer 0 is no floor there.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..capture.streams import by_position_streams
 from ..core import budget
 from ..core.errors import ConfigError
 from ..core.seeds import Stream, stream_generator
+from ..core.settings import TOKEN_KINDS, TOKEN_TARGETS
 from ..core.validate import check_device, check_model, positive_int
 from ..data.config import TaskConfig
 from ..data.tasks import sample_prompts
@@ -43,8 +46,7 @@ from ..models.sizes import shape_of
 from .ridge import choose_penalty, ridge_head, ridge_penalties
 from .stats import percentile_interval, resamples
 
-TOKEN_TARGETS = ("sx", "s3x", "newton_mx")
-TOKENS = ("x", "y")
+TOKENS = TOKEN_KINDS
 ALPHAS = (1e-8, 1e-6, 1e-4, 1e-2, 1.0)  # ridge penalties, fractions of the mean eigenvalue
 LEVEL = 0.90
 
@@ -123,56 +125,71 @@ def fit_token_probes(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Rows (layer, token, target, iterations, r2 with r2_low / r2_high, gain = r2 - layer 0's with a
-    paired interval, penalty): every layer boundary's ridge probe for every target at every token
-    kind; states (L+1, 2n, N, D) as `by_position_streams` gives."""
+    """Rows (layer, token, target, iterations, r2 with r2_low / r2_high, floor_r2, gain = r2 -
+    floor_r2 with a paired interval, penalty): every layer boundary's ridge probe for every target
+    at every token kind; states (L+1, 2n, N, D) as `by_position_streams` gives. The floor is the same
+    probe on the example's own x alone (what any layer holding x_j gives: at large t, S/t is near I)."""
     n = train_xs.shape[1]
     rows = []
     for token in tokens:
         examples, pos = _positions(token, n)
         feats = [s[:, pos].double().permute(0, 2, 1, 3) for s in (train_states, test_states)]  # (L+1, N, J, D)
+        own_x = [xs[:, examples].double().unsqueeze(0) for xs in (train_xs, test_xs)]  # (1, N, J, d)
         for target in targets:
             y_train, y_test = (token_targets(xs, target, token)[:, examples] for xs in (train_xs, test_xs))
-            rows += _layer_rows(feats[0], y_train, feats[1], y_test, n_boot, seed, token, target)
+            r2, draws, chosen = _ridge_r2(feats[0], y_train, feats[1], y_test, n_boot, seed)
+            floor, floor_draws, _ = _ridge_r2(own_x[0], y_train, own_x[1], y_test, n_boot, seed)
+            lo, hi = percentile_interval(draws.T, LEVEL)
+            gain_lo, gain_hi = percentile_interval((draws - floor_draws).T, LEVEL)  # paired: the same resamples
+            rows += [
+                {
+                    "layer": layer,
+                    "token": token,
+                    "target": target.label,
+                    "iterations": target.iterations if target.name == "newton_mx" else None,
+                    "r2": float(r2[layer]),
+                    "r2_low": float(lo[layer]),
+                    "r2_high": float(hi[layer]),
+                    "floor_r2": float(floor[0]),
+                    "gain": float(r2[layer] - floor[0]),
+                    "gain_low": float(gain_lo[layer]),
+                    "gain_high": float(gain_hi[layer]),
+                    "penalty": float(chosen[layer]),
+                }
+                for layer in range(len(r2))
+            ]
     return pd.DataFrame(rows)
 
 
-def _layer_rows(f_train, y_train, f_test, y_test, n_boot, seed, token, target) -> list[dict]:
-    """Ridge probes of all layers at once (a batch of L+1 problems) for one target and token kind."""
-    layers, n_train, j, width = f_train.shape
-    fc = f_train.reshape(layers, n_train * j, width)
+def _ridge_r2(f_train, y_train, f_test, y_test, n_boot, seed) -> tuple[Tensor, Tensor, Tensor]:
+    """Ridge probes of a batch of K feature sets (K, N, J, F) for one target (N, J, d) at once:
+    held-out R^2 (K,), its resamples over test prompts (K, n_boot), and the penalties chosen."""
+    k, n_train, j, width = f_train.shape
+    fc = f_train.reshape(k, n_train * j, width)
     f_mean = fc.mean(1, keepdim=True)
-    y = y_train.reshape(1, n_train * j, -1).expand(layers, -1, -1)
+    y = y_train.reshape(1, n_train * j, -1).expand(k, -1, -1)
     y_mean = y.mean(1, keepdim=True)
     fc, yc = fc - f_mean, y - y_mean
     penalties = ridge_penalties(fc, ALPHAS)
     best, _ = choose_penalty(fc, yc, penalties)
     chosen = penalties.gather(1, best.unsqueeze(1)).squeeze(1)
-    coef = ridge_head(fc, yc, chosen)  # (L+1, D, d)
-    pred = (f_test - f_mean.unsqueeze(1)) @ coef.unsqueeze(1) + y_mean.unsqueeze(1)  # (L+1, N_test, J, d)
-    sse = (pred - y_test).pow(2).sum((2, 3))  # (L+1, N_test): per prompt, so prompts resample
+    coef = ridge_head(fc, yc, chosen)  # (K, F, d)
+    pred = (f_test - f_mean.unsqueeze(1)) @ coef.unsqueeze(1) + y_mean.unsqueeze(1)  # (K, N_test, J, d)
+    sse = (pred - y_test).pow(2).sum((2, 3))  # (K, N_test): per prompt, so prompts resample
     sst = (y_test - y_mean.unsqueeze(1)).pow(2).sum((2, 3)).expand_as(sse)
-    r2 = 1 - sse.sum(1) / sst.sum(1)
     draws = torch.cat(
         [1 - sse[:, idx].sum(-1) / sst[:, idx].sum(-1) for idx in resamples(sse.shape[1], n_boot, seed, 100)], 1
-    )  # (L+1, n_boot)
-    lo, hi = percentile_interval(draws.T, LEVEL)
-    gain_lo, gain_hi = percentile_interval((draws - draws[:1]).T, LEVEL)  # paired: the same resamples
+    )
+    return 1 - sse.sum(1) / sst.sum(1), draws, chosen
+
+
+def token_estimates(shape, points: int, n_train: int, n_test: int, n_boot: int, probes: int) -> list[budget.Estimate]:
+    """The streams of the training and test prompts (float64, every layer) and the bootstrap of
+    `probes` (target x token kind) probes at every layer: the report's check and the study's."""
     return [
-        {
-            "layer": layer,
-            "token": token,
-            "target": target.label,
-            "iterations": target.iterations if target.name == "newton_mx" else None,
-            "r2": float(r2[layer]),
-            "r2_low": float(lo[layer]),
-            "r2_high": float(hi[layer]),
-            "gain": float(r2[layer] - r2[0]),
-            "gain_low": float(gain_lo[layer]),
-            "gain_high": float(gain_hi[layer]),
-            "penalty": float(chosen[layer]),
-        }
-        for layer in range(layers)
+        budget.prompt_estimate("token_probes.prompts", n_train, shape, points, 2),
+        budget.prompt_estimate("token_probes.test", n_test, shape, points, 2),
+        budget.bootstrap_estimate("similarity.bootstrap", n_boot, n_test, (shape.layers + 1) * probes),
     ]
 
 
@@ -192,14 +209,7 @@ def token_probe_study(
     check_model(model)
     device = check_device(device)
     n_train, n_test = positive_int(n_train, "prompts"), positive_int(n_test, "test prompts")
-    shape, n = shape_of(model), task.n_points
-    budget.check(
-        [
-            budget.prompt_estimate("prompts", n_train, shape, n),
-            budget.prompt_estimate("test prompts", n_test, shape, n),
-            budget.bootstrap_estimate("bootstrap", n_boot, n_test, (shape.layers + 1) * len(targets) * len(tokens)),
-        ]
-    )
+    budget.check(token_estimates(shape_of(model), task.n_points, n_train, n_test, n_boot, len(targets) * len(tokens)))
     prompts = [
         sample_prompts(task, size, generator=stream_generator(seed, stream))
         for size, stream in ((n_train, Stream.PROBE_TRAIN), (n_test, Stream.PROBE_TEST))

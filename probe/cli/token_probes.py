@@ -16,40 +16,28 @@ import argparse
 from .common import add_device, add_out, check_device, output_target, positive_int, seed, writing
 
 
-def _alpha(text: str) -> float | str:
-    if text == "spectral":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'spectral' or a positive number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"alpha must be a positive number, got {text}")
-    return value
-
-
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..analysis.token_probes import TOKEN_TARGETS, TOKENS
     from ..core.resources import DEFAULT_CHECKPOINT
+    from ..core.settings import TOKEN_KINDS, TOKEN_TARGETS, TokenProbeSettings
 
+    defaults = TokenProbeSettings()  # the report's [token_probes] defaults
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
     )
     add_out(p, "directory for token_probes.csv, token_probes.png and run.json")
-    p.add_argument("--targets", nargs="+", choices=TOKEN_TARGETS, default=list(TOKEN_TARGETS), help="targets")
-    p.add_argument("--tokens", nargs="+", choices=TOKENS, default=list(TOKENS), help="token kinds probed")
+    p.add_argument("--targets", nargs="+", choices=TOKEN_TARGETS, default=list(defaults.targets), help="targets")
+    p.add_argument("--tokens", nargs="+", choices=TOKEN_KINDS, default=list(defaults.tokens), help="token kinds")
     p.add_argument(
-        "--iterations", nargs="+", type=int, default=list(range(6)), help="Newton iteration counts k of newton_mx"
+        "--iterations", nargs="+", type=int, default=list(defaults.iterations), help="Newton iteration counts k"
     )
     p.add_argument(
         "--alpha",
-        type=_alpha,
-        default=None,
-        help="newton_mx's M_0 = alpha S/t: a number, or 'spectral' (1 / lambda_max(S/t)^2); "
-        "default: a planted Newton model's own alpha, else spectral",
+        default=defaults.alpha,
+        help="newton_mx's M_0 = alpha S/t: auto (a planted Newton model's own alpha, else spectral), spectral, "
+        "or a positive number",
     )
-    p.add_argument("--prompts", type=positive_int, default=512, help="training prompts")
-    p.add_argument("--test-prompts", type=positive_int, default=256, help="held-out prompts")
+    p.add_argument("--prompts", type=positive_int, default=defaults.prompts, help="training prompts")
+    p.add_argument("--test-prompts", type=positive_int, default=defaults.test, help="held-out prompts")
     p.add_argument("--bootstrap", type=positive_int, default=1000, help="resamples of the test prompts")
     p.add_argument("--seed", type=seed, default=0)
     add_device(p)
@@ -58,27 +46,33 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..analysis.token_probes import expand_targets, token_probe_study
     from ..core.provenance import display_path
+    from ..core.settings import TokenProbeSettings
     from ..io.formats import load_checkpoint
     from ..reporting import figures
     from .layers import write_tables
 
+    settings = TokenProbeSettings(
+        targets=args.targets,
+        tokens=args.tokens,
+        iterations=args.iterations,
+        alpha=args.alpha,
+        prompts=args.prompts,
+        test=args.test_prompts,
+    )
     target = output_target(args, "token-probes", (args.checkpoint,))
     device = check_device(args.device)
     ckpt = load_checkpoint(args.checkpoint)
-    model = ckpt.config.model
-    alpha = args.alpha
-    if alpha is None:
-        alpha = model.planted_scale if model.planted in ("newton", "newton-relu") else "spectral"
-    targets = expand_targets(args.targets, args.iterations, alpha)
+    alpha = settings.alpha_for(ckpt.config.model)
+    targets = expand_targets(settings.targets, settings.iterations, alpha)
     table = token_probe_study(
         ckpt.model,
         ckpt.config.task,
         targets,
-        args.prompts,
-        args.test_prompts,
+        settings.prompts,
+        settings.test,
         args.seed,
         device,
-        args.tokens,
+        settings.tokens,
         args.bootstrap,
     )
     record = {

@@ -305,6 +305,45 @@ class OrderSettings(Section):
         return sorted({min(t, n - 1) for t in chosen if min(t, n - 1) >= 1})
 
 
+TOKEN_TARGETS = ("sx", "s3x", "newton_mx")  # probe/analysis/token_probes.py
+TOKEN_KINDS = ("x", "y")
+
+
+@dataclass
+class TokenProbeSettings(Section):
+    """Per-token state probes (probe/analysis/token_probes.py, issue 60): recipe section
+    [token_probes], `icl-probe token-probes`."""
+
+    SECTION = "token_probes"
+    enabled: bool = setting(True, "probe each example's tokens for S x, S^3 x and Newton's M_k x in reports")
+    targets: tuple[str, ...] = setting(TOKEN_TARGETS, "targets", TOKEN_TARGETS, nonempty=True, noun="token target")
+    tokens: tuple[str, ...] = setting(TOKEN_KINDS, "token kinds probed", TOKEN_KINDS, nonempty=True, noun="token")
+    iterations: tuple[int, ...] = setting(tuple(range(9)), "Newton iteration counts k of newton_mx", minimum=0)
+    alpha: str = setting(
+        "auto",
+        "newton_mx's M_0 = alpha S/t: auto (a planted Newton model's own alpha, else spectral), spectral, or a number",
+    )
+    prompts: int = setting(512, "training prompts")
+    test: int = setting(256, "held-out prompts")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.alpha not in ("auto", "spectral"):
+            try:
+                value = float(self.alpha)
+            except ValueError:
+                value = float("nan")
+            if not 0 < value < float("inf"):
+                raise ConfigError(f"token_probes.alpha must be auto, spectral or a positive number, got {self.alpha!r}")
+
+    def alpha_for(self, model_config) -> float | str:
+        """The alpha rule for a checkpoint: "auto" is a planted Newton model's own fixed alpha."""
+        if self.alpha == "auto":
+            planted = model_config.planted in ("newton", "newton-relu")
+            return float(model_config.planted_scale) if planted else "spectral"
+        return self.alpha if self.alpha == "spectral" else float(self.alpha)
+
+
 OOD_SHIFTS = ("scale_x=2", "scale_x=3", "scale_y=3", "half_subspace", "skewed", "random_quadrants", "noisy")
 
 

@@ -27,6 +27,7 @@ from ..analysis.probes import without_r2_draws
 from ..analysis.readout import LayerReadouts
 from ..analysis.shift_tracking import CANDIDATES, MATCH_PROMPTS, track_shifts
 from ..analysis.spectral import reference_families
+from ..analysis.token_probes import expand_targets, token_estimates, token_probe_study
 from ..core import budget
 from ..core.allocator import release_free_memory
 from ..core.errors import ConfigError
@@ -184,6 +185,24 @@ def _stage_order(c: Context):
     return {"order": table}, {}
 
 
+def _stage_token_probes(c: Context):
+    """Per-token state probes (probe/analysis/token_probes.py) at the [token_probes] settings."""
+    s, model_config = c.recipe.token_probes, c.ckpt.config.model
+    targets = expand_targets(s.targets, s.iterations, s.alpha_for(model_config))
+    table = token_probe_study(
+        c.ckpt.model,
+        c.ckpt.config.task,
+        targets,
+        s.prompts,
+        s.test,
+        c.recipe.prompts.seed,
+        c.device,
+        s.tokens,
+        c.recipe.similarity.bootstrap,
+    )
+    return {"token_probes": table}, {}
+
+
 def _stage_ood(c: Context):
     """Which matched learner the model tracks under each [ood] shift (probe/analysis/shift_tracking.py)."""
     settings, seed = c.recipe.ood, c.recipe.prompts.seed
@@ -275,6 +294,10 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         o = recipe.order
         prefixes = len(o.prefixes_for(shape.d, n))
         out += order_estimates(shape, n, o.prompts, o.permutations, prefixes, len(o.learners), ORDER_BOOTSTRAP)
+    if recipe.token_probes.enabled:
+        tp = recipe.token_probes
+        n_targets = sum(len(tp.iterations) if t == "newton_mx" else 1 for t in tp.targets)
+        out += token_estimates(shape, n, tp.prompts, tp.test, recipe.similarity.bootstrap, n_targets * len(tp.tokens))
     if recipe.ood.enabled and shifts_apply(ckpt):
         ood = recipe.ood  # the shifted prompts (a forward per t where a shift replaces the queries), the grids' match
         out.append(budget.prompt_estimate("ood.prompts", ood.prompts * len(ood.shifts), shape, n, n, ood.prompts))
@@ -403,6 +426,7 @@ STAGES = {
         Stage("probes", _stage_probes, _one_figure("probes", figures.probes)),
         Stage("forgetting", _stage_forgetting, _one_figure("forgetting", figures.forgetting)),
         Stage("order", _stage_order, _order_figures, ("readout",)),
+        Stage("token_probes", _stage_token_probes, _one_figure("token_probes", figures.token_probes), ("similarity",)),
         Stage("ood", _stage_ood, _one_figure("ood_curves", figures.ood_curves), ("similarity",), applies=shifts_apply),
         Stage("steering", _stage_steering, _one_figure("steering", figures.steering), transformers_only=True),
         Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS[:3], transformers_only=True),

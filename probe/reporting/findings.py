@@ -8,6 +8,7 @@ from typing import Any
 
 from ..analysis.matching import trend_words
 from ..learners import LEARNERS
+from ..models import has_random_init
 from ..models.constructions import CONSTRUCTIONS
 from .schema import Match, ProbeFit, ProbeOrder, Summary, Table1Entry, Verdict
 
@@ -170,7 +171,7 @@ def _probes(summary: Summary) -> str | None:
         )
     if not parts:
         return None
-    none = summary.checkpoint.model.get("family") == "planted"
+    none = not has_random_init(str(summary.checkpoint.model.get("family")))
     return (
         "Probes (90% intervals over resamples of the test prompts): "
         + "; ".join(parts)
@@ -215,7 +216,7 @@ def _span(summary: Summary, d: int) -> str | None:
 def _construction(summary: Summary) -> str | None:
     """For a planted model: its documented layer schedule, and whether the SimE matches recover it."""
     model = summary.checkpoint.model
-    if model.get("family") != "planted" or str(model.get("planted")) not in CONSTRUCTIONS:
+    if str(model.get("planted") or "") not in CONSTRUCTIONS:  # "" for every family but planted
         return None
     c = CONSTRUCTIONS.get(model["planted"])
     if c.first is None:
@@ -319,6 +320,28 @@ def _order(summary: Summary) -> str | None:
     )
 
 
+def _token_probes(summary: Summary) -> str | None:
+    """Per token kind: the largest gain over layer 0 of S x and S^3 x, and of Newton's M_k x (over k)."""
+    block = summary.token_probes
+    if block is None:
+        return None
+    parts = []
+    for token in dict.fromkeys(s.token for s in block.series):
+        for name, words in (("sx", "S x"), ("s3x", "S^3 x"), ("newton_mx", "M_k x")):
+            series = [s for s in block.series if s.token == token and s.target.startswith(name)]
+            if not series:
+                continue
+            best, i = max(((s, i) for s in series for i in range(len(block.layer))), key=lambda p: p[0].gain[p[1]])
+            k = "" if best.iterations is None else f", k = {best.iterations}"
+            parts.append(
+                f"{words} at {token} tokens: R^2 {best.r2[i]:.2f} at layer {block.layer[i]}{k}, "
+                f"{best.gain[i]:+.2f} [{best.gain_low[i]:+.2f}, {best.gain_high[i]:+.2f}] over x alone "
+                f"({best.floor_r2:.2f})"
+            )
+    intro = "State in the tokens (the largest gain over a probe of the example x alone): "
+    return intro + "; ".join(parts) + "." if parts else None
+
+
 def _ood(summary: Summary) -> str | None:
     """Which matched learner the model tracks under each shift, grouped by family."""
     block = summary.ood
@@ -368,6 +391,7 @@ def findings(summary: Summary) -> tuple[list[str], list[str]]:
         _probes(summary),
         _span(summary, d),
         _order(summary),
+        _token_probes(summary),
         _ood(summary),
     ]
     items += [f"Causal check: {v}." for v in (summary.interventions.verdicts if summary.interventions else [])]

@@ -85,6 +85,7 @@ SECTIONS = [
     ("Probes for X<sup>T</sup>y and w", "probes", "probes"),
     ("Forgetting", "forgetting", "forgetting"),
     ("Order sensitivity", "order", "order"),
+    ("State in the tokens", "token_probes", "token_probes"),
     ("Off the training distribution", "ood", "ood_curves"),
     ("Causal probes", "steering", "steering"),
     ("Causal checks", "causal", "interventions"),

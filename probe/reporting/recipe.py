@@ -9,6 +9,7 @@
     [forgetting]     ForgettingSettings    forgetting curves and their comparison learners
     [interventions]  InterventionSettings  causal checks
     [order]          OrderSettings         order sensitivity and its comparison learners
+    [token_probes]   TokenProbeSettings    per-token probes for the state a learner keeps (S x, S^3 x, M_k x)
     [ood]            OodSettings           which matched learner the model tracks under distribution shifts
     [steering]       SteeringSettings      causal probes (steering along linear probes)
 
@@ -45,6 +46,7 @@ from ..core.settings import (
     SpectralSettings,
     SteeringSettings,
     SweepSettings,
+    TokenProbeSettings,
 )
 from ..core.validate import check_grid
 from ..data.shifts import parse_shift
@@ -81,6 +83,7 @@ class Recipe:
     forgetting: ForgettingSettings = field(default_factory=ForgettingSettings)
     interventions: InterventionSettings = field(default_factory=InterventionSettings)
     order: OrderSettings = field(default_factory=OrderSettings)
+    token_probes: TokenProbeSettings = field(default_factory=TokenProbeSettings)
     ood: OodSettings = field(default_factory=OodSettings)
     steering: SteeringSettings = field(default_factory=SteeringSettings)
 

@@ -394,6 +394,35 @@ class Interventions:
 
 
 @dataclass
+class TokenProbeSeries:
+    """One per-token probe (probe/analysis/token_probes.py) by layer: held-out R^2 and its gain over
+    the floor (the same probe on the example's own x), each with a 90% interval (the gain's paired)."""
+
+    token: str
+    target: str
+    iterations: int | None
+    floor_r2: float
+    r2: list[float]
+    r2_low: list[float]
+    r2_high: list[float]
+    gain: list[float]
+    gain_low: list[float]
+    gain_high: list[float]
+
+
+@dataclass
+class TokenProbes:
+    """What each example's tokens hold of the state a learner keeps, layer by layer."""
+
+    layer: list[int]
+    series: list[TokenProbeSeries]
+    definition: str = (
+        "ridge read-out of each example token's residual stream, one map per layer and token kind, of (S/t) x, "
+        "(S/t)^3 x and Newton's M_k x with S the normalised moment the token can see; R^2 on held-out prompts"
+    )
+
+
+@dataclass
 class OodShift:
     """One shift of the out-of-distribution comparison (probe/analysis/shift_tracking.py): the family
     the model tracks (its matched member), the runner-up, their paired difference in `criterion`
@@ -476,6 +505,7 @@ class Summary:
     probes: Probes | None = field(default=None, metadata=OMIT)
     forgetting: dict[str, dict[str, list]] | None = field(default=None, metadata=OMIT)
     order_sensitivity: OrderSensitivity | None = field(default=None, metadata=OMIT)
+    token_probes: TokenProbes | None = field(default=None, metadata=OMIT)
     ood: Ood | None = field(default=None, metadata=OMIT)
     steering: dict[str, Any] | None = field(default=None, metadata=OMIT)
     interventions: Interventions | None = field(default=None, metadata=OMIT)

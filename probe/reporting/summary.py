@@ -42,6 +42,8 @@ from .schema import (
     Summary,
     Table1,
     Table1Entry,
+    TokenProbes,
+    TokenProbeSeries,
     Trend,
     TrendFit,
     Verdict,
@@ -276,6 +278,8 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         }
     if "order" in t:
         out["order_sensitivity"] = order_block(t["order"])
+    if "token_probes" in t:
+        out["token_probes"] = token_probe_block(t["token_probes"])
     if "ood" in t:
         out["ood"] = ood_block(t["ood"], t["ood_sides"])
     if "steering" in t:
@@ -287,6 +291,24 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         ]
         out["interventions"] = block
     return out
+
+
+def token_probe_block(table: pd.DataFrame) -> TokenProbes:
+    """Every probe's series by layer (rows of probe/analysis/token_probes.py's table)."""
+    series = []
+    for (token, target), rows in table.groupby(["token", "target"], sort=False):
+        rows = rows.sort_values("layer")
+        k = rows.iterations.iloc[0]
+        series.append(
+            TokenProbeSeries(
+                token=str(token),
+                target=str(target),
+                iterations=None if pd.isna(k) else int(k),
+                floor_r2=float(rows.floor_r2.iloc[0]),
+                **{c: _col(rows, c) for c in ("r2", "r2_low", "r2_high", "gain", "gain_low", "gain_high")},
+            )
+        )
+    return TokenProbes(sorted(int(v) for v in table.layer.unique()), series)
 
 
 def ood_block(table: pd.DataFrame, sides: pd.DataFrame) -> Ood:
