@@ -129,6 +129,28 @@ def track_table(checkpoint: str) -> str:
     return "\n".join(rows)
 
 
+def token_table(report: str) -> str:
+    """A report's token probes (summary.json `token_probes`) as markdown: per token kind and target
+    (Newton's M_k x over k), the floor (x alone), and the layer with the largest gain over it."""
+    block = lookup(report, "token_probes")
+    rows = [
+        "| token | target | x alone R^2 | best layer (k) | R^2 [90%] | gain over x alone [90%] |",
+        "|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[str, str], list] = {}
+    for s in block["series"]:
+        groups.setdefault((s["token"], s["target"].split("[")[0]), []).append(s)
+    for (token, target), series in groups.items():
+        s, i = max(((s, i) for s in series for i in range(len(block["layer"]))), key=lambda p: p[0]["gain"][p[1]])
+        k = "" if s["iterations"] is None else f" (k = {s['iterations']})"
+        rows.append(
+            f"| {token} | {target} | {s['floor_r2']:.2f} | {block['layer'][i]}{k} | {s['r2'][i]:.2f} "
+            f"[{s['r2_low'][i]:.2f}, {s['r2_high'][i]:.2f}] | {s['gain'][i]:+.2f} "
+            f"[{s['gain_low'][i]:+.2f}, {s['gain_high'][i]:+.2f}] |"
+        )
+    return "\n".join(rows)
+
+
 def number_csv(checkpoint: str, shift: str, fmt: str = ".3g") -> str:
     """The model's error / d at 2d+1 examples under one shift (eval-shift-<shift>/eval.csv)."""
     import csv
@@ -181,7 +203,7 @@ def cli_reference() -> str:
 
 
 def define_env(env) -> None:
-    for macro in (number, table1, verdict, spectral, evidence, shift_table, track_table, number_csv, cli_reference, all_modules):
+    for macro in (number, table1, verdict, spectral, evidence, shift_table, track_table, token_table, number_csv, cli_reference, all_modules):
         env.macro(macro)
 
     @env.macro

@@ -69,7 +69,7 @@ def test_a_linearly_held_target_is_read_exactly_and_a_missing_one_not():
         return states, xs
 
     (tr, xtr), (te, xte) = streams(300), streams(200)
-    table = fit_token_probes(tr, xtr, te, xte, [TokenTarget("sx")], ["x"], n_boot=200).set_index("layer")
+    table = fit_token_probes(tr, xtr, te, xte, [TokenTarget("sx")], tokens=["x"], n_boot=200).set_index("layer")
     assert table.loc[1, "r2"] > 0.999 and table.loc[0, "r2"] < 0.9
     assert table.loc[1, "gain_low"] > 0 and abs(table.loc[0, "gain"]) < 0.01  # layer 0 is x: the floor
 
@@ -123,3 +123,21 @@ def test_the_planted_newton_model_writes_m_k_x_into_the_query_and_clears_it():
         assert best.loc[2 * k + 2, "iterations"] == k and best.loc[2 * k + 2, "r2"] > 0.999
     odd = table[table.layer.isin([3, 5, 7, 9])]
     assert (odd.gain < 0.005).all()
+
+
+@pytest.mark.parametrize("token", ["x", "y"])
+def test_weight_iterates_match_the_learners(token):
+    """w_gd and w_newton at a token are the gd and newton learners' weights after the examples it
+    sees (x token of example j: the first j; y token: the first j + 1), and w_ols least squares'."""
+    from probe.learners import run_learner
+
+    g = torch.Generator().manual_seed(3)
+    xs, ys = torch.randn(4, 9, 3, generator=g, dtype=torch.float64), torch.randn(4, 9, generator=g, dtype=torch.float64)
+    shift = 0 if token == "x" else 1  # learner weights index t = after t examples
+    at = lambda w: torch.stack([w[:, j + shift] for j in range(8)], 1)
+    gd = run_learner("gd", xs, ys, steps=(5,), eta=(0.1,)).weights[0]
+    newton = run_learner("newton", xs, ys, iterations=(3,), alpha=("spectral",)).weights[0]
+    ols = run_learner("least_squares", xs, ys).weights[0]
+    for target, learner in ((TokenTarget("w_gd", 5, 0.1), gd), (TokenTarget("w_newton", 3), newton), (TokenTarget("w_ols"), ols)):
+        got = token_targets(xs, target, token, ys)[:, :8]
+        np.testing.assert_allclose(got[:, 1:].numpy(), at(learner)[:, 1:].numpy(), atol=1e-8, err_msg=target.name)

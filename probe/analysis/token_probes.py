@@ -13,6 +13,10 @@ example j too (S_{j+1} / (j + 1)):
     newton_mx   M_k x_j, M_0 = alpha S/t, M_{k+1} = 2 M_k - M_k (S/t) M_k (seed 003 eq. 8), for each
                 k of `iterations`; alpha a fixed number (a planted model's) or "spectral"
                 (1 / lambda_max(S/t)^2, the learners' default rule)
+    w_newton    the Newton weight iterate M_k b, b = X^T y / t over the same examples, for each k
+    w_gd        the GD weight iterate after k steps from 0 on ||y - X w||^2 / (2t) (seed 003 eq. 6),
+                for each k of `gd_steps`; eta a fixed number or "auto" (1 / lambda_max(S/t))
+    w_ols       the least-squares weights (S/t)^+ b, the limit of both
 
 Each is probed at every layer boundary by one ridge map from the token's residual stream, shared
 by all examples' tokens of that kind (x or y; the x token of example 0, which sees nothing, and the
@@ -47,6 +51,7 @@ from .ridge import choose_penalty, ridge_head, ridge_penalties
 from .stats import percentile_interval, resamples
 
 TOKENS = TOKEN_KINDS
+ITERATED = ("newton_mx", "w_newton", "w_gd")  # targets with an iteration count
 ALPHAS = (1e-8, 1e-6, 1e-4, 1e-2, 1.0)  # ridge penalties, fractions of the mean eigenvalue
 LEVEL = 0.90
 
@@ -57,11 +62,11 @@ class TokenTarget:
 
     name: str
     iterations: int = 0
-    alpha: float | str = "spectral"
+    alpha: float | str = "spectral"  # Newton's rule (newton_mx, w_newton); GD's step (w_gd)
 
     @property
     def label(self) -> str:
-        return f"newton_mx[k={self.iterations}]" if self.name == "newton_mx" else self.name
+        return f"{self.name}[k={self.iterations}]" if self.name in ITERATED else self.name
 
 
 def token_moments(xs: Tensor, token: str) -> Tensor:
@@ -77,9 +82,21 @@ def token_moments(xs: Tensor, token: str) -> Tensor:
     raise ConfigError(f"token must be one of {TOKENS}, got {token!r}")
 
 
-def token_targets(xs: Tensor, target: TokenTarget, token: str) -> Tensor:
-    """(B, n, d): `target` at every example's `token` (module docstring)."""
+def token_moments_b(xs: Tensor, ys: Tensor, token: str) -> Tensor:
+    """(B, n, d): X^T y / t over the examples each example's `token` can see (as `token_moments`)."""
+    xy = xs.double() * ys.double().unsqueeze(-1)
+    through = torch.cumsum(xy, dim=1)
+    count = torch.arange(1, xs.shape[1] + 1, dtype=xy.dtype, device=xy.device).view(1, -1, 1)
+    return through / count if token == "y" else (through - xy) / (count - 1).clamp_min(1)
+
+
+def token_targets(xs: Tensor, target: TokenTarget, token: str, ys: Tensor | None = None) -> Tensor:
+    """(B, n, d): `target` at every example's `token` (module docstring); the weight targets need ys."""
     s, x = token_moments(xs, token), xs.double().unsqueeze(-1)
+    if target.name.startswith("w_"):
+        if ys is None:
+            raise ConfigError(f"token target {target.name} needs the labels ys")
+        return _weights(s, token_moments_b(xs, ys, token), target)
     if target.name == "sx":
         return (s @ x).squeeze(-1)
     if target.name == "s3x":
@@ -95,17 +112,62 @@ def token_targets(xs: Tensor, target: TokenTarget, token: str) -> Tensor:
     raise ConfigError(f"unknown token target {target.name!r}; known: {', '.join(TOKEN_TARGETS)}")
 
 
-def expand_targets(names: Sequence[str], iterations: Sequence[int], alpha: float | str) -> list[TokenTarget]:
-    """The targets of `names`, newton_mx once per iteration count."""
+def _weights(s: Tensor, b: Tensor, target: TokenTarget) -> Tensor:
+    """w_newton, w_gd or w_ols from the normalised moments, per eigenvalue of S/t (zero eigenvalues
+    give 0, the pseudo-inverse's convention)."""
+    lam, vecs = torch.linalg.eigh(s)
+    lam = lam.clamp_min(0)
+    c = (vecs.transpose(-1, -2) @ b.unsqueeze(-1)).squeeze(-1)  # V^T b
+    inverse = torch.where(lam > 1e-12 * lam.amax(-1, keepdim=True), 1 / lam.clamp_min(1e-300), torch.zeros_like(lam))
+    if target.name == "w_ols":
+        gain = inverse
+    elif target.name == "w_newton":
+        ones = torch.ones(s.shape[1], dtype=lam.dtype, device=lam.device)
+        m = newton_alpha(lam, target.alpha, ones) * lam
+        for _ in range(target.iterations):
+            m = 2 * m - lam * m**2
+        gain = m
+    elif target.name == "w_gd":
+        rule = "auto" if target.alpha in ("auto", "spectral") else target.alpha
+        top = lam.amax(-1, keepdim=True)
+        eta = torch.where(top > 0, 1 / top.clamp_min(1e-300), torch.zeros_like(top)) if rule == "auto" else rule
+        gain = (1 - (1 - eta * lam) ** target.iterations) * inverse  # k steps from 0 (seed 003 eq. 6)
+    else:
+        raise ConfigError(f"unknown token target {target.name!r}; known: {', '.join(TOKEN_TARGETS)}")
+    return (vecs @ (gain * c).unsqueeze(-1)).squeeze(-1)
+
+
+def expand_targets(
+    names: Sequence[str],
+    iterations: Sequence[int],
+    alpha: float | str,
+    gd_steps: Sequence[int] = (),
+    eta: float | str = "auto",
+) -> list[TokenTarget]:
+    """The targets of `names`: newton_mx and w_newton once per iteration count (Newton's alpha),
+    w_gd once per step count of `gd_steps` (GD's eta)."""
     out = []
     for name in names:
         if name not in TOKEN_TARGETS:
             raise ConfigError(f"unknown token target {name!r}; known: {', '.join(TOKEN_TARGETS)}")
-        if name == "newton_mx":
+        if name in ("newton_mx", "w_newton"):
             out += [TokenTarget(name, positive_int(k, "iterations", 0), alpha) for k in iterations]
+        elif name == "w_gd":
+            out += [TokenTarget(name, positive_int(k, "gd_steps", 0), eta) for k in gd_steps]
         else:
             out.append(TokenTarget(name))
     return out
+
+
+def settings_targets(settings, model_config) -> list[TokenTarget]:
+    """The targets of a [token_probes] section (TokenProbeSettings) on a checkpoint of `model_config`."""
+    return expand_targets(
+        settings.targets,
+        settings.iterations,
+        settings.alpha_for(model_config),
+        settings.gd_steps,
+        settings.eta_for(model_config),
+    )
 
 
 def _positions(token: str, n: int) -> tuple[Tensor, Tensor]:
@@ -121,6 +183,9 @@ def fit_token_probes(
     test_states: Tensor,
     test_xs: Tensor,
     targets: Sequence[TokenTarget],
+    train_ys: Tensor | None = None,
+    test_ys: Tensor | None = None,
+    *,
     tokens: Sequence[str] = TOKENS,
     n_boot: int = 1000,
     seed: int = 0,
@@ -136,7 +201,10 @@ def fit_token_probes(
         feats = [s[:, pos].double().permute(0, 2, 1, 3) for s in (train_states, test_states)]  # (L+1, N, J, D)
         own_x = [xs[:, examples].double().unsqueeze(0) for xs in (train_xs, test_xs)]  # (1, N, J, d)
         for target in targets:
-            y_train, y_test = (token_targets(xs, target, token)[:, examples] for xs in (train_xs, test_xs))
+            y_train, y_test = (
+                token_targets(xs, target, token, ys)[:, examples]
+                for xs, ys in ((train_xs, train_ys), (test_xs, test_ys))
+            )
             r2, draws, chosen = _ridge_r2(feats[0], y_train, feats[1], y_test, n_boot, seed)
             floor, floor_draws, _ = _ridge_r2(own_x[0], y_train, own_x[1], y_test, n_boot, seed)
             lo, hi = percentile_interval(draws.T, LEVEL)
@@ -146,7 +214,7 @@ def fit_token_probes(
                     "layer": layer,
                     "token": token,
                     "target": target.label,
-                    "iterations": target.iterations if target.name == "newton_mx" else None,
+                    "iterations": target.iterations if target.name in ITERATED else None,
                     "r2": float(r2[layer]),
                     "r2_low": float(lo[layer]),
                     "r2_high": float(hi[layer]),
@@ -215,4 +283,15 @@ def token_probe_study(
         for size, stream in ((n_train, Stream.PROBE_TRAIN), (n_test, Stream.PROBE_TEST))
     ]
     states = [by_position_streams(model, p.xs, p.ys, device, dtype=torch.float64) for p in prompts]
-    return fit_token_probes(states[0], prompts[0].xs, states[1], prompts[1].xs, targets, tokens, n_boot, seed)
+    return fit_token_probes(
+        states[0],
+        prompts[0].xs,
+        states[1],
+        prompts[1].xs,
+        targets,
+        prompts[0].ys,
+        prompts[1].ys,
+        tokens=tokens,
+        n_boot=n_boot,
+        seed=seed,
+    )

@@ -1,8 +1,9 @@
 """Probes for the state a learner keeps in the tokens (probe/analysis/token_probes.py, issue 60):
-per example token, (S/t) x, (S/t)^3 x and Newton's M_k x (seed 003 eq. 8, Thm. 1), read by one
+per example token, (S/t) x, (S/t)^3 x and Newton's M_k x (seed 003 eq. 8, Thm. 1), and with
+--targets w_newton w_gd w_ols the weight iterates over the examples the token sees, read by one
 ridge map per layer boundary and token kind; R^2 on held-out prompts with 90% intervals, and each
-layer's gain over layer 0 (the raw tokens: at large t, S/t is near I, so x alone already gives
-part of S x) with a paired interval. Writes token_probes.csv, token_probes.png and run.json.
+layer's gain over the same probe of the example's x alone (at large t, S/t is near I, so x alone
+already gives part of S x) with a paired interval. Writes token_probes.csv, token_probes.png and run.json.
 
 examples:
   icl-probe token-probes checkpoints/planted/newton-relu --alpha 0.0030864 --out /tmp/tp
@@ -36,6 +37,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         help="newton_mx's M_0 = alpha S/t: auto (a planted Newton model's own alpha, else spectral), spectral, "
         "or a positive number",
     )
+    p.add_argument("--gd-steps", nargs="+", type=int, default=list(defaults.gd_steps), help="GD step counts k of w_gd")
+    p.add_argument(
+        "--eta", default=defaults.eta, help="w_gd's step: auto (a planted GD model's own, else 1 / lambda_max(S/t))"
+    )
     p.add_argument("--prompts", type=positive_int, default=defaults.prompts, help="training prompts")
     p.add_argument("--test-prompts", type=positive_int, default=defaults.test, help="held-out prompts")
     p.add_argument("--bootstrap", type=positive_int, default=1000, help="resamples of the test prompts")
@@ -44,7 +49,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.token_probes import expand_targets, token_probe_study
+    from ..analysis.token_probes import settings_targets, token_probe_study
     from ..core.provenance import display_path
     from ..core.settings import TokenProbeSettings
     from ..io.formats import load_checkpoint
@@ -56,14 +61,15 @@ def run(args: argparse.Namespace) -> int:
         tokens=args.tokens,
         iterations=args.iterations,
         alpha=args.alpha,
+        gd_steps=args.gd_steps,
+        eta=args.eta,
         prompts=args.prompts,
         test=args.test_prompts,
     )
     target = output_target(args, "token-probes", (args.checkpoint,))
     device = check_device(args.device)
     ckpt = load_checkpoint(args.checkpoint)
-    alpha = settings.alpha_for(ckpt.config.model)
-    targets = expand_targets(settings.targets, settings.iterations, alpha)
+    targets = settings_targets(settings, ckpt.config.model)
     table = token_probe_study(
         ckpt.model,
         ckpt.config.task,
@@ -81,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
         "targets": args.targets,
         "tokens": args.tokens,
         "iterations": args.iterations,
-        "alpha": alpha,
+        "alpha": settings.alpha_for(ckpt.config.model),
+        "gd_steps": args.gd_steps,
+        "eta": settings.eta_for(ckpt.config.model),
         "prompts": args.prompts,
         "test_prompts": args.test_prompts,
         "bootstrap": args.bootstrap,

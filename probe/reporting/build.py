@@ -27,7 +27,7 @@ from ..analysis.probes import without_r2_draws
 from ..analysis.readout import LayerReadouts
 from ..analysis.shift_tracking import CANDIDATES, MATCH_PROMPTS, track_shifts
 from ..analysis.spectral import reference_families
-from ..analysis.token_probes import expand_targets, token_estimates, token_probe_study
+from ..analysis.token_probes import settings_targets, token_estimates, token_probe_study
 from ..core import budget
 from ..core.allocator import release_free_memory
 from ..core.errors import ConfigError
@@ -187,8 +187,8 @@ def _stage_order(c: Context):
 
 def _stage_token_probes(c: Context):
     """Per-token state probes (probe/analysis/token_probes.py) at the [token_probes] settings."""
-    s, model_config = c.recipe.token_probes, c.ckpt.config.model
-    targets = expand_targets(s.targets, s.iterations, s.alpha_for(model_config))
+    s = c.recipe.token_probes
+    targets = settings_targets(s, c.ckpt.config.model)
     table = token_probe_study(
         c.ckpt.model,
         c.ckpt.config.task,
@@ -296,7 +296,7 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         out += order_estimates(shape, n, o.prompts, o.permutations, prefixes, len(o.learners), ORDER_BOOTSTRAP)
     if recipe.token_probes.enabled:
         tp = recipe.token_probes
-        n_targets = sum(len(tp.iterations) if t == "newton_mx" else 1 for t in tp.targets)
+        n_targets = len(settings_targets(tp, ckpt.config.model))
         out += token_estimates(shape, n, tp.prompts, tp.test, recipe.similarity.bootstrap, n_targets * len(tp.tokens))
     if recipe.ood.enabled and shifts_apply(ckpt):
         ood = recipe.ood  # the shifted prompts (a forward per t where a shift replaces the queries), the grids' match
