@@ -98,8 +98,8 @@ def test_renamed_prompt_keys_still_work_with_a_warning_and_override_the_new_name
     assert (old.prompts.test, old.prompts.induced, old.prompts.curve) == (33, 5, 70)  # quick.toml says test = 256
     assert old.to_dict() == resolve_recipe("quick", [{"prompts": {"test": 33, "induced": 5, "curve": 70}}]).to_dict()
     recipe = tmp_path / "old.toml"
-    recipe.write_text((REPO / "analyses" / "quick.toml").read_text().replace("test = 256", "eval = 256")
-                      .replace("induced = 64", "simw = 64"))
+    recipe.write_text((REPO / "analyses" / "quick.toml").read_text().replace("test = 256", "eval = 256", 1)
+                      .replace("induced = 64", "simw = 64", 1))  # [prompts]: the first; [token_probes] has a test too
     with pytest.warns(RenamedSetting) as warned:
         assert resolve_recipe(str(recipe)).to_dict() == resolve_recipe("quick").to_dict() | {"name": "old"}
     assert [str(w.message) for w in warned] == [f"prompts.{old} is now prompts.{new}; the old name still works for now"
