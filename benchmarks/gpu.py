@@ -46,6 +46,7 @@ TOLERANCES = {
     "order_sensitivity": (1e-3, "shares of small variances"),
     "interventions": (1e-3, "patched float32 forwards, ratios of sums"),
     "evidence": (1e-3, "as verdicts"),
+    "token_probes": (1e-4, "float64 ridge probes on float64 streams (the model run in double on a copy)"),
     "ood": (1e-3, "distances of float32 model predictions to float64 learners off distribution; shares are counts"),
 }
 DEFAULT_TOLERANCE = (1e-4, "not listed: the model's float32 forward")
