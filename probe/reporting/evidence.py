@@ -17,7 +17,17 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.matching import family_of
-from .schema import CAUSAL_METRICS, EvidenceRow, Ood, OrderSensitivity, Spectral, Summary, Trend, Verdict
+from .schema import (
+    CAUSAL_METRICS,
+    EvidenceRow,
+    Ood,
+    OrderSensitivity,
+    Spectral,
+    Summary,
+    TokenProbes,
+    Trend,
+    Verdict,
+)
 from .schema import EvidenceQuestion as Question
 
 # (a, b): the hypotheses a question weighs, by learner family; asked where the recipe sweeps both
@@ -48,6 +58,10 @@ VALIDATED = {
         "every other shift) and planted Newton (Newton with its fixed alpha: diverges where the model does under "
         "scale_x = 2 and 3): tests/test_shift_tracking.py"
     ),
+    ("state in the tokens", ("newton", "gd")): (
+        "planted Newton and Newton-ReLU (M_k x held at R^2 1 where the constructions write it: newton); planted GD "
+        "(nothing beyond x: undecided, never newton): tests/test_token_probes.py, tests/test_evidence.py"
+    ),
 }
 
 SPECTRAL_SIDE = {"gd": "gd", "precond_gd": "newton", "ridge": "ridge", "least_squares": "least_squares"}
@@ -63,6 +77,7 @@ def evidence(summary: Summary) -> list[Question]:
             summary.spectral,
             summary.order_sensitivity,
             summary.ood,
+            summary.token_probes,
         )
     )
 
@@ -77,6 +92,7 @@ class Blocks:
     spectral: Spectral | None = None
     order_sensitivity: OrderSensitivity | None = None
     ood: Ood | None = None
+    token_probes: TokenProbes | None = None
 
 
 def questions(summary: Blocks) -> list[Question]:
@@ -94,6 +110,7 @@ def questions(summary: Blocks) -> list[Question]:
             *_causal_rows(summary, a, b),
             *_order_rows(summary, a, b),
             *_ood_rows(summary, a, b),
+            *_token_rows(summary, a, b),
         ]
         out.append(_consolidate(a, b, rows))
     return out
@@ -299,6 +316,34 @@ def _ood_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
             effect,
             validated_on=VALIDATED.get(("off-distribution tracking", (a, b)), ""),
             cannot_tell_apart=OOD_BLIND,
+        )
+    ]
+
+
+HELD = 0.99  # R^2 at which a token holds Newton's M_k x as the seeds' construction does
+
+
+def _token_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
+    """Newton's state in the tokens: newton where some layer's token holds M_k x at R^2 >= HELD
+    beyond what x alone gives; otherwise undecided (a model without that state is not thereby GD)."""
+    block = summary.token_probes
+    if block is None or {a, b} != {"newton", "gd"}:
+        return []
+    newton = [s for s in block.series if s.target.startswith("newton_mx")]
+    if not newton:
+        return []
+    s, i = max(((s, i) for s in newton for i in range(len(block.layer))), key=lambda p: p[0].r2[p[1]])
+    held = s.r2[i] >= HELD and s.gain_low[i] > 0
+    return [
+        EvidenceRow(
+            "state in the tokens",
+            "newton" if held else None,
+            f"best M_k x probe: R^2 {s.r2[i]:.3f} [{s.r2_low[i]:.3f}, {s.r2_high[i]:.3f}] at layer {block.layer[i]}, "
+            f"k = {s.iterations}, {s.token} tokens (x alone {s.floor_r2:.2f}); held as the construction holds it "
+            f"at R^2 >= {HELD}",
+            validated_on=VALIDATED.get(("state in the tokens", (a, b)), ""),
+            cannot_tell_apart="a model without a per-token Newton state may keep it in another form (spread over "
+            "tokens, nonlinear): absence never reads as GD",
         )
     ]
 
