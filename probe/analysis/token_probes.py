@@ -102,35 +102,41 @@ def token_targets(xs: Tensor, target: TokenTarget, token: str, ys: Tensor | None
     if target.name == "s3x":
         return (s @ s @ s @ x).squeeze(-1)
     if target.name == "newton_mx":
-        lam, vecs = torch.linalg.eigh(s)
-        lam = lam.clamp_min(0)
-        ones = torch.ones(xs.shape[1], dtype=lam.dtype, device=lam.device)
-        m = newton_alpha(lam, target.alpha, ones) * lam  # M_0 = alpha S/t per eigenvalue
-        for _ in range(target.iterations):
-            m = 2 * m - lam * m**2
+        lam, vecs = _spectrum(s)
+        m = _newton_iterate(lam, target)
         return (vecs @ (m.unsqueeze(-1) * (vecs.transpose(-1, -2) @ x))).squeeze(-1)
     raise ConfigError(f"unknown token target {target.name!r}; known: {', '.join(TOKEN_TARGETS)}")
+
+
+def _spectrum(s: Tensor) -> tuple[Tensor, Tensor]:
+    """Eigenvalues (clamped at 0: S/t is a Gram matrix) and eigenvectors of S/t."""
+    lam, vecs = torch.linalg.eigh(s)
+    return lam.clamp_min(0), vecs
+
+
+def _newton_iterate(lam: Tensor, target: TokenTarget) -> Tensor:
+    """M_k per eigenvalue of S/t: m_0 = alpha lambda, m_(k+1) = 2 m_k - lambda m_k^2 (seed 003 eq. 8)."""
+    ones = torch.ones(lam.shape[-2], dtype=lam.dtype, device=lam.device)
+    m = newton_alpha(lam, target.alpha, ones) * lam
+    for _ in range(target.iterations):
+        m = 2 * m - lam * m**2
+    return m
 
 
 def _weights(s: Tensor, b: Tensor, target: TokenTarget) -> Tensor:
     """w_newton, w_gd or w_ols from the normalised moments, per eigenvalue of S/t (zero eigenvalues
     give 0, the pseudo-inverse's convention)."""
-    lam, vecs = torch.linalg.eigh(s)
-    lam = lam.clamp_min(0)
+    lam, vecs = _spectrum(s)
     c = (vecs.transpose(-1, -2) @ b.unsqueeze(-1)).squeeze(-1)  # V^T b
     inverse = torch.where(lam > 1e-12 * lam.amax(-1, keepdim=True), 1 / lam.clamp_min(1e-300), torch.zeros_like(lam))
     if target.name == "w_ols":
         gain = inverse
     elif target.name == "w_newton":
-        ones = torch.ones(s.shape[1], dtype=lam.dtype, device=lam.device)
-        m = newton_alpha(lam, target.alpha, ones) * lam
-        for _ in range(target.iterations):
-            m = 2 * m - lam * m**2
-        gain = m
+        gain = _newton_iterate(lam, target)
     elif target.name == "w_gd":
-        rule = "auto" if target.alpha in ("auto", "spectral") else target.alpha
         top = lam.amax(-1, keepdim=True)
-        eta = torch.where(top > 0, 1 / top.clamp_min(1e-300), torch.zeros_like(top)) if rule == "auto" else rule
+        auto = torch.where(top > 0, 1 / top.clamp_min(1e-300), torch.zeros_like(top))  # 1 / lambda_max
+        eta = auto if target.alpha in ("auto", "spectral") else torch.full_like(top, float(target.alpha))
         gain = (1 - (1 - eta * lam) ** target.iterations) * inverse  # k steps from 0 (seed 003 eq. 6)
     else:
         raise ConfigError(f"unknown token target {target.name!r}; known: {', '.join(TOKEN_TARGETS)}")

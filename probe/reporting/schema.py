@@ -9,14 +9,10 @@ schema does not interpret (recipe, versions, steering, forgetting, compare) stay
 
 from __future__ import annotations
 
-import json
 import math
 import types
 from dataclasses import dataclass, field, fields, is_dataclass
-from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
-
-from ..core.errors import ConfigError
 
 SCHEMA_VERSION = 5  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`
 
@@ -517,109 +513,7 @@ class Summary:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Summary:
         """Read a summary.json back, after checking it against the JSON Schema (`check_summary`)."""
+        from .json_schema import check_summary  # the schema is generated from these classes
+
         check_summary(data)
         return from_json(cls, data)
-
-
-# ---------------------------------------------------------------------------- JSON Schema
-
-SCHEMA_ID = "https://icl-probe.example/summary.schema.json"
-
-
-def json_schema() -> dict[str, Any]:
-    """summary.json's JSON Schema (draft 2020-12), generated from the dataclasses above: one
-    definition per dataclass, its fields required unless they have a default; numbers may be
-    null (a NaN or infinity is written as null, `strict`). summary.schema.json beside this module is this, written
-    by `python -m probe.reporting.schema > probe/reporting/summary.schema.json` (shipped in the
-    package and in the docs; a test keeps the file equal to this)."""
-    defs: dict[str, Any] = {}
-    root = _schema_of(Summary, defs)
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": SCHEMA_ID,
-        "title": "icl-probe summary.json",
-        "description": (Summary.__doc__ or "").strip(),
-        **defs[root["$ref"].split("/")[-1]],
-        "$defs": {name: body for name, body in sorted(defs.items()) if name != "Summary"},
-    }
-
-
-def _schema_of(kind: Any, defs: dict[str, Any]) -> dict[str, Any]:
-    number = {"type": ["number", "null"]}
-    if kind is Any:
-        return {}
-    if get_origin(kind) in (Union, types.UnionType):
-        args = [a for a in get_args(kind) if a is not type(None)]
-        inner = _schema_of(args[0], defs) if len(args) == 1 else {"anyOf": [_schema_of(a, defs) for a in args]}
-        return {"anyOf": [inner, {"type": "null"}]} if type(None) in get_args(kind) else inner
-    if get_origin(kind) is list:
-        items = get_args(kind)
-        return {"type": "array", "items": _schema_of(items[0], defs)} if items else {"type": "array"}
-    if get_origin(kind) is dict:
-        return {"type": "object", "additionalProperties": _schema_of(get_args(kind)[1], defs)}
-    simple: dict[Any, dict[str, Any]] = {
-        bool: {"type": "boolean"},
-        int: {"type": "integer"},
-        float: number,
-        str: {"type": "string"},
-    }
-    if kind in simple:
-        return simple[kind]
-    if kind is list:
-        return {"type": "array"}
-    if kind is dict:
-        return {"type": "object"}
-    if isinstance(kind, type) and is_dataclass(kind):
-        name = kind.__name__
-        if name not in defs:
-            defs[name] = {}  # placeholder: recursion stops here
-            defs[name] = _dataclass_schema(kind, defs)
-        return {"$ref": f"#/$defs/{name}"}
-    raise TypeError(f"no JSON Schema for {kind!r}")
-
-
-def _dataclass_schema(kind: type, defs: dict[str, Any]) -> dict[str, Any]:
-    from dataclasses import MISSING
-
-    hints = get_type_hints(kind)
-    if kind is Probes:  # targets as keys beside target_normalisation
-        kinds = {"type": "object", "additionalProperties": _schema_of(ProbeFit, defs)}
-        return {
-            "type": "object",
-            "description": (kind.__doc__ or "").strip(),
-            "properties": {
-                "target_normalisation": {"type": "string"},
-                "order": {"type": "array", "items": _schema_of(ProbeOrder, defs)},
-            },
-            "required": ["target_normalisation"],
-            "additionalProperties": kinds,
-        }
-    properties = {f.name: _schema_of(hints[f.name], defs) for f in fields(kind)}
-    required = [f.name for f in fields(kind) if f.default is MISSING and f.default_factory is MISSING]
-    out: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
-    out["additionalProperties"] = False
-    if kind.__doc__ and not kind.__doc__.startswith(kind.__name__ + "("):
-        out["description"] = " ".join(kind.__doc__.split())
-    return out
-
-
-SCHEMA_FILE = Path(__file__).with_name("summary.schema.json")
-
-
-def check_summary(data: Any) -> None:
-    """Refuse a summary.json that does not satisfy the shipped JSON Schema, naming the first
-    offending field (its path) and what is wrong with it."""
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise ConfigError(f"summary.json does not match its schema at {where}: {error.message}")
-
-
-if __name__ == "__main__":
-    import sys
-
-    json.dump(json_schema(), sys.stdout, indent=2)
-    sys.stdout.write("\n")
