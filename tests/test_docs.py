@@ -96,8 +96,7 @@ def test_a_changed_quote_is_caught(tmp_path, monkeypatch):
 def test_a_fresh_report_is_strict_json_and_satisfies_the_schema(report):
     """The session's freshly written tiny report: no NaN / Infinity constants, and the schema holds."""
     from probe.core.errors import ConfigError
-    from probe.reporting.json_schema import check_summary
-    from probe.reporting.schema import Summary
+    from probe.reporting.schema import Summary, check_summary
 
     def refuse(constant):
         raise ValueError(f"non-strict JSON constant {constant}")

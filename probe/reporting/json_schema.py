@@ -1,15 +1,13 @@
-"""summary.json's JSON Schema, generated from its dataclasses (probe/reporting/schema.py), and the
-check that a summary.json satisfies the shipped copy (summary.schema.json beside this module)."""
+"""summary.json's JSON Schema, generated from its dataclasses (probe/reporting/schema.py; the check
+of a summary.json against the shipped copy, `check_summary`, stays there)."""
 
 from __future__ import annotations
 
 import json
 import types
 from dataclasses import MISSING, fields, is_dataclass
-from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from ..core.errors import ConfigError
 from .schema import ProbeFit, ProbeOrder, Probes, Summary
 
 SCHEMA_ID = "https://icl-probe.example/summary.schema.json"
@@ -88,21 +86,6 @@ def _dataclass_schema(kind: type, defs: dict[str, Any]) -> dict[str, Any]:
     if kind.__doc__ and not kind.__doc__.startswith(kind.__name__ + "("):
         out["description"] = " ".join(kind.__doc__.split())
     return out
-
-
-SCHEMA_FILE = Path(__file__).with_name("summary.schema.json")
-
-
-def check_summary(data: Any) -> None:
-    """Refuse a summary.json that does not satisfy the shipped JSON Schema, naming the first
-    offending field (its path) and what is wrong with it."""
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise ConfigError(f"summary.json does not match its schema at {where}: {error.message}")
 
 
 if __name__ == "__main__":

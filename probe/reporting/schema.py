@@ -9,10 +9,14 @@ schema does not interpret (recipe, versions, steering, forgetting, compare) stay
 
 from __future__ import annotations
 
+import json
 import math
 import types
 from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from ..core.errors import ConfigError
 
 SCHEMA_VERSION = 5  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`
 
@@ -513,7 +517,20 @@ class Summary:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Summary:
         """Read a summary.json back, after checking it against the JSON Schema (`check_summary`)."""
-        from .json_schema import check_summary  # the schema is generated from these classes
-
         check_summary(data)
         return from_json(cls, data)
+
+
+SCHEMA_FILE = Path(__file__).with_name("summary.schema.json")
+
+
+def check_summary(data: Any) -> None:
+    """Refuse a summary.json that does not satisfy the shipped JSON Schema, naming the first
+    offending field (its path) and what is wrong with it."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise ConfigError(f"summary.json does not match its schema at {where}: {error.message}")
