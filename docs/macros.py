@@ -131,10 +131,11 @@ def track_table(checkpoint: str) -> str:
 
 def token_table(report: str) -> str:
     """A report's token probes (summary.json `token_probes`) as markdown: per token kind and target
-    (Newton's M_k x over k), the floor (x alone), and the layer with the largest gain over it."""
+    (Newton's M_k x over k), the floor (x alone; at a column token, its e_j), and the layer with the
+    largest gain over it."""
     block = lookup(report, "token_probes")
     rows = [
-        "| token | target | x alone R^2 | best layer (k) | R^2 [90%] | gain over x alone [90%] |",
+        "| token | target | floor R^2 | best layer (k) | R^2 [90%] | gain over the floor [90%] |",
         "|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[str, str], list] = {}

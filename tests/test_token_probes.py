@@ -89,7 +89,9 @@ def test_the_planted_newton_relu_model_holds_m_k_x_where_its_construction_writes
 
 def test_the_planted_gd_model_holds_no_more_of_s_x_than_its_raw_tokens():
     cfg = planted_config("gd", 6, 4, 12, step_size=1 / 9)
-    table = token_probe_study(plant(cfg.model), cfg.task, expand_targets(["sx", "s3x"], [], "spectral"), 256, 128, n_boot=100)
+    table = token_probe_study(
+        plant(cfg.model), cfg.task, expand_targets(["sx", "s3x"], [], "spectral"), 256, 128, n_boot=100
+    )
     assert (table.gain_low <= 0).all() and (table.gain < 0.02).all()  # no layer above the example's own x
     assert (table[table.target == "s3x"].r2 < 0.1).all()
 
@@ -138,6 +140,60 @@ def test_weight_iterates_match_the_learners(token):
     gd = run_learner("gd", xs, ys, steps=(5,), eta=(0.1,)).weights[0]
     newton = run_learner("newton", xs, ys, iterations=(3,), alpha=("spectral",)).weights[0]
     ols = run_learner("least_squares", xs, ys).weights[0]
-    for target, learner in ((TokenTarget("w_gd", 5, 0.1), gd), (TokenTarget("w_newton", 3), newton), (TokenTarget("w_ols"), ols)):
+    for target, learner in (
+        (TokenTarget("w_gd", 5, 0.1), gd),
+        (TokenTarget("w_newton", 3), newton),
+        (TokenTarget("w_ols"), ols),
+    ):
         got = token_targets(xs, target, token, ys)[:, :8]
         np.testing.assert_allclose(got[:, 1:].numpy(), at(learner)[:, 1:].numpy(), atol=1e-8, err_msg=target.name)
+
+
+def test_column_targets_are_the_matrices_columns_in_the_x_tokens_run():
+    """Column token j of example t's run holds column j of S/t, (S/t)^3, M_k over the examples before
+    t (what example t's x token sees); weight targets repeat at every column token."""
+    g = torch.Generator().manual_seed(4)
+    xs, ys = torch.randn(3, 6, 4, generator=g, dtype=torch.float64), torch.randn(3, 6, generator=g, dtype=torch.float64)
+    s = token_moments(xs, "x")
+    m = 0.05 * s
+    for _ in range(3):
+        m = 2 * m - m @ s @ m
+    for target, matrix in (
+        (TokenTarget("sx"), s),
+        (TokenTarget("s3x"), s @ s @ s),
+        (TokenTarget("newton_mx", 3, 0.05), m),
+    ):
+        got = token_targets(xs, target, "column")  # (B, n, j, d): column j at [..., j, :]
+        np.testing.assert_allclose(got.numpy(), matrix.transpose(-1, -2).numpy(), atol=1e-10, err_msg=target.name)
+    w = token_targets(xs, TokenTarget("w_ols"), "x", ys)
+    np.testing.assert_allclose(token_targets(xs, TokenTarget("w_ols"), "column", ys)[:, :, 2].numpy(), w.numpy())
+
+
+def test_the_planted_newton_model_holds_the_columns_of_m_k_in_its_column_tokens():
+    """newton.py writes column j of M_0 = alpha S/t into column token j at layer 1 and updates it every
+    second layer: boundaries 2k + 1 and 2k + 2 hold M_k exactly, layer 0 only the token's e_j."""
+    from probe.io.formats import load_checkpoint
+
+    ckpt = load_checkpoint("checkpoints/planted/newton")
+    targets = expand_targets(["newton_mx"], range(4), ckpt.config.model.planted_scale)
+    table = token_probe_study(ckpt.model, ckpt.config.task, targets, 128, 64, tokens=["column"], n_boot=100)
+    best = table.loc[table.groupby("layer").r2.idxmax()].set_index("layer")
+    for k in range(4):
+        for layer in (2 * k + 1, 2 * k + 2):
+            assert best.loc[layer, "iterations"] == k and best.loc[layer, "r2"] > 0.9999, layer
+            assert best.loc[layer, "gain_low"] > 0.3
+    assert abs(table[table.layer == 0].gain).max() < 1e-3  # the raw column token is its e_j: the floor
+
+
+def test_column_tokens_are_probed_only_where_a_model_keeps_them(tmp_path, capsys):
+    from probe.analysis.token_probes import probed_tokens
+    from probe.io.formats import load_checkpoint
+
+    gd, newton = (load_checkpoint(f"checkpoints/planted/{name}").model for name in ("gd", "newton"))
+    assert probed_tokens(gd, ("x", "y", "column")) == ["x", "y"]
+    assert probed_tokens(newton, ("x", "column")) == ["x", "column"]
+    with pytest.raises(ConfigError, match="keeps no column tokens .* probe its x and y tokens"):
+        token_probe_study(gd, planted_config("gd", 6, 4, 12).task, [TokenTarget("sx")], 16, 8, tokens=["column"])
+    code = main(["-q", "token-probes", "checkpoints/planted/gd", "--tokens", "column", "--out", str(tmp_path / "o")])
+    assert code == 2 and "keeps no column tokens" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

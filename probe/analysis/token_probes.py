@@ -26,6 +26,12 @@ interval over resamples of the test prompts. At large t, S/t is near I, so x_j a
 part of S x_j: the floor every layer is compared with is the same probe on the example's own x
 (`floor_r2`; the gain over it has a paired interval). A Garg-encoded y token holds no x at layer 0,
 so layer 0 is no floor there.
+
+Token kind "column": the d column tokens a planted Newton model keeps beside the interleaved stream
+(probe/models/constructions/newton.py writes column j of M_k into column token j), in the prefix run
+of each example's x token (it sees the same examples). There the vector a target applies its
+matrix to is e_j instead of x_j: column j of S/t, (S/t)^3 and M_k; the weight targets are the same
+at every column token. The floor is the probe on e_j alone (what the token's identity gives).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..capture.streams import by_position_streams
+from ..capture.streams import by_position_streams, column_count, column_streams
 from ..core import budget
 from ..core.errors import ConfigError
 from ..core.seeds import Stream, stream_generator
@@ -77,7 +83,7 @@ def token_moments(xs: Tensor, token: str) -> Tensor:
     count = torch.arange(1, xs.shape[1] + 1, dtype=xs.dtype, device=xs.device).view(1, -1, 1, 1)
     if token == "y":
         return through / count
-    if token == "x":
+    if token in ("x", "column"):
         return (through - outer) / (count - 1).clamp_min(1)
     raise ConfigError(f"token must be one of {TOKENS}, got {token!r}")
 
@@ -91,21 +97,27 @@ def token_moments_b(xs: Tensor, ys: Tensor, token: str) -> Tensor:
 
 
 def token_targets(xs: Tensor, target: TokenTarget, token: str, ys: Tensor | None = None) -> Tensor:
-    """(B, n, d): `target` at every example's `token` (module docstring); the weight targets need ys."""
-    s, x = token_moments(xs, token), xs.double().unsqueeze(-1)
+    """(B, n, d): `target` at every example's `token` (module docstring); the weight targets need ys.
+    Token "column": (B, n, d, d), [..., j, :] the target at column token j of example j's run."""
+    s = token_moments(xs, token)
+    d = xs.shape[-1]
+    # the vectors the matrix targets apply to, as columns: x_j, or e_1..e_d at the column tokens
+    x = torch.eye(d, dtype=s.dtype, device=s.device) if token == "column" else xs.double().unsqueeze(-1)
     if target.name.startswith("w_"):
         if ys is None:
             raise ConfigError(f"token target {target.name} needs the labels ys")
-        return _weights(s, token_moments_b(xs, ys, token), target)
+        w = _weights(s, token_moments_b(xs, ys, token), target)
+        return w.unsqueeze(-2).expand(*w.shape[:-1], d, d) if token == "column" else w
     if target.name == "sx":
-        return (s @ x).squeeze(-1)
-    if target.name == "s3x":
-        return (s @ s @ s @ x).squeeze(-1)
-    if target.name == "newton_mx":
+        out = s @ x
+    elif target.name == "s3x":
+        out = s @ s @ s @ x
+    elif target.name == "newton_mx":
         lam, vecs = _spectrum(s)
-        m = _newton_iterate(lam, target)
-        return (vecs @ (m.unsqueeze(-1) * (vecs.transpose(-1, -2) @ x))).squeeze(-1)
-    raise ConfigError(f"unknown token target {target.name!r}; known: {', '.join(TOKEN_TARGETS)}")
+        out = vecs @ (_newton_iterate(lam, target).unsqueeze(-1) * (vecs.transpose(-1, -2) @ x))
+    else:
+        raise ConfigError(f"unknown token target {target.name!r}; known: {', '.join(TOKEN_TARGETS)}")
+    return out.transpose(-1, -2) if token == "column" else out.squeeze(-1)
 
 
 def _spectrum(s: Tensor) -> tuple[Tensor, Tensor]:
@@ -178,9 +190,29 @@ def settings_targets(settings, model_config) -> list[TokenTarget]:
 
 def _positions(token: str, n: int) -> tuple[Tensor, Tensor]:
     """(examples, stream positions) of a token kind: x tokens of examples 1..n-1 (example 0's sees
-    nothing), y tokens of 0..n-2 (the last example's label follows the last query: nothing reads it)."""
-    examples = torch.arange(1, n) if token == "x" else torch.arange(0, n - 1)
-    return examples, 2 * examples + (0 if token == "x" else 1)
+    nothing), y tokens of 0..n-2 (the last example's label follows the last query: nothing reads it);
+    column tokens in the runs of the x tokens 1..n-1 (no stream position: `column_streams`)."""
+    examples = torch.arange(0, n - 1) if token == "y" else torch.arange(1, n)
+    return examples, 2 * examples + (1 if token == "y" else 0)
+
+
+def _features(token: str, states: Tensor, columns: Tensor | None, xs: Tensor) -> tuple[Tensor, Tensor]:
+    """A token kind's probe features (L+1, N, J, D) and the floor's (1, N, J, d): the example's own
+    x, or at column token j the one-hot e_j; column tokens are J = runs x d rows per prompt."""
+    examples, pos = _positions(token, xs.shape[1])
+    if token != "column":
+        return states[:, pos].double().permute(0, 2, 1, 3), xs[:, examples].double().unsqueeze(0)
+    if columns is None:
+        raise ConfigError("token 'column' needs the column tokens' states (probe.capture.streams.column_streams)")
+    layers, n_prompts, _, extra, width = columns.shape
+    d = xs.shape[-1]
+    if extra != d:
+        raise ConfigError(
+            f"the model keeps {extra} column tokens for d = {d}: column tokens hold one column of a d x d matrix each"
+        )
+    feats = columns[:, :, examples].double().reshape(layers, n_prompts, -1, width)
+    own = torch.eye(d, dtype=torch.float64).expand(1, n_prompts, len(examples), d, d).reshape(1, n_prompts, -1, d)
+    return feats, own
 
 
 def fit_token_probes(
@@ -195,24 +227,30 @@ def fit_token_probes(
     tokens: Sequence[str] = TOKENS,
     n_boot: int = 1000,
     seed: int = 0,
+    train_columns: Tensor | None = None,
+    test_columns: Tensor | None = None,
 ) -> pd.DataFrame:
     """Rows (layer, token, target, iterations, r2 with r2_low / r2_high, floor_r2, gain = r2 -
     floor_r2 with a paired interval, penalty): every layer boundary's ridge probe for every target
-    at every token kind; states (L+1, 2n, N, D) as `by_position_streams` gives. The floor is the same
-    probe on the example's own x alone (what any layer holding x_j gives: at large t, S/t is near I)."""
+    at every token kind; states (L+1, 2n, N, D) as `by_position_streams` gives, and for token
+    "column" the column tokens' states (L+1, N, n, d, D) as `column_streams` gives. The floor is the
+    same probe on the example's own x alone (what any layer holding x_j gives: at large t, S/t is
+    near I), at a column token on its e_j."""
     n = train_xs.shape[1]
     rows = []
     for token in tokens:
-        examples, pos = _positions(token, n)
-        feats = [s[:, pos].double().permute(0, 2, 1, 3) for s in (train_states, test_states)]  # (L+1, N, J, D)
-        own_x = [xs[:, examples].double().unsqueeze(0) for xs in (train_xs, test_xs)]  # (1, N, J, d)
+        examples, _ = _positions(token, n)
+        (feat_train, own_train), (feat_test, own_test) = (
+            _features(token, states, columns, xs)
+            for states, columns, xs in ((train_states, train_columns, train_xs), (test_states, test_columns, test_xs))
+        )
         for target in targets:
             y_train, y_test = (
-                token_targets(xs, target, token, ys)[:, examples]
+                token_targets(xs, target, token, ys)[:, examples].reshape(len(xs), -1, xs.shape[-1])
                 for xs, ys in ((train_xs, train_ys), (test_xs, test_ys))
             )
-            r2, draws, chosen = _ridge_r2(feats[0], y_train, feats[1], y_test, n_boot, seed)
-            floor, floor_draws, _ = _ridge_r2(own_x[0], y_train, own_x[1], y_test, n_boot, seed)
+            r2, draws, chosen = _ridge_r2(feat_train, y_train, feat_test, y_test, n_boot, seed)
+            floor, floor_draws, _ = _ridge_r2(own_train, y_train, own_test, y_test, n_boot, seed)
             lo, hi = percentile_interval(draws.T, LEVEL)
             gain_lo, gain_hi = percentile_interval((draws - floor_draws).T, LEVEL)  # paired: the same resamples
             rows += [
@@ -257,14 +295,29 @@ def _ridge_r2(f_train, y_train, f_test, y_test, n_boot, seed) -> tuple[Tensor, T
     return 1 - sse.sum(1) / sst.sum(1), draws, chosen
 
 
-def token_estimates(shape, points: int, n_train: int, n_test: int, n_boot: int, probes: int) -> list[budget.Estimate]:
-    """The streams of the training and test prompts (float64, every layer) and the bootstrap of
-    `probes` (target x token kind) probes at every layer: the report's check and the study's."""
-    return [
+def probed_tokens(model, tokens: Sequence[str]) -> list[str]:
+    """The token kinds of a recipe's `tokens` that `model` has: "column" only where it keeps column
+    tokens (a planted Newton model; FamilyTraits.n_extra_tokens)."""
+    return [t for t in tokens if t != "column" or column_count(model) > 0]
+
+
+def token_estimates(
+    shape, points: int, n_train: int, n_test: int, n_boot: int, probes: int, columns: int = 0
+) -> list[budget.Estimate]:
+    """The streams of the training and test prompts (float64, every layer), the `columns` column
+    tokens' states of every prefix run where probed, and the bootstrap of `probes` (target x token
+    kind) probes at every layer: the report's check and the study's."""
+    out = [
         budget.prompt_estimate("token_probes.prompts", n_train, shape, points, 2),
         budget.prompt_estimate("token_probes.test", n_test, shape, points, 2),
-        budget.bootstrap_estimate("similarity.bootstrap", n_boot, n_test, (shape.layers + 1) * probes),
     ]
+    if columns:
+        per_prompt = 8.0 * (shape.layers + 1) * points * columns * shape.width
+        out += [
+            budget.Estimate(knob, n, n * per_prompt)
+            for knob, n in (("token_probes.prompts", n_train), ("token_probes.test", n_test))
+        ]
+    return out + [budget.bootstrap_estimate("similarity.bootstrap", n_boot, n_test, (shape.layers + 1) * probes)]
 
 
 def token_probe_study(
@@ -275,20 +328,30 @@ def token_probe_study(
     n_test: int = 256,
     seed: int = 0,
     device: str = "cpu",
-    tokens: Sequence[str] = TOKENS,
+    tokens: Sequence[str] = ("x", "y"),
     n_boot: int = 1000,
 ) -> pd.DataFrame:
     """`fit_token_probes` on the model's streams over fresh prompts of its task (the probes' train
-    and test streams of probe/core/seeds.py), in float64."""
+    and test streams of probe/core/seeds.py), in float64; token "column" needs a model that keeps
+    column tokens (`probed_tokens`)."""
     check_model(model)
     device = check_device(device)
     n_train, n_test = positive_int(n_train, "prompts"), positive_int(n_test, "test prompts")
-    budget.check(token_estimates(shape_of(model), task.n_points, n_train, n_test, n_boot, len(targets) * len(tokens)))
+    columns = column_count(model) if "column" in tokens else 0
+    if "column" in tokens and not columns:
+        raise ConfigError(
+            f"this {type(model).__name__} keeps no column tokens (only planted linear-attention Newton models "
+            "do): probe its x and y tokens"
+        )
+    budget.check(
+        token_estimates(shape_of(model), task.n_points, n_train, n_test, n_boot, len(targets) * len(tokens), columns)
+    )
     prompts = [
         sample_prompts(task, size, generator=stream_generator(seed, stream))
         for size, stream in ((n_train, Stream.PROBE_TRAIN), (n_test, Stream.PROBE_TEST))
     ]
     states = [by_position_streams(model, p.xs, p.ys, device, dtype=torch.float64) for p in prompts]
+    cols = [column_streams(model, p.xs, p.ys, device) if "column" in tokens else None for p in prompts]
     return fit_token_probes(
         states[0],
         prompts[0].xs,
@@ -300,4 +363,6 @@ def token_probe_study(
         tokens=tokens,
         n_boot=n_boot,
         seed=seed,
+        train_columns=cols[0],
+        test_columns=cols[1],
     )

@@ -1,13 +1,18 @@
 """Every layer's residual stream at every token, laid out by position for the probes, within the
-memory budget (spilled to a memmap on disk above half the headroom)."""
+memory budget (spilled to a memmap on disk above half the headroom); and the column tokens some
+planted models keep beside that stream."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget, nbytes
+from ..core.validate import check_prompts_for, positive_int
 from .activations import RESID, capture, spill_dir
 
 CHUNK_BYTES = 32 << 20  # one chunk's streams (its forward's temporaries are a few times that)
@@ -52,3 +57,50 @@ def by_position_streams(
         by_position=True,
     )
     return torch.from_numpy(cap.acts[RESID])
+
+
+def column_count(model) -> int:
+    """How many column tokens each prefix run of `model` keeps beside the interleaved stream (0 for
+    every family but planted Newton's; `FamilyTraits.n_extra_tokens`)."""
+    return int(getattr(model, "n_extra_tokens", 0))
+
+
+def column_streams(
+    model, xs: Tensor, ys: Tensor, device: str = "cpu", chunk: int = 64, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    """Every layer boundary's state of the tokens a model keeps beside the interleaved stream (the
+    column tokens of a planted Newton model, probe/models/constructions/newton.py), in every prefix
+    run: (L+1, N, n, E, D), run t seeing examples 0..t-1. Read through the model's hook points
+    (blocks.{l}.hook_resid_pre, and the last block's hook_resid_post), `chunk` prompts at a time;
+    with dtype float64 the model runs in double precision on a copy."""
+    extra = column_count(model)
+    if extra <= 0:
+        raise ConfigError(
+            f"this {type(model).__name__} keeps no column tokens (only planted linear-attention Newton models "
+            "do): probe its x and y tokens"
+        )
+    xs, ys = check_prompts_for(model, xs, ys)
+    if dtype == torch.float64 and any(p.dtype != torch.float64 for p in model.parameters()):
+        model = copy.deepcopy(model).double()  # the caller's model stays as it is
+    model = model.to(device).eval()
+    n_prompts, n = xs.shape[:2]
+    layers = model.n_layers
+    out = torch.empty(layers + 1, n_prompts, n, extra, model.d_model, dtype=dtype)
+    names = [f"blocks.{l}.hook_resid_pre" for l in range(layers)] + [f"blocks.{layers - 1}.hook_resid_post"]
+    with torch.no_grad():
+        for start in range(0, n_prompts, positive_int(chunk, "column chunk")):
+            stop = min(start + chunk, n_prompts)
+            seen: dict[int, Tensor] = {}
+            rows = stop - start
+
+            def keep(boundary: int, seen=seen, rows=rows):
+                def fn(value: Tensor, hook) -> None:  # (B * n runs, T, D), prompt-major
+                    seen[boundary] = value.view(rows, n, -1, value.shape[-1])[:, :, n : n + extra]
+
+                return fn
+
+            batch = (xs[start:stop].to(device, dtype), ys[start:stop].to(device, dtype))
+            model.run_with_hooks(*batch, [(name, keep(i)) for i, name in enumerate(names)])
+            for boundary, kept in seen.items():
+                out[boundary, start:stop] = kept.to("cpu", dtype)
+    return out

@@ -3,9 +3,11 @@ per example token, (S/t) x, (S/t)^3 x and Newton's M_k x (seed 003 eq. 8, Thm. 1
 --targets w_newton w_gd w_ols the weight iterates over the examples the token sees, read by one
 ridge map per layer boundary and token kind; R^2 on held-out prompts with 90% intervals, and each
 layer's gain over the same probe of the example's x alone (at large t, S/t is near I, so x alone
-already gives part of S x) with a paired interval. Writes token_probes.csv, token_probes.png and run.json.
+already gives part of S x) with a paired interval. A planted Newton model's column tokens (column j
+of M_k in token j) are probed too (token kind "column"). Writes token_probes.csv, token_probes.png and run.json.
 
 examples:
+  icl-probe token-probes checkpoints/planted/newton --targets newton_mx --iterations 0 1 2 --tokens column --out /tmp/tp
   icl-probe token-probes checkpoints/planted/newton-relu --alpha 0.0030864 --out /tmp/tp
   icl-probe token-probes checkpoints/gpt2-default --targets sx newton_mx --iterations 0 1 2 3 4 --out /tmp/tp
 """
@@ -27,7 +29,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     add_out(p, "directory for token_probes.csv, token_probes.png and run.json")
     p.add_argument("--targets", nargs="+", choices=TOKEN_TARGETS, default=list(defaults.targets), help="targets")
-    p.add_argument("--tokens", nargs="+", choices=TOKEN_KINDS, default=list(defaults.tokens), help="token kinds")
+    p.add_argument(
+        "--tokens",
+        nargs="+",
+        choices=TOKEN_KINDS,
+        default=None,
+        help="token kinds (default: x y, and column where the model keeps column tokens: a planted Newton model)",
+    )
     p.add_argument(
         "--iterations", nargs="+", type=int, default=list(defaults.iterations), help="Newton iteration counts k"
     )
@@ -49,7 +57,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.token_probes import settings_targets, token_probe_study
+    from ..analysis.token_probes import probed_tokens, settings_targets, token_probe_study
     from ..core.provenance import display_path
     from ..core.settings import TokenProbeSettings
     from ..io.formats import load_checkpoint
@@ -58,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = TokenProbeSettings(
         targets=args.targets,
-        tokens=args.tokens,
+        tokens=args.tokens or TokenProbeSettings().tokens,
         iterations=args.iterations,
         alpha=args.alpha,
         gd_steps=args.gd_steps,
@@ -70,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     device = check_device(args.device)
     ckpt = load_checkpoint(args.checkpoint)
     targets = settings_targets(settings, ckpt.config.model)
+    tokens = args.tokens or probed_tokens(ckpt.model, settings.tokens)
     table = token_probe_study(
         ckpt.model,
         ckpt.config.task,
@@ -78,14 +87,14 @@ def run(args: argparse.Namespace) -> int:
         settings.test,
         args.seed,
         device,
-        settings.tokens,
+        tokens,
         args.bootstrap,
     )
     record = {
         "command": "token-probes",
         "checkpoint": display_path(ckpt.path),
         "targets": args.targets,
-        "tokens": args.tokens,
+        "tokens": list(tokens),
         "iterations": args.iterations,
         "alpha": settings.alpha_for(ckpt.config.model),
         "gd_steps": args.gd_steps,

@@ -314,7 +314,7 @@ def _positive_number(text: str) -> bool:
 
 
 TOKEN_TARGETS = ("sx", "s3x", "newton_mx", "w_newton", "w_gd", "w_ols")  # probe/analysis/token_probes.py
-TOKEN_KINDS = ("x", "y")
+TOKEN_KINDS = ("x", "y", "column")  # column: the column tokens a planted Newton model keeps
 
 
 @dataclass
@@ -327,7 +327,13 @@ class TokenProbeSettings(Section):
     targets: tuple[str, ...] = setting(
         TOKEN_TARGETS[:3], "targets (also w_newton, w_gd, w_ols)", TOKEN_TARGETS, nonempty=True, noun="token target"
     )
-    tokens: tuple[str, ...] = setting(TOKEN_KINDS, "token kinds probed", TOKEN_KINDS, nonempty=True, noun="token")
+    tokens: tuple[str, ...] = setting(
+        TOKEN_KINDS,
+        "token kinds probed (column: where the model keeps column tokens, a planted Newton model; left out elsewhere)",
+        TOKEN_KINDS,
+        nonempty=True,
+        noun="token",
+    )
     iterations: tuple[int, ...] = setting(tuple(range(9)), "Newton iteration counts k of newton_mx", minimum=0)
     alpha: str = setting(
         "auto",

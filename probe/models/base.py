@@ -54,7 +54,9 @@ class FamilyTraits:
     `attn_activation` applies (`attention_activation`), whether Garg et al.'s train.py can hold it
     (`garg_format`), whether its weights file's size follows its config (`sized_by_config`), and
     whether it can resume a forward from a layer with a key/value cache (`key_value_cache`: it then
-    has `resume`, probe/analysis/states.py)."""
+    has `resume`, probe/analysis/states.py), and how many tokens each prefix run holds beside the
+    interleaved examples and query (`n_extra_tokens`: a planted Newton model's column tokens; they
+    are captured by `probe.capture.streams.column_streams`)."""
 
     random_init: bool = True
     attention_heads: bool = False
@@ -62,6 +64,10 @@ class FamilyTraits:
     garg_format: bool = False
     sized_by_config: bool = True
     key_value_cache: bool = False
+
+    @property
+    def n_extra_tokens(self) -> int:
+        return 0
 
     @classmethod
     def adapt_recipe(cls, recipe: Any, config: Any) -> Any:

@@ -27,7 +27,8 @@ from ..analysis.probes import without_r2_draws
 from ..analysis.readout import LayerReadouts
 from ..analysis.shift_tracking import CANDIDATES, MATCH_PROMPTS, track_shifts
 from ..analysis.spectral import reference_families
-from ..analysis.token_probes import settings_targets, token_estimates, token_probe_study
+from ..analysis.token_probes import probed_tokens, settings_targets, token_estimates, token_probe_study
+from ..capture.streams import column_count
 from ..core import budget
 from ..core.allocator import release_free_memory
 from ..core.errors import ConfigError
@@ -197,7 +198,7 @@ def _stage_token_probes(c: Context):
         s.test,
         c.recipe.prompts.seed,
         c.device,
-        s.tokens,
+        probed_tokens(c.ckpt.model, s.tokens),
         c.recipe.similarity.bootstrap,
     )
     return {"token_probes": table}, {}
@@ -296,8 +297,11 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         out += order_estimates(shape, n, o.prompts, o.permutations, prefixes, len(o.learners), ORDER_BOOTSTRAP)
     if recipe.token_probes.enabled:
         tp = recipe.token_probes
-        n_targets = len(settings_targets(tp, ckpt.config.model))
-        out += token_estimates(shape, n, tp.prompts, tp.test, recipe.similarity.bootstrap, n_targets * len(tp.tokens))
+        n_targets, tokens = len(settings_targets(tp, ckpt.config.model)), probed_tokens(ckpt.model, tp.tokens)
+        columns = column_count(ckpt.model) if "column" in tokens else 0
+        out += token_estimates(
+            shape, n, tp.prompts, tp.test, recipe.similarity.bootstrap, n_targets * len(tokens), columns
+        )
     if recipe.ood.enabled and shifts_apply(ckpt):
         ood = recipe.ood  # the shifted prompts (a forward per t where a shift replaces the queries), the grids' match
         out.append(budget.prompt_estimate("ood.prompts", ood.prompts * len(ood.shifts), shape, n, n, ood.prompts))

@@ -339,7 +339,8 @@ def _token_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
             "state in the tokens",
             "newton" if held else None,
             f"best M_k x probe: R^2 {s.r2[i]:.3f} [{s.r2_low[i]:.3f}, {s.r2_high[i]:.3f}] at layer {block.layer[i]}, "
-            f"k = {s.iterations}, {s.token} tokens (x alone {s.floor_r2:.2f}); held as the construction holds it "
+            f"k = {s.iterations}, {s.token} tokens ({'e_j' if s.token == 'column' else 'x'} alone {s.floor_r2:.2f}); "
+            "held as the construction holds it "
             f"at R^2 >= {HELD}",
             validated_on=VALIDATED.get(("state in the tokens", (a, b)), ""),
             cannot_tell_apart="a model without a per-token Newton state may keep it in another form (spread over "

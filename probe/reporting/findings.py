@@ -321,13 +321,17 @@ def _order(summary: Summary) -> str | None:
 
 
 def _token_probes(summary: Summary) -> str | None:
-    """Per token kind: the largest gain over layer 0 of S x and S^3 x, and of Newton's M_k x (over k)."""
+    """Per token kind: the largest gain over the floor (the example x alone; at a column token its
+    e_j) of S x and S^3 x, and of Newton's M_k x (over k); at column tokens, the matrices' columns."""
     block = summary.token_probes
     if block is None:
         return None
     parts = []
     for token in dict.fromkeys(s.token for s in block.series):
+        column = token == "column"
+        floor = "e_j alone" if column else "x alone"
         for name, words in (("sx", "S x"), ("s3x", "S^3 x"), ("newton_mx", "M_k x")):
+            words = words.replace(" x", " columns") if column else words
             series = [s for s in block.series if s.token == token and s.target.startswith(name)]
             if not series:
                 continue
@@ -335,10 +339,10 @@ def _token_probes(summary: Summary) -> str | None:
             k = "" if best.iterations is None else f", k = {best.iterations}"
             parts.append(
                 f"{words} at {token} tokens: R^2 {best.r2[i]:.2f} at layer {block.layer[i]}{k}, "
-                f"{best.gain[i]:+.2f} [{best.gain_low[i]:+.2f}, {best.gain_high[i]:+.2f}] over x alone "
+                f"{best.gain[i]:+.2f} [{best.gain_low[i]:+.2f}, {best.gain_high[i]:+.2f}] over {floor} "
                 f"({best.floor_r2:.2f})"
             )
-    intro = "State in the tokens (the largest gain over a probe of the example x alone): "
+    intro = "State in the tokens (the largest gain over a probe of what the token alone holds): "
     return intro + "; ".join(parts) + "." if parts else None
 
 

@@ -396,7 +396,8 @@ class Interventions:
 @dataclass
 class TokenProbeSeries:
     """One per-token probe (probe/analysis/token_probes.py) by layer: held-out R^2 and its gain over
-    the floor (the same probe on the example's own x), each with a 90% interval (the gain's paired)."""
+    the floor (the same probe on the example's own x; at a column token, on its e_j), each with a 90%
+    interval (the gain's paired)."""
 
     token: str
     target: str
@@ -418,7 +419,8 @@ class TokenProbes:
     series: list[TokenProbeSeries]
     definition: str = (
         "ridge read-out of each example token's residual stream, one map per layer and token kind, of (S/t) x, "
-        "(S/t)^3 x and Newton's M_k x with S the normalised moment the token can see; R^2 on held-out prompts"
+        "(S/t)^3 x and Newton's M_k x with S the normalised moment the token can see (at a planted Newton model's "
+        "column token j: the matrices' column j); R^2 on held-out prompts"
     )
 
 
