@@ -397,6 +397,38 @@ def test_cached_query_states_equal_one_sequence_per_query(which, tmp_path):
         np.testing.assert_allclose(path(model, xs, ys, queries, readout=readout), expected, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["gpt2-default", "lstm-default"])
+def test_query_predictions_are_the_models_forward_on_each_prefix_and_query(name):
+    """query_predictions (the study's SPD / ILW, the forgetting analysis) against the model's own
+    forward on x_1, y_1, ..., x_t, y_t, x~_q, one sequence per prefix and query: the key/value
+    cache path (GPT-2) and the sequence path (LSTM)."""
+    from probe.analysis.states import query_predictions
+    from probe.io.formats import load_checkpoint
+
+    model = load_checkpoint(REPO / "checkpoints" / name).model
+    g = torch.Generator().manual_seed(6)
+    xs, ys, queries = torch.randn(3, 16, 4, generator=g), torch.randn(3, 16, generator=g), torch.randn(3, 2, 4, generator=g)
+    got = query_predictions(model, xs, ys, queries, start=1)
+    assert got.shape == (3, 15, 2) and got.dtype == torch.float64
+    with torch.no_grad():
+        for t in (1, 7, 15):
+            for q in range(2):
+                seq_x = torch.cat([xs[:, :t], queries[:, q : q + 1]], 1)
+                seq_y = torch.cat([ys[:, :t], torch.zeros(3, 1)], 1)
+                np.testing.assert_allclose(got[:, t - 1, q], model(seq_x, seq_y)[:, t].double(), atol=1e-5, rtol=1e-5)
+
+
+def test_the_error_metric_is_squared_error_over_d():
+    """Hand-worked: errors (1, 2) on d = 4 are 0.25, 1; predicting 0 for y = w . x, w, x ~ N(0, I)
+    scores 1 in expectation."""
+    from probe.data.metrics import error_per_dim
+
+    assert error_per_dim(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 1.0]), 4).tolist() == [0.25, 1.0]
+    g = torch.Generator().manual_seed(7)
+    w, x = torch.randn(20000, 8, generator=g), torch.randn(20000, 8, generator=g)
+    assert float(error_per_dim(torch.zeros(20000), (w * x).sum(1), 8).mean()) == pytest.approx(1.0, abs=0.05)
+
+
 def test_readout_and_probe_are_scikit_learn_estimators():
     import warnings
 

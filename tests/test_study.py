@@ -105,15 +105,15 @@ def test_study_matches_single_analyses_and_resumes(family, monkeypatch):
 
     # SPD / ILW against an independent computation for least squares
     from probe.analysis.similarity import induced_weights
+    from probe.analysis.states import query_predictions
     from probe.data.tasks import generator_for, sample_prompts
     from probe.io.formats import load_checkpoint
     from probe.learners import run_learner
-    from probe.study.analyses import model_query_preds
 
     ckpt = load_checkpoint("m/L2")
     p = sample_prompts(ckpt.config.task, 16, generator=generator_for(0, 401))
     q = torch.randn(16, 12, 3, generator=generator_for(0, 402))
-    qp = model_query_preds(ckpt.model, p.xs, p.ys, q, "cpu")
+    qp = query_predictions(ckpt.model, p.xs, p.ys, q, "cpu")
     ls = run_learner("least_squares", p.xs, p.ys, q)
     spd = ((qp[:, 1:] - ls.query_preds[0, :, 1:]) ** 2).mean().item()
     w = induced_weights(qp[None], q)[0]

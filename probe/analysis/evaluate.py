@@ -16,6 +16,7 @@ from ..core.progress import tqdm
 from ..core.seeds import Stream
 from ..core.validate import check_bootstrap, positive_int
 from ..data.config import TaskConfig
+from ..data.metrics import error_per_dim
 from ..data.tasks import Prompts, generator_for, sample_prompts
 from ..learners import run_learner
 from ..models.sizes import forward_batch, shape_of
@@ -69,7 +70,7 @@ def error_curve(
     )
     prompts = eval_prompts(task, n_prompts, seed, n_points)
     d = task.n_dims
-    sq = lambda pred: ((pred.double() - prompts.ys.double()) ** 2) / d  # (P, n)
+    sq = lambda pred: error_per_dim(pred.double(), prompts.ys.double(), d)  # (P, n)
     model_err = sq(predict(model, prompts, device=device, progress=progress))
     lo, hi = bootstrap_mean(model_err, n_boot=n_boot, seed=seed)
     baselines = {
@@ -225,7 +226,7 @@ def shifted_error_curve(
     p, preds, defined = shifted_predictions(model, task, shift, n_prompts, seed, n_points, value, device)
     n, d = p.xs.shape[1], task.n_dims
     queries = torch.nan_to_num(p.queries)
-    sq = lambda pred: ((pred.double() - p.query_ys.double()) ** 2) / d
+    sq = lambda pred: error_per_dim(pred.double(), p.query_ys.double(), d)
     model_err = sq(preds)
     lo, hi = bootstrap_mean(model_err, n_boot=n_boot, seed=seed)
     frame = pd.DataFrame(

@@ -7,8 +7,9 @@ import pandas as pd
 import torch
 
 from ..core.memory import MemoryBudget
+from ..data.metrics import error_per_dim
 from ..learners import run_learner
-from .states import query_states
+from .states import query_predictions
 
 
 def forgetting_table(
@@ -26,18 +27,12 @@ def forgetting_table(
     _, n, d = xs.shape
     t = n - 1
     queries = xs[:, :t]
-    states = query_states(
-        model, xs[:, : t + 1], ys[:, : t + 1], queries, device, start=t, memory=memory
-    )  # (L+1, B, 1, Q, D)
-    with torch.no_grad():
-        lens = getattr(model, "lens", None) or model.readout
-        device_ = next(iter(model.parameters()), torch.empty(0)).device
-        pred = lens(torch.as_tensor(states[-1, :, 0]).to(device_)).double().cpu()  # (B, Q)
+    pred = query_predictions(model, xs[:, : t + 1], ys[:, : t + 1], queries, device, start=t, memory=memory)[:, 0]
     target = ys[:, :t].double()
     gaps = t - torch.arange(t)  # example i (0-based) was seen t - i examples ago
     rows = [
         {"predictor": "model", "gap": int(g), "error": float(e)}
-        for g, e in zip(gaps, ((pred - target) ** 2).mean(0) / d)
+        for g, e in zip(gaps, error_per_dim(pred, target, d).mean(0))
     ]
     for label, spec in learners.items():
         res = run_learner(spec["learner"], xs[:, : t + 1], ys[:, : t + 1], queries, **spec.get("grid", {}))
@@ -45,6 +40,6 @@ def forgetting_table(
         q = res.query_preds[0, :, t]  # (B, Q): after t examples
         rows += [
             {"predictor": label, "gap": int(g), "error": float(e)}
-            for g, e in zip(gaps, ((q - target) ** 2).mean(0) / d)
+            for g, e in zip(gaps, error_per_dim(q, target, d).mean(0))
         ]
     return pd.DataFrame(rows)

@@ -20,6 +20,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..core.allocator import release_free_memory
 from ..core.seeds import Stream, stream_generator
+from ..data.metrics import error_per_dim
 from .stats import bootstrap_mean
 
 ALPHAS = (1e-6, 1e-4, 1e-2, 1.0)
@@ -176,7 +177,9 @@ def readout_table(
     """Error / d per layer and number of examples with bootstrap 5-95% bands over prompts.
 
     layer_preds (L+1, B, n), ys (B, n) -> rows (layer, n_examples, error, ci_low, ci_high)."""
-    err = (torch.as_tensor(layer_preds, dtype=torch.float64) - torch.as_tensor(ys, dtype=torch.float64)) ** 2 / n_dims
+    err = error_per_dim(
+        torch.as_tensor(layer_preds, dtype=torch.float64), torch.as_tensor(ys, dtype=torch.float64), n_dims
+    )
     err = err.permute(1, 0, 2)  # (B, L+1, n)
     lo, hi = bootstrap_mean(err, n_boot=n_boot, seed=seed)
     mean = err.mean(0)

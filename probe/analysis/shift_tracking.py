@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from ..core.seeds import Stream, stream_generator
 from ..core.validate import check_model, positive_int
 from ..data.config import TaskConfig
+from ..data.metrics import error_per_dim
 from ..data.tasks import sample_prompts
 from ..learners import run_learner
 from ..learners.iterative import NEWTON_ITERATIONS
@@ -174,7 +175,7 @@ def matched_members(
 
     def closest(learner: str, grid: dict[str, Any]) -> tuple[dict[str, Any], float]:
         result = run_learner(learner, p.xs, p.ys, **grid)
-        dist = ((result.preds[:, :, 1:] - model_pred) ** 2).mean((1, 2)) / task.n_dims  # (K,)
+        dist = error_per_dim(result.preds[:, :, 1:], model_pred, task.n_dims).mean((1, 2))  # (K,)
         best = int(torch.nan_to_num(dist, nan=float("inf")).argmin())
         return result.grid[best], float(dist[best])
 
@@ -242,7 +243,7 @@ def track_under_shift(
     mismatch = (off != model_off.any(1, keepdim=True)).double()
     both = (~off & ~model_off.any(1, keepdim=True)).double()  # neither diverged on the prompt
     sq = torch.stack(
-        [((torch.nan_to_num(preds[f]) - torch.nan_to_num(model_pred)) ** 2).mean(1) / d for f in families], 1
+        [error_per_dim(torch.nan_to_num(preds[f]), torch.nan_to_num(model_pred), d).mean(1) for f in families], 1
     )
     sq = torch.where(both > 0, sq, torch.zeros_like(sq))
     point_mismatch, point = mismatch.mean(0), _masked_mean(sq, both)
@@ -251,10 +252,10 @@ def track_under_shift(
     per_prompt = PerPrompt(families, mismatch, sq, both, n_boot, seed, preds, d)
     first, second = sorted(range(len(families)), key=per_prompt.key)[:2]
     model_ok = ~model_off.any(1)
-    model_error = float(((model_pred[model_ok] - y[model_ok]) ** 2).mean() / d) if model_ok.any() else float("nan")
-    model_size = float((model_pred[model_ok] ** 2).mean() / d) if model_ok.any() else float("nan")
+    model_error = float(error_per_dim(model_pred[model_ok], y[model_ok], d).mean()) if model_ok.any() else float("nan")
+    model_size = float(error_per_dim(model_pred[model_ok], 0.0, d).mean()) if model_ok.any() else float("nan")
     errors = {
-        f: _masked_mean((((preds[f] - y) ** 2).mean(1) / d).unsqueeze(1), (~off[:, [i]]).double())[0]
+        f: _masked_mean(error_per_dim(preds[f], y, d).mean(1).unsqueeze(1), (~off[:, [i]]).double())[0]
         for i, f in enumerate(families)
     }
     table = pd.DataFrame(

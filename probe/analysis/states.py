@@ -75,6 +75,32 @@ def query_states(
     return sequence_query_states(model, xs, ys, queries, device, batch_size, progress, start, readout, memory)
 
 
+def query_predictions(
+    model,
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor,
+    device: str = "cpu",
+    start: int = 0,
+    memory: MemoryBudget | None = None,
+) -> Tensor:
+    """The model's own prediction for each fresh query x~_q after t examples, t = start..n-1:
+    (B, n - start, Q) float64; its read-out (`lens`, else `readout`) on the last boundary of
+    `query_states` (so the same cache path, memory budget and chunking)."""
+    lens = getattr(model, "lens", None) or model.readout
+    last = model.n_layers
+
+    @torch.no_grad()
+    def own(layer: int, s: np.ndarray) -> np.ndarray:
+        if layer != last:
+            return np.zeros(s.shape[:-1])
+        at = next(iter(model.parameters()), torch.empty(0)).device
+        return lens(torch.as_tensor(s).to(at)).double().cpu().numpy()
+
+    states = query_states(model, xs, ys, queries, device, start=start, readout=own, memory=memory)
+    return torch.from_numpy(np.ascontiguousarray(states[-1])).double()
+
+
 def _per_layer(states: np.ndarray, readout: LayerReadout | None) -> np.ndarray:
     """states (L+1, ..., D), or their read-out (L+1, ...) layer by layer."""
     if readout is None:

@@ -23,12 +23,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..analysis.evaluate import eval_prompts, predict
+    from ..data.metrics import error_per_dim
     from ..io.formats import load_checkpoint
 
     ckpt = load_checkpoint(args.checkpoint)
     m, task = ckpt.config.model, ckpt.config.task
     prompts = eval_prompts(task, args.prompts, seed=0)
-    err = ((predict(ckpt.model, prompts) - prompts.ys) ** 2).mean(0) / task.n_dims
+    err = error_per_dim(predict(ckpt.model, prompts), prompts.ys, task.n_dims).mean(0)
     k = 2 * task.n_dims + 1
     info = {
         "path": str(ckpt.path),

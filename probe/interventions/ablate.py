@@ -20,6 +20,7 @@ from ..capture import hooks as H
 from ..core.progress import tqdm
 from ..core.settings import ABLATION_KINDS
 from ..core.validate import positive_int
+from ..data.metrics import error_per_dim
 from .runner import Hook, Runner, head_hook, replace_hook, skip_hooks
 
 KINDS = ABLATION_KINDS
@@ -113,7 +114,7 @@ def ablate(
         for kept, preds in zip(batches, got):
             kept.append(preds)
     for c, kept in zip(comps, batches):
-        err = ((torch.cat(kept).double() - ys.double()) ** 2) / d  # (P, n)
+        err = error_per_dim(torch.cat(kept).double(), ys.double(), d)  # (P, n)
         lo, hi = bootstrap_mean(err, n_boot=n_boot, seed=seed)
         mean = err.mean(0)
         baseline = mean if baseline is None else baseline

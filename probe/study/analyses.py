@@ -18,7 +18,7 @@ import torch
 from ..analysis.evaluate import error_curve, r2_curve
 from ..analysis.matching import learner_weights
 from ..analysis.similarity import first_best, ilw, induced_weights, sime, spd
-from ..analysis.states import prefix_query_sequences
+from ..analysis.states import query_predictions
 from ..core.errors import ConfigError
 from ..core.seeds import Stream, stream_generator
 from ..core.settings import query_count
@@ -219,29 +219,6 @@ def probe_rows(table: pd.DataFrame) -> list[dict]:
 
 
 @torch.no_grad()
-def model_query_preds(
-    model, xs: torch.Tensor, ys: torch.Tensor, queries: torch.Tensor, device: str, batch_size: int = 4096
-) -> torch.Tensor:
-    """The model's own prediction for each fresh query after t examples: (B, n, Q).
-
-    For prefix t the model sees (x_1, y_1, ..., x_t, y_t, x~_q), so causality makes its output
-    at the last x exactly its prediction for x~_q after t examples (seed 002 eq. 13)."""
-    b, n, _ = xs.shape
-    q = queries.shape[1]
-    out = torch.empty(b, n, q, dtype=torch.float64)
-    model = model.to(device).eval()
-    for t in range(n):
-        seq_x, seq_y = prefix_query_sequences(xs, ys, queries, t)
-        preds = torch.cat(
-            [
-                model(seq_x[i : i + batch_size].to(device), seq_y[i : i + batch_size].to(device))[:, t].cpu()
-                for i in range(0, b * q, batch_size)
-            ]
-        )
-        out[:, t] = preds.double().view(b, q)
-    return out
-
-
 def resolve_grid(grid: dict[str, Any], task) -> dict[str, Any]:
     """lam = "bayes" -> sigma^2 / tau^2 of the model's task (seed 002 §4)."""
 
@@ -268,7 +245,7 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
     queries = torch.randn(recipe.prompts, n_q, task.n_dims, generator=g)
     if "sigma_sqrt" in prompts.params:
         queries = queries @ prompts.params["sigma_sqrt"]
-    qp = model_query_preds(model, prompts.xs, prompts.ys, queries, device)  # (B, n, Q)
+    qp = query_predictions(model, prompts.xs, prompts.ys, queries, device)  # (B, n, Q)
     with torch.no_grad():
         own = model.to(device)(prompts.xs.to(device), prompts.ys.to(device)).double().cpu()
     w_model = induced_weights(qp[None], queries)  # (1, B, n, d)

@@ -31,6 +31,7 @@ from ..core.progress import tqdm
 from ..core.provenance import stamp
 from ..core.seeds import Stream, stream_generator
 from ..core.validate import check_memory
+from ..data.metrics import error_per_dim
 from ..data.tasks import generator_for, sample_prompts
 from ..io.checkpoint import atomic_write, load_weights, read_safetensors, safe_torch_load, save_model
 from ..io.outputs import mark_run_directory
@@ -153,7 +154,7 @@ def held_out_error(model: nn.Module, cfg: RunConfig, device: str) -> dict[str, f
     """Error/d on the fixed evaluation prompts: mean over positions and at 2d+1 examples."""
     prompts = eval_prompts(cfg.task, cfg.train.eval_prompts, cfg.train.seed).to(device)
     model.eval()
-    err = ((model(prompts.xs, prompts.ys) - prompts.ys) ** 2).mean(0) / cfg.task.n_dims  # (n,)
+    err = error_per_dim(model(prompts.xs, prompts.ys), prompts.ys, cfg.task.n_dims).mean(0)  # (n,)
     model.train()
     k = 2 * cfg.task.n_dims + 1
     return {"error_mean": float(err.mean()), "error_at_2d1": float(err[k]) if k < err.numel() else float("nan")}
