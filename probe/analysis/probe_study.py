@@ -5,6 +5,7 @@ random-weights model of the architecture (`random_model`) and on targets shuffle
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from ..core.validate import check_device, check_model, positive_int
 from ..data.tasks import sample_prompts
 from ..models.sizes import shape_of
 from .probes import R2_DRAWS, fit_probe_grid, probe_dtype, probe_targets
+from .verdicts import decide
 
 
 def default_prefixes(n_dims: int, n_points: int) -> tuple[int, ...]:
@@ -136,7 +138,7 @@ def probe_intervals(table: pd.DataFrame) -> dict[str, Any]:
                 (p1, d1), (p2, d2) = best_draws[(first, kind)], best_draws[(then, kind)]
                 diff = d2 - d1
                 low, high = np.percentile(diff, q, method="nearest")
-                earlier = first if low > 0 else then if high < 0 else None
+                earlier = decide(low, high, math.inf, first, then)  # the paired rule, no resolution bound
                 order.append(
                     {
                         "kind": kind,

@@ -16,7 +16,7 @@ from torch import Tensor
 from ..capture import RESID, capture
 from ..core.memory import MemoryBudget, nbytes
 from ..core.progress import tqdm
-from ..data.positions import X_TOKENS
+from ..data.positions import X_TOKENS, keys_before
 from ..models.encoding import interleave
 from ..models.sizes import FORWARD_BATCH_BYTES
 
@@ -199,7 +199,7 @@ def cached_query_states(
     chunk = _query_chunk(budget, n, steps, q, width, heads)
     model = model.to(device).eval()
     t_idx = torch.arange(start, n, device=device)
-    visible = torch.arange(2 * n, device=device)[None, :] < 2 * t_idx[:, None]  # (steps, 2n): keys j < 2t
+    visible = keys_before(2 * t_idx, 2 * n)  # (steps, 2n): keys j < 2t
     visible = visible.repeat_interleave(q, dim=0)  # (steps * Q, 2n): one window copy per (t, query)
     positions = (2 * t_idx).repeat_interleave(q)[:, None, None]  # the query sits at the x position 2t
 

@@ -20,3 +20,9 @@ def prefix_mask(n: int, device: torch.device | str | None = None) -> Tensor:
     Row t is what a learner predicting y_{t+1} may use."""
     idx = torch.arange(n, device=device)
     return idx.view(1, n) < idx.view(n, 1)
+
+
+def keys_before(positions: Tensor, n_tokens: int) -> Tensor:
+    """(R, n_tokens) bool, [r, j] = True where token j precedes positions[r]: the cached keys and
+    values that a window resumed at positions[r] sees (`visible` of GPT2ICL.resume)."""
+    return torch.arange(n_tokens, device=positions.device)[None, :] < positions[:, None]

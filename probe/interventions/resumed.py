@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..data.positions import keys_before
 from ..models.gpt2 import KeyValues
 
 
@@ -65,7 +66,7 @@ def context_patch_predictions(
     n = xs.shape[1]
     ts = torch.tensor(examples, device=xs.device)
     queries = 2 * ts  # interleaved positions of x_{t+1}
-    visible = torch.arange(2 * n, device=xs.device)[None, :] < 2 * ts[:, None]  # (T, 2n)
+    visible = keys_before(queries, 2 * n)  # (T, 2n)
     out = {}
     for boundary in boundaries:
         window = clean[boundary][:, queries].transpose(0, 1).unsqueeze(2)  # (T, B, 1, D)

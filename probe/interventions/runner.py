@@ -23,7 +23,7 @@ from torch import Tensor
 from ..capture import hooks as H
 from ..core.errors import ConfigError
 from ..core.validate import check_device
-from ..data.positions import X_TOKENS, Y_TOKENS, prefix_mask
+from ..data.positions import X_TOKENS, Y_TOKENS, keys_before, prefix_mask
 from ..models.gpt2 import GPT2ICL
 from ..models.lsa import LinearSelfAttentionICL
 from ..models.planted import PlantedICL
@@ -110,7 +110,7 @@ class Runner:
         names = {b: boundary_hook_name(b, self.n_layers) for b in boundaries}
         out = {b: torch.zeros(xs.shape[0], len(examples)) for b in boundaries}
         for j, t in enumerate(examples):
-            mask = (torch.arange(2 * n) < 2 * t).view(1, -1)
+            mask = keys_before(torch.tensor([2 * t]), 2 * n)  # every token before the query x_{t+1}
             source = self.states(xs, ys_source, list(names.values()), query=t)
             for b, name in names.items():
                 out[b][:, j] = self.patched(name, xs, ys, source[name], mask, t, max_rows)[0]
