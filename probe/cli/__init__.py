@@ -12,6 +12,7 @@ import sys
 import warnings
 
 from ..core.errors import ProbeError, RenamedSetting
+from ..core.stages import RESERVED
 
 COMMANDS = {
     "train": "Train an in-context regression model from a recipe",
@@ -34,6 +35,7 @@ COMMANDS = {
     "resolution": "How far apart two reference learners can put a similarity: the ceiling of each comparison",
     "export": "Write a checkpoint in Garg et al.'s run-directory layout",
 }
+RESERVED.update(name.replace("-", "_") for name in COMMANDS)  # a registered stage cannot take a command's name
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -70,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         # -q also after the command; SUPPRESS keeps a -q given before it
         command.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         module.add_parser(command)
+    from .stage import add_registered_parsers
+
+    add_registered_parsers(sub)  # the registered analyses' commands (probe/core/stages.py)
     parser.set_defaults(commands=sub.choices)
     return parser
 
@@ -100,7 +105,8 @@ def _main(argv: list[str] | None) -> int:
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
-    module = importlib.import_module(f".{args.command.replace('-', '_')}", __name__)
+    registered = getattr(args, "registered_stage", None)
+    module = importlib.import_module(".stage" if registered else f".{args.command.replace('-', '_')}", __name__)
     try:
         from ..core.budget import max_work, work_limit
 

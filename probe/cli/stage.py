@@ -46,20 +46,74 @@ def run_stage(
     stage's figure; `show(table)` prints."""
     from ..core.provenance import stamp
     from ..io.formats import load_checkpoint
-    from ..reporting.build import STAGES, Context
+    from ..reporting.build import Context, report_stages
 
     target = output_target(args, command, (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     recipe = recipe_from_args(args, ckpt)  # the report's settings, then the flags
     check(ckpt, recipe)
     context = Context(ckpt, recipe, check_device(args.device), progress=not args.quiet)
-    tables, data = STAGES[stage].run(context)
+    declared = report_stages()[stage]
+    tables, data = declared.run(context)
     table = tables[stage]
     with writing(target) as out:
         table.to_csv(out / f"{stage}.csv", index=False)
         written = {**summary(table, data), "settings": record(ckpt, recipe), **stamp()}
         (out / f"{stage}_summary.json").write_text(json.dumps(written, indent=2, default=str) + "\n")
-        STAGES[stage].figures(tables, out, context)
+        declared.figures(tables, out, context)
     show(table)
+    print(f"wrote {target.path}")
+    return 0
+
+
+def add_registered_parsers(sub) -> None:
+    """One subcommand per registered analysis (probe/core/stages.py), `icl-probe <stage name>`,
+    its flags from its settings class as a built-in stage's."""
+    from ..core.stages import STAGES, load_plugins
+
+    load_plugins()
+    for name, declared in STAGES.items():
+        if declared.command in sub.choices:
+            continue  # register_stage refuses the built-in commands' names; a second build of the parser
+        p = sub.add_parser(
+            declared.command,
+            help=declared.title,
+            description=declared.description,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        add_stage_parser(
+            p, name, declared.settings, f"its tables (CSV), figures and {name}_summary.json", {"seed": "seed"}
+        )
+        p.set_defaults(registered_stage=name)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`icl-probe <stage name>` of a registered analysis: its tables as <table>.csv, its summary.json
+    block with its settings and provenance as <stage>_summary.json and its figures, published only
+    when all of it is written; its findings line printed."""
+    from ..core.config import to_dict
+    from ..core.provenance import stamp
+    from ..core.stages import STAGES
+    from ..io.formats import load_checkpoint
+    from ..reporting.build import Context
+    from ..reporting.schema import strict, to_json
+
+    declared = STAGES[args.registered_stage]
+    target = output_target(args, declared.command, (args.checkpoint,))
+    ckpt = load_checkpoint(args.checkpoint)
+    recipe = recipe_from_args(args, ckpt)
+    tables = declared.run(Context(ckpt, recipe, check_device(args.device), progress=not args.quiet))
+    block = declared.summarise(tables, recipe)
+    with writing(target) as out:
+        for name, frame in tables.items():
+            frame.to_csv(out / f"{name}.csv", index=False)
+        written = {declared.name: to_json(block), "settings": to_dict(getattr(recipe, declared.name)), **stamp()}
+        (out / f"{declared.name}_summary.json").write_text(json.dumps(strict(written), indent=2, default=str) + "\n")
+        if declared.figures is not None:
+            declared.figures(tables, out)
+    line = declared.findings(block) if declared.findings is not None else None
+    if line:
+        print(line)
     print(f"wrote {target.path}")
     return 0

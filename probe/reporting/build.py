@@ -36,6 +36,8 @@ from ..core.memory import MemoryBudget
 from ..core.provenance import display_path
 from ..core.seeds import Stream, stream_generator
 from ..core.settings import SweepSettings, query_count
+from ..core.stages import STAGES as REGISTERED
+from ..core.stages import AnalysisStage
 from ..data.tasks import sample_prompts
 from ..interventions.pipeline import degenerate_boundaries, layer_maps_from_best, run_interventions
 from ..interventions.runner import has_runner
@@ -317,6 +319,10 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         edits = (len(st.layers) or shape.layers + 1) * (len(st.prefixes) or 3) * len(st.targets) * 2
         out.append(budget.prompt_estimate("steering.train_prompts", st.train_prompts, shape, n))
         out.append(budget.prompt_estimate("steering.test_prompts", st.test_prompts, shape, n, edits))
+    for name, declared in REGISTERED.items():
+        wanted = getattr(recipe, name).enabled and (declared.applies is None or declared.applies(ckpt))
+        if wanted and declared.estimates is not None:
+            out += declared.estimates(recipe, ckpt)
     return out
 
 
@@ -422,7 +428,7 @@ def _one_figure(name: str, draw: Callable[[pd.DataFrame, Path], list[Path]]):
 
 
 LAYER_SECTIONS = ("readout", "similarity", "sweeps", "spectral")
-STAGES = {
+BUILTIN_STAGES = {
     stage.name: stage
     for stage in (
         Stage("evaluate", _stage_evaluate, _evaluate_figures, optional=False),
@@ -436,6 +442,25 @@ STAGES = {
         Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS[:3], transformers_only=True),
     )
 }
+
+
+def _registered(declared: AnalysisStage) -> Stage:
+    """A registered analysis (probe/core/stages.py) as a report stage: its tables, no data entries;
+    its figures keyed "<stage>/<figure>" (the page shows them in its section)."""
+    draw, name = declared.figures, declared.name
+    return Stage(
+        name,
+        lambda c: (declared.run(c), {}),
+        lambda t, fig_dir, c: {f"{name}/{k}": v for k, v in draw(t, fig_dir).items()} if draw is not None else {},
+        declared.reads,
+        applies=declared.applies,
+    )
+
+
+def report_stages() -> dict[str, Stage]:
+    """Every stage a report can run, in running order: the built-in ones, then the registered
+    analyses (probe/core/stages.py) in the order they were registered."""
+    return {**BUILTIN_STAGES, **{name: _registered(declared) for name, declared in REGISTERED.items()}}
 
 
 def run_stages(
@@ -454,7 +479,7 @@ def run_stages(
     recipe = adapt_recipe(recipe, ckpt.config)
     context = Context(ckpt, recipe, device, progress, memory or MemoryBudget(), Built(), prefix)
     built, sha = context.earlier, ckpt.fingerprint[:16]
-    for stage in STAGES.values():
+    for stage in report_stages().values():
         if not stage.wanted(recipe, ckpt, only):
             continue
         start = time.perf_counter()
@@ -480,7 +505,7 @@ def make_figures(
     """Every figure of the report, stage by stage; returns name -> PNG path."""
     context = Context(ckpt, recipe, earlier=built)
     out: dict[str, Path] = {}
-    for stage in STAGES.values():
+    for stage in report_stages().values():
         if stage.name in built.timings:
             out.update(stage.figures(built.tables, fig_dir, context))
     if "compare_readout" in built.tables:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..analysis.matching import trend_words
+from ..core.stages import STAGES as REGISTERED
 from ..learners import LEARNERS
 from ..models import has_random_init
 from ..models.constructions import CONSTRUCTIONS
@@ -382,6 +383,15 @@ CLASS_WORDS = {
 }
 
 
+def _registered(summary: Summary) -> list[str | None]:
+    """The findings lines of the registered analyses that ran (probe/core/stages.py)."""
+    lines = []
+    for name, block in summary.stages.items():
+        line = REGISTERED[name].findings
+        lines.append(line(block) if line is not None else None)
+    return lines
+
+
 def findings(summary: Summary) -> tuple[list[str], list[str]]:
     """(findings, caveats): short sentences for the top of the report."""
     d = summary.checkpoint.task["n_dims"]
@@ -397,6 +407,7 @@ def findings(summary: Summary) -> tuple[list[str], list[str]]:
         _order(summary),
         _token_probes(summary),
         _ood(summary),
+        *_registered(summary),
     ]
     items += [f"Causal check: {v}." for v in (summary.interventions.verdicts if summary.interventions else [])]
     return [i for i in items if i], caveats(summary)

@@ -5,6 +5,7 @@ module chooses the sections and renders their tables."""
 
 from __future__ import annotations
 
+import html
 import json
 from functools import partial
 from pathlib import Path
@@ -14,10 +15,11 @@ import markupsafe
 import pandas as pd
 
 from ..core.settings import query_count
+from ..core.stages import STAGES as REGISTERED
 from ..learners import LEARNERS
 from ..models import family_class
 from .findings import Titles, findings, label, summary_titles, sweep_titles
-from .page import Page, Section
+from .page import Page, Section, figure
 from .page import table as _table
 from .schema import Summary
 
@@ -114,11 +116,31 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
         subtitle="",
         findings=items,
         caveats=caveats,
-        sections=[Section(title, macro=macro) for title, macro, when in SECTIONS if when is None or when in shown],
+        sections=_with_registered(
+            [Section(title, macro=macro) for title, macro, when in SECTIONS if when is None or when in shown],
+            summary,
+            figs,
+        ),
         git=str(summary.git_commit),
         sections_template="report.html.j2",
         context=context,
     ).render()
+
+
+def _with_registered(sections: list[Section], summary: Summary, figs: dict[str, Path]) -> list[Section]:
+    """The sections of the registered analyses that ran (probe/core/stages.py), before Methods: the
+    description, the tables their `tables` shows and their figures (their text escaped)."""
+    added = []
+    for name, block in summary.stages.items():
+        declared = REGISTERED[name]
+        parts = [f"<p>{html.escape(declared.description)}</p>"]
+        for caption, frame in (declared.tables(block) if declared.tables else {}).items():
+            parts += [f"<p>{html.escape(caption)}</p>", _table(frame)]
+        drawn = {key.split("/", 1)[1]: path for key, path in figs.items() if key.startswith(f"{name}/")}
+        parts += [figure(path, key, f"{declared.title}: {key}") for key, path in drawn.items()]
+        added.append(Section(html.escape(declared.title), parts))
+    at = next((i for i, section in enumerate(sections) if section.macro == "methods"), len(sections))
+    return sections[:at] + added + sections[at:]
 
 
 def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare) -> dict[str, Any]:

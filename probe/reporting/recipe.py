@@ -14,7 +14,8 @@
     [steering]       SteeringSettings      causal probes (steering along linear probes)
 
 Every section is a settings class of probe/core/settings.py, where its keys, defaults and help are
-written once; the commands' flags are derived from the same classes.
+written once; the commands' flags are derived from the same classes. The analyses registered as
+`AnalysisStage`s (probe/core/stages.py) add their own sections, [<stage name>], after these.
 
 Flags override recipe values (`--set prompts.test=256`); the resolved recipe is written into
 the report. Unknown keys and unknown learners fail before any heavy work.
@@ -26,7 +27,7 @@ import copy
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from ..core.settings import (
     SweepSettings,
     TokenProbeSettings,
 )
+from ..core.stages import RESERVED, STAGES, load_plugins
 from ..core.validate import check_grid
 from ..data.shifts import parse_shift
 from ..learners import LEARNERS
@@ -86,6 +88,14 @@ class Recipe:
     token_probes: TokenProbeSettings = field(default_factory=TokenProbeSettings)
     ood: OodSettings = field(default_factory=OodSettings)
     steering: SteeringSettings = field(default_factory=SteeringSettings)
+    stages: dict[str, Any] = field(default_factory=lambda: registered_settings({}))  # registered stages' sections
+
+    def __getattr__(self, name: str) -> Any:
+        """A registered stage's section, as a built-in one: `recipe.<stage name>`."""
+        stages = self.__dict__.get("stages") or {}
+        if name in stages:
+            return stages[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __post_init__(self) -> None:
         self.sweeps = [
@@ -123,7 +133,10 @@ class Recipe:
                 )
 
     def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
+        """The recipe as TOML would hold it: registered stages' sections at the top level, after the
+        built-in ones."""
+        out = {f.name: to_dict(getattr(self, f.name)) for f in fields(self) if f.name != "stages"}
+        return {**out, **{name: to_dict(settings) for name, settings in self.stages.items()}}
 
     def digest(self, *sections: str) -> str:
         """Hash of the named sections (all when none): the cache key of a stage."""
@@ -161,8 +174,22 @@ def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | N
         if not path.is_file():
             known = sorted(p.stem for p in RECIPE_DIR.glob("*.toml") if "[[sweeps]]" in p.read_text())
             raise ConfigError(unknown_name_message("recipe", name_or_path, known) + " (or pass a path to a .toml file)")
+    load_plugins()
     data = current_names(Recipe, load_recipe(path))
     data.setdefault("name", path.stem)
     for override in overrides or []:
         data = merge(data, current_names(Recipe, override))
-    return from_dict(Recipe, data)
+    if "stages" in data:
+        raise ConfigError("a recipe has no [stages] section: a registered stage's section is [<stage name>]")
+    sections = {name: data.pop(name) for name in list(data) if name in STAGES}
+    recipe = from_dict(Recipe, data)
+    recipe.stages = registered_settings(sections)
+    return recipe
+
+
+def registered_settings(sections: dict[str, Any]) -> dict[str, Any]:
+    """Each registered stage's settings from its recipe section (its defaults where absent)."""
+    return {name: from_dict(stage.settings, sections.get(name, {}), name) for name, stage in STAGES.items()}
+
+
+RESERVED.update(f.name for f in fields(Recipe))

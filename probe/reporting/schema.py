@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ..core.errors import ConfigError
+from ..core.stages import RESERVED, STAGES
+from .dataclass_schema import MERGED, schema_of
 
 SCHEMA_VERSION = 5  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`
 
@@ -29,11 +31,14 @@ def to_json(value: Any) -> Any:
     if hasattr(value, "to_json_value"):
         return value.to_json_value()
     if is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: to_json(getattr(value, f.name))
-            for f in fields(value)
-            if not (f.metadata.get("omit_if_none") and getattr(value, f.name) is None)
-        }
+        out = {}
+        for f in fields(value):
+            item = getattr(value, f.name)
+            if f.metadata.get("merged"):  # registered analyses' blocks, each under its own key
+                out.update(to_json(item))
+            elif not (f.metadata.get("omit_if_none") and item is None):
+                out[f.name] = to_json(item)
+        return out
     if isinstance(value, dict):
         return {key: to_json(item) for key, item in value.items()}
     if isinstance(value, list):
@@ -270,6 +275,20 @@ class Probes:
     def to_json_value(self) -> dict[str, Any]:
         out = {**to_json(self.fits), "target_normalisation": self.target_normalisation}
         return out if self.order is None else {**out, "order": to_json(self.order)}
+
+    @classmethod
+    def json_schema_value(cls, defs: dict[str, Any]) -> dict[str, Any]:
+        """Targets as keys beside target_normalisation and order."""
+        return {
+            "type": "object",
+            "description": (cls.__doc__ or "").strip(),
+            "properties": {
+                "target_normalisation": {"type": "string"},
+                "order": {"type": "array", "items": schema_of(ProbeOrder, defs)},
+            },
+            "required": ["target_normalisation"],
+            "additionalProperties": {"type": "object", "additionalProperties": schema_of(ProbeFit, defs)},
+        }
 
     @classmethod
     def from_json_value(cls, value: dict[str, Any]) -> Probes:
@@ -512,15 +531,22 @@ class Summary:
     steering: dict[str, Any] | None = field(default=None, metadata=OMIT)
     interventions: Interventions | None = field(default=None, metadata=OMIT)
     compare: dict[str, Any] | None = field(default=None, metadata=OMIT)
+    stages: dict[str, Any] = field(default_factory=dict, metadata=MERGED)  # registered analyses' blocks
 
     def to_json(self) -> dict[str, Any]:
         return to_json(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Summary:
-        """Read a summary.json back, after checking it against the JSON Schema (`check_summary`)."""
+        """Read a summary.json back, after checking it against the JSON Schema (`check_summary`);
+        the blocks of registered analyses (probe/core/stages.py) as their dataclasses."""
         check_summary(data)
-        return from_json(cls, data)
+        summary = from_json(cls, data)
+        summary.stages = {name: from_json(stage.block, data[name]) for name, stage in STAGES.items() if name in data}
+        return summary
+
+
+RESERVED.update(f.name for f in fields(Summary) if not f.metadata.get("merged"))
 
 
 SCHEMA_FILE = Path(__file__).with_name("summary.schema.json")
@@ -531,7 +557,13 @@ def check_summary(data: Any) -> None:
     offending field (its path) and what is wrong with it."""
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+    schema = json.loads(SCHEMA_FILE.read_text())
+    added = {name: stage for name, stage in STAGES.items() if name not in schema["properties"]}
+    if added:  # analyses registered beside the shipped ones: their blocks' schemas from their dataclasses
+        defs: dict[str, Any] = {}
+        schema["properties"].update({name: schema_of(stage.block, defs) for name, stage in added.items()})
+        schema["$defs"] = {**defs, **schema["$defs"]}
+    validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"

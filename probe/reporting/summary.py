@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..analysis.verdicts import verdict_words
 from ..core.provenance import display_path, stamp
+from ..core.stages import STAGES as REGISTERED
 from ..interventions.patch import CLAIMED
 from ..interventions.pipeline import iteration_verdict
 from ..interventions.state import PICTURE as STATE_PICTURE
@@ -145,6 +146,9 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
     if "nulls" in t and not t["nulls"].empty:
         summary.nulls = nulls_block(t["nulls"])
         summary.table1.null = {name: {"similarity": vals[-1]} for name, vals in summary.nulls.sime.items()}
+    summary.stages = {
+        name: declared.summarise(t, recipe) for name, declared in REGISTERED.items() if name in built.timings
+    }
     summary.evidence = evidence(summary) or None  # last: it reads every block above
     if compare is not None:
         other = t["compare_readout"]

@@ -1,0 +1,117 @@
+"""Report analyses declared once (issue 61 item 1): an `AnalysisStage` names its recipe section
+(its settings class), how it runs, what it costs, its summary.json block (a dataclass: the JSON
+Schema is generated from it), its figures, its section of the report page, its findings line and,
+from the same settings, its `icl-probe <name>` command. Registered here, the stage is in the
+recipe, the report, summary.json, the budget and the CLI with no other file changed.
+
+A package outside probe/ registers its stages at import (`register_stage`) and names that module
+in the entry-point group `icl_probe.stages` of its own packaging, so that the command line and
+the API find it (`load_plugins`); a script may also import it and call `register_stage` itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import Section
+from .errors import ConfigError
+
+NAME = re.compile(r"[a-z][a-z0-9_]*")
+ENTRY_POINTS = "icl_probe.stages"
+
+
+@dataclass(frozen=True)
+class AnalysisStage:
+    """One analysis of the report.
+
+    name: its recipe section [name], its summary.json key and its command `icl-probe <name>`
+        (underscores as dashes).
+    settings: its recipe section, a `Section` dataclass with SECTION = name and an `enabled` field.
+    run: (report Context: checkpoint, recipe adapted to it, device, earlier stages' tables) ->
+        its tables, name -> DataFrame (written to data/<table>.csv).
+    block: the dataclass of its summary.json block; summarise(tables, recipe) builds it.
+    title, description: its section of the report page (plain text) and the command's help.
+    figures: (tables, figure directory) -> name -> PNG path.
+    estimates: (recipe, checkpoint) -> budget Estimates (probe/core/budget.py) of its own knobs,
+        the report's up-front check.
+    findings: block -> one findings line (or None).
+    tables: block -> caption -> DataFrame shown on the page.
+    reads: other recipe sections it reads (its cache key, with [prompts] and its own).
+    applies: checkpoint -> whether it runs on it (None: every checkpoint).
+    """
+
+    name: str
+    settings: type
+    run: Callable[[Any], dict[str, Any]]
+    block: type
+    summarise: Callable[[dict[str, Any], Any], Any]
+    title: str
+    description: str
+    figures: Callable[[dict[str, Any], Path], dict[str, Path]] | None = None
+    estimates: Callable[[Any, Any], list[Any]] | None = None
+    findings: Callable[[Any], str | None] | None = None
+    tables: Callable[[Any], dict[str, Any]] | None = None
+    reads: tuple[str, ...] = ()
+    applies: Callable[[Any], bool] | None = None
+
+    @property
+    def command(self) -> str:
+        return self.name.replace("_", "-")
+
+
+STAGES: dict[str, AnalysisStage] = {}
+RESERVED: set[str] = set()  # the built-in recipe sections and summary.json keys (probe/reporting adds them)
+
+
+def register_stage(stage: AnalysisStage) -> AnalysisStage:
+    """Add `stage` to the report (idempotent for the same declaration); a name that is taken, or a
+    settings class or block that is not what the declaration needs, is refused naming the fix."""
+    what = f"analysis stage {stage.name!r}"
+    if not isinstance(stage.name, str) or not NAME.fullmatch(stage.name):
+        raise ConfigError(f"{what}: a stage name is lower-case letters, digits and '_', starting with a letter")
+    if stage.name in RESERVED:
+        raise ConfigError(f"{what}: the name is a built-in recipe section or summary.json key; choose another")
+    if STAGES.get(stage.name, stage) is not stage:
+        raise ConfigError(f"{what} is already registered by another declaration; choose another name")
+    settings = stage.settings
+    if not (isinstance(settings, type) and issubclass(settings, Section) and dataclasses.is_dataclass(settings)):
+        raise ConfigError(f"{what}: settings must be a Section dataclass (probe.core.config.Section)")
+    if getattr(settings, "SECTION", None) != stage.name or "enabled" not in {
+        f.name for f in dataclasses.fields(settings)
+    }:
+        raise ConfigError(f"{what}: its settings class needs SECTION = {stage.name!r} and an `enabled` field")
+    if not (isinstance(stage.block, type) and dataclasses.is_dataclass(stage.block)):
+        raise ConfigError(f"{what}: block must be a dataclass (summary.json's schema is generated from it)")
+    STAGES[stage.name] = stage
+    return stage
+
+
+def unregister_stage(name: str) -> None:
+    """Take a registered stage out again (tests, notebooks)."""
+    STAGES.pop(name, None)
+
+
+_loaded = False
+
+
+def load_plugins() -> None:
+    """Import the modules named in the `icl_probe.stages` entry-point group once (each registers its
+    stages at import); a module that fails to import is refused naming it."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINTS):
+        try:
+            point.load()
+        except Exception as err:  # noqa: BLE001 - a broken plugin, whatever it raises, is named, not traced
+            raise ConfigError(
+                f"analysis stage plugin {point.value!r} ({ENTRY_POINTS}) failed to import: {err}"
+            ) from None

@@ -1,0 +1,173 @@
+"""A new analysis is one module (issue 61 item 1): a stage declared here, outside probe/, and
+registered, is in the recipe, the budget, the report page, summary.json (valid against the schema
+with its block) and the command line, with no file of probe/ changed."""
+
+import json
+from dataclasses import dataclass
+
+import matplotlib
+import pandas as pd
+import pytest
+
+from probe.cli import main
+from probe.core import budget
+from probe.core.config import Section, setting
+from probe.core.errors import ConfigError
+from probe.core.stages import AnalysisStage, register_stage, unregister_stage
+from probe.models.sizes import shape_of
+from probe.reporting.recipe import resolve_recipe
+
+matplotlib.use("Agg")
+
+OFF = ["probes", "forgetting", "order", "token_probes", "ood", "steering", "interventions", "spectral"]
+
+
+@dataclass
+class MeanSettings(Section):
+    SECTION = "mean_prediction"
+    enabled: bool = setting(True, "run the mean-prediction analysis")
+    prompts: int = setting(32, "prompts")
+
+
+@dataclass
+class MeanBlock:
+    """Mean |prediction| of the model by number of examples."""
+
+    n_examples: list[int]
+    mean_abs: list[float]
+
+
+def _run(c):
+    from probe.analysis.evaluate import predict
+    from probe.data.tasks import generator_for, sample_prompts
+
+    s = c.recipe.mean_prediction
+    p = sample_prompts(c.ckpt.config.task, s.prompts, generator=generator_for(c.recipe.prompts.seed, 77))
+    pred = predict(c.ckpt.model, p).abs().mean(0)
+    return {"mean_prediction": pd.DataFrame({"n_examples": range(len(pred)), "mean_abs": pred.double().numpy()})}
+
+
+def _figures(tables, fig_dir):
+    import matplotlib.pyplot as plt
+
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots()
+    ax.plot(tables["mean_prediction"].n_examples, tables["mean_prediction"].mean_abs)
+    fig.savefig(fig_dir / "mean_prediction.png")
+    plt.close(fig)
+    return {"curve": fig_dir / "mean_prediction.png"}
+
+
+MEAN = AnalysisStage(
+    name="mean_prediction",
+    settings=MeanSettings,
+    run=_run,
+    block=MeanBlock,
+    summarise=lambda t, recipe: MeanBlock(
+        t["mean_prediction"].n_examples.tolist(), t["mean_prediction"].mean_abs.tolist()
+    ),
+    title="Mean prediction size",
+    description="The mean absolute prediction <by> number of examples.",
+    figures=_figures,
+    estimates=lambda recipe, ckpt: [
+        budget.prompt_estimate(
+            "mean_prediction.prompts",
+            recipe.mean_prediction.prompts,
+            shape_of(ckpt.config.model),
+            ckpt.config.task.n_points,
+        )
+    ],
+    findings=lambda block: f"Mean |prediction| after {block.n_examples[-1]} examples: {block.mean_abs[-1]:.3f}.",
+    tables=lambda block: {"by examples": pd.DataFrame({"examples": block.n_examples, "mean |y|": block.mean_abs})},
+)
+
+
+@pytest.fixture
+def registered():
+    register_stage(MEAN)
+    yield MEAN
+    unregister_stage(MEAN.name)
+
+
+def _report_args(ckpt, out, *extra):
+    sets = [arg for name in OFF for arg in ("--set", f"{name}.enabled=false")]
+    return ["-q", "report", str(ckpt), "--recipe", "smoke", "--out", str(out), "--no-cache", *sets, *extra]
+
+
+def test_a_registered_stage_is_in_the_recipe_with_its_defaults_and_overrides(registered):
+    recipe = resolve_recipe("smoke", [{"mean_prediction": {"prompts": 16}}])
+    assert recipe.mean_prediction == MeanSettings(prompts=16)
+    assert recipe.to_dict()["mean_prediction"] == {"enabled": True, "prompts": 16}
+    assert resolve_recipe("smoke").mean_prediction.prompts == 32
+    with pytest.raises(ConfigError, match="mean_prediction.prompts must be"):
+        resolve_recipe("smoke", [{"mean_prediction": {"prompts": 0}}])
+
+
+def test_a_registered_stage_runs_in_the_report_page_summary_and_budget(registered, ckpt, tmp_path, capsys):
+    from probe.reporting.schema import Summary
+
+    out = tmp_path / "r"
+    assert main(_report_args(ckpt, out)) == 0
+    data = json.loads((out / "summary.json").read_text())
+    assert len(data["mean_prediction"]["mean_abs"]) == len(data["mean_prediction"]["n_examples"]) > 1
+    assert Summary.from_json(data).stages["mean_prediction"].mean_abs == data["mean_prediction"]["mean_abs"]
+    assert data["recipe"]["mean_prediction"] == {"enabled": True, "prompts": 32}
+    page = (out / "index.html").read_text()
+    assert "<h2>Mean prediction size</h2>" in page or "Mean prediction size</h2>" in page
+    assert "&lt;by&gt;" in page and "mean_prediction.png" in page and "Mean |prediction| after" in page
+    assert (out / "data" / "mean_prediction.csv").is_file()
+    # its estimate is the report's up-front check, naming its knob
+    code = main(_report_args(ckpt, tmp_path / "big", "--set", "mean_prediction.prompts=1000000000"))
+    assert code == 2 and "mean_prediction.prompts" in capsys.readouterr().err
+    assert not (tmp_path / "big").exists()
+
+
+def test_a_registered_stage_is_a_command(registered, ckpt, tmp_path, capsys):
+    out = tmp_path / "m"
+    assert main(["-q", "mean-prediction", str(ckpt), "--prompts", "8", "--out", str(out)]) == 0
+    written = json.loads((out / "mean_prediction_summary.json").read_text())
+    assert written["settings"] == {"enabled": True, "prompts": 8} and "git_commit" in written
+    assert {p.name for p in out.iterdir()} >= {"mean_prediction.csv", "mean_prediction.png"}
+    assert "Mean |prediction| after" in capsys.readouterr().out
+    assert main(["-q", "mean-prediction", str(ckpt), "--prompts", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "mean_prediction.prompts" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_a_summary_with_a_block_nobody_registered_fails_its_schema(registered, ckpt, tmp_path):
+    from probe.reporting.schema import check_summary
+
+    out = tmp_path / "r"
+    assert main(_report_args(ckpt, out)) == 0
+    data = json.loads((out / "summary.json").read_text())
+    data["mean_prediction"]["mean_abs"] = "many"
+    with pytest.raises(ConfigError, match="mean_prediction/mean_abs"):
+        check_summary(data)
+    unregister_stage(MEAN.name)
+    with pytest.raises(ConfigError, match="Additional properties"):
+        check_summary(json.loads((out / "summary.json").read_text()))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"name": "probes"}, "built-in recipe section"),
+        ({"name": "report"}, "built-in recipe section"),
+        ({"name": "Mean"}, "lower-case letters"),
+        ({"settings": dict}, "Section dataclass"),
+        ({"block": dict}, "must be a dataclass"),
+        ({"name": "other_name"}, "SECTION = 'other_name'"),
+    ],
+)
+def test_registering_refuses_what_the_report_cannot_hold(change, message):
+    from dataclasses import replace
+
+    with pytest.raises(ConfigError, match=message):
+        register_stage(replace(MEAN, **change))
+
+
+def test_the_same_name_twice_is_refused(registered):
+    from dataclasses import replace
+
+    register_stage(MEAN)  # the same declaration again: nothing happens
+    with pytest.raises(ConfigError, match="already registered"):
+        register_stage(replace(MEAN, title="another"))
