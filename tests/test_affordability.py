@@ -27,15 +27,16 @@ NEEDS = {"readout.finetune_steps": ("readout", "method", "adam"), "steering.trai
 
 
 def _int_knobs(recipe) -> list[str]:
+    """Every integer field of every section, built-in or of a registered analysis (recipe.stages)."""
     out = []
-    for section in dataclasses.fields(recipe):
-        settings = getattr(recipe, section.name)
+    sections = [(f.name, getattr(recipe, f.name)) for f in dataclasses.fields(recipe)] + list(recipe.stages.items())
+    for name, settings in sections:
         if not dataclasses.is_dataclass(settings):
             continue
         for f in dataclasses.fields(settings):
             value = getattr(settings, f.name)
             if isinstance(value, int) and not isinstance(value, bool):
-                out.append(f"{section.name}.{f.name}")
+                out.append(f"{name}.{f.name}")
     return out
 
 
@@ -43,7 +44,7 @@ KNOBS = _int_knobs(load_recipe("quick"))
 
 
 def test_the_enumeration_sees_the_knobs_and_its_exemptions_exist():
-    assert {"prompts.train", "probes.hidden", "spectral.bins", "order.permutations"} <= set(KNOBS)
+    assert {"prompts.train", "probes.hidden", "spectral.bins", "order.permutations", "token_probes.test"} <= set(KNOBS)
     assert set(NOT_SIZES) <= set(KNOBS) and set(NEEDS) <= set(KNOBS)
 
 

@@ -188,16 +188,15 @@ def test_off_distribution_tracking_is_undecided_when_shifts_disagree():
 def test_the_state_in_the_tokens_names_newton_only_where_a_token_holds_it(planted, favours):
     """Planted Newton-ReLU holds M_k x exactly (newton); planted GD holds nothing beyond x, which
     reads as undecided, never as GD (a model without the state may keep it another way)."""
-    from probe.analysis.token_probes import expand_targets, token_probe_study
+    from probe.analysis.token_probes import expand_targets, token_probe_block, token_probe_study
     from probe.io.planted_io import planted_config
     from probe.models.planted import plant
-    from probe.reporting.summary import token_probe_block
 
     cfg = planted_config(planted, 5, 4, 12, **({"step_size": 1 / 9} if planted == "gd" else {}))
     alpha = cfg.model.planted_scale if planted != "gd" else "spectral"
     table = token_probe_study(plant(cfg.model), cfg.task, expand_targets(["newton_mx"], range(4), alpha), 128, 64, n_boot=50)
     sweeps = [{"label": "newton", "learner": "newton"}, {"label": "gd", "learner": "gd"}]
-    (q,) = questions(Blocks(sweeps, None, {}, token_probes=token_probe_block(table)))
+    (q,) = questions(Blocks(sweeps, None, {}, stages={"token_probes": token_probe_block(table)}))
     (row,) = [r for r in q.rows if r.instrument == "state in the tokens"]
     assert row.favours == favours and row.validated_on
     assert q.answer == favours

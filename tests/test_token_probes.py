@@ -108,8 +108,8 @@ def test_targets_and_the_command_refuse_bad_input(tmp_path, capsys):
 def test_the_command_writes_its_table_figure_and_record(tmp_path):
     out = tmp_path / "tp"
     args = ["-q", "token-probes", "checkpoints/planted/gd", "--targets", "sx", "--prompts", "64"]
-    assert main([*args, "--test-prompts", "32", "--bootstrap", "50", "--out", str(out)]) == 0
-    assert {p.name for p in out.iterdir()} >= {"token_probes.csv", "token_probes.png", "run.json"}
+    assert main([*args, "--test-prompts", "32", "--set", "similarity.bootstrap=50", "--out", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} >= {"token_probes.csv", "token_probes.png", "token_probes_summary.json"}
 
 
 def test_the_planted_newton_model_writes_m_k_x_into_the_query_and_clears_it():

@@ -18,15 +18,23 @@ from .layers import add_recipe_args, recipe_from_args
 
 
 def add_stage_parser(
-    p: argparse.ArgumentParser, section: str, settings: type, files: str, prompt_flags: dict[str, str], note: str = ""
+    p: argparse.ArgumentParser,
+    section: str,
+    settings: type,
+    files: str,
+    prompt_flags: dict[str, str],
+    note: str = "",
+    flags: dict[str, str] | None = None,
 ) -> None:
     """The checkpoint, --out/--force, one flag per field of the stage's settings class (but
-    `enabled`), the [prompts] flags named, the recipe arguments and --device."""
+    `enabled`; `flags` spells some differently), the [prompts] flags named, the recipe arguments
+    and --device."""
     from ..core.settings import PromptSettings, add_flags
 
     p.add_argument("checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help=f"run directory{note}")
     add_out(p, f"directory for {files}")
-    add_flags(p, section, settings, [f.name for f in fields(settings) if f.name not in ("enabled", "learners")])
+    names = [f.name for f in fields(settings) if f.name not in ("enabled", "learners")]
+    add_flags(p, section, settings, {name: (flags or {}).get(name, name.replace("_", "-")) for name in names})
     add_flags(p, "prompts", PromptSettings, prompt_flags)
     add_recipe_args(p)
     add_device(p)
@@ -69,10 +77,9 @@ def run_stage(
 def add_registered_parsers(sub) -> None:
     """One subcommand per registered analysis (probe/core/stages.py), `icl-probe <stage name>`,
     its flags from its settings class as a built-in stage's."""
-    from ..core.stages import STAGES, load_plugins
+    from ..core.stages import registered
 
-    load_plugins()
-    for name, declared in STAGES.items():
+    for name, declared in registered().items():
         if declared.command in sub.choices:
             continue  # register_stage refuses the built-in commands' names; a second build of the parser
         p = sub.add_parser(
@@ -82,9 +89,8 @@ def add_registered_parsers(sub) -> None:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        add_stage_parser(
-            p, name, declared.settings, f"its tables (CSV), figures and {name}_summary.json", {"seed": "seed"}
-        )
+        files = f"its tables (CSV), figures and {name}_summary.json"
+        add_stage_parser(p, name, declared.settings, files, {"seed": "seed"}, flags=dict(declared.flags))
         p.set_defaults(registered_stage=name)
 
 
@@ -94,12 +100,12 @@ def run(args: argparse.Namespace) -> int:
     when all of it is written; its findings line printed."""
     from ..core.config import to_dict
     from ..core.provenance import stamp
-    from ..core.stages import STAGES
+    from ..core.stages import registered
     from ..io.formats import load_checkpoint
     from ..reporting.build import Context
     from ..reporting.schema import strict, to_json
 
-    declared = STAGES[args.registered_stage]
+    declared = registered()[args.registered_stage]
     target = output_target(args, declared.command, (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     recipe = recipe_from_args(args, ckpt)

@@ -305,69 +305,6 @@ class OrderSettings(Section):
         return sorted({min(t, n - 1) for t in chosen if min(t, n - 1) >= 1})
 
 
-def _positive_number(text: str) -> bool:
-    try:
-        value = float(text)
-    except ValueError:
-        return False
-    return 0 < value < float("inf")
-
-
-TOKEN_TARGETS = ("sx", "s3x", "newton_mx", "w_newton", "w_gd", "w_ols")  # probe/analysis/token_probes.py
-TOKEN_KINDS = ("x", "y", "column")  # column: the column tokens a planted Newton model keeps
-
-
-@dataclass
-class TokenProbeSettings(Section):
-    """Per-token state probes (probe/analysis/token_probes.py, issue 60): recipe section
-    [token_probes], `icl-probe token-probes`."""
-
-    SECTION = "token_probes"
-    enabled: bool = setting(True, "probe each example's tokens for S x, S^3 x and Newton's M_k x in reports")
-    targets: tuple[str, ...] = setting(
-        TOKEN_TARGETS[:3], "targets (also w_newton, w_gd, w_ols)", TOKEN_TARGETS, nonempty=True, noun="token target"
-    )
-    tokens: tuple[str, ...] = setting(
-        TOKEN_KINDS,
-        "token kinds probed (column: where the model keeps column tokens, a planted Newton model; left out elsewhere)",
-        TOKEN_KINDS,
-        nonempty=True,
-        noun="token",
-    )
-    iterations: tuple[int, ...] = setting(tuple(range(9)), "Newton iteration counts k of newton_mx", minimum=0)
-    alpha: str = setting(
-        "auto",
-        "newton_mx's M_0 = alpha S/t: auto (a planted Newton model's own alpha, else spectral), spectral, or a number",
-    )
-    gd_steps: tuple[int, ...] = setting((1, 2, 4, 8, 16, 32, 64), "GD step counts k of w_gd", minimum=0)
-    eta: str = setting(
-        "auto", "w_gd's step: auto (a planted GD model's own step, else 1 / lambda_max(S/t)) or a number"
-    )
-    prompts: int = setting(512, "training prompts")
-    test: int = setting(256, "held-out prompts")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for key, rules in (("eta", ("auto",)), ("alpha", ("auto", "spectral"))):
-            if getattr(self, key) not in rules and not _positive_number(getattr(self, key)):
-                raise ConfigError(
-                    f"token_probes.{key} must be {', '.join(rules)} or a positive number, got {getattr(self, key)!r}"
-                )
-
-    def eta_for(self, model_config) -> float | str:
-        """GD's step for a checkpoint: "auto" is a planted GD model's own fixed step, else 1/lambda_max."""
-        if self.eta == "auto":
-            return float(model_config.planted_scale) if model_config.planted == "gd" else "auto"
-        return float(self.eta)
-
-    def alpha_for(self, model_config) -> float | str:
-        """The alpha rule for a checkpoint: "auto" is a planted Newton model's own fixed alpha."""
-        if self.alpha == "auto":
-            planted = model_config.planted in ("newton", "newton-relu")
-            return float(model_config.planted_scale) if planted else "spectral"
-        return self.alpha if self.alpha == "spectral" else float(self.alpha)
-
-
 OOD_SHIFTS = ("scale_x=2", "scale_x=3", "scale_y=3", "half_subspace", "skewed", "random_quadrants", "noisy")
 
 

@@ -23,6 +23,7 @@ from .errors import ConfigError
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 ENTRY_POINTS = "icl_probe.stages"
+BUILTIN = ("probe.analysis.token_probes",)  # the toolkit's own registered analyses, in report order
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,12 @@ class AnalysisStage:
         the report's up-front check.
     findings: block -> one findings line (or None).
     tables: block -> caption -> DataFrame shown on the page.
+    evidence: (block, hypothesis a, hypothesis b) -> rows of the evidence table for that question,
+        each a dict of probe.reporting.schema.EvidenceRow's fields (probe/reporting/evidence.py).
     reads: other recipe sections it reads (its cache key, with [prompts] and its own).
     applies: checkpoint -> whether it runs on it (None: every checkpoint).
+    flags: (settings field, flag name) of its command where not the field's own (e.g. "test-prompts").
+    captions: (figure name, caption) under its figures on the page.
     """
 
     name: str
@@ -56,8 +61,11 @@ class AnalysisStage:
     estimates: Callable[[Any, Any], list[Any]] | None = None
     findings: Callable[[Any], str | None] | None = None
     tables: Callable[[Any], dict[str, Any]] | None = None
+    evidence: Callable[[Any, str, str], list[dict[str, Any]]] | None = None
     reads: tuple[str, ...] = ()
     applies: Callable[[Any], bool] | None = None
+    flags: tuple[tuple[str, str], ...] = ()
+    captions: tuple[tuple[str, str], ...] = ()
 
     @property
     def command(self) -> str:
@@ -99,15 +107,26 @@ def unregister_stage(name: str) -> None:
 _loaded = False
 
 
+def registered() -> dict[str, AnalysisStage]:
+    """Every registered stage, name -> declaration, in report order: the toolkit's own (BUILTIN),
+    then those of plugins (`load_plugins`), then any registered since."""
+    load_plugins()
+    return STAGES
+
+
 def load_plugins() -> None:
-    """Import the modules named in the `icl_probe.stages` entry-point group once (each registers its
-    stages at import); a module that fails to import is refused naming it."""
+    """Import the toolkit's own stage modules (BUILTIN) and the modules named in the
+    `icl_probe.stages` entry-point group, once (each registers its stages at import); a plugin
+    that fails to import is refused naming it."""
     global _loaded
     if _loaded:
         return
     _loaded = True
+    from importlib import import_module
     from importlib.metadata import entry_points
 
+    for module in BUILTIN:
+        import_module(module)
     for point in entry_points(group=ENTRY_POINTS):
         try:
             point.load()

@@ -27,8 +27,6 @@ from ..analysis.probes import without_r2_draws
 from ..analysis.readout import LayerReadouts
 from ..analysis.shift_tracking import CANDIDATES, MATCH_PROMPTS, track_shifts
 from ..analysis.spectral import reference_families
-from ..analysis.token_probes import probed_tokens, settings_targets, token_estimates, token_probe_study
-from ..capture.streams import column_count
 from ..core import budget
 from ..core.allocator import release_free_memory
 from ..core.errors import ConfigError
@@ -36,8 +34,7 @@ from ..core.memory import MemoryBudget
 from ..core.provenance import display_path
 from ..core.seeds import Stream, stream_generator
 from ..core.settings import SweepSettings, query_count
-from ..core.stages import STAGES as REGISTERED
-from ..core.stages import AnalysisStage
+from ..core.stages import AnalysisStage, registered
 from ..data.tasks import sample_prompts
 from ..interventions.pipeline import degenerate_boundaries, layer_maps_from_best, run_interventions
 from ..interventions.runner import has_runner
@@ -188,24 +185,6 @@ def _stage_order(c: Context):
     return {"order": table}, {}
 
 
-def _stage_token_probes(c: Context):
-    """Per-token state probes (probe/analysis/token_probes.py) at the [token_probes] settings."""
-    s = c.recipe.token_probes
-    targets = settings_targets(s, c.ckpt.config.model)
-    table = token_probe_study(
-        c.ckpt.model,
-        c.ckpt.config.task,
-        targets,
-        s.prompts,
-        s.test,
-        c.recipe.prompts.seed,
-        c.device,
-        probed_tokens(c.ckpt.model, s.tokens),
-        c.recipe.similarity.bootstrap,
-    )
-    return {"token_probes": table}, {}
-
-
 def _stage_ood(c: Context):
     """Which matched learner the model tracks under each [ood] shift (probe/analysis/shift_tracking.py)."""
     settings, seed = c.recipe.ood, c.recipe.prompts.seed
@@ -297,13 +276,6 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         o = recipe.order
         prefixes = len(o.prefixes_for(shape.d, n))
         out += order_estimates(shape, n, o.prompts, o.permutations, prefixes, len(o.learners), ORDER_BOOTSTRAP)
-    if recipe.token_probes.enabled:
-        tp = recipe.token_probes
-        n_targets, tokens = len(settings_targets(tp, ckpt.config.model)), probed_tokens(ckpt.model, tp.tokens)
-        columns = column_count(ckpt.model) if "column" in tokens else 0
-        out += token_estimates(
-            shape, n, tp.prompts, tp.test, recipe.similarity.bootstrap, n_targets * len(tokens), columns
-        )
     if recipe.ood.enabled and shifts_apply(ckpt):
         ood = recipe.ood  # the shifted prompts (a forward per t where a shift replaces the queries), the grids' match
         out.append(budget.prompt_estimate("ood.prompts", ood.prompts * len(ood.shifts), shape, n, n, ood.prompts))
@@ -319,7 +291,7 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         edits = (len(st.layers) or shape.layers + 1) * (len(st.prefixes) or 3) * len(st.targets) * 2
         out.append(budget.prompt_estimate("steering.train_prompts", st.train_prompts, shape, n))
         out.append(budget.prompt_estimate("steering.test_prompts", st.test_prompts, shape, n, edits))
-    for name, declared in REGISTERED.items():
+    for name, declared in registered().items():
         wanted = getattr(recipe, name).enabled and (declared.applies is None or declared.applies(ckpt))
         if wanted and declared.estimates is not None:
             out += declared.estimates(recipe, ckpt)
@@ -436,7 +408,6 @@ BUILTIN_STAGES = {
         Stage("probes", _stage_probes, _one_figure("probes", figures.probes)),
         Stage("forgetting", _stage_forgetting, _one_figure("forgetting", figures.forgetting)),
         Stage("order", _stage_order, _order_figures, ("readout",)),
-        Stage("token_probes", _stage_token_probes, _one_figure("token_probes", figures.token_probes), ("similarity",)),
         Stage("ood", _stage_ood, _one_figure("ood_curves", figures.ood_curves), ("similarity",), applies=shifts_apply),
         Stage("steering", _stage_steering, _one_figure("steering", figures.steering), transformers_only=True),
         Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS[:3], transformers_only=True),
@@ -460,7 +431,7 @@ def _registered(declared: AnalysisStage) -> Stage:
 def report_stages() -> dict[str, Stage]:
     """Every stage a report can run, in running order: the built-in ones, then the registered
     analyses (probe/core/stages.py) in the order they were registered."""
-    return {**BUILTIN_STAGES, **{name: _registered(declared) for name, declared in REGISTERED.items()}}
+    return {**BUILTIN_STAGES, **{name: _registered(declared) for name, declared in registered().items()}}
 
 
 def run_stages(

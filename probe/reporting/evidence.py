@@ -11,12 +11,13 @@ never from parsing its words.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from ..analysis.matching import family_of
+from ..core.stages import registered
 from .schema import (
     CAUSAL_METRICS,
     EvidenceRow,
@@ -24,7 +25,6 @@ from .schema import (
     OrderSensitivity,
     Spectral,
     Summary,
-    TokenProbes,
     Trend,
     Verdict,
 )
@@ -58,10 +58,6 @@ VALIDATED = {
         "every other shift) and planted Newton (Newton with its fixed alpha: diverges where the model does under "
         "scale_x = 2 and 3): tests/test_shift_tracking.py"
     ),
-    ("state in the tokens", ("newton", "gd")): (
-        "planted Newton and Newton-ReLU (M_k x held at R^2 1 where the constructions write it: newton); planted GD "
-        "(nothing beyond x: undecided, never newton): tests/test_token_probes.py, tests/test_evidence.py"
-    ),
 }
 
 SPECTRAL_SIDE = {"gd": "gd", "precond_gd": "newton", "ridge": "ridge", "least_squares": "least_squares"}
@@ -77,7 +73,7 @@ def evidence(summary: Summary) -> list[Question]:
             summary.spectral,
             summary.order_sensitivity,
             summary.ood,
-            summary.token_probes,
+            summary.stages,
         )
     )
 
@@ -92,7 +88,7 @@ class Blocks:
     spectral: Spectral | None = None
     order_sensitivity: OrderSensitivity | None = None
     ood: Ood | None = None
-    token_probes: TokenProbes | None = None
+    stages: dict[str, Any] = field(default_factory=dict)  # registered analyses' blocks
 
 
 def questions(summary: Blocks) -> list[Question]:
@@ -110,7 +106,7 @@ def questions(summary: Blocks) -> list[Question]:
             *_causal_rows(summary, a, b),
             *_order_rows(summary, a, b),
             *_ood_rows(summary, a, b),
-            *_token_rows(summary, a, b),
+            *_registered_rows(summary, a, b),
         ]
         out.append(_consolidate(a, b, rows))
     return out
@@ -320,33 +316,13 @@ def _ood_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
     ]
 
 
-HELD = 0.99  # R^2 at which a token holds Newton's M_k x as the seeds' construction does
-
-
-def _token_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
-    """Newton's state in the tokens: newton where some layer's token holds M_k x at R^2 >= HELD
-    beyond what x alone gives; otherwise undecided (a model without that state is not thereby GD)."""
-    block = summary.token_probes
-    if block is None or {a, b} != {"newton", "gd"}:
-        return []
-    newton = [s for s in block.series if s.target.startswith("newton_mx")]
-    if not newton:
-        return []
-    s, i = max(((s, i) for s in newton for i in range(len(block.layer))), key=lambda p: p[0].r2[p[1]])
-    held = s.r2[i] >= HELD and s.gain_low[i] > 0
-    return [
-        EvidenceRow(
-            "state in the tokens",
-            "newton" if held else None,
-            f"best M_k x probe: R^2 {s.r2[i]:.3f} [{s.r2_low[i]:.3f}, {s.r2_high[i]:.3f}] at layer {block.layer[i]}, "
-            f"k = {s.iterations}, {s.token} tokens ({'e_j' if s.token == 'column' else 'x'} alone {s.floor_r2:.2f}); "
-            "held as the construction holds it "
-            f"at R^2 >= {HELD}",
-            validated_on=VALIDATED.get(("state in the tokens", (a, b)), ""),
-            cannot_tell_apart="a model without a per-token Newton state may keep it in another form (spread over "
-            "tokens, nonlinear): absence never reads as GD",
-        )
-    ]
+def _registered_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
+    """The rows of the registered analyses that declare one (probe/core/stages.py `evidence`)."""
+    rows = []
+    for name, block in summary.stages.items():
+        hook = registered()[name].evidence
+        rows += [EvidenceRow(**row) for row in (hook(block, a, b) if hook is not None else [])]
+    return rows
 
 
 def _consolidate(a: str, b: str, rows: list[EvidenceRow]) -> Question:

@@ -10,39 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.plotting import examples_axis, legend_outside, pyplot, save_png
 from .findings import Titles, label
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"font.size": 10, "axes.titlesize": 10})
-    return plt
-
-
-def save_png(fig, stem: Path) -> list[Path]:
-    """The PNG, byte-deterministic for the same figure (no dates or software versions in the file)."""
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_suffix(".png")]
-    fig.savefig(paths[0], dpi=120, bbox_inches="tight", metadata={"Software": None})
-    pyplot().close(fig)
-    return paths
-
-
-def legend_outside(ax, fontsize: int = 8, **kw) -> None:
-    """The legend right of the axes, so it never covers data."""
-    ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kw)
-
-
-def examples_axis(ax, text: str = "in-context examples") -> None:
-    """An axis of example counts: integer ticks only."""
-    from matplotlib.ticker import MaxNLocator
-
-    ax.set_xlabel(text)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _thin_ticks(ax, labels: list, axis: str = "y", most: int = 12) -> None:
@@ -315,28 +284,6 @@ def ood_curves(table: pd.DataFrame, stem: Path) -> list[Path]:
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=7, bbox_to_anchor=(0.5, -0.02))
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    return save_png(fig, stem)
-
-
-def token_probes(table: pd.DataFrame, stem: Path) -> list[Path]:
-    """R^2 of each per-token probe by layer (probe/analysis/token_probes.py), one panel per token
-    kind, 90% bands; Newton's M_k x in shades of one colour by k."""
-    plt = pyplot()
-    tokens = list(dict.fromkeys(table.token))
-    fig, axes = plt.subplots(1, len(tokens), figsize=(4.8 * len(tokens), 3.4), squeeze=False, sharey=True)
-    newton = sorted(table.iterations.dropna().unique())
-    shades = plt.get_cmap("Blues")
-    for ax, token in zip(axes[0], tokens):
-        part = table[table.token == token]
-        for i, (name, r) in enumerate(part.groupby("target", sort=False)):
-            r = r.sort_values("layer")
-            k = r.iterations.iloc[0]
-            color = shades(0.35 + 0.6 * newton.index(k) / max(len(newton) - 1, 1)) if pd.notna(k) else f"C{i + 1}"
-            ax.plot(r.layer, r.r2, "-o", ms=3, color=color, label=name)
-            ax.fill_between(r.layer, r.r2_low, r.r2_high, color=color, alpha=0.12)
-        ax.set(xlabel="layer boundary", title=f"{token} tokens", ylim=(min(-0.05, part.r2.min()), 1.02))
-    axes[0][0].set_ylabel("held-out R^2")
-    legend_outside(axes[0][-1], 7)
     return save_png(fig, stem)
 
 

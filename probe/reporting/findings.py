@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..analysis.matching import trend_words
-from ..core.stages import STAGES as REGISTERED
+from ..core.stages import registered
 from ..learners import LEARNERS
 from ..models import has_random_init
 from ..models.constructions import CONSTRUCTIONS
@@ -321,32 +321,6 @@ def _order(summary: Summary) -> str | None:
     )
 
 
-def _token_probes(summary: Summary) -> str | None:
-    """Per token kind: the largest gain over the floor (the example x alone; at a column token its
-    e_j) of S x and S^3 x, and of Newton's M_k x (over k); at column tokens, the matrices' columns."""
-    block = summary.token_probes
-    if block is None:
-        return None
-    parts = []
-    for token in dict.fromkeys(s.token for s in block.series):
-        column = token == "column"
-        floor = "e_j alone" if column else "x alone"
-        for name, words in (("sx", "S x"), ("s3x", "S^3 x"), ("newton_mx", "M_k x")):
-            words = words.replace(" x", " columns") if column else words
-            series = [s for s in block.series if s.token == token and s.target.startswith(name)]
-            if not series:
-                continue
-            best, i = max(((s, i) for s in series for i in range(len(block.layer))), key=lambda p: p[0].gain[p[1]])
-            k = "" if best.iterations is None else f", k = {best.iterations}"
-            parts.append(
-                f"{words} at {token} tokens: R^2 {best.r2[i]:.2f} at layer {block.layer[i]}{k}, "
-                f"{best.gain[i]:+.2f} [{best.gain_low[i]:+.2f}, {best.gain_high[i]:+.2f}] over {floor} "
-                f"({best.floor_r2:.2f})"
-            )
-    intro = "State in the tokens (the largest gain over a probe of what the token alone holds): "
-    return intro + "; ".join(parts) + "." if parts else None
-
-
 def _ood(summary: Summary) -> str | None:
     """Which matched learner the model tracks under each shift, grouped by family."""
     block = summary.ood
@@ -387,7 +361,7 @@ def _registered(summary: Summary) -> list[str | None]:
     """The findings lines of the registered analyses that ran (probe/core/stages.py)."""
     lines = []
     for name, block in summary.stages.items():
-        line = REGISTERED[name].findings
+        line = registered()[name].findings
         lines.append(line(block) if line is not None else None)
     return lines
 
@@ -405,7 +379,6 @@ def findings(summary: Summary) -> tuple[list[str], list[str]]:
         _probes(summary),
         _span(summary, d),
         _order(summary),
-        _token_probes(summary),
         _ood(summary),
         *_registered(summary),
     ]

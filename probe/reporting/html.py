@@ -15,7 +15,7 @@ import markupsafe
 import pandas as pd
 
 from ..core.settings import query_count
-from ..core.stages import STAGES as REGISTERED
+from ..core.stages import registered
 from ..learners import LEARNERS
 from ..models import family_class
 from .findings import Titles, findings, label, summary_titles, sweep_titles
@@ -87,7 +87,6 @@ SECTIONS = [
     ("Probes for X<sup>T</sup>y and w", "probes", "probes"),
     ("Forgetting", "forgetting", "forgetting"),
     ("Order sensitivity", "order", "order"),
-    ("State in the tokens", "token_probes", "token_probes"),
     ("Off the training distribution", "ood", "ood_curves"),
     ("Causal probes", "steering", "steering"),
     ("Causal checks", "causal", "interventions"),
@@ -132,12 +131,13 @@ def _with_registered(sections: list[Section], summary: Summary, figs: dict[str, 
     description, the tables their `tables` shows and their figures (their text escaped)."""
     added = []
     for name, block in summary.stages.items():
-        declared = REGISTERED[name]
+        declared = registered()[name]
         parts = [f"<p>{html.escape(declared.description)}</p>"]
         for caption, frame in (declared.tables(block) if declared.tables else {}).items():
             parts += [f"<p>{html.escape(caption)}</p>", _table(frame)]
         drawn = {key.split("/", 1)[1]: path for key, path in figs.items() if key.startswith(f"{name}/")}
-        parts += [figure(path, key, f"{declared.title}: {key}") for key, path in drawn.items()]
+        captions = dict(declared.captions)
+        parts += [figure(path, key, captions.get(key, f"{declared.title}: {key}")) for key, path in drawn.items()]
         added.append(Section(html.escape(declared.title), parts))
     at = next((i for i, section in enumerate(sections) if section.macro == "methods"), len(sections))
     return sections[:at] + added + sections[at:]

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.plotting import pyplot, save_png
 from ..interventions.ablate import increase_matrix
-from .figures import pyplot, save_png
 from .findings import Titles, label
 
 

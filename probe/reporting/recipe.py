@@ -9,13 +9,14 @@
     [forgetting]     ForgettingSettings    forgetting curves and their comparison learners
     [interventions]  InterventionSettings  causal checks
     [order]          OrderSettings         order sensitivity and its comparison learners
-    [token_probes]   TokenProbeSettings    per-token probes for the state a learner keeps (S x, S^3 x, M_k x)
     [ood]            OodSettings           which matched learner the model tracks under distribution shifts
     [steering]       SteeringSettings      causal probes (steering along linear probes)
 
 Every section is a settings class of probe/core/settings.py, where its keys, defaults and help are
 written once; the commands' flags are derived from the same classes. The analyses registered as
-`AnalysisStage`s (probe/core/stages.py) add their own sections, [<stage name>], after these.
+`AnalysisStage`s (probe/core/stages.py) add their own sections, [<stage name>], after these:
+
+    [token_probes]   probe/analysis/token_probes.py   per-token probes for the state a learner keeps
 
 Flags override recipe values (`--set prompts.test=256`); the resolved recipe is written into
 the report. Unknown keys and unknown learners fail before any heavy work.
@@ -47,9 +48,8 @@ from ..core.settings import (
     SpectralSettings,
     SteeringSettings,
     SweepSettings,
-    TokenProbeSettings,
 )
-from ..core.stages import RESERVED, STAGES, load_plugins
+from ..core.stages import RESERVED, registered
 from ..core.validate import check_grid
 from ..data.shifts import parse_shift
 from ..learners import LEARNERS
@@ -85,7 +85,6 @@ class Recipe:
     forgetting: ForgettingSettings = field(default_factory=ForgettingSettings)
     interventions: InterventionSettings = field(default_factory=InterventionSettings)
     order: OrderSettings = field(default_factory=OrderSettings)
-    token_probes: TokenProbeSettings = field(default_factory=TokenProbeSettings)
     ood: OodSettings = field(default_factory=OodSettings)
     steering: SteeringSettings = field(default_factory=SteeringSettings)
     stages: dict[str, Any] = field(default_factory=lambda: registered_settings({}))  # registered stages' sections
@@ -174,14 +173,13 @@ def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | N
         if not path.is_file():
             known = sorted(p.stem for p in RECIPE_DIR.glob("*.toml") if "[[sweeps]]" in p.read_text())
             raise ConfigError(unknown_name_message("recipe", name_or_path, known) + " (or pass a path to a .toml file)")
-    load_plugins()
     data = current_names(Recipe, load_recipe(path))
     data.setdefault("name", path.stem)
     for override in overrides or []:
         data = merge(data, current_names(Recipe, override))
     if "stages" in data:
         raise ConfigError("a recipe has no [stages] section: a registered stage's section is [<stage name>]")
-    sections = {name: data.pop(name) for name in list(data) if name in STAGES}
+    sections = {name: data.pop(name) for name in list(data) if name in registered()}
     recipe = from_dict(Recipe, data)
     recipe.stages = registered_settings(sections)
     return recipe
@@ -189,7 +187,7 @@ def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | N
 
 def registered_settings(sections: dict[str, Any]) -> dict[str, Any]:
     """Each registered stage's settings from its recipe section (its defaults where absent)."""
-    return {name: from_dict(stage.settings, sections.get(name, {}), name) for name, stage in STAGES.items()}
+    return {name: from_dict(stage.settings, sections.get(name, {}), name) for name, stage in registered().items()}
 
 
 RESERVED.update(f.name for f in fields(Recipe))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ..core.errors import ConfigError
-from ..core.stages import RESERVED, STAGES
+from ..core.stages import RESERVED, registered
 from .dataclass_schema import MERGED, schema_of
 
 SCHEMA_VERSION = 5  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`
@@ -413,37 +413,6 @@ class Interventions:
 
 
 @dataclass
-class TokenProbeSeries:
-    """One per-token probe (probe/analysis/token_probes.py) by layer: held-out R^2 and its gain over
-    the floor (the same probe on the example's own x; at a column token, on its e_j), each with a 90%
-    interval (the gain's paired)."""
-
-    token: str
-    target: str
-    iterations: int | None
-    floor_r2: float
-    r2: list[float]
-    r2_low: list[float]
-    r2_high: list[float]
-    gain: list[float]
-    gain_low: list[float]
-    gain_high: list[float]
-
-
-@dataclass
-class TokenProbes:
-    """What each example's tokens hold of the state a learner keeps, layer by layer."""
-
-    layer: list[int]
-    series: list[TokenProbeSeries]
-    definition: str = (
-        "ridge read-out of each example token's residual stream, one map per layer and token kind, of (S/t) x, "
-        "(S/t)^3 x and Newton's M_k x with S the normalised moment the token can see (at a planted Newton model's "
-        "column token j: the matrices' column j); R^2 on held-out prompts"
-    )
-
-
-@dataclass
 class OodShift:
     """One shift of the out-of-distribution comparison (probe/analysis/shift_tracking.py): the family
     the model tracks (its matched member), the runner-up, their paired difference in `criterion`
@@ -526,7 +495,6 @@ class Summary:
     probes: Probes | None = field(default=None, metadata=OMIT)
     forgetting: dict[str, dict[str, list]] | None = field(default=None, metadata=OMIT)
     order_sensitivity: OrderSensitivity | None = field(default=None, metadata=OMIT)
-    token_probes: TokenProbes | None = field(default=None, metadata=OMIT)
     ood: Ood | None = field(default=None, metadata=OMIT)
     steering: dict[str, Any] | None = field(default=None, metadata=OMIT)
     interventions: Interventions | None = field(default=None, metadata=OMIT)
@@ -542,7 +510,9 @@ class Summary:
         the blocks of registered analyses (probe/core/stages.py) as their dataclasses."""
         check_summary(data)
         summary = from_json(cls, data)
-        summary.stages = {name: from_json(stage.block, data[name]) for name, stage in STAGES.items() if name in data}
+        summary.stages = {
+            name: from_json(stage.block, data[name]) for name, stage in registered().items() if name in data
+        }
         return summary
 
 
@@ -558,7 +528,7 @@ def check_summary(data: Any) -> None:
     import jsonschema
 
     schema = json.loads(SCHEMA_FILE.read_text())
-    added = {name: stage for name, stage in STAGES.items() if name not in schema["properties"]}
+    added = {name: stage for name, stage in registered().items() if name not in schema["properties"]}
     if added:  # analyses registered beside the shipped ones: their blocks' schemas from their dataclasses
         defs: dict[str, Any] = {}
         schema["properties"].update({name: schema_of(stage.block, defs) for name, stage in added.items()})

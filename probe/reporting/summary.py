@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..analysis.verdicts import verdict_words
 from ..core.provenance import display_path, stamp
-from ..core.stages import STAGES as REGISTERED
+from ..core.stages import registered
 from ..interventions.patch import CLAIMED
 from ..interventions.pipeline import iteration_verdict
 from ..interventions.state import PICTURE as STATE_PICTURE
@@ -43,8 +43,6 @@ from .schema import (
     Summary,
     Table1,
     Table1Entry,
-    TokenProbes,
-    TokenProbeSeries,
     Trend,
     TrendFit,
     Verdict,
@@ -147,7 +145,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         summary.nulls = nulls_block(t["nulls"])
         summary.table1.null = {name: {"similarity": vals[-1]} for name, vals in summary.nulls.sime.items()}
     summary.stages = {
-        name: declared.summarise(t, recipe) for name, declared in REGISTERED.items() if name in built.timings
+        name: declared.summarise(t, recipe) for name, declared in registered().items() if name in built.timings
     }
     summary.evidence = evidence(summary) or None  # last: it reads every block above
     if compare is not None:
@@ -282,8 +280,6 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         }
     if "order" in t:
         out["order_sensitivity"] = order_block(t["order"])
-    if "token_probes" in t:
-        out["token_probes"] = token_probe_block(t["token_probes"])
     if "ood" in t:
         out["ood"] = ood_block(t["ood"], t["ood_sides"])
     if "steering" in t:
@@ -295,24 +291,6 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         ]
         out["interventions"] = block
     return out
-
-
-def token_probe_block(table: pd.DataFrame) -> TokenProbes:
-    """Every probe's series by layer (rows of probe/analysis/token_probes.py's table)."""
-    series = []
-    for (token, target), rows in table.groupby(["token", "target"], sort=False):
-        rows = rows.sort_values("layer")
-        k = rows.iterations.iloc[0]
-        series.append(
-            TokenProbeSeries(
-                token=str(token),
-                target=str(target),
-                iterations=None if pd.isna(k) else int(k),
-                floor_r2=float(rows.floor_r2.iloc[0]),
-                **{c: _col(rows, c) for c in ("r2", "r2_low", "r2_high", "gain", "gain_low", "gain_high")},
-            )
-        )
-    return TokenProbes(sorted(int(v) for v in table.layer.unique()), series)
 
 
 def ood_block(table: pd.DataFrame, sides: pd.DataFrame) -> Ood:
