@@ -157,28 +157,27 @@ def test_order_sensitivity_names_online_gd_only_near_its_share(share, low, high,
 def test_off_distribution_tracking_names_the_planted_algorithm(path, right):
     """The evidence row of the [ood] stage on the planted models: under inputs scaled by 3 each
     diverges where its own learner (at the member matched in distribution) does."""
-    from probe.analysis.shift_tracking import track_shifts
+    from probe.analysis.shift_tracking import ood_block, track_shifts
     from probe.io.formats import load_checkpoint
-    from probe.reporting.summary import ood_block
 
     ckpt = load_checkpoint(path)
     study = track_shifts(ckpt.model, ckpt.config.task, ("scale_x=3",), n_prompts=128, n_boot=200)
     block = ood_block(study.table, study.sides)
     sweeps = [{"label": "newton", "learner": "newton"}, {"label": "gd", "learner": "gd"}]
-    (q,) = questions(Blocks(sweeps, None, {}, ood=block))
+    (q,) = questions(Blocks(sweeps, None, {}, stages={"ood": block}))
     (row,) = [r for r in q.rows if r.instrument == "off-distribution tracking"]
     assert row.favours == right and row.validated_on
     assert q.answer == right  # the only validated instrument that decides
 
 
 def test_off_distribution_tracking_is_undecided_when_shifts_disagree():
-    from probe.reporting.schema import Ood, OodSide
+    from probe.analysis.shift_tracking import Ood, OodSide
 
     side = lambda shift, favours: OodSide(shift, "newton", "gd", "newton_fixed_alpha", "gd_fixed_step", favours,
                                           "distance", 0.1 if favours == "newton" else -0.1, 0.05, 0.15, 0.2, 0.01, True)
     sweeps = [{"label": "newton", "learner": "newton"}, {"label": "gd", "learner": "gd"}]
     for sides, expected in (([side("a", "newton"), side("b", None)], "newton"), ([side("a", "newton"), side("b", "gd")], None)):
-        (q,) = questions(Blocks(sweeps, None, {}, ood=Ood([], sides)))
+        (q,) = questions(Blocks(sweeps, None, {}, stages={"ood": Ood([], sides)}))
         (row,) = [r for r in q.rows if r.instrument == "off-distribution tracking"]
         assert row.favours == expected
         assert ("shifts disagree" in row.effect) == (expected is None)

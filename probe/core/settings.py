@@ -305,22 +305,6 @@ class OrderSettings(Section):
         return sorted({min(t, n - 1) for t in chosen if min(t, n - 1) >= 1})
 
 
-OOD_SHIFTS = ("scale_x=2", "scale_x=3", "scale_y=3", "half_subspace", "skewed", "random_quadrants", "noisy")
-
-
-@dataclass
-class OodSettings(Section):
-    """Out-of-distribution comparison (probe/analysis/shift_tracking.py, issue 64): recipe section
-    [ood]. Runs on isotropic linear-regression checkpoints (the shifts' task)."""
-
-    SECTION = "ood"
-    enabled: bool = setting(True, "compare the model with its matched learners under distribution shifts in reports")
-    shifts: tuple[str, ...] = setting(
-        OOD_SHIFTS, "shifts, NAME or NAME=VALUE (icl-probe evaluate --shift)", nonempty=True
-    )
-    prompts: int = setting(512, "shifted prompts per shift (and unshifted prompts that match the learners)")
-
-
 @dataclass
 class SteeringSettings(Section):
     """Causal probes (probe/interventions/steer.py): recipe section [steering], `icl-probe steer`."""

@@ -23,7 +23,10 @@ from .errors import ConfigError
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 ENTRY_POINTS = "icl_probe.stages"
-BUILTIN = ("probe.analysis.token_probes",)  # the toolkit's own registered analyses, in report order
+BUILTIN = (
+    "probe.analysis.shift_tracking",
+    "probe.analysis.token_probes",
+)  # the toolkit's own registered analyses, in report order
 
 
 @dataclass(frozen=True)

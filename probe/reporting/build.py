@@ -25,7 +25,6 @@ from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
 from ..analysis.probe_study import probe_intervals, probe_study
 from ..analysis.probes import without_r2_draws
 from ..analysis.readout import LayerReadouts
-from ..analysis.shift_tracking import CANDIDATES, MATCH_PROMPTS, track_shifts
 from ..analysis.spectral import reference_families
 from ..core import budget
 from ..core.allocator import release_free_memory
@@ -33,7 +32,7 @@ from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
 from ..core.provenance import display_path
 from ..core.seeds import Stream, stream_generator
-from ..core.settings import SweepSettings, query_count
+from ..core.settings import query_count
 from ..core.stages import AnalysisStage, registered
 from ..data.tasks import sample_prompts
 from ..interventions.pipeline import degenerate_boundaries, layer_maps_from_best, run_interventions
@@ -185,28 +184,6 @@ def _stage_order(c: Context):
     return {"order": table}, {}
 
 
-def _stage_ood(c: Context):
-    """Which matched learner the model tracks under each [ood] shift (probe/analysis/shift_tracking.py)."""
-    settings, seed = c.recipe.ood, c.recipe.prompts.seed
-    study = track_shifts(
-        c.ckpt.model,
-        c.ckpt.config.task,
-        settings.shifts,
-        settings.prompts,
-        seed,
-        c.device,
-        c.recipe.similarity.bootstrap,
-        c.progress,
-    )
-    return {"ood": study.table, "ood_curves": study.curves, "ood_sides": study.sides}, {}
-
-
-def shifts_apply(ckpt: LoadedCheckpoint) -> bool:
-    """Garg et al.'s shifts are defined on isotropic linear regression (probe/data/shifts.py)."""
-    task = ckpt.config.task
-    return task.name == "linear_regression" and task.covariance == "isotropic"
-
-
 def _stage_steering(c: Context):
     """Causal probes (probe/interventions/steer.py) at the [steering] cells."""
 
@@ -276,14 +253,6 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         o = recipe.order
         prefixes = len(o.prefixes_for(shape.d, n))
         out += order_estimates(shape, n, o.prompts, o.permutations, prefixes, len(o.learners), ORDER_BOOTSTRAP)
-    if recipe.ood.enabled and shifts_apply(ckpt):
-        ood = recipe.ood  # the shifted prompts (a forward per t where a shift replaces the queries), the grids' match
-        out.append(budget.prompt_estimate("ood.prompts", ood.prompts * len(ood.shifts), shape, n, n, ood.prompts))
-        families = [SweepSettings(f, learner, grid=dict(grid)) for f, (learner, grid) in CANDIDATES.items()]
-        out += budget.learner_estimates(families, MATCH_PROMPTS, n, shape.d, "ood.match")
-        out.append(
-            budget.bootstrap_estimate("similarity.bootstrap", recipe.similarity.bootstrap, ood.prompts, len(families))
-        )
     if has_runner(ckpt.model) and recipe.interventions.enabled:
         out += budget.intervention_estimates(shape, n, recipe.interventions, recipe.similarity.bootstrap)
     if has_runner(ckpt.model) and recipe.steering.enabled:
@@ -408,7 +377,6 @@ BUILTIN_STAGES = {
         Stage("probes", _stage_probes, _one_figure("probes", figures.probes)),
         Stage("forgetting", _stage_forgetting, _one_figure("forgetting", figures.forgetting)),
         Stage("order", _stage_order, _order_figures, ("readout",)),
-        Stage("ood", _stage_ood, _one_figure("ood_curves", figures.ood_curves), ("similarity",), applies=shifts_apply),
         Stage("steering", _stage_steering, _one_figure("steering", figures.steering), transformers_only=True),
         Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS[:3], transformers_only=True),
     )

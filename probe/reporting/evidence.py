@@ -21,7 +21,6 @@ from ..core.stages import registered
 from .schema import (
     CAUSAL_METRICS,
     EvidenceRow,
-    Ood,
     OrderSensitivity,
     Spectral,
     Summary,
@@ -53,11 +52,6 @@ VALIDATED = {
         "holds an iterate), oracles running GD with 2^l steps and Newton from alpha I (GD class) and the seeds' "
         "Newton (Newton class): tests/test_spectral.py, tests/test_evidence.py"
     ),
-    ("off-distribution tracking", ("newton", "gd")): (
-        "planted GD (GD with its fixed step: diverges where the model does under scale_x = 2 and 3, nearest under "
-        "every other shift) and planted Newton (Newton with its fixed alpha: diverges where the model does under "
-        "scale_x = 2 and 3): tests/test_shift_tracking.py"
-    ),
 }
 
 SPECTRAL_SIDE = {"gd": "gd", "precond_gd": "newton", "ridge": "ridge", "least_squares": "least_squares"}
@@ -72,7 +66,6 @@ def evidence(summary: Summary) -> list[Question]:
             summary.trend,
             summary.spectral,
             summary.order_sensitivity,
-            summary.ood,
             summary.stages,
         )
     )
@@ -87,7 +80,6 @@ class Blocks:
     trend: dict[str, Trend]
     spectral: Spectral | None = None
     order_sensitivity: OrderSensitivity | None = None
-    ood: Ood | None = None
     stages: dict[str, Any] = field(default_factory=dict)  # registered analyses' blocks
 
 
@@ -105,7 +97,6 @@ def questions(summary: Blocks) -> list[Question]:
             *_spectral_rows(summary, a, b),
             *_causal_rows(summary, a, b),
             *_order_rows(summary, a, b),
-            *_ood_rows(summary, a, b),
             *_registered_rows(summary, a, b),
         ]
         out.append(_consolidate(a, b, rows))
@@ -274,44 +265,6 @@ def _order_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
             lo,
             hi,
             cannot_tell_apart="any order-sensitive learner (SGD, a finite-memory model) reads as online GD here",
-        )
-    ]
-
-
-OOD_BLIND = (
-    "a family is represented by its member matched in distribution; members that agree there and differ off "
-    "distribution (GD's eta x steps, Newton's alpha x 2^k) are told apart only where they diverge differently"
-)
-
-
-def _ood_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
-    """Per shift, the side the model stays nearer off its training distribution (probe/analysis/
-    shift_tracking.py `side_comparisons`); favours a side that some shift resolves and none opposes."""
-    block = summary.ood
-    sides = [s for s in (block.sides if block else []) if {s.a, s.b} == {a, b}]
-    if not sides:
-        return []
-    favoured = {s.favours for s in sides if s.favours is not None}
-    favours = favoured.pop() if len(favoured) == 1 else None
-
-    def words(s) -> str:
-        sign = 1 if s.a == a else -1  # differences as a - b closeness (> 0 favours a)
-        lo, hi = sorted((sign * (s.ci_low or 0), sign * (s.ci_high or 0)))
-        unit = "mismatch share" if s.criterion == "mismatch" else "distance"
-        verdict = s.favours or ("unresolved" if not s.resolved else "not separable")
-        gap = "" if s.criterion == "mismatch" else f", gap {s.gap:.3g}, model at {s.distance:.3g}"
-        return f"{s.shift}: {verdict} ({unit} {sign * (s.difference or 0):+.3g} [{lo:+.3g}, {hi:+.3g}]{gap})"
-
-    effect = "; ".join(words(s) for s in sides)
-    if len(favoured) > 1 or (favours is None and any(s.favours for s in sides)):
-        effect = "shifts disagree: " + effect
-    return [
-        EvidenceRow(
-            "off-distribution tracking",
-            favours,
-            effect,
-            validated_on=VALIDATED.get(("off-distribution tracking", (a, b)), ""),
-            cannot_tell_apart=OOD_BLIND,
         )
     ]
 

@@ -260,33 +260,6 @@ def order_sensitivity(table: pd.DataFrame, stem: Path, titles: Titles | None = N
     return save_png(fig, stem)
 
 
-def ood_curves(table: pd.DataFrame, stem: Path) -> list[Path]:
-    """Error / d against the number of examples under each shift (one panel each): the model (black)
-    beside each learner family's member matched in distribution (probe/analysis/shift_tracking.py);
-    means over the prompts on which the predictor did not diverge."""
-    plt = pyplot()
-    shifts = list(dict.fromkeys(table["shift"]))
-    cols = min(4, len(shifts))
-    rows = -(-len(shifts) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.8 * rows), squeeze=False, sharex=True)
-    for ax, shift in zip(axes.flat, shifts):
-        part = table[table["shift"] == shift]
-        for i, (who, r) in enumerate(part.groupby("predictor", sort=False)):
-            style = {"color": "black", "lw": 2.0, "zorder": 3} if who == "model" else {"color": f"C{i}", "lw": 1.0}
-            ax.plot(r.t, r.error.clip(lower=1e-6), label=who, **style)
-        ax.set(title=shift, yscale="log")
-    for ax in axes.flat[len(shifts) :]:
-        ax.axis("off")
-    for ax in axes[-1]:
-        ax.set_xlabel("examples t")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("error / d")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=7, bbox_to_anchor=(0.5, -0.02))
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    return save_png(fig, stem)
-
-
 def steering(table: pd.DataFrame, stem: Path) -> list[Path]:
     """Steering slope by layer (one panel per probe target), per prefix, with 90% intervals; the
     random-edit control dashed (probe/interventions/steer.py)."""

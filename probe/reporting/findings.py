@@ -321,20 +321,6 @@ def _order(summary: Summary) -> str | None:
     )
 
 
-def _ood(summary: Summary) -> str | None:
-    """Which matched learner the model tracks under each shift, grouped by family."""
-    block = summary.ood
-    if block is None:
-        return None
-    groups: dict[str, list[str]] = {}
-    for s in block.shifts:
-        groups.setdefault(s.tracks, []).append(s.shift + ("" if s.separable else " (runner-up not apart)"))
-    parts = "; ".join(f"{family} under {', '.join(shifts)}" for family, shifts in groups.items())
-    diverged = [f"{s.shift} ({s.model_diverged:.0%})" for s in block.shifts if s.model_diverged > 0]
-    tail = f" The model diverges under {', '.join(diverged)}." if diverged else ""
-    return f"Off the training distribution the model tracks {parts}.{tail}"
-
-
 def _spectral(summary: Summary) -> str | None:
     """Each layer's spectral verdict, grouped (probe/analysis/spectral.py), with the exponent where
     the verdict names one class."""
@@ -379,7 +365,6 @@ def findings(summary: Summary) -> tuple[list[str], list[str]]:
         _probes(summary),
         _span(summary, d),
         _order(summary),
-        _ood(summary),
         *_registered(summary),
     ]
     items += [f"Causal check: {v}." for v in (summary.interventions.verdicts if summary.interventions else [])]

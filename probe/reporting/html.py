@@ -87,7 +87,6 @@ SECTIONS = [
     ("Probes for X<sup>T</sup>y and w", "probes", "probes"),
     ("Forgetting", "forgetting", "forgetting"),
     ("Order sensitivity", "order", "order"),
-    ("Off the training distribution", "ood", "ood_curves"),
     ("Causal probes", "steering", "steering"),
     ("Causal checks", "causal", "interventions"),
     ("Methods", "methods", None),
@@ -200,8 +199,6 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
                 out["probe_unconverged"] = _table(
                     stuck[cols].assign(grad_norm=stuck.grad_norm.map("{:.1e}".format)), "{:.3f}"
                 )
-    if summary.ood is not None:
-        out.update(_ood_tables(summary))
     ablation = summary.interventions.ablation if summary.interventions else None
     if ablation:
         skip = ablation["skip"]
@@ -233,43 +230,6 @@ def _evidence_rows(q, titles: Titles) -> pd.DataFrame:
             for r in q.rows
         ]
     )
-
-
-def _ood_tables(summary: Summary) -> dict[str, str]:
-    """Per shift the family tracked and its runner-up; per shift and question the sides."""
-    ood = summary.ood
-    assert ood is not None
-    num = lambda v: "-" if v is None else f"{v:.3g}"
-    interval = lambda d, lo, hi: f"{num(d)} [{num(lo)}, {num(hi)}]"
-    shifts = pd.DataFrame(
-        [
-            {
-                "shift": s.shift,
-                "tracks (matched member)": f"{s.tracks} ({s.matched})",
-                "distance / d (relative)": f"{num(s.distance)} ({num(s.relative_distance)})",
-                "runner-up": s.runner_up,
-                "runner-up's excess": f"{interval(s.difference, s.ci_low, s.ci_high)} in {s.criterion}",
-                "separable": "yes" if s.separable else "no",
-                "model error / d": num(s.model_error),
-                "model diverged": f"{s.model_diverged:.0%}",
-            }
-            for s in ood.shifts
-        ]
-    )
-    sides = pd.DataFrame(
-        [
-            {
-                "shift": s.shift,
-                "a vs b": f"{s.a} ({s.family_a}) vs {s.b} ({s.family_b})",
-                "difference (> 0: a nearer)": f"{interval(s.difference, s.ci_low, s.ci_high)} in {s.criterion}",
-                "gap between them": num(s.gap),
-                "model's distance": num(s.distance),
-                "favours": s.favours or ("-" if s.resolved else "- (unresolved)"),
-            }
-            for s in ood.sides
-        ]
-    )
-    return {"ood": _table(shifts), "ood_sides": _table(sides)}
 
 
 def _spectral_tables(summary: Summary) -> dict[str, str]:

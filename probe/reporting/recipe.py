@@ -9,13 +9,13 @@
     [forgetting]     ForgettingSettings    forgetting curves and their comparison learners
     [interventions]  InterventionSettings  causal checks
     [order]          OrderSettings         order sensitivity and its comparison learners
-    [ood]            OodSettings           which matched learner the model tracks under distribution shifts
     [steering]       SteeringSettings      causal probes (steering along linear probes)
 
 Every section is a settings class of probe/core/settings.py, where its keys, defaults and help are
 written once; the commands' flags are derived from the same classes. The analyses registered as
 `AnalysisStage`s (probe/core/stages.py) add their own sections, [<stage name>], after these:
 
+    [ood]            probe/analysis/shift_tracking.py which matched learner the model tracks under distribution shifts
     [token_probes]   probe/analysis/token_probes.py   per-token probes for the state a learner keeps
 
 Flags override recipe values (`--set prompts.test=256`); the resolved recipe is written into
@@ -39,7 +39,6 @@ from ..core.resources import RECIPE_DIR
 from ..core.settings import (
     ForgettingSettings,
     InterventionSettings,
-    OodSettings,
     OrderSettings,
     ProbeSettings,
     PromptSettings,
@@ -51,7 +50,6 @@ from ..core.settings import (
 )
 from ..core.stages import RESERVED, registered
 from ..core.validate import check_grid
-from ..data.shifts import parse_shift
 from ..learners import LEARNERS
 from ..models import family_class
 
@@ -85,7 +83,6 @@ class Recipe:
     forgetting: ForgettingSettings = field(default_factory=ForgettingSettings)
     interventions: InterventionSettings = field(default_factory=InterventionSettings)
     order: OrderSettings = field(default_factory=OrderSettings)
-    ood: OodSettings = field(default_factory=OodSettings)
     steering: SteeringSettings = field(default_factory=SteeringSettings)
     stages: dict[str, Any] = field(default_factory=lambda: registered_settings({}))  # registered stages' sections
 
@@ -117,11 +114,6 @@ class Recipe:
         for s in self.order.learners:
             _check_sweep(s, "order learner")
         self._check_interventions()
-        for shift in self.ood.shifts:
-            try:
-                parse_shift(shift)
-            except ConfigError as err:
-                raise ConfigError(f"ood.shifts: {err}") from None
 
     def _check_interventions(self) -> None:
         with_axis = [s.label for s in self.sweeps if s.axis]

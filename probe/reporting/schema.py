@@ -413,62 +413,6 @@ class Interventions:
 
 
 @dataclass
-class OodShift:
-    """One shift of the out-of-distribution comparison (probe/analysis/shift_tracking.py): the family
-    the model tracks (its matched member), the runner-up, their paired difference in `criterion`
-    (mismatch in diverging, or distance / d) with its 90% interval, and the model's own error / d and
-    share of prompts on which it diverged."""
-
-    shift: str
-    tracks: str
-    matched: str
-    distance: float | None
-    relative_distance: float | None
-    runner_up: str
-    criterion: str
-    difference: float | None
-    ci_low: float | None
-    ci_high: float | None
-    separable: bool
-    model_error: float | None
-    model_diverged: float
-
-
-@dataclass
-class OodSide:
-    """Two hypotheses (a, b) under one shift: the closest family of each, the paired difference
-    oriented so that > 0 favours a, the squared gap between the two families, and the side favoured
-    (None: not separable, or not `resolved`: the model no nearer either than they are to each other)."""
-
-    shift: str
-    a: str
-    b: str
-    family_a: str
-    family_b: str
-    favours: str | None
-    criterion: str
-    difference: float | None
-    ci_low: float | None
-    ci_high: float | None
-    gap: float | None
-    distance: float | None
-    resolved: bool
-
-
-@dataclass
-class Ood:
-    """Which matched learner the model tracks under each shift of the recipe's [ood] section."""
-
-    shifts: list[OodShift]
-    sides: list[OodSide]
-    definition: str = (
-        "each learner family's member closest to the model in distribution, asked the shifted prompts beside "
-        "the model; ranked by the share of prompts on which it and the model disagree about diverging, then "
-        "by mean squared distance / d to the model's predictions"
-    )
-
-
-@dataclass
 class Summary:
     """summary.json: provenance, then one block per analysis (None: the recipe left the stage out)."""
 
@@ -495,7 +439,6 @@ class Summary:
     probes: Probes | None = field(default=None, metadata=OMIT)
     forgetting: dict[str, dict[str, list]] | None = field(default=None, metadata=OMIT)
     order_sensitivity: OrderSensitivity | None = field(default=None, metadata=OMIT)
-    ood: Ood | None = field(default=None, metadata=OMIT)
     steering: dict[str, Any] | None = field(default=None, metadata=OMIT)
     interventions: Interventions | None = field(default=None, metadata=OMIT)
     compare: dict[str, Any] | None = field(default=None, metadata=OMIT)

@@ -28,9 +28,6 @@ from .schema import (
     Interventions,
     Match,
     Nulls,
-    Ood,
-    OodShift,
-    OodSide,
     OrderSensitivity,
     OrderSeries,
     ProbeFit,
@@ -280,8 +277,6 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         }
     if "order" in t:
         out["order_sensitivity"] = order_block(t["order"])
-    if "ood" in t:
-        out["ood"] = ood_block(t["ood"], t["ood_sides"])
     if "steering" in t:
         out["steering"] = steering_summary(t["steering"])
     if "interventions" in built.data:
@@ -291,31 +286,6 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         ]
         out["interventions"] = block
     return out
-
-
-def ood_block(table: pd.DataFrame, sides: pd.DataFrame) -> Ood:
-    """The tracked family per shift (rows with `tracks`) and the side comparisons."""
-    shifts = [
-        OodShift(
-            shift=r.shift,
-            tracks=r.family,
-            matched=r.matched,
-            distance=r.distance,
-            relative_distance=r.relative_distance,
-            runner_up=r.runner_up,
-            criterion=r.criterion,
-            difference=r.difference,
-            ci_low=r.ci_low,
-            ci_high=r.ci_high,
-            separable=bool(r.separable),
-            model_error=r.model_error,
-            model_diverged=r.model_diverged,
-        )
-        for r in table[table.tracks.astype(bool)].itertuples()
-    ]
-    names = [f.name for f in fields(OodSide)]
-    rows = sides.astype(object).where(sides.notna(), None)
-    return Ood(shifts, [OodSide(**{k: row[k] for k in names}) for row in rows.to_dict("records")])
 
 
 def order_block(table: pd.DataFrame) -> OrderSensitivity:
