@@ -252,26 +252,6 @@ def quick_sweeps() -> tuple[SweepSettings, ...]:
     return tuple(SweepSettings(**table) for table in tables)
 
 
-def _forgetting_learners() -> list[SweepSettings]:
-    return [
-        SweepSettings("newton[3]", "newton", grid={"iterations": [3]}),
-        SweepSettings("newton[10]", "newton", grid={"iterations": [10]}),
-        SweepSettings("ogd", "ogd"),
-        SweepSettings("least_squares", "least_squares"),
-    ]
-
-
-@dataclass
-class ForgettingSettings(Section):
-    """Forgetting curves (probe/analysis/forgetting.py): recipe section [forgetting]."""
-
-    SECTION = "forgetting"
-    enabled: bool = setting(True, "draw forgetting curves in reports")
-    prompts: int = setting(256, "prompts for the forgetting curves")
-    # learners whose curves are drawn beside the model's (seed 003 App. A.4, Fig. 11)
-    learners: list[SweepSettings] = dataclasses.field(default_factory=_forgetting_learners)
-
-
 def _order_learners() -> list[SweepSettings]:
     return [
         SweepSettings("least_squares", "least_squares"),

@@ -23,10 +23,8 @@ from .errors import ConfigError
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 ENTRY_POINTS = "icl_probe.stages"
-BUILTIN = (
-    "probe.analysis.shift_tracking",
-    "probe.analysis.token_probes",
-)  # the toolkit's own registered analyses, in report order
+# the toolkit's own registered analyses, in report order
+BUILTIN = ("probe.analysis.forgetting", "probe.analysis.shift_tracking", "probe.analysis.token_probes")
 
 
 @dataclass(frozen=True)

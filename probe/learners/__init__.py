@@ -53,3 +53,18 @@ def run_learner(
 
 
 __all__ = ["LEARNERS", "LearnerResult", "LearnerSpec", "prefix_moments", "run_learner"]
+
+
+def check_sweep(s, what: str) -> None:
+    """A learner sweep (SweepSettings: a [[sweeps]] entry or a section's learner) names a learner,
+    hyper-parameters and an axis that exist; its grid is validated in place."""
+    spec = LEARNERS.get(s.learner)  # unknown learner -> close-match suggestion
+    unknown = set(s.grid) - set(spec.defaults)
+    if unknown:
+        raise ConfigError(
+            f"{what} '{s.label}': learner '{s.learner}' has no hyper-parameter {sorted(unknown)}; "
+            f"it takes {sorted(spec.defaults)}"
+        )
+    if s.axis is not None and s.axis not in spec.defaults:
+        raise ConfigError(f"{what} '{s.label}': axis '{s.axis}' is not a hyper-parameter of '{s.learner}'")
+    s.grid = check_grid(s.learner, s.grid, where=f"{what} '{s.label}'")

@@ -19,7 +19,6 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.evaluate import error_curve, plot_error_curve, r2_curve
-from ..analysis.forgetting import forgetting_table
 from ..analysis.order import ORDER_BOOTSTRAP, order_estimates, order_table
 from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
 from ..analysis.probe_study import probe_intervals, probe_study
@@ -147,14 +146,6 @@ def _stage_probes(c: Context):
     return {"probes": without_r2_draws(table)}, {"probe_intervals": probe_intervals(table)}
 
 
-def _stage_forgetting(c: Context):
-
-    stream = stream_generator(c.recipe.prompts.seed, Stream.FORGETTING)
-    p = sample_prompts(c.ckpt.config.task, c.recipe.forgetting.prompts, generator=stream)
-    learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in c.recipe.forgetting.learners}
-    return {"forgetting": forgetting_table(c.ckpt.model, p.xs, p.ys, learners, c.device, c.memory)}, {}
-
-
 def _stage_order(c: Context):
     """Order sensitivity of every layer and of the [order] learners. The layers' read-outs are the
     layers stage's (its "readouts" data), or refitted exactly as that stage fits them when it did
@@ -247,8 +238,6 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         )
     if recipe.probes.enabled:
         out += budget.probe_estimates(shape, n, recipe.probes, p.test)
-    if recipe.forgetting.enabled:
-        out.append(budget.prompt_estimate("forgetting.prompts", recipe.forgetting.prompts, shape, n))
     if recipe.order.enabled:
         o = recipe.order
         prefixes = len(o.prefixes_for(shape.d, n))
@@ -375,7 +364,6 @@ BUILTIN_STAGES = {
         Stage("evaluate", _stage_evaluate, _evaluate_figures, optional=False),
         Stage("layers", _stage_layers, _layer_figures, LAYER_SECTIONS, optional=False),
         Stage("probes", _stage_probes, _one_figure("probes", figures.probes)),
-        Stage("forgetting", _stage_forgetting, _one_figure("forgetting", figures.forgetting)),
         Stage("order", _stage_order, _order_figures, ("readout",)),
         Stage("steering", _stage_steering, _one_figure("steering", figures.steering), transformers_only=True),
         Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS[:3], transformers_only=True),

@@ -222,17 +222,6 @@ def probes(table: pd.DataFrame, stem: Path) -> list[Path]:
     return save_png(fig, stem)
 
 
-def forgetting(table: pd.DataFrame, stem: Path) -> list[Path]:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.4))
-    for name, rows in table.groupby("predictor"):
-        ax.plot(rows.gap, rows.error.clip(lower=1e-12), "-o" if name == "model" else "--", label=label(name), ms=3)
-    examples_axis(ax, "time-stamp gap n - i")
-    ax.set(ylabel="squared error / d on reused x_i", yscale="log")
-    legend_outside(ax, 7)
-    return save_png(fig, stem)
-
-
 ORDER_FLOOR = 1e-8  # order shares below this (float round-off of order-free predictors) are drawn at it
 
 

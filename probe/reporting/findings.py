@@ -2,61 +2,17 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
-from typing import Any
-
+from ..analysis.labels import Titles, label, sweep_titles
 from ..analysis.matching import trend_words
 from ..core.stages import registered
-from ..learners import LEARNERS
 from ..models import has_random_init
 from ..models.constructions import CONSTRUCTIONS
 from .schema import Match, ProbeFit, ProbeOrder, Summary, Table1Entry, Verdict
 
+
 # Names that are neither learners nor sweeps: metrics, probe targets, nulls and the error curve's
 # k-NN baseline column. A learner reads as its registered title (probe/learners: LearnerSpec), a
 # sweep as the title its recipe gives it (`title` of a [[sweeps]] or [[compare]] entry).
-LABELS = {
-    "knn3": "3-NN",
-    "sime": "SimE",
-    "simw": "SimW",
-    "xty": "X^T y",
-    "w_ols": "w_OLS",
-    "xtx": "S = X^T X / t",
-    "random_model": "a random-weights model",
-    "zero": "the zero predictor",
-}
-
-Titles = Mapping[str, str]  # sweep label -> its recipe title
-
-
-def sweep_titles(sweeps: Iterable[Any]) -> dict[str, str]:
-    """label -> title of the recipe entries that give one (SweepSettings, CompareSection or their
-    dicts, as summary.json's recipe holds them)."""
-    out = {}
-    for s in sweeps:
-        entry = s if isinstance(s, Mapping) else vars(s)
-        if entry.get("title"):
-            out[entry["label"]] = entry["title"]
-    return out
-
-
-def label(name: str, titles: Titles | None = None) -> str:
-    """Human label of an internal name: a sweep by its recipe title (`titles`), a learner by its
-    registered title, a metric, target or null by LABELS; a sweep of one grid value, `learner[k]`,
-    reads "<learner>, k <unit>" (sgd[8]: "SGD, 8 steps")."""
-    if titles and name in titles:
-        return titles[name]
-    fixed = re.fullmatch(r"(\w+)\[(\d+)\]", name)
-    if fixed and name not in LABELS:
-        learner, k = fixed.groups()
-        unit = LEARNERS.get(learner).unit if learner in LEARNERS else "iterations"
-        return f"{label(learner, titles)}, {k} {unit}"
-    if name in LABELS:
-        return LABELS[name]
-    return LEARNERS.get(name).title if name in LEARNERS else name.replace("_", " ")
-
-
 def summary_titles(summary: Summary) -> dict[str, str]:
     """The sweep titles of the recipe a summary records."""
     recipe = summary.recipe or {}

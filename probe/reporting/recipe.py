@@ -6,7 +6,6 @@
     [[sweeps]]       SweepSettings         label, learner, axis, grid (one per heatmap family)
     [spectral]       SpectralSettings      each layer's spectral filter (on SimW's induced weights)
     [probes]         ProbeSettings         attention-pooled probes
-    [forgetting]     ForgettingSettings    forgetting curves and their comparison learners
     [interventions]  InterventionSettings  causal checks
     [order]          OrderSettings         order sensitivity and its comparison learners
     [steering]       SteeringSettings      causal probes (steering along linear probes)
@@ -15,6 +14,7 @@ Every section is a settings class of probe/core/settings.py, where its keys, def
 written once; the commands' flags are derived from the same classes. The analyses registered as
 `AnalysisStage`s (probe/core/stages.py) add their own sections, [<stage name>], after these:
 
+    [forgetting]     probe/analysis/forgetting.py     forgetting curves and their comparison learners
     [ood]            probe/analysis/shift_tracking.py which matched learner the model tracks under distribution shifts
     [token_probes]   probe/analysis/token_probes.py   per-token probes for the state a learner keeps
 
@@ -37,7 +37,6 @@ from ..core.errors import ConfigError
 from ..core.registry import unknown_name_message
 from ..core.resources import RECIPE_DIR
 from ..core.settings import (
-    ForgettingSettings,
     InterventionSettings,
     OrderSettings,
     ProbeSettings,
@@ -49,25 +48,10 @@ from ..core.settings import (
     SweepSettings,
 )
 from ..core.stages import RESERVED, registered
-from ..core.validate import check_grid
-from ..learners import LEARNERS
+from ..learners import check_sweep
 from ..models import family_class
 
 SWEEP_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def _check_sweep(s: SweepSettings, what: str) -> None:
-    """A learner sweep's learner, grid keys and axis exist; its grid is validated in place."""
-    spec = LEARNERS.get(s.learner)  # unknown learner -> close-match suggestion
-    unknown = set(s.grid) - set(spec.defaults)
-    if unknown:
-        raise ConfigError(
-            f"{what} '{s.label}': learner '{s.learner}' has no hyper-parameter {sorted(unknown)}; "
-            f"it takes {sorted(spec.defaults)}"
-        )
-    if s.axis is not None and s.axis not in spec.defaults:
-        raise ConfigError(f"{what} '{s.label}': axis '{s.axis}' is not a hyper-parameter of '{s.learner}'")
-    s.grid = check_grid(s.learner, s.grid, where=f"{what} '{s.label}'")
 
 
 @dataclass
@@ -80,7 +64,6 @@ class Recipe:
     sweeps: list[SweepSettings] = field(default_factory=list)
     spectral: SpectralSettings = field(default_factory=SpectralSettings)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
-    forgetting: ForgettingSettings = field(default_factory=ForgettingSettings)
     interventions: InterventionSettings = field(default_factory=InterventionSettings)
     order: OrderSettings = field(default_factory=OrderSettings)
     steering: SteeringSettings = field(default_factory=SteeringSettings)
@@ -103,16 +86,14 @@ class Recipe:
         if len(set(labels)) != len(labels):
             raise ConfigError(f"sweep labels must be unique, got {labels}")
         for s in self.sweeps:
-            _check_sweep(s, "sweep")
+            check_sweep(s, "sweep")
             if not SWEEP_LABEL.fullmatch(s.label):
                 raise ConfigError(
                     f"sweep label {s.label!r} must be letters, digits, '_', '-' or '.' "
                     "(it names output files), e.g. gd_log"
                 )
-        for s in self.forgetting.learners:
-            _check_sweep(s, "forgetting learner")
         for s in self.order.learners:
-            _check_sweep(s, "order learner")
+            check_sweep(s, "order learner")
         self._check_interventions()
 
     def _check_interventions(self) -> None:

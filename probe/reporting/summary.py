@@ -256,7 +256,7 @@ def _plain(value: Any) -> Any:
 
 
 def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
-    """Blocks of the stages a recipe may leave out: ReLU R^2, span, probes, forgetting, order,
+    """Blocks of the stages a recipe may leave out: ReLU R^2, span, probes, order,
     out-of-distribution tracking, steering, interventions."""
     t = built.tables
     out: dict[str, Any] = {}
@@ -271,10 +271,6 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         intervals = built.data.get("probe_intervals")
         order = [ProbeOrder(**o) for o in intervals["order"]] if intervals else None
         out["probes"] = Probes(probe_summary(t["probes"], intervals), order=order)
-    if "forgetting" in t:
-        out["forgetting"] = {
-            name: {"gap": _col(r, "gap"), "error": _col(r, "error")} for name, r in t["forgetting"].groupby("predictor")
-        }
     if "order" in t:
         out["order_sensitivity"] = order_block(t["order"])
     if "steering" in t:
