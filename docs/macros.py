@@ -196,7 +196,9 @@ def cli_reference() -> str:
 
     parser = build_parser()
     out = ["Generated from the argument parser (`probe/cli/`); `icl-probe COMMAND --help` prints the same.\n"]
-    for name in COMMANDS:
+    from probe.core.stages import registered
+
+    for name in [*COMMANDS, *(stage.command for stage in registered().values())]:
         command = parser._defaults["commands"][name] if "commands" in parser._defaults else None
         command = command or next(a for a in parser._subparsers._group_actions).choices[name]
         out.append(f"## `icl-probe {name}`\n\n```text\n{command.format_help().rstrip()}\n```\n")

@@ -170,6 +170,7 @@ DIR_COMMANDS = {
     "span": ["span", "ck"],
     "probes": ["probes", "ck"],
     "report": ["report", "ck"],
+    "forgetting": ["forgetting", "ck", "--prompts", "8"],  # a registered analysis's command
 }
 BAD_OUTS = {
     "cwd": (".", "current directory|contains the input"),

@@ -188,7 +188,8 @@ def capture(
     if spilled:  # our own temporary directory goes when the result does (the memmaps stay readable until then)
         weakref.finalize(result, shutil.rmtree, str(out_dir), True)
     if as_cache:
-        return result.as_cache(_public_bridge(model, device) if getattr(model, "family", "") == "gpt2" else None)
+        bridged = getattr(model, "transformer_lens_bridge", False)  # a family trait (models/base.py)
+        return result.as_cache(_public_bridge(model, device) if bridged else None)
     return result
 
 

@@ -145,7 +145,7 @@ def to_bridge(source, device: str = "cpu"):
     """
 
     model, task = _model_of(source)
-    if getattr(model, "family", "") != "gpt2":
+    if not getattr(model, "transformer_lens_bridge", False):  # a family trait (probe/models/base.py)
         raise ConfigError(
             f"to_bridge needs a GPT-2 family model (own, Garg or Hugging Face format); got "
             f"{type(model).__name__}. Planted models run one sequence per prefix run, with TransformerLens "

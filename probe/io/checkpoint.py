@@ -280,12 +280,15 @@ def load_native(directory: Path) -> LoadedCheckpoint:
 # ---------------------------------------------------------------------------- Garg et al.'s layout
 
 
+GARG_FAMILY = "gpt2"  # the one model.family of Garg et al.'s config.yaml that their train.py builds
+
+
 def garg_config_to_run(raw: dict[str, Any], source: Path) -> RunConfig:
     """Translate Garg et al.'s config.yaml (model + training blocks) into a RunConfig."""
     model = raw.get("model") if isinstance(raw, dict) else None
     if not isinstance(model, dict):
         raise CheckpointError(f"{source}: no `model:` block (expected Garg et al.'s config.yaml)")
-    if model.get("family", "gpt2") != "gpt2":
+    if model.get("family", GARG_FAMILY) != GARG_FAMILY:
         raise CheckpointError(
             f"{source}: model.family {model.get('family')!r} is not supported; only Garg et al.'s gpt2 family loads"
         )

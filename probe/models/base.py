@@ -56,7 +56,9 @@ class FamilyTraits:
     whether it can resume a forward from a layer with a key/value cache (`key_value_cache`: it then
     has `resume`, probe/analysis/states.py), and how many tokens each prefix run holds beside the
     interleaved examples and query (`n_extra_tokens`: a planted Newton model's column tokens; they
-    are captured by `probe.capture.streams.column_streams`)."""
+    are captured by `probe.capture.streams.column_streams`), and whether TransformerLens's own
+    TransformerBridge can hold it (`transformer_lens_bridge`: probe.to_bridge, a capture's
+    ActivationCache tied to it)."""
 
     random_init: bool = True
     attention_heads: bool = False
@@ -64,6 +66,7 @@ class FamilyTraits:
     garg_format: bool = False
     sized_by_config: bool = True
     key_value_cache: bool = False
+    transformer_lens_bridge: bool = False
 
     @property
     def n_extra_tokens(self) -> int:

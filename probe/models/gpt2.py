@@ -227,6 +227,7 @@ TL_NAMES = (("_backbone.h.", "blocks."), ("_backbone.ln_f.", "ln_final."), ("ln_
 class GPT2ICL(Hooked, ReadInOutModel, nn.Module):
     family = "gpt2"
     attention_heads = attention_activation = garg_format = key_value_cache = True  # base.py FamilyTraits
+    transformer_lens_bridge = True
 
     @staticmethod
     def parameter_count(cfg: ModelConfig) -> int:
