@@ -190,8 +190,8 @@ def test_no_api_function_is_shadowed_by_a_module_of_the_same_name():
 
 
 def test_learners_describe_themselves_and_the_report_holds_no_learner_names():
-    from probe.learners import LEARNERS
     from probe.analysis.labels import LABELS, label, sweep_titles
+    from probe.learners import LEARNERS
     from probe.reporting.html import learner_methods
 
     assert all(LEARNERS.get(n).label for n in LEARNERS.names())
