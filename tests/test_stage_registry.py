@@ -47,7 +47,7 @@ def _run(c):
     return {"mean_prediction": pd.DataFrame({"n_examples": range(len(pred)), "mean_abs": pred.double().numpy()})}
 
 
-def _figures(tables, fig_dir):
+def _figures(tables, fig_dir, recipe):
     import matplotlib.pyplot as plt
 
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,7 @@ MEAN = AnalysisStage(
             ckpt.config.task.n_points,
         )
     ],
-    findings=lambda block: f"Mean |prediction| after {block.n_examples[-1]} examples: {block.mean_abs[-1]:.3f}.",
+    findings=lambda block, titles: f"Mean |prediction| after {block.n_examples[-1]} examples: {block.mean_abs[-1]:.3f}.",
     tables=lambda block: {"by examples": pd.DataFrame({"examples": block.n_examples, "mean |y|": block.mean_abs})},
 )
 

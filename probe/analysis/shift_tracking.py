@@ -591,7 +591,7 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     ]
 
 
-def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path) -> dict[str, Path]:
+def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, recipe) -> dict[str, Path]:
     return {"ood_curves": ood_figure(tables["ood_curves"], fig_dir / "ood_curves")[0]}
 
 
@@ -622,7 +622,7 @@ def ood_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
     return save_png(fig, stem)
 
 
-def _findings(block: Ood) -> str | None:
+def _findings(block: Ood, titles) -> str | None:
     """Which matched learner the model tracks under each shift, grouped by family."""
     groups: dict[str, list[str]] = {}
     for s in block.shifts:

@@ -521,7 +521,7 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     )
 
 
-def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path) -> dict[str, Path]:
+def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, recipe) -> dict[str, Path]:
     return {"token_probes": token_probe_figure(tables["token_probes"], fig_dir / "token_probes")[0]}
 
 
@@ -555,7 +555,7 @@ def _best(block: TokenProbes, series: list[TokenProbeSeries], by: str) -> tuple[
 FAMILIES = (("sx", "S x"), ("s3x", "S^3 x"), ("newton_mx", "M_k x"))
 
 
-def _findings(block: TokenProbes) -> str | None:
+def _findings(block: TokenProbes, titles) -> str | None:
     """Per token kind: the largest gain over the floor (the example x alone; at a column token its
     e_j) of S x and S^3 x, and of Newton's M_k x (over k); at column tokens, the matrices' columns."""
     parts = []

@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     """`icl-probe <stage name>` of a registered analysis: its tables as <table>.csv, its summary.json
     block with its settings and provenance as <stage>_summary.json and its figures, published only
     when all of it is written; its findings line printed."""
+    from ..analysis.labels import sweep_titles
     from ..core.config import to_dict
     from ..core.provenance import stamp
     from ..core.stages import registered
@@ -114,11 +115,12 @@ def run(args: argparse.Namespace) -> int:
     with writing(target) as out:
         for name, frame in tables.items():
             frame.to_csv(out / f"{name}.csv", index=False)
-        written = {declared.name: to_json(block), "settings": to_dict(getattr(recipe, declared.name)), **stamp()}
+        written = {declared.block_key: to_json(block), "settings": to_dict(getattr(recipe, declared.name)), **stamp()}
         (out / f"{declared.name}_summary.json").write_text(json.dumps(strict(written), indent=2, default=str) + "\n")
         if declared.figures is not None:
-            declared.figures(tables, out)
-    line = declared.findings(block) if declared.findings is not None else None
+            declared.figures(tables, out, recipe)
+    titles = sweep_titles([*recipe.sweeps, *recipe.forgetting.learners])
+    line = declared.findings(block, titles) if declared.findings is not None else None
     if line:
         print(line)
     print(f"wrote {target.path}")

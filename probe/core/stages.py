@@ -31,17 +31,17 @@ BUILTIN = ("probe.analysis.forgetting", "probe.analysis.shift_tracking", "probe.
 class AnalysisStage:
     """One analysis of the report.
 
-    name: its recipe section [name], its summary.json key and its command `icl-probe <name>`
-        (underscores as dashes).
+    name: its recipe section [name], its summary.json key (unless `key` says otherwise) and its
+        command `icl-probe <name>` (underscores as dashes).
     settings: its recipe section, a `Section` dataclass with SECTION = name and an `enabled` field.
     run: (report Context: checkpoint, recipe adapted to it, device, earlier stages' tables) ->
         its tables, name -> DataFrame (written to data/<table>.csv).
     block: the dataclass of its summary.json block; summarise(tables, recipe) builds it.
     title, description: its section of the report page (plain text) and the command's help.
-    figures: (tables, figure directory) -> name -> PNG path.
+    figures: (tables, figure directory, recipe) -> name -> PNG path.
     estimates: (recipe, checkpoint) -> budget Estimates (probe/core/budget.py) of its own knobs,
         the report's up-front check.
-    findings: block -> one findings line (or None).
+    findings: (block, titles: sweep label -> title) -> one findings line (or None).
     tables: block -> caption -> DataFrame shown on the page.
     evidence: (block, hypothesis a, hypothesis b) -> rows of the evidence table for that question,
         each a dict of probe.reporting.schema.EvidenceRow's fields (probe/reporting/evidence.py).
@@ -49,6 +49,7 @@ class AnalysisStage:
     applies: checkpoint -> whether it runs on it (None: every checkpoint).
     flags: (settings field, flag name) of its command where not the field's own (e.g. "test-prompts").
     captions: (figure name, caption) under its figures on the page.
+    key: its summary.json key where that is not its name (order: "order_sensitivity").
     """
 
     name: str
@@ -58,19 +59,25 @@ class AnalysisStage:
     summarise: Callable[[dict[str, Any], Any], Any]
     title: str
     description: str
-    figures: Callable[[dict[str, Any], Path], dict[str, Path]] | None = None
+    figures: Callable[[dict[str, Any], Path, Any], dict[str, Path]] | None = None
     estimates: Callable[[Any, Any], list[Any]] | None = None
-    findings: Callable[[Any], str | None] | None = None
+    findings: Callable[[Any, Any], str | None] | None = None
     tables: Callable[[Any], dict[str, Any]] | None = None
     evidence: Callable[[Any, str, str], list[dict[str, Any]]] | None = None
     reads: tuple[str, ...] = ()
     applies: Callable[[Any], bool] | None = None
     flags: tuple[tuple[str, str], ...] = ()
     captions: tuple[tuple[str, str], ...] = ()
+    key: str = ""
 
     @property
     def command(self) -> str:
         return self.name.replace("_", "-")
+
+    @property
+    def block_key(self) -> str:
+        """Its block's key in summary.json."""
+        return self.key or self.name
 
 
 STAGES: dict[str, AnalysisStage] = {}
@@ -83,7 +90,7 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
     what = f"analysis stage {stage.name!r}"
     if not isinstance(stage.name, str) or not NAME.fullmatch(stage.name):
         raise ConfigError(f"{what}: a stage name is lower-case letters, digits and '_', starting with a letter")
-    if stage.name in RESERVED:
+    if stage.name in RESERVED or stage.block_key in RESERVED:
         raise ConfigError(f"{what}: the name is a built-in recipe section or summary.json key; choose another")
     if STAGES.get(stage.name, stage) is not stage:
         raise ConfigError(f"{what} is already registered by another declaration; choose another name")
@@ -98,6 +105,11 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
         raise ConfigError(f"{what}: block must be a dataclass (summary.json's schema is generated from it)")
     STAGES[stage.name] = stage
     return stage
+
+
+def by_block_key() -> dict[str, AnalysisStage]:
+    """The registered stages by their summary.json key."""
+    return {stage.block_key: stage for stage in registered().values()}
 
 
 def unregister_stage(name: str) -> None:

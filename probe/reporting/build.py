@@ -378,7 +378,7 @@ def _registered(declared: AnalysisStage) -> Stage:
     return Stage(
         name,
         lambda c: (declared.run(c), {}),
-        lambda t, fig_dir, c: {f"{name}/{k}": v for k, v in draw(t, fig_dir).items()} if draw is not None else {},
+        lambda t, fig_dir, c: {f"{name}/{k}": v for k, v in draw(t, fig_dir, c.recipe).items()} if draw else {},
         declared.reads,
         applies=declared.applies,
     )

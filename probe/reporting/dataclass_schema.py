@@ -8,7 +8,7 @@ import types
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from ..core.stages import registered
+from ..core.stages import by_block_key
 
 MERGED = {"merged": True}  # field metadata: a dict of the registered stages' blocks, written at the top level
 
@@ -55,7 +55,7 @@ def dataclass_schema(kind: type, defs: dict[str, Any]) -> dict[str, Any]:
     own = [f for f in fields(kind) if not f.metadata.get("merged")]
     properties = {f.name: schema_of(hints[f.name], defs) for f in own}
     if len(own) < len(fields(kind)):  # the registered analyses' blocks, each optional
-        properties.update({name: schema_of(stage.block, defs) for name, stage in registered().items()})
+        properties.update({key: schema_of(stage.block, defs) for key, stage in by_block_key().items()})
     required = [f.name for f in own if f.default is MISSING and f.default_factory is MISSING]
     out: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
     out["additionalProperties"] = False

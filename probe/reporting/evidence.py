@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.matching import family_of
-from ..core.stages import registered
+from ..core.stages import by_block_key
 from .schema import (
     CAUSAL_METRICS,
     EvidenceRow,
@@ -272,8 +272,8 @@ def _order_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
 def _registered_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
     """The rows of the registered analyses that declare one (probe/core/stages.py `evidence`)."""
     rows = []
-    for name, block in summary.stages.items():
-        hook = registered()[name].evidence
+    for key, block in summary.stages.items():
+        hook = by_block_key()[key].evidence
         rows += [EvidenceRow(**row) for row in (hook(block, a, b) if hook is not None else [])]
     return rows
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..analysis.labels import Titles, label, sweep_titles
 from ..analysis.matching import trend_words
-from ..core.stages import registered
+from ..core.stages import by_block_key
 from ..models import has_random_init
 from ..models.constructions import CONSTRUCTIONS
 from .schema import Match, ProbeFit, ProbeOrder, Summary, Table1Entry, Verdict
@@ -301,10 +301,10 @@ CLASS_WORDS = {
 
 def _registered(summary: Summary) -> list[str | None]:
     """The findings lines of the registered analyses that ran (probe/core/stages.py)."""
-    lines = []
-    for name, block in summary.stages.items():
-        line = registered()[name].findings
-        lines.append(line(block) if line is not None else None)
+    lines, titles = [], summary_titles(summary)
+    for key, block in summary.stages.items():
+        line = by_block_key()[key].findings
+        lines.append(line(block, titles) if line is not None else None)
     return lines
 
 

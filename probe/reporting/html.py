@@ -15,7 +15,7 @@ import markupsafe
 import pandas as pd
 
 from ..core.settings import query_count
-from ..core.stages import registered
+from ..core.stages import by_block_key
 from ..learners import LEARNERS
 from ..models import family_class
 from .findings import Titles, findings, label, summary_titles, sweep_titles
@@ -129,11 +129,11 @@ def _with_registered(sections: list[Section], summary: Summary, figs: dict[str, 
     description, the tables their `tables` shows and their figures (their text escaped)."""
     added = []
     for name, block in summary.stages.items():
-        declared = registered()[name]
+        declared = by_block_key()[name]
         parts = [f"<p>{html.escape(declared.description)}</p>"]
         for caption, frame in (declared.tables(block) if declared.tables else {}).items():
             parts += [f"<p>{html.escape(caption)}</p>", _table(frame)]
-        drawn = {key.split("/", 1)[1]: path for key, path in figs.items() if key.startswith(f"{name}/")}
+        drawn = {key.split("/", 1)[1]: path for key, path in figs.items() if key.startswith(f"{declared.name}/")}
         captions = dict(declared.captions)
         parts += [figure(path, key, captions.get(key, f"{declared.title}: {key}")) for key, path in drawn.items()]
         added.append(Section(html.escape(declared.title), parts))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ..core.errors import ConfigError
-from ..core.stages import RESERVED, registered
+from ..core.stages import RESERVED, by_block_key
 from .dataclass_schema import MERGED, schema_of
 
 SCHEMA_VERSION = 5  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`
@@ -453,7 +453,7 @@ class Summary:
         check_summary(data)
         summary = from_json(cls, data)
         summary.stages = {
-            name: from_json(stage.block, data[name]) for name, stage in registered().items() if name in data
+            key: from_json(stage.block, data[key]) for key, stage in by_block_key().items() if key in data
         }
         return summary
 
@@ -470,7 +470,7 @@ def check_summary(data: Any) -> None:
     import jsonschema
 
     schema = json.loads(SCHEMA_FILE.read_text())
-    added = {name: stage for name, stage in registered().items() if name not in schema["properties"]}
+    added = {key: stage for key, stage in by_block_key().items() if key not in schema["properties"]}
     if added:  # analyses registered beside the shipped ones: their blocks' schemas from their dataclasses
         defs: dict[str, Any] = {}
         schema["properties"].update({name: schema_of(stage.block, defs) for name, stage in added.items()})

@@ -142,7 +142,9 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         summary.nulls = nulls_block(t["nulls"])
         summary.table1.null = {name: {"similarity": vals[-1]} for name, vals in summary.nulls.sime.items()}
     summary.stages = {
-        name: declared.summarise(t, recipe) for name, declared in registered().items() if name in built.timings
+        declared.block_key: declared.summarise(t, recipe)
+        for name, declared in registered().items()
+        if name in built.timings
     }
     summary.evidence = evidence(summary) or None  # last: it reads every block above
     if compare is not None:
