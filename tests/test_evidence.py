@@ -141,14 +141,14 @@ def test_order_sensitivity_names_online_gd_only_near_its_share(share, low, high,
     """GD is order-free by construction and online GD is at 0.010 here: a model at or above half of
     online GD's share reads as online GD (the LSTM's 0.021), one far below it (the GPT-2's 0.0014)
     as neither, one at 0 as GD."""
-    from probe.reporting.schema import OrderSensitivity, OrderSeries
+    from probe.analysis.order import OrderSensitivity, OrderSeries
 
     block = OrderSensitivity(
         [15], [0, 1], {"15": OrderSeries([0.5, share], [0.4, low], [0.6, high])},
         {"ogd": {"15": OrderSeries(0.0102, 0.009, 0.011)}, "gd": {"15": OrderSeries(0.0, 0.0, 0.0)}},
     )
     sweeps = [{"label": "gd", "learner": "gd"}, {"label": "ogd", "learner": "ogd"}]
-    (q,) = questions(Blocks(sweeps, None, {}, None, block))
+    (q,) = questions(Blocks(sweeps, None, {}, stages={"order_sensitivity": block}))
     (row,) = [r for r in q.rows if r.instrument == "order sensitivity"]
     assert row.favours == favours
 

@@ -252,39 +252,6 @@ def quick_sweeps() -> tuple[SweepSettings, ...]:
     return tuple(SweepSettings(**table) for table in tables)
 
 
-def _order_learners() -> list[SweepSettings]:
-    return [
-        SweepSettings("least_squares", "least_squares"),
-        SweepSettings("ridge", "ridge", grid={"lam": [0.1]}),
-        SweepSettings("gd[8]", "gd", grid={"steps": [8]}),
-        SweepSettings("newton[4]", "newton", grid={"iterations": [4]}),
-        SweepSettings("ogd", "ogd"),
-        SweepSettings("sgd[8]", "sgd", grid={"steps": [8], "eta": [0.02], "batch_size": [4], "masks_seed": 0}),
-    ]
-
-
-@dataclass
-class OrderSettings(Section):
-    """Order sensitivity (probe/analysis/order.py, seed 000 Discussion): recipe section [order],
-    `icl-probe order` flags."""
-
-    SECTION = "order"
-    enabled: bool = setting(True, "measure order sensitivity in reports")
-    prompts: int = setting(256, "prompts whose examples are permuted")
-    permutations: int = setting(8, "orderings per prompt (the first is the prompt's own)", minimum=2)
-    prefixes: tuple[int, ...] = setting((), "numbers of examples t before the query (empty: d, 2d+1 and n-1)")
-    # learners measured beside the model: one setting each (deterministic ones give 0)
-    learners: list[SweepSettings] = dataclasses.field(default_factory=_order_learners)
-
-    def prefixes_for(self, d: int, n: int) -> list[int]:
-        """The prefixes to measure for prompts of n points in d dimensions (each < n)."""
-        chosen = self.prefixes or [d, 2 * d + 1, n - 1]
-        bad = [t for t in chosen if t >= n]
-        if self.prefixes and bad:
-            raise ConfigError(f"order.prefixes {bad} leave no query: prompts have {n} points, so use t <= {n - 1}")
-        return sorted({min(t, n - 1) for t in chosen if min(t, n - 1) >= 1})
-
-
 @dataclass
 class SteeringSettings(Section):
     """Causal probes (probe/interventions/steer.py): recipe section [steering], `icl-probe steer`."""

@@ -24,7 +24,12 @@ from .errors import ConfigError
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 ENTRY_POINTS = "icl_probe.stages"
 # the toolkit's own registered analyses, in report order
-BUILTIN = ("probe.analysis.forgetting", "probe.analysis.shift_tracking", "probe.analysis.token_probes")
+BUILTIN = (
+    "probe.analysis.order",
+    "probe.analysis.forgetting",
+    "probe.analysis.shift_tracking",
+    "probe.analysis.token_probes",
+)
 
 
 @dataclass(frozen=True)

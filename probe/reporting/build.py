@@ -19,8 +19,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.evaluate import error_curve, plot_error_curve, r2_curve
-from ..analysis.order import ORDER_BOOTSTRAP, order_estimates, order_table
-from ..analysis.pipeline import LayerSettings, analyse_layers, fit_readouts
+from ..analysis.pipeline import LayerSettings, analyse_layers
 from ..analysis.probe_study import probe_intervals, probe_study
 from ..analysis.probes import without_r2_draws
 from ..analysis.readout import LayerReadouts
@@ -146,35 +145,6 @@ def _stage_probes(c: Context):
     return {"probes": without_r2_draws(table)}, {"probe_intervals": probe_intervals(table)}
 
 
-def _stage_order(c: Context):
-    """Order sensitivity of every layer and of the [order] learners. The layers' read-outs are the
-    layers stage's (its "readouts" data), or refitted exactly as that stage fits them when it did
-    not run."""
-
-    ckpt, recipe, settings, task = c.ckpt, c.recipe, c.recipe.order, c.ckpt.config.task
-    p = sample_prompts(task, settings.prompts, generator=stream_generator(recipe.prompts.seed, Stream.ORDER))
-    fitted = c.before("readouts", "data")
-    if fitted is not None:
-        readouts = LayerReadouts.from_json(fitted)
-    else:
-        readouts, _, _ = fit_readouts(ckpt.model, task, layer_settings(recipe, c.device, c.memory))
-    learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in settings.learners}
-    prefixes = settings.prefixes_for(task.n_dims, task.n_points)
-    table = order_table(
-        ckpt.model,
-        readouts,
-        p.xs,
-        p.ys,
-        prefixes,
-        settings.permutations,
-        learners,
-        recipe.prompts.seed,
-        c.device,
-        c.memory,
-    )
-    return {"order": table}, {}
-
-
 def _stage_steering(c: Context):
     """Causal probes (probe/interventions/steer.py) at the [steering] cells."""
 
@@ -238,10 +208,6 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         )
     if recipe.probes.enabled:
         out += budget.probe_estimates(shape, n, recipe.probes, p.test)
-    if recipe.order.enabled:
-        o = recipe.order
-        prefixes = len(o.prefixes_for(shape.d, n))
-        out += order_estimates(shape, n, o.prompts, o.permutations, prefixes, len(o.learners), ORDER_BOOTSTRAP)
     if has_runner(ckpt.model) and recipe.interventions.enabled:
         out += budget.intervention_estimates(shape, n, recipe.interventions, recipe.similarity.bootstrap)
     if has_runner(ckpt.model) and recipe.steering.enabled:
@@ -348,10 +314,6 @@ def _intervention_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
     return out
 
 
-def _order_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
-    return {"order": figures.order_sensitivity(t["order"], fig_dir / "order", sweep_titles(c.recipe.sweeps))[0]}
-
-
 def _one_figure(name: str, draw: Callable[[pd.DataFrame, Path], list[Path]]):
     """The figures of a stage that draws its one table `name` once."""
     return lambda t, fig_dir, c: {name: draw(t[name], fig_dir / name)[0]}
@@ -364,7 +326,6 @@ BUILTIN_STAGES = {
         Stage("evaluate", _stage_evaluate, _evaluate_figures, optional=False),
         Stage("layers", _stage_layers, _layer_figures, LAYER_SECTIONS, optional=False),
         Stage("probes", _stage_probes, _one_figure("probes", figures.probes)),
-        Stage("order", _stage_order, _order_figures, ("readout",)),
         Stage("steering", _stage_steering, _one_figure("steering", figures.steering), transformers_only=True),
         Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS[:3], transformers_only=True),
     )

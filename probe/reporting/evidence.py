@@ -21,7 +21,6 @@ from ..core.stages import by_block_key
 from .schema import (
     CAUSAL_METRICS,
     EvidenceRow,
-    OrderSensitivity,
     Spectral,
     Summary,
     Trend,
@@ -65,7 +64,6 @@ def evidence(summary: Summary) -> list[Question]:
             summary.verdicts,
             summary.trend,
             summary.spectral,
-            summary.order_sensitivity,
             summary.stages,
         )
     )
@@ -79,7 +77,6 @@ class Blocks:
     verdicts: list[Verdict] | None
     trend: dict[str, Trend]
     spectral: Spectral | None = None
-    order_sensitivity: OrderSensitivity | None = None
     stages: dict[str, Any] = field(default_factory=dict)  # registered analyses' blocks
 
 
@@ -96,7 +93,6 @@ def questions(summary: Blocks) -> list[Question]:
             *_trend_rows(summary, a, b),
             *_spectral_rows(summary, a, b),
             *_causal_rows(summary, a, b),
-            *_order_rows(summary, a, b),
             *_registered_rows(summary, a, b),
         ]
         out.append(_consolidate(a, b, rows))
@@ -233,40 +229,6 @@ def _causal_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
             )
         )
     return out
-
-
-ORDER_FREE = 1e-6  # below this an order share is float round-off (probe/reporting/findings.py)
-ORDER_LIKE_OGD = 0.5  # a share whose interval lies at or above this fraction of online GD's reads as online GD
-
-
-def _order_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
-    block = summary.order_sensitivity
-    if block is None or {a, b} != {"gd", "ogd"}:
-        return []
-    t = str(block.prefixes[-1])
-    model = block.model[t]
-    share, lo, hi = model.sensitivity[-1], model.ci_low[-1], model.ci_high[-1]
-    if share is None:
-        return []
-    ogd = block.learners.get("ogd", {}).get(t)
-    like_ogd = ogd is not None and lo >= ORDER_LIKE_OGD * ogd.sensitivity
-    favours = "gd" if hi < ORDER_FREE else "ogd" if lo > ORDER_FREE and like_ogd else None
-    words = f"final layer's order share {share:.3g} [{lo:.3g}, {hi:.3g}] at t = {t}; GD is order-free (0)"
-    if ogd is not None:
-        words += f", online GD {ogd.sensitivity:.3g}"
-    if favours is None and lo > ORDER_FREE:
-        words += f" (order-sensitive, but below {ORDER_LIKE_OGD:g} x online GD's share: neither)"
-    return [
-        EvidenceRow(
-            "order sensitivity",
-            favours,
-            words,
-            share,
-            lo,
-            hi,
-            cannot_tell_apart="any order-sensitive learner (SGD, a finite-memory model) reads as online GD here",
-        )
-    ]
 
 
 def _registered_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:

@@ -222,33 +222,6 @@ def probes(table: pd.DataFrame, stem: Path) -> list[Path]:
     return save_png(fig, stem)
 
 
-ORDER_FLOOR = 1e-8  # order shares below this (float round-off of order-free predictors) are drawn at it
-
-
-def order_sensitivity(table: pd.DataFrame, stem: Path, titles: Titles | None = None) -> list[Path]:
-    """Share of prediction variance due to example order, per layer and prefix, with learners at
-    the longest prefix as horizontal lines (probe/analysis/order.py)."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.4))
-    model = table[table.predictor == "model"]
-    for t, rows in model.groupby("prefix"):
-        line = ax.plot(rows.layer, rows.sensitivity.clip(lower=ORDER_FLOOR), "-o", ms=3, label=f"model, t = {t}")
-        lo, hi = rows.ci_low.clip(lower=ORDER_FLOOR), rows.ci_high.clip(lower=ORDER_FLOOR)
-        ax.fill_between(rows.layer, lo, hi, color=line[0].get_color(), alpha=0.15)
-    longest = table[(table.predictor != "model") & (table.prefix == table.prefix.max())]
-    for i, r in enumerate(longest.itertuples()):
-        ax.axhline(
-            max(r.sensitivity, ORDER_FLOOR),
-            ls="--",
-            lw=1,
-            color=f"C{(i + 4) % 10}",
-            label=f"{label(r.predictor, titles)} (t = {r.prefix})",
-        )
-    ax.set(xlabel="layer", ylabel="order share of variance", yscale="log")
-    legend_outside(ax, 7)
-    return save_png(fig, stem)
-
-
 def steering(table: pd.DataFrame, stem: Path) -> list[Path]:
     """Steering slope by layer (one panel per probe target), per prefix, with 90% intervals; the
     random-edit control dashed (probe/interventions/steer.py)."""

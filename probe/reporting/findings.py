@@ -251,30 +251,6 @@ def caveats(summary: Summary) -> list[str]:
 
 
 CONVERGED_ENOUGH = 0.99  # share of converged probes below which the findings say so
-ORDER_FREE = 1e-6  # an order share below this is float round-off: the predictor ignores order
-
-
-def _order(summary: Summary) -> str | None:
-    block = summary.order_sensitivity
-    if block is None:
-        return None
-    t = str(block.prefixes[-1])
-    model = block.model[t]
-    final = model.sensitivity[-1]
-    if final is None:
-        return None
-    share = {name: by_prefix[t].sensitivity for name, by_prefix in block.learners.items()}
-    sensitive = [n for n, v in share.items() if v >= ORDER_FREE]
-    free = [n for n, v in share.items() if v < ORDER_FREE]
-    titles = summary_titles(summary)
-    verdict = "order-free (float round-off)" if model.ci_high[-1] < ORDER_FREE else "order-sensitive"
-    return (
-        f"Order of the examples (t = {t}): the final layer's order share of variance is {final:.3g} "
-        f"[{model.ci_low[-1]:.3g}, {model.ci_high[-1]:.3g}], {verdict}; "
-        f"order-sensitive learners: {', '.join(label(n, titles) for n in sensitive) or 'none'} "
-        f"({', '.join(format(share[n], '.3g') for n in sensitive)}); "
-        f"order-free: {', '.join(label(n, titles) for n in free) or 'none'}."
-    )
 
 
 def _spectral(summary: Summary) -> str | None:
@@ -320,7 +296,6 @@ def findings(summary: Summary) -> tuple[list[str], list[str]]:
         _spectral(summary),
         _probes(summary),
         _span(summary, d),
-        _order(summary),
         *_registered(summary),
     ]
     items += [f"Causal check: {v}." for v in (summary.interventions.verdicts if summary.interventions else [])]

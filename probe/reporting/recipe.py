@@ -7,7 +7,6 @@
     [spectral]       SpectralSettings      each layer's spectral filter (on SimW's induced weights)
     [probes]         ProbeSettings         attention-pooled probes
     [interventions]  InterventionSettings  causal checks
-    [order]          OrderSettings         order sensitivity and its comparison learners
     [steering]       SteeringSettings      causal probes (steering along linear probes)
 
 Every section is a settings class of probe/core/settings.py, where its keys, defaults and help are
@@ -15,6 +14,7 @@ written once; the commands' flags are derived from the same classes. The analyse
 `AnalysisStage`s (probe/core/stages.py) add their own sections, [<stage name>], after these:
 
     [forgetting]     probe/analysis/forgetting.py     forgetting curves and their comparison learners
+    [order]          probe/analysis/order.py          order sensitivity and its comparison learners
     [ood]            probe/analysis/shift_tracking.py which matched learner the model tracks under distribution shifts
     [token_probes]   probe/analysis/token_probes.py   per-token probes for the state a learner keeps
 
@@ -38,7 +38,6 @@ from ..core.registry import unknown_name_message
 from ..core.resources import RECIPE_DIR
 from ..core.settings import (
     InterventionSettings,
-    OrderSettings,
     ProbeSettings,
     PromptSettings,
     ReadoutSettings,
@@ -65,7 +64,6 @@ class Recipe:
     spectral: SpectralSettings = field(default_factory=SpectralSettings)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     interventions: InterventionSettings = field(default_factory=InterventionSettings)
-    order: OrderSettings = field(default_factory=OrderSettings)
     steering: SteeringSettings = field(default_factory=SteeringSettings)
     stages: dict[str, Any] = field(default_factory=lambda: registered_settings({}))  # registered stages' sections
 
@@ -92,8 +90,6 @@ class Recipe:
                     f"sweep label {s.label!r} must be letters, digits, '_', '-' or '.' "
                     "(it names output files), e.g. gd_log"
                 )
-        for s in self.order.learners:
-            check_sweep(s, "order learner")
         self._check_interventions()
 
     def _check_interventions(self) -> None:

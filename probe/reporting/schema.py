@@ -298,28 +298,6 @@ class Probes:
 
 
 @dataclass
-class OrderSeries:
-    sensitivity: Any
-    ci_low: Any
-    ci_high: Any
-
-
-@dataclass
-class OrderSensitivity:
-    """Share of prediction variance due to example order (probe/analysis/order.py): the model per
-    prefix (string key) and layer, each learner per prefix."""
-
-    prefixes: list[int]
-    layer: list[int]
-    model: dict[str, OrderSeries]
-    learners: dict[str, dict[str, OrderSeries]]
-    definition: str = (
-        "mean over prompts of the variance of the prediction across orderings of the first t examples, "
-        "divided by the variance across prompts of its mean over orderings (0: order-free)"
-    )
-
-
-@dataclass
 class SpectralFit:
     """One bin variable's measurement per layer (probe/analysis/spectral.py): the local exponent p
     with its 90% interval, the best-fitting filter class and member (k on its axis, gain), its
@@ -437,7 +415,6 @@ class Summary:
     span: Span | None = field(default=None, metadata=OMIT)
     spectral: Spectral | None = field(default=None, metadata=OMIT)
     probes: Probes | None = field(default=None, metadata=OMIT)
-    order_sensitivity: OrderSensitivity | None = field(default=None, metadata=OMIT)
     steering: dict[str, Any] | None = field(default=None, metadata=OMIT)
     interventions: Interventions | None = field(default=None, metadata=OMIT)
     compare: dict[str, Any] | None = field(default=None, metadata=OMIT)

@@ -28,8 +28,6 @@ from .schema import (
     Interventions,
     Match,
     Nulls,
-    OrderSensitivity,
-    OrderSeries,
     ProbeFit,
     ProbeOrder,
     Probes,
@@ -258,7 +256,7 @@ def _plain(value: Any) -> Any:
 
 
 def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
-    """Blocks of the stages a recipe may leave out: ReLU R^2, span, probes, order,
+    """Blocks of the stages a recipe may leave out: ReLU R^2, span, probes,
     out-of-distribution tracking, steering, interventions."""
     t = built.tables
     out: dict[str, Any] = {}
@@ -273,8 +271,6 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         intervals = built.data.get("probe_intervals")
         order = [ProbeOrder(**o) for o in intervals["order"]] if intervals else None
         out["probes"] = Probes(probe_summary(t["probes"], intervals), order=order)
-    if "order" in t:
-        out["order_sensitivity"] = order_block(t["order"])
     if "steering" in t:
         out["steering"] = steering_summary(t["steering"])
     if "interventions" in built.data:
@@ -284,24 +280,6 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         ]
         out["interventions"] = block
     return out
-
-
-def order_block(table: pd.DataFrame) -> OrderSensitivity:
-    """The model per prefix (a string key) by layer with intervals; each learner per prefix."""
-    model = table[table.predictor == "model"]
-    series = lambda rows: _columns(rows, OrderSeries)
-    return OrderSensitivity(
-        prefixes=sorted(int(t) for t in table.prefix.unique()),
-        layer=sorted(int(l) for l in model.layer.unique()),
-        model={str(t): series(r.sort_values("layer")) for t, r in model.groupby("prefix")},
-        learners={
-            name: {
-                str(int(r.prefix)): OrderSeries(sensitivity=r.sensitivity, ci_low=r.ci_low, ci_high=r.ci_high)
-                for r in rows.itertuples()
-            }
-            for name, rows in table[table.predictor != "model"].groupby("predictor", sort=False)
-        },
-    )
 
 
 def probe_summary(table: pd.DataFrame, intervals: dict[str, Any] | None = None) -> dict[str, dict[str, ProbeFit]]:
