@@ -126,7 +126,7 @@ def test_a_registered_stage_is_a_command(registered, ckpt, tmp_path, capsys):
     out = tmp_path / "m"
     assert main(["-q", "mean-prediction", str(ckpt), "--prompts", "8", "--out", str(out)]) == 0
     written = json.loads((out / "mean_prediction_summary.json").read_text())
-    assert written["settings"] == {"enabled": True, "prompts": 8} and "git_commit" in written
+    assert written["settings"] == {"enabled": True, "prompts": 8, "seed": 0} and "git_commit" in written
     assert {p.name for p in out.iterdir()} >= {"mean_prediction.csv", "mean_prediction.png"}
     assert "Mean |prediction| after" in capsys.readouterr().out
     assert main(["-q", "mean-prediction", str(ckpt), "--prompts", "0", "--out", str(tmp_path / "bad")]) == 2

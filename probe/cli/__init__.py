@@ -29,7 +29,6 @@ COMMANDS = {
     "study": "Analyses over a family of checkpoints, one tidy table and figures",
     "ablate": "Zero-, mean- and skip-ablations of heads, MLPs and layers: error vs examples",
     "patch": "Activation patching heatmap and the causal check of the layer-to-iteration map",
-    "steer": "Causal probes: steer the stream along a probe's decoded w or X^T y, check the prediction",
     "resolution": "How far apart two reference learners can put a similarity: the ceiling of each comparison",
     "export": "Write a checkpoint in Garg et al.'s run-directory layout",
 }

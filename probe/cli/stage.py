@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     with writing(target) as out:
         for name, frame in tables.items():
             frame.to_csv(out / f"{name}.csv", index=False)
-        written = {declared.block_key: to_json(block), "settings": to_dict(getattr(recipe, declared.name)), **stamp()}
+        settings = {**to_dict(getattr(recipe, declared.name)), "seed": recipe.prompts.seed}
+        written = {declared.block_key: to_json(block), "settings": settings, **stamp()}
         (out / f"{declared.name}_summary.json").write_text(json.dumps(strict(written), indent=2, default=str) + "\n")
         if declared.figures is not None:
             declared.figures(tables, out, recipe)

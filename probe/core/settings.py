@@ -252,25 +252,6 @@ def quick_sweeps() -> tuple[SweepSettings, ...]:
     return tuple(SweepSettings(**table) for table in tables)
 
 
-@dataclass
-class SteeringSettings(Section):
-    """Causal probes (probe/interventions/steer.py): recipe section [steering], `icl-probe steer`."""
-
-    SECTION = "steering"
-    enabled: bool = setting(False, "steer along linear probes in reports (transformers only; on in the full recipe)")
-    layers: tuple[int, ...] = setting((), "layer boundaries to edit (empty: all)", minimum=0)
-    prefixes: tuple[int, ...] = setting((), "examples before the query (empty: d, 2d+1 and n-1)")
-    targets: tuple[str, ...] = setting(("w_ols", "xty"), "probe targets steered", ("w_ols", "xty"), noun="target")
-    train_prompts: int = setting(1024, "prompts the steered probes are fitted on")
-    test_prompts: int = setting(128, "prompts that are steered")
-
-    def cells(self, n_layers: int, d: int, n: int) -> tuple[list[int], list[int]]:
-        """(layers, prefixes) to steer for a model of n_layers blocks on prompts of n points in d dims."""
-        layers = list(self.layers) or list(range(n_layers + 1))
-        prefixes = list(self.prefixes) or sorted({min(t, n - 1) for t in (d, 2 * d + 1, n - 1)})
-        return layers, prefixes
-
-
 ABLATION_KINDS = ("zero", "mean", "skip")
 PATCH_SITES = ("resid", "attn_out", "mlp_out")
 AUTO_CAUSAL_SWEEPS = ("newton", "gd_log", "sgd_replay", "adam_replay")

@@ -29,6 +29,7 @@ BUILTIN = (
     "probe.analysis.forgetting",
     "probe.analysis.shift_tracking",
     "probe.analysis.token_probes",
+    "probe.interventions.steer",
 )
 
 
@@ -55,6 +56,7 @@ class AnalysisStage:
     flags: (settings field, flag name) of its command where not the field's own (e.g. "test-prompts").
     captions: (figure name, caption) under its figures on the page.
     key: its summary.json key where that is not its name (order: "order_sensitivity").
+    cli: its command where that is not its name (steering: "steer").
     """
 
     name: str
@@ -74,10 +76,11 @@ class AnalysisStage:
     flags: tuple[tuple[str, str], ...] = ()
     captions: tuple[tuple[str, str], ...] = ()
     key: str = ""
+    cli: str = ""
 
     @property
     def command(self) -> str:
-        return self.name.replace("_", "-")
+        return self.cli or self.name.replace("_", "-")
 
     @property
     def block_key(self) -> str:
@@ -95,7 +98,7 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
     what = f"analysis stage {stage.name!r}"
     if not isinstance(stage.name, str) or not NAME.fullmatch(stage.name):
         raise ConfigError(f"{what}: a stage name is lower-case letters, digits and '_', starting with a letter")
-    if stage.name in RESERVED or stage.block_key in RESERVED:
+    if {stage.name, stage.block_key, stage.command.replace("-", "_")} & RESERVED:
         raise ConfigError(f"{what}: the name is a built-in recipe section or summary.json key; choose another")
     if STAGES.get(stage.name, stage) is not stage:
         raise ConfigError(f"{what} is already registered by another declaration; choose another name")

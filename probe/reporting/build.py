@@ -29,13 +29,10 @@ from ..core.allocator import release_free_memory
 from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
 from ..core.provenance import display_path
-from ..core.seeds import Stream, stream_generator
 from ..core.settings import query_count
 from ..core.stages import AnalysisStage, registered
-from ..data.tasks import sample_prompts
 from ..interventions.pipeline import degenerate_boundaries, layer_maps_from_best, run_interventions
 from ..interventions.runner import has_runner
-from ..interventions.steer import steering_table
 from ..io.checkpoint import LoadedCheckpoint
 from ..io.outputs import OutputTarget, safe_name
 from ..models import random_weights_model
@@ -145,29 +142,6 @@ def _stage_probes(c: Context):
     return {"probes": without_r2_draws(table)}, {"probe_intervals": probe_intervals(table)}
 
 
-def _stage_steering(c: Context):
-    """Causal probes (probe/interventions/steer.py) at the [steering] cells."""
-
-    ckpt, recipe, device = c.ckpt, c.recipe, c.device
-    settings, task, seed = recipe.steering, ckpt.config.task, recipe.prompts.seed
-    layers, prefixes = settings.cells(ckpt.config.model.n_layer, task.n_dims, task.n_points)
-    train, test = (
-        sample_prompts(task, size, generator=stream_generator(seed, stream))
-        for size, stream in ((settings.train_prompts, Stream.STEER_TRAIN), (settings.test_prompts, Stream.STEER_TEST))
-    )
-    table = steering_table(
-        ckpt.model,
-        (train.xs, train.ys),
-        (test.xs, test.ys),
-        layers,
-        prefixes,
-        settings.targets,
-        seed=seed,
-        device=device,
-    )
-    return {"steering": table}, {}
-
-
 def _stage_interventions(c: Context):
 
     recipe, iv = c.recipe, c.recipe.interventions
@@ -210,11 +184,6 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
         out += budget.probe_estimates(shape, n, recipe.probes, p.test)
     if has_runner(ckpt.model) and recipe.interventions.enabled:
         out += budget.intervention_estimates(shape, n, recipe.interventions, recipe.similarity.bootstrap)
-    if has_runner(ckpt.model) and recipe.steering.enabled:
-        st = recipe.steering
-        edits = (len(st.layers) or shape.layers + 1) * (len(st.prefixes) or 3) * len(st.targets) * 2
-        out.append(budget.prompt_estimate("steering.train_prompts", st.train_prompts, shape, n))
-        out.append(budget.prompt_estimate("steering.test_prompts", st.test_prompts, shape, n, edits))
     for name, declared in registered().items():
         wanted = getattr(recipe, name).enabled and (declared.applies is None or declared.applies(ckpt))
         if wanted and declared.estimates is not None:
@@ -326,7 +295,6 @@ BUILTIN_STAGES = {
         Stage("evaluate", _stage_evaluate, _evaluate_figures, optional=False),
         Stage("layers", _stage_layers, _layer_figures, LAYER_SECTIONS, optional=False),
         Stage("probes", _stage_probes, _one_figure("probes", figures.probes)),
-        Stage("steering", _stage_steering, _one_figure("steering", figures.steering), transformers_only=True),
         Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS[:3], transformers_only=True),
     )
 }

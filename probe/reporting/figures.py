@@ -222,27 +222,6 @@ def probes(table: pd.DataFrame, stem: Path) -> list[Path]:
     return save_png(fig, stem)
 
 
-def steering(table: pd.DataFrame, stem: Path) -> list[Path]:
-    """Steering slope by layer (one panel per probe target), per prefix, with 90% intervals; the
-    random-edit control dashed (probe/interventions/steer.py)."""
-    plt = pyplot()
-    targets = sorted(table.target.unique())
-    fig, axes = plt.subplots(1, len(targets), figsize=(4.6 * len(targets), 3.4), squeeze=False)
-    for ax, target in zip(axes[0], targets):
-        for i, (t, rows) in enumerate(table[table.target == target].groupby("prefix")):
-            for edit, style in (("probe", "-o"), ("random", "--")):
-                r = rows[rows.edit == edit].sort_values("layer")
-                label = f"t = {t}" + (" (random edit)" if edit == "random" else "")
-                ax.plot(r.layer, r.slope, style, color=f"C{i}", ms=3, label=label)
-                if edit == "probe":
-                    ax.fill_between(r.layer, r.slope_low, r.slope_high, color=f"C{i}", alpha=0.15)
-        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-        ax.axhline(0.0, color="grey", lw=0.8)
-        ax.set(xlabel="layer edited", ylabel="observed / expected move (slope)", title=f"probe of {target}")
-    legend_outside(axes[0][-1], 7)
-    return save_png(fig, stem)
-
-
 def readout_comparison(tables: dict[str, pd.DataFrame], stem: Path) -> list[Path]:
     """Per-layer readout error of two models side by side (seed 003 Fig. 1a vs 1c)."""
     plt = pyplot()

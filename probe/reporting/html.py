@@ -85,7 +85,6 @@ SECTIONS = [
     ("Span of the examples", "span", "span"),
     ("Spectral filter of each layer", "spectral", "spectral_exponents"),
     ("Probes for X<sup>T</sup>y and w", "probes", "probes"),
-    ("Causal probes", "steering", "steering"),
     ("Causal checks", "causal", "interventions"),
     ("Methods", "methods", None),
     ("Grids", "grids", None),

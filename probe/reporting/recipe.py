@@ -7,7 +7,6 @@
     [spectral]       SpectralSettings      each layer's spectral filter (on SimW's induced weights)
     [probes]         ProbeSettings         attention-pooled probes
     [interventions]  InterventionSettings  causal checks
-    [steering]       SteeringSettings      causal probes (steering along linear probes)
 
 Every section is a settings class of probe/core/settings.py, where its keys, defaults and help are
 written once; the commands' flags are derived from the same classes. The analyses registered as
@@ -17,6 +16,7 @@ written once; the commands' flags are derived from the same classes. The analyse
     [order]          probe/analysis/order.py          order sensitivity and its comparison learners
     [ood]            probe/analysis/shift_tracking.py which matched learner the model tracks under distribution shifts
     [token_probes]   probe/analysis/token_probes.py   per-token probes for the state a learner keeps
+    [steering]       probe/interventions/steer.py     causal probes (steering along linear probes)
 
 Flags override recipe values (`--set prompts.test=256`); the resolved recipe is written into
 the report. Unknown keys and unknown learners fail before any heavy work.
@@ -43,7 +43,6 @@ from ..core.settings import (
     ReadoutSettings,
     SimilaritySettings,
     SpectralSettings,
-    SteeringSettings,
     SweepSettings,
 )
 from ..core.stages import RESERVED, registered
@@ -64,7 +63,6 @@ class Recipe:
     spectral: SpectralSettings = field(default_factory=SpectralSettings)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     interventions: InterventionSettings = field(default_factory=InterventionSettings)
-    steering: SteeringSettings = field(default_factory=SteeringSettings)
     stages: dict[str, Any] = field(default_factory=lambda: registered_settings({}))  # registered stages' sections
 
     def __getattr__(self, name: str) -> Any:

@@ -4,7 +4,7 @@ The report builds a `Summary` (probe/reporting/summary.py) and writes `summary.t
 findings and the page read its attributes. `Summary.from_json(json.load(f))` reads a written
 file back. Lists inside an entry are aligned by position (readout.layer[i] goes with
 readout.error[i]). Fields with OMIT metadata are left out of the JSON when None; blocks the
-schema does not interpret (recipe, versions, steering, compare) stay plain dicts.
+schema does not interpret (recipe, versions, compare) stay plain dicts.
 """
 
 from __future__ import annotations
@@ -415,7 +415,6 @@ class Summary:
     span: Span | None = field(default=None, metadata=OMIT)
     spectral: Spectral | None = field(default=None, metadata=OMIT)
     probes: Probes | None = field(default=None, metadata=OMIT)
-    steering: dict[str, Any] | None = field(default=None, metadata=OMIT)
     interventions: Interventions | None = field(default=None, metadata=OMIT)
     compare: dict[str, Any] | None = field(default=None, metadata=OMIT)
     stages: dict[str, Any] = field(default_factory=dict, metadata=MERGED)  # registered analyses' blocks

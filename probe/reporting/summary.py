@@ -14,7 +14,6 @@ from ..core.stages import registered
 from ..interventions.patch import CLAIMED
 from ..interventions.pipeline import iteration_verdict
 from ..interventions.state import PICTURE as STATE_PICTURE
-from ..interventions.steer import steering_summary
 from ..io.checkpoint import LoadedCheckpoint
 from .evidence import evidence
 from .findings import Titles, sweep_titles
@@ -257,7 +256,7 @@ def _plain(value: Any) -> Any:
 
 def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
     """Blocks of the stages a recipe may leave out: ReLU R^2, span, probes,
-    out-of-distribution tracking, steering, interventions."""
+    out-of-distribution tracking, interventions."""
     t = built.tables
     out: dict[str, Any] = {}
     if "icl_r2" in t:
@@ -271,8 +270,6 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         intervals = built.data.get("probe_intervals")
         order = [ProbeOrder(**o) for o in intervals["order"]] if intervals else None
         out["probes"] = Probes(probe_summary(t["probes"], intervals), order=order)
-    if "steering" in t:
-        out["steering"] = steering_summary(t["steering"])
     if "interventions" in built.data:
         block = Interventions(**built.data["interventions"])
         block.verdicts = [
