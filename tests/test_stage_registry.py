@@ -165,6 +165,16 @@ def test_registering_refuses_what_the_report_cannot_hold(change, message):
         register_stage(replace(MEAN, **change))
 
 
+def test_a_block_dataclass_named_like_a_built_in_one_is_refused():
+    from dataclasses import make_dataclass, replace
+
+    import probe.reporting.schema  # noqa: F401  (the built-in blocks' names)
+
+    readout = make_dataclass("Readout", [("layer", list)])  # the name of the report's read-out block
+    with pytest.raises(ConfigError, match="dataclass Readout has the name of another summary.json block"):
+        register_stage(replace(MEAN, block=readout))
+
+
 def test_the_same_name_twice_is_refused(registered):
     from dataclasses import replace
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,21 @@ class AnalysisStage:
 
 STAGES: dict[str, AnalysisStage] = {}
 RESERVED: set[str] = set()  # the built-in recipe sections and summary.json keys (probe/reporting adds them)
+DEFINITIONS: dict[str, type] = {}  # dataclass name -> class of every summary.json block (its schema definition's name)
+
+
+def dataclasses_in(kind: Any, found: dict[str, type] | None = None) -> dict[str, type]:
+    """The dataclasses a block type is made of (itself, its fields' types, their arguments), by name."""
+    found = {} if found is None else found
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        if kind.__name__ in found:
+            return found
+        found[kind.__name__] = kind
+        for hint in typing.get_type_hints(kind).values():
+            dataclasses_in(hint, found)
+    for arg in typing.get_args(kind):
+        dataclasses_in(arg, found)
+    return found
 
 
 def register_stage(stage: AnalysisStage) -> AnalysisStage:
@@ -111,6 +127,14 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
         raise ConfigError(f"{what}: its settings class needs SECTION = {stage.name!r} and an `enabled` field")
     if not (isinstance(stage.block, type) and dataclasses.is_dataclass(stage.block)):
         raise ConfigError(f"{what}: block must be a dataclass (summary.json's schema is generated from it)")
+    classes = dataclasses_in(stage.block)
+    taken = [name for name, kind in classes.items() if DEFINITIONS.get(name, kind) is not kind]
+    if taken:
+        raise ConfigError(
+            f"{what}: its dataclass {taken[0]} has the name of another summary.json block's dataclass "
+            "(the schema names definitions by class name); rename it"
+        )
+    DEFINITIONS.update(classes)
     STAGES[stage.name] = stage
     return stage
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ..core.errors import ConfigError
-from ..core.stages import RESERVED, by_block_key
+from ..core.stages import DEFINITIONS, RESERVED, by_block_key, dataclasses_in
 from .dataclass_schema import MERGED, schema_of
 
 SCHEMA_VERSION = 5  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`
@@ -435,6 +435,7 @@ class Summary:
 
 
 RESERVED.update(f.name for f in fields(Summary) if not f.metadata.get("merged"))
+DEFINITIONS.update(dataclasses_in(Summary))
 
 
 SCHEMA_FILE = Path(__file__).with_name("summary.schema.json")
