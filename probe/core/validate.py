@@ -19,6 +19,7 @@ import weakref
 from .errors import ConfigError
 from .memory import available_memory
 
+NEWTON_ALPHAS = ("spectral", "frobenius", "paper")  # Newton's named alpha rules (learners.iterative.newton_alpha)
 # hyper-parameter -> rule; strings listed are accepted as named settings
 GRID_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "steps": ("count0", ()),
@@ -31,7 +32,7 @@ GRID_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "seed": ("seed", ()),
     "lam": ("positive", ()),
     "eta": ("positive", ("auto", "normalized")),
-    "alpha": ("positive", ("spectral", "frobenius", "paper")),
+    "alpha": ("positive", NEWTON_ALPHAS),
     "lr": ("positive", ()),
     "beta1": ("unit", ()),
     "beta2": ("unit", ()),

@@ -16,12 +16,12 @@ from torch import Tensor
 
 from ..core.errors import ConfigError
 from ..core.threads import per_matrix
+from ..core.validate import NEWTON_ALPHAS
 from .base import LearnerResult, as_float64, at_prefixes, prefix_moments, spectral_result
 from .registry import register
 
 LOG_STEPS = tuple([0] + [2**k for k in range(13)])  # 0, 1, 2, 4, ..., 4096
 NEWTON_ITERATIONS = tuple(range(24))
-NEWTON_ALPHAS = ("spectral", "frobenius", "paper")
 
 
 class _LastPrompts:
