@@ -157,7 +157,8 @@ def test_order_sensitivity_names_online_gd_only_near_its_share(share, low, high,
 def test_off_distribution_tracking_names_the_planted_algorithm(path, right):
     """The evidence row of the [ood] stage on the planted models: under inputs scaled by 3 each
     diverges where its own learner (at the member matched in distribution) does."""
-    from probe.analysis.shift_tracking import ood_block, track_shifts
+    from probe.analysis.ood import ood_block
+    from probe.analysis.shift_tracking import track_shifts
     from probe.io.formats import load_checkpoint
 
     ckpt = load_checkpoint(path)
@@ -171,7 +172,7 @@ def test_off_distribution_tracking_names_the_planted_algorithm(path, right):
 
 
 def test_off_distribution_tracking_is_undecided_when_shifts_disagree():
-    from probe.analysis.shift_tracking import Ood, OodSide
+    from probe.analysis.ood import Ood, OodSide
 
     side = lambda shift, favours: OodSide(shift, "newton", "gd", "newton_fixed_alpha", "gd_fixed_step", favours,
                                           "distance", 0.1 if favours == "newton" else -0.1, 0.05, 0.15, 0.2, 0.01, True)
@@ -187,7 +188,8 @@ def test_off_distribution_tracking_is_undecided_when_shifts_disagree():
 def test_the_state_in_the_tokens_names_newton_only_where_a_token_holds_it(planted, favours):
     """Planted Newton-ReLU holds M_k x exactly (newton); planted GD holds nothing beyond x, which
     reads as undecided, never as GD (a model without the state may keep it another way)."""
-    from probe.analysis.token_probes import expand_targets, token_probe_block, token_probe_study
+    from probe.analysis.token_probes import expand_targets, token_probe_study
+    from probe.analysis.token_probes_stage import token_probe_block
     from probe.io.planted_io import planted_config
     from probe.models.planted import plant
 

@@ -28,8 +28,8 @@ ENTRY_POINTS = "icl_probe.stages"
 BUILTIN = (
     "probe.analysis.order",
     "probe.analysis.forgetting",
-    "probe.analysis.shift_tracking",
-    "probe.analysis.token_probes",
+    "probe.analysis.ood",
+    "probe.analysis.token_probes_stage",
     "probe.interventions.steer",
 )
 

@@ -14,8 +14,8 @@ written once; the commands' flags are derived from the same classes. The analyse
 
     [forgetting]     probe/analysis/forgetting.py     forgetting curves and their comparison learners
     [order]          probe/analysis/order.py          order sensitivity and its comparison learners
-    [ood]            probe/analysis/shift_tracking.py which matched learner the model tracks under distribution shifts
-    [token_probes]   probe/analysis/token_probes.py   per-token probes for the state a learner keeps
+    [ood]            probe/analysis/ood.py            which matched learner the model tracks under distribution shifts
+    [token_probes]   probe/analysis/token_probes_stage.py per-token probes for the state a learner keeps
     [steering]       probe/interventions/steer.py     causal probes (steering along linear probes)
 
 Flags override recipe values (`--set prompts.test=256`); the resolved recipe is written into

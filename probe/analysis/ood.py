@@ -1,0 +1,321 @@
+"""The report's [ood] stage (probe/core/stages.py): which learner, matched in distribution, the
+model tracks under each of Garg et al.'s shifts (the analysis: probe/analysis/shift_tracking.py) -
+its settings, summary.json block, figure, page section, findings line and evidence-table row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import pandas as pd
+
+from ..core import budget
+from ..core.config import Section, setting
+from ..core.errors import ConfigError
+from ..core.plotting import pyplot, save_png
+from ..core.settings import SweepSettings
+from ..core.stages import AnalysisStage, register_stage
+from ..data.shifts import parse_shift
+from ..models.sizes import shape_of
+from .shift_tracking import CANDIDATES, MATCH_PROMPTS, track_shifts
+
+OOD_SHIFTS = ("scale_x=2", "scale_x=3", "scale_y=3", "half_subspace", "skewed", "random_quadrants", "noisy")
+
+
+@dataclass
+class OodSettings(Section):
+    """Out-of-distribution comparison (this module, issue 64): recipe section [ood]. Runs on
+    isotropic linear-regression checkpoints (the shifts' task)."""
+
+    SECTION = "ood"
+    enabled: bool = setting(True, "compare the model with its matched learners under distribution shifts in reports")
+    shifts: tuple[str, ...] = setting(
+        OOD_SHIFTS, "shifts, NAME or NAME=VALUE (icl-probe evaluate --shift)", nonempty=True
+    )
+    prompts: int = setting(512, "shifted prompts per shift (and unshifted prompts that match the learners)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for shift in self.shifts:
+            try:
+                parse_shift(shift)
+            except ConfigError as err:
+                raise ConfigError(f"ood.shifts: {err}") from None
+
+
+@dataclass
+class OodShift:
+    """One shift of the out-of-distribution comparison: the family
+    the model tracks (its matched member), the runner-up, their paired difference in `criterion`
+    (mismatch in diverging, or distance / d) with its 90% interval, and the model's own error / d and
+    share of prompts on which it diverged."""
+
+    shift: str
+    tracks: str
+    matched: str
+    distance: float | None
+    relative_distance: float | None
+    runner_up: str
+    criterion: str
+    difference: float | None
+    ci_low: float | None
+    ci_high: float | None
+    separable: bool
+    model_error: float | None
+    model_diverged: float
+
+
+@dataclass
+class OodSide:
+    """Two hypotheses (a, b) under one shift: the closest family of each, the paired difference
+    oriented so that > 0 favours a, the squared gap between the two families, and the side favoured
+    (None: not separable, or not `resolved`: the model no nearer either than they are to each other)."""
+
+    shift: str
+    a: str
+    b: str
+    family_a: str
+    family_b: str
+    favours: str | None
+    criterion: str
+    difference: float | None
+    ci_low: float | None
+    ci_high: float | None
+    gap: float | None
+    distance: float | None
+    resolved: bool
+
+
+@dataclass
+class Ood:
+    """Which matched learner the model tracks under each shift of the recipe's [ood] section."""
+
+    shifts: list[OodShift]
+    sides: list[OodSide]
+    definition: str = (
+        "each learner family's member closest to the model in distribution, asked the shifted prompts beside "
+        "the model; ranked by the share of prompts on which it and the model disagree about diverging, then "
+        "by mean squared distance / d to the model's predictions"
+    )
+
+
+def ood_block(table: pd.DataFrame, sides: pd.DataFrame) -> Ood:
+    """The tracked family per shift (rows with `tracks`) and the side comparisons."""
+    shifts = [
+        OodShift(
+            shift=r.shift,
+            tracks=r.family,
+            matched=r.matched,
+            distance=r.distance,
+            relative_distance=r.relative_distance,
+            runner_up=r.runner_up,
+            criterion=r.criterion,
+            difference=r.difference,
+            ci_low=r.ci_low,
+            ci_high=r.ci_high,
+            separable=bool(r.separable),
+            model_error=r.model_error,
+            model_diverged=r.model_diverged,
+        )
+        for r in table[table.tracks.astype(bool)].itertuples()
+    ]
+    names = [f.name for f in fields(OodSide)]
+    rows = sides.astype(object).where(sides.notna(), None)
+    return Ood(shifts, [OodSide(**{k: row[k] for k in names}) for row in rows.to_dict("records")])
+
+
+def _run(c) -> dict[str, pd.DataFrame]:
+    """The report stage: which matched learner the model tracks under each [ood] shift."""
+    settings, seed = c.recipe.ood, c.recipe.prompts.seed
+    study = track_shifts(
+        c.ckpt.model,
+        c.ckpt.config.task,
+        settings.shifts,
+        settings.prompts,
+        seed,
+        c.device,
+        c.recipe.similarity.bootstrap,
+        c.progress,
+    )
+    return {"ood": study.table, "ood_curves": study.curves, "ood_sides": study.sides}
+
+
+def shifts_apply(ckpt) -> bool:
+    """Garg et al.'s shifts are defined on isotropic linear regression (probe/data/shifts.py)."""
+    task = ckpt.config.task
+    return task.name == "linear_regression" and task.covariance == "isotropic"
+
+
+def _estimates(recipe, ckpt) -> list[budget.Estimate]:
+    """The shifted prompts (a forward per t where a shift replaces the queries), the families'
+    match in distribution and the paired bootstrap."""
+    ood, n = recipe.ood, ckpt.config.task.n_points
+    shape = shape_of(ckpt.config.model)
+    families = [SweepSettings(f, learner, grid=dict(grid)) for f, (learner, grid) in CANDIDATES.items()]
+    return [
+        budget.prompt_estimate("ood.prompts", ood.prompts * len(ood.shifts), shape, n, n, ood.prompts),
+        *budget.learner_estimates(families, MATCH_PROMPTS, n, shape.d, "ood.match"),
+        budget.bootstrap_estimate("similarity.bootstrap", recipe.similarity.bootstrap, ood.prompts, len(families)),
+    ]
+
+
+def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, recipe) -> dict[str, Path]:
+    return {"ood_curves": ood_figure(tables["ood_curves"], fig_dir / "ood_curves")[0]}
+
+
+def ood_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
+    """Error / d against the number of examples under each shift (one panel each): the model (black)
+    beside each learner family's member matched in distribution;
+    means over the prompts on which the predictor did not diverge."""
+    plt = pyplot()
+    shifts = list(dict.fromkeys(table["shift"]))
+    cols = min(4, len(shifts))
+    rows = -(-len(shifts) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.8 * rows), squeeze=False, sharex=True)
+    for ax, shift in zip(axes.flat, shifts):
+        part = table[table["shift"] == shift]
+        for i, (who, r) in enumerate(part.groupby("predictor", sort=False)):
+            style = {"color": "black", "lw": 2.0, "zorder": 3} if who == "model" else {"color": f"C{i}", "lw": 1.0}
+            ax.plot(r.t, r.error.clip(lower=1e-6), label=who, **style)
+        ax.set(title=shift, yscale="log")
+    for ax in axes.flat[len(shifts) :]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("examples t")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("error / d")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=7, bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return save_png(fig, stem)
+
+
+def _findings(block: Ood, titles) -> str | None:
+    """Which matched learner the model tracks under each shift, grouped by family."""
+    groups: dict[str, list[str]] = {}
+    for s in block.shifts:
+        groups.setdefault(s.tracks, []).append(s.shift + ("" if s.separable else " (runner-up not apart)"))
+    parts = "; ".join(f"{family} under {', '.join(shifts)}" for family, shifts in groups.items())
+    diverged = [f"{s.shift} ({s.model_diverged:.0%})" for s in block.shifts if s.model_diverged > 0]
+    tail = f" The model diverges under {', '.join(diverged)}." if diverged else ""
+    return f"Off the training distribution the model tracks {parts}.{tail}"
+
+
+def _page_tables(ood: Ood) -> dict[str, pd.DataFrame]:
+    """Per shift the family tracked and its runner-up; per shift and question the sides."""
+    num = lambda v: "-" if v is None else f"{v:.3g}"
+    interval = lambda d, lo, hi: f"{num(d)} [{num(lo)}, {num(hi)}]"
+    shifts = pd.DataFrame(
+        [
+            {
+                "shift": s.shift,
+                "tracks (matched member)": f"{s.tracks} ({s.matched})",
+                "distance / d (relative)": f"{num(s.distance)} ({num(s.relative_distance)})",
+                "runner-up": s.runner_up,
+                "runner-up's excess": f"{interval(s.difference, s.ci_low, s.ci_high)} in {s.criterion}",
+                "separable": "yes" if s.separable else "no",
+                "model error / d": num(s.model_error),
+                "model diverged": f"{s.model_diverged:.0%}",
+            }
+            for s in ood.shifts
+        ]
+    )
+    sides = pd.DataFrame(
+        [
+            {
+                "shift": s.shift,
+                "a vs b": f"{s.a} ({s.family_a}) vs {s.b} ({s.family_b})",
+                "difference (> 0: a nearer)": f"{interval(s.difference, s.ci_low, s.ci_high)} in {s.criterion}",
+                "gap between them": num(s.gap),
+                "model's distance": num(s.distance),
+                "favours": s.favours or ("-" if s.resolved else "- (unresolved)"),
+            }
+            for s in ood.sides
+        ]
+    )
+    return {
+        "Per shift, the family the model tracks (its member matched in distribution) and the runner-up, with the "
+        "paired difference in the criterion that ranked them (90% over resampled prompts)": shifts,
+        "Hypotheses side by side (the evidence table's row): the closest family of each side, the paired difference "
+        "(> 0: the first side nearer) and the squared gap between the two families; a side is favoured only where the "
+        "interval excludes 0 and the model is nearer it than the two are to each other": sides,
+    }
+
+
+VALIDATED_ON = (
+    "planted GD (GD with its fixed step: diverges where the model does under scale_x = 2 and 3, nearest under "
+    "every other shift) and planted Newton (Newton with its fixed alpha: diverges where the model does under "
+    "scale_x = 2 and 3): tests/test_shift_tracking.py"
+)
+OOD_BLIND = (
+    "a family is represented by its member matched in distribution; members that agree there and differ off "
+    "distribution (GD's eta x steps, Newton's alpha x 2^k) are told apart only where they diverge differently"
+)
+
+
+def _evidence(block: Ood, a: str, b: str) -> list[dict]:
+    """The evidence table's row: per shift, the side the model stays nearer off its training
+    distribution (`side_comparisons`); favours a side that some shift resolves and none opposes."""
+    sides = [s for s in block.sides if {s.a, s.b} == {a, b}]
+    if not sides:
+        return []
+    favoured = {s.favours for s in sides if s.favours is not None}
+    favours = favoured.pop() if len(favoured) == 1 else None
+
+    def words(s) -> str:
+        sign = 1 if s.a == a else -1  # differences as a - b closeness (> 0 favours a)
+        lo, hi = sorted((sign * (s.ci_low or 0), sign * (s.ci_high or 0)))
+        unit = "mismatch share" if s.criterion == "mismatch" else "distance"
+        verdict = s.favours or ("unresolved" if not s.resolved else "not separable")
+        gap = "" if s.criterion == "mismatch" else f", gap {s.gap:.3g}, model at {s.distance:.3g}"
+        return f"{s.shift}: {verdict} ({unit} {sign * (s.difference or 0):+.3g} [{lo:+.3g}, {hi:+.3g}]{gap})"
+
+    effect = "; ".join(words(s) for s in sides)
+    if len(favoured) > 1 or (favours is None and any(s.favours for s in sides)):
+        effect = "shifts disagree: " + effect
+    return [
+        {
+            "instrument": "off-distribution tracking",
+            "favours": favours,
+            "effect": effect,
+            "validated_on": VALIDATED_ON if {a, b} == {"newton", "gd"} else "",
+            "cannot_tell_apart": OOD_BLIND,
+        }
+    ]
+
+
+DESCRIPTION = (
+    "Off the training distribution (Garg et al.'s prompt families, probe/data/shifts.py): each learner family's "
+    "member closest to the model on unshifted prompts (its fixed step, alpha rule or penalty) is asked the same "
+    "shifted prompts as the model ([ood] prompts per shift), ranked by the share of prompts on which it and the "
+    "model disagree about diverging, then by mean squared distance / d to the model's predictions: a learner "
+    "that diverges where the model does not (or the reverse) is further than any finite distance. A prediction "
+    "diverges beyond 10^3 times the labels' root mean square. Intervals: 90% over resampled prompts, paired "
+    "between families."
+)
+
+OOD = register_stage(
+    AnalysisStage(
+        name="ood",
+        settings=OodSettings,
+        run=_run,
+        block=Ood,
+        summarise=lambda tables, recipe: ood_block(tables["ood"], tables["ood_sides"]),
+        title="Off the training distribution",
+        description=DESCRIPTION,
+        figures=_figures,
+        estimates=_estimates,
+        findings=_findings,
+        tables=_page_tables,
+        evidence=_evidence,
+        reads=("similarity",),
+        applies=shifts_apply,
+        captions=(
+            (
+                "ood_curves",
+                "Error / d against the number of examples under each shift: the model (black) and each matched "
+                "family, means over the prompts on which the predictor did not diverge.",
+            ),
+        ),
+    )
+)
