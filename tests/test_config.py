@@ -85,14 +85,16 @@ def test_config_checks_read_the_registries():
         (CONSTRUCTIONS, "model.planted", lambda name: ModelConfig(family="planted", planted=name)),
         (TASKS, "task.name", lambda name: TaskConfig(name=name)),
     ]
+    from probe.models.base import FamilyTraits
+
     for registry, key, make in cases:
-        registry.register("zz_new")(object())
+        registry.register("zz_new")(FamilyTraits if registry is FAMILIES else object())  # a family has its rules
         try:
             make("zz_new")
             with pytest.raises(ConfigError, match=rf"{key}: Unknown .* 'zz_nex'\. Did you mean: zz_new\?"):
                 make("zz_nex")
         finally:
-            del registry._items["zz_new"]
+            registry.unregister("zz_new")
         with pytest.raises(ConfigError, match=rf"{key}: Unknown .* 'zz_new'"):
             make("zz_new")
 

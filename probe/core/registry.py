@@ -47,6 +47,10 @@ class Registry(Generic[T]):
             raise ConfigError(unknown_name_message(self.kind, name, list(self._items)))
         return self._items[name]
 
+    def unregister(self, name: str) -> None:
+        """Take `name` out again (tests, notebooks that registered their own)."""
+        self._items.pop(name, None)
+
     def names(self) -> list[str]:
         return list(self._items)
 

@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
+from ..core.budget import Shape
+from ..core.errors import ConfigError
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -58,7 +61,9 @@ class FamilyTraits:
     interleaved examples and query (`n_extra_tokens`: a planted Newton model's column tokens; they
     are captured by `probe.capture.streams.column_streams`), and whether TransformerLens's own
     TransformerBridge can hold it (`transformer_lens_bridge`: probe.to_bridge, a capture's
-    ActivationCache tied to it)."""
+    ActivationCache tied to it). Class methods: its own rules on a [model] section (`check_config`),
+    its sizes for the budget (`shape`), the report recipe as it applies to it (`adapt_recipe`); each
+    family class also gives `parameter_count(cfg)`, its memory estimate (probe/models/sizes.py)."""
 
     random_init: bool = True
     attention_heads: bool = False
@@ -76,6 +81,20 @@ class FamilyTraits:
     def adapt_recipe(cls, recipe: Any, config: Any) -> Any:
         """The report recipe as it applies to a checkpoint of this family (unchanged by default)."""
         return recipe
+
+    @classmethod
+    def check_config(cls, cfg: ModelConfig) -> None:
+        """Refuse a [model] section this family cannot be built from (ModelConfig calls it); the
+        default rule: `attn_activation` is only for families that declare `attention_activation`."""
+        if not cls.attention_activation and cfg.attn_activation != "softmax":
+            raise ConfigError(
+                f"model.attn_activation applies to the gpt2 family only; remove it for a {cfg.family} model"
+            )
+
+    @classmethod
+    def shape(cls, cfg: ModelConfig) -> Shape:
+        """Its sizes for the affordability estimates (probe/core/budget.py), from the config alone."""
+        return Shape(max(cfg.n_layer, 1), max(cfg.n_embd, 1), cfg.n_dims)
 
 
 class ConfigSizes(FamilyTraits):

@@ -1,6 +1,6 @@
 """The model a run trains or a checkpoint holds: recipe section [model], and the registry of model
 families (each family class registers itself in `FAMILIES`; `ModelConfig.family` is checked
-against it, and `ModelConfig.planted` against the constructions' registry)."""
+against it, and the rest of the section by the family class's own `check_config`)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.config import Section, setting
-from ..core.errors import ConfigError
 from ..core.registry import Registry
-from .constructions import CONSTRUCTIONS
 
 FAMILIES: Registry[Any] = Registry("model family")  # name -> model class (gpt2.py, lstm.py, planted.py)
 ENCODINGS = ("garg", "akyurek")  # probe/models/encoding.py
 ATTENTION_ACTIVATIONS = ("softmax", "relu")  # GPT-2 attention weights: softmax, or ReLU / #keys (seed 001 Def. 7)
-LSA_FAMILIES = ("lsa", "lsa_sparse", "lsa_mlp")  # linear self-attention, probe/models/lsa.py
 
 
 @dataclass
@@ -59,24 +56,7 @@ class ModelConfig(Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.family != "gpt2" and self.attn_activation != "softmax":
-            raise ConfigError(
-                f"model.attn_activation applies to the gpt2 family only; remove it for a {self.family} model"
-            )
-        if self.family == "planted":
-            try:
-                CONSTRUCTIONS.get(self.planted)
-            except ConfigError as err:
-                raise ConfigError(f"model.planted: {err}") from None
-        if self.family in LSA_FAMILIES and self.encoding != "garg":
-            raise ConfigError("model.encoding does not apply to the lsa family (its tokens are (x, y)); remove it")
-        if self.family in LSA_FAMILIES and self.n_embd != self.n_dims + 1:
-            raise ConfigError(
-                f"an lsa model's width is its token's, d + 1 = {self.n_dims + 1}; set model.n_embd = {self.n_dims + 1}"
-                f" (got {self.n_embd})"
-            )
-        if self.family == "gpt2" and self.n_embd % self.n_head:
-            raise ConfigError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
+        FAMILIES.get(self.family).check_config(self)  # each family's own rules, in its module
 
     @property
     def token_dim(self) -> int:

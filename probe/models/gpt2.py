@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.errors import ConfigError
 from ..data.positions import x_positions
 from .base import ModelOutput, ReadInOutModel
 from .config import FAMILIES, ModelConfig
@@ -228,6 +229,12 @@ class GPT2ICL(Hooked, ReadInOutModel, nn.Module):
     family = "gpt2"
     attention_heads = attention_activation = garg_format = key_value_cache = True  # base.py FamilyTraits
     transformer_lens_bridge = True
+
+    @classmethod
+    def check_config(cls, cfg: ModelConfig) -> None:
+        super().check_config(cfg)
+        if cfg.n_embd % cfg.n_head:
+            raise ConfigError(f"model.n_embd ({cfg.n_embd}) must be divisible by model.n_head ({cfg.n_head})")
 
     @staticmethod
     def parameter_count(cfg: ModelConfig) -> int:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..core.errors import ConfigError
 from .base import ConfigSizes, ModelOutput
 from .config import FAMILIES, ModelConfig
 from .gpt2 import MLP, LayerNorm
@@ -148,6 +149,17 @@ class LinearSelfAttentionICL(Hooked, ConfigSizes, nn.Module):
     mlp = False  # lsa_mlp: GPT-2's LayerNorms and MLP around each attention layer
     attention_heads = True  # probe/models/base.py FamilyTraits
     sign = 1.0  # the prediction is sign * the y coordinate
+
+    @classmethod
+    def check_config(cls, cfg: ModelConfig) -> None:
+        super().check_config(cfg)
+        if cfg.encoding != "garg":
+            raise ConfigError("model.encoding does not apply to the lsa family (its tokens are (x, y)); remove it")
+        if cfg.n_embd != cfg.n_dims + 1:
+            raise ConfigError(
+                f"an lsa model's width is its token's, d + 1 = {cfg.n_dims + 1}; set model.n_embd = {cfg.n_dims + 1}"
+                f" (got {cfg.n_embd})"
+            )
 
     @classmethod
     def parameter_count(cls, cfg: ModelConfig) -> int:

@@ -23,6 +23,8 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from ..core.budget import Shape
+from ..core.errors import ConfigError
 from ..core.validate import check_memory
 from ..data.positions import X_TOKENS
 from .base import FamilyTraits, ModelOutput
@@ -90,6 +92,20 @@ class PlantedICL(Hooked, FamilyTraits, nn.Module):
         recipe.readout.method = "model"
         CONSTRUCTIONS.get(config.model.planted).adapt_sweeps(recipe.sweeps, config.model)
         return recipe
+
+    @classmethod
+    def check_config(cls, cfg: ModelConfig) -> None:
+        super().check_config(cfg)
+        try:
+            CONSTRUCTIONS.get(cfg.planted)
+        except ConfigError as err:
+            raise ConfigError(f"model.planted: {err}") from None
+
+    @classmethod
+    def shape(cls, cfg: ModelConfig) -> Shape:
+        """The construction's width, heads and MLP width (planted_sizes), not the config's n_embd."""
+        width, heads, d_mlp = planted_sizes(cfg)
+        return Shape(cfg.n_layer, width, cfg.n_dims, True, heads, d_mlp)
 
     @staticmethod
     def parameter_count(cfg: ModelConfig) -> int:

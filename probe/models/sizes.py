@@ -30,11 +30,10 @@ def activation_bytes(model_cfg, batch: int, points: int, *, training: bool = Fal
 def shape_of(model_or_config) -> Shape:
     """The Shape of a model (any object with the model protocol) or of a ModelConfig."""
     cfg = getattr(model_or_config, "config", model_or_config)
-    if getattr(cfg, "family", None) == "planted":
-        from .planted import planted_sizes
+    from .config import FAMILIES, ModelConfig
 
-        width, heads, d_mlp = planted_sizes(cfg)
-        return Shape(cfg.n_layer, width, cfg.n_dims, True, heads, d_mlp)
+    if isinstance(cfg, ModelConfig):
+        return FAMILIES.get(cfg.family).shape(cfg)  # the family's own sizes (planted: its construction's)
     if hasattr(cfg, "n_layer") and hasattr(cfg, "n_embd"):
         return Shape(max(cfg.n_layer, 1), max(cfg.n_embd, 1), cfg.n_dims)
     m = model_or_config
