@@ -20,7 +20,7 @@ DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "gpt2-default"
 def main() -> None:
     from probe.analysis.probe_study import probe_study
     from probe.io.formats import load_checkpoint
-    from probe.reporting.build import probe_control_model
+    from probe.analysis.probes_stage import probe_control_model
     from probe.reporting.recipe import resolve_recipe
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

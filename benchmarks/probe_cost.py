@@ -30,7 +30,8 @@ def main() -> None:
     from probe.core.seeds import Stream, stream_generator
     from probe.data.tasks import sample_prompts
     from probe.io.formats import load_checkpoint
-    from probe.reporting.build import probe_control_model, run_stages
+    from probe.analysis.probes_stage import probe_control_model
+    from probe.reporting.build import run_stages
     from probe.reporting.cache import StageCache
     from probe.reporting.recipe import resolve_recipe
 

@@ -538,16 +538,16 @@ def test_probes_that_hit_the_iteration_limit_say_so(report):
 
     from probe.analysis.probes import fit_probes
     from probe.reporting.findings import caveats
-    from probe.reporting.schema import Probes, Summary
-    from probe.reporting.summary import probe_summary
+    from probe.analysis.probes_stage import Probes, probe_summary
+    from probe.reporting.schema import Summary
 
     states, targets = _calibration_states(300)
     table = fit_probes(states[:, :200], {"xty": targets["xty"][:200]}, states[:, 200:], {"xty": targets["xty"][200:]},
                        [(4, "xty")], "mlp", max_iter=1, hidden=16)
     assert not table.converged.any() and (table.iterations <= 3).all() and set(table.hidden) == {16}
     written = Summary.from_json(json.loads((report / "summary.json").read_text()))
-    summary = dataclasses.replace(written, probes=Probes(probe_summary(table.assign(control="none"))))
-    assert summary.probes.fits["xty"]["mlp"].converged_share == 0.0
+    summary = dataclasses.replace(written, stages={"probes": Probes(probe_summary(table.assign(control="none")))})
+    assert summary.stages["probes"].fits["xty"]["mlp"].converged_share == 0.0
     assert any("Only 0% of the mlp probes" in c and "raise probes.max_iter" in c for c in caveats(summary))
 
 

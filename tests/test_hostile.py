@@ -633,7 +633,8 @@ def test_hostile_model_arguments_of_the_python_api(template):
     from probe.analysis.probe_study import probe_study
     from probe.capture import capture
     from probe.core.errors import ProbeError
-    from probe.core.settings import ProbeSettings, PromptSettings
+    from probe.analysis.probes_stage import ProbeSettings
+    from probe.core.settings import PromptSettings
     from probe.io.formats import load_checkpoint
 
     ckpt = load_checkpoint(template / "ck")

@@ -352,8 +352,7 @@ def test_planted_models_have_no_random_weights_control_and_the_report_says_so():
 
     from probe.analysis.nulls import null_predictions
     from probe.models import random_weights_model
-    from probe.reporting.findings import _probes
-    from probe.reporting.summary import probe_summary
+    from probe.analysis.probes_stage import PROBES, Probes, probe_summary
 
     cfg = planted_config("gd", 3, 3, 8, step_size=0.1)
     assert random_weights_model(cfg.model, 0) is None
@@ -371,11 +370,7 @@ def test_planted_models_have_no_random_weights_control_and_the_report_says_so():
     fits = probe_summary(rows)
     assert fits["w_ols"]["linear"].control_r2 == []
 
-    class Stub:  # the summary fields _probes reads
-        probes = type("P", (), {"fits": fits, "order": None})()
-        checkpoint = type("C", (), {"model": {"family": "planted"}})()
-
-    assert _probes(Stub()).endswith("No random-weights control: a planted model's weights are its construction.")
+    assert PROBES.findings(Probes(fits), {}).endswith("No random-weights control: a planted model's weights are its construction.")
 
 
 @pytest.mark.parametrize("name", sorted(CONSTRUCTIONS))

@@ -98,7 +98,7 @@ def test_cached_rerun_matches(ckpt, tmp_path):
     args[4] = str(tmp_path / "c2")
     assert main(args) == 0
     a, b = (json.loads((tmp_path / p / "summary.json").read_text()) for p in ("c1", "c2"))
-    assert b["cached_stages"] == ["evaluate", "layers", "probes", "interventions", "order", "forgetting", "ood", "token_probes"] and a["best_match"] == b["best_match"]
+    assert b["cached_stages"] == ["evaluate", "layers", "interventions", "probes", "order", "forgetting", "ood", "token_probes"] and a["best_match"] == b["best_match"]
 
 
 def test_bad_input_fails_fast_with_a_message(ckpt, tmp_path, capsys):
@@ -184,7 +184,7 @@ def test_summary_json_reads_back_as_the_typed_summary(report):
 
     written = json.loads((report / "summary.json").read_text())
     summary = Summary.from_json(written)
-    assert isinstance(summary.best_match["newton"]["sime"], Match) and summary.probes.fits["xty"]["mlp"].r2
+    assert isinstance(summary.best_match["newton"]["sime"], Match) and summary.stages["probes"].fits["xty"]["mlp"].r2
     assert json.loads(json.dumps(summary.to_json())) == written  # nothing lost or added on the way back
     html = (report / "index.html").read_text()
     assert all(item.split(":")[0] in html for item in findings(summary)[0])  # the page's findings, from the file

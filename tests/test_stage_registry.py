@@ -78,7 +78,7 @@ MEAN = AnalysisStage(
         )
     ],
     findings=lambda block, titles: f"Mean |prediction| after {block.n_examples[-1]} examples: {block.mean_abs[-1]:.3f}.",
-    tables=lambda block: {"by examples": pd.DataFrame({"examples": block.n_examples, "mean |y|": block.mean_abs})},
+    tables=lambda block, t: {"by examples": pd.DataFrame({"examples": block.n_examples, "mean |y|": block.mean_abs})},
 )
 
 
@@ -150,7 +150,7 @@ def test_a_summary_with_a_block_nobody_registered_fails_its_schema(registered, c
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"name": "probes"}, "built-in recipe section"),
+        ({"name": "interventions"}, "built-in recipe section"),
         ({"name": "report"}, "built-in recipe section"),
         ({"name": "Mean"}, "lower-case letters"),
         ({"settings": dict}, "Section dataclass"),

@@ -101,7 +101,7 @@ class ForgettingCurves:
         return cls(value)
 
     @classmethod
-    def json_schema_value(cls, defs: dict) -> dict:
+    def json_schema_value(cls, schema) -> dict:
         return {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {"type": "array"}}}
 
 

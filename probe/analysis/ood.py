@@ -201,7 +201,7 @@ def _findings(block: Ood, titles) -> str | None:
     return f"Off the training distribution the model tracks {parts}.{tail}"
 
 
-def _page_tables(ood: Ood) -> dict[str, pd.DataFrame]:
+def _page_tables(ood: Ood, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """Per shift the family tracked and its runner-up; per shift and question the sides."""
     num = lambda v: "-" if v is None else f"{v:.3g}"
     interval = lambda d, lo, hi: f"{num(d)} [{num(lo)}, {num(hi)}]"

@@ -6,7 +6,7 @@ random-weights model of the architecture (`random_model`) and on targets shuffle
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -18,12 +18,14 @@ from ..core.allocator import release_free_memory
 from ..core.memory import MemoryBudget
 from ..core.progress import tqdm
 from ..core.seeds import Stream, stream_generator
-from ..core.settings import ProbeSettings
 from ..core.validate import check_device, check_model, positive_int
 from ..data.tasks import sample_prompts
 from ..models.sizes import shape_of
 from .probes import R2_DRAWS, fit_probe_grid, probe_dtype, probe_targets
 from .verdicts import decide
+
+if TYPE_CHECKING:
+    from .probes_stage import ProbeSettings
 
 
 def default_prefixes(n_dims: int, n_points: int) -> tuple[int, ...]:

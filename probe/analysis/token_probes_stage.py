@@ -228,7 +228,7 @@ def _findings(block: TokenProbes, titles) -> str | None:
     return intro + "; ".join(parts) + "." if parts else None
 
 
-def _page_tables(block: TokenProbes) -> dict[str, pd.DataFrame]:
+def _page_tables(block: TokenProbes, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """Per token kind and target family, the layer with the largest gain over the floor."""
     rows = []
     for token in dict.fromkeys(s.token for s in block.series):

@@ -23,7 +23,6 @@ COMMANDS = {
     "heatmap": "Layer-vs-learner SimE/SimW heatmaps, best matches, trend verdicts",
     "span": "Span-of-examples test of each layer's induced weights",
     "spectral": "Each layer's spectral filter: response per eigenvalue, exponent, GD or Newton class",
-    "probes": "Attention-pooled probes for X^T y and w, with controls",
     "report": "Everything above as one HTML report with summary.json",
     "planted": "Write a transformer whose layers run GD, Newton, SGD or a random generator by construction",
     "study": "Analyses over a family of checkpoints, one tidy table and figures",

@@ -1,16 +1,13 @@
-"""One report stage run alone (`icl-probe probes`, `order`, `steer`): the checkpoint and the
-report's recipe (then the command's flags) in; the stage's table (<stage>.csv), its summary with
-the settings and provenance (<stage>_summary.json) and its figure out, published only when all of
-it is written. A command supplies what differs: a check before any work, the summary block, the
-settings recorded, and what it prints."""
+"""A registered analysis run alone (`icl-probe probes`, `order`, `steer`, ...; probe/core/stages.py):
+the checkpoint and the report's recipe (then the command's flags) in; the stage's tables
+(<table>.csv), its summary.json block with the settings and provenance (<stage>_summary.json) and
+its figures out, published only when all of it is written."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from dataclasses import fields
-from typing import Any
 
 from ..core.resources import DEFAULT_CHECKPOINT
 from .common import add_device, add_out, check_device, output_target, writing
@@ -40,40 +37,6 @@ def add_stage_parser(
     add_device(p)
 
 
-def run_stage(
-    args: argparse.Namespace,
-    command: str,
-    stage: str,
-    summary: Callable[[Any, dict[str, Any]], dict[str, Any]],
-    record: Callable[[Any, Any], dict[str, Any]],
-    show: Callable[[Any], None],
-    check: Callable[[Any, Any], None] = lambda ckpt, recipe: None,
-) -> int:
-    """Run report stage `stage` on args.checkpoint into args.out: `check(ckpt, recipe)` before any
-    work, then the table, {**summary(table, the stage's data), "settings": record(ckpt, recipe), provenance} and the
-    stage's figure; `show(table)` prints."""
-    from ..core.provenance import stamp
-    from ..io.formats import load_checkpoint
-    from ..reporting.build import Context, report_stages
-
-    target = output_target(args, command, (args.checkpoint,))
-    ckpt = load_checkpoint(args.checkpoint)
-    recipe = recipe_from_args(args, ckpt)  # the report's settings, then the flags
-    check(ckpt, recipe)
-    context = Context(ckpt, recipe, check_device(args.device), progress=not args.quiet)
-    declared = report_stages()[stage]
-    tables, data = declared.run(context)
-    table = tables[stage]
-    with writing(target) as out:
-        table.to_csv(out / f"{stage}.csv", index=False)
-        written = {**summary(table, data), "settings": record(ckpt, recipe), **stamp()}
-        (out / f"{stage}_summary.json").write_text(json.dumps(written, indent=2, default=str) + "\n")
-        declared.figures(tables, out, context)
-    show(table)
-    print(f"wrote {target.path}")
-    return 0
-
-
 def add_registered_parsers(sub) -> None:
     """One subcommand per registered analysis (probe/core/stages.py), `icl-probe <stage name>`,
     its flags from its settings class as a built-in stage's."""
@@ -90,7 +53,8 @@ def add_registered_parsers(sub) -> None:
         )
         p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         files = f"its tables (CSV), figures and {name}_summary.json"
-        add_stage_parser(p, name, declared.settings, files, {"seed": "seed"}, flags=dict(declared.flags))
+        prompt_flags = {"seed": "seed", **dict(declared.prompt_flags)}
+        add_stage_parser(p, name, declared.settings, files, prompt_flags, flags=dict(declared.flags))
         p.set_defaults(registered_stage=name)
 
 
@@ -101,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from ..analysis.labels import sweep_titles
     from ..core.config import to_dict
     from ..core.provenance import stamp
-    from ..core.stages import registered
+    from ..core.stages import StageTables, registered
     from ..io.formats import load_checkpoint
     from ..reporting.build import Context
     from ..reporting.schema import strict, to_json
@@ -110,12 +74,14 @@ def run(args: argparse.Namespace) -> int:
     target = output_target(args, declared.command, (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     recipe = recipe_from_args(args, ckpt)
-    tables = declared.run(Context(ckpt, recipe, check_device(args.device), progress=not args.quiet))
+    ran = declared.run(Context(ckpt, recipe, check_device(args.device), progress=not args.quiet))
+    tables = StageTables(ran, getattr(ran, "data", {}))
     block = declared.summarise(tables, recipe)
     with writing(target) as out:
         for name, frame in tables.items():
             frame.to_csv(out / f"{name}.csv", index=False)
-        settings = {**to_dict(getattr(recipe, declared.name)), "seed": recipe.prompts.seed}
+        prompts = {key: getattr(recipe.prompts, key) for key in ("seed", *dict(declared.prompt_flags))}
+        settings = {**to_dict(getattr(recipe, declared.name)), **prompts}
         written = {declared.block_key: to_json(block), "settings": settings, **stamp()}
         (out / f"{declared.name}_summary.json").write_text(json.dumps(strict(written), indent=2, default=str) + "\n")
         if declared.figures is not None:

@@ -23,9 +23,11 @@ from .config import Section
 from .errors import ConfigError
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
+OMIT = {"omit_if_none": True}  # a block field's metadata: summary.json leaves the field out when it is None
 ENTRY_POINTS = "icl_probe.stages"
 # the toolkit's own registered analyses, in report order
 BUILTIN = (
+    "probe.analysis.probes_stage",
     "probe.analysis.order",
     "probe.analysis.forgetting",
     "probe.analysis.ood",
@@ -42,19 +44,24 @@ class AnalysisStage:
         command `icl-probe <name>` (underscores as dashes).
     settings: its recipe section, a `Section` dataclass with SECTION = name and an `enabled` field.
     run: (report Context: checkpoint, recipe adapted to it, device, earlier stages' tables) ->
-        its tables, name -> DataFrame (written to data/<table>.csv).
-    block: the dataclass of its summary.json block; summarise(tables, recipe) builds it.
+        its tables, name -> DataFrame (written to data/<table>.csv); a `StageTables` also carries
+        what it keeps beside them (`data`: JSON-able, cached with the tables, not written).
+    block: the dataclass of its summary.json block; summarise(tables, recipe) builds it (`tables`
+        a StageTables: every table of the report so far, and the data of the stages that ran).
     title, description: its section of the report page (plain text) and the command's help.
     figures: (tables, figure directory, recipe) -> name -> PNG path.
     estimates: (recipe, checkpoint) -> budget Estimates (probe/core/budget.py) of its own knobs,
         the report's up-front check.
     findings: (block, titles: sweep label -> title) -> one findings line (or None).
-    tables: block -> caption -> DataFrame shown on the page.
+    caveats: (block, titles) -> the report's caveats it adds (lines under the findings).
+    tables: (block, the report's tables) -> caption -> DataFrame shown on the page.
     evidence: (block, hypothesis a, hypothesis b) -> rows of the evidence table for that question,
         each a dict of probe.reporting.schema.EvidenceRow's fields (probe/reporting/evidence.py).
     reads: other recipe sections it reads (its cache key, with [prompts] and its own).
     applies: checkpoint -> whether it runs on it (None: every checkpoint).
     flags: (settings field, flag name) of its command where not the field's own (e.g. "test-prompts").
+    prompt_flags: ([prompts] field, flag name) its command takes besides --seed (e.g. the probes'
+        ("test", "test-prompts")).
     captions: (figure name, caption) under its figures on the page.
     key: its summary.json key where that is not its name (order: "order_sensitivity").
     cli: its command where that is not its name (steering: "steer").
@@ -70,11 +77,13 @@ class AnalysisStage:
     figures: Callable[[dict[str, Any], Path, Any], dict[str, Path]] | None = None
     estimates: Callable[[Any, Any], list[Any]] | None = None
     findings: Callable[[Any, Any], str | None] | None = None
-    tables: Callable[[Any], dict[str, Any]] | None = None
+    caveats: Callable[[Any, Any], list[str]] | None = None
+    tables: Callable[[Any, Any], dict[str, Any]] | None = None
     evidence: Callable[[Any, str, str], list[dict[str, Any]]] | None = None
     reads: tuple[str, ...] = ()
     applies: Callable[[Any], bool] | None = None
     flags: tuple[tuple[str, str], ...] = ()
+    prompt_flags: tuple[tuple[str, str], ...] = ()
     captions: tuple[tuple[str, str], ...] = ()
     key: str = ""
     cli: str = ""
@@ -87,6 +96,16 @@ class AnalysisStage:
     def block_key(self) -> str:
         """Its block's key in summary.json."""
         return self.key or self.name
+
+
+class StageTables(dict):
+    """Tables by name (DataFrames) and, in `data`, what a stage keeps beside them that is not a
+    table (JSON-able values, e.g. the probes' resampled intervals): what `run` may return and what
+    `summarise` is given."""
+
+    def __init__(self, tables: Any = (), data: dict[str, Any] | None = None):
+        super().__init__(tables)
+        self.data = dict(data or {})
 
 
 STAGES: dict[str, AnalysisStage] = {}
@@ -153,10 +172,12 @@ _loaded = False
 
 
 def registered() -> dict[str, AnalysisStage]:
-    """Every registered stage, name -> declaration, in report order: the toolkit's own (BUILTIN),
-    then those of plugins (`load_plugins`), then any registered since."""
+    """Every registered stage, name -> declaration, in report order: the toolkit's own in BUILTIN's
+    order (whichever was imported first), then the others as they were registered (plugins)."""
     load_plugins()
-    return STAGES
+    rank = {module: i for i, module in enumerate(BUILTIN)}
+    order = sorted(STAGES.values(), key=lambda stage: rank.get(stage.settings.__module__, len(BUILTIN)))
+    return {stage.name: stage for stage in order}
 
 
 def load_plugins() -> None:

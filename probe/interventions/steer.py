@@ -267,7 +267,7 @@ class SteeringBlock:
         return cls(value)
 
     @classmethod
-    def json_schema_value(cls, defs: dict) -> dict:
+    def json_schema_value(cls, schema) -> dict:
         return {"type": "object"}
 
 

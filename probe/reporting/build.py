@@ -20,8 +20,6 @@ import pandas as pd
 
 from ..analysis.evaluate import error_curve, plot_error_curve, r2_curve
 from ..analysis.pipeline import LayerSettings, analyse_layers
-from ..analysis.probe_study import probe_intervals, probe_study
-from ..analysis.probes import without_r2_draws
 from ..analysis.readout import LayerReadouts
 from ..analysis.spectral import reference_families
 from ..core import budget
@@ -30,12 +28,11 @@ from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
 from ..core.provenance import display_path
 from ..core.settings import query_count
-from ..core.stages import AnalysisStage, registered
+from ..core.stages import AnalysisStage, StageTables, registered
 from ..interventions.pipeline import degenerate_boundaries, layer_maps_from_best, run_interventions
 from ..interventions.runner import has_runner
 from ..io.checkpoint import LoadedCheckpoint
 from ..io.outputs import OutputTarget, safe_name
-from ..models import random_weights_model
 from ..models.sizes import shape_of
 from . import figures
 from . import intervention_figures as ifig
@@ -125,23 +122,6 @@ def spectral_tables(spectral) -> dict[str, pd.DataFrame]:
     return {f"spectral_{name}": getattr(spectral, name) for name in names}
 
 
-def probe_control_model(ckpt: LoadedCheckpoint, seed: int):
-    """The probes' random-weights control (probe/core/seeds.py); None where the family has none
-    (planted constructions: the report says so)."""
-
-    return random_weights_model(ckpt.config.model, seed)
-
-
-def _stage_probes(c: Context):
-
-    settings, seed = c.recipe.probes, c.recipe.prompts.seed
-    control = probe_control_model(c.ckpt, seed) if settings.controls else None
-    task, n_test = c.ckpt.config.task, c.recipe.prompts.test
-    n_boot = c.recipe.similarity.bootstrap
-    table = probe_study(c.ckpt.model, task, settings, n_test, seed, c.device, control, c.progress, c.memory, n_boot)
-    return {"probes": without_r2_draws(table)}, {"probe_intervals": probe_intervals(table)}
-
-
 def _stage_interventions(c: Context):
 
     recipe, iv = c.recipe, c.recipe.interventions
@@ -180,8 +160,6 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
                 recipe.spectral.bins, n_spectral, shape.layers + 1 + members, recipe.similarity.bootstrap
             )
         )
-    if recipe.probes.enabled:
-        out += budget.probe_estimates(shape, n, recipe.probes, p.test)
     if has_runner(ckpt.model) and recipe.interventions.enabled:
         out += budget.intervention_estimates(shape, n, recipe.interventions, recipe.similarity.bootstrap)
     for name, declared in registered().items():
@@ -196,8 +174,6 @@ def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
     whose SimW would be underdetermined, before any work; errors name the recipe key."""
 
     m = ckpt.config.model
-    if recipe.probes.enabled:
-        recipe.probes.check_for(ckpt.config.task.n_points)
     queries = query_count(recipe.prompts.queries, m.n_dims)
     if recipe.similarity.simw and queries < m.n_dims:
         raise ConfigError(
@@ -214,8 +190,8 @@ class Stage:
     it draws (tables, figure dir, Context -> name -> PNG path), the recipe sections it reads besides
     [prompts] and its own (together its cache key), whether its own section's `enabled` switches it
     (`optional`), whether it needs a TransformerLens form of the model, and which checkpoints it
-    applies to (`applies`; None: all). `icl-probe probes`,
-    `order` and `steer` run their stage alone (probe/cli/stage.py)."""
+    applies to (`applies`; None: all). The registered analyses (probe/core/stages.py) run as such
+    a Stage (`_registered`)."""
 
     name: str
     run: Callable[[Context], tuple[dict[str, pd.DataFrame], dict[str, Any]]]
@@ -283,30 +259,30 @@ def _intervention_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
     return out
 
 
-def _one_figure(name: str, draw: Callable[[pd.DataFrame, Path], list[Path]]):
-    """The figures of a stage that draws its one table `name` once."""
-    return lambda t, fig_dir, c: {name: draw(t[name], fig_dir / name)[0]}
-
-
 LAYER_SECTIONS = ("readout", "similarity", "sweeps", "spectral")
 BUILTIN_STAGES = {
     stage.name: stage
     for stage in (
         Stage("evaluate", _stage_evaluate, _evaluate_figures, optional=False),
         Stage("layers", _stage_layers, _layer_figures, LAYER_SECTIONS, optional=False),
-        Stage("probes", _stage_probes, _one_figure("probes", figures.probes)),
         Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS[:3], transformers_only=True),
     )
 }
 
 
 def _registered(declared: AnalysisStage) -> Stage:
-    """A registered analysis (probe/core/stages.py) as a report stage: its tables, no data entries;
-    its figures keyed "<stage>/<figure>" (the page shows them in its section)."""
+    """A registered analysis (probe/core/stages.py) as a report stage: its tables and the data a
+    StageTables carries beside them; its figures keyed "<stage>/<figure>" (the page shows them in its
+    section)."""
     draw, name = declared.figures, declared.name
+
+    def run(c: Context) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+        tables = declared.run(c)
+        return dict(tables), dict(tables.data) if isinstance(tables, StageTables) else {}
+
     return Stage(
         name,
-        lambda c: (declared.run(c), {}),
+        run,
         lambda t, fig_dir, c: {f"{name}/{k}": v for k, v in draw(t, fig_dir, c.recipe).items()} if draw else {},
         declared.reads,
         applies=declared.applies,

@@ -50,8 +50,8 @@ def schema_of(kind: Any, defs: dict[str, Any]) -> dict[str, Any]:
 
 def dataclass_schema(kind: type, defs: dict[str, Any]) -> dict[str, Any]:
     hints = get_type_hints(kind)
-    if hasattr(kind, "json_schema_value"):  # a block written in its own layout (Probes)
-        return kind.json_schema_value(defs)
+    if hasattr(kind, "json_schema_value"):  # a block written in its own layout (Probes), given schema_of
+        return kind.json_schema_value(lambda inner: schema_of(inner, defs))
     own = [f for f in fields(kind) if not f.metadata.get("merged")]
     properties = {f.name: schema_of(hints[f.name], defs) for f in own}
     if len(own) < len(fields(kind)):  # the registered analyses' blocks, each optional

@@ -198,30 +198,6 @@ def span(table: pd.DataFrame, stem: Path) -> list[Path]:
     return save_png(fig, stem)
 
 
-def probes(table: pd.DataFrame, stem: Path) -> list[Path]:
-    """R^2 by layer for each target and probe kind, beside the controls."""
-    plt = pyplot()
-    combos = sorted(table.groupby(["target", "kind"]).groups)
-    fig, axes = plt.subplots(1, len(combos), figsize=(3.2 * len(combos), 3.0), sharey=True, squeeze=False)
-    for ax, (target, kind) in zip(axes[0], combos):
-        rows = table[(table.target == target) & (table.kind == kind)]
-        for control, style in (("none", "-o"), ("random_model", "--"), ("shuffled", ":")):
-            r = rows[rows.control == control].groupby("layer").r2.mean()
-            if len(r):
-                ax.plot(
-                    r.index,
-                    r.values,
-                    style,
-                    label={"none": "model", "random_model": "random-weights model", "shuffled": "shuffled targets"}[
-                        control
-                    ],
-                )
-        ax.set(title=f"{target} ({kind})", xlabel="layer")
-    axes[0][0].set_ylabel("held-out R^2 (mean over prefixes)")
-    legend_outside(axes[0][-1], 7)
-    return save_png(fig, stem)
-
-
 def readout_comparison(tables: dict[str, pd.DataFrame], stem: Path) -> list[Path]:
     """Per-layer readout error of two models side by side (seed 003 Fig. 1a vs 1c)."""
     plt = pyplot()

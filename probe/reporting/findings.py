@@ -5,9 +5,8 @@ from __future__ import annotations
 from ..analysis.labels import Titles, label, sweep_titles
 from ..analysis.matching import trend_words
 from ..core.stages import by_block_key
-from ..models import has_random_init
 from ..models.constructions import CONSTRUCTIONS
-from .schema import Match, ProbeFit, ProbeOrder, Summary, Table1Entry, Verdict
+from .schema import Match, Summary, Table1Entry, Verdict
 
 
 # Names that are neither learners nor sweeps: metrics, probe targets, nulls and the error curve's
@@ -103,52 +102,6 @@ def verdict_text(v: Verdict, titles: Titles | None = None) -> str:
     return head + f"{label(v.winner, titles)} closer"
 
 
-def _probe_fits(summary: Summary) -> list[tuple[str, str, ProbeFit]]:
-    return [
-        (t, kind, fit)
-        for t, kinds in (summary.probes.fits if summary.probes else {}).items()
-        for kind, fit in kinds.items()
-    ]
-
-
-def _probes(summary: Summary) -> str | None:
-    parts = []
-    for target, kind, fit in _probe_fits(summary):
-        best = max(range(len(fit.r2)), key=lambda i: fit.r2[i])
-        control = fit.control_r2[best] if fit.control_r2 else None
-        r2 = f"{fit.r2[best]:.2f}" + (
-            f" [{fit.r2_low[best]:.2f}, {fit.r2_high[best]:.2f}]" if fit.r2_low and fit.r2_high else ""
-        )
-        where = f"layer {fit.layer[best]}" + (
-            f" [{fit.best_layer_low}, {fit.best_layer_high}]" if fit.best_layer_low is not None else ""
-        )
-        parts.append(
-            f"{kind} {label(target)} R^2 {r2} at {where}"
-            + (f" (random-weights model {control:.2f})" if control is not None else "")
-        )
-    if not parts:
-        return None
-    none = not has_random_init(str(summary.checkpoint.model.get("family")))
-    return (
-        "Probes (90% intervals over resamples of the test prompts): "
-        + "; ".join(parts)
-        + "."
-        + "".join(f" {probe_order_words(o)}." for o in ((summary.probes.order if summary.probes else None) or []))
-        + (" No random-weights control: a planted model's weights are its construction." if none else "")
-    )
-
-
-def probe_order_words(o: ProbeOrder) -> str:
-    """Which target a probe kind decodes first, from the paired interval alone (`ProbeOrder`)."""
-    diff = f"best layer of {label(o.then)} minus {label(o.first)} {o.difference:+d} [{o.ci_low:+d}, {o.ci_high:+d}]"
-    if o.earlier is None:
-        return (
-            f"The {o.kind} probes do not decide whether {label(o.first)} or {label(o.then)} is decoded first ({diff})"
-        )
-    later = o.then if o.earlier == o.first else o.first
-    return f"The {o.kind} probes decode {label(o.earlier)} at an earlier layer than {label(later)} ({diff})"
-
-
 def _span(summary: Summary, d: int) -> str | None:
     span = summary.span
     if span is None or not span.layer:
@@ -231,26 +184,10 @@ def caveats(summary: Summary) -> list[str]:
             "The final layer's closest learner is not distinguishable from predicting 0: Table 1 says nothing "
             "about which algorithm the model runs."
         )
-    for target, kind, fit in _probe_fits(summary):
-        best = fit.layer.index(fit.best_layer)
-        control = fit.control_r2[best] if fit.control_r2 else None
-        if control is not None and fit.r2[best] is not None and control > fit.r2[best]:
-            out.append(
-                f"At the {kind} probe's best layer for {label(target)} ({fit.best_layer}), the same probe on a "
-                f"random-weights model of the same architecture scores higher ({control:.2f} against "
-                f"{fit.r2[best]:.2f}): what it decodes there is not evidence of learning."
-            )
-        if fit.converged_share is not None and fit.converged_share < CONVERGED_ENOUGH:
-            out.append(
-                f"Only {fit.converged_share * 100:.0f}% of the {kind} probes for {label(target)} reached the stopping "
-                f"rule (|gradient| <= probes.gtol) within probes.max_iter ({fit.max_iterations} iterations used, "
-                f"largest final gradient {fit.max_grad_norm:.1e}): those probes' R^2 may still move; raise "
-                "probes.max_iter."
-            )
+    for key, block in summary.stages.items():
+        more = by_block_key()[key].caveats
+        out += more(block, titles) if more is not None else []
     return out
-
-
-CONVERGED_ENOUGH = 0.99  # share of converged probes below which the findings say so
 
 
 def _spectral(summary: Summary) -> str | None:
@@ -294,7 +231,6 @@ def findings(summary: Summary) -> tuple[list[str], list[str]]:
         *_verdicts(summary),
         _table1(summary),
         _spectral(summary),
-        _probes(summary),
         _span(summary, d),
         *_registered(summary),
     ]

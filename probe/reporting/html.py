@@ -84,7 +84,6 @@ SECTIONS = [
     ("Table 1: final layer against each learner", "table1", None),
     ("Span of the examples", "span", "span"),
     ("Spectral filter of each layer", "spectral", "spectral_exponents"),
-    ("Probes for X<sup>T</sup>y and w", "probes", "probes"),
     ("Causal checks", "causal", "interventions"),
     ("Methods", "methods", None),
     ("Grids", "grids", None),
@@ -115,6 +114,7 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
             [Section(title, macro=macro) for title, macro, when in SECTIONS if when is None or when in shown],
             summary,
             figs,
+            built.tables,
         ),
         git=str(summary.git_commit),
         sections_template="report.html.j2",
@@ -122,14 +122,16 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
     ).render()
 
 
-def _with_registered(sections: list[Section], summary: Summary, figs: dict[str, Path]) -> list[Section]:
+def _with_registered(
+    sections: list[Section], summary: Summary, figs: dict[str, Path], tables: dict[str, pd.DataFrame]
+) -> list[Section]:
     """The sections of the registered analyses that ran (probe/core/stages.py), before Methods: the
     description, the tables their `tables` shows and their figures (their text escaped)."""
     added = []
     for name, block in summary.stages.items():
         declared = by_block_key()[name]
         parts = [f"<p>{html.escape(declared.description)}</p>"]
-        for caption, frame in (declared.tables(block) if declared.tables else {}).items():
+        for caption, frame in (declared.tables(block, tables) if declared.tables else {}).items():
             parts += [f"<p>{html.escape(caption)}</p>", _table(frame)]
         drawn = {key.split("/", 1)[1]: path for key, path in figs.items() if key.startswith(f"{declared.name}/")}
         captions = dict(declared.captions)
@@ -177,25 +179,6 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
         out.update(_spectral_tables(summary))
     for i, q in enumerate(summary.evidence or []):
         out[f"evidence_{i}"] = _table(_evidence_rows(q, titles))
-    if "probes" in t:
-        own = t["probes"][t["probes"].control == "none"]
-        attention = own.groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()
-        out["probe_attention"] = _table(attention, "{:.3f}")
-        if "converged" in own:
-            steps = own.groupby(["target", "kind"]).agg(
-                converged=("converged", "mean"),
-                median_iterations=("iterations", "median"),
-                max_iterations=("iterations", "max"),
-                max_grad_norm=("grad_norm", "max"),
-            )
-            steps["max_grad_norm"] = steps.max_grad_norm.map("{:.1e}".format)
-            out["probe_training"] = _table(steps.reset_index(), "{:.2f}")
-            stuck = own[~own.converged.astype(bool)]
-            if len(stuck):
-                cols = ["layer", "prefix", "target", "kind", "iterations", "grad_norm", "r2"]
-                out["probe_unconverged"] = _table(
-                    stuck[cols].assign(grad_norm=stuck.grad_norm.map("{:.1e}".format)), "{:.3f}"
-                )
     ablation = summary.interventions.ablation if summary.interventions else None
     if ablation:
         skip = ablation["skip"]

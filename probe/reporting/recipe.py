@@ -5,13 +5,13 @@
     [similarity]     SimilaritySettings    SimE / SimW options, bootstrap size
     [[sweeps]]       SweepSettings         label, learner, axis, grid (one per heatmap family)
     [spectral]       SpectralSettings      each layer's spectral filter (on SimW's induced weights)
-    [probes]         ProbeSettings         attention-pooled probes
     [interventions]  InterventionSettings  causal checks
 
 Every section is a settings class of probe/core/settings.py, where its keys, defaults and help are
 written once; the commands' flags are derived from the same classes. The analyses registered as
 `AnalysisStage`s (probe/core/stages.py) add their own sections, [<stage name>], after these:
 
+    [probes]         probe/analysis/probes_stage.py   attention-pooled probes for X^T y and w
     [forgetting]     probe/analysis/forgetting.py     forgetting curves and their comparison learners
     [order]          probe/analysis/order.py          order sensitivity and its comparison learners
     [ood]            probe/analysis/ood.py            which matched learner the model tracks under distribution shifts
@@ -38,7 +38,6 @@ from ..core.registry import unknown_name_message
 from ..core.resources import RECIPE_DIR
 from ..core.settings import (
     InterventionSettings,
-    ProbeSettings,
     PromptSettings,
     ReadoutSettings,
     SimilaritySettings,
@@ -61,7 +60,6 @@ class Recipe:
     similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
     sweeps: list[SweepSettings] = field(default_factory=list)
     spectral: SpectralSettings = field(default_factory=SpectralSettings)
-    probes: ProbeSettings = field(default_factory=ProbeSettings)
     interventions: InterventionSettings = field(default_factory=InterventionSettings)
     stages: dict[str, Any] = field(default_factory=lambda: registered_settings({}))  # registered stages' sections
 

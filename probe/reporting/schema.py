@@ -17,19 +17,16 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ..core.errors import ConfigError
-from ..core.stages import DEFINITIONS, RESERVED, by_block_key, dataclasses_in
+from ..core.stages import DEFINITIONS, OMIT, RESERVED, by_block_key, dataclasses_in
 from .dataclass_schema import MERGED, schema_of
 
 SCHEMA_VERSION = 5  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`
 
 
-OMIT = {"omit_if_none": True}  # field metadata: summary.json leaves the field out when it is None
-
-
 def to_json(value: Any) -> Any:
     """Dataclasses -> dicts (in field order, optional Nones left out), recursively."""
-    if hasattr(value, "to_json_value"):
-        return value.to_json_value()
+    if hasattr(value, "to_json_value"):  # a block written in its own layout, of values converted here
+        return to_json(value.to_json_value())
     if is_dataclass(value) and not isinstance(value, type):
         out = {}
         for f in fields(value):
@@ -227,77 +224,6 @@ class Span:
 
 
 @dataclass
-class ProbeFit:
-    """Held-out R^2 of one target and probe kind by layer (mean over prefixes), with controls."""
-
-    layer: list[int]
-    r2: list[float]
-    control_r2: list[float]
-    shuffled_r2: list[float]
-    best_layer: int
-    by_prefix: dict[int, list[float]]
-    converged_share: float | None = field(default=None, metadata=OMIT)  # of the model's own probes
-    max_iterations: int | None = field(default=None, metadata=OMIT)  # L-BFGS iterations of the slowest pooling fit
-    max_grad_norm: float | None = field(default=None, metadata=OMIT)  # largest final |gradient|_inf
-    # 90% intervals over resamples of the test prompts (probe/analysis/probe_study.py probe_intervals)
-    r2_low: list[float] | None = field(default=None, metadata=OMIT)
-    r2_high: list[float] | None = field(default=None, metadata=OMIT)
-    best_layer_low: int | None = field(default=None, metadata=OMIT)
-    best_layer_high: int | None = field(default=None, metadata=OMIT)
-
-
-@dataclass
-class ProbeOrder:
-    """Which of two targets a probe kind decodes at an earlier layer, paired over resamples of the
-    test prompts: `difference` is then's best layer minus first's, with its 90% interval; `earlier`
-    names the target the interval puts first, None where it contains 0."""
-
-    kind: str
-    first: str
-    then: str
-    difference: int
-    ci_low: int
-    ci_high: int
-    earlier: str | None = None
-
-
-PROBE_KEYS = ("target_normalisation", "order")  # the Probes block's keys that are not targets
-
-
-@dataclass
-class Probes:
-    """target -> kind -> ProbeFit; in JSON the targets sit beside `target_normalisation` and `order`."""
-
-    fits: dict[str, dict[str, ProbeFit]]
-    target_normalisation: str = "standardised per prefix and coordinate with training-prompt mean and std"
-    order: list[ProbeOrder] | None = None
-
-    def to_json_value(self) -> dict[str, Any]:
-        out = {**to_json(self.fits), "target_normalisation": self.target_normalisation}
-        return out if self.order is None else {**out, "order": to_json(self.order)}
-
-    @classmethod
-    def json_schema_value(cls, defs: dict[str, Any]) -> dict[str, Any]:
-        """Targets as keys beside target_normalisation and order."""
-        return {
-            "type": "object",
-            "description": (cls.__doc__ or "").strip(),
-            "properties": {
-                "target_normalisation": {"type": "string"},
-                "order": {"type": "array", "items": schema_of(ProbeOrder, defs)},
-            },
-            "required": ["target_normalisation"],
-            "additionalProperties": {"type": "object", "additionalProperties": schema_of(ProbeFit, defs)},
-        }
-
-    @classmethod
-    def from_json_value(cls, value: dict[str, Any]) -> Probes:
-        fits = {key: v for key, v in value.items() if key not in PROBE_KEYS}
-        order = from_json(list[ProbeOrder], value["order"]) if value.get("order") is not None else None
-        return cls(from_json(dict[str, dict[str, ProbeFit]], fits), value["target_normalisation"], order)
-
-
-@dataclass
 class SpectralFit:
     """One bin variable's measurement per layer (probe/analysis/spectral.py): the local exponent p
     with its 90% interval, the best-fitting filter class and member (k on its axis, gain), its
@@ -414,7 +340,6 @@ class Summary:
     icl_r2: dict[str, list] | None = field(default=None, metadata=OMIT)
     span: Span | None = field(default=None, metadata=OMIT)
     spectral: Spectral | None = field(default=None, metadata=OMIT)
-    probes: Probes | None = field(default=None, metadata=OMIT)
     interventions: Interventions | None = field(default=None, metadata=OMIT)
     compare: dict[str, Any] | None = field(default=None, metadata=OMIT)
     stages: dict[str, Any] = field(default_factory=dict, metadata=MERGED)  # registered analyses' blocks

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..analysis.verdicts import verdict_words
 from ..core.provenance import display_path, stamp
-from ..core.stages import registered
+from ..core.stages import StageTables, registered
 from ..interventions.patch import CLAIMED
 from ..interventions.pipeline import iteration_verdict
 from ..interventions.state import PICTURE as STATE_PICTURE
@@ -27,9 +27,6 @@ from .schema import (
     Interventions,
     Match,
     Nulls,
-    ProbeFit,
-    ProbeOrder,
-    Probes,
     Readout,
     Span,
     Spectral,
@@ -139,7 +136,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         summary.nulls = nulls_block(t["nulls"])
         summary.table1.null = {name: {"similarity": vals[-1]} for name, vals in summary.nulls.sime.items()}
     summary.stages = {
-        declared.block_key: declared.summarise(t, recipe)
+        declared.block_key: declared.summarise(StageTables(t, built.data), recipe)
         for name, declared in registered().items()
         if name in built.timings
     }
@@ -255,8 +252,7 @@ def _plain(value: Any) -> Any:
 
 
 def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
-    """Blocks of the stages a recipe may leave out: ReLU R^2, span, probes,
-    out-of-distribution tracking, interventions."""
+    """Blocks of the built-in stages a recipe may leave out: ReLU R^2, span, spectral, interventions."""
     t = built.tables
     out: dict[str, Any] = {}
     if "icl_r2" in t:
@@ -266,48 +262,12 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         out["span"] = _columns(layers, Span, layer=_col(layers, "index"))
     if "spectral_summary" in t:
         out["spectral"] = spectral_block(t, built.data.get("spectral_counts", {}))
-    if "probes" in t:
-        intervals = built.data.get("probe_intervals")
-        order = [ProbeOrder(**o) for o in intervals["order"]] if intervals else None
-        out["probes"] = Probes(probe_summary(t["probes"], intervals), order=order)
     if "interventions" in built.data:
         block = Interventions(**built.data["interventions"])
         block.verdicts = [
             iteration_verdict(human_label(name, titles), entry) for name, entry in (block.iteration or {}).items()
         ]
         out["interventions"] = block
-    return out
-
-
-def probe_summary(table: pd.DataFrame, intervals: dict[str, Any] | None = None) -> dict[str, dict[str, ProbeFit]]:
-    """Per target and kind: R^2 by layer (mean over all probed prefixes), with the random-model
-    and shuffled controls aligned by layer, and the best layer; with `intervals`
-    (probe_study.probe_intervals), their 90% intervals over test-prompt resamples."""
-    out: dict[str, dict[str, ProbeFit]] = {}
-    extra = (intervals or {}).get("fits", {})
-    for (target, kind), rows in table.groupby(["target", "kind"]):
-        by = rows.groupby(["control", "layer"]).r2.mean()
-        layers = sorted(rows.layer.unique())
-        main = [float(by.get(("none", l), np.nan)) for l in layers]
-        own = rows[rows.control == "none"]
-        converged = "converged" in rows
-        out.setdefault(target, {})[kind] = ProbeFit(
-            layer=layers,
-            r2=main,
-            control_r2=[float(by.get(("random_model", l), np.nan)) for l in layers]
-            if (rows.control == "random_model").any()
-            else [],  # no random-weights control (planted models)
-            shuffled_r2=[float(by.get(("shuffled", l), np.nan)) for l in layers],
-            best_layer=int(layers[int(np.nanargmax(main))]),
-            by_prefix={
-                int(t): [float(v) for v in g.groupby("layer").r2.mean().reindex(layers)]
-                for t, g in own.groupby("prefix")
-            },
-            converged_share=float(own.converged.mean()) if converged else None,
-            max_iterations=int(own.iterations.max()) if converged else None,
-            max_grad_norm=float(own.grad_norm.max()) if converged else None,
-            **extra.get(target, {}).get(kind, {}),
-        )
     return out
 
 
