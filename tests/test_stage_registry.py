@@ -150,7 +150,7 @@ def test_a_summary_with_a_block_nobody_registered_fails_its_schema(registered, c
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"name": "interventions"}, "built-in recipe section"),
+        ({"name": "spectral"}, "built-in recipe section"),
         ({"name": "report"}, "built-in recipe section"),
         ({"name": "Mean"}, "lower-case letters"),
         ({"settings": dict}, "Section dataclass"),

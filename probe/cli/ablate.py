@@ -21,7 +21,8 @@ from .layers import add_recipe_args, recipe_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..core.settings import InterventionSettings, PromptSettings, SimilaritySettings, add_flags
+    from ..core.settings import PromptSettings, SimilaritySettings, add_flags
+    from ..interventions.stage import InterventionSettings
 
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
@@ -37,9 +38,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..core.provenance import display_path, stamp
+    from ..interventions import figures as intervention_figures
     from ..interventions.pipeline import run_interventions
     from ..io.formats import load_checkpoint
-    from ..reporting import intervention_figures
 
     target = output_target(args, "ablate", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)

@@ -29,7 +29,8 @@ from .layers import add_recipe_args, recipe_from_args, settings_from_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..core.settings import InterventionSettings, PromptSettings, SimilaritySettings, add_flags
+    from ..core.settings import PromptSettings, SimilaritySettings, add_flags
+    from ..interventions.stage import InterventionSettings
 
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
@@ -91,10 +92,10 @@ def run(args: argparse.Namespace) -> int:
     from ..core import budget
     from ..core.errors import ConfigError
     from ..core.provenance import display_path, stamp
+    from ..interventions import figures as intervention_figures
     from ..interventions.pipeline import iteration_verdict, run_interventions
     from ..io.formats import load_checkpoint
     from ..models.sizes import shape_of
-    from ..reporting import intervention_figures
 
     target = output_target(args, "patch", (args.checkpoint, args.map_from))
     ckpt = load_checkpoint(args.checkpoint)

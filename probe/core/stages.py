@@ -27,6 +27,7 @@ OMIT = {"omit_if_none": True}  # a block field's metadata: summary.json leaves t
 ENTRY_POINTS = "icl_probe.stages"
 # the toolkit's own registered analyses, in report order
 BUILTIN = (
+    "probe.interventions.stage",
     "probe.analysis.probes_stage",
     "probe.analysis.order",
     "probe.analysis.forgetting",
@@ -52,11 +53,15 @@ class AnalysisStage:
     figures: (tables, figure directory, recipe) -> name -> PNG path.
     estimates: (recipe, checkpoint) -> budget Estimates (probe/core/budget.py) of its own knobs,
         the report's up-front check.
-    findings: (block, titles: sweep label -> title) -> one findings line (or None).
+    findings: (block, titles: sweep label -> title) -> its findings line (None: none; a list: several).
     caveats: (block, titles) -> the report's caveats it adds (lines under the findings).
     tables: (block, the report's tables) -> caption -> DataFrame shown on the page.
     evidence: (block, hypothesis a, hypothesis b) -> rows of the evidence table for that question,
         each a dict of probe.reporting.schema.EvidenceRow's fields (probe/reporting/evidence.py).
+    verdicts: block -> paired verdicts it adds to summary.json's `verdicts`, each a dict of
+        probe.reporting.schema.Verdict's fields.
+    check: recipe -> None, raising ConfigError where its section disagrees with another section
+        (run when the recipe is resolved, before any work).
     reads: other recipe sections it reads (its cache key, with [prompts] and its own).
     applies: checkpoint -> whether it runs on it (None: every checkpoint).
     flags: (settings field, flag name) of its command where not the field's own (e.g. "test-prompts").
@@ -65,6 +70,8 @@ class AnalysisStage:
     captions: (figure name, caption) under its figures on the page.
     key: its summary.json key where that is not its name (order: "order_sensitivity").
     cli: its command where that is not its name (steering: "steer").
+    standalone: whether `icl-probe <command>` runs it alone (False where it needs an earlier stage's
+        tables: the causal checks read the layers' best matches).
     """
 
     name: str
@@ -76,10 +83,12 @@ class AnalysisStage:
     description: str
     figures: Callable[[dict[str, Any], Path, Any], dict[str, Path]] | None = None
     estimates: Callable[[Any, Any], list[Any]] | None = None
-    findings: Callable[[Any, Any], str | None] | None = None
+    findings: Callable[[Any, Any], str | list[str] | None] | None = None
     caveats: Callable[[Any, Any], list[str]] | None = None
     tables: Callable[[Any, Any], dict[str, Any]] | None = None
     evidence: Callable[[Any, str, str], list[dict[str, Any]]] | None = None
+    verdicts: Callable[[Any], list[dict[str, Any]]] | None = None
+    check: Callable[[Any], None] | None = None
     reads: tuple[str, ...] = ()
     applies: Callable[[Any], bool] | None = None
     flags: tuple[tuple[str, str], ...] = ()
@@ -87,6 +96,7 @@ class AnalysisStage:
     captions: tuple[tuple[str, str], ...] = ()
     key: str = ""
     cli: str = ""
+    standalone: bool = True
 
     @property
     def command(self) -> str:

@@ -18,12 +18,11 @@ from torch import Tensor
 from ..analysis.stats import bootstrap_mean
 from ..capture import hooks as H
 from ..core.progress import tqdm
-from ..core.settings import ABLATION_KINDS
 from ..core.validate import positive_int
 from ..data.metrics import error_per_dim
 from .runner import Hook, Runner, head_hook, replace_hook, skip_hooks
 
-KINDS = ABLATION_KINDS
+KINDS = ("zero", "mean", "skip")
 
 
 @dataclass(frozen=True)

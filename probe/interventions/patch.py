@@ -55,12 +55,11 @@ from ..capture import hooks as H
 from ..core.errors import ConfigError
 from ..core.progress import tqdm
 from ..core.seeds import Stream
-from ..core.settings import PATCH_SITES
 from ..data.config import TaskConfig
 from ..data.tasks import generator_for, relu_network_forward, sample_prompts
 from .runner import Runner, boundary_hook_name
 
-SITES = PATCH_SITES
+SITES = ("resid", "attn_out", "mlp_out")
 STREAM = Stream.CORRUPTED  # the corrupted functions' sampling stream
 
 

@@ -1,6 +1,6 @@
 """The causal checks end to end: prompts -> ablations, patching heatmap, iteration-consistent patching.
 
-    settings = InterventionSettings(prompts=256)     # probe/core/settings.py: recipe section [interventions]
+    settings = InterventionSettings(prompts=256)     # probe/interventions/stage.py: recipe section [interventions]
     result = run_interventions(model, task, settings, layer_maps={"newton": (sweep, {0: 0, ...})})
     result.summary   # what summary.json stores under "interventions"
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -20,7 +21,6 @@ from ..core import budget
 from ..core.config import to_dict
 from ..core.errors import ConfigError
 from ..core.seeds import Stream, stream_generator
-from ..core.settings import InterventionSettings
 from ..core.validate import check_bootstrap, check_device
 from ..data.config import TaskConfig
 from ..data.tasks import sample_prompts
@@ -30,6 +30,9 @@ from .patch import CLAIMED, context_patching, iteration_patching, paired_prompts
 from .runner import runner_for
 from .state import PICTURE as STATE_PICTURE
 from .state import source_xs, state_map_check, state_of
+
+if TYPE_CHECKING:
+    from .stage import InterventionSettings
 
 PARTS = ("ablate", "patch", "iteration")
 CONTEXT_PICTURE = "context patched (the query accumulates the prediction)"

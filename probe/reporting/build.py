@@ -29,13 +29,10 @@ from ..core.memory import MemoryBudget
 from ..core.provenance import display_path
 from ..core.settings import query_count
 from ..core.stages import AnalysisStage, StageTables, registered
-from ..interventions.pipeline import degenerate_boundaries, layer_maps_from_best, run_interventions
-from ..interventions.runner import has_runner
 from ..io.checkpoint import LoadedCheckpoint
 from ..io.outputs import OutputTarget, safe_name
 from ..models.sizes import shape_of
 from . import figures
-from . import intervention_figures as ifig
 from .cache import StageCache, _jsonable
 from .evidence import evidence_frame
 from .findings import sweep_titles
@@ -122,27 +119,6 @@ def spectral_tables(spectral) -> dict[str, pd.DataFrame]:
     return {f"spectral_{name}": getattr(spectral, name) for name in names}
 
 
-def _stage_interventions(c: Context):
-
-    recipe, iv = c.recipe, c.recipe.interventions
-    labels = iv.learner_labels(recipe.sweeps)
-    sweeps = [s for s in layer_settings(recipe, c.device).sweeps if s.label in labels]
-    res = run_interventions(
-        c.ckpt.model,
-        c.ckpt.config.task,
-        iv,
-        layer_maps=layer_maps_from_best(c.before("best_match"), sweeps),
-        skip=degenerate_boundaries(c.before("best_match"), sweeps),
-        n_boot=recipe.similarity.bootstrap,
-        seed=recipe.prompts.seed,
-        device=c.device,
-        progress=c.progress,
-    )
-    tables = {"ablation": res.ablation, "patching": res.patching}
-    tables.update({f"iteration_{label}": frame for label, frame in res.iteration.items()})
-    return {k: v for k, v in tables.items() if v is not None}, {"interventions": res.summary}
-
-
 def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Estimate]:
     """Memory and work of every size knob of the recipe's enabled stages on this checkpoint (probe/core/budget.py)."""
     shape, n, p = shape_of(ckpt.config.model), ckpt.config.task.n_points, recipe.prompts
@@ -160,8 +136,6 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
                 recipe.spectral.bins, n_spectral, shape.layers + 1 + members, recipe.similarity.bootstrap
             )
         )
-    if has_runner(ckpt.model) and recipe.interventions.enabled:
-        out += budget.intervention_estimates(shape, n, recipe.interventions, recipe.similarity.bootstrap)
     for name, declared in registered().items():
         wanted = getattr(recipe, name).enabled and (declared.applies is None or declared.applies(ckpt))
         if wanted and declared.estimates is not None:
@@ -189,7 +163,7 @@ class Stage:
     """One analysis of a report, declared once: how it runs (Context -> tables, data), the figures
     it draws (tables, figure dir, Context -> name -> PNG path), the recipe sections it reads besides
     [prompts] and its own (together its cache key), whether its own section's `enabled` switches it
-    (`optional`), whether it needs a TransformerLens form of the model, and which checkpoints it
+    (`optional`), and which checkpoints it
     applies to (`applies`; None: all). The registered analyses (probe/core/stages.py) run as such
     a Stage (`_registered`)."""
 
@@ -198,7 +172,6 @@ class Stage:
     figures: Callable[[dict[str, pd.DataFrame], Path, Context], dict[str, Path]]
     reads: tuple[str, ...] = ()
     optional: bool = True
-    transformers_only: bool = False
     applies: Callable[[LoadedCheckpoint], bool] | None = None
 
     @property
@@ -208,8 +181,7 @@ class Stage:
     def wanted(self, recipe: Recipe, ckpt: LoadedCheckpoint, only: set[str] | None = None) -> bool:
         """Whether a report runs it: switched on (or named in `only`) and runnable on the model."""
         on = not self.optional or getattr(recipe, self.name).enabled if only is None else self.name in only
-        runnable = not self.transformers_only or has_runner(ckpt.model)
-        return on and runnable and (self.applies is None or self.applies(ckpt))
+        return on and (self.applies is None or self.applies(ckpt))
 
 
 def _evaluate_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
@@ -245,27 +217,12 @@ def _layer_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
     return out
 
 
-def _intervention_figures(t, fig_dir: Path, c: Context) -> dict[str, Path]:
-    if "ablation" not in t:
-        return {}
-    out = {"ablation": ifig.ablation(t["ablation"], fig_dir / "ablation")[0]}
-    for site in t["patching"].site.unique() if "patching" in t else ():
-        out[f"patching_{site}"] = ifig.patching(t["patching"], site, fig_dir / f"patching_{site}")[0]
-    iteration = {k.removeprefix("iteration_"): v for k, v in t.items() if k.startswith("iteration_")}
-    if iteration:
-        out["iteration_consistency"] = ifig.iteration_consistency(
-            iteration, fig_dir / "iteration_consistency", sweep_titles(c.recipe.sweeps)
-        )[0]
-    return out
-
-
 LAYER_SECTIONS = ("readout", "similarity", "sweeps", "spectral")
 BUILTIN_STAGES = {
     stage.name: stage
     for stage in (
         Stage("evaluate", _stage_evaluate, _evaluate_figures, optional=False),
         Stage("layers", _stage_layers, _layer_figures, LAYER_SECTIONS, optional=False),
-        Stage("interventions", _stage_interventions, _intervention_figures, LAYER_SECTIONS[:3], transformers_only=True),
     )
 }
 

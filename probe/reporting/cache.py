@@ -32,7 +32,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 PRESENTATION = (
     "cli/",
     "reporting/figures.py",
-    "reporting/intervention_figures.py",
+    "interventions/figures.py",
     "reporting/html.py",
     "reporting/findings.py",
 )

@@ -18,15 +18,14 @@ import pandas as pd
 
 from ..analysis.matching import family_of
 from ..core.stages import by_block_key
+from .schema import EvidenceQuestion as Question
 from .schema import (
-    CAUSAL_METRICS,
     EvidenceRow,
     Spectral,
     Summary,
     Trend,
     Verdict,
 )
-from .schema import EvidenceQuestion as Question
 
 # (a, b): the hypotheses a question weighs, by learner family; asked where the recipe sweeps both
 QUESTIONS = (("newton", "gd"), ("gd", "ogd"), ("ridge", "least_squares"))
@@ -92,7 +91,6 @@ def questions(summary: Blocks) -> list[Question]:
             *_table1_rows(summary, a, b),
             *_trend_rows(summary, a, b),
             *_spectral_rows(summary, a, b),
-            *_causal_rows(summary, a, b),
             *_registered_rows(summary, a, b),
         ]
         out.append(_consolidate(a, b, rows))
@@ -197,38 +195,6 @@ def _spectral_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
 def _flat(fits, i: int) -> bool:
     """A layer that does not respond, or has converged, decides nothing."""
     return all(fit.max_r[i] is None or fit.max_r[i] <= 0.05 or (fit.min_r[i] or 0) > 0.95 for fit in fits)
-
-
-def _causal_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
-    out = []
-    for v in summary.verdicts or []:
-        other = v.sweep_b  # set where the alternative is another learner's map (not a shifted one)
-        if v.claim != "causal map" or other is None or {_side(v.a), _side(other)} != {a, b}:
-            continue
-        winner = None if v.winner is None else _side(v.winner if v.winner == v.a else other)
-        sign = (
-            1 if _side(v.a) == a else -1
-        )  # the check's difference is (other's deviation - claimed's): a - b closeness
-        lo, hi = sorted((sign * v.ci_low, sign * v.ci_high))
-        picture = "state written" if v.metric == CAUSAL_METRICS[True] else "context patched"
-        out.append(
-            EvidenceRow(
-                f"causal map check ({picture}, claimed {v.a})",
-                winner,
-                f"{v.verdict}: the {v.b} deviates {v.difference:+.4f} [{v.ci_low:+.4f}, {v.ci_high:+.4f}] more "
-                f"than {v.a}'s, resolution {v.resolution:.4f}" + (f" ({v.evidence})" if v.evidence else ""),
-                sign * v.difference,
-                lo,
-                hi,
-                v.resolution,
-                validated_on=VALIDATED.get(("causal map check", (a, b)), ""),
-                cannot_tell_apart=(
-                    "validated only against shifted maps of the claimed learner; boundaries whose layer predicts ~0 "
-                    "are left out of both maps"
-                ),
-            )
-        )
-    return out
 
 
 def _registered_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:

@@ -214,10 +214,12 @@ CLASS_WORDS = {
 
 def _registered(summary: Summary) -> list[str | None]:
     """The findings lines of the registered analyses that ran (probe/core/stages.py)."""
-    lines, titles = [], summary_titles(summary)
+    lines: list[str | None] = []
+    titles = summary_titles(summary)
     for key, block in summary.stages.items():
-        line = by_block_key()[key].findings
-        lines.append(line(block, titles) if line is not None else None)
+        hook = by_block_key()[key].findings
+        line = hook(block, titles) if hook is not None else None
+        lines += line if isinstance(line, list) else [line]
     return lines
 
 
@@ -234,5 +236,4 @@ def findings(summary: Summary) -> tuple[list[str], list[str]]:
         _span(summary, d),
         *_registered(summary),
     ]
-    items += [f"Causal check: {v}." for v in (summary.interventions.verdicts if summary.interventions else [])]
     return [i for i in items if i], caveats(summary)

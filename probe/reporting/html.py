@@ -84,7 +84,6 @@ SECTIONS = [
     ("Table 1: final layer against each learner", "table1", None),
     ("Span of the examples", "span", "span"),
     ("Spectral filter of each layer", "spectral", "spectral_exponents"),
-    ("Causal checks", "causal", "interventions"),
     ("Methods", "methods", None),
     ("Grids", "grids", None),
 ]
@@ -92,7 +91,7 @@ SECTIONS = [
 
 def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, compare) -> str:
     """The report page: templates/page.html.j2 with the sections of templates/report.html.j2."""
-    shown = set(figs) | ({"interventions"} if summary.interventions else set())
+    shown = set(figs)
     shown |= {"evidence"} if summary.evidence else set()
     items, caveats = findings(summary)
     context = {
@@ -179,21 +178,12 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe, compare)
         out.update(_spectral_tables(summary))
     for i, q in enumerate(summary.evidence or []):
         out[f"evidence_{i}"] = _table(_evidence_rows(q, titles))
-    ablation = summary.interventions.ablation if summary.interventions else None
-    if ablation:
-        skip = ablation["skip"]
-        frame = pd.DataFrame(
-            {"layer skipped": skip["layer"], f"error / d at t = {ablation['n_examples']}": skip["error"]}
-        )
-        out["skip"] = _table(frame, "{:.4f}")
     grids = [
         {"label": s.label, "learner": s.learner, "axis": s.axis, "grid": json.dumps(s.grid)} for s in recipe.sweeps
     ]
     out["grids"] = _table(pd.DataFrame(grids))
     html = {name: markupsafe.Markup(text) for name, text in out.items()}
-    alternatives = {k: markupsafe.Markup(v) for k, v in _alternative_tables(summary).items()}
-    iteration = {k: markupsafe.Markup(v) for k, v in _iteration_tables(summary).items()}
-    return {**html, "iteration": iteration, "iteration_alternatives": alternatives}
+    return html
 
 
 def _evidence_rows(q, titles: Titles) -> pd.DataFrame:
@@ -235,32 +225,6 @@ def _spectral_tables(summary: Summary) -> dict[str, str]:
         rows.append(row)
     refs = ", ".join(f"{name} {fmt(r['p_median'])} ({r['variable']})" for name, r in sp.references.items())
     return {"spectral": _table(pd.DataFrame(rows)), "spectral_refs": refs}
-
-
-def _alternative_tables(summary: Summary) -> dict[str, str]:
-    iteration = (summary.interventions.iteration if summary.interventions else None) or {}
-    out = {}
-    for name, entry in iteration.items():
-        rows = entry.get("map_alternatives") or []
-        frame = pd.DataFrame(
-            [
-                {
-                    "alternative map": r["alternative"],
-                    "deviation difference (alternative - claim)": f"{r['difference']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]",
-                    "resolution": f"{r['resolution']:.4f}",
-                    "verdict": r["verdict"],
-                }
-                for r in rows
-            ]
-        )
-        out[name] = _table(frame) if rows else ""
-    return out
-
-
-def _iteration_tables(summary: Summary) -> dict[str, str]:
-    iteration = (summary.interventions.iteration if summary.interventions else None) or {}
-    columns = ("boundary", "k", "observed", "expected", "consistency")
-    return {name: _table(pd.DataFrame({c: entry[c] for c in columns}), "{:.3f}") for name, entry in iteration.items()}
 
 
 def _model_card(summary: Summary, ckpt) -> pd.DataFrame:

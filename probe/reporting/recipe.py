@@ -5,12 +5,12 @@
     [similarity]     SimilaritySettings    SimE / SimW options, bootstrap size
     [[sweeps]]       SweepSettings         label, learner, axis, grid (one per heatmap family)
     [spectral]       SpectralSettings      each layer's spectral filter (on SimW's induced weights)
-    [interventions]  InterventionSettings  causal checks
 
 Every section is a settings class of probe/core/settings.py, where its keys, defaults and help are
 written once; the commands' flags are derived from the same classes. The analyses registered as
 `AnalysisStage`s (probe/core/stages.py) add their own sections, [<stage name>], after these:
 
+    [interventions]  probe/interventions/stage.py     causal checks (transformers only)
     [probes]         probe/analysis/probes_stage.py   attention-pooled probes for X^T y and w
     [forgetting]     probe/analysis/forgetting.py     forgetting curves and their comparison learners
     [order]          probe/analysis/order.py          order sensitivity and its comparison learners
@@ -37,7 +37,6 @@ from ..core.errors import ConfigError
 from ..core.registry import unknown_name_message
 from ..core.resources import RECIPE_DIR
 from ..core.settings import (
-    InterventionSettings,
     PromptSettings,
     ReadoutSettings,
     SimilaritySettings,
@@ -60,7 +59,6 @@ class Recipe:
     similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
     sweeps: list[SweepSettings] = field(default_factory=list)
     spectral: SpectralSettings = field(default_factory=SpectralSettings)
-    interventions: InterventionSettings = field(default_factory=InterventionSettings)
     stages: dict[str, Any] = field(default_factory=lambda: registered_settings({}))  # registered stages' sections
 
     def __getattr__(self, name: str) -> Any:
@@ -86,15 +84,13 @@ class Recipe:
                     f"sweep label {s.label!r} must be letters, digits, '_', '-' or '.' "
                     "(it names output files), e.g. gd_log"
                 )
-        self._check_interventions()
+        self.check_stages()
 
-    def _check_interventions(self) -> None:
-        with_axis = [s.label for s in self.sweeps if s.axis]
-        for label in self.interventions.learner_labels(self.sweeps):
-            if label not in with_axis:
-                raise ConfigError(
-                    "interventions.learners: " + unknown_name_message("sweep with an iteration axis", label, with_axis)
-                )
+    def check_stages(self) -> None:
+        """The registered stages' checks of their sections against the rest of the recipe."""
+        for stage in registered().values():
+            if stage.check is not None and stage.name in self.stages:
+                stage.check(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as TOML would hold it: registered stages' sections at the top level, after the
@@ -147,6 +143,7 @@ def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | N
     sections = {name: data.pop(name) for name in list(data) if name in registered()}
     recipe = from_dict(Recipe, data)
     recipe.stages = registered_settings(sections)
+    recipe.check_stages()
     return recipe
 
 

@@ -191,9 +191,6 @@ class Verdict:
     confirmed: bool | None = field(default=None, metadata=OMIT)
 
 
-CAUSAL_METRICS = {False: "context patch deviation", True: "state write deviation"}  # a causal map verdict's metric
-
-
 @dataclass
 class Table1:
     sime: dict[str, Table1Entry]
@@ -306,17 +303,6 @@ class EvidenceQuestion:
 
 
 @dataclass
-class Interventions:
-    """The causal checks (probe/interventions/pipeline.py) with one verdict per layer map."""
-
-    settings: dict[str, Any]
-    ablation: dict[str, Any] | None = field(default=None, metadata=OMIT)
-    patching: dict[str, Any] | None = field(default=None, metadata=OMIT)
-    iteration: dict[str, dict[str, Any]] | None = field(default=None, metadata=OMIT)
-    verdicts: list[str] = field(default_factory=list)
-
-
-@dataclass
 class Summary:
     """summary.json: provenance, then one block per analysis (None: the recipe left the stage out)."""
 
@@ -340,7 +326,6 @@ class Summary:
     icl_r2: dict[str, list] | None = field(default=None, metadata=OMIT)
     span: Span | None = field(default=None, metadata=OMIT)
     spectral: Spectral | None = field(default=None, metadata=OMIT)
-    interventions: Interventions | None = field(default=None, metadata=OMIT)
     compare: dict[str, Any] | None = field(default=None, metadata=OMIT)
     stages: dict[str, Any] = field(default_factory=dict, metadata=MERGED)  # registered analyses' blocks
 

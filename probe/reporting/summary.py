@@ -8,23 +8,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analysis.verdicts import verdict_words
 from ..core.provenance import display_path, stamp
-from ..core.stages import StageTables, registered
-from ..interventions.patch import CLAIMED
-from ..interventions.pipeline import iteration_verdict
-from ..interventions.state import PICTURE as STATE_PICTURE
+from ..core.stages import StageTables, by_block_key, registered
 from ..io.checkpoint import LoadedCheckpoint
 from .evidence import evidence
-from .findings import Titles, sweep_titles
-from .findings import label as human_label
 from .recipe import Recipe
 from .schema import (
-    CAUSAL_METRICS,
     SCHEMA_VERSION,
     CheckpointInfo,
     IclError,
-    Interventions,
     Match,
     Nulls,
     Readout,
@@ -126,12 +118,9 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         best_match=best_match_block(t["best_match"], recipe),
         trend=trend_block(built.data.get("trends", []), recipe),
         table1=Table1(table1_block(t["table1"])),
-        **optional_blocks(built, sweep_titles(recipe.sweeps)),
+        **optional_blocks(built),
     )
     summary.verdicts = verdicts_block(t.get("verdicts"), summary.trend)
-    causal = causal_verdicts(summary.interventions)
-    if causal:
-        summary.verdicts = (summary.verdicts or []) + causal
     if "nulls" in t and not t["nulls"].empty:
         summary.nulls = nulls_block(t["nulls"])
         summary.table1.null = {name: {"similarity": vals[-1]} for name, vals in summary.nulls.sime.items()}
@@ -140,6 +129,8 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         for name, declared in registered().items()
         if name in built.timings
     }
+    added = [Verdict(**v) for key, block in summary.stages.items() for v in _stage_verdicts(key, block)]
+    summary.verdicts = (summary.verdicts or []) + added if added else summary.verdicts
     summary.evidence = evidence(summary) or None  # last: it reads every block above
     if compare is not None:
         other = t["compare_readout"]
@@ -216,34 +207,10 @@ def verdicts_block(table: pd.DataFrame | None, trends: dict[str, Trend]) -> list
     return out
 
 
-def causal_verdicts(block: Interventions | None) -> list[Verdict]:
-    """The causal map check's comparisons (probe/interventions/patch.py compare_maps) as verdicts:
-    a = the claimed map's learner, b = the alternative; the metric is the mean over boundaries of
-    |observed - expected| of the intervention the check ran (the context patch, or the written state
-    of probe/interventions/state.py), and the difference is b's minus a's."""
-    out = []
-    for name, entry in ((block.iteration if block else None) or {}).items():
-        for row in entry.get("map_alternatives") or []:
-            winner = name if row["winner"] == CLAIMED else row["winner"]
-            out.append(
-                Verdict(
-                    claim="causal map",
-                    a=name,
-                    b=row["alternative"],
-                    metric=CAUSAL_METRICS[entry.get("picture") == STATE_PICTURE],
-                    difference=row["difference"],
-                    ci_low=row["ci_low"],
-                    ci_high=row["ci_high"],
-                    resolution=row["resolution"],
-                    sweep_a=name,
-                    sweep_b=row.get("learner"),
-                    winner=winner,
-                    verdict=verdict_words(winner, row["testable"], row.get("confirmed", True)),
-                    confirmed=row.get("confirmed"),
-                    evidence=entry.get("reason"),
-                )
-            )
-    return out
+def _stage_verdicts(key: str, block: Any) -> list[dict[str, Any]]:
+    """The paired verdicts a registered analysis adds (its `verdicts`: the causal map checks)."""
+    hook = by_block_key()[key].verdicts
+    return hook(block) if hook is not None else []
 
 
 def _plain(value: Any) -> Any:
@@ -251,8 +218,8 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
-    """Blocks of the built-in stages a recipe may leave out: ReLU R^2, span, spectral, interventions."""
+def optional_blocks(built) -> dict[str, Any]:
+    """Blocks of the built-in stages a recipe may leave out: ReLU R^2, span, spectral."""
     t = built.tables
     out: dict[str, Any] = {}
     if "icl_r2" in t:
@@ -262,12 +229,6 @@ def optional_blocks(built, titles: Titles | None = None) -> dict[str, Any]:
         out["span"] = _columns(layers, Span, layer=_col(layers, "index"))
     if "spectral_summary" in t:
         out["spectral"] = spectral_block(t, built.data.get("spectral_counts", {}))
-    if "interventions" in built.data:
-        block = Interventions(**built.data["interventions"])
-        block.verdicts = [
-            iteration_verdict(human_label(name, titles), entry) for name, entry in (block.iteration or {}).items()
-        ]
-        out["interventions"] = block
     return out
 
 

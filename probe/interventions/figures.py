@@ -1,4 +1,4 @@
-"""Figures for the causal checks (probe/interventions): ablation, patching, iteration consistency."""
+"""Figures for the causal checks (this package): ablation, patching, iteration consistency."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..analysis.labels import Titles, label
 from ..core.plotting import pyplot, save_png
-from ..interventions.ablate import increase_matrix
-from .findings import Titles, label
+from .ablate import increase_matrix
 
 
 def ablation(frame: pd.DataFrame, stem: Path) -> list[Path]:
