@@ -633,7 +633,7 @@ def test_hostile_model_arguments_of_the_python_api(template):
     from probe.analysis.probe_study import probe_study
     from probe.capture import capture
     from probe.core.errors import ProbeError
-    from probe.analysis.probes_stage import ProbeSettings
+    from probe.analysis.probe_study import ProbeSettings
     from probe.core.settings import PromptSettings
     from probe.io.formats import load_checkpoint
 

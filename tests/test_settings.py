@@ -7,9 +7,9 @@ import torch
 from conftest import REPO
 
 from probe.analysis.forgetting import ForgettingSettings
-from probe.analysis.probes_stage import ProbeSettings
+from probe.analysis.probe_study import ProbeSettings
 from probe.cli import build_parser
-from probe.interventions.stage import InterventionSettings
+from probe.interventions.pipeline import InterventionSettings
 from probe.cli.layers import recipe_from_args
 from probe.core.errors import ConfigError, RenamedSetting
 from probe.core.settings import (

@@ -13,72 +13,13 @@ import numpy as np
 import pandas as pd
 
 from ..core import budget
-from ..core.config import Section, setting
-from ..core.errors import ConfigError
 from ..core.plotting import legend_outside, pyplot, save_png
 from ..core.stages import OMIT, AnalysisStage, StageTables, register_stage
 from ..models import random_weights_model
 from ..models.sizes import shape_of
 from .labels import label
-from .probe_study import probe_intervals, probe_study
+from .probe_study import ProbeSettings, probe_intervals, probe_study
 from .probes import without_r2_draws
-
-PROBE_KINDS = ("linear", "mlp")
-PROBE_TARGETS = ("xty", "w_ols", "xtx")
-DEFAULT_PROBE_TARGETS = ("xty", "w_ols")
-
-
-@dataclass
-class ProbeSettings(Section):
-    """Attention-pooled probes (probe/analysis/probe_study.py): recipe section [probes],
-    `icl-probe probes` flags. The prompts' seed and test-set size come from [prompts]."""
-
-    SECTION = "probes"
-
-    enabled: bool = setting(True, "run the probes in reports")
-    kinds: tuple[str, ...] = setting(PROBE_KINDS, "probe kinds", PROBE_KINDS, noun="probe kind")
-    targets: tuple[str, ...] = setting(
-        DEFAULT_PROBE_TARGETS,
-        "probe targets: X^T y, w_OLS and (xtx) S = X^T X / t of the prefix",
-        PROBE_TARGETS,
-        noun="target",
-    )
-    prefixes: tuple[int, ...] | None = setting(
-        None, "prefix lengths t probed (none: 1, d, 2d and n-1 below n)", nonempty=True
-    )
-    alphas: tuple[float, ...] = setting(
-        (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0),
-        "ridge penalties of the probes' heads, as fractions of the features' mean eigenvalue; chosen per probe "
-        "by leave-one-out",
-        nonempty=True,
-    )
-    hidden: int = setting(128, "width of the MLP probes' GELU layer")
-    mlp_head: str = setting(
-        "random",
-        "the MLP probes' hidden layer: trained as a two-layer network (weight decay and start chosen on a "
-        "validation share; about 5x the probes' time) or random features only",
-        ("trained", "random"),
-    )
-    max_iter: int = setting(500, "the most L-BFGS iterations per round of a probe's pooling fit")
-    gtol: float = setting(1e-6, "a pooling fit has converged when |gradient|_inf is at most this")
-    ftol: float = setting(
-        2.2e-9, "a pooling fit has also converged when an iteration lowers the objective by at most this"
-    )
-    prompts: int = setting(512, "training prompts (penalties by leave-one-out on them)", minimum=3)
-    controls: bool = setting(True, "random-weights model and shuffled-target controls")
-    precision: str = setting(
-        "float64",
-        "the hidden states' precision (the probes' heads and objective are float64): float32 halves their memory",
-        ("float64", "float32"),
-    )
-
-    def check_for(self, n_points: int) -> None:
-        """The prefixes against a task's prompt length (known only with a model): 1..n_points - 1."""
-        if self.prefixes and (min(self.prefixes) < 1 or max(self.prefixes) >= n_points):
-            raise ConfigError(
-                f"probes.prefixes must lie in 1..{n_points - 1} (examples before a query; the prompts have "
-                f"{n_points} points), got {list(self.prefixes)}"
-            )
 
 
 @dataclass

@@ -22,7 +22,7 @@ from .layers import add_recipe_args, recipe_from_args
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     from ..core.settings import PromptSettings, SimilaritySettings, add_flags
-    from ..interventions.stage import InterventionSettings
+    from ..interventions.pipeline import InterventionSettings
 
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"

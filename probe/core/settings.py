@@ -3,7 +3,7 @@ dataclass (a `Section` of probe/core/config.py) is its recipe section, and the f
 commands that run it come from the same fields.
 
     @dataclass
-    class ProbeSettings:   # probe/analysis/probes_stage.py
+    class ProbeSettings:   # probe/analysis/probe_study.py
         max_iter: int = setting(500, "the most L-BFGS iterations")
 
 The field's name is the recipe key (`[probes] max_iter = 500`, `--set probes.max_iter=1000`) and,

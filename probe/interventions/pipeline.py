@@ -1,6 +1,6 @@
 """The causal checks end to end: prompts -> ablations, patching heatmap, iteration-consistent patching.
 
-    settings = InterventionSettings(prompts=256)     # probe/interventions/stage.py: recipe section [interventions]
+    settings = InterventionSettings(prompts=256)     # below: recipe section [interventions]
     result = run_interventions(model, task, settings, layer_maps={"newton": (sweep, {0: 0, ...})})
     result.summary   # what summary.json stores under "interventions"
 
@@ -13,29 +13,70 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from ..core import budget
-from ..core.config import to_dict
+from ..core.config import Section, setting, to_dict
 from ..core.errors import ConfigError
 from ..core.seeds import Stream, stream_generator
 from ..core.validate import check_bootstrap, check_device
 from ..data.config import TaskConfig
 from ..data.tasks import sample_prompts
 from ..models.sizes import shape_of
-from .ablate import ablate, summarise_ablation
-from .patch import CLAIMED, context_patching, iteration_patching, paired_prompts, patching_heatmap, spread_examples
+from .ablate import KINDS, ablate, summarise_ablation
+from .patch import (
+    CLAIMED,
+    SITES,
+    context_patching,
+    iteration_patching,
+    paired_prompts,
+    patching_heatmap,
+    spread_examples,
+)
 from .runner import runner_for
 from .state import PICTURE as STATE_PICTURE
 from .state import source_xs, state_map_check, state_of
 
-if TYPE_CHECKING:
-    from .stage import InterventionSettings
-
 PARTS = ("ablate", "patch", "iteration")
 CONTEXT_PICTURE = "context patched (the query accumulates the prediction)"
+
+
+AUTO_CAUSAL_SWEEPS = ("newton", "gd_log", "sgd_replay", "adam_replay")
+
+
+@dataclass
+class InterventionSettings(Section):
+    """Causal checks (probe/interventions/pipeline.py `run_interventions`): ablations, the
+    patching heatmap, and iteration-consistent patching of the SimE layer maps of the sweeps in
+    `learners`. Recipe section [interventions]; `icl-probe ablate` / `patch` flags."""
+
+    SECTION = "interventions"
+
+    enabled: bool = setting(True, "run the causal checks in reports (transformers only)")
+    prompts: int = setting(64, "ablation prompts (and as many held out for mean-ablation)")
+    patch_prompts: int = setting(32, "clean / corrupted prompt pairs for patching")
+    kinds: tuple[str, ...] = setting(KINDS, "ablation kinds", KINDS, noun="ablation kind")
+    heads: bool = setting(False, "ablate single heads and MLPs too (--no-heads: layer skips and MLPs only)")
+    sites: tuple[str, ...] = setting(("resid",), "patching sites", SITES, noun="site")
+    query: int | None = setting(None, "examples before the patching heatmap's query (none: n - 1)", minimum=0)
+    max_positions: int = setting(
+        32, "patching heatmap: the query token and this many - 1 before it (0: every token)", minimum=0
+    )
+    max_queries: int = setting(
+        8, "layer-map check: pool at most this many numbers of examples, evenly spread (0: all)", minimum=0
+    )
+    learners: tuple[str, ...] = setting(
+        ("auto",),
+        "sweeps whose SimE layer maps are checked causally (auto: newton, gd_log and the replay sweeps "
+        "sgd_replay, adam_replay, those present)",
+    )
+
+    def learner_labels(self, sweeps: list) -> list[str]:
+        """The sweep labels whose maps are checked ("auto": AUTO_CAUSAL_SWEEPS swept with an axis)."""
+        if self.learners == ("auto",):
+            return [s.label for s in sweeps if s.label in AUTO_CAUSAL_SWEEPS and s.axis]
+        return list(self.learners)
 
 
 @dataclass

@@ -16,53 +16,21 @@ from ..analysis.matching import family_of
 from ..analysis.pipeline import LayerSettings
 from ..analysis.verdicts import verdict_words
 from ..core import budget
-from ..core.config import Section, setting
 from ..core.errors import ConfigError
 from ..core.registry import unknown_name_message
 from ..core.stages import OMIT, AnalysisStage, StageTables, register_stage
 from ..models.sizes import shape_of
 from . import figures
-from .ablate import KINDS
 from .patch import CLAIMED, SITES
-from .pipeline import degenerate_boundaries, iteration_verdict, layer_maps_from_best, run_interventions
+from .pipeline import (
+    InterventionSettings,
+    degenerate_boundaries,
+    iteration_verdict,
+    layer_maps_from_best,
+    run_interventions,
+)
 from .runner import has_runner
 from .state import PICTURE as STATE_PICTURE
-
-AUTO_CAUSAL_SWEEPS = ("newton", "gd_log", "sgd_replay", "adam_replay")
-
-
-@dataclass
-class InterventionSettings(Section):
-    """Causal checks (probe/interventions/pipeline.py `run_interventions`): ablations, the
-    patching heatmap, and iteration-consistent patching of the SimE layer maps of the sweeps in
-    `learners`. Recipe section [interventions]; `icl-probe ablate` / `patch` flags."""
-
-    SECTION = "interventions"
-
-    enabled: bool = setting(True, "run the causal checks in reports (transformers only)")
-    prompts: int = setting(64, "ablation prompts (and as many held out for mean-ablation)")
-    patch_prompts: int = setting(32, "clean / corrupted prompt pairs for patching")
-    kinds: tuple[str, ...] = setting(KINDS, "ablation kinds", KINDS, noun="ablation kind")
-    heads: bool = setting(False, "ablate single heads and MLPs too (--no-heads: layer skips and MLPs only)")
-    sites: tuple[str, ...] = setting(("resid",), "patching sites", SITES, noun="site")
-    query: int | None = setting(None, "examples before the patching heatmap's query (none: n - 1)", minimum=0)
-    max_positions: int = setting(
-        32, "patching heatmap: the query token and this many - 1 before it (0: every token)", minimum=0
-    )
-    max_queries: int = setting(
-        8, "layer-map check: pool at most this many numbers of examples, evenly spread (0: all)", minimum=0
-    )
-    learners: tuple[str, ...] = setting(
-        ("auto",),
-        "sweeps whose SimE layer maps are checked causally (auto: newton, gd_log and the replay sweeps "
-        "sgd_replay, adam_replay, those present)",
-    )
-
-    def learner_labels(self, sweeps: list) -> list[str]:
-        """The sweep labels whose maps are checked ("auto": AUTO_CAUSAL_SWEEPS swept with an axis)."""
-        if self.learners == ("auto",):
-            return [s.label for s in sweeps if s.label in AUTO_CAUSAL_SWEEPS and s.axis]
-        return list(self.learners)
 
 
 @dataclass
