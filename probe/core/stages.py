@@ -186,7 +186,7 @@ def registered() -> dict[str, AnalysisStage]:
     order (whichever was imported first), then the others as they were registered (plugins)."""
     load_plugins()
     rank = {module: i for i, module in enumerate(BUILTIN)}
-    order = sorted(STAGES.values(), key=lambda stage: rank.get(stage.settings.__module__, len(BUILTIN)))
+    order = sorted(STAGES.values(), key=lambda stage: rank.get(stage.run.__module__, len(BUILTIN)))
     return {stage.name: stage for stage in order}
 
 
