@@ -332,6 +332,14 @@ class Summary:
     def to_json(self) -> dict[str, Any]:
         return to_json(self)
 
+    def __getattr__(self, name: str) -> Any:
+        """A registered analysis's block as an attribute, as a built-in one: `summary.probes` (None
+        when that analysis did not run)."""
+        stages = self.__dict__.get("stages")
+        if stages is not None and name in by_block_key():
+            return stages.get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Summary:
         """Read a summary.json back, after checking it against the JSON Schema (`check_summary`);
