@@ -276,7 +276,7 @@ for label, sweep, culprit in [
     ("unknown-learner", 'label = "n"\nlearner = "newtn"', "Did you mean: newton"),
     ("unknown-hyper", 'label = "n"\nlearner = "newton"\ngrid = { iters = [1] }', "no hyper-parameter"),
     ("bad-axis", 'label = "n"\nlearner = "newton"\naxis = "steps"', "axis 'steps'"),
-    ("string-steps", 'label = "g"\nlearner = "gd"\ngrid = { steps = ["many"] }', "steps='many' is not a number"),
+    ("string-steps", 'label = "g"\nlearner = "gd"\ngrid = { steps = ["many"] }', "steps must be an integer >= 0, got 'many'"),
     ("nan-eta", 'label = "g"\nlearner = "gd"\ngrid = { eta = [nan] }', "eta must be a finite"),
     ("negative-iterations", 'label = "n"\nlearner = "newton"\ngrid = { iterations = [-1] }', "iterations"),
 ]:

@@ -491,3 +491,36 @@ def test_per_matrix_leaves_large_matrices_to_lapack_alone(monkeypatch):
     seen.clear()
     threads.per_matrix(record, torch.eye(4, dtype=torch.float64).expand(8, -1, -1).clone())
     assert len(seen) == 2 and threading.get_ident() not in seen
+
+
+def test_one_rule_for_a_hyper_parameter_wherever_it_is_given():
+    """Issue 61 item 4: a learner's hyper-parameters are checked by one Rule (probe/core/validate.py),
+    the same for a recipe's sweep, `run_learner` and a direct call of the learner's function; the
+    settings fields use the same rules, and the budget counts the keys whose rule says iterations."""
+    from probe.analysis.probe_study import ProbeSettings
+    from probe.core.budget import ITERATION_KEYS
+    from probe.core.settings import SweepSettings
+    from probe.core.validate import GRID_RULES
+    from probe.learners import check_sweep
+    from probe.learners.iterative import gd
+
+    xs, ys = torch.randn(2, 6, 3), torch.randn(2, 6)
+    message = r"learner 'gd': steps must be an integer >= 0, got -1"
+    with pytest.raises(ConfigError, match=message):
+        gd(xs, ys, steps=[-1])
+    with pytest.raises(ConfigError, match=message):
+        run_learner("gd", xs, ys, steps=[-1])
+    with pytest.raises(ConfigError, match=r"sweep 'g': steps must be an integer >= 0, got -1"):
+        check_sweep(SweepSettings(label="g", learner="gd", grid={"steps": [-1]}), "sweep")
+    with pytest.raises(ConfigError, match=r"probes.max_iter must be an integer >= 1, got 2.5"):
+        ProbeSettings(max_iter=2.5)
+    # a learner whose words differ declares its own rule: GD's step is "auto" or a number, OGD's "normalized"
+    with pytest.raises(ConfigError, match=r"eta='normalized' is not a number or one of \['auto'\]"):
+        gd(xs, ys, eta=["normalized"])
+    assert run_learner("ogd", xs, ys, eta=["normalized"]).grid == [{"eta": "normalized"}]
+    assert gd(xs, ys, steps=[2.0]).grid[0]["steps"] == 2  # normalised at the boundary, as in a recipe
+    assert ITERATION_KEYS == tuple(key for key, rule in GRID_RULES.items() if rule.iterations) == (
+        "steps",
+        "iterations",
+        "epochs",
+    )

@@ -64,7 +64,7 @@ def test_sgd_and_adam_replay_explicit_masks_against_plain_loops():
         run_learner("sgd", xs, ys, steps=[4], masks=masks[:, :5, :5])
     with pytest.raises(ConfigError, match="masks must hold 0 or 1"):
         run_learner("sgd", xs, ys, steps=[2], masks=masks * 2)
-    with pytest.raises(ConfigError, match="masks_seed must be an integer or None"):
+    with pytest.raises(ConfigError, match=r"learner .sgd.: masks_seed must be an integer, got 1.5"):
         run_learner("sgd", xs, ys, steps=[2], masks_seed=1.5)
 
 

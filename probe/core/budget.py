@@ -25,7 +25,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .settings import query_count
-from .validate import check_memory
+from .validate import ITERATION_KEYS, check_memory
 
 # The estimates run at 6e10-4e11 "flop" per second on this project's 2-core machine: the quick report
 # of the default model is 1.5e12 (25 s), of Garg's standard model 7.5e13 (207 s), the full recipe on
@@ -33,7 +33,6 @@ from .validate import check_memory
 DEFAULT_MAX_WORK = 3e15
 PYTHON_STEP_FLOP = 1e7  # one interpreted step (a layer of a batch, a learner iteration) counted as arithmetic
 BATCH = 256  # prompts per forward batch in the estimates
-ITERATION_KEYS = ("steps", "iterations", "epochs")  # learner grid keys that count sequential steps
 CLOSED_FORM_STEPS = ("gd",)  # learners whose step counts are evaluated in closed form (no loop)
 _limit = [DEFAULT_MAX_WORK]
 

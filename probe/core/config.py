@@ -26,7 +26,7 @@ from typing import Any
 from .errors import ConfigError, RenamedSetting
 from .parsing import load_toml
 from .registry import Registry, unknown_name_message
-from .validate import check_seed, finite_float, positive_int, whole_number
+from .validate import Rule, whole_number
 
 
 def setting(
@@ -92,15 +92,11 @@ def _check_value(value: Any, kind: Any, key: str, rules: Mapping[str, Any]) -> A
     if choices is not None and value not in choices:
         raise ConfigError(f"{key}: " + unknown_name_message(rules["noun"], str(value), list(map(str, choices))))
     if kind is int and key.split(".")[-1].endswith("seed"):
-        return check_seed(whole_number(value, key), key)
-    if kind is int and rules["minimum"] is not None:
-        return positive_int(value, key, rules["minimum"])
+        return Rule("seed").check(value, key)
     if kind is int:
-        return whole_number(value, key)
+        return Rule("integer" if rules["minimum"] is None else "count", minimum=rules["minimum"] or 0).check(value, key)
     if kind is float:
-        value = finite_float(value, key, low=rules["low"], strict=rules["strict"])
-        if rules["high"] is not None and value > rules["high"]:
-            raise ConfigError(f"{key} must be <= {rules['high']:g}, got {value!r}")
+        return Rule("number", low=rules["low"], strict=rules["strict"], high=rules["high"]).check(value, key)
     if kind is bool and not isinstance(value, bool):
         raise ConfigError(f"{key} must be true or false, got {value!r}")
     if kind is str and not isinstance(value, str):

@@ -8,6 +8,8 @@ Every public entry (CLI flags, `--set`, recipes, checkpoint configs, prompts fil
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,28 +22,9 @@ from .errors import ConfigError
 from .memory import available_memory
 
 NEWTON_ALPHAS = ("spectral", "frobenius", "paper")  # Newton's named alpha rules (learners.iterative.newton_alpha)
-# hyper-parameter -> rule; strings listed are accepted as named settings
-GRID_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "steps": ("count0", ()),
-    "iterations": ("count0", ()),
-    "memory": ("count1", ()),
-    "k": ("count1", ()),
-    "batch_size": ("count1", ()),
-    "width": ("count1", ()),
-    "depth": ("count1", ()),
-    "seed": ("seed", ()),
-    "lam": ("positive", ()),
-    "eta": ("positive", ("auto", "normalized")),
-    "alpha": ("positive", NEWTON_ALPHAS),
-    "lr": ("positive", ()),
-    "beta1": ("unit", ()),
-    "beta2": ("unit", ()),
-    "eps": ("positive", ()),
-    "line_search": ("choice", ("exact", "wolfe")),
-    "n_train": ("count1", ()),
-    "input_var": ("positive", ()),
-    "noise": ("nonnegative", ()),
-}
+# hyper-parameter -> its Rule (below), wherever a learner's grid names it; a learner whose words
+# differ declares its own (probe/learners/registry.py `register(rules=...)`)
+GRID_RULES: dict[str, Rule] = {}
 MEMORY_FRACTION = 0.8  # refuse work whose estimate exceeds this share of available memory
 
 
@@ -106,6 +89,94 @@ def finite_float(value: Any, name: str, *, low: float | None = None, strict: boo
     return value
 
 
+@dataclass(frozen=True)
+class Rule:
+    """What one value may be: the one constraint vocabulary of the settings fields
+    (probe/core/config.py `setting`) and of the learners' hyper-parameters (GRID_RULES, and a
+    learner's own rules where its words differ: probe/learners/registry.py).
+
+    kind: "count" (an integer >= `minimum`; 2.0 is 2, 2.5 fails), "integer" (any integer), "seed"
+        (an integer in 0..2^63-1), "number" (finite, > `low`, or >= `low` where not `strict`;
+        <= `high`, or < `high` where `high_strict`; None: unbounded), "choice" (one of `names`),
+        "any" (anything; a number must be finite).
+    names: the words a count, number or seed also accepts ("auto"), or a choice's values.
+    optional: None is accepted as it is.
+    iterations: a count of sequential steps (the budget counts its largest value's work).
+    """
+
+    kind: str = "any"
+    minimum: int = 0
+    low: float | None = 0.0
+    strict: bool = True
+    high: float | None = None
+    high_strict: bool = False
+    names: tuple[Any, ...] = ()
+    optional: bool = False
+    iterations: bool = False
+
+    def check(self, value: Any, name: str) -> Any:
+        """`value` if it keeps the rule (normalised: 2.0 -> 2 for a count, 1 -> 1.0 for a number),
+        else a ConfigError naming `name`."""
+        if value is None and self.optional:
+            return None
+        if self.kind == "choice":
+            if value not in self.names:
+                raise ConfigError(f"{name}={value!r} must be one of {list(self.names)}")
+            return value
+        if isinstance(value, str) and (self.kind == "any" or value in self.names):
+            return value
+        if isinstance(value, str) and self.names:
+            raise ConfigError(f"{name}={value!r} is not a number or one of {list(self.names)}")
+        if self.kind == "count":
+            return positive_int(value, name, self.minimum)
+        if self.kind == "integer":
+            return whole_number(value, name)
+        if self.kind == "seed":
+            return check_seed(whole_number(value, name), name)
+        if self.kind == "number":
+            number = finite_float(value, name, low=self.low, strict=self.strict)
+            if self.high is not None and (number >= self.high if self.high_strict else number > self.high):
+                raise ConfigError(f"{name} must be {'<' if self.high_strict else '<='} {self.high:g}, got {value!r}")
+            return number
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name}={value!r} must be finite")
+        return value
+
+
+COUNT0, COUNT1 = Rule("count", minimum=0), Rule("count", minimum=1)
+POSITIVE = Rule("number")
+GRID_RULES.update(
+    {
+        "steps": Rule("count", minimum=0, iterations=True),
+        "iterations": Rule("count", minimum=0, iterations=True),
+        "epochs": Rule("count", minimum=0, iterations=True),
+        "memory": COUNT1,
+        "k": COUNT1,
+        "batch_size": COUNT1,
+        "width": COUNT1,
+        "depth": COUNT1,
+        "n_train": COUNT1,
+        "seed": Rule("seed"),
+        "masks_seed": Rule("seed", optional=True),
+        "lam": POSITIVE,
+        "eta": Rule("number", names=("auto", "normalized")),
+        "alpha": Rule("number", names=NEWTON_ALPHAS),
+        "lr": POSITIVE,
+        "eps": POSITIVE,
+        "input_var": POSITIVE,
+        "beta1": Rule("number", strict=False, high=1.0, high_strict=True),
+        "beta2": Rule("number", strict=False, high=1.0, high_strict=True),
+        "noise": Rule("number", strict=False),
+        "line_search": Rule("choice", names=("exact", "wolfe")),
+        "convention": Rule("choice", names=("paper", "code")),
+        "weighting": Rule("choice", names=("uniform", "distance")),
+        "optimizer": Rule("choice", names=("adam", "sgd")),
+        "eps_placement": Rule("choice", names=("paper", "torch")),
+    }
+)
+ITERATION_KEYS = tuple(key for key, rule in GRID_RULES.items() if rule.iterations)  # what the budget counts
+
+
 def _grid_values(value: Any) -> list[Any]:
     if isinstance(value, (list, tuple, range)):
         return list(value)
@@ -115,46 +186,21 @@ def _grid_values(value: Any) -> list[Any]:
     return [value]
 
 
-def check_grid(learner: str, grid: dict[str, Any], where: str = "") -> dict[str, Any]:
-    """Check every hyper-parameter value of a learner grid; returns the grid with integral
-    floats (2.0) turned into ints. Empty grids, 2.5 steps, negative penalties and k <= 0 fail."""
+def check_grid(
+    learner: str, grid: dict[str, Any], where: str = "", rules: Mapping[str, Rule] | None = None
+) -> dict[str, Any]:
+    """Check every hyper-parameter value of a learner grid against its Rule (`rules`, the learner's
+    own, else GRID_RULES); returns the grid normalised (2.0 steps -> 2). Empty grids, 2.5 steps,
+    negative penalties and k <= 0 fail, naming `where` (default: the learner)."""
     where = where or f"learner '{learner}'"
+    rules = GRID_RULES if rules is None else rules
     out: dict[str, Any] = {}
     for key, value in grid.items():
         values = _grid_values(value)
         if not values:
             raise ConfigError(f"{where}: grid '{key}' is empty; give at least one value")
-        rule, names = GRID_RULES.get(key, ("any", ()))
-        checked: list[Any] = []
-        for v in values:
-            label = f"{where}: {key}={v!r}"
-            if isinstance(v, str):
-                if rule == "choice" and v not in names:
-                    raise ConfigError(f"{label} must be one of {list(names)}")
-                if rule not in ("any", "choice") and v not in names:
-                    raise ConfigError(f"{label} is not a number" + (f" or one of {list(names)}" if names else ""))
-                checked.append(v)
-            elif rule == "choice":
-                raise ConfigError(f"{label} must be one of {list(names)}")
-            elif rule == "count0":
-                checked.append(positive_int(v, f"{where}: {key}", 0))
-            elif rule in ("count1",):
-                checked.append(positive_int(v, f"{where}: {key}", 1))
-            elif rule == "seed":
-                checked.append(check_seed(whole_number(v, f"{where}: {key}"), f"{where}: {key}"))
-            elif rule == "positive":
-                checked.append(finite_float(v, f"{where}: {key}", low=0.0))
-            elif rule == "nonnegative":
-                checked.append(finite_float(v, f"{where}: {key}", low=0.0, strict=False))
-            elif rule == "unit":
-                f = finite_float(v, f"{where}: {key}", low=0.0, strict=False)
-                if f >= 1:
-                    raise ConfigError(f"{label} must lie in [0, 1)")
-                checked.append(f)
-            else:
-                if isinstance(v, float) and not math.isfinite(v):
-                    raise ConfigError(f"{label} must be finite")
-                checked.append(v)
+        rule = rules.get(key, Rule())
+        checked = [rule.check(v, f"{where}: {key}") for v in values]
         if isinstance(value, (list, tuple, range)) or hasattr(value, "tolist"):
             out[key] = type(value)(checked) if isinstance(value, (list, tuple)) else checked
         else:

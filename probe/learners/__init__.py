@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..core import budget
 from ..core.errors import ConfigError
-from ..core.validate import as_prompt_tensors, check_grid
+from ..core.validate import as_prompt_tensors
 from . import closed_form, iterative, krylov, network, nonparametric, online, stochastic  # noqa: F401  (registration
 from .base import LearnerResult, check_prompts, prefix_moments
 from .registry import LEARNERS, LearnerSpec
@@ -41,7 +41,7 @@ def run_learner(
             f"learner '{name}' has no hyper-parameter {sorted(unknown)}; it takes {sorted(spec.defaults) or 'none'}"
         )
     tensors = {k: grid.pop(k) for k in TENSOR_ARGUMENTS if k in grid}  # checked by the learner itself
-    grid = check_grid(name, grid)
+    grid = spec.check(grid)
     b, n, d = xs.shape
     sweep = SimpleNamespace(label=name, learner=name, grid={**spec.defaults, **grid})
     budget.check(budget.learner_estimates([sweep], b, n, d, where="learner"))
@@ -67,4 +67,4 @@ def check_sweep(s, what: str) -> None:
         )
     if s.axis is not None and s.axis not in spec.defaults:
         raise ConfigError(f"{what} '{s.label}': axis '{s.axis}' is not a hyper-parameter of '{s.learner}'")
-    s.grid = check_grid(s.learner, s.grid, where=f"{what} '{s.label}'")
+    s.grid = spec.check(s.grid, where=f"{what} '{s.label}'")

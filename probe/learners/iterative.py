@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..core.errors import ConfigError
 from ..core.threads import per_matrix
-from ..core.validate import NEWTON_ALPHAS
+from ..core.validate import NEWTON_ALPHAS, Rule
 from .base import LearnerResult, as_float64, at_prefixes, prefix_moments, spectral_result
 from .registry import register
 
@@ -102,7 +102,7 @@ def describe_newton(grid: dict) -> str:
     return "M_(k+1) = 2 M_k - M_k S M_k with " + "; ".join(alphas)
 
 
-@register("gd", label="GD", unit="steps", describe=describe_gd)
+@register("gd", label="GD", unit="steps", describe=describe_gd, rules={"eta": Rule("number", names=("auto",))})
 def gd(
     xs: Tensor,
     ys: Tensor,
@@ -121,25 +121,19 @@ def gd(
     which is always stable; a fixed eta diverges where eta * lambda_max >= 2.
     Closed form per eigenvalue h = eta*lambda(/t): w_k = V diag((1 - (1 - h)^k) / lambda) V^T b.
     """
-    if any(k < 0 for k in steps):  # checked on the host values: no device sync
-        raise ConfigError(f"gd steps must be >= 0, got {list(steps)}")
     lam, v, c, t = prefix_eigh(xs, ys, last_prefix)
     xs, ys, queries = as_float64(xs, ys, queries)
     steps_t = torch.as_tensor(list(steps), dtype=xs.dtype, device=xs.device)
     grid, coefs = [], []
     for conv in convention:
-        if conv not in ("paper", "code"):
-            raise ConfigError(f"gd convention must be 'paper' or 'code', got {conv!r}")
         scale = t.clamp_min(1).view(1, -1, 1) if conv == "paper" else torch.ones_like(t).view(1, -1, 1)
         curv, g = lam / scale, c / scale  # Hessian eigenvalues and the -gradient at w = 0, per eigenvector
         top = curv.amax(-1, keepdim=True)
         for e in eta:
             if e == "auto":
                 step = torch.where(top > 0, 1.0 / top.clamp_min(1e-300), torch.zeros_like(top))
-            elif isinstance(e, (int, float)) and not isinstance(e, bool) and e > 0:
+            else:  # a positive number (the learner's rules)
                 step = torch.full_like(top, float(e))
-            else:
-                raise ConfigError(f"gd eta must be a positive number or 'auto', got {e!r}")
             h = step * curv  # per-eigenvalue contraction: u_{k+1} = (1 - h) u_k + step * g
             # the exponent a 0-dim tensor (pow of a Python 2 or 3 rounds differently); the grid's
             # counts from the host values, so that nothing here waits on the device
@@ -204,8 +198,6 @@ def newton(
     m_{k+1} = 2 m_k - lambda m_k^2; zero eigenvalues stay zero (the pseudo-inverse).
     """
     its = sorted({int(k) for k in iterations})
-    if its and its[0] < 0:
-        raise ConfigError(f"newton iterations must be >= 0, got {list(iterations)}")
     lam, v, c, t = prefix_eigh(xs, ys, last_prefix)
     xs, ys, queries = as_float64(xs, ys, queries)
     grid, coefs = [], []
@@ -226,12 +218,10 @@ def _step_on_moment(lam: Tensor, rule: str | float, t: Tensor, power: int) -> Te
     """A step size on S^power per prefix (B, n, 1): "auto" (GD's word) or "spectral" (Newton's) is
     1/lambda_max(S)^power, per prompt and always stable; a number a is a fixed step on the
     normalised moment S/t, a / t^power on S."""
-    if rule in ("auto", "spectral"):
+    if isinstance(rule, str):  # the learners' rules admit "auto" (precond_gd) and "spectral" (newton_identity)
         top = lam.amax(-1, keepdim=True) ** power
         return torch.where(top > 0, 1.0 / top.clamp_min(1e-300), torch.zeros_like(top))
-    if isinstance(rule, (int, float)) and not isinstance(rule, bool) and rule > 0:
-        return torch.full_like(lam[..., :1], float(rule)) / t.clamp_min(1).view(1, -1, 1) ** power
-    raise ConfigError(f"step rule must be a positive number or 'auto', got {rule!r}")
+    return torch.full_like(lam[..., :1], float(rule)) / t.clamp_min(1).view(1, -1, 1) ** power
 
 
 def _filtered(lam: Tensor, c: Tensor, h: Tensor, steps: int) -> Tensor:
@@ -242,7 +232,10 @@ def _filtered(lam: Tensor, c: Tensor, h: Tensor, steps: int) -> Tensor:
 
 
 @register(
-    "newton_identity", label="Newton from alpha I", describe=lambda g: "M_0 = alpha I, M_(k+1) = 2 M_k - M_k S M_k"
+    "newton_identity",
+    label="Newton from alpha I",
+    describe=lambda g: "M_0 = alpha I, M_(k+1) = 2 M_k - M_k S M_k",
+    rules={"alpha": Rule("number", names=("spectral",))},
 )
 def newton_identity(
     xs: Tensor,
@@ -258,9 +251,6 @@ def newton_identity(
     GD from 0 with 2^k steps of size alpha (tests). alpha "spectral": 1/lambda_max(S); a number a: a
     fixed step on S/t (GD's paper-convention eta = a).
     """
-    its = sorted({int(k) for k in iterations})
-    if its and its[0] < 0:
-        raise ConfigError(f"newton_identity iterations must be >= 0, got {list(iterations)}")
     lam, v, c, t = prefix_eigh(xs, ys, last_prefix)
     xs, ys, queries = as_float64(xs, ys, queries)
     grid, coefs = [], []
@@ -272,7 +262,13 @@ def newton_identity(
     return spectral_result("newton_identity", grid, v, torch.stack(coefs), at_prefixes(xs, last_prefix), queries)
 
 
-@register("precond_gd", label="S-preconditioned GD", unit="steps", describe=lambda g: "w <- w + eta S (X^T y - S w)")
+@register(
+    "precond_gd",
+    label="S-preconditioned GD",
+    unit="steps",
+    describe=lambda g: "w <- w + eta S (X^T y - S w)",
+    rules={"eta": Rule("number", names=("auto",))},
+)
 def precond_gd(
     xs: Tensor,
     ys: Tensor,
@@ -287,8 +283,6 @@ def precond_gd(
     eq. 8) after k iterations is this with 2^k steps and eta = alpha (tests). eta "auto":
     1/lambda_max(S)^2 (the seeds' 'spectral' alpha); a number a: a fixed step on S/t, a / t^2 on S.
     """
-    if any(int(k) < 0 for k in steps):
-        raise ConfigError(f"precond_gd steps must be >= 0, got {list(steps)}")
     lam, v, c, t = prefix_eigh(xs, ys, last_prefix)
     xs, ys, queries = as_float64(xs, ys, queries)
     grid, coefs = [], []

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..core.errors import ConfigError
+from ..core.validate import Rule
 from ..data.positions import prefix_mask
 from .base import LearnerResult, as_float64
 from .registry import register
@@ -51,7 +51,7 @@ def network_forward(params: Sequence[Tensor], x: Tensor) -> Tensor:
     return h.squeeze(-1)
 
 
-@register("relu_gd", label="ReLU network (GD)")
+@register("relu_gd", label="ReLU network (GD)", rules={"depth": Rule("count", minimum=2)})
 def relu_gd(
     xs: Tensor,
     ys: Tensor,
@@ -67,10 +67,6 @@ def relu_gd(
     """An N-layer ReLU network trained on the first t examples for k full-batch steps of
     `optimizer` ("adam" or "sgd") on the mean squared error / 2, for every prefix t and every k in `steps`."""
     steps = [int(k) for k in steps]
-    if any(k < 0 for k in steps) or lr <= 0 or depth < 2 or width < 1:
-        raise ConfigError("relu_gd needs steps >= 0, lr > 0, depth >= 2 and width >= 1")
-    if optimizer not in ("adam", "sgd"):
-        raise ConfigError(f"relu_gd optimizer must be 'adam' or 'sgd', got {optimizer!r}")
     xs, ys, queries = as_float64(xs, ys, queries)
     b, n, d = xs.shape
     params = [p.to(xs.device).requires_grad_() for p in init_networks((b, n), layer_sizes(d, depth, width), seed)]

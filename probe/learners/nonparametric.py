@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..core.errors import ConfigError
 from .base import LearnerResult, as_float64, linear_result
 from .registry import register
 
@@ -47,8 +46,6 @@ def knn(
     grid, preds, qpreds = [], [], []
     for kk in k:
         for wt in weighting:
-            if wt not in ("uniform", "distance"):
-                raise ConfigError(f"knn weighting must be 'uniform' or 'distance', got {wt!r}")
             grid.append({"k": int(kk), "weighting": wt})
             preds.append(_knn_predict(xs, ys, xs, torch.arange(n, device=xs.device), int(kk), wt))
             if queries is not None:

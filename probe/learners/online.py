@@ -7,12 +7,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..core.errors import ConfigError
+from ..core.validate import Rule
 from .base import LearnerResult, as_float64, linear_result
 from .registry import register
 
 
-@register("ogd", label="online GD")
+@register("ogd", label="online GD", rules={"eta": Rule("number", names=("normalized",))})
 def ogd(
     xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[float | str] = ("normalized",)
 ) -> LearnerResult:
@@ -26,10 +26,8 @@ def ogd(
     for e in eta:
         if e == "normalized":
             rate = 1.0 / (xs**2).sum(-1).clamp_min(1e-300)  # (B, n)
-        elif isinstance(e, (int, float)) and not isinstance(e, bool) and e > 0:
+        else:  # a positive number (the learner's rules)
             rate = torch.full((b, n), float(e), dtype=xs.dtype, device=xs.device)
-        else:
-            raise ConfigError(f"ogd eta must be a positive number or 'normalized', got {e!r}")
         w = xs.new_zeros(b, d)
         held = [w]
         for k in range(n - 1):
@@ -54,8 +52,6 @@ def online_least_squares(
     b, n, d = xs.shape
     grid, weights = [], []
     for value in lam:
-        if value <= 0:
-            raise ConfigError(f"online_least_squares lam must be > 0, got {value}")
         p = torch.eye(d, dtype=xs.dtype, device=xs.device).expand(b, d, d) / value
         w = xs.new_zeros(b, d)
         held = [w]

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import ConfigError
+from ..core.validate import POSITIVE
 from .base import LearnerResult, as_float64, linear_result
 from .registry import register
 
@@ -80,11 +81,6 @@ def minibatch_gradient(w: Tensor, xs: Tensor, ys: Tensor, idx: Tensor) -> Tensor
     return g * seen  # no example, no step
 
 
-def _check(steps: Sequence[int], batch_size: Sequence[int], eta: Sequence[float], name: str) -> None:
-    if any(int(k) < 0 for k in steps) or any(int(m) < 1 for m in batch_size) or any(e <= 0 for e in eta):
-        raise ConfigError(f"{name}: steps must be >= 0, batch sizes >= 1 and step sizes > 0")
-
-
 def _run_minibatch(
     name: str,
     xs: Tensor,
@@ -100,15 +96,12 @@ def _run_minibatch(
 ) -> LearnerResult:
     """Shared loop: for each batch size, iterate `update(w, g, state, k) -> (w, state)` from w = 0
     over the same minibatches for every step size, keeping the requested step counts."""
-    _check(steps, batch_size, eta, name)
     xs, ys, queries = as_float64(xs, ys, queries)
     b, n, d = xs.shape
     last = max(steps, default=0)
     if masks is not None:
         masks = check_masks(masks, last, n).to(xs.device)
         batch_size = [int(masks[0].sum(-1).max()) if last else 1]  # the masks fix the batch
-    elif masks_seed is not None and (isinstance(masks_seed, bool) or not isinstance(masks_seed, int)):
-        raise ConfigError(f"{name}: masks_seed must be an integer or None, got {masks_seed!r}")
     etas = torch.tensor(list(eta), dtype=xs.dtype, device=xs.device).view(-1, 1, 1, 1)
     grid, weights = [], []
     for m in batch_size:
@@ -131,7 +124,7 @@ def _run_minibatch(
     return linear_result(name, grid, torch.stack(weights), xs, queries)
 
 
-@register("sgd", label="SGD", unit="steps")
+@register("sgd", label="SGD", unit="steps", rules={"eta": POSITIVE})
 def sgd(
     xs: Tensor,
     ys: Tensor,
@@ -153,7 +146,7 @@ def sgd(
     return _run_minibatch("sgd", xs, ys, queries, eta, batch_size, steps, seed, update, masks_seed, masks)
 
 
-@register("adam", label="Adam", unit="steps")
+@register("adam", label="Adam", unit="steps", rules={"eta": POSITIVE})
 def adam(
     xs: Tensor,
     ys: Tensor,
@@ -176,8 +169,6 @@ def adam(
     w <- w - eta (m/(1-b1^l)) / sqrt(v/(1-b2^l) + eps)        ("paper": eps inside the root)
     w <- w - eta (m/(1-b1^l)) / (sqrt(v/(1-b2^l)) + eps)      ("torch": torch.optim.Adam)
     """
-    if eps_placement not in ("paper", "torch"):
-        raise ConfigError(f"adam eps_placement must be 'paper' or 'torch', got {eps_placement!r}")
 
     def update(w, g, state, k):
         m = beta1 * state.get("m", torch.zeros_like(w)) + (1 - beta1) * g

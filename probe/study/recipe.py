@@ -33,7 +33,6 @@ from ..learners import LEARNERS
 MAX_MATCHES = 256  # paths one checkpoints pattern may match
 ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes", "spectral", "evidence")
 from ..core.resources import RECIPE_DIR as STUDY_DIR
-from ..core.validate import check_grid
 from ..reporting.recipe import resolve_recipe
 
 
@@ -52,7 +51,7 @@ class CompareSection(Section):
     def __post_init__(self) -> None:
         super().__post_init__()
         grid = {k: v for k, v in self.grid.items() if not (k == "lam" and v in (["bayes"], "bayes"))}
-        check_grid(self.learner, grid, where=f"compare '{self.label}'")
+        LEARNERS.get(self.learner).check(grid, where=f"compare '{self.label}'")
 
 
 # the model fields a study can put on its figures' x axis: the columns of study/analyses.py model_fields
