@@ -7,7 +7,8 @@ cache) on a window of tokens w_0..w_end that contains p, the tokens before w_0 e
 through their keys and values, which are the unpatched run's. Two uses:
 
 - `patched_resid_predictions`: the patching heatmap. Patching token p resumes tokens p..query,
-  with the source stream at p and the target's after it.
+  with the source stream at p and the target's after it: the window is edited by the hook path's
+  own patch function (probe/interventions/edits.py `patch_hook`).
 - `context_patch_predictions`: iteration-consistent patching. Every token before the query
   x_{t+1} comes from the source run, so at every layer above l those tokens *are* the source
   run's; only the query token (clean at boundary l) is recomputed, one token per (t, prompt).
@@ -23,6 +24,7 @@ from torch import Tensor
 
 from ..data.positions import keys_before
 from ..models.gpt2 import KeyValues
+from .edits import patch_hook
 
 
 @torch.no_grad()
@@ -46,8 +48,12 @@ def patched_resid_predictions(
     for boundary in boundaries:
         preds = []
         for p in positions:
-            window = target[boundary][:, p : 2 * query + 1].clone()  # (B, W, D): tokens p..2 query
-            window[:, 0] = source[boundary][:, p]
+            # tokens p..2 query of the target run, token p from the source: the hook path's patch
+            # (runner.Runner.patched) applied to the window the blocks above resume on
+            first = torch.zeros(2 * query + 1 - p, 1, dtype=torch.bool, device=xs.device)
+            first[0] = True
+            _, patch = patch_hook(f"resid at boundary {boundary}", first, source[boundary][:, p : 2 * query + 1])
+            window = patch(target[boundary][:, p : 2 * query + 1], None)
             prefix = [(k[..., :p, :], v[..., :p, :]) for k, v in target_kv]
             final = model.resume(window.unsqueeze(0), boundary, past=prefix, last_only=True)
             preds.append(model.lens(final[0, :, -1]))

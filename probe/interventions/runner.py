@@ -27,9 +27,8 @@ from ..data.positions import X_TOKENS, Y_TOKENS, keys_before, prefix_mask
 from ..models.gpt2 import GPT2ICL
 from ..models.lsa import LinearSelfAttentionICL
 from ..models.planted import PlantedICL
+from .edits import Hook, patch_hook
 from .resumed import context_patch_predictions, patched_resid_predictions
-
-Hook = tuple[str, Callable]
 
 
 class Runner:
@@ -349,19 +348,6 @@ def replace_hook(name: str, replacement: Callable[[Tensor], Tensor] | None) -> H
 
     def edit(value: Tensor, hook) -> Tensor:
         return torch.zeros_like(value) if replacement is None else replacement(value)
-
-    return name, edit
-
-
-def patch_hook(name: str, mask: Tensor, source: Tensor) -> Hook:
-    """Where `mask` is true, the activation is taken from `source` (same native layout)."""
-
-    def edit(value: Tensor, hook) -> Tensor:
-        if source.shape != value.shape:
-            raise ConfigError(
-                f"patch source {tuple(source.shape)} does not match the activation {tuple(value.shape)} at {name}"
-            )
-        return torch.where(mask, source, value)
 
     return name, edit
 

@@ -19,8 +19,9 @@ What the fast paths need are options of `resume`: the keys and values of tokens 
 before the window (a key/value cache, as Hugging Face's `past_key_values`), which of them each
 window copy sees, a start and stop block, and the last token only; the hook points fire there
 too, so ablations run as hooks on either path. Residual patching on the resumed path
-(probe/interventions/resumed.py) writes the patched tokens into the window it resumes from instead
-of attaching a hook (tests hold it equal to the hooked patch).
+(probe/interventions/resumed.py) applies the hook path's patch function (probe/interventions/
+edits.py `patch_hook`) to the window it resumes from, the boundary's stream, rather than at a hook
+point (tests hold it equal to the hooked patch).
 
 `attn_activation = "relu"` replaces the attention softmax by seed 001's normalised ReLU
 (Def. 7: sigma(<q, k>) / n), causal: token i weights key j <= i by ReLU(q_i . k_j / sqrt(hs)) / (i + 1),
