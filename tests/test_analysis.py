@@ -537,8 +537,8 @@ def test_probes_that_hit_the_iteration_limit_say_so(report):
     import dataclasses
 
     from probe.analysis.probes import fit_probes
-    from probe.reporting.findings import caveats
     from probe.analysis.probes_stage import Probes, probe_summary
+    from probe.reporting.findings import caveats
     from probe.reporting.schema import Summary
 
     states, targets = _calibration_states(300)

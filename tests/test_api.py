@@ -149,8 +149,7 @@ def test_the_bridge_carries_the_task_and_names_its_token_positions():
 def test_the_bootstrap_bound_is_stated_the_same_everywhere():
     from probe.analysis.evaluate import error_curve
     from probe.core.settings import SimilaritySettings
-    from probe.interventions.pipeline import InterventionSettings
-    from probe.interventions.pipeline import run_interventions
+    from probe.interventions.pipeline import InterventionSettings, run_interventions
 
     ckpt = probe.load_checkpoint(REPO / "checkpoints" / "gpt2-default")
     bound = r"must be at least 20, got 5: a 90% interval from fewer resamples"

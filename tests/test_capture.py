@@ -332,8 +332,8 @@ def test_hf_checkpoints_declare_their_task_and_head_errors_name_the_head(tmp_pat
 def test_double_capture_runs_a_float64_copy_and_agrees_with_float32():
     """`double=True` (the probes' default precision): float64 streams from a float64 copy of the
     model, equal to the float32 capture to float32 round-off; the caller's model stays float32."""
-    from probe.capture.streams import by_position_streams
     from probe.analysis.probe_study import ProbeSettings
+    from probe.capture.streams import by_position_streams
 
     torch.manual_seed(0)
     model = build_model(build_cfg(layers=2).model).eval()

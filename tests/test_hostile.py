@@ -630,10 +630,9 @@ def test_hostile_model_arguments_of_the_python_api(template):
     pass instead (issue 42), from capture, analyse_layers and probe_study alike; SimW with fewer
     fresh queries than d is refused, not scored."""
     from probe.analysis.pipeline import LayerSettings, analyse_layers
-    from probe.analysis.probe_study import probe_study
+    from probe.analysis.probe_study import ProbeSettings, probe_study
     from probe.capture import capture
     from probe.core.errors import ProbeError
-    from probe.analysis.probe_study import ProbeSettings
     from probe.core.settings import PromptSettings
     from probe.io.formats import load_checkpoint
 

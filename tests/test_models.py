@@ -89,13 +89,12 @@ def test_the_size_estimate_from_the_config_is_the_built_models(family):
 def test_no_code_outside_the_families_dispatches_on_a_family_name():
     """A model family declares its traits (probe/models/base.py FamilyTraits); code elsewhere asks
     `family_class(name)`, never compares the name (issue 61 item 2)."""
+    import inspect
     import re
     from pathlib import Path
 
     import probe
     from probe.models import FAMILIES, family_class
-
-    import inspect
 
     root = Path(probe.__file__).parent
     names = "|".join(sorted(FAMILIES.names(), key=len, reverse=True))

@@ -187,7 +187,7 @@ def test_summary_json_reads_back_as_the_typed_summary(report):
     assert isinstance(summary.best_match["newton"]["sime"], Match) and summary.stages["probes"].fits["xty"]["mlp"].r2
     assert summary.probes is summary.stages["probes"]  # a registered block reads as an attribute
     with pytest.raises(AttributeError, match="no attribute 'probez'"):
-        summary.probez
+        _ = summary.probez
     assert json.loads(json.dumps(summary.to_json())) == written  # nothing lost or added on the way back
     html = (report / "index.html").read_text()
     assert all(item.split(":")[0] in html for item in findings(summary)[0])  # the page's findings, from the file

@@ -6,9 +6,8 @@ import pytest
 import torch
 from conftest import REPO
 
-from probe.analysis.probe_study import probe_study
+from probe.analysis.probe_study import ProbeSettings, probe_study
 from probe.analysis.probes import fit_probes, probe_targets
-from probe.analysis.probe_study import ProbeSettings
 from probe.data.config import TaskConfig
 from probe.data.tasks import generator_for, sample_prompts
 from probe.io.formats import load_checkpoint
