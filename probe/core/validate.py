@@ -22,9 +22,6 @@ from .errors import ConfigError
 from .memory import available_memory
 
 NEWTON_ALPHAS = ("spectral", "frobenius", "paper")  # Newton's named alpha rules (learners.iterative.newton_alpha)
-# hyper-parameter -> its Rule (below), wherever a learner's grid names it; a learner whose words
-# differ declares its own (probe/learners/registry.py `register(rules=...)`)
-GRID_RULES: dict[str, Rule] = {}
 MEMORY_FRACTION = 0.8  # refuse work whose estimate exceeds this share of available memory
 
 
@@ -143,37 +140,36 @@ class Rule:
         return value
 
 
-COUNT0, COUNT1 = Rule("count", minimum=0), Rule("count", minimum=1)
-POSITIVE = Rule("number")
-GRID_RULES.update(
-    {
-        "steps": Rule("count", minimum=0, iterations=True),
-        "iterations": Rule("count", minimum=0, iterations=True),
-        "epochs": Rule("count", minimum=0, iterations=True),
-        "memory": COUNT1,
-        "k": COUNT1,
-        "batch_size": COUNT1,
-        "width": COUNT1,
-        "depth": COUNT1,
-        "n_train": COUNT1,
-        "seed": Rule("seed"),
-        "masks_seed": Rule("seed", optional=True),
-        "lam": POSITIVE,
-        "eta": Rule("number", names=("auto", "normalized")),
-        "alpha": Rule("number", names=NEWTON_ALPHAS),
-        "lr": POSITIVE,
-        "eps": POSITIVE,
-        "input_var": POSITIVE,
-        "beta1": Rule("number", strict=False, high=1.0, high_strict=True),
-        "beta2": Rule("number", strict=False, high=1.0, high_strict=True),
-        "noise": Rule("number", strict=False),
-        "line_search": Rule("choice", names=("exact", "wolfe")),
-        "convention": Rule("choice", names=("paper", "code")),
-        "weighting": Rule("choice", names=("uniform", "distance")),
-        "optimizer": Rule("choice", names=("adam", "sgd")),
-        "eps_placement": Rule("choice", names=("paper", "torch")),
-    }
-)
+COUNT1, POSITIVE, ITERATIONS = Rule("count", minimum=1), Rule("number"), Rule("count", minimum=0, iterations=True)
+# hyper-parameter -> its Rule, wherever a learner's grid names it; a learner whose words differ
+# declares its own (probe/learners/registry.py `register(rules=...)`)
+GRID_RULES: dict[str, Rule] = {
+    "steps": ITERATIONS,
+    "iterations": ITERATIONS,
+    "epochs": ITERATIONS,
+    "memory": COUNT1,
+    "k": COUNT1,
+    "batch_size": COUNT1,
+    "width": COUNT1,
+    "depth": COUNT1,
+    "n_train": COUNT1,
+    "seed": Rule("seed"),
+    "masks_seed": Rule("seed", optional=True),
+    "lam": POSITIVE,
+    "eta": Rule("number", names=("auto", "normalized")),
+    "alpha": Rule("number", names=NEWTON_ALPHAS),
+    "lr": POSITIVE,
+    "eps": POSITIVE,
+    "input_var": POSITIVE,
+    "beta1": Rule("number", strict=False, high=1.0, high_strict=True),
+    "beta2": Rule("number", strict=False, high=1.0, high_strict=True),
+    "noise": Rule("number", strict=False),
+    "line_search": Rule("choice", names=("exact", "wolfe")),
+    "convention": Rule("choice", names=("paper", "code")),
+    "weighting": Rule("choice", names=("uniform", "distance")),
+    "optimizer": Rule("choice", names=("adam", "sgd")),
+    "eps_placement": Rule("choice", names=("paper", "torch")),
+}
 ITERATION_KEYS = tuple(key for key, rule in GRID_RULES.items() if rule.iterations)  # what the budget counts
 
 
