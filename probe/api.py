@@ -203,8 +203,8 @@ def spectral(
 def _layer_job(job: str, checkpoint, recipe: str, model, task, device: str, sections: dict[str, Any]):
     """(model, task, LayerSettings) of a layers-stage job: a checkpoint (the recipe adapted to it)
     or a model object with its task, never both."""
+    from .analysis.pipeline import LayerSettings
     from .core.validate import check_device
-    from .reporting.build import layer_settings
     from .reporting.recipe import adapt_recipe, resolve_recipe
 
     parsed = resolve_recipe(recipe, _overrides(sections))
@@ -216,7 +216,7 @@ def _layer_job(job: str, checkpoint, recipe: str, model, task, device: str, sect
         raise ConfigError("give a checkpoint or a model (with its task), not both")
     elif task is None:
         raise ConfigError(f"a model object needs its task: probe.{job}(model=m, task=TaskConfig(n_dims=..., ...))")
-    return model, task, layer_settings(parsed, device)
+    return model, task, LayerSettings.from_recipe(parsed, device)
 
 
 def prompts(checkpoint=None, n: int = 64, seed: int = 0, *, task=None):

@@ -11,9 +11,9 @@ from sklearn.linear_model import Ridge
 
 from probe.analysis.matching import K_DRAWS, _exponential_fit, _fits, trend
 from probe.analysis.pipeline import LayerSettings, analyse_layers
-from probe.analysis.readout import RidgeReadout, fit_layer_readouts
+from probe.analysis.readout import ReadoutSettings, RidgeReadout, fit_layer_readouts
 from probe.analysis.span import span_residuals
-from probe.core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings
+from probe.core.settings import PromptSettings, SimilaritySettings, SweepSettings
 from probe.data.config import TaskConfig
 from probe.models.oracle import LearnerOracle
 

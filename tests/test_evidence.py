@@ -5,13 +5,14 @@ built to fool a rate-based or similarity-based verdict. On each, the answer name
 import pytest
 
 from probe.analysis.pipeline import LayerSettings, analyse_layers
+from probe.analysis.readout import ReadoutSettings
 from probe.analysis.verdicts import decide, verdict_words
-from probe.core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings
+from probe.core.settings import PromptSettings, SimilaritySettings, SweepSettings
 from probe.data.config import TaskConfig
 from probe.models.oracle import LearnerOracle
-from probe.reporting.build import spectral_tables
 from probe.reporting.evidence import Blocks, evidence_frame, questions
-from probe.reporting.summary import spectral_block, verdicts_block
+from probe.reporting.layers_stage import spectral_block, spectral_tables, verdict_rows
+from probe.reporting.schema import Verdict
 
 TASK = TaskConfig(n_dims=4, n_points=16)
 SWEEPS = (
@@ -32,7 +33,7 @@ def answers(model, n_boot=100):
     res = analyse_layers(model, TASK, settings)
     blocks = Blocks(
         [{"label": s.label, "learner": s.learner} for s in SWEEPS],
-        verdicts_block(res.verdicts, {}),
+        [Verdict(**row) for row in verdict_rows(res.verdicts, {})] or None,
         {},
         spectral_block(spectral_tables(res.spectral), res.spectral.counts),
     )
@@ -111,7 +112,7 @@ def test_planted_models_answer_their_construction(path, right):
     res = analyse_layers(ckpt.model, ckpt.config.task, settings)
     blocks = Blocks(
         [{"label": s.label, "learner": s.learner} for s in settings.sweeps],
-        verdicts_block(res.verdicts, {}),
+        [Verdict(**row) for row in verdict_rows(res.verdicts, {})] or None,
         {},
         spectral_block(spectral_tables(res.spectral), res.spectral.counts),
     )

@@ -194,7 +194,8 @@ def test_planted_hook_points_give_the_plain_forward_in_their_per_run_layout(algo
 
 def test_zero_predictor_baseline_flags_layers_that_predict_zero_and_not_the_gd_layers():
     from probe.analysis.pipeline import LayerSettings, analyse_layers
-    from probe.core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SweepSettings
+    from probe.analysis.readout import ReadoutSettings
+    from probe.core.settings import PromptSettings, SimilaritySettings, SweepSettings
 
     settings = LayerSettings(PromptSettings(train=64, val=32, test=128, induced=32), ReadoutSettings(method="model"),
                              SimilaritySettings(bootstrap=100),

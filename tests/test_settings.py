@@ -8,15 +8,11 @@ from conftest import REPO
 
 from probe.analysis.forgetting import ForgettingSettings
 from probe.analysis.probe_study import ProbeSettings
+from probe.analysis.readout import ReadoutSettings
 from probe.cli import build_parser
 from probe.cli.layers import recipe_from_args
 from probe.core.errors import ConfigError, RenamedSetting
-from probe.core.settings import (
-    PromptSettings,
-    ReadoutSettings,
-    SimilaritySettings,
-    flag_overrides,
-)
+from probe.core.settings import PromptSettings, SimilaritySettings, flag_overrides
 from probe.interventions.pipeline import InterventionSettings
 from probe.io.formats import load_checkpoint
 from probe.reporting.recipe import Recipe, resolve_recipe

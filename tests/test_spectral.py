@@ -10,15 +10,17 @@ import pytest
 import torch
 
 from probe.analysis.pipeline import LayerSettings, analyse_spectrum
+from probe.analysis.readout import ReadoutSettings
 from probe.analysis.spectral import (
     CLASSES,
+    SpectralSettings,
     directions,
     make_bins,
     reference_families,
     spectral_analysis,
 )
 from probe.core.errors import ConfigError
-from probe.core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, SpectralSettings
+from probe.core.settings import PromptSettings, SimilaritySettings
 from probe.data.config import TaskConfig
 from probe.learners import run_learner
 from probe.models.oracle import LearnerOracle

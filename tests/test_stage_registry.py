@@ -4,6 +4,7 @@ with its block) and the command line, with no file of probe/ changed."""
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import matplotlib
 import pandas as pd
@@ -47,7 +48,7 @@ def _run(c):
     return {"mean_prediction": pd.DataFrame({"n_examples": range(len(pred)), "mean_abs": pred.double().numpy()})}
 
 
-def _figures(tables, fig_dir, recipe):
+def _figures(tables, fig_dir, context):
     import matplotlib.pyplot as plt
 
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -77,8 +78,8 @@ MEAN = AnalysisStage(
             ckpt.config.task.n_points,
         )
     ],
-    findings=lambda block, titles: f"Mean |prediction| after {block.n_examples[-1]} examples: {block.mean_abs[-1]:.3f}.",
-    tables=lambda block, t: {"by examples": pd.DataFrame({"examples": block.n_examples, "mean |y|": block.mean_abs})},
+    findings=lambda block, summary: f"Mean |prediction| after {block.n_examples[-1]} examples: {block.mean_abs[-1]:.3f}.",
+    tables=lambda block, summary, t: {"by examples": pd.DataFrame({"examples": block.n_examples, "mean |y|": block.mean_abs})},
 )
 
 
@@ -168,7 +169,9 @@ def test_registering_refuses_what_the_report_cannot_hold(change, message):
 def test_a_block_dataclass_named_like_a_built_in_one_is_refused():
     from dataclasses import make_dataclass, replace
 
-    import probe.reporting.schema  # noqa: F401  (the built-in blocks' names)
+    from probe.core.stages import registered
+
+    registered()  # the toolkit's own stages, whose blocks hold the built-in names
 
     readout = make_dataclass("Readout", [("layer", list)])  # the name of the report's read-out block
     with pytest.raises(ConfigError, match="dataclass Readout has the name of another summary.json block"):
@@ -181,3 +184,36 @@ def test_the_same_name_twice_is_refused(registered):
     register_stage(MEAN)  # the same declaration again: nothing happens
     with pytest.raises(ConfigError, match="already registered"):
         register_stage(replace(MEAN, title="another"))
+
+
+def test_a_merged_block_whose_field_is_already_a_summary_key_is_refused():
+    """A stage whose block's fields are top-level keys (the spine's) cannot take a key that is
+    summary.json's own or another stage's."""
+    from dataclasses import make_dataclass, replace
+
+    from probe.core.stages import registered
+
+    registered()
+    for field_name in ("readout", "verdicts"):
+        block = make_dataclass("MeanMerged", [(field_name, list)])
+        with pytest.raises(ConfigError, match=f"its summary.json key '{field_name}' is already taken"):
+            register_stage(replace(MEAN, name="mean_merged", settings=None, block=block, merged=True))
+
+
+def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
+    """evaluate and layers are registered stages with no section of their own, run first, and a
+    written summary reads their fields as attributes (the committed quick report)."""
+    from probe.core.stages import registered
+    from probe.reporting.layers_stage import LayerAnalyses
+    from probe.reporting.schema import Summary
+
+    stages = registered()
+    assert list(stages)[:2] == ["evaluate", "layers"]
+    assert stages["layers"].merged and stages["layers"].settings is None
+    assert not {"layers", "evaluate"} & set(resolve_recipe("quick").stages)
+    data = json.loads((Path(__file__).parents[1] / "reports" / "gpt2-default-quick" / "summary.json").read_text())
+    summary = Summary.from_json(data)
+    assert isinstance(summary.stages["layers"], LayerAnalyses)
+    assert summary.readout.error == data["readout"]["error"] and summary.icl_error.model == data["icl_error"]["model"]
+    assert summary.best_match["newton"]["sime"].k == data["best_match"]["newton"]["sime"]["k"]
+    assert summary.to_json()["spectral"] == data["spectral"]

@@ -129,7 +129,7 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     return [budget.prompt_estimate("forgetting.prompts", recipe.forgetting.prompts, shape, points)]
 
 
-def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, recipe) -> dict[str, Path]:
+def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
     return {"forgetting": forgetting_figure(tables["forgetting"], fig_dir / "forgetting")[0]}
 
 

@@ -159,7 +159,7 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     ]
 
 
-def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, recipe) -> dict[str, Path]:
+def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
     return {"ood_curves": ood_figure(tables["ood_curves"], fig_dir / "ood_curves")[0]}
 
 
@@ -190,7 +190,7 @@ def ood_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
     return save_png(fig, stem)
 
 
-def _findings(block: Ood, titles) -> str | None:
+def _findings(block: Ood, summary) -> str | None:
     """Which matched learner the model tracks under each shift, grouped by family."""
     groups: dict[str, list[str]] = {}
     for s in block.shifts:
@@ -201,7 +201,7 @@ def _findings(block: Ood, titles) -> str | None:
     return f"Off the training distribution the model tracks {parts}.{tail}"
 
 
-def _page_tables(ood: Ood, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+def _page_tables(ood: Ood, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """Per shift the family tracked and its runner-up; per shift and question the sides."""
     num = lambda v: "-" if v is None else f"{v:.3g}"
     interval = lambda d, lo, hi: f"{num(d)} [{num(lo)}, {num(hi)}]"
@@ -253,7 +253,7 @@ OOD_BLIND = (
 )
 
 
-def _evidence(block: Ood, a: str, b: str) -> list[dict]:
+def _evidence(block: Ood, summary, a: str, b: str) -> list[dict]:
     """The evidence table's row: per shift, the side the model stays nearer off its training
     distribution (`side_comparisons`); favours a side that some shift resolves and none opposes."""
     sides = [s for s in block.sides if {s.a, s.b} == {a, b}]

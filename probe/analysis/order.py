@@ -280,7 +280,8 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     return order_estimates(shape, n, o.prompts, o.permutations, prefixes, len(o.learners), ORDER_BOOTSTRAP)
 
 
-def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, recipe) -> dict[str, Path]:
+def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
+    recipe = context.recipe
     return {"order": order_figure(tables["order"], fig_dir / "order", sweep_titles(recipe.sweeps))[0]}
 
 
@@ -311,8 +312,9 @@ def order_figure(table: pd.DataFrame, stem: Path, titles: Titles | None = None) 
     return save_png(fig, stem)
 
 
-def _findings(block: OrderSensitivity, titles) -> str | None:
+def _findings(block: OrderSensitivity, summary) -> str | None:
     """The final layer's order share at the longest prefix, and which learners are order-free."""
+    titles = summary.titles
     t = str(block.prefixes[-1])
     model = block.model[t]
     final = model.sensitivity[-1]
@@ -334,7 +336,7 @@ def _findings(block: OrderSensitivity, titles) -> str | None:
 ORDER_LIKE_OGD = 0.5  # a share whose interval lies at or above this fraction of online GD's reads as online GD
 
 
-def _evidence(block: OrderSensitivity, a: str, b: str) -> list[dict]:
+def _evidence(block: OrderSensitivity, summary, a: str, b: str) -> list[dict]:
     """The evidence table's row for GD against online GD: order-free reads as GD, a share like
     online GD's as online GD."""
     if {a, b} != {"gd", "ogd"}:

@@ -25,25 +25,17 @@ from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
 from ..core.progress import tqdm
 from ..core.seeds import Stream
-from ..core.settings import (
-    PromptSettings,
-    ReadoutSettings,
-    SimilaritySettings,
-    SpectralSettings,
-    SweepSettings,
-    query_count,
-    quick_sweeps,
-)
+from ..core.settings import PromptSettings, SimilaritySettings, SweepSettings, query_count, quick_sweeps
 from ..core.validate import check_device, check_model, positive_int
 from ..data.config import TaskConfig
 from ..data.tasks import generator_for, sample_prompts
 from ..models.sizes import shape_of
 from .matching import compare_layers, family_of, learner_weights, run_sweep, table1, trend, without_draws
 from .nulls import flag_degenerate, null_predictions, null_table
-from .readout import LayerReadouts, finetune_layer_readouts, fit_layer_readouts, readout_table
+from .readout import LayerReadouts, ReadoutSettings, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .similarity import induced_weights, sime, simw
 from .span import span_table
-from .spectral import SpectralAnalysis, reference_families, spectral_analysis
+from .spectral import SpectralAnalysis, SpectralSettings, reference_families, spectral_analysis
 from .states import query_states, x_states
 from .verdicts import Candidate, final_layer_verdicts, pick, sime_between, simw_between
 

@@ -162,7 +162,7 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     )
 
 
-def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, recipe) -> dict[str, Path]:
+def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
     return {"probes": probe_figure(tables["probes"], fig_dir / "probes")[0]}
 
 
@@ -186,7 +186,7 @@ def probe_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
     return save_png(fig, stem)
 
 
-def _findings(block: Probes, titles) -> str | None:
+def _findings(block: Probes, summary) -> str | None:
     parts = []
     for target, kind, fit in block.each():
         best = max(range(len(fit.r2)), key=lambda i: fit.r2[i])
@@ -238,7 +238,7 @@ def probe_order_words(o: ProbeOrder) -> str:
 CONVERGED_ENOUGH = 0.99  # share of converged probes below which the caveats say so
 
 
-def _caveats(block: Probes, titles) -> list[str]:
+def _caveats(block: Probes, summary) -> list[str]:
     out = []
     for target, kind, fit in block.each():
         best = fit.layer.index(fit.best_layer)
@@ -269,7 +269,7 @@ FITTING = (
 )
 
 
-def _page_tables(block: Probes, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+def _page_tables(block: Probes, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """Where the probes' attention falls; how their fits converged; those that did not."""
     own = tables["probes"][tables["probes"].control == "none"]
     attention = own.groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()

@@ -19,9 +19,28 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..core.allocator import release_free_memory
+from ..core.config import Section, setting
 from ..core.seeds import Stream, stream_generator
 from ..data.metrics import error_per_dim
 from .stats import bootstrap_mean
+
+READOUT_METHODS = ("ridge", "adam", "model")
+
+
+@dataclass
+class ReadoutSettings(Section):
+    """Per-layer read-outs (probe/analysis/readout.py): recipe section [readout]."""
+
+    SECTION = "readout"
+
+    method: str = setting(
+        "ridge", "closed-form ridge, ridge fine-tuned by Adam, or the model's own read-out", READOUT_METHODS
+    )
+    alphas: tuple[float, ...] = setting(
+        (1e-6, 1e-4, 1e-2, 1.0), "ridge penalties, one chosen per layer on validation", nonempty=True
+    )
+    finetune_steps: int = setting(500, "Adam steps of the 'adam' method", minimum=0)
+
 
 ALPHAS = (1e-6, 1e-4, 1e-2, 1.0)
 

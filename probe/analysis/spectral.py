@@ -37,11 +37,33 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..core.config import Section, setting
 from ..core.errors import ConfigError
-from ..core.settings import SpectralSettings
 from ..learners import run_learner
 from ..learners.iterative import prefix_eigh
 from .stats import resamples
+
+
+@dataclass
+class SpectralSettings(Section):
+    """The spectral instrument (probe/analysis/spectral.py): recipe section [spectral], `icl-probe
+    spectral` flags. It reads the layers stage's induced weights, so it needs similarity.simw."""
+
+    SECTION = "spectral"
+    enabled: bool = setting(True, "measure each layer's spectral response (needs similarity.simw)")
+    bins: int = setting(12, "log-spaced eigenvalue bins per bin variable", minimum=3)
+    min_count: int = setting(20, "eigen-directions a bin needs to be kept")
+    r_low: float = setting(0.05, "lower end of the response range the local exponent is fitted over", high=1.0)
+    r_high: float = setting(0.95, "upper end of that range", high=1.0)
+
+    def __post_init__(self) -> None:
+
+        super().__post_init__()
+        if not self.r_low < self.r_high < 1:
+            raise ConfigError(
+                f"spectral.r_low ({self.r_low}) must be below spectral.r_high ({self.r_high}), and r_high below 1"
+            )
+
 
 VARIABLES = {"lam_t": "lambda / t", "lam_max": "lambda / lambda_max"}
 CLASSES = {

@@ -171,7 +171,7 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     )
 
 
-def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, recipe) -> dict[str, Path]:
+def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
     return {"token_probes": token_probe_figure(tables["token_probes"], fig_dir / "token_probes")[0]}
 
 
@@ -205,7 +205,7 @@ def _best(block: TokenProbes, series: list[TokenProbeSeries], by: str) -> tuple[
 FAMILIES = (("sx", "S x"), ("s3x", "S^3 x"), ("newton_mx", "M_k x"))
 
 
-def _findings(block: TokenProbes, titles) -> str | None:
+def _findings(block: TokenProbes, summary) -> str | None:
     """Per token kind: the largest gain over the floor (the example x alone; at a column token its
     e_j) of S x and S^3 x, and of Newton's M_k x (over k); at column tokens, the matrices' columns."""
     parts = []
@@ -228,7 +228,7 @@ def _findings(block: TokenProbes, titles) -> str | None:
     return intro + "; ".join(parts) + "." if parts else None
 
 
-def _page_tables(block: TokenProbes, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+def _page_tables(block: TokenProbes, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """Per token kind and target family, the layer with the largest gain over the floor."""
     rows = []
     for token in dict.fromkeys(s.token for s in block.series):
@@ -258,7 +258,7 @@ VALIDATED_ON = (
 )
 
 
-def _evidence(block: TokenProbes, a: str, b: str) -> list[dict]:
+def _evidence(block: TokenProbes, summary, a: str, b: str) -> list[dict]:
     """The evidence table's row for Newton against GD: newton where some layer's token holds M_k x at
     R^2 >= HELD beyond what the token alone gives; otherwise undecided (a model without that state
     is not thereby GD)."""

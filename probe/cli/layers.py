@@ -22,7 +22,8 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_layer_args(p: argparse.ArgumentParser, simw: bool = True) -> None:
-    from ..core.settings import PromptSettings, ReadoutSettings, SimilaritySettings, add_flags
+    from ..analysis.readout import ReadoutSettings
+    from ..core.settings import PromptSettings, SimilaritySettings, add_flags
 
     p.add_argument(
         "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
@@ -65,11 +66,11 @@ def settings_from_args(
     (or `sweeps` replaces them), `similarity` overrides [similarity] keys (e.g. simw=False)."""
     from dataclasses import replace
 
+    from ..analysis.pipeline import LayerSettings
     from ..core.errors import ConfigError
     from ..core.registry import unknown_name_message
-    from ..reporting.build import layer_settings
 
-    settings = layer_settings(recipe_from_args(args, ckpt), check_device(args.device))
+    settings = LayerSettings.from_recipe(recipe_from_args(args, ckpt), check_device(args.device))
     if labels is not None:
         known = {s.label: s for s in settings.sweeps}
         for name in labels:

@@ -17,7 +17,8 @@ from .layers import add_layer_args, settings_from_args, write_tables
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    from ..core.settings import SpectralSettings, add_flags
+    from ..analysis.spectral import SpectralSettings
+    from ..core.settings import add_flags
 
     add_layer_args(p)
     add_flags(p, "spectral", SpectralSettings, ["bins", "min_count", "r_low", "r_high"])
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from ..core.provenance import display_path
     from ..io.formats import load_checkpoint
     from ..reporting import figures
-    from ..reporting.build import spectral_tables
+    from ..reporting.layers_stage import spectral_tables
 
     target = output_target(args, "spectral", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)

@@ -43,7 +43,7 @@ def add_registered_parsers(sub) -> None:
     from ..core.stages import registered
 
     for name, declared in registered().items():
-        if declared.command in sub.choices or not declared.standalone:
+        if declared.command in sub.choices or not declared.standalone or declared.settings is None:
             continue  # register_stage refuses the built-in commands' names; a second build of the parser
         p = sub.add_parser(
             declared.command,
@@ -62,20 +62,21 @@ def run(args: argparse.Namespace) -> int:
     """`icl-probe <stage name>` of a registered analysis: its tables as <table>.csv, its summary.json
     block with its settings and provenance as <stage>_summary.json and its figures, published only
     when all of it is written; its findings line printed."""
-    from ..analysis.labels import sweep_titles
     from ..core.config import to_dict
     from ..core.provenance import stamp
     from ..core.stages import StageTables, registered
     from ..io.formats import load_checkpoint
     from ..reporting.build import Context
-    from ..reporting.schema import strict, to_json
+    from ..reporting.schema import SCHEMA_VERSION, Summary, strict, to_json
+    from ..reporting.summary import checkpoint_block
 
     declared = registered()[args.registered_stage]
     target = output_target(args, declared.command, (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     recipe = recipe_from_args(args, ckpt)
-    ran = declared.run(Context(ckpt, recipe, check_device(args.device), progress=not args.quiet))
-    tables = StageTables(ran, getattr(ran, "data", {}))
+    context = Context(ckpt, recipe, check_device(args.device), progress=not args.quiet)
+    ran = declared.run(context)
+    tables = StageTables(ran, getattr(ran, "data", {}), ckpt)
     block = declared.summarise(tables, recipe)
     with writing(target) as out:
         for name, frame in tables.items():
@@ -85,10 +86,20 @@ def run(args: argparse.Namespace) -> int:
         written = {declared.block_key: to_json(block), "settings": settings, **stamp()}
         (out / f"{declared.name}_summary.json").write_text(json.dumps(strict(written), indent=2, default=str) + "\n")
         if declared.figures is not None:
-            declared.figures(tables, out, recipe)
-    titles = sweep_titles([*recipe.sweeps, *recipe.forgetting.learners])
-    line = declared.findings(block, titles) if declared.findings is not None else None
-    if line:
-        print(line)
+            declared.figures(tables, out, context)
+    summary = Summary(  # what its findings read: its own block, the checkpoint and the recipe
+        SCHEMA_VERSION,
+        checkpoint_block(ckpt),
+        recipe.to_dict(),
+        **stamp(),
+        seed=recipe.prompts.seed,
+        timings={},
+        cached_stages=[],
+        stages={declared.block_key: block},
+    )
+    lines = declared.findings(block, summary) if declared.findings is not None else None
+    for line in lines if isinstance(lines, list) else [lines]:
+        if line:
+            print(line)
     print(f"wrote {target.path}")
     return 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Section, field_default, is_sequence, scalar_type, setting
-from .errors import ConfigError, RenamedSetting
+from .errors import RenamedSetting
 from .resources import RECIPE_DIR
 from .validate import check_bootstrap
 
@@ -120,24 +120,6 @@ class PromptSettings(Section):
     seed: int = setting(0, "seed of every prompt draw", minimum=None)
 
 
-READOUT_METHODS = ("ridge", "adam", "model")
-
-
-@dataclass
-class ReadoutSettings(Section):
-    """Per-layer read-outs (probe/analysis/readout.py): recipe section [readout]."""
-
-    SECTION = "readout"
-
-    method: str = setting(
-        "ridge", "closed-form ridge, ridge fine-tuned by Adam, or the model's own read-out", READOUT_METHODS
-    )
-    alphas: tuple[float, ...] = setting(
-        (1e-6, 1e-4, 1e-2, 1.0), "ridge penalties, one chosen per layer on validation", nonempty=True
-    )
-    finetune_steps: int = setting(500, "Adam steps of the 'adam' method", minimum=0)
-
-
 @dataclass
 class SimilaritySettings(Section):
     """Layer-vs-learner similarities (probe/analysis/similarity.py): recipe section [similarity]."""
@@ -151,27 +133,6 @@ class SimilaritySettings(Section):
 
         super().__post_init__()
         check_bootstrap(self.bootstrap, "similarity.bootstrap")
-
-
-@dataclass
-class SpectralSettings(Section):
-    """The spectral instrument (probe/analysis/spectral.py): recipe section [spectral], `icl-probe
-    spectral` flags. It reads the layers stage's induced weights, so it needs similarity.simw."""
-
-    SECTION = "spectral"
-    enabled: bool = setting(True, "measure each layer's spectral response (needs similarity.simw)")
-    bins: int = setting(12, "log-spaced eigenvalue bins per bin variable", minimum=3)
-    min_count: int = setting(20, "eigen-directions a bin needs to be kept")
-    r_low: float = setting(0.05, "lower end of the response range the local exponent is fitted over", high=1.0)
-    r_high: float = setting(0.95, "upper end of that range", high=1.0)
-
-    def __post_init__(self) -> None:
-
-        super().__post_init__()
-        if not self.r_low < self.r_high < 1:
-            raise ConfigError(
-                f"spectral.r_low ({self.r_low}) must be below spectral.r_high ({self.r_high}), and r_high below 1"
-            )
 
 
 @dataclass

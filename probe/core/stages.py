@@ -27,6 +27,8 @@ OMIT = {"omit_if_none": True}  # a block field's metadata: summary.json leaves t
 ENTRY_POINTS = "icl_probe.stages"
 # the toolkit's own registered analyses, in report order
 BUILTIN = (
+    "probe.reporting.evaluate_stage",
+    "probe.reporting.layers_stage",
     "probe.interventions.stage",
     "probe.analysis.probes_stage",
     "probe.analysis.order",
@@ -43,23 +45,28 @@ class AnalysisStage:
 
     name: its recipe section [name], its summary.json key (unless `key` says otherwise) and its
         command `icl-probe <name>` (underscores as dashes).
-    settings: its recipe section, a `Section` dataclass with SECTION = name and an `enabled` field.
+    settings: its recipe section, a `Section` dataclass with SECTION = name and an `enabled` field;
+        None for a stage with no section of its own that runs in every report (the report's spine:
+        the error curve and the layer analyses, which read the built-in sections named in `reads`).
     run: (report Context: checkpoint, recipe adapted to it, device, earlier stages' tables) ->
         its tables, name -> DataFrame (written to data/<table>.csv); a `StageTables` also carries
         what it keeps beside them (`data`: JSON-able, cached with the tables, not written).
     block: the dataclass of its summary.json block; summarise(tables, recipe) builds it (`tables`
-        a StageTables: every table of the report so far, and the data of the stages that ran).
+        a StageTables: every table of the report so far, the data of the stages that ran, and the
+        checkpoint).
     title, description: its section of the report page (plain text) and the command's help.
-    figures: (tables, figure directory, recipe) -> name -> PNG path.
+    figures: (tables, figure directory, the report Context: .recipe, .ckpt) -> name -> PNG path.
     estimates: (recipe, checkpoint) -> budget Estimates (probe/core/budget.py) of its own knobs,
         the report's up-front check.
-    findings: (block, titles: sweep label -> title) -> its findings line (None: none; a list: several).
-    caveats: (block, titles) -> the report's caveats it adds (lines under the findings).
-    tables: (block, the report's tables) -> caption -> DataFrame shown on the page.
-    evidence: (block, hypothesis a, hypothesis b) -> rows of the evidence table for that question,
-        each a dict of probe.reporting.schema.EvidenceRow's fields (probe/reporting/evidence.py).
-    verdicts: block -> paired verdicts it adds to summary.json's `verdicts`, each a dict of
-        probe.reporting.schema.Verdict's fields.
+    findings: (block, summary) -> its findings line (None: none; a list: several); `summary` is the
+        report's Summary (the other blocks; `summary.titles`: sweep label -> title).
+    caveats: (block, summary) -> the report's caveats it adds (lines under the findings).
+    tables: (block, summary, the report's tables) -> caption -> DataFrame shown on the page (with
+        `sections`: name -> HTML table that the report template's macros read).
+    evidence: (block, summary, hypothesis a, hypothesis b) -> rows of the evidence table for that
+        question, each a dict of probe.reporting.schema.EvidenceRow's fields (probe/reporting/evidence.py).
+    verdicts: (block, tables) -> paired verdicts it adds to summary.json's `verdicts`, each a dict of
+        probe.reporting.schema.Verdict's fields (`tables`: as `summarise` is given).
     check: recipe -> None, raising ConfigError where its section disagrees with another section
         (run when the recipe is resolved, before any work).
     reads: other recipe sections it reads (its cache key, with [prompts] and its own).
@@ -71,11 +78,18 @@ class AnalysisStage:
     key: its summary.json key where that is not its name (order: "order_sensitivity").
     cli: its command where that is not its name (steering: "steer").
     standalone: whether `icl-probe <command>` runs it alone (False where it needs an earlier stage's
-        tables: the causal checks read the layers' best matches).
+        tables: the causal checks read the layers' best matches; or where its commands are written
+        by hand: the spine's `icl-probe evaluate`, `layers`, `spectral`).
+    merged: whether its block's fields are top-level keys of summary.json (the spine's blocks:
+        icl_error, readout, best_match, ... as summary.json has always written them) rather than one
+        key holding the block.
+    sections: the page sections the report template's macros write for it (templates/report.html.j2;
+        the spine's), each (title, macro, the figure whose presence shows it or ""), in place of the
+        section made of its description, tables and figures.
     """
 
     name: str
-    settings: type
+    settings: type | None
     run: Callable[[Any], dict[str, Any]]
     block: type
     summarise: Callable[[dict[str, Any], Any], Any]
@@ -83,11 +97,11 @@ class AnalysisStage:
     description: str
     figures: Callable[[dict[str, Any], Path, Any], dict[str, Path]] | None = None
     estimates: Callable[[Any, Any], list[Any]] | None = None
-    findings: Callable[[Any, Any], str | list[str] | None] | None = None
+    findings: Callable[[Any, Any], str | list[str | None] | None] | None = None
     caveats: Callable[[Any, Any], list[str]] | None = None
-    tables: Callable[[Any, Any], dict[str, Any]] | None = None
-    evidence: Callable[[Any, str, str], list[dict[str, Any]]] | None = None
-    verdicts: Callable[[Any], list[dict[str, Any]]] | None = None
+    tables: Callable[[Any, Any, Any], dict[str, Any]] | None = None
+    evidence: Callable[[Any, Any, str, str], list[dict[str, Any]]] | None = None
+    verdicts: Callable[[Any, Any], list[dict[str, Any]]] | None = None
     check: Callable[[Any], None] | None = None
     reads: tuple[str, ...] = ()
     applies: Callable[[Any], bool] | None = None
@@ -97,6 +111,8 @@ class AnalysisStage:
     key: str = ""
     cli: str = ""
     standalone: bool = True
+    merged: bool = False
+    sections: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def command(self) -> str:
@@ -104,8 +120,17 @@ class AnalysisStage:
 
     @property
     def block_key(self) -> str:
-        """Its block's key in summary.json."""
+        """Its block's key in summary.json (its key in a Summary's `stages` when `merged`)."""
         return self.key or self.name
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The summary.json keys its block takes: the block's fields when merged, else its key."""
+        return tuple(f.name for f in dataclasses.fields(self.block)) if self.merged else (self.block_key,)
+
+    def enabled(self, recipe: Any) -> bool:
+        """Whether the recipe switches it on (a stage with no section of its own always runs)."""
+        return self.settings is None or getattr(recipe, self.name).enabled
 
 
 class StageTables(dict):
@@ -113,13 +138,17 @@ class StageTables(dict):
     table (JSON-able values, e.g. the probes' resampled intervals): what `run` may return and what
     `summarise` is given."""
 
-    def __init__(self, tables: Any = (), data: dict[str, Any] | None = None):
+    def __init__(self, tables: Any = (), data: dict[str, Any] | None = None, ckpt: Any = None):
         super().__init__(tables)
         self.data = dict(data or {})
+        self.ckpt = ckpt  # the checkpoint they were made on, where `summarise` is given them
 
 
 STAGES: dict[str, AnalysisStage] = {}
-RESERVED: set[str] = set()  # the built-in recipe sections and summary.json keys (probe/reporting adds them)
+RESERVED: set[str] = (
+    set()
+)  # the built-in recipe sections, commands and summary.json keys (probe/reporting, cli add them)
+SUMMARY_KEYS: set[str] = set()  # summary.json's own top-level keys (probe/reporting/schema.py adds them)
 DEFINITIONS: dict[str, type] = {}  # dataclass name -> class of every summary.json block (its schema definition's name)
 
 
@@ -143,19 +172,28 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
     what = f"analysis stage {stage.name!r}"
     if not isinstance(stage.name, str) or not NAME.fullmatch(stage.name):
         raise ConfigError(f"{what}: a stage name is lower-case letters, digits and '_', starting with a letter")
-    if {stage.name, stage.block_key, stage.command.replace("-", "_")} & RESERVED:
+    # its recipe section and command (with settings), its summary.json key (unless merged: its fields, below)
+    claimed = {stage.name, stage.command.replace("-", "_")} if stage.settings is not None else set()
+    if (claimed | ({stage.block_key} if not stage.merged else set())) & RESERVED:
         raise ConfigError(f"{what}: the name is a built-in recipe section or summary.json key; choose another")
     if STAGES.get(stage.name, stage) is not stage:
         raise ConfigError(f"{what} is already registered by another declaration; choose another name")
     settings = stage.settings
-    if not (isinstance(settings, type) and issubclass(settings, Section) and dataclasses.is_dataclass(settings)):
-        raise ConfigError(f"{what}: settings must be a Section dataclass (probe.core.config.Section)")
-    if getattr(settings, "SECTION", None) != stage.name or "enabled" not in {
-        f.name for f in dataclasses.fields(settings)
-    }:
+    if settings is not None and not (
+        isinstance(settings, type) and issubclass(settings, Section) and dataclasses.is_dataclass(settings)
+    ):
+        raise ConfigError(f"{what}: settings must be a Section dataclass (probe.core.config.Section) or None")
+    if settings is not None and (
+        getattr(settings, "SECTION", None) != stage.name
+        or "enabled" not in {f.name for f in dataclasses.fields(settings)}
+    ):
         raise ConfigError(f"{what}: its settings class needs SECTION = {stage.name!r} and an `enabled` field")
     if not (isinstance(stage.block, type) and dataclasses.is_dataclass(stage.block)):
         raise ConfigError(f"{what}: block must be a dataclass (summary.json's schema is generated from it)")
+    others = {key for other in STAGES.values() if other.name != stage.name for key in other.keys}
+    clash = sorted(set(stage.keys) & (others | (SUMMARY_KEYS if stage.merged else set())))
+    if clash:
+        raise ConfigError(f"{what}: its summary.json key {clash[0]!r} is already taken; rename it")
     classes = dataclasses_in(stage.block)
     taken = [name for name, kind in classes.items() if DEFINITIONS.get(name, kind) is not kind]
     if taken:

@@ -88,7 +88,8 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     return budget.intervention_estimates(shape, points, recipe.interventions, recipe.similarity.bootstrap)
 
 
-def _figures(t: dict[str, pd.DataFrame], fig_dir: Path, recipe) -> dict[str, Path]:
+def _figures(t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
+    recipe = context.recipe
     if "ablation" not in t:
         return {}
     out = {"ablation": figures.ablation(t["ablation"], fig_dir / "ablation")[0]}
@@ -105,7 +106,7 @@ def _figures(t: dict[str, pd.DataFrame], fig_dir: Path, recipe) -> dict[str, Pat
 CAUSAL_METRICS = {False: "context patch deviation", True: "state write deviation"}  # a causal map verdict's metric
 
 
-def _verdicts(block: Interventions) -> list[dict[str, Any]]:
+def _verdicts(block: Interventions, tables=None) -> list[dict[str, Any]]:
     """The causal map check's comparisons (probe/interventions/patch.py compare_maps) as paired
     verdicts: a = the claimed map's learner, b = the alternative; the metric is the mean over
     boundaries of |observed - expected| of the intervention the check ran (the context patch, or the
@@ -134,7 +135,7 @@ def _verdicts(block: Interventions) -> list[dict[str, Any]]:
     return out
 
 
-def _evidence(block: Interventions, a: str, b: str) -> list[dict[str, Any]]:
+def _evidence(block: Interventions, summary, a: str, b: str) -> list[dict[str, Any]]:
     """The map check against another learner's map, where the two learners are the question's."""
     out = []
     for v in _verdicts(block):
@@ -164,7 +165,7 @@ def _evidence(block: Interventions, a: str, b: str) -> list[dict[str, Any]]:
     return out
 
 
-def _page_tables(block: Interventions, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+def _page_tables(block: Interventions, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """The skip ablation; the verdict and the observed and expected fractions of each layer map, and
     its comparison with the named alternatives."""
     out: dict[str, pd.DataFrame] = {}
@@ -233,7 +234,7 @@ INTERVENTIONS = register_stage(
         description=DESCRIPTION,
         figures=_figures,
         estimates=_estimates,
-        findings=lambda block, titles: [f"Causal check: {v}." for v in block.verdicts],
+        findings=lambda block, summary: [f"Causal check: {v}." for v in block.verdicts],
         tables=_page_tables,
         evidence=_evidence,
         verdicts=_verdicts,

@@ -315,7 +315,7 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     ]
 
 
-def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, recipe) -> dict[str, Path]:
+def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
     return {"steering": steering_figure(tables["steering"], fig_dir / "steering")[0]}
 
 
@@ -340,7 +340,7 @@ def steering_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
     return save_png(fig, stem)
 
 
-def _findings(block: SteeringBlock, titles) -> str | None:
+def _findings(block: SteeringBlock, summary) -> str | None:
     """Per target, the probe edit's largest slope (layer, prefix) with its interval."""
     parts = []
     for target, by_edit in block.by_target.items():

@@ -52,13 +52,35 @@ def dataclass_schema(kind: type, defs: dict[str, Any]) -> dict[str, Any]:
     hints = get_type_hints(kind)
     if hasattr(kind, "json_schema_value"):  # a block written in its own layout (Probes), given schema_of
         return kind.json_schema_value(lambda inner: schema_of(inner, defs))
-    own = [f for f in fields(kind) if not f.metadata.get("merged")]
-    properties = {f.name: schema_of(hints[f.name], defs) for f in own}
-    if len(own) < len(fields(kind)):  # the registered analyses' blocks, each optional
-        properties.update({key: schema_of(stage.block, defs) for key, stage in by_block_key().items()})
-    required = [f.name for f in own if f.default is MISSING and f.default_factory is MISSING]
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for f in fields(kind):
+        if f.metadata.get("merged"):  # the registered analyses' blocks (those that always run: required)
+            for stage in by_block_key().values():
+                properties.update(block_properties(stage, defs))
+                required += _required(stage.block) if stage.merged and stage.settings is None else []
+        else:
+            properties[f.name] = schema_of(hints[f.name], defs)
+            required += _required(kind, f.name)
     out: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
     out["additionalProperties"] = False
     if kind.__doc__ and not kind.__doc__.startswith(kind.__name__ + "("):
         out["description"] = " ".join(kind.__doc__.split())
     return out
+
+
+def _required(kind: type, *names: str) -> list[str]:
+    """The fields of `kind` (those named, or all) that have no default."""
+    return [
+        f.name
+        for f in fields(kind)
+        if (not names or f.name in names) and f.default is MISSING and f.default_factory is MISSING
+    ]
+
+
+def block_properties(stage: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    """The summary.json properties of a registered stage's block: its key, or its fields when merged."""
+    if not stage.merged:
+        return {stage.block_key: schema_of(stage.block, defs)}
+    hints = get_type_hints(stage.block)
+    return {f.name: schema_of(hints[f.name], defs) for f in fields(stage.block)}

@@ -19,13 +19,7 @@ import pandas as pd
 from ..analysis.matching import family_of
 from ..core.stages import by_block_key
 from .schema import EvidenceQuestion as Question
-from .schema import (
-    EvidenceRow,
-    Spectral,
-    Summary,
-    Trend,
-    Verdict,
-)
+from .schema import EvidenceRow, Summary, Verdict
 
 # (a, b): the hypotheses a question weighs, by learner family; asked where the recipe sweeps both
 QUESTIONS = (("newton", "gd"), ("gd", "ogd"), ("ridge", "least_squares"))
@@ -37,64 +31,35 @@ EQUIVALENCES = {
         "with 2^k steps: at best the filter class and its rate are identified, not the procedure"
     ),
 }
-RATE_ONLY = (
-    "measures a convergence rate: GD whose step count doubles per layer gives the same linear Newton trend, "
-    "so it cannot tell the two apart"
-)
-
-# known-answer models on which an instrument names each candidate of a question, and the tests
-# that hold it; an instrument absent here is not validated for that question
-VALIDATED = {
-    ("spectral filter", ("newton", "gd")): (
-        "planted GD (GD class at every layer), planted Newton and Newton-ReLU (Newton class at every layer that "
-        "holds an iterate), oracles running GD with 2^l steps and Newton from alpha I (GD class) and the seeds' "
-        "Newton (Newton class): tests/test_spectral.py, tests/test_evidence.py"
-    ),
-}
-
-SPECTRAL_SIDE = {"gd": "gd", "precond_gd": "newton", "ridge": "ridge", "least_squares": "least_squares"}
 
 
 def evidence(summary: Summary) -> list[Question]:
     """Every question the report's sweeps allow, with its rows and consolidated answer."""
-    return questions(
-        Blocks(
-            summary.recipe.get("sweeps", []),
-            summary.verdicts,
-            summary.trend,
-            summary.spectral,
-            summary.stages,
-        )
-    )
+    return questions(summary)
 
 
 @dataclass
 class Blocks:
-    """The summary.json blocks the evidence reads (a Summary's, or built from an analysis directly)."""
+    """The summary.json blocks the evidence reads, built from an analysis directly (a study's
+    tables; tests): what a Summary holds for it."""
 
     sweeps: list[dict[str, Any]]
     verdicts: list[Verdict] | None
-    trend: dict[str, Trend]
-    spectral: Spectral | None = None
+    trend: dict[str, Any]
+    spectral: Any = None  # the layer analyses' Spectral block
     stages: dict[str, Any] = field(default_factory=dict)  # registered analyses' blocks
 
+    @property
+    def recipe(self) -> dict[str, Any]:
+        return {"sweeps": self.sweeps}
 
-def questions(summary: Blocks) -> list[Question]:
-    """The questions of `evidence`, from the blocks alone."""
-    swept = {family_of(s.get("label", "")) for s in summary.sweeps}
-    swept |= {s.get("learner", "") for s in summary.sweeps}
-    out = []
-    for a, b in QUESTIONS:
-        if a not in swept or b not in swept:
-            continue
-        rows = [
-            *_table1_rows(summary, a, b),
-            *_trend_rows(summary, a, b),
-            *_spectral_rows(summary, a, b),
-            *_registered_rows(summary, a, b),
-        ]
-        out.append(_consolidate(a, b, rows))
-    return out
+
+def questions(summary: Summary | Blocks) -> list[Question]:
+    """The questions of `evidence`: one per pair of QUESTIONS the recipe sweeps both of, its rows
+    given by the registered analyses (probe/core/stages.py `evidence`) that ran."""
+    sweeps = summary.recipe.get("sweeps", [])
+    swept = {family_of(s.get("label", "")) for s in sweeps} | {s.get("learner", "") for s in sweeps}
+    return [_consolidate(a, b, _rows(summary, a, b)) for a, b in QUESTIONS if a in swept and b in swept]
 
 
 def evidence_frame(questions: Iterable[Question]) -> pd.DataFrame:
@@ -115,94 +80,14 @@ def evidence_frame(questions: Iterable[Question]) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
-def _side(name: str) -> str:
-    return family_of(name)
-
-
-def _table1_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
-    out = []
-    for metric, words in (("sime", "Table 1 SimE"), ("simw", "Table 1 SimW")):
-        found = [
-            v
-            for v in summary.verdicts or []
-            if v.claim == "final layer (Table 1)" and v.metric == metric and {_side(v.a), _side(v.b)} == {a, b}
-        ]
-        if not found:
-            continue
-        v = found[0]
-        sign = 1 if _side(v.a) == a else -1  # differences as a - b
-        lo, hi = sorted((sign * v.ci_low, sign * v.ci_high))
-        out.append(
-            EvidenceRow(
-                words,
-                None if v.winner is None else _side(v.winner),
-                f"final layer's similarity {a} - {b} {sign * v.difference:+.4f} [{lo:+.4f}, {hi:+.4f}], "
-                f"resolution {v.resolution:.4f}",
-                sign * v.difference,
-                lo,
-                hi,
-                v.resolution,
-                cannot_tell_apart=EQUIVALENCES.get((a, b), ""),
-            )
-        )
-    return out
-
-
-def _trend_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
-    if (a, b) != ("newton", "gd"):
-        return []
-    fits = [tr.verdict for name, tr in summary.trend.items() if name != "gd" and _side(name) in (a, b) and tr.verdict]
-    if not fits:
-        return []
-    return [EvidenceRow("best-match trend (a rate)", None, "; ".join(fits), cannot_tell_apart=RATE_ONLY)]
-
-
-def _spectral_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
-    block = summary.spectral
-    if block is None or (a, b) not in (("newton", "gd"), ("ridge", "least_squares")):
-        return []
-    decided: dict[str, list[int]] = {}
-    for i, layer in enumerate(block.layer):
-        fits = [fit for fit in block.by_variable.values()]
-        classes = {fit.best_class[i] for fit in fits}
-        if len(classes) == 1 and all(fit.separated[i] for fit in fits) and not _flat(fits, i):
-            side = SPECTRAL_SIDE[classes.pop()]
-            decided.setdefault(side, []).append(layer)
-    named = {s: l for s, l in decided.items() if s in (a, b)}
-    favours = next(iter(named)) if len(named) == 1 else None
-    words = "; ".join(f"{side} class at layers {', '.join(map(str, ls))}" for side, ls in decided.items())
-    if len(named) > 1:
-        words += " (layers disagree)"
-    ps = [
-        f"{layer}: {p:.2f} [{lo:.2f}, {hi:.2f}]"
-        for layer, p, lo, hi in zip(block.layer, block.p, block.p_low, block.p_high)
-        if p is not None
-    ]
-    effect = (words or "no layer decided between the classes") + (
-        "; exponent p per layer " + ", ".join(ps) if ps else ""
-    )
-    return [
-        EvidenceRow(
-            "spectral filter",
-            favours,
-            effect,
-            validated_on=VALIDATED.get(("spectral filter", (a, b)), ""),
-            cannot_tell_apart=EQUIVALENCES.get((a, b), ""),
-        )
-    ]
-
-
-def _flat(fits, i: int) -> bool:
-    """A layer that does not respond, or has converged, decides nothing."""
-    return all(fit.max_r[i] is None or fit.max_r[i] <= 0.05 or (fit.min_r[i] or 0) > 0.95 for fit in fits)
-
-
-def _registered_rows(summary: Blocks, a: str, b: str) -> list[EvidenceRow]:
-    """The rows of the registered analyses that declare one (probe/core/stages.py `evidence`)."""
+def _rows(summary: Summary | Blocks, a: str, b: str) -> list[EvidenceRow]:
+    """Each analysis's rows on "a or b?", in report order; a merged analysis (the layer analyses)
+    reads its fields from the summary itself, so that a study's Blocks gives it the same."""
     rows = []
-    for key, block in summary.stages.items():
-        hook = by_block_key()[key].evidence
-        rows += [EvidenceRow(**row) for row in (hook(block, a, b) if hook is not None else [])]
+    for key, stage in by_block_key().items():
+        block = summary.stages.get(key)
+        if stage.evidence is not None and (block is not None or stage.merged):
+            rows += [EvidenceRow(**row) for row in stage.evidence(block, summary, a, b)]
     return rows
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..analysis.labels import Titles, label
 from ..core.plotting import examples_axis, legend_outside, pyplot, save_png
-from .findings import Titles, label
 
 
 def _thin_ticks(ax, labels: list, axis: str = "y", most: int = 12) -> None:

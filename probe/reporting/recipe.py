@@ -6,8 +6,9 @@
     [[sweeps]]       SweepSettings         label, learner, axis, grid (one per heatmap family)
     [spectral]       SpectralSettings      each layer's spectral filter (on SimW's induced weights)
 
-Every section is a settings class of probe/core/settings.py, where its keys, defaults and help are
-written once; the commands' flags are derived from the same classes. The analyses registered as
+Every section is a settings class (probe/core/settings.py; [readout] and [spectral] beside their
+analyses, probe/analysis/readout.py and spectral.py), where its keys, defaults and help are written
+once; the commands' flags are derived from the same classes. The analyses registered as
 `AnalysisStage`s (probe/core/stages.py) add their own sections, [<stage name>], after these:
 
     [interventions]  probe/interventions/stage.py     causal checks (transformers only)
@@ -32,17 +33,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..analysis.readout import ReadoutSettings
+from ..analysis.spectral import SpectralSettings
 from ..core.config import current_names, from_dict, load_recipe, merge, to_dict
 from ..core.errors import ConfigError
 from ..core.registry import unknown_name_message
 from ..core.resources import RECIPE_DIR
-from ..core.settings import (
-    PromptSettings,
-    ReadoutSettings,
-    SimilaritySettings,
-    SpectralSettings,
-    SweepSettings,
-)
+from ..core.settings import PromptSettings, SimilaritySettings, SweepSettings
 from ..core.stages import RESERVED, registered
 from ..learners import check_sweep
 from ..models import family_class
@@ -140,7 +137,8 @@ def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | N
         data = merge(data, current_names(Recipe, override))
     if "stages" in data:
         raise ConfigError("a recipe has no [stages] section: a registered stage's section is [<stage name>]")
-    sections = {name: data.pop(name) for name in list(data) if name in registered()}
+    own = {name for name, stage in registered().items() if stage.settings is not None}
+    sections = {name: data.pop(name) for name in list(data) if name in own}
     recipe = from_dict(Recipe, data)
     recipe.stages = registered_settings(sections)
     recipe.check_stages()
@@ -149,7 +147,11 @@ def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | N
 
 def registered_settings(sections: dict[str, Any]) -> dict[str, Any]:
     """Each registered stage's settings from its recipe section (its defaults where absent)."""
-    return {name: from_dict(stage.settings, sections.get(name, {}), name) for name, stage in registered().items()}
+    return {
+        name: from_dict(stage.settings, sections.get(name, {}), name)
+        for name, stage in registered().items()
+        if stage.settings is not None
+    }
 
 
 RESERVED.update(f.name for f in fields(Recipe))

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from ..analysis.labels import sweep_titles
 from ..core.errors import ConfigError
-from ..core.stages import DEFINITIONS, OMIT, RESERVED, by_block_key, dataclasses_in
-from .dataclass_schema import MERGED, schema_of
+from ..core.stages import DEFINITIONS, OMIT, RESERVED, SUMMARY_KEYS, by_block_key, dataclasses_in
+from .dataclass_schema import MERGED, block_properties
 
 SCHEMA_VERSION = 5  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`
 
@@ -28,11 +29,12 @@ def to_json(value: Any) -> Any:
     if hasattr(value, "to_json_value"):  # a block written in its own layout, of values converted here
         return to_json(value.to_json_value())
     if is_dataclass(value) and not isinstance(value, type):
-        out = {}
+        out: dict[str, Any] = {}
         for f in fields(value):
             item = getattr(value, f.name)
-            if f.metadata.get("merged"):  # registered analyses' blocks, each under its own key
-                out.update(to_json(item))
+            if f.metadata.get("merged"):  # registered analyses' blocks: each under its key, or merged
+                for key, block in item.items():
+                    out.update(to_json(block) if by_block_key()[key].merged else {key: to_json(block)})
             elif not (f.metadata.get("omit_if_none") and item is None):
                 out[f.name] = to_json(item)
         return out
@@ -89,82 +91,6 @@ class CheckpointInfo:
 
 
 @dataclass
-class IclError:
-    """Squared error / d of the model's predictions by number of examples, with its 90% band."""
-
-    n_examples: list[int]
-    model: list[float]
-    model_lo: list[float]
-    model_hi: list[float]
-    least_squares: list[float]
-    knn3: list[float]
-    averaging: list[float]
-
-
-@dataclass
-class Readout:
-    layer: list[int]
-    error: list[float]
-    error_at_2d1: list[float] | None
-    method: str
-    alpha: list[float] | None
-    error_definition: str = "mean over n_examples >= 1 of squared error / d on held-out prompts"
-
-
-@dataclass
-class Match:
-    """One learner's best match per layer under one metric (seed 003 eq. 9-12), 90% intervals."""
-
-    layer: list[int]
-    k: list
-    k_low: list
-    k_high: list
-    similarity: list[float]
-    ci_low: list[float]
-    ci_high: list[float]
-    at_grid_end: list[bool]
-    zero_similarity: list[float] | None = field(default=None, metadata=OMIT)
-    degenerate: list[bool] | None = field(default=None, metadata=OMIT)
-
-
-@dataclass
-class TrendFit:
-    """Linear and exponential fits of the best k against layer (seed 003 Fig. 3)."""
-
-    linear_r2: float | None
-    exponential_r2: float | None
-    slope: float | None
-    growth: float | None
-    verdict: str
-    layers: list[int]
-    # 90% intervals over prompt resamples, and the share of resamples on which the shape holds
-    slope_low: float | None = field(default=None, metadata=OMIT)
-    slope_high: float | None = field(default=None, metadata=OMIT)
-    growth_low: float | None = field(default=None, metadata=OMIT)
-    growth_high: float | None = field(default=None, metadata=OMIT)
-    shape_share: float | None = field(default=None, metadata=OMIT)
-
-
-@dataclass
-class Trend(TrendFit):
-    """The SimE fit (the headline), with every metric's fit under by_metric."""
-
-    by_metric: dict[str, TrendFit] = field(default_factory=dict)
-
-
-@dataclass
-class Table1Entry:
-    """The final layer's best match against one learner family (seed 003 Table 1)."""
-
-    sweep: str
-    k: Any
-    similarity: float
-    ci_low: float
-    ci_high: float
-    degenerate: bool | None = field(default=None, metadata=OMIT)
-
-
-@dataclass
 class Verdict:
     """A paired comparison of two candidate learners (probe/analysis/verdicts.py): the mean per-prompt
     difference Sim(a) - Sim(b) with its bootstrap interval, the resolution (the largest difference
@@ -189,85 +115,6 @@ class Verdict:
     evidence: str | None = field(default=None, metadata=OMIT)
     # causal map checks: whether either map came within the check's noise floor (False: "neither map confirmed")
     confirmed: bool | None = field(default=None, metadata=OMIT)
-
-
-@dataclass
-class Table1:
-    sime: dict[str, Table1Entry]
-    null: dict[str, dict[str, float]] | None = field(default=None, metadata=OMIT)
-
-
-@dataclass
-class Nulls:
-    """Per layer: SimE against the zero predictor and a random-weights model; predicts ~0."""
-
-    layer: list[int]
-    predicts_zero: list[bool]
-    relative_norm: list[float]
-    sime: dict[str, list[float]]
-    rule: str = (
-        "a best match is degenerate when SimE(layer, zero predictor) >= its ci_low, or the layer predicts ~0 "
-        "(||f|| < 0.1 ||y||)"
-    )
-
-
-@dataclass
-class Span:
-    layer: list[int]
-    n_examples: list[int]
-    residual: list[float]
-    random_null: list[float]
-    statistic: str = "root mean square over prompts of ||w - P_t w|| / ||w||"
-
-
-@dataclass
-class SpectralFit:
-    """One bin variable's measurement per layer (probe/analysis/spectral.py): the local exponent p
-    with its 90% interval, the best-fitting filter class and member (k on its axis, gain), its
-    relative fit error, the runner-up class and the paired interval of (runner-up - best) error."""
-
-    p: list[float]
-    p_low: list[float]
-    p_high: list[float]
-    bins_used: list[int]
-    min_r: list[float]
-    max_r: list[float]
-    non_filter: list[float]
-    best_class: list[str]
-    best_family: list[str]
-    best_axis: list[str]
-    best_k: list
-    gain: list[float]
-    error: list[float]
-    runner_up: list[str]
-    difference: list[float]
-    diff_low: list[float]
-    diff_high: list[float]
-    separated: list[bool]
-
-
-@dataclass
-class Spectral:
-    """Each layer's spectral filter on its induced weights: one verdict per layer over both bin
-    variables ("gd", "precond_gd", "ridge", "least_squares", "... not separable from ...",
-    "ambiguous: ...", "converged", "no response"), the exponent in the best family's own variable,
-    each variable's fits, and the references' own exponents (the estimator's bias)."""
-
-    layer: list[int]
-    verdict: list[str]
-    p: list[float]
-    p_low: list[float]
-    p_high: list[float]
-    variable: list[str]
-    by_variable: dict[str, SpectralFit]
-    references: dict[str, dict[str, Any]]
-    counts: dict[str, int]
-    classes: dict[str, str]
-    identities: str = (
-        "Newton from alpha I is GD with 2^k steps of size alpha; the seeds' Newton (M_0 = alpha S) is "
-        "S-preconditioned GD with 2^k steps: behaviour identifies the filter class and its rate, not which "
-        "equivalent procedure computes it"
-    )
 
 
 @dataclass
@@ -304,7 +151,10 @@ class EvidenceQuestion:
 
 @dataclass
 class Summary:
-    """summary.json: provenance, then one block per analysis (None: the recipe left the stage out)."""
+    """summary.json: provenance, then one block per analysis (the registered stages' blocks,
+    probe/core/stages.py: the error curve's and the layer analyses' fields at the top level, the
+    others each under its key; absent when the stage did not run), then the paired verdicts, the
+    evidence table and the compared checkpoint."""
 
     schema_version: int
     checkpoint: CheckpointInfo
@@ -315,29 +165,31 @@ class Summary:
     seed: int
     timings: dict[str, float]
     cached_stages: list[str]
-    icl_error: IclError
-    readout: Readout
-    best_match: dict[str, dict[str, Match]]
-    trend: dict[str, Trend]
-    table1: Table1
+    stages: dict[str, Any] = field(default_factory=dict, metadata=MERGED)  # registered analyses' blocks
     verdicts: list[Verdict] | None = field(default=None, metadata=OMIT)
     evidence: list[EvidenceQuestion] | None = field(default=None, metadata=OMIT)
-    nulls: Nulls | None = field(default=None, metadata=OMIT)
-    icl_r2: dict[str, list] | None = field(default=None, metadata=OMIT)
-    span: Span | None = field(default=None, metadata=OMIT)
-    spectral: Spectral | None = field(default=None, metadata=OMIT)
     compare: dict[str, Any] | None = field(default=None, metadata=OMIT)
-    stages: dict[str, Any] = field(default_factory=dict, metadata=MERGED)  # registered analyses' blocks
 
     def to_json(self) -> dict[str, Any]:
         return to_json(self)
 
+    @property
+    def titles(self) -> dict[str, str]:
+        """Sweep label -> the title its recipe gives it (the sweeps' and the forgetting learners')."""
+        recipe = self.recipe or {}
+        forgetting = (recipe.get("forgetting") or {}).get("learners", [])
+        return sweep_titles([*recipe.get("sweeps", []), *forgetting])
+
     def __getattr__(self, name: str) -> Any:
-        """A registered analysis's block as an attribute, as a built-in one: `summary.probes` (None
-        when that analysis did not run)."""
+        """A registered analysis's block as an attribute, as a built-in one: `summary.probes`, and
+        a merged block's fields, `summary.readout` (None when that analysis did not run)."""
         stages = self.__dict__.get("stages")
-        if stages is not None and name in by_block_key():
-            return stages.get(name)
+        if stages is not None:
+            for key, stage in by_block_key().items():
+                if stage.merged and name in stage.keys:
+                    return getattr(stages.get(key), name, None)
+                if not stage.merged and name == key:
+                    return stages.get(key)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
@@ -346,13 +198,17 @@ class Summary:
         the blocks of registered analyses (probe/core/stages.py) as their dataclasses."""
         check_summary(data)
         summary = from_json(cls, data)
-        summary.stages = {
-            key: from_json(stage.block, data[key]) for key, stage in by_block_key().items() if key in data
-        }
+        summary.stages = {}
+        for key, stage in by_block_key().items():
+            if stage.merged and any(name in data for name in stage.keys):
+                summary.stages[key] = from_json(stage.block, data)
+            elif not stage.merged and key in data:
+                summary.stages[key] = from_json(stage.block, data[key])
         return summary
 
 
-RESERVED.update(f.name for f in fields(Summary) if not f.metadata.get("merged"))
+SUMMARY_KEYS.update(f.name for f in fields(Summary) if not f.metadata.get("merged"))
+RESERVED.update(SUMMARY_KEYS)
 DEFINITIONS.update(dataclasses_in(Summary))
 
 
@@ -365,10 +221,11 @@ def check_summary(data: Any) -> None:
     import jsonschema
 
     schema = json.loads(SCHEMA_FILE.read_text())
-    added = {key: stage for key, stage in by_block_key().items() if key not in schema["properties"]}
+    added = {key: stage for key, stage in by_block_key().items() if stage.keys[0] not in schema["properties"]}
     if added:  # analyses registered beside the shipped ones: their blocks' schemas from their dataclasses
         defs: dict[str, Any] = {}
-        schema["properties"].update({name: schema_of(stage.block, defs) for name, stage in added.items()})
+        for stage in added.values():
+            schema["properties"].update(block_properties(stage, defs))
         schema["$defs"] = {**defs, **schema["$defs"]}
     validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))

@@ -187,12 +187,14 @@ def evidence_rows(built, report) -> list[dict]:
     answer"). The causal map and order rows need the interventions and order stages, which a study
     does not run."""
     from ..reporting.evidence import Blocks, questions
-    from ..reporting.summary import spectral_block, trend_block, verdicts_block
+    from ..reporting.layers_stage import spectral_block, trend_block, verdict_rows
+    from ..reporting.schema import Verdict
 
     t = built.tables
     trends = trend_block(built.data.get("trends", []), report)
     spectral = spectral_block(t, built.data.get("spectral_counts", {})) if "spectral_summary" in t else None
-    blocks = Blocks(report.to_dict()["sweeps"], verdicts_block(t.get("verdicts"), trends), trends, spectral)
+    verdicts = [Verdict(**row) for row in verdict_rows(t.get("verdicts"), trends)]
+    blocks = Blocks(report.to_dict()["sweeps"], verdicts or None, trends, spectral)
     rows = []
     for q in questions(blocks):
         side: dict[str | None, float] = {q.a: SIDE_VALUE, q.b: -SIDE_VALUE}

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..reporting.findings import Titles, label
+from ..analysis.labels import Titles, label
 
 METRIC = {"spd": "SPD", "ilw": "ILW", "sime": "SimE", "error_at_2d1": "error / d", "r2_at_2d1": "R²"}
 AXIS = {

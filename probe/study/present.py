@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analysis.labels import Titles, label, sweep_titles
 from ..core.plotting import examples_axis, legend_outside, pyplot, save_png
 from ..core.provenance import stamp
 from ..io.checkpoint import atomic_write
-from ..reporting.findings import Titles, label, sweep_titles
 from ..reporting.page import Page, Section, figure, table
 from .findings import METRIC, axis_name, closest_learners, closest_table, study_findings, x_order
 
