@@ -11,8 +11,9 @@ from probe.core.settings import PromptSettings, SimilaritySettings, SweepSetting
 from probe.data.config import TaskConfig
 from probe.models.oracle import LearnerOracle
 from probe.reporting.evidence import Blocks, evidence_frame, questions
-from probe.reporting.layers_stage import spectral_block, spectral_tables, verdict_rows
+from probe.reporting.layers_stage import verdict_rows
 from probe.reporting.schema import Verdict
+from probe.reporting.spectral_stage import spectral_block, spectral_tables
 
 TASK = TaskConfig(n_dims=4, n_points=16)
 SWEEPS = (

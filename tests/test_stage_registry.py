@@ -203,17 +203,21 @@ def test_a_merged_block_whose_field_is_already_a_summary_key_is_refused():
 def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
     """evaluate and layers are registered stages with no section of their own, run first, and a
     written summary reads their fields as attributes (the committed quick report)."""
+    from probe.analysis.spectral import SpectralSettings
     from probe.core.stages import registered
     from probe.reporting.layers_stage import LayerAnalyses
     from probe.reporting.schema import Summary
+    from probe.reporting.spectral_stage import Spectral
 
     stages = registered()
-    assert list(stages)[:2] == ["evaluate", "layers"]
+    assert list(stages)[:3] == ["evaluate", "layers", "spectral"]
     assert stages["layers"].merged and stages["layers"].settings is None
     assert not {"layers", "evaluate"} & set(resolve_recipe("quick").stages)
+    # the spectral filter is one stage with its own section, block and key
+    assert stages["spectral"].settings is SpectralSettings and resolve_recipe("quick").spectral.bins == 12
     data = json.loads((Path(__file__).parents[1] / "reports" / "gpt2-default-quick" / "summary.json").read_text())
     summary = Summary.from_json(data)
     assert isinstance(summary.stages["layers"], LayerAnalyses)
     assert summary.readout.error == data["readout"]["error"] and summary.icl_error.model == data["icl_error"]["model"]
     assert summary.best_match["newton"]["sime"].k == data["best_match"]["newton"]["sime"]["k"]
-    assert summary.to_json()["spectral"] == data["spectral"]
+    assert isinstance(summary.spectral, Spectral) and summary.to_json()["spectral"] == data["spectral"]

@@ -49,3 +49,8 @@ def label(name: str, titles: Titles | None = None) -> str:
     if name in LABELS:
         return LABELS[name]
     return LEARNERS.get(name).title if name in LEARNERS else name.replace("_", " ")
+
+
+def layer_list(layers: list) -> str:
+    """ "layer 3" or "layers 1, 2, 4": layers named in a sentence."""
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(map(str, layers))

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from ..core.provenance import display_path
     from ..io.formats import load_checkpoint
     from ..reporting import figures
-    from ..reporting.layers_stage import spectral_tables
+    from ..reporting.spectral_stage import spectral_tables
 
     target = output_target(args, "spectral", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)

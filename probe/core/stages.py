@@ -29,6 +29,7 @@ ENTRY_POINTS = "icl_probe.stages"
 BUILTIN = (
     "probe.reporting.evaluate_stage",
     "probe.reporting.layers_stage",
+    "probe.reporting.spectral_stage",
     "probe.interventions.stage",
     "probe.analysis.probes_stage",
     "probe.analysis.order",
@@ -53,7 +54,7 @@ class AnalysisStage:
         what it keeps beside them (`data`: JSON-able, cached with the tables, not written).
     block: the dataclass of its summary.json block; summarise(tables, recipe) builds it (`tables`
         a StageTables: every table of the report so far, the data of the stages that ran, and the
-        checkpoint).
+        checkpoint; None: nothing to write, the block is left out).
     title, description: its section of the report page (plain text) and the command's help.
     figures: (tables, figure directory, the report Context: .recipe, .ckpt) -> name -> PNG path.
     estimates: (recipe, checkpoint) -> budget Estimates (probe/core/budget.py) of its own knobs,
@@ -79,7 +80,9 @@ class AnalysisStage:
     cli: its command where that is not its name (steering: "steer").
     standalone: whether `icl-probe <command>` runs it alone (False where it needs an earlier stage's
         tables: the causal checks read the layers' best matches; or where its commands are written
-        by hand: the spine's `icl-probe evaluate`, `layers`, `spectral`).
+        by hand, `commands`).
+    commands: the hand-written commands (probe/cli) that run it or its parts where it has no derived
+        one: the spine's `icl-probe evaluate`, `layers`, `spectral`, ... (names it may share).
     merged: whether its block's fields are top-level keys of summary.json (the spine's blocks:
         icl_error, readout, best_match, ... as summary.json has always written them) rather than one
         key holding the block.
@@ -111,6 +114,7 @@ class AnalysisStage:
     key: str = ""
     cli: str = ""
     standalone: bool = True
+    commands: tuple[str, ...] = ()
     merged: bool = False
     sections: tuple[tuple[str, str, str], ...] = ()
 
@@ -174,7 +178,7 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
         raise ConfigError(f"{what}: a stage name is lower-case letters, digits and '_', starting with a letter")
     # its recipe section and command (with settings), its summary.json key (unless merged: its fields, below)
     claimed = {stage.name, stage.command.replace("-", "_")} if stage.settings is not None else set()
-    if (claimed | ({stage.block_key} if not stage.merged else set())) & RESERVED:
+    if (claimed | ({stage.block_key} if not stage.merged else set())) & (RESERVED - set(stage.commands)):
         raise ConfigError(f"{what}: the name is a built-in recipe section or summary.json key; choose another")
     if STAGES.get(stage.name, stage) is not stage:
         raise ConfigError(f"{what} is already registered by another declaration; choose another name")

@@ -94,7 +94,8 @@ register_stage(
         figures=_figures,
         estimates=_estimates,
         findings=_findings,
-        standalone=False,  # icl-probe evaluate (probe/cli/evaluate.py)
+        standalone=False,
+        commands=("evaluate",),
         merged=True,
         sections=(("Model card", "model_card", ""),),
     )

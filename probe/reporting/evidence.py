@@ -49,6 +49,10 @@ class Blocks:
     spectral: Any = None  # the layer analyses' Spectral block
     stages: dict[str, Any] = field(default_factory=dict)  # registered analyses' blocks
 
+    def __post_init__(self) -> None:
+        if self.spectral is not None:  # the spectral stage's block, as a Summary holds it
+            self.stages = {"spectral": self.spectral, **self.stages}
+
     @property
     def recipe(self) -> dict[str, Any]:
         return {"sweeps": self.sweeps}

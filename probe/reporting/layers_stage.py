@@ -1,9 +1,10 @@
 """The layer analyses, the report's spine (seed 003 §4): per-layer read-out retraining, each layer's
 similarity (SimE, SimW) to every swept learner over its grid with the best match and its trend,
-Table 1 (the final layer against each learner) with its nulls and paired verdicts, the span test and
-each layer's spectral filter (probe/analysis/spectral.py). It reads the built-in sections [readout],
-[similarity], [[sweeps]] and [spectral] and runs in every report; its blocks (readout, best_match,
-trend, table1, nulls, span, spectral) are top-level keys of summary.json."""
+Table 1 (the final layer against each learner) with its nulls and paired verdicts, and the span
+test. The same pass measures each layer's spectral filter on SimW's induced weights (which are not
+kept), whose reading is the spectral stage's (spectral_stage.py). It reads the built-in sections
+[readout], [similarity] and [[sweeps]], and [spectral], and runs in every report; its blocks
+(readout, best_match, trend, table1, nulls, span) are top-level keys of summary.json."""
 
 from __future__ import annotations
 
@@ -13,11 +14,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..analysis.labels import Titles, label, sweep_titles
+from ..analysis.labels import Titles, label, layer_list, sweep_titles
 from ..analysis.matching import family_of, trend_words
 from ..analysis.pipeline import LayerSettings, analyse_layers
 from ..analysis.readout import LayerReadouts
-from ..analysis.spectral import CLASSES, reference_families
 from ..core import budget
 from ..core.errors import ConfigError
 from ..core.settings import query_count
@@ -28,6 +28,7 @@ from ..models.sizes import shape_of
 from . import figures
 from .columns import column, columns, int_if_integral, plain
 from .page import table as html_table
+from .spectral_stage import spectral_tables
 
 SECTIONS = ("readout", "similarity", "sweeps", "spectral")  # the recipe sections it reads besides [prompts]
 
@@ -125,56 +126,6 @@ class Span:
 
 
 @dataclass
-class SpectralFit:
-    """One bin variable's measurement per layer (probe/analysis/spectral.py): the local exponent p
-    with its 90% interval, the best-fitting filter class and member (k on its axis, gain), its
-    relative fit error, the runner-up class and the paired interval of (runner-up - best) error."""
-
-    p: list[float]
-    p_low: list[float]
-    p_high: list[float]
-    bins_used: list[int]
-    min_r: list[float]
-    max_r: list[float]
-    non_filter: list[float]
-    best_class: list[str]
-    best_family: list[str]
-    best_axis: list[str]
-    best_k: list
-    gain: list[float]
-    error: list[float]
-    runner_up: list[str]
-    difference: list[float]
-    diff_low: list[float]
-    diff_high: list[float]
-    separated: list[bool]
-
-
-@dataclass
-class Spectral:
-    """Each layer's spectral filter on its induced weights: one verdict per layer over both bin
-    variables ("gd", "precond_gd", "ridge", "least_squares", "... not separable from ...",
-    "ambiguous: ...", "converged", "no response"), the exponent in the best family's own variable,
-    each variable's fits, and the references' own exponents (the estimator's bias)."""
-
-    layer: list[int]
-    verdict: list[str]
-    p: list[float]
-    p_low: list[float]
-    p_high: list[float]
-    variable: list[str]
-    by_variable: dict[str, SpectralFit]
-    references: dict[str, dict[str, Any]]
-    counts: dict[str, int]
-    classes: dict[str, str]
-    identities: str = (
-        "Newton from alpha I is GD with 2^k steps of size alpha; the seeds' Newton (M_0 = alpha S) is "
-        "S-preconditioned GD with 2^k steps: behaviour identifies the filter class and its rate, not which "
-        "equivalent procedure computes it"
-    )
-
-
-@dataclass
 class LayerAnalyses:
     """The layer analyses' blocks, each a top-level key of summary.json."""
 
@@ -184,7 +135,6 @@ class LayerAnalyses:
     table1: Table1
     nulls: Nulls | None = field(default=None, metadata=OMIT)
     span: Span | None = field(default=None, metadata=OMIT)
-    spectral: Spectral | None = field(default=None, metadata=OMIT)
 
 
 # ----------------------------------------------------------------------------- running
@@ -202,7 +152,7 @@ def _run(c) -> StageTables:
         "span": res.span,
         "nulls": res.nulls,
         "verdicts": res.verdicts,
-        **spectral_tables(res.spectral),
+        **spectral_tables(res.spectral),  # the spectral filter's, read by its own stage (spectral_stage.py)
     }
     data = {
         "trends": res.trends,
@@ -212,14 +162,6 @@ def _run(c) -> StageTables:
         **({"spectral_counts": res.spectral.counts} if res.spectral is not None else {}),
     }
     return StageTables(tables, data)
-
-
-def spectral_tables(spectral) -> dict[str, pd.DataFrame]:
-    """The spectral instrument's tables, named as the report writes them (none when it did not run)."""
-    if spectral is None:
-        return {}
-    names = ("curves", "layers", "summary", "references", "fits")
-    return {f"spectral_{name}": getattr(spectral, name) for name in names}
 
 
 def _estimates(recipe, ckpt) -> list[budget.Estimate]:
@@ -236,13 +178,6 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     out = budget.layer_estimates(shape, n, p, recipe.similarity, recipe.sweeps)
     if recipe.readout.method == "adam":
         out.append(budget.finetune_estimate(recipe.readout.finetune_steps, shape, p.train, n))
-    if recipe.spectral.enabled and recipe.similarity.simw:
-        members = sum(budget.grid_points(f) for f in reference_families(shape.d))
-        out.append(
-            budget.spectral_estimate(
-                recipe.spectral.bins, min(p.induced, p.test), shape.layers + 1 + members, recipe.similarity.bootstrap
-            )
-        )
     return out
 
 
@@ -262,11 +197,6 @@ def _figures(t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Pa
             ]
     if not t["span"].empty:
         out["span"] = figures.span(t["span"], fig_dir / "span")[0]
-    if "spectral_curves" in t:
-        for variable in t["spectral_curves"].variable.unique():
-            key = f"spectral_{variable}"
-            out[key] = figures.spectral_curves(t["spectral_curves"], variable, fig_dir / key)[0]
-        out["spectral_exponents"] = figures.spectral_exponents(t["spectral_layers"], fig_dir / "spectral_exponents")[0]
     return out
 
 
@@ -286,8 +216,6 @@ def _summarise(t, recipe) -> LayerAnalyses:
     if not t["span"].empty:
         layers = t["span"][t["span"].kind == "layer"]
         block.span = columns(layers, Span, layer=column(layers, "index"))
-    if "spectral_summary" in t:
-        block.spectral = spectral_block(t, t.data.get("spectral_counts", {}))
     return block
 
 
@@ -366,25 +294,6 @@ def table1_block(table: pd.DataFrame, degenerate: bool = True) -> dict[str, Tabl
     }
 
 
-def spectral_block(tables: dict[str, pd.DataFrame], counts: dict[str, int]) -> Spectral:
-    """The spectral instrument's verdict per layer, each bin variable's fits and the references'
-    exponents in their own variable (probe/analysis/spectral.py)."""
-    summary, layers, refs = (tables[f"spectral_{name}"] for name in ("summary", "layers", "references"))
-    own = refs[refs.own_variable]
-    return Spectral(
-        layer=[int(v) for v in summary.predictor],
-        verdict=list(summary.verdict),
-        p=column(summary, "p"),
-        p_low=column(summary, "p_low"),
-        p_high=column(summary, "p_high"),
-        variable=list(summary.variable),
-        by_variable={var: columns(rows, SpectralFit) for var, rows in layers.groupby("variable", sort=False)},
-        references={r.family: {"variable": r.variable, "p_median": plain(r.p_median)} for r in own.itertuples()},
-        counts={k: int(v) for k, v in counts.items()},
-        classes=dict(CLASSES),
-    )
-
-
 def verdict_rows(table: pd.DataFrame | None, trends: dict[str, Trend]) -> list[dict[str, Any]]:
     """The paired verdicts (probe/analysis/verdicts.py), each a dict of summary.json's Verdict
     fields; where one cannot separate its pair, a pointer to the evidence table, with the two
@@ -408,10 +317,6 @@ def verdict_rows(table: pd.DataFrame | None, trends: dict[str, Trend]) -> list[d
 
 
 # ----------------------------------------------------------------------------- findings and caveats
-
-
-def _layers(layers: list) -> str:
-    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(map(str, layers))
 
 
 def _sime(block: LayerAnalyses, name: str) -> Match | None:
@@ -518,30 +423,9 @@ def _construction_line(block: LayerAnalyses, summary: Any) -> str | None:
         text += (
             f"; the SimE best matches{by} recover this map at every predicting layer"
             if not wrong
-            else f"; the SimE best matches{by} differ from it at {_layers(wrong)}"
+            else f"; the SimE best matches{by} differ from it at {layer_list(wrong)}"
         )
     return text + "."
-
-
-CLASS_WORDS = {
-    "gd": "GD class",
-    "precond_gd": "S-preconditioned class (the seeds' Newton)",
-    "ridge": "ridge",
-    "least_squares": "least squares",
-}
-
-
-def _spectral_line(block: LayerAnalyses) -> str | None:
-    """Each layer's spectral verdict, grouped, with the exponent where the verdict names one class."""
-    sp = block.spectral
-    if sp is None:
-        return None
-    groups: dict[str, list[str]] = {}
-    for layer, verdict, p, lo, hi in zip(sp.layer, sp.verdict, sp.p, sp.p_low, sp.p_high):
-        exponent = f" (p {p:.2f} [{lo:.2f}, {hi:.2f}])" if verdict in CLASS_WORDS and p is not None else ""
-        groups.setdefault(CLASS_WORDS.get(verdict, verdict), []).append(f"{layer}{exponent}")
-    parts = [f"{words}: {_layers(layers)}" for words, layers in groups.items()]
-    return "Spectral filter per layer (exponent p: 1 GD class, 2 Newton class): " + "; ".join(parts) + "."
 
 
 def _findings(block: LayerAnalyses, summary: Any) -> list[str | None]:
@@ -550,7 +434,6 @@ def _findings(block: LayerAnalyses, summary: Any) -> list[str | None]:
         _construction_line(block, summary),
         *_trend_lines(block, summary),
         _table1_line(block, summary),
-        _spectral_line(block),
         _span_line(block, d),
     ]
 
@@ -561,7 +444,7 @@ def _caveats(block: LayerAnalyses, summary: Any) -> list[str]:
     zero_layers = [l for l, z in zip(nulls.layer, nulls.predicts_zero) if z] if nulls else []
     if zero_layers:
         out.append(
-            f"{_layers(zero_layers).capitalize()} predict{'s' if len(zero_layers) == 1 else ''} ~0 (||f|| < 0.1 ||y||): their matches are not "
+            f"{layer_list(zero_layers).capitalize()} predict{'s' if len(zero_layers) == 1 else ''} ~0 (||f|| < 0.1 ||y||): their matches are not "
             "distinguishable from predicting 0, whatever learner step they name."
         )
     swept = [s.get("label") for s in summary.recipe.get("sweeps", [])]
@@ -572,13 +455,13 @@ def _caveats(block: LayerAnalyses, summary: Any) -> list[str]:
         bad = [l for l, dg in zip(match.layer, match.degenerate or []) if dg and l not in zero_layers]
         if bad:
             out.append(
-                f"{label(name, summary.titles)}: SimE matches at {_layers(bad)} are not distinguishable from "
+                f"{label(name, summary.titles)}: SimE matches at {layer_list(bad)} are not distinguishable from "
                 "predicting 0 (the zero predictor scores within their interval)."
             )
         ends = [l for l, e in zip(match.layer, match.at_grid_end) if e]
         if ends:
             out.append(
-                f"{label(name, summary.titles)}: best matches at {_layers(ends)} lie at the grid's end; the "
+                f"{label(name, summary.titles)}: best matches at {layer_list(ends)} lie at the grid's end; the "
                 "true match may lie beyond it."
             )
     top = _ranked(block)
@@ -615,7 +498,7 @@ def _readable(frame: pd.DataFrame, titles: Titles) -> pd.DataFrame:
 
 def _page_tables(block: LayerAnalyses, summary: Any, t: dict[str, pd.DataFrame]) -> dict[str, str]:
     """The HTML tables its sections' macros read (templates/report.html.j2): readout, best, table1,
-    verdicts, spectral, spectral_refs."""
+    verdicts."""
     readout, titles = block.readout, summary.titles
     ro = pd.DataFrame({"layer": readout.layer, "error / d (mean over t >= 1)": readout.error})
     if readout.error_at_2d1:
@@ -632,8 +515,6 @@ def _page_tables(block: LayerAnalyses, summary: Any, t: dict[str, pd.DataFrame])
     rows = [_verdict_row(v, titles) for v in summary.verdicts or [] if v.claim != "causal map"]  # those: the map check
     if rows:
         out["verdicts"] = html_table(pd.DataFrame(rows))
-    if block.spectral is not None:
-        out.update(_spectral_tables(block.spectral))
     return out
 
 
@@ -649,56 +530,23 @@ def _verdict_row(v: Any, titles: Titles) -> dict[str, str]:
     }
 
 
-def _spectral_tables(sp: Spectral) -> dict[str, str]:
-    """Per layer: the verdict, p in the best family's own variable, and each variable's best member."""
-    fmt = lambda v: "-" if v is None else f"{v:.2f}"
-    rows = []
-    for i, layer in enumerate(sp.layer):
-        row = {
-            "layer": layer,
-            "verdict": sp.verdict[i],
-            "p [90%]": f"{fmt(sp.p[i])} [{fmt(sp.p_low[i])}, {fmt(sp.p_high[i])}] ({sp.variable[i]})",
-        }
-        for var, fit in sp.by_variable.items():
-            k = fit.best_k[i]
-            member = fit.best_family[i] + ("" if k is None else f" {fit.best_axis[i]}={k:g}")
-            row[f"best fit, {var}"] = f"{member}, error {fit.error[i]:.4f}"
-            row[f"runner-up - best, {var}"] = (
-                f"{fit.runner_up[i]} {fit.difference[i]:+.4f} [{fit.diff_low[i]:+.4f}, {fit.diff_high[i]:+.4f}]"
-            )
-        row["not a filter"] = f"{sp.by_variable[sp.variable[i]].non_filter[i]:.3f}"
-        rows.append(row)
-    refs = ", ".join(f"{name} {fmt(r['p_median'])} ({r['variable']})" for name, r in sp.references.items())
-    return {"spectral": html_table(pd.DataFrame(rows)), "spectral_refs": refs}
-
-
 # ----------------------------------------------------------------------------- evidence (issue 59)
 
 RATE_ONLY = (
     "measures a convergence rate: GD whose step count doubles per layer gives the same linear Newton trend, "
     "so it cannot tell the two apart"
 )
-# the known-answer models on which the spectral filter names each candidate, and the tests that hold it
-SPECTRAL_VALIDATED = {
-    ("newton", "gd"): (
-        "planted GD (GD class at every layer), planted Newton and Newton-ReLU (Newton class at every layer that "
-        "holds an iterate), oracles running GD with 2^l steps and Newton from alpha I (GD class) and the seeds' "
-        "Newton (Newton class): tests/test_spectral.py, tests/test_evidence.py"
-    ),
-}
-SPECTRAL_SIDE = {"gd": "gd", "precond_gd": "newton", "ridge": "ridge", "least_squares": "least_squares"}
 
 
 def _evidence(block: Any, summary: Any, a: str, b: str) -> list[dict[str, Any]]:
-    """Table 1's paired verdicts, the best-match trend and the spectral filter on "a or b?" (read
-    from the summary's verdicts, trend and spectral: a report's, or a study's evidence.Blocks)."""
+    """Table 1's paired verdicts and the best-match trend on "a or b?" (read from the summary's
+    verdicts and trend: a report's, or a study's evidence.Blocks)."""
     from .evidence import EQUIVALENCES
 
     equivalence = EQUIVALENCES.get((a, b), "")
     return [
         *_table1_rows(summary.verdicts, a, b, equivalence),
         *_trend_rows(summary.trend, a, b),
-        *_spectral_rows(summary.spectral, a, b, equivalence),
     ]
 
 
@@ -747,44 +595,6 @@ def _trend_rows(trend: dict[str, Trend], a: str, b: str) -> list[dict[str, Any]]
     ]
 
 
-def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> list[dict[str, Any]]:
-    if sp is None or (a, b) not in (("newton", "gd"), ("ridge", "least_squares")):
-        return []
-    decided: dict[str, list[int]] = {}
-    for i, layer in enumerate(sp.layer):
-        fits = list(sp.by_variable.values())
-        classes = {fit.best_class[i] for fit in fits}
-        if len(classes) == 1 and all(fit.separated[i] for fit in fits) and not _flat(fits, i):
-            decided.setdefault(SPECTRAL_SIDE[classes.pop()], []).append(layer)
-    named = {s: l for s, l in decided.items() if s in (a, b)}
-    favours = next(iter(named)) if len(named) == 1 else None
-    words = "; ".join(f"{side} class at layers {', '.join(map(str, ls))}" for side, ls in decided.items())
-    if len(named) > 1:
-        words += " (layers disagree)"
-    ps = [
-        f"{layer}: {p:.2f} [{lo:.2f}, {hi:.2f}]"
-        for layer, p, lo, hi in zip(sp.layer, sp.p, sp.p_low, sp.p_high)
-        if p is not None
-    ]
-    effect = (words or "no layer decided between the classes") + (
-        "; exponent p per layer " + ", ".join(ps) if ps else ""
-    )
-    return [
-        {
-            "instrument": "spectral filter",
-            "favours": favours,
-            "effect": effect,
-            "validated_on": SPECTRAL_VALIDATED.get((a, b), ""),
-            "cannot_tell_apart": equivalence,
-        }
-    ]
-
-
-def _flat(fits, i: int) -> bool:
-    """A layer that does not respond, or has converged, decides nothing."""
-    return all(fit.max_r[i] is None or fit.max_r[i] <= 0.05 or (fit.min_r[i] or 0) > 0.95 for fit in fits)
-
-
 register_stage(
     AnalysisStage(
         name="layers",
@@ -794,7 +604,7 @@ register_stage(
         summarise=_summarise,
         title="Layers vs reference learners",
         description="Per-layer read-outs, each layer's similarity to every swept learner (best match, trend, Table 1, "
-        "paired verdicts), the span test and each layer's spectral filter.",
+        "paired verdicts) and the span test.",
         figures=_figures,
         estimates=_estimates,
         findings=_findings,
@@ -803,14 +613,14 @@ register_stage(
         evidence=_evidence,
         verdicts=lambda block, tables: verdict_rows(tables.get("verdicts"), block.trend),
         reads=SECTIONS,
-        standalone=False,  # icl-probe layers, heatmap, spectral, readout, span (probe/cli)
+        standalone=False,
+        commands=("layers", "heatmap", "readout", "span"),
         merged=True,
         sections=(
             ("Per-layer readout retraining", "readout", ""),
             ("Layers vs reference learners", "matching", ""),
             ("Table 1: final layer against each learner", "table1", ""),
             ("Span of the examples", "span", "span"),
-            ("Spectral filter of each layer", "spectral", "spectral_exponents"),
         ),
     )
 )

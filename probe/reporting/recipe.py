@@ -4,13 +4,13 @@
     [readout]        ReadoutSettings       per-layer read-outs
     [similarity]     SimilaritySettings    SimE / SimW options, bootstrap size
     [[sweeps]]       SweepSettings         label, learner, axis, grid (one per heatmap family)
-    [spectral]       SpectralSettings      each layer's spectral filter (on SimW's induced weights)
 
-Every section is a settings class (probe/core/settings.py; [readout] and [spectral] beside their
-analyses, probe/analysis/readout.py and spectral.py), where its keys, defaults and help are written
-once; the commands' flags are derived from the same classes. The analyses registered as
-`AnalysisStage`s (probe/core/stages.py) add their own sections, [<stage name>], after these:
+Every section is a settings class (probe/core/settings.py; [readout] beside its analysis,
+probe/analysis/readout.py), where its keys, defaults and help are written once; the commands' flags
+are derived from the same classes. The analyses registered as `AnalysisStage`s
+(probe/core/stages.py) add their own sections, [<stage name>], after these:
 
+    [spectral]       probe/reporting/spectral_stage.py each layer's spectral filter (on SimW's induced weights)
     [interventions]  probe/interventions/stage.py     causal checks (transformers only)
     [probes]         probe/analysis/probes_stage.py   attention-pooled probes for X^T y and w
     [forgetting]     probe/analysis/forgetting.py     forgetting curves and their comparison learners
@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.readout import ReadoutSettings
-from ..analysis.spectral import SpectralSettings
 from ..core.config import current_names, from_dict, load_recipe, merge, to_dict
 from ..core.errors import ConfigError
 from ..core.registry import unknown_name_message
@@ -55,7 +54,6 @@ class Recipe:
     readout: ReadoutSettings = field(default_factory=ReadoutSettings)
     similarity: SimilaritySettings = field(default_factory=SimilaritySettings)
     sweeps: list[SweepSettings] = field(default_factory=list)
-    spectral: SpectralSettings = field(default_factory=SpectralSettings)
     stages: dict[str, Any] = field(default_factory=lambda: registered_settings({}))  # registered stages' sections
 
     def __getattr__(self, name: str) -> Any:

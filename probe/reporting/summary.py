@@ -26,12 +26,13 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
         seed=recipe.prompts.seed,
         timings=built.timings,
         cached_stages=[name for name, hit in built.cached.items() if hit],
-        stages={declared.block_key: declared.summarise(t, recipe) for declared in ran.values()},
     )
+    blocks = {declared.block_key: declared.summarise(t, recipe) for declared in ran.values()}
+    summary.stages = {key: block for key, block in blocks.items() if block is not None}
     verdicts = [
         Verdict(**row)
         for declared in ran.values()
-        if declared.verdicts is not None
+        if declared.verdicts is not None and declared.block_key in summary.stages
         for row in declared.verdicts(summary.stages[declared.block_key], t)
     ]
     summary.verdicts = verdicts or None

@@ -187,8 +187,9 @@ def evidence_rows(built, report) -> list[dict]:
     answer"). The causal map and order rows need the interventions and order stages, which a study
     does not run."""
     from ..reporting.evidence import Blocks, questions
-    from ..reporting.layers_stage import spectral_block, trend_block, verdict_rows
+    from ..reporting.layers_stage import trend_block, verdict_rows
     from ..reporting.schema import Verdict
+    from ..reporting.spectral_stage import spectral_block
 
     t = built.tables
     trends = trend_block(built.data.get("trends", []), report)

@@ -1,0 +1,256 @@
+"""The spectral filter of each layer (issue: the spectral instrument; probe/analysis/spectral.py
+measures it): on each prompt's S = X^T X, a layer's induced weights against the least-squares
+weights along every eigen-direction, the local exponent p (GD's class tends to 1, the seeds' Newton
+to 2) and the best-fitting filter class per layer. Recipe section [spectral] (SpectralSettings,
+beside the analysis); summary.json key `spectral`; its page section, findings line and evidence row.
+
+The measurement runs inside the layer analyses' pass (layers_stage.py): it needs the induced
+weights SimW fits there, which are not kept, so this stage's `run` computes nothing and its block is
+read from the tables that pass wrote (spectral_*). `icl-probe spectral` (probe/cli/spectral.py)
+runs the measurement alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..analysis.labels import layer_list
+from ..analysis.spectral import CLASSES, SpectralSettings, reference_families
+from ..core import budget
+from ..core.stages import AnalysisStage, StageTables, register_stage
+from ..models.sizes import shape_of
+from . import figures
+from .columns import column, columns, plain
+from .page import table as html_table
+
+
+@dataclass
+class SpectralFit:
+    """One bin variable's measurement per layer (probe/analysis/spectral.py): the local exponent p
+    with its 90% interval, the best-fitting filter class and member (k on its axis, gain), its
+    relative fit error, the runner-up class and the paired interval of (runner-up - best) error."""
+
+    p: list[float]
+    p_low: list[float]
+    p_high: list[float]
+    bins_used: list[int]
+    min_r: list[float]
+    max_r: list[float]
+    non_filter: list[float]
+    best_class: list[str]
+    best_family: list[str]
+    best_axis: list[str]
+    best_k: list
+    gain: list[float]
+    error: list[float]
+    runner_up: list[str]
+    difference: list[float]
+    diff_low: list[float]
+    diff_high: list[float]
+    separated: list[bool]
+
+
+@dataclass
+class Spectral:
+    """Each layer's spectral filter on its induced weights: one verdict per layer over both bin
+    variables ("gd", "precond_gd", "ridge", "least_squares", "... not separable from ...",
+    "ambiguous: ...", "converged", "no response"), the exponent in the best family's own variable,
+    each variable's fits, and the references' own exponents (the estimator's bias)."""
+
+    layer: list[int]
+    verdict: list[str]
+    p: list[float]
+    p_low: list[float]
+    p_high: list[float]
+    variable: list[str]
+    by_variable: dict[str, SpectralFit]
+    references: dict[str, dict[str, Any]]
+    counts: dict[str, int]
+    classes: dict[str, str]
+    identities: str = (
+        "Newton from alpha I is GD with 2^k steps of size alpha; the seeds' Newton (M_0 = alpha S) is "
+        "S-preconditioned GD with 2^k steps: behaviour identifies the filter class and its rate, not which "
+        "equivalent procedure computes it"
+    )
+
+
+def spectral_tables(spectral) -> dict[str, pd.DataFrame]:
+    """The spectral instrument's tables, named as the report writes them (none when it did not run)."""
+    if spectral is None:
+        return {}
+    names = ("curves", "layers", "summary", "references", "fits")
+    return {f"spectral_{name}": getattr(spectral, name) for name in names}
+
+
+def spectral_block(tables: dict[str, pd.DataFrame], counts: dict[str, int]) -> Spectral:
+    """The spectral instrument's verdict per layer, each bin variable's fits and the references'
+    exponents in their own variable (probe/analysis/spectral.py)."""
+    summary, layers, refs = (tables[f"spectral_{name}"] for name in ("summary", "layers", "references"))
+    own = refs[refs.own_variable]
+    return Spectral(
+        layer=[int(v) for v in summary.predictor],
+        verdict=list(summary.verdict),
+        p=column(summary, "p"),
+        p_low=column(summary, "p_low"),
+        p_high=column(summary, "p_high"),
+        variable=list(summary.variable),
+        by_variable={var: columns(rows, SpectralFit) for var, rows in layers.groupby("variable", sort=False)},
+        references={r.family: {"variable": r.variable, "p_median": plain(r.p_median)} for r in own.itertuples()},
+        counts={k: int(v) for k, v in counts.items()},
+        classes=dict(CLASSES),
+    )
+
+
+CLASS_WORDS = {
+    "gd": "GD class",
+    "precond_gd": "S-preconditioned class (the seeds' Newton)",
+    "ridge": "ridge",
+    "least_squares": "least squares",
+}
+
+
+def _findings(sp: Spectral, summary: Any) -> str | None:
+    """Each layer's spectral verdict, grouped, with the exponent where the verdict names one class."""
+    groups: dict[str, list[str]] = {}
+    for layer, verdict, p, lo, hi in zip(sp.layer, sp.verdict, sp.p, sp.p_low, sp.p_high):
+        exponent = f" (p {p:.2f} [{lo:.2f}, {hi:.2f}])" if verdict in CLASS_WORDS and p is not None else ""
+        groups.setdefault(CLASS_WORDS.get(verdict, verdict), []).append(f"{layer}{exponent}")
+    parts = [f"{words}: {layer_list(layers)}" for words, layers in groups.items()]
+    return "Spectral filter per layer (exponent p: 1 GD class, 2 Newton class): " + "; ".join(parts) + "."
+
+
+def _page_tables(sp: Spectral, summary: Any, tables: dict[str, pd.DataFrame]) -> dict[str, str]:
+    """Per layer: the verdict, p in the best family's own variable, and each variable's best member."""
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"
+    rows = []
+    for i, layer in enumerate(sp.layer):
+        row = {
+            "layer": layer,
+            "verdict": sp.verdict[i],
+            "p [90%]": f"{fmt(sp.p[i])} [{fmt(sp.p_low[i])}, {fmt(sp.p_high[i])}] ({sp.variable[i]})",
+        }
+        for var, fit in sp.by_variable.items():
+            k = fit.best_k[i]
+            member = fit.best_family[i] + ("" if k is None else f" {fit.best_axis[i]}={k:g}")
+            row[f"best fit, {var}"] = f"{member}, error {fit.error[i]:.4f}"
+            row[f"runner-up - best, {var}"] = (
+                f"{fit.runner_up[i]} {fit.difference[i]:+.4f} [{fit.diff_low[i]:+.4f}, {fit.diff_high[i]:+.4f}]"
+            )
+        row["not a filter"] = f"{sp.by_variable[sp.variable[i]].non_filter[i]:.3f}"
+        rows.append(row)
+    refs = ", ".join(f"{name} {fmt(r['p_median'])} ({r['variable']})" for name, r in sp.references.items())
+    return {"spectral": html_table(pd.DataFrame(rows)), "spectral_refs": refs}
+
+
+# the known-answer models on which the spectral filter names each candidate, and the tests that hold it
+SPECTRAL_VALIDATED = {
+    ("newton", "gd"): (
+        "planted GD (GD class at every layer), planted Newton and Newton-ReLU (Newton class at every layer that "
+        "holds an iterate), oracles running GD with 2^l steps and Newton from alpha I (GD class) and the seeds' "
+        "Newton (Newton class): tests/test_spectral.py, tests/test_evidence.py"
+    ),
+}
+SPECTRAL_SIDE = {"gd": "gd", "precond_gd": "newton", "ridge": "ridge", "least_squares": "least_squares"}
+
+
+def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> list[dict[str, Any]]:
+    if sp is None or (a, b) not in (("newton", "gd"), ("ridge", "least_squares")):
+        return []
+    decided: dict[str, list[int]] = {}
+    for i, layer in enumerate(sp.layer):
+        fits = list(sp.by_variable.values())
+        classes = {fit.best_class[i] for fit in fits}
+        if len(classes) == 1 and all(fit.separated[i] for fit in fits) and not _flat(fits, i):
+            decided.setdefault(SPECTRAL_SIDE[classes.pop()], []).append(layer)
+    named = {s: l for s, l in decided.items() if s in (a, b)}
+    favours = next(iter(named)) if len(named) == 1 else None
+    words = "; ".join(f"{side} class at layers {', '.join(map(str, ls))}" for side, ls in decided.items())
+    if len(named) > 1:
+        words += " (layers disagree)"
+    ps = [
+        f"{layer}: {p:.2f} [{lo:.2f}, {hi:.2f}]"
+        for layer, p, lo, hi in zip(sp.layer, sp.p, sp.p_low, sp.p_high)
+        if p is not None
+    ]
+    effect = (words or "no layer decided between the classes") + (
+        "; exponent p per layer " + ", ".join(ps) if ps else ""
+    )
+    return [
+        {
+            "instrument": "spectral filter",
+            "favours": favours,
+            "effect": effect,
+            "validated_on": SPECTRAL_VALIDATED.get((a, b), ""),
+            "cannot_tell_apart": equivalence,
+        }
+    ]
+
+
+def _flat(fits, i: int) -> bool:
+    """A layer that does not respond, or has converged, decides nothing."""
+    return all(fit.max_r[i] is None or fit.max_r[i] <= 0.05 or (fit.min_r[i] or 0) > 0.95 for fit in fits)
+
+
+def _run(c) -> StageTables:
+    """Nothing: the layer analyses' pass measured it (the module docstring)."""
+    return StageTables()
+
+
+def _summarise(t, recipe) -> Spectral | None:
+    """Its block, or None where the layer analyses did not measure it (SimW off)."""
+    return spectral_block(t, t.data.get("spectral_counts", {})) if "spectral_summary" in t else None
+
+
+def _estimates(recipe, ckpt) -> list[budget.Estimate]:
+    if not recipe.similarity.simw:
+        return []
+    shape, p = shape_of(ckpt.config.model), recipe.prompts
+    members = sum(budget.grid_points(f) for f in reference_families(shape.d))
+    return [
+        budget.spectral_estimate(
+            recipe.spectral.bins, min(p.induced, p.test), shape.layers + 1 + members, recipe.similarity.bootstrap
+        )
+    ]
+
+
+def _figures(t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
+    if "spectral_curves" not in t:
+        return {}
+    out = {}
+    for variable in t["spectral_curves"].variable.unique():
+        key = f"spectral_{variable}"
+        out[key] = figures.spectral_curves(t["spectral_curves"], variable, fig_dir / key)[0]
+    out["spectral_exponents"] = figures.spectral_exponents(t["spectral_layers"], fig_dir / "spectral_exponents")[0]
+    return out
+
+
+def _evidence(sp: Spectral | None, summary: Any, a: str, b: str) -> list[dict[str, Any]]:
+    from .evidence import EQUIVALENCES
+
+    return _spectral_rows(sp, a, b, EQUIVALENCES.get((a, b), ""))
+
+
+register_stage(
+    AnalysisStage(
+        name="spectral",
+        settings=SpectralSettings,
+        run=_run,
+        block=Spectral,
+        summarise=_summarise,
+        title="Spectral filter of each layer",
+        description="Each layer's spectral filter on its induced weights: response per eigenvalue, local exponent, "
+        "GD or Newton class.",
+        figures=_figures,
+        estimates=_estimates,
+        findings=_findings,
+        tables=_page_tables,
+        evidence=_evidence,
+        reads=("similarity",),
+        standalone=False,
+        commands=("spectral",),
+        sections=(("Spectral filter of each layer", "spectral", "spectral_exponents"),),
+    )
+)
