@@ -215,6 +215,11 @@ def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
     assert not {"layers", "evaluate"} & set(resolve_recipe("quick").stages)
     # the spectral filter is one stage with its own section, block and key
     assert stages["spectral"].settings is SpectralSettings and resolve_recipe("quick").spectral.bins == 12
+    # their commands are the hand-written ones of probe/cli
+    from probe.cli import COMMANDS
+
+    assert all(set(stage.commands) <= set(COMMANDS) for stage in stages.values())
+    assert stages["layers"].commands and stages["spectral"].commands == ("spectral",)
     data = json.loads((Path(__file__).parents[1] / "reports" / "gpt2-default-quick" / "summary.json").read_text())
     summary = Summary.from_json(data)
     assert isinstance(summary.stages["layers"], LayerAnalyses)

@@ -82,7 +82,7 @@ class AnalysisStage:
         tables: the causal checks read the layers' best matches; or where its commands are written
         by hand, `commands`).
     commands: the hand-written commands (probe/cli) that run it or its parts where it has no derived
-        one: the spine's `icl-probe evaluate`, `layers`, `spectral`, ... (names it may share).
+        one: the spine's `icl-probe evaluate`, `readout`, `spectral`, ... (names it may share).
     merged: whether its block's fields are top-level keys of summary.json (the spine's blocks:
         icl_error, readout, best_match, ... as summary.json has always written them) rather than one
         key holding the block.

@@ -614,7 +614,7 @@ register_stage(
         verdicts=lambda block, tables: verdict_rows(tables.get("verdicts"), block.trend),
         reads=SECTIONS,
         standalone=False,
-        commands=("layers", "heatmap", "readout", "span"),
+        commands=("readout", "heatmap", "span"),
         merged=True,
         sections=(
             ("Per-layer readout retraining", "readout", ""),
