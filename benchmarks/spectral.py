@@ -15,8 +15,7 @@ import statistics
 import time
 
 import probe
-from probe.analysis.pipeline import analyse_layers
-from probe.reporting.build import layer_settings
+from probe.analysis.pipeline import LayerSettings, analyse_layers
 from probe.reporting.recipe import adapt_recipe
 
 
@@ -32,7 +31,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, recipe in (("without", without), ("with", with_spectral)):
             start = time.perf_counter()
-            result = analyse_layers(ckpt.model, ckpt.config.task, layer_settings(recipe, "cpu"))
+            result = analyse_layers(ckpt.model, ckpt.config.task, LayerSettings.from_recipe(recipe, "cpu"))
             seconds[name].append(time.perf_counter() - start)
             if name == "with":
                 seconds["spectral_lap"].append(result.timings["spectral"])
