@@ -226,3 +226,45 @@ def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
     assert summary.readout.error == data["readout"]["error"] and summary.icl_error.model == data["icl_error"]["model"]
     assert summary.best_match["newton"]["sime"].k == data["best_match"]["newton"]["sime"]["k"]
     assert isinstance(summary.spectral, Spectral) and summary.to_json()["spectral"] == data["spectral"]
+
+
+@dataclass
+class MeanCurves:
+    """Two top-level keys of summary.json, as the spine's blocks are."""
+
+    mean_curve_examples: list[int]
+    mean_curve_abs: list[float]
+
+
+def test_a_merged_stage_writes_its_fields_at_the_top_level_and_reads_back(ckpt, tmp_path):
+    """merged=True: the block's fields are summary.json keys of their own, valid against the
+    schema with the stage registered, and read back as the Summary's attributes."""
+    from dataclasses import replace
+
+    from probe.reporting.schema import Summary, check_summary
+
+    merged = replace(
+        MEAN,
+        block=MeanCurves,
+        summarise=lambda t, recipe: MeanCurves(
+            t["mean_prediction"].n_examples.tolist(), t["mean_prediction"].mean_abs.tolist()
+        ),
+        findings=lambda block, summary: f"Mean |prediction| at the end: {block.mean_curve_abs[-1]:.3f}.",
+        tables=None,
+        merged=True,
+    )
+    register_stage(merged)
+    try:
+        out = tmp_path / "r"
+        assert main(_report_args(ckpt, out)) == 0
+        data = json.loads((out / "summary.json").read_text())
+        assert "mean_prediction" not in data and len(data["mean_curve_abs"]) == len(data["mean_curve_examples"]) > 1
+        check_summary(data)
+        summary = Summary.from_json(data)
+        assert summary.mean_curve_abs == data["mean_curve_abs"] and summary.readout.layer
+        assert "Mean |prediction| at the end" in (out / "index.html").read_text()
+        data["mean_curve_abs"] = "many"
+        with pytest.raises(ConfigError, match="mean_curve_abs"):
+            check_summary(data)
+    finally:
+        unregister_stage(merged.name)
