@@ -11,7 +11,7 @@ from probe.core.settings import PromptSettings, SimilaritySettings, SweepSetting
 from probe.data.config import TaskConfig
 from probe.models.oracle import LearnerOracle
 from probe.reporting.evidence import Blocks, evidence_frame, questions
-from probe.reporting.layers_stage import verdict_rows
+from probe.reporting.layer_blocks import verdict_rows
 from probe.reporting.schema import Verdict
 from probe.reporting.spectral_stage import spectral_block, spectral_tables
 

@@ -180,7 +180,7 @@ def test_a_report_on_a_relu_attention_model(tmp_path):
 
 def test_summary_json_reads_back_as_the_typed_summary(report):
     from probe.reporting.findings import findings
-    from probe.reporting.layers_stage import Match
+    from probe.reporting.layer_blocks import Match
     from probe.reporting.schema import Summary
 
     written = json.loads((report / "summary.json").read_text())

@@ -12,13 +12,13 @@ import torch
 from probe.analysis.pipeline import LayerSettings, analyse_spectrum
 from probe.analysis.readout import ReadoutSettings
 from probe.analysis.spectral import (
-    CLASSES,
     SpectralSettings,
     directions,
     make_bins,
     reference_families,
     spectral_analysis,
 )
+from probe.analysis.spectral_references import CLASSES
 from probe.core.errors import ConfigError
 from probe.core.settings import PromptSettings, SimilaritySettings
 from probe.data.config import TaskConfig

@@ -205,7 +205,7 @@ def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
     written summary reads their fields as attributes (the committed quick report)."""
     from probe.analysis.spectral import SpectralSettings
     from probe.core.stages import registered
-    from probe.reporting.layers_stage import LayerAnalyses
+    from probe.reporting.layer_blocks import LayerAnalyses
     from probe.reporting.schema import Summary
     from probe.reporting.spectral_stage import Spectral
 

@@ -35,7 +35,8 @@ from .nulls import flag_degenerate, null_predictions, null_table
 from .readout import LayerReadouts, ReadoutSettings, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .similarity import induced_weights, sime, simw
 from .span import span_table
-from .spectral import SpectralAnalysis, SpectralSettings, reference_families, spectral_analysis
+from .spectral import SpectralAnalysis, SpectralSettings, spectral_analysis
+from .spectral_references import reference_families
 from .states import query_states, x_states
 from .verdicts import Candidate, final_layer_verdicts, pick, sime_between, simw_between
 

@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from ..core.stages import StageTables, registered
     from ..io.formats import load_checkpoint
     from ..reporting.build import Context
-    from ..reporting.schema import SCHEMA_VERSION, Summary, strict, to_json
-    from ..reporting.summary import checkpoint_block
+    from ..reporting.schema import strict, to_json
+    from ..reporting.summary import provenance
 
     declared = registered()[args.registered_stage]
     target = output_target(args, declared.command, (args.checkpoint,))
@@ -87,16 +87,8 @@ def run(args: argparse.Namespace) -> int:
         (out / f"{declared.name}_summary.json").write_text(json.dumps(strict(written), indent=2, default=str) + "\n")
         if declared.figures is not None:
             declared.figures(tables, out, context)
-    summary = Summary(  # what its findings read: its own block, the checkpoint and the recipe
-        SCHEMA_VERSION,
-        checkpoint_block(ckpt),
-        recipe.to_dict(),
-        **stamp(),
-        seed=recipe.prompts.seed,
-        timings={},
-        cached_stages=[],
-        stages={declared.block_key: block},
-    )
+    summary = provenance(ckpt, recipe)  # what its findings read: its own block, the checkpoint and the recipe
+    summary.stages = {declared.block_key: block}
     lines = declared.findings(block, summary) if declared.findings is not None else None
     for line in lines if isinstance(lines, list) else [lines]:
         if line:

@@ -251,7 +251,8 @@ SPECTRAL_FLOOR = 1e-4  # responses below this (or negative) are drawn at it on t
 def spectral_curves(curves: pd.DataFrame, variable: str, stem: Path) -> list[Path]:
     """Each layer's response r against the eigenvalue variable on log-log axes, 90% band, with each
     filter class's best member (times its gain) dashed (probe/analysis/spectral.py)."""
-    from ..analysis.spectral import CLASSES, VARIABLES
+    from ..analysis.spectral import VARIABLES
+    from ..analysis.spectral_references import CLASSES
 
     plt = pyplot()
     rows = curves[curves.variable == variable]

@@ -18,7 +18,8 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.labels import layer_list
-from ..analysis.spectral import CLASSES, SpectralSettings, reference_families
+from ..analysis.spectral import SpectralSettings
+from ..analysis.spectral_references import CLASSES, reference_families
 from ..core import budget
 from ..core.stages import AnalysisStage, StageTables, register_stage
 from ..models.sizes import shape_of

@@ -8,7 +8,7 @@ from ..core.provenance import display_path, stamp
 from ..core.stages import StageTables, registered
 from ..io.checkpoint import LoadedCheckpoint
 from .evidence import evidence
-from .layers_stage import table1_block
+from .layer_blocks import table1_block
 from .recipe import Recipe
 from .schema import SCHEMA_VERSION, CheckpointInfo, Summary, Verdict
 
@@ -18,15 +18,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
     verdicts they add, the evidence table and the compared checkpoint (README, "summary.json")."""
     t = StageTables(built.tables, built.data, ckpt)
     ran = {name: declared for name, declared in registered().items() if name in built.timings}
-    summary = Summary(
-        schema_version=SCHEMA_VERSION,
-        checkpoint=checkpoint_block(ckpt),
-        recipe=recipe.to_dict(),
-        **stamp(),
-        seed=recipe.prompts.seed,
-        timings=built.timings,
-        cached_stages=[name for name, hit in built.cached.items() if hit],
-    )
+    summary = provenance(ckpt, recipe, built.timings, [name for name, hit in built.cached.items() if hit])
     blocks = {declared.block_key: declared.summarise(t, recipe) for declared in ran.values()}
     summary.stages = {key: block for key, block in blocks.items() if block is not None}
     verdicts = [
@@ -48,6 +40,21 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
             },
         }
     return summary
+
+
+def provenance(
+    ckpt: LoadedCheckpoint, recipe: Recipe, timings: dict[str, float] | None = None, cached: list[str] | None = None
+) -> Summary:
+    """A Summary with its provenance (checkpoint, recipe, versions, git commit, seed) and no blocks yet."""
+    return Summary(
+        schema_version=SCHEMA_VERSION,
+        checkpoint=checkpoint_block(ckpt),
+        recipe=recipe.to_dict(),
+        **stamp(),
+        seed=recipe.prompts.seed,
+        timings=timings or {},
+        cached_stages=cached or [],
+    )
 
 
 def checkpoint_block(ckpt: LoadedCheckpoint) -> CheckpointInfo:

@@ -187,7 +187,7 @@ def evidence_rows(built, report) -> list[dict]:
     answer"). The causal map and order rows need the interventions and order stages, which a study
     does not run."""
     from ..reporting.evidence import Blocks, questions
-    from ..reporting.layers_stage import trend_block, verdict_rows
+    from ..reporting.layer_blocks import trend_block, verdict_rows
     from ..reporting.schema import Verdict
     from ..reporting.spectral_stage import spectral_block
 
