@@ -437,3 +437,23 @@ def test_the_map_check_leaves_out_the_layers_that_predict_zero_for_every_map_ali
     assert degenerate_boundaries(best, sweeps) == [0]
     assert degenerate_boundaries(best.drop(columns="predicts_zero"), sweeps) == [0]
     assert degenerate_boundaries(best.drop(columns=["predicts_zero", "degenerate"]), sweeps) == []
+
+
+def test_the_map_checks_page_tables_name_each_map_by_its_sweeps_recipe_title():
+    """The committed quick report's causal checks read back: the layer maps are named as the recipe
+    titles its sweeps ("GD (log grid)"), not by their internal labels ("gd_log")."""
+    import json
+    from pathlib import Path
+
+    from probe.core.stages import registered
+    from probe.reporting.schema import Summary
+
+    data = json.loads((Path(__file__).parents[1] / "reports" / "gpt2-default-quick" / "summary.json").read_text())
+    summary = Summary.from_json(data)
+    stage = registered()["interventions"]
+    assert stage.tables is not None
+    tables = stage.tables(summary.interventions, summary, {})
+    assert "GD (log grid): observed and expected fractions by boundary" in tables
+    maps = next(frame for frame in tables.values() if "layer map" in frame)
+    assert list(maps["layer map"]) == ["Iterative Newton", "GD (log grid)"]
+    assert not any(title.startswith("gd_log") for title in tables)

@@ -14,7 +14,7 @@ from probe.cli import main
 from probe.core import budget
 from probe.core.config import Section, setting
 from probe.core.errors import ConfigError
-from probe.core.stages import AnalysisStage, register_stage, unregister_stage
+from probe.core.stages import AnalysisStage, StageTables, register_stage, unregister_stage
 from probe.models.sizes import shape_of
 from probe.reporting.recipe import resolve_recipe
 
@@ -45,7 +45,9 @@ def _run(c):
     s = c.recipe.mean_prediction
     p = sample_prompts(c.ckpt.config.task, s.prompts, generator=generator_for(c.recipe.prompts.seed, 77))
     pred = predict(c.ckpt.model, p).abs().mean(0)
-    return {"mean_prediction": pd.DataFrame({"n_examples": range(len(pred)), "mean_abs": pred.double().numpy()})}
+    table = pd.DataFrame({"n_examples": range(len(pred)), "mean_abs": pred.double().numpy()})
+    peak = {"n_examples": int(pred.argmax()), "mean_abs": float(pred.max())}
+    return StageTables({"mean_prediction": table}, {"mean_peak": peak, "kept_unwritten": 1})
 
 
 def _figures(tables, fig_dir, context):
@@ -80,6 +82,7 @@ MEAN = AnalysisStage(
     ],
     findings=lambda block, summary: f"Mean |prediction| after {block.n_examples[-1]} examples: {block.mean_abs[-1]:.3f}.",
     tables=lambda block, summary, t: {"by examples": pd.DataFrame({"examples": block.n_examples, "mean |y|": block.mean_abs})},
+    files=("mean_peak",),
 )
 
 
@@ -117,6 +120,11 @@ def test_a_registered_stage_runs_in_the_report_page_summary_and_budget(registere
     assert "<h2>Mean prediction size</h2>" in page or "Mean prediction size</h2>" in page
     assert "&lt;by&gt;" in page and "mean_prediction.png" in page and "Mean |prediction| after" in page
     assert (out / "data" / "mean_prediction.csv").is_file()
+    # the data entry it names in `files` is written beside its tables, the others are not
+    peak = json.loads((out / "data" / "mean_peak.json").read_text())
+    assert peak["mean_abs"] == pytest.approx(max(data["mean_prediction"]["mean_abs"]))
+    assert not (out / "data" / "kept_unwritten.json").exists()
+    assert json.loads((out / "data" / "trends.json").read_text())  # the layers stage's own file
     # its estimate is the report's up-front check, naming its knob
     code = main(_report_args(ckpt, tmp_path / "big", "--set", "mean_prediction.prompts=1000000000"))
     assert code == 2 and "mean_prediction.prompts" in capsys.readouterr().err
@@ -127,6 +135,7 @@ def test_a_registered_stage_is_a_command(registered, ckpt, tmp_path, capsys):
     out = tmp_path / "m"
     assert main(["-q", "mean-prediction", str(ckpt), "--prompts", "8", "--out", str(out)]) == 0
     written = json.loads((out / "mean_prediction_summary.json").read_text())
+    assert set(json.loads((out / "mean_peak.json").read_text())) == {"n_examples", "mean_abs"}
     assert written["settings"] == {"enabled": True, "prompts": 8, "seed": 0} and "git_commit" in written
     assert {p.name for p in out.iterdir()} >= {"mean_prediction.csv", "mean_prediction.png"}
     assert "Mean |prediction| after" in capsys.readouterr().out
@@ -157,11 +166,16 @@ def test_a_summary_with_a_block_nobody_registered_fails_its_schema(registered, c
         ({"settings": dict}, "Section dataclass"),
         ({"block": dict}, "must be a dataclass"),
         ({"name": "other_name"}, "SECTION = 'other_name'"),
+        ({"files": ("Peak",)}, "files names entries of its data"),
+        ({"files": ("trends",)}, "data/trends.json is another stage's file"),
     ],
 )
 def test_registering_refuses_what_the_report_cannot_hold(change, message):
     from dataclasses import replace
 
+    from probe.core.stages import registered
+
+    registered()  # the toolkit's own stages (the layers stage writes data/trends.json)
     with pytest.raises(ConfigError, match=message):
         register_stage(replace(MEAN, **change))
 

@@ -59,9 +59,10 @@ def add_registered_parsers(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`icl-probe <stage name>` of a registered analysis: its tables as <table>.csv, its summary.json
-    block with its settings and provenance as <stage>_summary.json and its figures, published only
-    when all of it is written; its findings line printed."""
+    """`icl-probe <stage name>` of a registered analysis: its tables as <table>.csv (the data entries
+    its `files` names as <entry>.json), its summary.json block with its settings and provenance as
+    <stage>_summary.json and its figures, published only when all of it is written; its findings
+    line printed."""
     from ..core.config import to_dict
     from ..core.provenance import stamp
     from ..core.stages import StageTables, registered
@@ -81,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     with writing(target) as out:
         for name, frame in tables.items():
             frame.to_csv(out / f"{name}.csv", index=False)
+        for name in (name for name in declared.files if name in tables.data):
+            (out / f"{name}.json").write_text(json.dumps(tables.data[name], indent=2) + "\n")
         prompts = {key: getattr(recipe.prompts, key) for key in ("seed", *dict(declared.prompt_flags))}
         settings = {**to_dict(getattr(recipe, declared.name)), **prompts}
         written = {declared.block_key: to_json(block), "settings": settings, **stamp()}

@@ -51,7 +51,8 @@ class AnalysisStage:
         the error curve and the layer analyses, which read the built-in sections named in `reads`).
     run: (report Context: checkpoint, recipe adapted to it, device, earlier stages' tables) ->
         its tables, name -> DataFrame (written to data/<table>.csv); a `StageTables` also carries
-        what it keeps beside them (`data`: JSON-able, cached with the tables, not written).
+        what it keeps beside them (`data`: JSON-able, cached with the tables; written only where
+        `files` names it).
     block: the dataclass of its summary.json block; summarise(tables, recipe) builds it (`tables`
         a StageTables: every table of the report so far, the data of the stages that ran, and the
         checkpoint; None: nothing to write, the block is left out).
@@ -89,6 +90,8 @@ class AnalysisStage:
     sections: the page sections the report template's macros write for it (templates/report.html.j2;
         the spine's), each (title, macro, the figure whose presence shows it or ""), in place of the
         section made of its description, tables and figures.
+    files: entries of its `data` the report writes as data/<entry>.json (the layers' `trends`; a
+        compared checkpoint's as data/compare_<entry>.json).
     """
 
     name: str
@@ -117,6 +120,7 @@ class AnalysisStage:
     commands: tuple[str, ...] = ()
     merged: bool = False
     sections: tuple[tuple[str, str, str], ...] = ()
+    files: tuple[str, ...] = ()
 
     @property
     def command(self) -> str:
@@ -194,6 +198,11 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
         raise ConfigError(f"{what}: its settings class needs SECTION = {stage.name!r} and an `enabled` field")
     if not (isinstance(stage.block, type) and dataclasses.is_dataclass(stage.block)):
         raise ConfigError(f"{what}: block must be a dataclass (summary.json's schema is generated from it)")
+    if not all(isinstance(name, str) and NAME.fullmatch(name) for name in stage.files):
+        raise ConfigError(f"{what}: files names entries of its data, each lower-case letters, digits and '_'")
+    written = {name for other in STAGES.values() if other.name != stage.name for name in other.files}
+    if set(stage.files) & written:
+        raise ConfigError(f"{what}: data/{min(set(stage.files) & written)}.json is another stage's file")
     others = {key for other in STAGES.values() if other.name != stage.name for key in other.keys}
     clash = sorted(set(stage.keys) & (others | (SUMMARY_KEYS if stage.merged else set())))
     if clash:

@@ -166,8 +166,8 @@ def _evidence(block: Interventions, summary, a: str, b: str) -> list[dict[str, A
 
 
 def _page_tables(block: Interventions, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    """The skip ablation; the verdict and the observed and expected fractions of each layer map, and
-    its comparison with the named alternatives."""
+    """The skip ablation; the verdict and the observed and expected fractions of each layer map
+    (named by its sweep's recipe title), and its comparison with the named alternatives."""
     out: dict[str, pd.DataFrame] = {}
     ablation = block.ablation
     if ablation:
@@ -176,16 +176,18 @@ def _page_tables(block: Interventions, summary, tables: dict[str, pd.DataFrame])
             f"Ablations. Unablated error / d at t = {n}: {ablation['baseline_error']:.4f}. Removing one layer's whole "
             "residual update (skip):"
         ] = pd.DataFrame({"layer skipped": skip["layer"], f"error / d at t = {n}": skip["error"]})
+    titles = summary.titles
     if block.iteration:
-        out[MAP_CHECK] = pd.DataFrame({"layer map": list(block.iteration), "verdict": block.verdicts})
+        maps = [label(name, titles) for name in block.iteration]
+        out[MAP_CHECK] = pd.DataFrame({"layer map": maps, "verdict": block.verdicts})
     columns = ("boundary", "k", "observed", "expected", "consistency")
     for name, entry in (block.iteration or {}).items():
-        out[f"{label(name)}: observed and expected fractions by boundary"] = pd.DataFrame(
+        out[f"{label(name, titles)}: observed and expected fractions by boundary"] = pd.DataFrame(
             {c: entry[c] for c in columns}
         )
         rows = entry.get("map_alternatives") or []
         if rows:
-            out[f"{label(name)}: the map against its named alternatives"] = pd.DataFrame(
+            out[f"{label(name, titles)}: the map against its named alternatives"] = pd.DataFrame(
                 [
                     {
                         "alternative map": r["alternative"],

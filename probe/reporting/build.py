@@ -154,6 +154,13 @@ def run_stages(
     return built
 
 
+def data_files(built: Built) -> dict[str, Any]:
+    """The data entries the stages that ran name in `files` (AnalysisStage), by file name: the
+    report's and the compared checkpoint's (prefixed compare_)."""
+    names = [prefix + name for stage in registered().values() for name in stage.files for prefix in ("", "compare_")]
+    return {name: built.data[name] for name in names if name in built.data}
+
+
 def make_figures(
     built: Built, ckpt: LoadedCheckpoint, recipe: Recipe, fig_dir: Path, compare: LoadedCheckpoint | None = None
 ) -> dict[str, Path]:
@@ -212,7 +219,8 @@ def build_report(
         data_dir.mkdir()
         for name, frame in built.tables.items():
             frame.to_csv(data_dir / f"{name}.csv", index=False)
-        (data_dir / "trends.json").write_text(json.dumps(built.data.get("trends", []), indent=2) + "\n")
+        for name, entry in data_files(built).items():
+            (data_dir / f"{name}.json").write_text(json.dumps(entry, indent=2) + "\n")
         figs = make_figures(built, ckpt, recipe, tmp / "figures", compare)
         built.timings["figures"] = round(time.perf_counter() - start, 2)
         summary = build_summary(built, ckpt, recipe, compare)

@@ -401,5 +401,6 @@ register_stage(
             ("Table 1: final layer against each learner", "table1", ""),
             ("Span of the examples", "span", "span"),
         ),
+        files=("trends",),
     )
 )
