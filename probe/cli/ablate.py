@@ -17,7 +17,7 @@ import json
 
 from ..core.resources import DEFAULT_CHECKPOINT
 from .common import add_device, add_out, check_device, output_target, writing
-from .layers import add_recipe_args, recipe_from_args
+from .layers import add_recipe_args, recipe_from_args, write_run
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -36,34 +36,39 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_device(p)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..core.provenance import display_path, stamp
-    from ..interventions import figures as intervention_figures
+def interventions_from_args(args: argparse.Namespace, ckpt, recipe, settings, parts: tuple[str, ...], **maps):
+    """run_interventions of the command's `parts` on the checkpoint, with the recipe's seed and
+    bootstrap, the --device and a progress bar unless --quiet (`maps`: patch's layer maps, skip)."""
     from ..interventions.pipeline import run_interventions
+
+    return run_interventions(
+        ckpt.model,
+        ckpt.config.task,
+        settings,
+        parts=parts,
+        n_boot=recipe.similarity.bootstrap,
+        seed=recipe.prompts.seed,
+        device=check_device(args.device),
+        progress=not args.quiet,
+        **maps,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..core.provenance import display_path
+    from ..interventions import figures as intervention_figures
     from ..io.formats import load_checkpoint
 
     target = output_target(args, "ablate", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     recipe = recipe_from_args(args, ckpt)
-    result = run_interventions(
-        ckpt.model,
-        ckpt.config.task,
-        recipe.interventions,
-        parts=("ablate",),
-        n_boot=recipe.similarity.bootstrap,
-        seed=recipe.prompts.seed,
-        device=check_device(args.device),
-        progress=not args.quiet,
-    )
+    result = interventions_from_args(args, ckpt, recipe, recipe.interventions, ("ablate",))
     assert result.ablation is not None  # ablate=True
     with writing(target) as out:
         result.ablation.to_csv(out / "ablation.csv", index=False)
         intervention_figures.ablation(result.ablation, out / "ablation")
         (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n")
-        (out / "run.json").write_text(
-            json.dumps({"command": "ablate", "checkpoint": display_path(ckpt.path), **stamp()}, indent=2, default=str)
-            + "\n"
-        )
+        write_run(out, {"command": "ablate", "checkpoint": display_path(ckpt.path)})
     entry = result.summary["ablation"]
     print(f"error / d at {entry['n_examples']} examples: unablated {entry['baseline_error']:.4f}")
     print("layer skipped: " + " ".join(f"L{l} {e:.3f}" for l, e in zip(entry["skip"]["layer"], entry["skip"]["error"])))

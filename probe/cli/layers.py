@@ -85,9 +85,14 @@ def settings_from_args(
 
 
 def write_tables(out: Path, tables: dict, meta: dict) -> None:
-    from ..core.provenance import stamp
-
     out.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
         frame.to_csv(out / f"{name}.csv", index=False)
+    write_run(out, meta)
+
+
+def write_run(out: Path, meta: dict) -> None:
+    """run.json: what the command ran (`meta`) with its provenance (versions, git hash, time)."""
+    from ..core.provenance import stamp
+
     (out / "run.json").write_text(json.dumps({**meta, **stamp()}, indent=2, default=str) + "\n")

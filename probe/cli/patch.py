@@ -24,8 +24,9 @@ import json
 from pathlib import Path
 
 from ..core.resources import DEFAULT_CHECKPOINT
-from .common import add_device, add_out, check_device, output_target, writing
-from .layers import add_recipe_args, recipe_from_args, settings_from_args
+from .ablate import interventions_from_args
+from .common import add_device, add_out, output_target, writing
+from .layers import add_recipe_args, recipe_from_args, settings_from_args, write_run
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -91,9 +92,9 @@ def layer_maps(args, ckpt, labels: list[str]) -> tuple[dict, list[int]]:
 def run(args: argparse.Namespace) -> int:
     from ..core import budget
     from ..core.errors import ConfigError
-    from ..core.provenance import display_path, stamp
+    from ..core.provenance import display_path
     from ..interventions import figures as intervention_figures
-    from ..interventions.pipeline import iteration_verdict, run_interventions
+    from ..interventions.pipeline import iteration_verdict
     from ..io.formats import load_checkpoint
     from ..models.sizes import shape_of
 
@@ -107,18 +108,7 @@ def run(args: argparse.Namespace) -> int:
     labels = settings.learner_labels(recipe.sweeps)
     budget.check(budget.intervention_estimates(shape_of(ckpt.model), n, settings, recipe.similarity.bootstrap))
     maps, skip = layer_maps(args, ckpt, labels)
-    result = run_interventions(
-        ckpt.model,
-        ckpt.config.task,
-        settings,
-        parts=("patch", "iteration"),
-        layer_maps=maps,
-        skip=skip,
-        n_boot=recipe.similarity.bootstrap,
-        seed=recipe.prompts.seed,
-        device=check_device(args.device),
-        progress=not args.quiet,
-    )
+    result = interventions_from_args(args, ckpt, recipe, settings, ("patch", "iteration"), layer_maps=maps, skip=skip)
     assert result.patching is not None  # patch=True
     with writing(target) as out:
         result.patching.to_csv(out / "patching.csv", index=False)
@@ -129,14 +119,7 @@ def run(args: argparse.Namespace) -> int:
         if result.iteration:
             intervention_figures.iteration_consistency(result.iteration, out / "iteration_consistency")
         (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n")
-        (out / "run.json").write_text(
-            json.dumps(
-                {"command": "patch", "checkpoint": display_path(ckpt.path), "map_from": args.map_from, **stamp()},
-                indent=2,
-                default=str,
-            )
-            + "\n"
-        )
+        write_run(out, {"command": "patch", "checkpoint": display_path(ckpt.path), "map_from": args.map_from})
     view = result.patching[result.patching.site == "resid"] if "resid" in settings.sites else result.patching
     table = view.pivot_table(index="layer", columns="token", values="restored", sort=False)
     print("fraction restored at the query (rows: layer; last columns):")

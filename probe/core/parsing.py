@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +43,12 @@ def check_depth(value: Any, path: Path, error: type[ProbeError], what: str, dept
 
 
 def load_toml(path: Path, error: type[ProbeError], what: str = "recipe") -> dict[str, Any]:
-    text = read_config_text(path, error, what)
-    try:
-        return check_depth(tomllib.loads(text), path, error, what)
-    except tomllib.TOMLDecodeError as err:
-        raise error(f"{path}: {what} is not valid TOML: {err}") from None
-    except RecursionError:
-        raise error(f"{path}: {what} is nested too deeply to read") from None
+    return _parse(path, error, what, tomllib.loads, tomllib.TOMLDecodeError, "is not valid TOML: {err}")
 
 
 def load_json(path: Path, error: type[ProbeError], what: str = "config") -> Any:
-    text = read_config_text(path, error, what)
-    try:
-        return check_depth(json.loads(text), path, error, what)
-    except json.JSONDecodeError as err:
-        raise error(f"{path}: {what} is not valid JSON ({err}); restore it from the run") from None
-    except RecursionError:
-        raise error(f"{path}: {what} is nested too deeply to read") from None
+    hint = "is not valid JSON ({err}); restore it from the run"
+    return _parse(path, error, what, json.loads, json.JSONDecodeError, hint)
 
 
 def load_yaml(path: Path, error: type[ProbeError], what: str = "config") -> Any:
@@ -72,11 +62,25 @@ def load_yaml(path: Path, error: type[ProbeError], what: str = "config") -> Any:
                 )
             return super().compose_node(parent, index)
 
+    decode = lambda text: yaml.load(text, Loader=NoAliasLoader)
+    return _parse(path, error, what, decode, yaml.YAMLError, "is not valid YAML for icl-probe: {err}")
+
+
+def _parse(
+    path: Path,
+    error: type[ProbeError],
+    what: str,
+    decode: Callable[[str], Any],
+    invalid: type[Exception],
+    explain: str,
+) -> Any:
+    """The file's text (read_config_text) decoded and depth-checked; the format's own error
+    (`invalid`, folded onto one line of at most 300 characters as `explain`'s {err}) and a too-deep
+    document each become one message naming the file."""
     text = read_config_text(path, error, what)
     try:
-        return check_depth(yaml.load(text, Loader=NoAliasLoader), path, error, what)
-    except yaml.YAMLError as err:
-        first = " ".join(str(err).split())[:300]
-        raise error(f"{path}: {what} is not valid YAML for icl-probe: {first}") from None
+        return check_depth(decode(text), path, error, what)
+    except invalid as err:
+        raise error(f"{path}: {what} " + explain.format(err=" ".join(str(err).split())[:300])) from None
     except RecursionError:
         raise error(f"{path}: {what} is nested too deeply to read") from None

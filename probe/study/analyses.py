@@ -120,29 +120,22 @@ def layer_rows(tables: dict[str, pd.DataFrame], analyses: Sequence[str], task) -
                 )
             )
     if "heatmap" in analyses:
+        # each best match twice: its grid value k and its similarity, each with its interval
+        columns = {"best_k": ("k", "k_low", "k_high"), "best_similarity": ("similarity", "ci_low", "ci_high")}
         for rec in tables["best_match"].to_dict("records"):
-            rows.append(
-                _row(
-                    "heatmap",
-                    f"{rec['metric']}_best_k",
-                    rec["k"],
-                    rec["sweep"],
-                    layer=rec["layer"],
-                    ci_low=rec["k_low"],
-                    ci_high=rec["k_high"],
+            for name, (value, low, high) in columns.items():
+                metric = f"{rec['metric']}_{name}"
+                rows.append(
+                    _row(
+                        "heatmap",
+                        metric,
+                        rec[value],
+                        rec["sweep"],
+                        layer=rec["layer"],
+                        ci_low=rec[low],
+                        ci_high=rec[high],
+                    )
                 )
-            )
-            rows.append(
-                _row(
-                    "heatmap",
-                    f"{rec['metric']}_best_similarity",
-                    rec["similarity"],
-                    rec["sweep"],
-                    layer=rec["layer"],
-                    ci_low=rec["ci_low"],
-                    ci_high=rec["ci_high"],
-                )
-            )
     return rows
 
 
