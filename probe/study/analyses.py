@@ -64,39 +64,21 @@ def evaluate_rows(tables: dict[str, pd.DataFrame], task, shift: str = "") -> lis
     rows = []
     frame = tables["icl_r2"] if "icl_r2" in tables else tables["icl_error"]
     metric = "r2" if "icl_r2" in tables else "error"
+
+    def model_row(rec, name: str, n: int) -> dict:
+        low, high = rec.get("model_lo", np.nan), rec.get("model_hi", np.nan)
+        return _row("evaluate", name, rec["model"], "model", n_examples=n, shift=shift, ci_low=low, ci_high=high)
+
     for rec in frame.to_dict("records"):
         n = int(rec["n_examples"])
-        rows.append(
-            _row(
-                "evaluate",
-                metric,
-                rec["model"],
-                "model",
-                n_examples=n,
-                shift=shift,
-                ci_low=rec.get("model_lo", np.nan),
-                ci_high=rec.get("model_hi", np.nan),
-            )
-        )
+        rows.append(model_row(rec, metric, n))
         for name in ("least_squares", "direct", "knn3", "averaging"):
             if name in rec:
                 rows.append(_row("evaluate", metric, rec[name], name, n_examples=n, shift=shift))
     at = 2 * task.n_dims + 1
     hit = frame[frame.n_examples == at]
     if not hit.empty:
-        rec = hit.iloc[0]
-        rows.append(
-            _row(
-                "evaluate",
-                f"{metric}_at_2d1",
-                rec["model"],
-                "model",
-                n_examples=at,
-                shift=shift,
-                ci_low=rec.get("model_lo", np.nan),
-                ci_high=rec.get("model_hi", np.nan),
-            )
-        )
+        rows.append(model_row(hit.iloc[0], f"{metric}_at_2d1", at))
     return rows
 
 
