@@ -1,5 +1,8 @@
 """The batched direct-training baseline for ReLU-network tasks (seed 001 App. G)."""
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -78,3 +81,36 @@ def test_evaluate_cli_on_a_relu_task_with_shifts(tmp_path, capsys):
     assert "R^2 over 32 prompts" in capsys.readouterr().out
     assert main(["evaluate", str(REPO / "checkpoints" / "gpt2-default"), "--mixture", "0.5,0.5"]) == 2
     assert "apply to ReLU-network tasks only" in capsys.readouterr().err
+
+
+def test_r2_curve_checks_its_knobs_before_any_work_as_the_error_curve_does():
+    """Too many prompts, or direct networks trained for too many epochs, are refused naming the knob
+    (before, the prompts reached torch's allocator); the report's up-front check counts the direct
+    networks of a ReLU-network checkpoint."""
+    from conftest import build_cfg
+
+    from probe.analysis.evaluate import direct_network_estimates, r2_curve
+    from probe.core.errors import ConfigError
+    from probe.models import build_model
+    from probe.reporting.evaluate_stage import _estimates
+    from probe.reporting.recipe import resolve_recipe
+
+    cfg = build_cfg()
+    cfg.task = replace(cfg.task, name="relu_network")
+    model = build_model(cfg.model).eval()
+    with pytest.raises(ConfigError, match=r"^prompts = 1000000000 would need about .* lower prompts"):
+        r2_curve(model, cfg.task, n_prompts=10**9)
+    with pytest.raises(ConfigError, match=r"^epochs = 10000000000 makes this need about .*; lower epochs"):
+        r2_curve(model, cfg.task, n_prompts=64, epochs=10**10)
+    with pytest.raises(ConfigError, match="direct_prompts must be"):
+        r2_curve(model, cfg.task, n_prompts=64, direct_prompts=0)
+    # by hand: d = 3, width max(32, 16), depth 3: 3*32 + 32*32 + 2*32 + 32 + 1 = 1217 parameters per network
+    memory, work = direct_network_estimates(cfg.task, networks=2, points=8, epochs=5)
+    assert work.flop == 6.0 * 5 * 2 * 8 * 8 * 1217
+    assert memory.nbytes == 8.0 * 2 * 8 * (2 * 8 * 32 * 2 + 4 * 1217)
+    recipe = resolve_recipe("smoke")
+    ckpt = SimpleNamespace(config=cfg)
+    knobs = [e.knob for e in _estimates(recipe, ckpt)]
+    assert knobs == ["prompts.curve"] * 3
+    cfg.task = replace(cfg.task, name="linear_regression")
+    assert [e.knob for e in _estimates(recipe, ckpt)] == ["prompts.curve"]

@@ -6,6 +6,8 @@ linear regression), averaged over prompts, with a bootstrap 5%-95% band for the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 import torch
@@ -23,6 +25,7 @@ from ..models.sizes import forward_batch, shape_of
 from .stats import bootstrap_mean, bootstrap_r2, r2_score
 
 EVAL_STREAM = Stream.EVALUATION  # keeps evaluation prompts apart from the training stream
+DIRECT_PROMPTS, DIRECT_EPOCHS = 256, 100  # r2_curve's direct networks: prompts trained on, Adam epochs
 
 
 def eval_prompts(task: TaskConfig, n_prompts: int, seed: int, n_points: int | None = None) -> Prompts:
@@ -48,6 +51,46 @@ def predict(
     return torch.cat(out)
 
 
+def curve_prompts(
+    model: nn.Module,
+    task: TaskConfig,
+    n_prompts: int,
+    seed: int,
+    n_points: int | None,
+    n_boot: int,
+    extra: Sequence[budget.Estimate] = (),
+) -> Prompts:
+    """A curve's evaluation prompts, once its knobs are checked (counts, then memory and work on this
+    machine, probe/core/budget.py): the model's forward over the prompts, the bootstrap of its band,
+    and the curve's own `extra` estimates."""
+    n_prompts, n_boot = positive_int(n_prompts, "prompts"), check_bootstrap(n_boot, "bootstrap")
+    points = n_points or task.n_points
+    budget.check(
+        [
+            budget.prompt_estimate("prompts", n_prompts, shape_of(model), points),
+            budget.bootstrap_estimate("bootstrap", n_boot, n_prompts, points * 4),
+            *extra,
+        ]
+    )
+    return eval_prompts(task, n_prompts, seed, n_points)
+
+
+def direct_network_estimates(
+    task: TaskConfig, networks: int, points: int, epochs: int, knobs: tuple[str, str] = ("direct_prompts", "epochs")
+) -> list[budget.Estimate]:
+    """What r2_curve's direct networks ask for (learners/network.py: one network per prompt and
+    prefix, each evaluated on all `points` points of its prompt, float64, Adam): the kept
+    activations, parameters, gradients and moments, and a forward and backward pass per epoch,
+    named by `knobs` (the knob that sets the networks' count, the one that sets the epochs)."""
+    width, depth, d = max(32, task.relu_width), task.relu_depth, task.n_dims
+    params = d * width + (depth - 2) * width * width + (depth - 1) * width + width + 1
+    nbytes = 8.0 * networks * points * (2 * points * width * (depth - 1) + 4 * params)
+    return [
+        budget.Estimate(knobs[0], networks, nbytes),
+        budget.Estimate(knobs[1], epochs, flop=6.0 * epochs * networks * points * points * params),
+    ]
+
+
 def error_curve(
     model: nn.Module,
     task: TaskConfig,
@@ -60,15 +103,7 @@ def error_curve(
 ) -> pd.DataFrame:
     """One row per number of in-context examples t = 0..n-1: model error/d with its band and baselines.
     The prompts and resamples asked for are checked against the machine first (probe/core/budget.py)."""
-    n_prompts, n_boot = positive_int(n_prompts, "prompts"), check_bootstrap(n_boot, "bootstrap")
-    points = n_points or task.n_points
-    budget.check(
-        [
-            budget.prompt_estimate("prompts", n_prompts, shape_of(model), points),
-            budget.bootstrap_estimate("bootstrap", n_boot, n_prompts, points * 4),
-        ]
-    )
-    prompts = eval_prompts(task, n_prompts, seed, n_points)
+    prompts = curve_prompts(model, task, n_prompts, seed, n_points, n_boot)
     d = task.n_dims
     sq = lambda pred: error_per_dim(pred.double(), prompts.ys.double(), d)  # (P, n)
     model_err = sq(predict(model, prompts, device=device, progress=progress))
@@ -98,10 +133,10 @@ def r2_curve(
     seed: int = 0,
     n_points: int | None = None,
     device: str = "cpu",
-    epochs: int = 100,
+    epochs: int = DIRECT_EPOCHS,
     lr: float = 0.01,
     n_boot: int = 1000,
-    direct_prompts: int = 256,
+    direct_prompts: int = DIRECT_PROMPTS,
     progress: bool = False,
 ) -> pd.DataFrame:
     """R^2 of in-context predictions against the number of examples (seed 001 App. G), beside
@@ -109,12 +144,15 @@ def r2_curve(
     full-batch Adam steps (all prompts' networks at once): `direct` after the last epoch and
     `direct_best_epoch`, the best epoch per position, as that paper reports. The direct networks
     (width max(32, task width); that paper used 200) train on the first `direct_prompts` prompts,
-    their cost being a network per prompt and prefix."""
-    prompts = eval_prompts(task, n_prompts, seed, n_points)
+    their cost being a network per prompt and prefix. Every knob is checked first, as error_curve's."""
+    epochs, direct_prompts = positive_int(epochs, "epochs"), positive_int(direct_prompts, "direct_prompts")
+    m, points = min(direct_prompts, positive_int(n_prompts, "prompts")), n_points or task.n_points
+    prompts = curve_prompts(
+        model, task, n_prompts, seed, n_points, n_boot, direct_network_estimates(task, m, points, epochs)
+    )
     ys = prompts.ys.double()
     pred = predict(model, prompts, device=device, progress=progress).double()
     lo, hi = bootstrap_r2(ys, pred, n_boot, seed)
-    m = min(direct_prompts, n_prompts)
     direct = run_learner(
         "relu_gd",
         prompts.xs[:m].to(device),

@@ -12,7 +12,14 @@ from typing import Any
 
 import pandas as pd
 
-from ..analysis.evaluate import error_curve, plot_error_curve, r2_curve
+from ..analysis.evaluate import (
+    DIRECT_EPOCHS,
+    DIRECT_PROMPTS,
+    direct_network_estimates,
+    error_curve,
+    plot_error_curve,
+    r2_curve,
+)
 from ..core import budget
 from ..core.stages import OMIT, AnalysisStage, register_stage
 from ..models.sizes import shape_of
@@ -65,8 +72,14 @@ def _figures(t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Pa
 
 
 def _estimates(recipe, ckpt) -> list[budget.Estimate]:
-    shape = shape_of(ckpt.config.model)
-    return [budget.prompt_estimate("prompts.curve", recipe.prompts.curve, shape, ckpt.config.task.n_points)]
+    """The curve's forward; on ReLU-network tasks also r2_curve's direct networks (at its default
+    epochs, on min(prompts.curve, its default prompts) prompts: prompts.curve is the knob)."""
+    task, curve = ckpt.config.task, recipe.prompts.curve
+    out = [budget.prompt_estimate("prompts.curve", curve, shape_of(ckpt.config.model), task.n_points)]
+    if task.name == "relu_network":
+        networks = min(curve, DIRECT_PROMPTS)
+        out += direct_network_estimates(task, networks, task.n_points, DIRECT_EPOCHS, ("prompts.curve",) * 2)
+    return out
 
 
 def _findings(block: Evaluation, summary: Any) -> str | None:
