@@ -110,7 +110,6 @@ def test_r2_curve_checks_its_knobs_before_any_work_as_the_error_curve_does():
     assert memory.nbytes == 8.0 * 2 * 8 * (2 * 8 * 32 * 2 + 4 * 1217)
     recipe = resolve_recipe("smoke")
     ckpt = SimpleNamespace(config=cfg)
-    knobs = [e.knob for e in _estimates(recipe, ckpt)]
-    assert knobs == ["prompts.curve"] * 3
+    assert [(e.knob, e.value) for e in _estimates(recipe, ckpt)] == [("prompts.curve", recipe.prompts.curve)] * 3
     cfg.task = replace(cfg.task, name="linear_regression")
     assert [e.knob for e in _estimates(recipe, ckpt)] == ["prompts.curve"]

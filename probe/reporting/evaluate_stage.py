@@ -6,7 +6,7 @@ icl_r2, are top-level keys of summary.json."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,8 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     out = [budget.prompt_estimate("prompts.curve", curve, shape_of(ckpt.config.model), task.n_points)]
     if task.name == "relu_network":
         networks = min(curve, DIRECT_PROMPTS)
-        out += direct_network_estimates(task, networks, task.n_points, DIRECT_EPOCHS, ("prompts.curve",) * 2)
+        direct = direct_network_estimates(task, networks, task.n_points, DIRECT_EPOCHS, ("prompts.curve",) * 2)
+        out += [replace(estimate, value=curve) for estimate in direct]
     return out
 
 
