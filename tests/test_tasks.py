@@ -78,3 +78,15 @@ def test_curriculum_zeroes_inactive_dims_before_labels():
     p = sample_prompts(task, 10, generator=generator_for(0), active_dims=2)
     assert (p.xs[:, :, 2:] == 0).all()
     torch.testing.assert_close(p.ys, torch.einsum("bnd,bd->bn", p.xs[:, :, :2], p.w[:, :2]))
+
+
+def test_a_draw_no_machine_holds_is_refused_naming_the_count():
+    """10^10 prompts reached torch's allocator (a RuntimeError from deep inside it) through
+    probe.api.prompts; the draw is refused first, with its own count and the fix."""
+    from probe import api
+    from probe.core.errors import ConfigError
+
+    task = TaskConfig(n_dims=4, n_points=16)
+    with pytest.raises(ConfigError, match=r"^10000000000 prompts of 16 points \(d = 4\) would need .*; draw fewer prompts"):
+        api.prompts(n=10**10, task=task)
+    assert api.prompts(n=3, task=task)[0].shape == (3, 16, 4)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ..core.seeds import generator_for  # noqa: F401  (the prompt streams' generator, re-exported)
+from ..core.validate import check_memory
 from .config import TASKS, TaskConfig
 
 
@@ -158,4 +159,8 @@ def sample_prompts(
     (Garg et al.'s dimension curriculum).
     """
     n_points = task.n_points if n_points is None else n_points
+    # the draw's floor: x and y in float32, twice over (its temporaries); a count no machine holds is
+    # refused here, naming it, rather than by the allocator
+    nbytes = 2 * 4.0 * batch * (n_points * (task.n_dims + 1) + task.n_dims)
+    check_memory(nbytes, f"{batch} prompts of {n_points} points (d = {task.n_dims})", "draw fewer prompts")
     return TASKS.get(task.name)(task, batch, n_points, generator, active_dims)
