@@ -613,7 +613,9 @@ def test_hostile_api(name, fn, args, kwargs, culprit):
 @pytest.mark.parametrize("kwargs,culprit", [
     ({"batch_size": -1}, "batch_size must be an integer >= 1"), ({"batch_size": 0}, "batch_size"),
     ({"batch_size": 2.5}, "batch_size"), ({"device": "cuda"}, "no GPU"), ({"device": "potato"}, "not a torch device"),
-    ({"positions": [99]}, "positions must lie"),
+    ({"positions": [99]}, "positions must be .* token indices in 0..15, got \\[99\\]"),
+    ({"positions": "bogus"}, "positions must be \"all\", \"x\" or token indices"), ({"positions": []}, "positions"),
+    ({"positions": [True]}, "positions"), ({"positions": [[0], [0, 1]]}, "positions"), ({"positions": [0.5]}, "positions"),
 ])
 def test_hostile_capture_api(kwargs, culprit, template):
     from probe.capture import capture

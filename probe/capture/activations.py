@@ -246,10 +246,20 @@ def _positions(positions: str | Sequence[int], n: int) -> Tensor | None:
         return None
     if positions == "x":
         return torch.arange(0, 2 * n, 2)
-    pos = torch.as_tensor(list(positions), dtype=torch.long)
-    if pos.numel() == 0 or pos.min() < 0 or pos.max() >= 2 * n:
-        raise ConfigError(f"positions must lie in 0..{2 * n - 1}, got {list(positions)}")
-    return pos
+    try:
+        indices = np.asarray(positions) if not isinstance(positions, str) else None
+    except ValueError:  # a ragged nesting
+        indices = None
+    if (
+        indices is None
+        or indices.ndim != 1
+        or indices.size == 0
+        or indices.dtype.kind not in "iu"
+        or indices.min() < 0
+        or indices.max() >= 2 * n
+    ):
+        raise ConfigError(f'positions must be "all", "x" or token indices in 0..{2 * n - 1}, got {positions!r}'[:300])
+    return torch.as_tensor(indices, dtype=torch.long)
 
 
 def _storage(model, hooks: list[str], b: int, n_pos: int, out_dir, max_bytes: int):
