@@ -191,6 +191,28 @@ def test_bad_inputs_are_refused():
         SpectralSettings(r_low=0.9, r_high=0.5)
     with pytest.raises(ConfigError, match="spectral.bins"):
         SpectralSettings(bins=2)
+    # a min_count no bin reaches: one message naming it and the fullest bin (was an AttributeError of
+    # the empty tables)
+    with pytest.raises(ConfigError, match=r"^spectral.min_count = 10000: no bin of lambda / t holds .* \(the fullest holds \d+ of 192\)"):
+        make_bins(directions(xs, ys), "lam_t", 12, 10_000)
+
+
+@pytest.mark.parametrize(
+    "section, values, knob",
+    [
+        ("spectral", {"bins": 10**12}, "spectral.bins"),
+        ("similarity", {"bootstrap": 10**12}, "similarity.bootstrap"),
+        ("prompts", {"queries": 10**12}, "prompts.queries"),
+    ],
+)
+def test_the_spectral_command_checks_its_knobs_before_any_work(section, values, knob):
+    """analyse_spectrum (`icl-probe spectral`, `probe.spectral`) refuses what the machine cannot hold
+    naming the knob, as the report's up-front check does; these reached torch's allocator."""
+    oracle = LearnerOracle("gd", "steps", lambda l: l, 3, D, N, fixed={"eta": [1 / 9]})
+    defaults = {"spectral": SpectralSettings(), "similarity": SimilaritySettings(), "prompts": PromptSettings()}
+    settings = LayerSettings(**{**{k: v for k, v in defaults.items() if k != section}, section: type(defaults[section])(**values)})
+    with pytest.raises(ConfigError, match=rf"^{knob} = 1000000000000 would need about"):
+        analyse_spectrum(oracle, TASK, settings)
 
 
 def test_zero_predictor_has_no_response():

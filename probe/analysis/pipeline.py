@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,7 @@ from .nulls import flag_degenerate, null_predictions, null_table
 from .readout import LayerReadouts, ReadoutSettings, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .similarity import induced_weights, sime, simw
 from .span import span_table
-from .spectral import SpectralAnalysis, SpectralSettings, spectral_analysis
+from .spectral import SpectralAnalysis, SpectralSettings, spectral_analysis, spectral_cost
 from .spectral_references import reference_families
 from .states import query_states, x_states
 from .verdicts import Candidate, final_layer_verdicts, pick, sime_between, simw_between
@@ -311,13 +311,24 @@ def check_simw_queries(task: TaskConfig, settings: LayerSettings) -> None:
         )
 
 
+def check_layer_budget(model, task: TaskConfig, settings: LayerSettings, sweeps, spectrum: bool) -> None:
+    """Refuse, before any work, settings this machine cannot afford (probe/core/budget.py): the
+    read-outs, the sweeps' learners and similarities (`sweeps`), SimW's query forwards and, with
+    `spectrum`, the spectral instrument on the induced weights."""
+    shape = shape_of(model)
+    out = budget.layer_estimates(shape, task.n_points, settings.prompts, settings.similarity, sweeps)
+    if spectrum:
+        n_boot = settings.similarity.bootstrap
+        out.append(spectral_cost(settings.spectral, settings.n_induced, shape.layers + 1, task.n_dims, n_boot))
+    budget.check(out)
+
+
 def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: bool = False) -> LayerAnalysis:
     """Read-outs per layer, then every layer against every sweep (SimE, SimW), with null
     baselines, trends, Table 1 and the span test."""
     check_model(model)
     check_simw_queries(task, settings)
-    shape = shape_of(model)
-    budget.check(budget.layer_estimates(shape, task.n_points, settings.prompts, settings.similarity, settings.sweeps))
+    check_layer_budget(model, task, settings, settings.sweeps, settings.similarity.simw and settings.spectral.enabled)
     clock = _Clock()
     readouts, ev, layer_preds = fit_readouts(model, task, settings, progress)
     readout = readout_table(
@@ -407,6 +418,8 @@ def analyse_spectrum(model, task: TaskConfig, settings: LayerSettings, progress:
     and induced weights exactly as `analyse_layers` makes them, without the sweeps."""
     check_model(model)
     check_simw_queries(task, settings)
+    induced = replace(settings, similarity=replace(settings.similarity, simw=True))  # it always fits them
+    check_layer_budget(model, task, induced, (), spectrum=True)
     readouts, ev, _ = fit_readouts(model, task, settings, progress)
     layer_weights, _ = induced_layer_weights(model, task, settings, readouts, ev, progress)
     return layer_spectrum(layer_weights, ev, settings)

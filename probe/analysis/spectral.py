@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..core import budget
 from ..core.config import Section, setting
 from ..core.errors import ConfigError
 from ..learners.iterative import prefix_eigh
@@ -65,6 +66,14 @@ class SpectralSettings(Section):
 
 
 VARIABLES = {"lam_t": "lambda / t", "lam_max": "lambda / lambda_max"}
+
+
+def spectral_cost(settings: SpectralSettings, prompts: int, boundaries: int, d: int, n_boot: int) -> budget.Estimate:
+    """What spectral_analysis asks for (budget.spectral_estimate, knob spectral.bins) on `prompts`
+    prompts: its predictors are the model's `boundaries` layer boundaries and every member of the
+    reference families."""
+    members = sum(budget.grid_points(family) for family in reference_families(d))
+    return budget.spectral_estimate(settings.bins, prompts, boundaries + members, n_boot)
 
 
 @dataclass
@@ -152,6 +161,12 @@ def make_bins(dirs: Directions, variable: str, n_bins: int, min_count: int) -> B
     idx = torch.where(keep & (idx >= 0) & (idx < n_bins), idx, torch.full_like(idx, -1))
     counts = torch.bincount(idx[idx >= 0], minlength=n_bins)
     sparse = counts < min_count
+    if bool(sparse.all()):
+        raise ConfigError(
+            f"spectral.min_count = {min_count}: no bin of {VARIABLES[variable]} holds that many eigen-directions "
+            f"(the fullest holds {int(counts.max())} of {int(keep.sum())}); lower spectral.min_count or measure on "
+            "more prompts (prompts.induced)"
+        )
     idx = torch.where((idx >= 0) & sparse[idx.clamp_min(0)], torch.full_like(idx, -1), idx)
     return Bins(variable, idx, edges)
 

@@ -18,8 +18,8 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.labels import layer_list
-from ..analysis.spectral import SpectralSettings
-from ..analysis.spectral_references import CLASSES, reference_families
+from ..analysis.spectral import SpectralSettings, spectral_cost
+from ..analysis.spectral_references import CLASSES
 from ..core import budget
 from ..core.stages import AnalysisStage, StageTables, register_stage
 from ..models.sizes import shape_of
@@ -209,11 +209,8 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     if not recipe.similarity.simw:
         return []
     shape, p = shape_of(ckpt.config.model), recipe.prompts
-    members = sum(budget.grid_points(f) for f in reference_families(shape.d))
     return [
-        budget.spectral_estimate(
-            recipe.spectral.bins, min(p.induced, p.test), shape.layers + 1 + members, recipe.similarity.bootstrap
-        )
+        spectral_cost(recipe.spectral, min(p.induced, p.test), shape.layers + 1, shape.d, recipe.similarity.bootstrap)
     ]
 
 
