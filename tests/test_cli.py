@@ -155,4 +155,8 @@ def test_resolution_command_writes_its_table_and_figure_and_refuses_bad_values(t
     assert set(table[table.noise == 0].metric) == {"sime", "simw"}  # t >= d needs label noise
     assert "newton" in capsys.readouterr().out
     assert main(["resolution", "--out", str(tmp_path / "bad"), "--kappas", "0.5"]) == 2
-    assert "each >= 1" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert "kappa = 0.5, noise = 0.0: task.kappa must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    # a spread float32 prompts cannot hold (sqrt(1e300) overflowed inside torch, with a traceback)
+    assert main(["resolution", "--out", str(tmp_path / "bad"), "--kappas", "1e300"]) == 2
+    assert "task.kappa must be <= 1e+12, got 1e+300" in capsys.readouterr().err and not (tmp_path / "bad").exists()

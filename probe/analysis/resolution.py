@@ -19,12 +19,14 @@ metric with the largest resolution and the trend's shape.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
+from ..core.errors import ConfigError
 from ..core.progress import tqdm
 from ..data.config import TaskConfig
 from ..data.tasks import generator_for, sample_prompts
@@ -53,6 +55,14 @@ class ResolutionGrid:
     noises: tuple[float, ...] = (0.0, 0.5)
     prompts: int = 256
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Every condition is a valid task (TaskConfig's rules: d, kappa and noise each), before any work."""
+        for d, kappa, noise in itertools.product(self.dims, self.kappas, self.noises):
+            try:
+                _task(d, kappa, noise)
+            except ConfigError as err:
+                raise ConfigError(f"resolution condition d = {d}, kappa = {kappa}, noise = {noise}: {err}") from None
 
 
 def _task(d: int, kappa: float, noise: float) -> TaskConfig:

@@ -28,7 +28,13 @@ class TaskConfig(Section):
     covariance: str = setting(
         "isotropic", "x ~ N(0, I), or N(0, Sigma) with condition number kappa", COVARIANCES, noun="covariance"
     )
-    kappa: float = setting(100.0, "condition number of Sigma when covariance = ill_conditioned", low=1.0, strict=False)
+    kappa: float = setting(
+        100.0,
+        "condition number of Sigma when covariance = ill_conditioned (float32 prompts: at most 1e12)",
+        low=1.0,
+        strict=False,
+        high=1e12,
+    )
     sparsity: int = setting(2, "non-zero entries of w for sparse_linear_regression")
     relu_depth: int = setting(3, "N, layers of the ReLU network (seed 001 Def. 1)", minimum=2)
     relu_width: int = setting(16, "K, hidden width of the ReLU network")
