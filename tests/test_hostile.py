@@ -407,7 +407,9 @@ case("ablate-prompts-zero", ["ablate", "ck", "--out", "o", "--prompts", "0"], "i
 case("patch-map-missing", ["patch", "ck", "--out", "o", "--map-from", "nope.csv"], "--map-from nope.csv: no such file")
 case("patch-map-wrong-table", ["patch", "ck", "--out", "o", "--map-from", "m.csv"], "needs columns sweep, metric",
      write("m.csv", "a,b\n1,2\n"))
-case("patch-query-beyond", ["patch", "ck", "--out", "o", "--query", "99"], "--query must lie in 0..7")
+case("patch-query-beyond", ["patch", "ck", "--out", "o", "--query", "99"], "--query must lie in 1..7")
+# no example before the query: nothing for a patch to restore (every restored share was 0/0, then a pandas ValueError)
+case("patch-query-zero", ["patch", "ck", "--out", "o", "--query", "0"], "interventions.query must be an integer >= 1")
 case("patch-learner-unknown", ["patch", "ck", "--out", "o", "--learners", "newtn"], "Did you mean: newton")
 case("patch-over-input", ["patch", "ck", "--out", "ck"], "input itself")
 

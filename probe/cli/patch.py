@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args, ckpt)
     settings = recipe.interventions
     n = ckpt.config.task.n_points
-    if settings.query is not None and not 0 <= settings.query < n:
-        raise ConfigError(f"--query must lie in 0..{n - 1} (examples before the query), got {settings.query}")
+    if settings.query is not None and not 1 <= settings.query < n:
+        raise ConfigError(f"--query must lie in 1..{n - 1} (examples before the query), got {settings.query}")
     labels = settings.learner_labels(recipe.sweeps)
     budget.check(budget.intervention_estimates(shape_of(ckpt.model), n, settings, recipe.similarity.bootstrap))
     maps, skip = layer_maps(args, ckpt, labels)

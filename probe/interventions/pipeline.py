@@ -59,7 +59,12 @@ class InterventionSettings(Section):
     kinds: tuple[str, ...] = setting(KINDS, "ablation kinds", KINDS, noun="ablation kind")
     heads: bool = setting(False, "ablate single heads and MLPs too (--no-heads: layer skips and MLPs only)")
     sites: tuple[str, ...] = setting(("resid",), "patching sites", SITES, noun="site")
-    query: int | None = setting(None, "examples before the patching heatmap's query (none: n - 1)", minimum=0)
+    query: int | None = setting(
+        None,
+        "examples before the patching heatmap's query (none: n - 1; at least 1: a patch restores the clean "
+        "examples' labels, and before the first example there are none)",
+        minimum=1,
+    )
     max_positions: int = setting(
         32, "patching heatmap: the query token and this many - 1 before it (0: every token)", minimum=0
     )
