@@ -59,6 +59,7 @@ TOKEN_TARGETS = ("sx", "s3x", "newton_mx", "w_newton", "w_gd", "w_ols")
 TOKEN_KINDS = ("x", "y", "column")  # column: the column tokens a planted Newton model keeps
 TOKENS = TOKEN_KINDS
 ITERATED = ("newton_mx", "w_newton", "w_gd")  # targets with an iteration count
+NEWTON_TARGETS = ("newton_mx", "w_newton")  # those iterated one step at a time (w_gd is closed-form)
 ALPHAS = (1e-8, 1e-6, 1e-4, 1e-2, 1.0)  # ridge penalties, fractions of the mean eigenvalue
 LEVEL = 0.90
 
@@ -303,11 +304,21 @@ def probed_tokens(model, tokens: Sequence[str]) -> list[str]:
 
 
 def token_estimates(
-    shape, points: int, n_train: int, n_test: int, n_boot: int, probes: int, columns: int = 0
+    shape,
+    points: int,
+    n_train: int,
+    n_test: int,
+    n_boot: int,
+    targets: Sequence[TokenTarget],
+    n_tokens: int,
+    columns: int = 0,
 ) -> list[budget.Estimate]:
     """The streams of the training and test prompts (float64, every layer), the `columns` column
-    tokens' states of every prefix run where probed, and the bootstrap of `probes` (target x token
-    kind) probes at every layer: the report's check and the study's."""
+    tokens' states of every prefix run where probed, the Newton targets' iterations (each k from
+    scratch, per eigenvalue of every prefix of every prompt: `_newton_iterate`) and the bootstrap of
+    every (target x token kind) probe at every layer: the report's check and the study's."""
+    probes = len(targets) * n_tokens
+    newton = [t.iterations for t in targets if t.name in NEWTON_TARGETS]
     out = [
         budget.prompt_estimate("token_probes.prompts", n_train, shape, points, 2),
         budget.prompt_estimate("token_probes.test", n_test, shape, points, 2),
@@ -318,6 +329,9 @@ def token_estimates(
             budget.Estimate(knob, n, n * per_prompt)
             for knob, n in (("token_probes.prompts", n_train), ("token_probes.test", n_test))
         ]
+    if newton:
+        flop = 4.0 * sum(newton) * (n_train + n_test) * points * shape.d
+        out.append(budget.Estimate("token_probes.iterations", max(newton), 0.0, flop))
     return out + [budget.bootstrap_estimate("similarity.bootstrap", n_boot, n_test, (shape.layers + 1) * probes)]
 
 
@@ -345,7 +359,7 @@ def token_probe_study(
             "do): probe its x and y tokens"
         )
     budget.check(
-        token_estimates(shape_of(model), task.n_points, n_train, n_test, n_boot, len(targets) * len(tokens), columns)
+        token_estimates(shape_of(model), task.n_points, n_train, n_test, n_boot, targets, len(tokens), columns)
     )
     prompts = [
         sample_prompts(task, size, generator=stream_generator(seed, stream))

@@ -163,12 +163,10 @@ def _run(c) -> dict[str, pd.DataFrame]:
 
 def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     s = recipe.token_probes
-    n_targets, tokens = len(settings_targets(s, ckpt.config.model)), probed_tokens(ckpt.model, s.tokens)
+    targets, tokens = settings_targets(s, ckpt.config.model), probed_tokens(ckpt.model, s.tokens)
     columns = column_count(ckpt.model) if "column" in tokens else 0
     shape, points = shape_of(ckpt.config.model), ckpt.config.task.n_points
-    return token_estimates(
-        shape, points, s.prompts, s.test, recipe.similarity.bootstrap, n_targets * len(tokens), columns
-    )
+    return token_estimates(shape, points, s.prompts, s.test, recipe.similarity.bootstrap, targets, len(tokens), columns)
 
 
 def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
