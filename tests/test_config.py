@@ -109,6 +109,8 @@ def test_config_checks_read_the_registries():
         (lambda: TaskConfig(mixture_weights=(0.5, 0.2)), r"task\.mixture_weights must be two non-negative numbers summing to 1"),
         (lambda: TrainConfig(min_lr_ratio=1.5), r"train\.min_lr_ratio must be <= 1, got 1\.5"),
         (lambda: TrainConfig(lr=float("nan")), r"train\.lr must be a finite number"),
+        (lambda: TrainConfig(lr=1e300), r"train\.lr must be <= 10, got 1e\+300"),  # overflowed inside torch
+        (lambda: TaskConfig(kappa=1e300), r"task\.kappa must be <= 1e\+12, got 1e\+300"),  # float32 prompts
         (lambda: TrainConfig(schedule="cosin"), r"train\.schedule: Unknown value 'cosin'\. Did you mean: cosine\?"),
         (lambda: TrainConfig(seed=-1), r"train\.seed must be an integer in 0\.\.2\^63-1"),
         (lambda: ModelConfig(planted_batch=-1), r"model\.planted_batch must be an integer >= 0, got -1"),

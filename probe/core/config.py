@@ -309,7 +309,9 @@ class TrainConfig(Section):
 
     steps: int = setting(2000, "optimizer steps")
     batch_size: int = setting(64, "prompts per step")
-    lr: float = setting(1e-3, "peak learning rate of AdamW")
+    lr: float = setting(
+        1e-3, "peak learning rate of AdamW (at most 10: an update moves each weight by about lr)", high=10.0
+    )
     weight_decay: float = setting(0.0, "AdamW's weight decay", low=0.0, strict=False)
     warmup_steps: int = setting(200, "linear warm-up steps", minimum=0)
     schedule: str = setting(
