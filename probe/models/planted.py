@@ -303,7 +303,7 @@ def plant(cfg: ModelConfig) -> PlantedICL:
     check_memory(
         planted_bytes(cfg),
         f"a planted {cfg.planted} model with {cfg.n_layer} layers (d = {cfg.n_dims})",
-        "use fewer layers",
+        "use fewer layers or a smaller d (a prng model: fewer outputs)",
     )
     model = PlantedICL(cfg)
     with torch.no_grad():
