@@ -117,3 +117,12 @@ def test_evaluate_cli_runs_a_shift_and_refuses_a_bad_one(tmp_path, capsys):
     assert "unknown shift 'quadrants'" in capsys.readouterr().err and not (tmp_path / "f").exists()
     assert main(["-q", "evaluate", "checkpoints/gpt2-illcond", "--shift", "skewed", "--out", str(tmp_path / "g")]) != 0
     assert "isotropic linear regression" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shift", ["scale_x=1e300", "scale_y=1e300", "noisy=1e300"])
+def test_a_shift_value_that_overflows_the_prompts_is_refused_naming_the_shift(shift):
+    """The prompts are float32: a scale beyond its range made infinities that a learner then refused
+    as the user's "prompts" (which the user never gave)."""
+    with pytest.raises(ConfigError, match=rf"^shift {shift.split('=')[0]} \(value 1e\+300\) makes the prompts overflow"):
+        shifted_prompts(TaskConfig(n_dims=3, n_points=6), shift, 8)
+    assert torch.isfinite(shifted_prompts(TaskConfig(n_dims=3, n_points=6), "scale_x=3", 8).xs).all()

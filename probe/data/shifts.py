@@ -196,4 +196,9 @@ def shifted_prompts(
         ys = spec.label(ys, w, value, g)
     # a shift that keeps the queries asks each position's own example, with its (shifted) label
     query_ys = ys if queries is xs else torch.einsum("bnd,bd->bn", queries, w)
+    if not all(bool(torch.isfinite(t).all()) for t in (xs, ys, queries, query_ys)):
+        raise ConfigError(
+            f"shift {shift} (value {value:g}) makes the prompts overflow float32 (|x| or |y| beyond 3.4e38); "
+            "use a smaller value"
+        )
     return ShiftedPrompts(xs, ys, queries, query_ys, w)
