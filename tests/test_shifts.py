@@ -125,4 +125,7 @@ def test_a_shift_value_that_overflows_the_prompts_is_refused_naming_the_shift(sh
     as the user's "prompts" (which the user never gave)."""
     with pytest.raises(ConfigError, match=rf"^shift {shift.split('=')[0]} \(value 1e\+300\) makes the prompts overflow"):
         shifted_prompts(TaskConfig(n_dims=3, n_points=6), shift, 8)
-    assert torch.isfinite(shifted_prompts(TaskConfig(n_dims=3, n_points=6), "scale_x=3", 8).xs).all()
+    # the value written in the shift is the one used (it was the default, 2, unless passed as `value`)
+    task = TaskConfig(n_dims=3, n_points=6)
+    written, passed = shifted_prompts(task, "scale_x=3", 8), shifted_prompts(task, "scale_x", 8, value=3.0)
+    assert torch.equal(written.xs, passed.xs) and not torch.equal(written.xs, shifted_prompts(task, "scale_x", 8).xs)

@@ -176,15 +176,17 @@ def parse_shift(text: str) -> tuple[str, float | None]:
 def shifted_prompts(
     task: TaskConfig, shift: str, n_prompts: int, seed: int = 0, n_points: int | None = None, value: float | None = None
 ) -> ShiftedPrompts:
-    """Prompts of a linear task under `shift` (module docstring): z ~ N(0, I), w ~ N(0, tau^2 I)
-    from the seed's evaluation stream, the shift's own draws from SHIFT_STREAM."""
+    """Prompts of a linear task under `shift` ("name" or "name=value"; `value` overrides the written
+    one) (module docstring): z ~ N(0, I), w ~ N(0, tau^2 I) from the seed's evaluation stream, the
+    shift's own draws from SHIFT_STREAM."""
     if task.name != "linear_regression" or task.covariance != "isotropic":
         raise ConfigError(
             f"the Garg et al. shifts apply to isotropic linear regression (this task: {task.name}, "
             f"{task.covariance} inputs)"
         )
-    spec = SHIFTS[shift] if shift in SHIFTS else SHIFTS[parse_shift(shift)[0]]
-    value = spec.default if value is None else value
+    name, written = parse_shift(shift)  # "scale_x=3": its value, unless `value` is given
+    spec = SHIFTS[name]
+    value = written if value is None else value
     n = n_points or task.n_points
     g = generator_for(seed, SHIFT_STREAM)
     gen = generator_for(seed, SHIFT_STREAM + 1)
@@ -196,9 +198,11 @@ def shifted_prompts(
         ys = spec.label(ys, w, value, g)
     # a shift that keeps the queries asks each position's own example, with its (shifted) label
     query_ys = ys if queries is xs else torch.einsum("bnd,bd->bn", queries, w)
-    if not all(bool(torch.isfinite(t).all()) for t in (xs, ys, queries, query_ys)):
+    finite = all(bool(torch.isfinite(t).all()) for t in (xs, ys))  # (queries a shift has none for are NaN)
+    if not finite or any(bool(torch.isinf(t).any()) for t in (queries, query_ys)):
         raise ConfigError(
-            f"shift {shift} (value {value:g}) makes the prompts overflow float32 (|x| or |y| beyond 3.4e38); "
+            f"shift {name}{'' if value is None else f' (value {value:g})'} makes the prompts overflow float32 "
+            "(|x| or |y| beyond 3.4e38); "
             "use a smaller value"
         )
     return ShiftedPrompts(xs, ys, queries, query_ys, w)
