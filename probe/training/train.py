@@ -363,10 +363,14 @@ def _train_step(
     errors = (net(prompts.xs, prompts.ys) - prompts.ys) ** 2
     loss = (errors[:, -1] if cfg.train.loss == "last" else errors).mean()
     if not torch.isfinite(loss):
+        kept = (
+            f"The last finite checkpoint in {out} is kept ({TRAIN_STATE})"
+            if (out / TRAIN_STATE).exists()
+            else "No checkpoint was written"
+        )
         raise TrainingDiverged(
             f"training diverged at step {step}: the loss is {loss.item()} (train.lr={cfg.train.lr:g}, "
-            f"task.w_scale={cfg.task.w_scale:g}); lower train.lr or the task's scale. The last finite "
-            f"checkpoint in {out} is kept (train_state.pt)"
+            f"task.w_scale={cfg.task.w_scale:g}); lower train.lr or the task's scale. {kept}"
         )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
