@@ -90,7 +90,10 @@ def check_study_size(recipe: StudyRecipe, models: list[Path]) -> None:
         ckpt = load_checkpoint(path)
         for shift in recipe.shifts:  # values a model's task cannot take (e.g. a negative noise)
             recipe.shifted_task(ckpt.config.task, shift)
-        check_report_size(ckpt, adapt_recipe(report, ckpt.config))
+        try:
+            check_report_size(ckpt, adapt_recipe(report, ckpt.config))
+        except ConfigError as err:  # prompts.curve is the study's evaluate_prompts; the others its `set` keys
+            raise ConfigError(str(err).replace("prompts.curve", "evaluate_prompts")) from None
         if "spd_ilw" in recipe.analyses:
             task = ckpt.config.task
             queries = query_count(recipe.queries, task.n_dims)
