@@ -654,7 +654,7 @@ def test_hostile_model_arguments_of_the_python_api(template):
         with pytest.raises(ProbeError, match=r"pass its \.model"):
             call()
     few = LayerSettings(PromptSettings(train=16, val=8, test=16, induced=4, queries=D - 1))
-    with pytest.raises(ProbeError, match="below d = 3"):
+    with pytest.raises(ProbeError, match=r"^prompts.queries = 2 is fewer than d = 3: .* need prompts.queries >= d \(0 means 4 d; or similarity.simw = false\)"):
         analyse_layers(ckpt.model, ckpt.config.task, few)
 
 

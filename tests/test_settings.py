@@ -190,3 +190,14 @@ def test_library_calls_leave_the_global_generator_alone(tmp_path):
         models.append(train(cfg, tmp_path / f"run{global_seed}", progress=False))
         assert torch.equal(torch.random.get_rng_state(), state)
     assert all(torch.equal(p, q) for p, q in zip(models[0].parameters(), models[1].parameters()))
+
+
+def test_one_rule_for_the_induced_weights_queries():
+    """The layers stage, analyse_layers / analyse_spectrum and the study's ILW refuse fewer fresh
+    queries than d with the one rule (0 means 4 d)."""
+    from probe.core.errors import ConfigError
+    from probe.core.settings import check_induced_queries
+
+    assert check_induced_queries(0, 3) == 12 and check_induced_queries(3, 3) == 3
+    with pytest.raises(ConfigError, match=r"^queries = 2 is fewer than d = 3 on ck: .* need queries >= d \(0 means 4 d; or x\)$"):
+        check_induced_queries(2, 3, key="queries", where="ck", off="x")

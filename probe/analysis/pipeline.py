@@ -25,7 +25,14 @@ from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget
 from ..core.progress import tqdm
 from ..core.seeds import Stream
-from ..core.settings import PromptSettings, SimilaritySettings, SweepSettings, query_count, quick_sweeps
+from ..core.settings import (
+    PromptSettings,
+    SimilaritySettings,
+    SweepSettings,
+    check_induced_queries,
+    query_count,
+    quick_sweeps,
+)
 from ..core.validate import check_device, check_model, positive_int
 from ..data.config import TaskConfig
 from ..data.tasks import generator_for, sample_prompts
@@ -300,17 +307,6 @@ def _keep_best(kept: dict[str, Candidate], sweep, result, values: Tensor, output
         kept[family] = found
 
 
-def check_simw_queries(task: TaskConfig, settings: LayerSettings) -> None:
-    """SimW's induced weights are a least-squares fit on the fresh queries: fewer than d queries
-    leave it underdetermined (a minimum-norm weight that scores low against any learner)."""
-    queries = settings.prompts.queries
-    if settings.similarity.simw and 0 < queries < task.n_dims:
-        raise ConfigError(
-            f"prompts.queries = {queries} is below d = {task.n_dims}: SimW's induced weights need at least d fresh "
-            f"queries per prefix (0 takes 4 d = {4 * task.n_dims})"
-        )
-
-
 def check_layer_budget(model, task: TaskConfig, settings: LayerSettings, sweeps, spectrum: bool) -> None:
     """Refuse, before any work, settings this machine cannot afford (probe/core/budget.py): the
     read-outs, the sweeps' learners and similarities (`sweeps`), SimW's query forwards and, with
@@ -327,7 +323,8 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
     """Read-outs per layer, then every layer against every sweep (SimE, SimW), with null
     baselines, trends, Table 1 and the span test."""
     check_model(model)
-    check_simw_queries(task, settings)
+    if settings.similarity.simw:
+        check_induced_queries(settings.prompts.queries, task.n_dims, off="similarity.simw = false")
     check_layer_budget(model, task, settings, settings.sweeps, settings.similarity.simw and settings.spectral.enabled)
     clock = _Clock()
     readouts, ev, layer_preds = fit_readouts(model, task, settings, progress)
@@ -417,7 +414,7 @@ def analyse_spectrum(model, task: TaskConfig, settings: LayerSettings, progress:
     """The spectral instrument alone (`icl-probe spectral`, `probe.spectral`): the layers' read-outs
     and induced weights exactly as `analyse_layers` makes them, without the sweeps."""
     check_model(model)
-    check_simw_queries(task, settings)
+    check_induced_queries(settings.prompts.queries, task.n_dims)
     induced = replace(settings, similarity=replace(settings.similarity, simw=True))  # it always fits them
     check_layer_budget(model, task, induced, (), spectrum=True)
     readouts, ev, _ = fit_readouts(model, task, settings, progress)

@@ -18,8 +18,7 @@ from ..analysis.matching import family_of, trend_words
 from ..analysis.pipeline import LayerSettings, analyse_layers
 from ..analysis.readout import LayerReadouts
 from ..core import budget
-from ..core.errors import ConfigError
-from ..core.settings import query_count
+from ..core.settings import check_induced_queries
 from ..core.stages import AnalysisStage, StageTables, register_stage
 from ..io.outputs import safe_name
 from ..models.constructions import CONSTRUCTIONS
@@ -63,13 +62,8 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     """Its knobs' memory and work on this checkpoint; a recipe whose SimW would be underdetermined
     is refused here, before any work."""
     m, shape, n, p = ckpt.config.model, shape_of(ckpt.config.model), ckpt.config.task.n_points, recipe.prompts
-    queries = query_count(p.queries, m.n_dims)
-    if recipe.similarity.simw and queries < m.n_dims:
-        raise ConfigError(
-            f"prompts.queries = {queries} is fewer than d = {m.n_dims} on {ckpt.name}: a layer's induced weights "
-            f"(seed 003 eq. 11) solve for d unknowns from the queries, so SimW needs queries >= d "
-            f"(0 means 4 d; or --set similarity.simw=false)"
-        )
+    if recipe.similarity.simw:
+        check_induced_queries(p.queries, m.n_dims, where=ckpt.name, off="--set similarity.simw=false")
     out = budget.layer_estimates(shape, n, p, recipe.similarity, recipe.sweeps)
     if recipe.readout.method == "adam":
         out.append(budget.finetune_estimate(recipe.readout.finetune_steps, shape, p.train, n))

@@ -21,7 +21,7 @@ from ..analysis.similarity import first_best, ilw, induced_weights, sime, spd
 from ..analysis.states import query_predictions
 from ..core.errors import ConfigError
 from ..core.seeds import Stream, stream_generator
-from ..core.settings import query_count
+from ..core.settings import check_induced_queries
 from ..data.tasks import sample_prompts
 from ..io.formats import load_checkpoint
 from ..learners import run_learner
@@ -214,12 +214,7 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
 
     prompts = sample_prompts(task, recipe.prompts, generator=stream_generator(recipe.seed, Stream.STUDY_PROMPTS))
     g = stream_generator(recipe.seed, Stream.STUDY_QUERIES)
-    n_q = query_count(recipe.queries, task.n_dims)
-    if n_q < task.n_dims:
-        raise ConfigError(
-            f"queries = {n_q} is fewer than d = {task.n_dims}: ILW's induced weights solve for d unknowns "
-            "from the queries, so a study needs queries >= d (0 means 4 d)"
-        )
+    n_q = check_induced_queries(recipe.queries, task.n_dims, key="queries")  # ILW's induced weights
     queries = torch.randn(recipe.prompts, n_q, task.n_dims, generator=g)
     if "sigma_sqrt" in prompts.params:
         queries = queries @ prompts.params["sigma_sqrt"]
