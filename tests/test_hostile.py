@@ -306,6 +306,7 @@ case("evaluate-points-zero", ["evaluate", "ck", "--points", "0"], "positive inte
 case("evaluate-prompts-negative", ["evaluate", "ck", "--prompts", "-3"], "positive integer")
 case("evaluate-points-beyond", ["evaluate", "ck", "--points", "99"], "exceeds the model")
 case("evaluate-unknown-flag", ["evaluate", "ck", "--promts", "3"], "unrecognized arguments")
+case("inspect-prompts-huge", ["inspect", "ck", "--prompts", "1000000000"], "error: prompts = 1000000000 would need")
 
 # ---- checkpoints (inspect loads them)
 INSPECT = ["inspect", "ck"]

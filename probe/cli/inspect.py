@@ -23,11 +23,14 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..analysis.evaluate import eval_prompts, predict
+    from ..core import budget
     from ..data.metrics import error_per_dim
     from ..io.formats import load_checkpoint
+    from ..models.sizes import shape_of
 
     ckpt = load_checkpoint(args.checkpoint)
     m, task = ckpt.config.model, ckpt.config.task
+    budget.check([budget.prompt_estimate("prompts", args.prompts, shape_of(ckpt.model), task.n_points)])
     prompts = eval_prompts(task, args.prompts, seed=0)
     err = error_per_dim(predict(ckpt.model, prompts), prompts.ys, task.n_dims).mean(0)
     k = 2 * task.n_dims + 1
