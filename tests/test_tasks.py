@@ -90,3 +90,14 @@ def test_a_draw_no_machine_holds_is_refused_naming_the_count():
     with pytest.raises(ConfigError, match=r"^10000000000 prompts of 16 points \(d = 4\) would need .*; draw fewer prompts"):
         api.prompts(n=10**10, task=task)
     assert api.prompts(n=3, task=task)[0].shape == (3, 16, 4)
+
+
+@pytest.mark.parametrize("scale", [{"noise_std": 1e300}, {"w_scale": 1e300}])
+def test_prompts_that_overflow_float32_are_refused_naming_the_task_scales(scale):
+    """Labels beyond float32's range were refused downstream as "ys contains NaN or infinite values;
+    drop or fix those prompts" (prompts the user never gave)."""
+    from probe.core.errors import ConfigError
+
+    task = TaskConfig(n_dims=3, n_points=5, **scale)
+    with pytest.raises(ConfigError, match=r"^linear_regression prompts overflow float32 .*: lower the task's scales$"):
+        sample_prompts(task, 4, generator=generator_for(0))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..core.errors import ConfigError
 from ..core.seeds import generator_for  # noqa: F401  (the prompt streams' generator, re-exported)
 from ..core.validate import check_memory
 from .config import TASKS, TaskConfig
@@ -163,4 +164,10 @@ def sample_prompts(
     # refused here, naming it, rather than by the allocator
     nbytes = 2 * 4.0 * batch * (n_points * (task.n_dims + 1) + task.n_dims)
     check_memory(nbytes, f"{batch} prompts of {n_points} points (d = {task.n_dims})", "draw fewer prompts")
-    return TASKS.get(task.name)(task, batch, n_points, generator, active_dims)
+    prompts = TASKS.get(task.name)(task, batch, n_points, generator, active_dims)
+    if not (bool(torch.isfinite(prompts.xs).all()) and bool(torch.isfinite(prompts.ys).all())):
+        raise ConfigError(
+            f"{task.name} prompts overflow float32 (|x| or |y| beyond 3.4e38) at task.w_scale = {task.w_scale:g}, "
+            f"task.noise_std = {task.noise_std:g}, task.kappa = {task.kappa:g}: lower the task's scales"
+        )
+    return prompts
