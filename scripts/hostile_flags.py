@@ -1,8 +1,9 @@
-"""Every numeric flag of every command, and every numeric key of a report recipe, given values a
-user should be refused for (0, -1, 10^12; nan, inf, 1e300), each in this process with a time limit:
-lists each case whose exit was a traceback rather than one error line (the project's rule: bad input
-gets one clear message and exit 2). A case that runs past the limit is listed as "ran" (the value was
-accepted: look at whether it should have been refused up front).
+"""Every numeric flag of every command, and every key of a report recipe, given values a user
+should be refused for (numbers: 0, -1, 10^12, nan, inf, 1e300; names: "bogus", ""; lists: empty;
+switches: 2), each in this process with a time limit. Lists each case whose exit was a traceback
+rather than one error line (the project's rule: bad input gets one clear message and exit 2). A case
+that runs past the limit is listed as "ran" (the value was accepted: look at whether it should have
+been refused up front).
 
     .venv/bin/python scripts/hostile_flags.py                      # every command, then report --set keys
     .venv/bin/python scripts/hostile_flags.py spectral patch       # some commands
@@ -48,7 +49,7 @@ def run_case(argv: list[str], seconds: int) -> tuple[str, str]:
         outcome = "ran"
     except SystemExit as exit_:
         outcome = f"rc={exit_.code}"
-    except Exception as error:  # what the project's rule forbids
+    except Exception as error:  # noqa: BLE001 - any escaping exception is what this script reports
         outcome = f"TRACEBACK {type(error).__name__}: {' '.join(str(error).split())[:150]}"
     finally:
         signal.alarm(0)
@@ -86,6 +87,24 @@ def command_cases(commands: list[str], checkpoint: str, out: Path):
                 yield [name, *where, action.option_strings[-1], value, "--out", str(out / name)]
 
 
+def recipe_values(default) -> tuple[str, ...]:
+    """The hostile values of a recipe key, as --set writes them, by its default's type."""
+    if isinstance(default, bool):
+        return ("2",)
+    if isinstance(default, float):
+        return FLOAT_VALUES
+    if isinstance(default, int) or default is None:
+        return INTEGER_VALUES
+    if isinstance(default, str):
+        return ('"bogus"', '""')
+    if isinstance(default, list) and default and all(isinstance(v, str) for v in default):
+        return ('["bogus"]', "[]", '[""]')
+    if isinstance(default, list) and default and all(isinstance(v, (int, float)) for v in default):
+        values = FLOAT_VALUES if isinstance(default[0], float) else INTEGER_VALUES
+        return ("[]", *(f"[{v}]" for v in values))
+    return ()
+
+
 def report_cases(checkpoint: str, out: Path):
     from probe.reporting.recipe import resolve_recipe
 
@@ -93,12 +112,8 @@ def report_cases(checkpoint: str, out: Path):
         if not isinstance(body, dict):
             continue
         for key, default in body.items():
-            numbers = isinstance(default, list) and default and all(isinstance(v, (int, float)) for v in default)
-            if isinstance(default, bool) or not (isinstance(default, (int, float)) or default is None or numbers):
-                continue
-            values = FLOAT_VALUES if isinstance(default, float) else INTEGER_VALUES
-            for value in values:
-                setting = f"{section}.{key}={'[' + value + ']' if numbers else value}"
+            for value in recipe_values(default):
+                setting = f"{section}.{key}={value}"
                 yield ["report", checkpoint, "--no-cache", "--set", setting, "--out", str(out / "report")]
 
 

@@ -266,6 +266,11 @@ for override, culprit in [
     ("similarity.bootstrap=19", "similarity.bootstrap must be at least 20"),
     ("prompts.queries=2", "prompts.queries = 2 is fewer than d = 3"),
     ("prompts.tset=3", "prompts: Unknown key 'tset'. Did you mean: test?"),
+    # empty lists where a stage needs one value at least (probes: pandas' "No objects to concatenate";
+    # sites: a KeyError; ablation kinds: an empty figure)
+    ("probes.kinds=[]", "probes.kinds is empty"), ("probes.targets=[]", "probes.targets is empty"),
+    ("interventions.sites=[]", "interventions.sites is empty"), ("interventions.kinds=[]", "interventions.kinds is empty"),
+    ("steering.targets=[]", "steering.targets is empty"),
 ]:
     case(f"report-set-{override}", [*REPORT, "--set", override], culprit)
 case("report-unknown-flag-after-the-command", [*REPORT, "--bogus"], "icl-probe report: error: unrecognized arguments: --bogus")

@@ -40,11 +40,12 @@ class ProbeSettings(Section):
     SECTION = "probes"
 
     enabled: bool = setting(True, "run the probes in reports")
-    kinds: tuple[str, ...] = setting(PROBE_KINDS, "probe kinds", PROBE_KINDS, noun="probe kind")
+    kinds: tuple[str, ...] = setting(PROBE_KINDS, "probe kinds", PROBE_KINDS, nonempty=True, noun="probe kind")
     targets: tuple[str, ...] = setting(
         DEFAULT_PROBE_TARGETS,
         "probe targets: X^T y, w_OLS and (xtx) S = X^T X / t of the prefix",
         PROBE_TARGETS,
+        nonempty=True,
         noun="target",
     )
     prefixes: tuple[int, ...] | None = setting(

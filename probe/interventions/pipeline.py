@@ -56,9 +56,9 @@ class InterventionSettings(Section):
     enabled: bool = setting(True, "run the causal checks in reports (transformers only)")
     prompts: int = setting(64, "ablation prompts (and as many held out for mean-ablation)")
     patch_prompts: int = setting(32, "clean / corrupted prompt pairs for patching")
-    kinds: tuple[str, ...] = setting(KINDS, "ablation kinds", KINDS, noun="ablation kind")
+    kinds: tuple[str, ...] = setting(KINDS, "ablation kinds", KINDS, nonempty=True, noun="ablation kind")
     heads: bool = setting(False, "ablate single heads and MLPs too (--no-heads: layer skips and MLPs only)")
-    sites: tuple[str, ...] = setting(("resid",), "patching sites", SITES, noun="site")
+    sites: tuple[str, ...] = setting(("resid",), "patching sites", SITES, nonempty=True, noun="site")
     query: int | None = setting(
         None,
         "examples before the patching heatmap's query (none: n - 1; at least 1: a patch restores the clean "

@@ -241,7 +241,9 @@ class SteeringSettings(Section):
     enabled: bool = setting(False, "steer along linear probes in reports (transformers only; on in the full recipe)")
     layers: tuple[int, ...] = setting((), "layer boundaries to edit (empty: all)", minimum=0)
     prefixes: tuple[int, ...] = setting((), "examples before the query (empty: d, 2d+1 and n-1)")
-    targets: tuple[str, ...] = setting(("w_ols", "xty"), "probe targets steered", ("w_ols", "xty"), noun="target")
+    targets: tuple[str, ...] = setting(
+        ("w_ols", "xty"), "probe targets steered", ("w_ols", "xty"), nonempty=True, noun="target"
+    )
     train_prompts: int = setting(1024, "prompts the steered probes are fitted on")
     test_prompts: int = setting(128, "prompts that are steered")
 
