@@ -269,3 +269,28 @@ def test_train_refuses_held_out_prompts_it_cannot_hold_before_any_work(tmp_path,
     err = capsys.readouterr().err
     assert code != 0 and "train.eval_prompts = 1000000000 would need about" in err and "lower train.eval_prompts" in err
     assert not out.exists()
+
+
+def test_keep_at_keeps_snapshots_at_the_listed_steps_also_across_a_resume(tmp_path):
+    """--keep-at 3,7,12: snapshots at exactly those step counts (not at every save), the last one
+    written by a resumed run; a step outside 1..train.steps is refused with a message."""
+    cfg = build_cfg(steps=8, log_every=1, save_every=4, eval_every=4)
+    train(cfg, tmp_path / "run", progress=False, keep_at=(3, 7))
+    longer = build_cfg(steps=12, log_every=1, save_every=4, eval_every=4)
+    train(longer, tmp_path / "run", resume=True, progress=False, keep_at=(3, 7, 12))
+    kept = sorted(int(p.name.removeprefix("step_")) for p in (tmp_path / "run" / "snapshots").iterdir())
+    assert kept == [3, 7, 12]
+    with pytest.raises(ConfigError, match=r"--keep-at: 0 is not a step count between 1 and train.steps = 8"):
+        train(cfg, tmp_path / "bad", progress=False, keep_at=(0, 4))
+
+
+def test_keep_at_flag_parses_a_comma_list_and_refuses_other_text():
+    import argparse
+
+    from probe.cli.train import _step_list
+
+    assert _step_list("500,900,1600") == (500, 900, 1600)
+    with pytest.raises(argparse.ArgumentTypeError, match="not a comma-separated list of step counts"):
+        _step_list("500;900")
+    with pytest.raises(argparse.ArgumentTypeError, match="positive whole numbers"):
+        _step_list("0,5")

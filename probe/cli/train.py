@@ -5,6 +5,7 @@ examples:
   icl-probe train --recipe recipes/tiny.toml --set train.steps=50 --out /tmp/run
   icl-probe train --out /tmp/run --resume        # continue a killed run
   icl-probe train --recipe recipes/gpt2-default.toml --keep-every 1000 --out /tmp/run  # with snapshots
+  icl-probe train --recipe recipes/gpt2-d8.toml --keep-at 500,900,1600,2900 --out /tmp/run  # snapshots at these steps
   torchrun --nproc_per_node 2 -m probe train --recipe recipes/tiny.toml --out /tmp/ddp
 """
 
@@ -38,7 +39,25 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="also keep an immutable snapshot every N steps under OUT/snapshots/step_<k>/",
     )
+    p.add_argument(
+        "--keep-at",
+        type=_step_list,
+        default=(),
+        metavar="K1,K2,...",
+        help="also keep a snapshot at each of these step counts (e.g. log-spaced: 500,900,1600,...)",
+    )
     add_device(p)
+
+
+def _step_list(text: str) -> tuple[int, ...]:
+    """`--keep-at 500,900,1600`: comma-separated positive step counts."""
+    try:
+        steps = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of step counts, e.g. 500,1000")
+    if not steps or min(steps) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: step counts are positive whole numbers, e.g. 500,1000")
+    return steps
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     device = check_device(args.device)
     if target is not None:
         remove_previous(target)
-    train(cfg, out, resume=args.resume, device=device, progress=not args.quiet, keep_every=args.keep_every)
+    train(cfg, out, resume=args.resume, device=device, progress=not args.quiet, keep_every=args.keep_every,
+          keep_at=args.keep_at)
     print(f"trained model written to {out}")
     return 0
 

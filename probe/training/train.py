@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,15 +247,18 @@ def train(
     device: str = "cpu",
     progress: bool = True,
     keep_every: int = 0,
+    keep_at: Sequence[int] = (),
 ) -> nn.Module:
     """Train `cfg` into run directory `out`; returns the trained (unwrapped) model.
 
     keep_every > 0 also keeps an immutable snapshot every that many steps (and at the end)
-    under `out/snapshots/step_<k>/`, each loadable with `load_checkpoint`.
+    under `out/snapshots/step_<k>/`, each loadable with `load_checkpoint`; `keep_at` keeps one
+    at each listed step count (e.g. log-spaced steps for a training-dynamics study).
     """
     out = Path(out)
     dist_info = init_distributed(device)
     device = _check_training(cfg, out, resume, device, keep_every, dist_info)
+    keep = _snapshot_rule(cfg, keep_every, keep_at)
     created = not out.exists()
     with run_lock(out) if dist_info.main else contextlib.nullcontext():
         model, optimizer, start, elapsed = _training_state(cfg, out, resume, device, dist_info)
@@ -262,7 +266,7 @@ def train(
         if dist_info.world > 1:
             net = nn.parallel.DistributedDataParallel(model)
         try:
-            _loop(cfg, out, model, net, optimizer, start, elapsed, device, dist_info, progress, keep_every)
+            _loop(cfg, out, model, net, optimizer, start, elapsed, device, dist_info, progress, keep)
         except BaseException:
             if created and dist_info.main and not (out / TRAIN_STATE).exists():
                 shutil.rmtree(out, ignore_errors=True)  # nothing worth keeping was written
@@ -272,6 +276,24 @@ def train(
 
         dist.barrier()
     return model.eval()
+
+
+def _snapshot_rule(cfg: RunConfig, keep_every: int, keep_at: Sequence[int]) -> Callable[[int], bool]:
+    """Which step counts keep a snapshot: every `keep_every` steps and the end, and each of `keep_at`."""
+    at = set()
+    for k in keep_at:
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= cfg.train.steps:
+            raise ConfigError(
+                f"--keep-at: {k!r} is not a step count between 1 and train.steps = {cfg.train.steps}; "
+                "give whole numbers of steps done, e.g. --keep-at 500,1000,2000"
+            )
+        at.add(k)
+
+    def keep(done: int) -> bool:
+        every = bool(keep_every) and (done % keep_every == 0 or done == cfg.train.steps)
+        return every or done in at
+
+    return keep
 
 
 def _check_training(cfg: RunConfig, out: Path, resume: bool, device: str, keep_every: int, dist_info) -> str:
@@ -445,13 +467,13 @@ def _loop(
     device: str,
     dist_info: DistInfo,
     progress: bool,
-    keep_every: int,
+    keep: Callable[[int], bool],
 ) -> None:
     """The training steps from `start`: fresh prompts, AdamW, logging, checkpoints and snapshots."""
 
     if dist_info.main:
         mark_run_directory(out, "train")
-        if keep_every and start and (start % keep_every == 0 or start == cfg.train.steps):
+        if start and keep(start):
             save_snapshot(model, cfg, out, start, elapsed)  # a kill may have come between commit and snapshot
 
     local_batch = cfg.train.batch_size // dist_info.world
@@ -485,6 +507,6 @@ def _loop(
             log.info("step %d: held-out error/d %.4f, at 2d+1 %.4f", done, ev["error_mean"], ev["error_at_2d1"])
         if dist_info.main and (done % cfg.train.save_every == 0 or done == cfg.train.steps):
             _commit(model, optimizer, cfg, out, done, rows, time.perf_counter() - t0)
-        if dist_info.main and keep_every and (done % keep_every == 0 or done == cfg.train.steps):
+        if dist_info.main and keep(done):
             save_snapshot(model, cfg, out, done, time.perf_counter() - t0)
             mark_run_directory(out, "train")
