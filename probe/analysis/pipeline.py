@@ -398,7 +398,7 @@ def fixed_steps(sweeps) -> tuple[float | None, float | None]:
 def layer_spectrum(layer_weights, ev, settings: LayerSettings) -> SpectralAnalysis:
     """The spectral instrument on each layer's induced weights (the first n_induced held-out prompts)."""
     m = settings.n_induced
-    families = reference_families(ev.xs.shape[-1], *fixed_steps(settings.sweeps))
+    families = reference_families(ev.xs.shape[-1], *fixed_steps(settings.sweeps), xs=ev.xs[:m])
     return spectral_analysis(
         layer_weights,
         ev.xs[:m],

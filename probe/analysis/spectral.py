@@ -229,6 +229,30 @@ def local_exponent(r: Tensor, center: Tensor, use: Tensor) -> Tensor:
     return torch.where(bad, torch.full_like(slope, math.nan), slope)
 
 
+def fit_window(r: Tensor, used: Tensor, r_low: float, r_high: float) -> Tensor:
+    """The bins an exponent is fitted over (..., K): the longest contiguous run of kept bins (in
+    order of the variable; bins not kept neither join nor break a run) whose response lies in
+    (r_low, r_high), the first such run on a tie. A bin past an overshoot or a dip never re-enters:
+    the fit is on one rising stretch of the curve. The same rule is applied to every resample."""
+    inside = (r > r_low) & (r < r_high) & used
+    lead = inside.shape[:-1]
+    run = torch.zeros(lead, dtype=torch.long)
+    start = torch.zeros(lead, dtype=torch.long)
+    best = torch.zeros(lead, dtype=torch.long)
+    best_start = torch.zeros(lead, dtype=torch.long)
+    best_end = torch.full(lead, -1, dtype=torch.long)
+    for k in range(inside.shape[-1]):
+        kept, ins = used[..., k].expand(lead), inside[..., k]
+        start = torch.where(ins & (run == 0), torch.full_like(start, k), start)
+        run = torch.where(ins, run + 1, torch.where(kept, torch.zeros_like(run), run))
+        longer = run > best
+        best = torch.where(longer, run, best)
+        best_start = torch.where(longer, start, best_start)
+        best_end = torch.where(longer, torch.full_like(best_end, k), best_end)
+    k = torch.arange(inside.shape[-1])
+    return inside & (k >= best_start.unsqueeze(-1)) & (k <= best_end.unsqueeze(-1))
+
+
 def fit_errors(r: Tensor, r_ref: Tensor) -> tuple[Tensor, Tensor]:
     """Each reference curve with a fitted gain g >= 0 against each predictor's: r (..., A, K) and
     r_ref (..., M, K) -> gain, relative error sum((r - g r_ref)^2) / sum(r^2), each (..., A, M)."""
@@ -333,12 +357,17 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
     lo, hi = _quantiles(m.r_boot)
     gain, err = fit_errors(r[:, used], m.r_ref[:, used])  # (A, M)
     _, err_b = fit_errors(m.r_boot[:, :, used], m.r_ref_boot[:, :, used])  # (S, A, M)
-    in_range = (r > s.r_low) & (r < s.r_high) & used
+    in_range = fit_window(r, used, s.r_low, s.r_high)
     p = local_exponent(r, center, in_range)
-    p_lo, p_hi = _quantiles(local_exponent(m.r_boot, m.center_boot.unsqueeze(1), in_range.unsqueeze(0)))
+    # each resample chooses its own bins by the same rule; one without two bins in range has no fit
+    p_boot = local_exponent(m.r_boot, m.center_boot.unsqueeze(1), fit_window(m.r_boot, used, s.r_low, s.r_high))
+    p_lo, p_hi = _quantiles(p_boot)
+    unfit = torch.isnan(p_boot).double().mean(0)  # (A,)
+    overshot = ((m.r_boot >= 1) & used).any(-1).double().mean(0)  # (A,) resamples with a bin at r >= 1
     # the references' own exponent in the same bins: the estimator's bias over a finite range
-    p_ref = local_exponent(m.r_ref, center, (m.r_ref > s.r_low) & (m.r_ref < s.r_high) & used)
+    p_ref = local_exponent(m.r_ref, center, fit_window(m.r_ref, used, s.r_low, s.r_high))
     non_filter = _non_filter_share(m.sums, r)
+    explained = _explained(m.sums)
     cls_err, cls_err_b = members.class_min(err), members.class_min(err_b)
     curves, rows, fits = [], [], []
     for a, name in enumerate(names):
@@ -355,6 +384,9 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
                 "variable": m.variable,
                 "own_variable_of_best": fam.variable == m.variable,
                 **_response_row(m, r[a], (p[a], p_lo[a], p_hi[a]), in_range[a], non_filter[a]),
+                "explained": float(explained[a]),
+                "resamples_unfit": float(unfit[a]),
+                "resamples_overshoot": float(overshot[a]),
                 "best_class": members.classes[best_c],
                 "best_family": fam.name,
                 "best_axis": fam.axis or "",
@@ -389,6 +421,12 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
     return curves, rows, fits, _reference_exponents(m.variable, members, p_ref)
 
 
+def _step_words(fam: Family) -> str:
+    """A family's step rule as a value: its fixed step or alpha, or its per-prompt rule's name."""
+    values = [v for key in ("eta", "alpha", "penalty") for v in fam.grid.get(key, [])]
+    return ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in values)
+
+
 def _response_row(m: Measured, r: Tensor, p: tuple, in_range: Tensor, non_filter: Tensor) -> dict:
     """One predictor's response in one variable: its exponent with interval, the bins and range it
     was fitted over, its smallest and largest response, overshooting bins and non-filter share."""
@@ -420,6 +458,9 @@ def _reference_exponents(variable: str, members: Members, p_ref: Tensor) -> list
                 "class": f.klass,
                 "variable": variable,
                 "own_variable": f.variable == variable,
+                "step": _step_words(f),
+                "members": len(idx),
+                "members_dropped": members.dropped.get(name, 0),
                 "p_median": float(vals.median()) if len(vals) else math.nan,
                 "p_min": float(vals.min()) if len(vals) else math.nan,
                 "p_max": float(vals.max()) if len(vals) else math.nan,
@@ -442,7 +483,8 @@ def spectral_analysis(
     """Response curves, exponents and filter-class fits of every predictor in `layer_weights`
     (A, B, n, d): a layer's induced weights (seed 003 eq. 11-12) on prompts xs (B, n, d), ys (B, n).
     Intervals: 5-95% over `n_boot` resamples of the prompts. `families`: the references (default
-    `reference_families(d)`); `names` labels the predictors (default: layer 0..A-1)."""
+    `reference_families(d, xs=xs)`: fixed steps stable on these prompts); `names` labels the
+    predictors (default: layer 0..A-1)."""
     s = settings or SpectralSettings()
     xs = torch.as_tensor(xs, dtype=torch.float64)
     ys = torch.as_tensor(ys, dtype=torch.float64)
@@ -451,12 +493,20 @@ def spectral_analysis(
         raise ConfigError(f"layer weights must have shape (A, {', '.join(map(str, xs.shape))}), got {tuple(lw.shape)}")
     names = names or [str(i) for i in range(lw.shape[0])]
     dirs = directions(xs, ys)
-    ref_w, members = reference_weights(families or reference_families(xs.shape[-1]), xs, ys)
+    ref_w, members = reference_weights(families or reference_families(xs.shape[-1], xs=xs), xs, ys)
     a_layer, a_ref = components(lw, dirs), components(ref_w, dirs)
     boot = resample_weights(xs.shape[0], n_boot, seed)
     parts = [_variable_tables(measure(a_layer, a_ref, dirs, var, s, boot), members, names, s) for var in VARIABLES]
     curves, layers, fits, refs = (pd.DataFrame([row for part in parts for row in part[i]]) for i in range(4))
     return SpectralAnalysis(curves, layers, summarise(layers, s.r_low, s.r_high), refs, fits, dirs.counts)
+
+
+def _explained(sums: BinSums) -> Tensor:
+    """1 - sum((a - b)^2) / sum(b^2) over the binned directions (A,): how much closer the weights are to
+    w_OLS than w = 0 is. At or below 0 the weights do not follow w_OLS at all (a read-out that does
+    not predict y), whatever filter share they show."""
+    left = sums.aa.sum((-2, -1)) - 2 * sums.ab.sum((-2, -1)) + sums.bb.sum((-2, -1))
+    return 1 - left / sums.bb.sum((-2, -1)).clamp_min(1e-300)
 
 
 def _non_filter_share(sums: BinSums, r: Tensor) -> Tensor:
@@ -468,11 +518,19 @@ def _non_filter_share(sums: BinSums, r: Tensor) -> Tensor:
     return left.sum(-1) / aa.sum(-1).clamp_min(1e-300)
 
 
+def _no_response(row, r_low: float, r_high: float) -> bool:
+    """A predictor that does not respond in this variable: r never above r_low, its weights no
+    closer to w_OLS than zero (`explained` <= 0), or the best class fits with gain ~0 and relative
+    error ~1."""
+    return not (row.max_r > r_low) or not (row.explained > 0) or (row.gain < r_low and row.error > r_high)
+
+
 def summarise(layers: pd.DataFrame, r_low: float, r_high: float) -> pd.DataFrame:
     """One verdict per predictor over both bin variables: the filter class both variables'
     fits name (separated from the runner-up by their paired intervals), "ambiguous" where the two
     variables name different classes, "not separable" where the best class's paired interval
-    reaches 0, "no response" where r stays below r_low everywhere, "converged" where it stays above
+    reaches 0, "no response" where r stays below r_low everywhere or the weights do not follow w_OLS
+    (`_no_response`), "converged" where it stays above
     r_high in every bin (every class that converges fits; the layers that can decide are earlier). The exponent quoted is the one
     in the best family's own variable."""
     out = []
@@ -480,7 +538,7 @@ def summarise(layers: pd.DataFrame, r_low: float, r_high: float) -> pd.DataFrame
         by_var = {row.variable: row for row in rows.itertuples()}
         classes = {row.best_class for row in by_var.values()}
         own = next((row for row in by_var.values() if row.own_variable_of_best), next(iter(by_var.values())))
-        if all(not (row.max_r > r_low) for row in by_var.values()):
+        if all(_no_response(row, r_low, r_high) for row in by_var.values()):
             verdict, klass = "no response", ""
         elif all(row.min_r > r_high for row in by_var.values()):
             verdict, klass = "converged", ""  # r ~ 1 in every bin: every class that converges fits

@@ -10,6 +10,7 @@ from torch import Tensor
 from ..core.errors import ConfigError
 from ..core.threads import per_matrix
 from .base import LearnerResult, as_float64, at_prefixes, linear_result, prefix_moments
+from ..core.validate import Rule
 from .registry import register
 
 
@@ -28,7 +29,10 @@ def least_squares(xs: Tensor, ys: Tensor, queries: Tensor | None = None, last_pr
     return linear_result("least_squares", [{}], weights, at_prefixes(xs, last_prefix), queries)
 
 
-@register("ridge", label="ridge")
+PENALTIES = ("fixed", "per_example")
+
+
+@register("ridge", label="ridge", rules={"penalty": Rule("choice", names=PENALTIES)})
 def ridge(
     xs: Tensor,
     ys: Tensor,
@@ -36,17 +40,24 @@ def ridge(
     last_prefix: bool = False,
     *,
     lam: Sequence[float] = (0.01, 0.1, 1.0),
+    penalty: Sequence[str] = ("fixed",),
 ) -> LearnerResult:
     """w_t = (S_t + lambda I)^{-1} X_t^T y_t, minimising ||y - X w||^2 + lambda ||w||^2.
 
     The Bayes-optimal choice for y = x.w + N(0, sigma^2), w ~ N(0, tau^2 I) is
-    lambda = sigma^2 / tau^2 (seed 002 eq. 18); see `bayes_lambda`.
+    lambda = sigma^2 / tau^2 (seed 002 eq. 18); see `bayes_lambda`. penalty "per_example" puts
+    lambda t in its place at prefix t (the penalty of the mean loss ||y - X w||^2 / t + lambda ||w||^2):
+    along S's eigen-directions a filter of lambda / t, where the fixed penalty's is one of lambda.
     """
     xs, ys, queries = as_float64(xs, ys, queries)
     s, b = prefix_moments(xs, ys, last_prefix)
     eye = torch.eye(xs.shape[-1], dtype=xs.dtype, device=xs.device)
-    lams = torch.as_tensor(list(lam), dtype=xs.dtype, device=xs.device)
-    reg = s.unsqueeze(0) + lams.view(-1, 1, 1, 1, 1) * eye  # (K, B, n, d, d)
+    grid = [(float(v), rule) for rule in penalty for v in lam]
+    n = s.shape[1]  # examples before each position: t = 0..n-1 (the last alone: n_points - 1); S_0 = 0 stays 0
+    t = torch.arange(xs.shape[1] - n, xs.shape[1], dtype=xs.dtype, device=xs.device).clamp_min(1)
+    scale = torch.stack([t if rule == "per_example" else torch.ones_like(t) for _, rule in grid])  # (K, n)
+    lams = torch.as_tensor([v for v, _ in grid], dtype=xs.dtype, device=xs.device).view(-1, 1) * scale
+    reg = s.unsqueeze(0) + lams.view(len(grid), 1, n, 1, 1) * eye  # (K, B, n, d, d)
     try:
         w = torch.linalg.solve(reg, b.unsqueeze(0).expand(len(lams), *b.shape).unsqueeze(-1)).squeeze(-1)
     except torch.linalg.LinAlgError:  # singular: lambda vanishes beside S in float64 (below d examples)
@@ -55,7 +66,8 @@ def ridge(
             f"ridge with lambda {min(lam):g} is singular on these prompts: S = X^T X reaches {top:.3g}, where "
             f"{min(lam):g} is below {xs.dtype}'s resolution; rescale the prompts or use lambdas comparable to |x|^2"
         ) from None
-    return linear_result("ridge", [{"lam": float(v)} for v in lam], w, at_prefixes(xs, last_prefix), queries)
+    rows = [{"lam": v} if rule == "fixed" else {"lam": v, "penalty": rule} for v, rule in grid]
+    return linear_result("ridge", rows, w, at_prefixes(xs, last_prefix), queries)
 
 
 def bayes_lambda(noise_std: float, w_scale: float) -> float:

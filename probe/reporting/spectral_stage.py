@@ -41,6 +41,8 @@ class SpectralFit:
     min_r: list[float]
     max_r: list[float]
     non_filter: list[float]
+    explained: list[float]
+    resamples_unfit: list[float]
     best_class: list[str]
     best_family: list[str]
     best_axis: list[str]
@@ -90,7 +92,8 @@ def spectral_block(tables: dict[str, pd.DataFrame], counts: dict[str, int]) -> S
     """The spectral instrument's verdict per layer, each bin variable's fits and the references'
     exponents in their own variable (probe/analysis/spectral.py)."""
     summary, layers, refs = (tables[f"spectral_{name}"] for name in ("summary", "layers", "references"))
-    own = refs[refs.own_variable]
+    # each family's row in its own variable; the fixed-penalty ridge's (lambda itself, not binned) in lambda / t
+    own = refs[refs.own_variable | (~refs.family.isin(refs.family[refs.own_variable]) & (refs.variable == "lam_t"))]
     return Spectral(
         layer=[int(v) for v in summary.predictor],
         verdict=list(summary.verdict),
@@ -99,7 +102,15 @@ def spectral_block(tables: dict[str, pd.DataFrame], counts: dict[str, int]) -> S
         p_high=column(summary, "p_high"),
         variable=list(summary.variable),
         by_variable={var: columns(rows, SpectralFit) for var, rows in layers.groupby("variable", sort=False)},
-        references={r.family: {"variable": r.variable, "p_median": plain(r.p_median)} for r in own.itertuples()},
+        references={
+            r.family: {
+                "variable": r.variable,
+                "p_median": plain(r.p_median),
+                "step": str(getattr(r, "step", "")),
+                "members_dropped": int(getattr(r, "members_dropped", 0)),
+            }
+            for r in own.itertuples()
+        },
         counts={k: int(v) for k, v in counts.items()},
         classes=dict(CLASSES),
     )
@@ -140,7 +151,9 @@ def _page_tables(sp: Spectral, summary: Any, tables: dict[str, pd.DataFrame]) ->
             row[f"runner-up - best, {var}"] = (
                 f"{fit.runner_up[i]} {fit.difference[i]:+.4f} [{fit.diff_low[i]:+.4f}, {fit.diff_high[i]:+.4f}]"
             )
-        row["not a filter"] = f"{sp.by_variable[sp.variable[i]].non_filter[i]:.3f}"
+        # a layer that does not respond has no filter to fall short of
+        share = sp.by_variable[sp.variable[i]].non_filter[i]
+        row["not a filter"] = "- (no response)" if sp.verdict[i] == "no response" else f"{share:.3f}"
         rows.append(row)
     refs = ", ".join(f"{name} {fmt(r['p_median'])} ({r['variable']})" for name, r in sp.references.items())
     return {"spectral": html_table(pd.DataFrame(rows)), "spectral_refs": refs}
@@ -161,11 +174,11 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
     if sp is None or (a, b) not in (("newton", "gd"), ("ridge", "least_squares")):
         return []
     decided: dict[str, list[int]] = {}
-    for i, layer in enumerate(sp.layer):
-        fits = list(sp.by_variable.values())
-        classes = {fit.best_class[i] for fit in fits}
-        if len(classes) == 1 and all(fit.separated[i] for fit in fits) and not _flat(fits, i):
-            decided.setdefault(SPECTRAL_SIDE[classes.pop()], []).append(layer)
+    for layer, verdict in zip(sp.layer, sp.verdict):
+        # a layer decides where its verdict names one class: both variables agree, separated from the
+        # runner-up, neither flat nor converged (the thresholds are the recipe's spectral.r_low / r_high)
+        if verdict in SPECTRAL_SIDE:
+            decided.setdefault(SPECTRAL_SIDE[verdict], []).append(layer)
     named = {s: l for s, l in decided.items() if s in (a, b)}
     favours = next(iter(named)) if len(named) == 1 else None
     words = "; ".join(f"{side} class at layers {', '.join(map(str, ls))}" for side, ls in decided.items())
@@ -188,11 +201,6 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
             "cannot_tell_apart": equivalence,
         }
     ]
-
-
-def _flat(fits, i: int) -> bool:
-    """A layer that does not respond, or has converged, decides nothing."""
-    return all(fit.max_r[i] is None or fit.max_r[i] <= 0.05 or (fit.min_r[i] or 0) > 0.95 for fit in fits)
 
 
 def _run(c) -> StageTables:
