@@ -24,6 +24,7 @@ spectral rule. So:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,8 @@ REFINE = 3  # rounds of refinement of a fixed step or alpha (matched_members), e
 NEAR = np.geomspace(0.8, 1.25, 23)  # the first round's factors, 2% apart
 DIVERGED = 1e3  # a prediction beyond this many times the labels' root mean square has diverged
 CLOSE = 0.1  # the closest family's distance over the model's mean squared prediction, above which none is close
+TIE_SHARE = 0.01  # a distance difference under this share of the two families' own squared gap is a tie
+ZERO_SHARE = 1e-3  # a family whose mean squared prediction is under this share of the labels' predicts ~0
 
 
 @dataclass
@@ -84,10 +87,11 @@ class Comparison:
     difference: float
     low: float
     high: float
+    tie: str = ""  # why the two tie though the interval excludes 0 (`PerPrompt.tie`), else empty
 
     @property
     def separable(self) -> bool:
-        return self.low > 0
+        return self.low > 0 and not self.tie
 
 
 @dataclass
@@ -103,6 +107,27 @@ class PerPrompt:
     seed: int
     preds: dict[str, Tensor]  # (P, t) each family's predictions, for the gap between two of them
     n_dims: int
+    label_power: float = math.inf  # mean y^2 / d of the shifted queries: the zero predictor's error
+
+    def tie(self, a: str, b: str, difference: float) -> str:
+        """Why families a and b tie by distance although their paired interval may exclude 0: both
+        sit at the zero predictor (mean squared prediction / d under ZERO_SHARE of the labels'), or
+        the difference is under TIE_SHARE of the squared gap between their own predictions."""
+        power = {
+            f: float(
+                _masked_mean(
+                    (torch.nan_to_num(self.preds[f]) ** 2).mean(1, keepdim=True) / self.n_dims,
+                    self.both[:, [self.families.index(f)]],
+                )[0]
+            )
+            for f in (a, b)
+        }
+        if all(v < ZERO_SHARE * self.label_power for v in power.values()):
+            return f"{a} and {b} both predict ~0 (mean squared prediction / d {power[a]:.2g} and {power[b]:.2g})"
+        gap = self.gap(a, b)
+        if not difference > TIE_SHARE * gap:
+            return f"their difference {difference:.3g} is under {TIE_SHARE:.0%} of the gap between them ({gap:.3g})"
+        return ""
 
     def gap(self, a: str, b: str) -> float:
         """Mean squared distance / d between families a and b, over the prompts where neither they
@@ -133,7 +158,8 @@ class PerPrompt:
         draws = torch.cat([_masked_mean(per[idx], common[idx]) for idx in resamples(n, self.n_boot, self.seed, 100)])
         lo, hi = percentile_interval(draws, LEVEL, ignore_nan=True)
         point = float(_masked_mean(per, common)[0])
-        return Comparison(self.families[i], self.families[j], criterion, point, float(lo[0]), float(hi[0]))
+        tie = self.tie(self.families[i], self.families[j], point) if criterion == "distance" else ""
+        return Comparison(self.families[i], self.families[j], criterion, point, float(lo[0]), float(hi[0]), tie)
 
 
 @dataclass
@@ -249,7 +275,7 @@ def track_under_shift(
     point_mismatch, point = mismatch.mean(0), _masked_mean(sq, both)
     draws = torch.cat([_masked_mean(sq[idx], both[idx]) for idx in resamples(n_prompts, n_boot, seed, 100)])
     lo, hi = percentile_interval(draws, LEVEL, ignore_nan=True)
-    per_prompt = PerPrompt(families, mismatch, sq, both, n_boot, seed, preds, d)
+    per_prompt = PerPrompt(families, mismatch, sq, both, n_boot, seed, preds, d, float(y.pow(2).mean()) / d)
     first, second = sorted(range(len(families)), key=per_prompt.key)[:2]
     model_ok = ~model_off.any(1)
     model_error = float(error_per_dim(model_pred[model_ok], y[model_ok], d).mean()) if model_ok.any() else float("nan")
@@ -359,6 +385,7 @@ def track_shifts(
                 ci_low=tr.best.low,
                 ci_high=tr.best.high,
                 separable=tr.separable,
+                tie=tr.best.tie,
             )
         )
         curves.append(tr.curves)
@@ -408,6 +435,8 @@ def _member_words(params: dict[str, tuple]) -> str:
 def comparison_words(c: Comparison) -> str:
     """'apart from B (paired difference in ...)' or 'not separable from B (...)'."""
     what = "share of prompts diverging differently" if c.criterion == "mismatch" else "distance"
+    if c.tie:
+        return f"tied with {c.other}: {c.tie}"
     if c.separable:
         return f"apart from {c.other} (paired difference in {what} {c.difference:.3g}, 90% interval {c.low:.3g} to {c.high:.3g})"
     return f"not separable from {c.other} (paired {what} interval {c.low:.3g} to {c.high:.3g})"
@@ -419,6 +448,8 @@ def tracking_words(tracking: Tracking) -> str:
     shift = rows.iloc[0]["shift"]
     first = rows.loc[tracking.tracks]
     verdict = comparison_words(tracking.best)
+    if tracking.best.tie:
+        return f"under {shift} the model tracks no family: {tracking.tracks} {verdict}"
     relative = first["relative_distance"]
     close = (
         ""

@@ -249,8 +249,8 @@ def fit_window(r: Tensor, used: Tensor, r_low: float, r_high: float) -> Tensor:
         best = torch.where(longer, run, best)
         best_start = torch.where(longer, start, best_start)
         best_end = torch.where(longer, torch.full_like(best_end, k), best_end)
-    k = torch.arange(inside.shape[-1])
-    return inside & (k >= best_start.unsqueeze(-1)) & (k <= best_end.unsqueeze(-1))
+    position = torch.arange(inside.shape[-1])
+    return inside & (position >= best_start.unsqueeze(-1)) & (position <= best_end.unsqueeze(-1))
 
 
 def fit_errors(r: Tensor, r_ref: Tensor) -> tuple[Tensor, Tensor]:

@@ -84,7 +84,9 @@ def reference_families(
         # (S + c I)^-1 X^T y: a filter lambda / (lambda + c) of S's own eigenvalue, neither variable's
         Family("ridge", "ridge", "lam", {"lam": list(RIDGE_LAMS)}, "lam", "ridge"),
         # (S + c t I)^-1 X^T y: lambda/t / (lambda/t + c), a fixed filter of lambda / t
-        Family("ridge_per_example", "ridge", "lam", {"lam": list(RIDGE_LAMS), "penalty": ["per_example"]}, "lam_t", "ridge"),
+        Family(
+            "ridge_per_example", "ridge", "lam", {"lam": list(RIDGE_LAMS), "penalty": ["per_example"]}, "lam_t", "ridge"
+        ),
         Family("least_squares", "least_squares", None, {}, "lam_t", "least_squares"),
     ]
 

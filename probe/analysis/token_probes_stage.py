@@ -15,6 +15,7 @@ from ..core.config import Section, setting
 from ..core.errors import ConfigError
 from ..core.plotting import legend_outside, pyplot, save_png
 from ..core.stages import AnalysisStage, register_stage
+from ..core.validity import Domain
 from ..models.sizes import shape_of
 from .token_probes import (
     TOKEN_KINDS,
@@ -256,11 +257,16 @@ VALIDATED_ON = (
 )
 
 
+# the conditions its known answers cover: planted Newton, Newton-ReLU and GD at d = 4, isotropic
+TOKEN_DOMAIN = Domain(d=(4, 4), kappa=(1, 1), readout=(), tested_against="planted GD (holds nothing beyond x)")
+
+
 def _evidence(block: TokenProbes, summary, a: str, b: str) -> list[dict]:
     """The evidence table's row for Newton against GD: newton where some layer's token holds M_k x at
-    R^2 >= HELD beyond what the token alone gives; otherwise undecided (a model without that state
-    is not thereby GD)."""
-    newton = [s for s in block.series if s.target.startswith("newton_mx")]
+    R^2 >= HELD beyond what the token alone gives, for some k >= 1 (M_0 x is not counted); otherwise
+    undecided (a model without that state is not thereby GD)."""
+    # M_0 x = alpha (S/t) x is one linear-attention head's output, not a Newton iterate: k >= 1 only
+    newton = [s for s in block.series if s.target.startswith("newton_mx") and s.iterations]
     if {a, b} != {"newton", "gd"} or not newton:
         return []
     s, i = _best(block, newton, "r2")
@@ -273,6 +279,7 @@ def _evidence(block: TokenProbes, summary, a: str, b: str) -> list[dict]:
             f"{block.layer[i]}, k = {s.iterations}, {s.token} tokens ({'e_j' if s.token == 'column' else 'x'} alone "
             f"{s.floor_r2:.2f}); held as the construction holds it at R^2 >= {HELD}",
             "validated_on": VALIDATED_ON,
+            "domain": TOKEN_DOMAIN,
             "cannot_tell_apart": "a model without a per-token Newton state may keep it in another form (spread over "
             "tokens, nonlinear): absence never reads as GD",
         }

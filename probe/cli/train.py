@@ -54,7 +54,9 @@ def _step_list(text: str) -> tuple[int, ...]:
     try:
         steps = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of step counts, e.g. 500,1000")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of step counts, e.g. 500,1000"
+        ) from None
     if not steps or min(steps) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: step counts are positive whole numbers, e.g. 500,1000")
     return steps
@@ -90,8 +92,15 @@ def run(args: argparse.Namespace) -> int:
     device = check_device(args.device)
     if target is not None:
         remove_previous(target)
-    train(cfg, out, resume=args.resume, device=device, progress=not args.quiet, keep_every=args.keep_every,
-          keep_at=args.keep_at)
+    train(
+        cfg,
+        out,
+        resume=args.resume,
+        device=device,
+        progress=not args.quiet,
+        keep_every=args.keep_every,
+        keep_at=args.keep_at,
+    )
     print(f"trained model written to {out}")
     return 0
 

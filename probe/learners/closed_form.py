@@ -9,8 +9,8 @@ from torch import Tensor
 
 from ..core.errors import ConfigError
 from ..core.threads import per_matrix
-from .base import LearnerResult, as_float64, at_prefixes, linear_result, prefix_moments
 from ..core.validate import Rule
+from .base import LearnerResult, as_float64, at_prefixes, linear_result, prefix_moments
 from .registry import register
 
 

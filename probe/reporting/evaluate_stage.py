@@ -29,7 +29,9 @@ from .columns import column, columns
 
 @dataclass
 class IclError:
-    """Squared error / d of the model's predictions by number of examples, with its 90% band."""
+    """Squared error / d of the model's predictions by number of examples, with its 90% band, the
+    baselines', and the margin below the better of the zero predictor and averaging with its paired
+    90% interval (`probe.analysis.evaluate.trivial_margin`: the evidence table's precondition)."""
 
     n_examples: list[int]
     model: list[float]
@@ -38,6 +40,10 @@ class IclError:
     least_squares: list[float]
     knn3: list[float]
     averaging: list[float]
+    zero: list[float] = field(default_factory=list)
+    trivial_margin: list[float] = field(default_factory=list)
+    trivial_margin_lo: list[float] = field(default_factory=list)
+    trivial_margin_hi: list[float] = field(default_factory=list)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from ..analysis.matching import family_of
 from ..core.stages import by_block_key
 from .schema import EvidenceQuestion as Question
 from .schema import EvidenceRow, Summary, Verdict
+from .validity import Precondition, conditions, learns_in_context
 
 # (a, b): the hypotheses a question weighs, by learner family; asked where the recipe sweeps both
 QUESTIONS = (("newton", "gd"), ("gd", "ogd"), ("ridge", "least_squares"))
@@ -63,7 +64,8 @@ def questions(summary: Summary | Blocks) -> list[Question]:
     given by the registered analyses (probe/core/stages.py `evidence`) that ran."""
     sweeps = summary.recipe.get("sweeps", [])
     swept = {family_of(s.get("label", "")) for s in sweeps} | {s.get("learner", "") for s in sweeps}
-    return [_consolidate(a, b, _rows(summary, a, b)) for a, b in QUESTIONS if a in swept and b in swept]
+    pre = learns_in_context(summary)
+    return [_consolidate(a, b, _rows(summary, a, b), pre) for a, b in QUESTIONS if a in swept and b in swept]
 
 
 def evidence_frame(questions: Iterable[Question]) -> pd.DataFrame:
@@ -86,17 +88,34 @@ def evidence_frame(questions: Iterable[Question]) -> pd.DataFrame:
 
 def _rows(summary: Summary | Blocks, a: str, b: str) -> list[EvidenceRow]:
     """Each analysis's rows on "a or b?", in report order; a merged analysis (the layer analyses)
-    reads its fields from the summary itself, so that a study's Blocks gives it the same."""
-    rows = []
+    reads its fields from the summary itself, so that a study's Blocks gives it the same. A row
+    whose known answers (`validity.Domain`) do not cover the model's conditions is marked
+    "unvalidated here" with the conditions outside."""
+    rows, model = [], conditions(summary)
     for key, stage in by_block_key().items():
         block = summary.stages.get(key)
         if stage.evidence is not None and (block is not None or stage.merged):
-            rows += [EvidenceRow(**row) for row in stage.evidence(block, summary, a, b)]
+            for row in stage.evidence(block, summary, a, b):
+                domain = row.pop("domain", None)
+                out = domain.outside(model) if domain is not None and row.get("validated_on") else []
+                extra: dict[str, Any] = {"domain": asdict(domain)} if domain is not None else {}
+                if out:
+                    extra.update(status="unvalidated here", outside=", ".join(out))
+                rows.append(EvidenceRow(**row, **extra))
     return rows
 
 
-def _consolidate(a: str, b: str, rows: list[EvidenceRow]) -> Question:
-    validated = [r for r in rows if r.validated_on and r.favours in (a, b)]
+def _validated(row: EvidenceRow) -> bool:
+    return bool(row.validated_on) and row.status != "unvalidated here"
+
+
+def _consolidate(a: str, b: str, rows: list[EvidenceRow], pre: Precondition | None = None) -> Question:
+    """The consolidated answer: the side every validated row that decides (inside its domain) agrees
+    on; none where the model does not learn in context (`validity.learns_in_context`)."""
+    equivalence = EQUIVALENCES.get((a, b), "")
+    if pre is not None and pre.status != "answered":
+        return Question(a, b, rows, None, pre.reason, equivalence, [], pre.status, pre.reason, pre.knob)
+    validated = [r for r in rows if _validated(r) and r.favours in (a, b)]
     sides = {r.favours for r in validated}
     answer = sides.pop() if len(sides) == 1 else None
     decided = [r for r in rows if r.favours in (a, b)]
@@ -107,7 +126,8 @@ def _consolidate(a: str, b: str, rows: list[EvidenceRow]) -> Question:
         words = "undecided: validated instruments disagree"
     elif decided:
         words = "undecided by validated evidence; unvalidated instruments suggest " + ", ".join(
-            f"{r.favours} ({r.instrument})" for r in decided
+            f"{r.favours} ({r.instrument}" + (f", unvalidated here: outside {r.outside})" if r.outside else ")")
+            for r in decided
         )
     else:
         words = "undecided: no instrument separates them"
@@ -115,4 +135,6 @@ def _consolidate(a: str, b: str, rows: list[EvidenceRow]) -> Question:
     contradictions = [
         f"{r.instrument} favours {r.favours}" for r in decided if reference is not None and r.favours != reference
     ]
-    return Question(a, b, rows, answer, words, EQUIVALENCES.get((a, b), ""), contradictions)
+    status, reason = ("answered", "") if answer is not None else ("no answer", words)
+    knob = "" if answer is not None else "an instrument validated where this model lies (its row's domain)"
+    return Question(a, b, rows, answer, words, equivalence, contradictions, status, reason, knob)

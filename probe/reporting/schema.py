@@ -21,7 +21,7 @@ from ..core.errors import ConfigError
 from ..core.stages import DEFINITIONS, OMIT, RESERVED, SUMMARY_KEYS, by_block_key, dataclasses_in
 from .dataclass_schema import MERGED, block_properties
 
-SCHEMA_VERSION = 5  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`
+SCHEMA_VERSION = 6  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`; 6: evidence status, reason, knob and validity domains, the error curve's margin over trivial predictors
 
 
 def to_json(value: Any) -> Any:
@@ -132,6 +132,9 @@ class EvidenceRow:
     resolution: float | None = None
     validated_on: str = ""
     cannot_tell_apart: str = ""
+    status: str = "answered"  # probe/reporting/validity.py STATUSES: "unvalidated here" outside its domain
+    outside: str = ""  # the model's conditions its known answers do not cover ("kappa = 100")
+    domain: dict[str, Any] | None = None  # validity.Domain: the conditions its known answers cover
 
 
 @dataclass
@@ -147,6 +150,9 @@ class EvidenceQuestion:
     answer_words: str
     equivalence: str = ""
     contradictions: list[str] = field(default_factory=list)
+    status: str = "answered"  # validity.STATUSES: "no answer" where the model does not learn in context
+    reason: str = ""
+    knob: str = ""
 
 
 @dataclass

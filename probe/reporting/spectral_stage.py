@@ -22,6 +22,7 @@ from ..analysis.spectral import SpectralSettings, spectral_cost
 from ..analysis.spectral_references import CLASSES
 from ..core import budget
 from ..core.stages import AnalysisStage, StageTables, register_stage
+from ..core.validity import Domain
 from ..models.sizes import shape_of
 from . import figures
 from .columns import column, columns, plain
@@ -168,6 +169,14 @@ SPECTRAL_VALIDATED = {
     ),
 }
 SPECTRAL_SIDE = {"gd": "gd", "precond_gd": "newton", "ridge": "ridge", "least_squares": "least_squares"}
+# the conditions those known answers cover (tests/test_spectral.py, tests/test_spectral_validity.py)
+SPECTRAL_DOMAIN = Domain(
+    d=(4, 8),
+    kappa=(1, 100),
+    readout=("model",),
+    tested_against="GD (fixed and per-prompt steps), Newton from alpha I, the seeds' Newton and S-preconditioned GD "
+    "(fixed and per-prompt alpha), ridge (penalty fixed or proportional to t), least squares",
+)
 
 
 def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> list[dict[str, Any]]:
@@ -199,6 +208,7 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
             "effect": effect,
             "validated_on": SPECTRAL_VALIDATED.get((a, b), ""),
             "cannot_tell_apart": equivalence,
+            "domain": SPECTRAL_DOMAIN,
         }
     ]
 
