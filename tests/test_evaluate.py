@@ -19,7 +19,11 @@ def test_least_squares_column_equals_numpy_lstsq():
             w = np.linalg.lstsq(xs[b, :t], ys[b, :t], rcond=None)[0] if t else np.zeros(3)
             err[b, t] = (xs[b, t] @ w - ys[b, t]) ** 2 / 3
     np.testing.assert_allclose(frame.least_squares, err.mean(0), rtol=1e-6, atol=1e-9)
-    assert list(frame.columns) == ["n_examples", "model", "model_lo", "model_hi", "least_squares", "knn3", "averaging"]
+    assert list(frame.columns) == [
+        "n_examples", "model", "model_lo", "model_hi", "least_squares", "knn3", "averaging",
+        "zero", "trivial_margin", "trivial_margin_lo", "trivial_margin_hi",
+    ]
+    np.testing.assert_allclose(frame.zero, (ys**2).mean(0) / 3, rtol=1e-6)
     assert (frame.model_lo <= frame.model).all() and (frame.model <= frame.model_hi).all()
 
 

@@ -176,14 +176,31 @@ def test_off_distribution_tracking_names_the_planted_algorithm(path, right):
 def test_off_distribution_tracking_is_undecided_when_shifts_disagree():
     from probe.analysis.ood import Ood, OodSide
 
-    side = lambda shift, favours: OodSide(shift, "newton", "gd", "newton_fixed_alpha", "gd_fixed_step", favours,
-                                          "distance", 0.1 if favours == "newton" else -0.1, 0.05, 0.15, 0.2, 0.01, True)
+    side = lambda shift, favours, criterion="mismatch": OodSide(
+        shift, "newton", "gd", "newton_fixed_alpha", "gd_fixed_step", favours, criterion,
+        0.1 if favours == "newton" else -0.1, 0.05, 0.15, 0.2, 0.01, True,
+    )
     sweeps = [{"label": "newton", "learner": "newton"}, {"label": "gd", "learner": "gd"}]
     for sides, expected in (([side("a", "newton"), side("b", None)], "newton"), ([side("a", "newton"), side("b", "gd")], None)):
         (q,) = questions(Blocks(sweeps, None, {}, stages={"ood": Ood([], sides)}))
         (row,) = [r for r in q.rows if r.instrument == "off-distribution tracking"]
         assert row.favours == expected
         assert ("shifts disagree" in row.effect) == (expected is None)
+
+
+def test_off_distribution_distance_alone_is_shown_and_never_counted():
+    """Only the divergence criterion is validated on known answers (planted GD and Newton); a side
+    favoured by distance (as planted Adam's was, turning 'undecided' into 'gd') does not decide."""
+    from probe.analysis.ood import Ood, OodSide
+
+    side = OodSide("scale_x=2", "newton", "gd", "newton_fixed_alpha", "gd_fixed_step", "gd", "distance",
+                   -0.1, -0.15, -0.05, 0.2, 0.01, True)
+    sweeps = [{"label": "newton", "learner": "newton"}, {"label": "gd", "learner": "gd"}]
+    (q,) = questions(Blocks(sweeps, None, {}, stages={"ood": Ood([], [side])}))
+    (row,) = [r for r in q.rows if r.instrument == "off-distribution tracking"]
+    assert row.favours is None and q.answer is None
+    assert "gd by distance (a criterion no known answer validates: not counted)" in row.effect
+    assert "shifts disagree" not in row.effect
 
 
 @pytest.mark.parametrize(("planted", "favours"), [("newton-relu", "newton"), ("gd", None)])

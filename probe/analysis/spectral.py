@@ -376,6 +376,8 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
         best_c = int(order[0])
         second_c = int(order[1]) if len(members.classes) > 1 else best_c  # one class: nothing to separate from
         d_lo, d_hi = _quantiles(cls_err_b[:, a, second_c] - cls_err_b[:, a, best_c])
+        all_lo, _ = _quantiles(cls_err_b[:, a, :] - cls_err_b[:, a, best_c : best_c + 1])  # (C,)
+        apart = [k for c, k in enumerate(members.classes) if c != best_c and bool(all_lo[c] > 0)]
         best_m = members.of_class(err[a], best_c)
         fam = members.family[best_m]
         rows.append(
@@ -399,6 +401,7 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
                 "diff_low": float(d_lo),
                 "diff_high": float(d_hi),
                 "separated": bool(d_lo > 0),
+                "separated_from": " ".join(apart),  # every class whose paired interval to the best excludes 0
             }
         )
         for family, i in members.family_best(err[a]).items():

@@ -11,7 +11,7 @@ runs the measurement alone."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,6 @@ class SpectralFit:
     min_r: list[float]
     max_r: list[float]
     non_filter: list[float]
-    explained: list[float]
-    resamples_unfit: list[float]
     best_class: list[str]
     best_family: list[str]
     best_axis: list[str]
@@ -55,6 +53,10 @@ class SpectralFit:
     diff_low: list[float]
     diff_high: list[float]
     separated: list[bool]
+    # added in summary schema 6 (empty in older summaries)
+    explained: list[float] = field(default_factory=list)
+    resamples_unfit: list[float] = field(default_factory=list)
+    separated_from: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -183,14 +185,19 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
     if sp is None or (a, b) not in (("newton", "gd"), ("ridge", "least_squares")):
         return []
     decided: dict[str, list[int]] = {}
-    for layer, verdict in zip(sp.layer, sp.verdict):
-        # a layer decides where its verdict names one class: both variables agree, separated from the
-        # runner-up, neither flat nor converged (the thresholds are the recipe's spectral.r_low / r_high)
-        if verdict in SPECTRAL_SIDE:
-            decided.setdefault(SPECTRAL_SIDE[verdict], []).append(layer)
+    also: dict[int, str] = {}
+    fits = list(sp.by_variable.values())
+    for i, (layer, verdict) in enumerate(zip(sp.layer, sp.verdict)):
+        side = _layer_side(fits, i, verdict, a, b)
+        if side is not None:
+            decided.setdefault(side, []).append(layer)
+            if verdict not in SPECTRAL_SIDE:  # separated from the question's other side, not from every class
+                also[layer] = verdict
     named = {s: l for s, l in decided.items() if s in (a, b)}
     favours = next(iter(named)) if len(named) == 1 else None
     words = "; ".join(f"{side} class at layers {', '.join(map(str, ls))}" for side, ls in decided.items())
+    if also:
+        words += " (" + "; ".join(f"layer {layer}: {v}" for layer, v in also.items()) + ")"
     if len(named) > 1:
         words += " (layers disagree)"
     ps = [
@@ -211,6 +218,25 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
             "domain": SPECTRAL_DOMAIN,
         }
     ]
+
+
+def _layer_side(fits, i: int, verdict: str, a: str, b: str) -> str | None:
+    """The side of "a or b?" one layer decides: its best class in every bin variable is one side's
+    and, in every variable, separated by its paired interval from the other side's class (not
+    necessarily from every class: GD with few steps and ridge may stay apart from Newton and not from
+    each other); none where it does not respond or has converged (`summarise`, the recipe's
+    spectral.r_low / r_high)."""
+    if verdict in ("no response", "converged"):
+        return None
+    sides = {SPECTRAL_SIDE.get(fit.best_class[i]) for fit in fits}
+    if len(sides) != 1:
+        return None
+    side = sides.pop()
+    if side not in (a, b):
+        return None
+    other = next(c for c, s in SPECTRAL_SIDE.items() if s == (b if side == a else a))
+    apart = lambda fit: other in (fit.separated_from[i] or "").split() if fit.separated_from else fit.separated[i]
+    return side if all(apart(fit) for fit in fits) else None  # a summary before schema 6: the runner-up rule
 
 
 def _run(c) -> StageTables:
