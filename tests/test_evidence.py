@@ -119,6 +119,15 @@ def test_planted_models_answer_their_construction(path, right):
     )
     (q,) = questions(blocks)
     assert q.answer == right, q.answer_words
+    # through the ridge read-out the exponents read high (measured: planted GD 1.21-1.26 at every layer
+    # that decides, planted Newton 1.78-2.50; the exact references read 0.96-1.11 and 1.89-1.99)
+    band = {"gd": (1.0, 1.4), "newton": (1.5, 2.7)}[right]
+    sp = blocks.stages["spectral"]
+    klass = {"gd": "gd", "newton": "precond_gd"}[right]  # GD's class may stay "not separable from ridge" here
+    decided = [i for i, v in enumerate(sp.verdict) if v.split(" ")[0] == klass and sp.p[i] is not None]
+    assert len(decided) >= 4, sp.verdict
+    for i in decided:
+        assert band[0] < sp.p[i] < band[1], (i, sp.p[i])
 
 
 def test_a_random_weights_control_that_beats_the_model_is_a_caveat():

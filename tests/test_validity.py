@@ -2,6 +2,7 @@
 of the evidence rows, and ties that name nothing (probe/reporting/validity.py, the evidence table,
 off-distribution tracking)."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from conftest import REPO
 
 from probe.analysis.evaluate import error_curve, trivial_margin
-from probe.core.validity import STATUSES, Domain
+from probe.core.validity import STATUSES, Domain, Validity
 from probe.reporting.columns import columns
 from probe.reporting.evaluate_stage import IclError
 from probe.reporting.evidence import _consolidate
@@ -95,6 +96,14 @@ def test_a_row_outside_its_domain_is_unvalidated_here_and_not_counted():
         "read-out ridge",
     ]
     assert domain.outside({"d": 4, "kappa": 1.0}) == []
+    # a union of boxes: covered by any; else the nearest box's misses, with the knob for prompts
+    union = Validity((domain, Domain(d=(4, 4), kappa=(1, 100), prompts=(512, math.inf), readout=("ridge",))))
+    assert union.outside({"d": 4, "kappa": 100.0, "readout": "ridge", "prompts": 512}) == []
+    assert union.outside({"d": 4, "kappa": 100.0, "readout": "ridge", "prompts": 64}) == [
+        "prompts = 64 (needs >= 512: raise prompts.induced)"
+    ]
+    # two boxes miss two conditions each: the first listed is named
+    assert union.outside({"d": 8, "kappa": 100.0, "readout": "ridge", "prompts": 64}) == ["kappa = 100", "read-out ridge"]
     inside = _validated_row("gd")
     outside = EvidenceRow(
         "spectral filter", "gd", "e", validated_on="planted GD", status="unvalidated here", outside="kappa = 100"
@@ -108,7 +117,8 @@ def test_a_row_outside_its_domain_is_unvalidated_here_and_not_counted():
 def test_conditions_read_from_a_summary():
     s = _summary(None, d=8, covariance="ill_conditioned", kappa=100.0, noise_std=0.5)
     s.readout = SimpleNamespace(method="ridge")
-    assert conditions(s) == {"d": 8, "kappa": 100.0, "noise_std": 0.5, "readout": "ridge"}
+    s.recipe = {"prompts": {"induced": 512, "test": 256}}
+    assert conditions(s) == {"d": 8, "kappa": 100.0, "noise_std": 0.5, "readout": "ridge", "prompts": 256}
     assert conditions(_summary(None))["kappa"] == 1.0  # isotropic: kappa is not the task's setting
 
 

@@ -15,7 +15,7 @@ from ..core.errors import ConfigError
 from ..core.plotting import pyplot, save_png
 from ..core.settings import SweepSettings
 from ..core.stages import AnalysisStage, register_stage
-from ..core.validity import Domain
+from ..core.validity import Domain, Validity
 from ..data.shifts import parse_shift
 from ..models.sizes import shape_of
 from .shift_tracking import CANDIDATES, MATCH_PROMPTS, track_shifts
@@ -256,8 +256,9 @@ VALIDATED_ON = (
     "scale_x = 2 and 3): tests/test_shift_tracking.py"
 )
 # the conditions its known answers cover: planted GD and Newton at d = 4, isotropic (no read-out: the model's output)
-OOD_DOMAIN = Domain(
-    d=(4, 4), kappa=(1, 1), readout=(), tested_against="GD and Newton, each with fixed and adaptive steps"
+OOD_DOMAIN = Validity(
+    (Domain(d=(4, 4), kappa=(1, 1), readout=(), tests="tests/test_shift_tracking.py, tests/test_evidence.py"),),
+    tested_against="GD and Newton, each with fixed and adaptive steps",
 )
 OOD_BLIND = (
     "a family is represented by its member matched in distribution; members that agree there and differ off "

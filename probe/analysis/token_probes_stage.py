@@ -15,7 +15,7 @@ from ..core.config import Section, setting
 from ..core.errors import ConfigError
 from ..core.plotting import legend_outside, pyplot, save_png
 from ..core.stages import AnalysisStage, register_stage
-from ..core.validity import Domain
+from ..core.validity import Domain, Validity
 from ..models.sizes import shape_of
 from .token_probes import (
     TOKEN_KINDS,
@@ -258,7 +258,10 @@ VALIDATED_ON = (
 
 
 # the conditions its known answers cover: planted Newton, Newton-ReLU and GD at d = 4, isotropic
-TOKEN_DOMAIN = Domain(d=(4, 4), kappa=(1, 1), readout=(), tested_against="planted GD (holds nothing beyond x)")
+TOKEN_DOMAIN = Validity(
+    (Domain(d=(4, 4), kappa=(1, 1), readout=(), tests="tests/test_token_probes.py, tests/test_evidence.py"),),
+    tested_against="planted GD (holds nothing beyond x)",
+)
 
 
 def _evidence(block: TokenProbes, summary, a: str, b: str) -> list[dict]:

@@ -98,7 +98,7 @@ def _rows(summary: Summary | Blocks, a: str, b: str) -> list[EvidenceRow]:
             for row in stage.evidence(block, summary, a, b):
                 domain = row.pop("domain", None)
                 out = domain.outside(model) if domain is not None and row.get("validated_on") else []
-                extra: dict[str, Any] = {"domain": asdict(domain)} if domain is not None else {}
+                extra: dict[str, Any] = {"domain": domain.to_json()} if domain is not None else {}
                 if out:
                     extra.update(status="unvalidated here", outside=", ".join(out))
                 rows.append(EvidenceRow(**row, **extra))

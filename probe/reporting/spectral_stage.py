@@ -11,6 +11,7 @@ runs the measurement alone."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from ..analysis.spectral import SpectralSettings, spectral_cost
 from ..analysis.spectral_references import CLASSES
 from ..core import budget
 from ..core.stages import AnalysisStage, StageTables, register_stage
-from ..core.validity import Domain
+from ..core.validity import Domain, Validity
 from ..models.sizes import shape_of
 from . import figures
 from .columns import column, columns, plain
@@ -171,11 +172,27 @@ SPECTRAL_VALIDATED = {
     ),
 }
 SPECTRAL_SIDE = {"gd": "gd", "precond_gd": "newton", "ridge": "ridge", "least_squares": "least_squares"}
-# the conditions those known answers cover (tests/test_spectral.py, tests/test_spectral_validity.py)
-SPECTRAL_DOMAIN = Domain(
-    d=(4, 8),
-    kappa=(1, 100),
-    readout=("model",),
+# the conditions those known answers cover: exact reference weights (oracles) at d = 4 and 8 and
+# kappa 1 and 100; planted GD and Newton through their own and the ridge read-out at d = 4 and 8 on 64
+# prompts (isotropic) and at d = 4 on 512 (kappa = 100: on 64 the ridge read-out leaves every layer
+# undecided or ambiguous, measured)
+SPECTRAL_DOMAIN = Validity(
+    (
+        Domain(
+            d=(4, 8),
+            kappa=(1, 1),
+            prompts=(64, math.inf),
+            readout=("model", "ridge"),
+            tests="tests/test_evidence.py, tests/test_spectral_validity.py",
+        ),
+        Domain(
+            d=(4, 4),
+            kappa=(1, 100),
+            prompts=(512, math.inf),
+            readout=("model", "ridge"),
+            tests="tests/test_spectral_validity.py",
+        ),
+    ),
     tested_against="GD (fixed and per-prompt steps), Newton from alpha I, the seeds' Newton and S-preconditioned GD "
     "(fixed and per-prompt alpha), ridge (penalty fixed or proportional to t), least squares",
 )

@@ -14,14 +14,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.validity import STATUSES, Domain
+from ..core.validity import STATUSES, Domain, Validity
 
-__all__ = ["STATUSES", "Domain", "Precondition", "conditions", "learns_in_context"]
+__all__ = ["STATUSES", "Domain", "Precondition", "Validity", "conditions", "learns_in_context"]
 
 
 def conditions(summary: Any) -> dict[str, Any]:
     """The model's observable conditions from its summary: d, kappa (1 for isotropic inputs), label
-    noise, and the read-out the layer analyses used. Empty for a study's blocks (no checkpoint)."""
+    noise, the read-out the layer analyses used and the prompts their induced weights were measured
+    on. Empty for a study's blocks (no checkpoint)."""
     ckpt = getattr(summary, "checkpoint", None)
     if ckpt is None:
         return {}
@@ -32,6 +33,9 @@ def conditions(summary: Any) -> dict[str, Any]:
     readout = _get(summary, "readout")
     if readout is not None:
         out["readout"] = getattr(readout, "method", None)
+    prompts = (getattr(summary, "recipe", None) or {}).get("prompts") or {}
+    if "induced" in prompts:  # the prompts the layers' induced weights (spectral, SimW) are measured on
+        out["prompts"] = min(prompts["induced"], prompts.get("test", prompts["induced"]))
     return out
 
 
