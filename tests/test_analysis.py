@@ -170,7 +170,7 @@ def test_probe_head_is_ridge_and_its_penalty_is_ridgecv_choice():
     centred = torch.from_numpy(pooled - pooled.mean(0))[None]
     grid = ridge_penalties(centred, ALPHAS)[0].numpy()
     assert probe.alpha_ == pytest.approx(RidgeCV(alphas=grid).fit(pooled, y).alpha_, rel=1e-12)
-    assert probe.n_iter_ == 0 and probe.converged_
+    assert probe.pooling_n_iter_ == 0 and probe.n_iter_ == 1 and probe.converged_
 
 
 def test_two_block_leave_one_out_equals_refitting_without_each_prompt():
@@ -445,9 +445,10 @@ def test_readout_and_probe_are_scikit_learn_estimators():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the array-API check is skipped without SCIPY_ARRAY_API
         check_estimator(RidgeReadout())
-        # 2-D data: one position per sample, whose pooling is optimal from the start (n_iter_ = 0)
-        skip = {"check_non_transformer_estimators_n_iter": "one position: the pooling needs no iteration"}
-        check_estimator(AttentionPoolProbe(max_iter=20), expected_failed_checks=skip)
+        # in full, no check skipped (2-D data: one position, the pooling needs no iteration, the head one)
+        check_estimator(AttentionPoolProbe(max_iter=20))
+        probe = AttentionPoolProbe().fit(np.random.default_rng(1).standard_normal((20, 4)), np.arange(20.0))
+        assert probe.pooling_n_iter_ == 0 and probe.n_iter_ == 1
     rng = np.random.default_rng(0)
     X = rng.standard_normal((120, 5))
     y = X @ rng.standard_normal(5) + 0.1 * rng.standard_normal(120)
@@ -490,7 +491,7 @@ def test_the_documented_estimators_reproduce_the_batched_fits():
                 row = table[(table.layer == layer) & (table.prefix == t) & (table.kind == kind)].iloc[0]
                 probe = AttentionPoolProbe(kind, hidden=32)
                 probe.fit(states[layer, train, : 2 * t].numpy(), targets["xty"][:, t].numpy())
-                assert (probe.n_iter_, probe.converged_) == (row.iterations, row.converged)
+                assert (probe.pooling_n_iter_, probe.converged_) == (row.iterations, row.converged)
                 got = probe.score(states[layer, test, : 2 * t].numpy(), test_targets["xty"][:, t].numpy())
                 assert got == pytest.approx(row.r2, abs=1e-6)
     feats = np.random.default_rng(1).standard_normal((3, 40, 6, 5))

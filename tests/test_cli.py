@@ -46,7 +46,7 @@ def test_inspect_and_capture_cli(tmp_path, capsys):
     run = write_garg_run(tmp_path / "garg", GargTransformerModel(3, 8, 16, 2, 2), 3, 8, 16, 2, 2)
     assert main(["inspect", str(run), "--json", "--prompts", "16"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["format"] == "garg" and info["n_layer"] == 2 and info["n_points"] == 8
+    assert info["format"] == "garg" and info["n_layer"] == 2 and info["n_positions"] == 8
     np.savez(tmp_path / "p.npz", xs=np.random.randn(5, 8, 3).astype(np.float32),
              ys=np.random.randn(5, 8).astype(np.float32), other=np.zeros(2))
     assert main(["-q", "capture", str(run), "--prompts", str(tmp_path / "p.npz"), "--out", str(tmp_path / "a.npz"),

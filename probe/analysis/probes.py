@@ -337,7 +337,9 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
     reproduces the report's probe (tested). get_params / set_params / clone, score (R^2 averaged
     over targets), NotFittedError before fit, n_features_in_ = D. Fitted: attention_ (P,),
     coef_ (D, d) and intercept_ (d,) of the linear map from pooled features to standardised Y,
-    alpha_ (absolute penalty), loo_r2_, n_iter_, grad_norm_, converged_.
+    alpha_ (absolute penalty), loo_r2_, grad_norm_, converged_; n_iter_, the iterations of the fit:
+    the pooling's L-BFGS iterations (`pooling_n_iter_`: 0 where uniform pooling is already optimal, as
+    with one position) plus one for the head's closed-form ridge solve, so at least 1.
     """
 
     def __init__(
@@ -422,11 +424,10 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
         self.attention_ = alpha[0].numpy()
         self.loo_r2_ = float(1 - loo[0] / y_std.var(dim=1, unbiased=False).mean())
         self.alpha_ = float(penalty[0])
-        self.n_iter_, self.grad_norm_, self.converged_ = (
-            int(fit.iterations[0]),
-            float(fit.grad_norm[0]),
-            bool(fit.converged[0]),
-        )
+        # one iteration of the fit: an L-BFGS iteration of the pooling, or the head's solve (always one)
+        self.pooling_n_iter_ = int(fit.iterations[0])
+        self.n_iter_ = self.pooling_n_iter_ + 1
+        self.grad_norm_, self.converged_ = float(fit.grad_norm[0]), bool(fit.converged[0])
         return self
 
     def _pooled(self, H) -> torch.Tensor:

@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         "n_layer": m.n_layer,
         "n_embd": m.n_embd,
         "n_head": m.n_head if family_class(m.family).attention_heads else None,
-        "n_points": m.n_positions,
+        "n_positions": m.n_positions,  # the model's positions (x and y tokens each)
+        "task_points": task.n_points,  # examples per prompt the task draws (Garg: the curriculum's end)
         "encoding": m.encoding,
         "parameters": sum(p.numel() for p in ckpt.model.parameters()),
         "task": task.name,

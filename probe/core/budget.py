@@ -18,6 +18,7 @@ separate a recipe that runs in hours from one that asks for 10^9 of something.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from .validate import ITERATION_KEYS, check_memory
 # of the default model is 1.5e12 (25 s), of Garg's standard model 7.5e13 (207 s), the full recipe on
 # that model 1.1e15. The default limit is hours of work.
 DEFAULT_MAX_WORK = 3e15
+FLOP_RATE = (6e10, 4e11)  # the estimates' flop per second here, slowest and fastest measured
+ANNOUNCE_WORK = 3.6e12  # admitted work above this (a minute or more at the slowest rate) is announced with its time
 PYTHON_STEP_FLOP = 1e7  # one interpreted step (a layer of a batch, a learner iteration) counted as arithmetic
 BATCH = 256  # prompts per forward batch in the estimates
 CLOSED_FORM_STEPS = ("gd",)  # learners whose step counts are evaluated in closed form (no loop)
@@ -78,6 +81,8 @@ def check(estimates: list[Estimate], where: str = "") -> None:
     for e in estimates:
         check_memory(e.nbytes, f"{e.knob} = {_short(e.value)}{on}", f"lower {e.knob}")
     total = sum(e.flop for e in estimates)
+    if max_work() >= total > ANNOUNCE_WORK and estimates:
+        announce(estimates, total, on)
     if total > max_work():
         top = max(estimates, key=lambda e: e.flop)
         share = f" ({top.flop:.1e} of them for {top.knob})" if top.flop < 0.9 * total else ""
@@ -87,6 +92,27 @@ def check(estimates: list[Estimate], where: str = "") -> None:
             f"raise the limit with icl-probe --max-work {_round_up(total)} "
             f"(Python: with probe.core.budget.work_limit({_round_up(total)}): ...)"
         )
+
+
+def announce(estimates: list[Estimate], total: float, on: str = "") -> None:
+    """One line on stderr before admitted work that takes minutes or more: its size, the time it
+    should take on this project's 2-core machine (FLOP_RATE), and the knob that contributes most."""
+    top = max(estimates, key=lambda e: e.flop)
+    fast, slow = total / FLOP_RATE[1], total / FLOP_RATE[0]
+    print(
+        f"estimate: about {total:.1e} floating-point operations{on}, {_duration(fast)} to {_duration(slow)} on a "
+        f"2-core CPU; {top.knob} = {_short(top.value)} contributes {top.flop / total:.0%} (lower it to go faster)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _short(value: Any) -> str:

@@ -220,6 +220,11 @@ def as_prompt_tensors(xs: Any, ys: Any, queries: Any = None, what: str = "prompt
             raise ConfigError(f"{what}: {name} must be a torch tensor or numpy array, got {type(a).__name__}")
         if not a.is_floating_point():
             raise ConfigError(f"{what}: {name} must hold floats, got {a.dtype}")
+        if a.device.type == "meta":  # shapes without values: nothing can be computed from them
+            raise ConfigError(
+                f"{what}: {name} is on the meta device, which holds shapes but no values; create it on the cpu "
+                "or a GPU (e.g. torch.zeros(..., device='cpu'))"
+            )
         return a
 
     xs, ys, queries = convert(xs, "xs"), convert(ys, "ys"), convert(queries, "queries")

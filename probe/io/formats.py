@@ -222,10 +222,19 @@ def detect_and_load(path: Path, format: str | None = None) -> LoadedCheckpoint:
     if not path.exists():
         raise CheckpointError(
             f"Checkpoint not found: {path}. Pass a run directory (formats: "
-            f"{', '.join(FORMATS.names())}; see README 'Checkpoint formats')."
+            f"{', '.join(FORMATS.names())}; see docs/guide/reference.md, 'Checkpoint formats')."
         )
     directory = path if path.is_dir() else path.parent
     if format is not None:
+        why_not = FORMATS.get(format).detect(directory)
+        if why_not is not None:  # say what the directory is, not what torch's loader tripped on
+            other = next((name for name in FORMATS if FORMATS.get(name).detect(directory) is None), None)
+            hint = (
+                f"it is a run directory in the '{other}' format: pass format='{other}' or leave format out"
+                if other
+                else "it is in none of the known formats (" + ", ".join(FORMATS.names()) + ")"
+            )
+            raise CheckpointError(f"{path} is not an '{format}' checkpoint ({why_not}); {hint}")
         return FORMATS.get(format).load(directory)
     reasons = []
     for name in FORMATS:

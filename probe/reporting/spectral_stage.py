@@ -56,6 +56,8 @@ class SpectralFit:
     separated: list[bool]
     # added in summary schema 6 (empty in older summaries)
     explained: list[float] = field(default_factory=list)
+    u_low: list[float] = field(default_factory=list)
+    u_high: list[float] = field(default_factory=list)
     resamples_unfit: list[float] = field(default_factory=list)
     separated_from: list[str] = field(default_factory=list)
 
@@ -120,22 +122,37 @@ def spectral_block(tables: dict[str, pd.DataFrame], counts: dict[str, int]) -> S
     )
 
 
+# what each class contains, as a reader needs it (an exponent near 1 excludes M_0 = alpha S, not every Newton start)
 CLASS_WORDS = {
-    "gd": "GD class",
-    "precond_gd": "S-preconditioned class (the seeds' Newton)",
-    "ridge": "ridge",
+    "gd": "first-order filter class (GD, Newton-Schulz from alpha I, CG)",
+    "precond_gd": "Iterative Newton from M_0 = alpha S class (S-preconditioned GD)",
+    "ridge": "ridge class (penalty fixed or proportional to t)",
     "least_squares": "least squares",
 }
+VARIABLE_WORDS = {"lam_t": "lambda/t", "lam_max": "lambda/lambda_max"}
+
+
+def _window(sp: Spectral, i: int) -> str:
+    """The eigenvalue window layer i's exponent was fitted over, in its variable."""
+    fit = sp.by_variable.get(sp.variable[i])
+    if fit is None or not fit.u_low or fit.u_low[i] is None or fit.u_high[i] is None:
+        return ""
+    return f" over {VARIABLE_WORDS.get(sp.variable[i], sp.variable[i])} {fit.u_low[i]:.2g}-{fit.u_high[i]:.2g}"
 
 
 def _findings(sp: Spectral, summary: Any) -> str | None:
-    """Each layer's spectral verdict, grouped, with the exponent where the verdict names one class."""
+    """Each layer's spectral verdict, grouped, with the exponent (and the eigenvalue window it was
+    fitted over) where the verdict names one class."""
     groups: dict[str, list[str]] = {}
-    for layer, verdict, p, lo, hi in zip(sp.layer, sp.verdict, sp.p, sp.p_low, sp.p_high):
-        exponent = f" (p {p:.2f} [{lo:.2f}, {hi:.2f}])" if verdict in CLASS_WORDS and p is not None else ""
+    for i, (layer, verdict, p, lo, hi) in enumerate(zip(sp.layer, sp.verdict, sp.p, sp.p_low, sp.p_high)):
+        named = verdict in CLASS_WORDS and p is not None
+        exponent = f" (p {p:.2f} [{lo:.2f}, {hi:.2f}]{_window(sp, i)})" if named else ""
         groups.setdefault(CLASS_WORDS.get(verdict, verdict), []).append(f"{layer}{exponent}")
     parts = [f"{words}: {layer_list(layers)}" for words, layers in groups.items()]
-    return "Spectral filter per layer (exponent p: 1 GD class, 2 Newton class): " + "; ".join(parts) + "."
+    return (
+        "Spectral filter per layer (exponent p at small eigenvalues: 1 for the first-order and ridge classes, 2 for "
+        "Iterative Newton from M_0 = alpha S): " + "; ".join(parts) + "."
+    )
 
 
 def _page_tables(sp: Spectral, summary: Any, tables: dict[str, pd.DataFrame]) -> dict[str, str]:

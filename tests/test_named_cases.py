@@ -1,0 +1,87 @@
+"""Bad input named in a review, each run exactly as it was written there: the command or call, its
+exit code or exception type, and its message."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from conftest import REPO, GargTransformerModel, build_cfg, write_garg_run
+
+import probe
+from probe.core.errors import CheckpointError, ConfigError, ProbeError
+
+
+def test_load_checkpoint_with_the_icl_probe_format_on_a_garg_run_directory(tmp_path):
+    """probe.load_checkpoint("garg_run_dir", format="icl-probe") raised a raw FileNotFoundError from
+    os.stat (no config.json); it says the directory is in Garg et al.'s format."""
+    run = write_garg_run(tmp_path / "garg_run_dir", GargTransformerModel(3, 8, 16, 2, 2), 3, 8, 16, 2, 2)
+    with pytest.raises(ProbeError, match=r"is not an 'icl-probe' checkpoint .*it is a run directory in the 'garg' "
+                                         r"format: pass format='garg' or leave format out") as err:
+        probe.load_checkpoint(str(run), format="icl-probe")
+    assert isinstance(err.value, CheckpointError)
+    assert probe.load_checkpoint(str(run)).format == "garg"
+
+
+def test_inspect_json_on_a_garg_run_names_positions_and_task_points_apart(tmp_path):
+    """`icl-probe inspect --json` on a Garg run whose model.n_positions is 16 and whose curriculum
+    ends at 9 points printed "n_points": 16 while the task loads with 9."""
+    run = write_garg_run(tmp_path / "garg", GargTransformerModel(3, 16, 16, 2, 2), 3, 16, 16, 2, 2)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["training"]["curriculum"]["points"].update(start=9, end=9)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    out = subprocess.run(
+        [sys.executable, "-m", "probe", "inspect", str(run), "--json", "--prompts", "16"],
+        check=False, capture_output=True, text=True, cwd=REPO, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["n_positions"] == 16 and info["task_points"] == 9
+    assert "n_points" not in info
+
+
+def test_heatmap_with_a_million_queries_says_its_size_before_any_work(ckpt, tmp_path):
+    """`icl-probe heatmap CK --set prompts.queries=1000000` on a tiny checkpoint ran on for minutes
+    saying nothing; its first line now names prompts.queries: an estimate with the expected time
+    where the machine admits it, a refusal where its memory does not."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "probe", "heatmap", str(ckpt), "--out", str(tmp_path / "h"), "--set",
+         "prompts.queries=1000000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    try:
+        first = ""
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "prompts.queries" in line or "error" in line:
+                first = line
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "prompts.queries = 1000000" in first, first
+    assert ("estimate: about" in first and " on a 2-core CPU" in first) or "would need about" in first, first
+
+
+def test_admitted_large_work_is_announced_with_its_time(capsys):
+    from probe.core import budget
+
+    budget.check([budget.Estimate("prompts.queries", 1000000, flop=2e13)])
+    line = capsys.readouterr().err
+    assert line.startswith("estimate: about 2.0e+13 floating-point operations, 50 s to 6 min on a 2-core CPU")
+    assert "prompts.queries = 1000000 contributes 100%" in line
+    budget.check([budget.Estimate("prompts.queries", 10, flop=1e9)])
+    assert capsys.readouterr().err == ""  # small work says nothing
+
+
+def test_capture_with_inputs_on_the_meta_device():
+    """capture(model, torch.zeros(2, 8, 3, device="meta"), torch.zeros(2, 8, device="meta")) raised
+    torch's "Tensor.item() cannot be called on meta tensors"."""
+    from probe.capture import capture
+    from probe.models import build_model
+
+    model = build_model(build_cfg().model).eval()
+    with pytest.raises(ConfigError, match="xs is on the meta device, which holds shapes but no values"):
+        capture(model, torch.zeros(2, 8, 3, device="meta"), torch.zeros(2, 8, device="meta"))
