@@ -18,20 +18,24 @@ shifts() {
   done
 }
 
+# the trained checkpoints whose findings the README and docs/results.md quote: induced weights (the
+# spectral instrument, SimW) and the test prompts on 512 prompts, the count the spectral row's
+# validity domain needs at kappa = 100 (probe/reporting/spectral_stage.py SPECTRAL_DOMAIN)
+WIDE="--set prompts.induced=512 --set prompts.test=512"
 declare -A JOBS=(
   [gpt2-default-quick]="report checkpoints/gpt2-default --out reports/gpt2-default-quick"
   [gpt2-default-vs-lstm]="report checkpoints/gpt2-default --compare checkpoints/lstm-default --out reports/gpt2-default-vs-lstm"
-  [gpt2-illcond-quick]="report checkpoints/gpt2-illcond --out reports/gpt2-illcond-quick"
-  [gpt2-illcond-24k-quick]="report checkpoints/gpt2-illcond-24k --out reports/gpt2-illcond-24k-quick"
-  [gpt2-d8-quick]="report checkpoints/gpt2-d8 --out reports/gpt2-d8-quick"
-  [gpt2-d8-illcond-quick]="report checkpoints/gpt2-d8-illcond --out reports/gpt2-d8-illcond-quick"
+  [gpt2-illcond-quick]="report checkpoints/gpt2-illcond --out reports/gpt2-illcond-quick $WIDE"
+  [gpt2-illcond-24k-quick]="report checkpoints/gpt2-illcond-24k --out reports/gpt2-illcond-24k-quick $WIDE"
+  [gpt2-d8-quick]="report checkpoints/gpt2-d8 --out reports/gpt2-d8-quick $WIDE"
+  [gpt2-d8-illcond-quick]="report checkpoints/gpt2-d8-illcond --out reports/gpt2-d8-illcond-quick $WIDE"
   [lstm-default-quick]="report checkpoints/lstm-default --out reports/lstm-default-quick"
   [lstm-d8-quick]="report checkpoints/lstm-d8 --out reports/lstm-d8-quick"
   [lsa-L1-d4-quick]="report checkpoints/lsa-L1-d4 --recipe lsa --out reports/lsa-L1-d4-quick"
   [lsa-L1-d8-quick]="report checkpoints/lsa-L1-d8 --recipe lsa --out reports/lsa-L1-d8-quick"
   [lsa-L4-d4-quick]="report checkpoints/lsa-L4-d4 --recipe lsa --out reports/lsa-L4-d4-quick"
   [lsa-L4-d8-quick]="report checkpoints/lsa-L4-d8 --recipe lsa --out reports/lsa-L4-d8-quick"
-  [lsa-L4-d4-illcond-quick]="report checkpoints/lsa-L4-d4-illcond --recipe lsa --out reports/lsa-L4-d4-illcond-quick"
+  [lsa-L4-d4-illcond-quick]="report checkpoints/lsa-L4-d4-illcond --recipe lsa --out reports/lsa-L4-d4-illcond-quick $WIDE"
   [gpt2-relu3-relu]="report checkpoints/gpt2-relu3 --recipe relu --out reports/gpt2-relu3-relu"
   [planted-gd-quick]="report checkpoints/planted/gd --out reports/planted-gd-quick"
   [planted-newton-quick]="report checkpoints/planted/newton --out reports/planted-newton-quick"

@@ -128,12 +128,23 @@ def _evidence_rows(q, titles: Titles) -> pd.DataFrame:
                 "instrument": r.instrument,
                 "favours": "undecided" if r.favours is None else label(r.favours, titles),
                 "effect": r.effect,
-                "validated on known answers": r.validated_on or "not validated for this question",
+                "validated on known answers": _validation_words(r),
                 "cannot tell apart": r.cannot_tell_apart,
             }
             for r in q.rows
         ]
     )
+
+
+def _validation_words(row) -> str:
+    """Where a row's known answers hold, and whether this model is inside (validity domains)."""
+    if not row.validated_on:
+        return "not validated for this question"
+    boxes = "; ".join(box["words"] for box in (row.domain or {}).get("boxes", []))
+    where = f" (covers: {boxes})" if boxes else ""
+    if row.status == "unvalidated here":
+        return f"unvalidated here (outside: {row.outside}); validated on {row.validated_on}{where}"
+    return row.validated_on + where
 
 
 def _model_card(summary: Summary, ckpt) -> pd.DataFrame:
