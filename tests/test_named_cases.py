@@ -85,3 +85,41 @@ def test_capture_with_inputs_on_the_meta_device():
     model = build_model(build_cfg().model).eval()
     with pytest.raises(ConfigError, match="xs is on the meta device, which holds shapes but no values"):
         capture(model, torch.zeros(2, 8, 3, device="meta"), torch.zeros(2, 8, device="meta"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("induced", [8, 4])
+def test_a_small_users_recipe_completes_with_starved_stages_not_measured(tmp_path, induced):
+    """A d = 3, 8-point GPT-2 and a recipe whose [prompts] are curve 32, train 32, val 16, test 32,
+    induced 8 (spectral never mentioned) exited 2 on the spectral stage's min_count; the report
+    completes (exit 0), and a stage the prompts starve (induced 4 here: too few eigen-directions for
+    one bin) is written as "not measured here" with its reason, a caveat and no evidence; the stage's
+    own command still refuses."""
+    from probe.cli import main
+
+    ck = tmp_path / "tiny3"
+    assert main(["-q", "train", "--recipe", "tiny", "--set", "model.n_dims=3", "--set", "task.n_dims=3", "--set",
+                 "task.n_points=8", "--out", str(ck)]) == 0
+    sets = [f"prompts.{k}={v}" for k, v in (("curve", 32), ("train", 32), ("val", 16), ("test", 32),
+                                            ("induced", induced))]
+    args = ["-q", "report", str(ck), "--recipe", "quick", "--out", str(tmp_path / "r")]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    spectral = summary["spectral"]
+    page = (tmp_path / "r" / "index.html").read_text()
+    if spectral["status"] == "not measured":
+        assert "raise" in spectral["reason"] or "prompts.induced" in spectral["reason"]
+        assert spectral["knob"] == "prompts.induced"
+        assert "Spectral filter not measured here" in page
+        rows = [r for q in summary["evidence"] for r in q["rows"] if r["instrument"] == "spectral filter"]
+        assert rows and all(r["favours"] is None and r["status"] == "not measured" for r in rows)
+        with pytest.raises(ConfigError, match="spectral.min_count"):
+            from probe.analysis.pipeline import LayerSettings, analyse_spectrum
+            from probe.core.settings import PromptSettings
+            from probe.io.formats import load_checkpoint
+
+            loaded = load_checkpoint(ck)
+            analyse_spectrum(loaded.model, loaded.config.task, LayerSettings(PromptSettings(32, 32, 16, 32, induced)))
+    assert induced == 8 or spectral["status"] == "not measured"  # induced 4 starves it on these prompts

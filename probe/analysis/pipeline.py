@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..core import budget
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, NotMeasurable
 from ..core.memory import MemoryBudget
 from ..core.progress import tqdm
 from ..core.seeds import Stream
@@ -42,7 +42,7 @@ from .nulls import flag_degenerate, null_predictions, null_table
 from .readout import LayerReadouts, ReadoutSettings, finetune_layer_readouts, fit_layer_readouts, readout_table
 from .similarity import induced_weights, sime, simw
 from .span import span_table
-from .spectral import SpectralAnalysis, SpectralSettings, spectral_analysis, spectral_cost
+from .spectral import NotMeasured, SpectralAnalysis, SpectralSettings, spectral_analysis, spectral_cost
 from .spectral_references import reference_families
 from .states import query_states, x_states
 from .verdicts import Candidate, final_layer_verdicts, pick, sime_between, simw_between
@@ -154,7 +154,7 @@ class LayerAnalysis:
     nulls: pd.DataFrame = field(default_factory=pd.DataFrame)  # per layer: SimE vs the zero / random-model predictor
     verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)  # paired final-layer verdicts (analysis/verdicts.py)
     timings: dict[str, float] = field(default_factory=dict)
-    spectral: SpectralAnalysis | None = None  # each layer's spectral filter (analysis/spectral.py), with SimW
+    spectral: SpectralAnalysis | NotMeasured | None = None  # each layer's spectral filter (analysis/spectral.py)
 
 
 def analysis_prompts(task: TaskConfig, settings: LayerSettings, split: str, n: int):
@@ -374,9 +374,12 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
         )
         span = pd.concat([layers, *span_parts], ignore_index=True)
     clock.lap("similarity")
-    spectral = None
+    spectral: SpectralAnalysis | NotMeasured | None = None
     if layer_weights is not None and settings.spectral.enabled:
-        spectral = layer_spectrum(layer_weights, ev, settings)
+        try:
+            spectral = layer_spectrum(layer_weights, ev, settings)
+        except NotMeasurable as e:  # a report degrades; `icl-probe spectral` (analyse_spectrum) refuses
+            spectral = NotMeasured(str(e), e.knob)
         clock.lap("spectral")
     return LayerAnalysis(readouts, readout, cells, best, trends, t1, span, nulls, verdicts, clock.timings, spectral)
 

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from ..core import budget
 from ..core.config import Section, setting
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, NotMeasurable
 from ..learners.iterative import prefix_eigh
 from .spectral_references import Family, Members, reference_families, reference_weights
 from .stats import resamples
@@ -162,10 +162,11 @@ def make_bins(dirs: Directions, variable: str, n_bins: int, min_count: int) -> B
     counts = torch.bincount(idx[idx >= 0], minlength=n_bins)
     sparse = counts < min_count
     if bool(sparse.all()):
-        raise ConfigError(
+        raise NotMeasurable(
             f"spectral.min_count = {min_count}: no bin of {VARIABLES[variable]} holds that many eigen-directions "
             f"(the fullest holds {int(counts.max())} of {int(keep.sum())}); lower spectral.min_count or measure on "
-            "more prompts (prompts.induced)"
+            "more prompts (prompts.induced)",
+            knob="prompts.induced",
         )
     idx = torch.where((idx >= 0) & sparse[idx.clamp_min(0)], torch.full_like(idx, -1), idx)
     return Bins(variable, idx, edges)
@@ -262,6 +263,15 @@ def fit_errors(r: Tensor, r_ref: Tensor) -> tuple[Tensor, Tensor]:
     sq = (r * r).sum(-1).unsqueeze(-1)
     err = sq - 2 * gain * cross + gain**2 * rr
     return gain, err / sq.clamp_min(1e-300)
+
+
+@dataclass
+class NotMeasured:
+    """The spectral instrument could not measure on the data at hand (`NotMeasurable`): why, and the
+    setting that would change it. A report shows it in the stage's section and completes."""
+
+    reason: str
+    knob: str
 
 
 @dataclass

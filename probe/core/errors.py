@@ -9,6 +9,16 @@ class ConfigError(ProbeError, ValueError):
     """A configuration value is missing, unknown or out of range."""
 
 
+class NotMeasurable(ConfigError):
+    """The data at hand cannot support a measurement (too few eigen-directions, prefixes, prompts):
+    the stage's own command refuses with this message; a report writes the stage's section as "not
+    measured here" and completes. `knob` names the setting that would change it."""
+
+    def __init__(self, message: str, knob: str = "") -> None:
+        super().__init__(message)
+        self.knob = knob
+
+
 class CheckpointError(ProbeError):
     """A checkpoint could not be found, read, or matched to its config."""
 

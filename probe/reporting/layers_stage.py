@@ -17,6 +17,7 @@ from ..analysis.labels import Titles, label, layer_list, sweep_titles
 from ..analysis.matching import family_of, trend_words
 from ..analysis.pipeline import LayerSettings, analyse_layers
 from ..analysis.readout import LayerReadouts
+from ..analysis.spectral import SpectralAnalysis
 from ..core import budget
 from ..core.settings import check_induced_queries
 from ..core.stages import AnalysisStage, StageTables, register_stage
@@ -53,7 +54,7 @@ def _run(c) -> StageTables:
         "readout_alpha": None if alphas is None else list(map(float, alphas)),
         "readouts": res.readouts.to_json() if isinstance(res.readouts, LayerReadouts) else None,
         "timings": res.timings,
-        **({"spectral_counts": res.spectral.counts} if res.spectral is not None else {}),
+        **({"spectral_counts": res.spectral.counts} if isinstance(res.spectral, SpectralAnalysis) else {}),
     }
     return StageTables(tables, data)
 

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.labels import layer_list
-from ..analysis.spectral import SpectralSettings, spectral_cost
+from ..analysis.spectral import NotMeasured, SpectralSettings, spectral_cost
 from ..analysis.spectral_references import CLASSES
 from ..core import budget
 from ..core.stages import AnalysisStage, StageTables, register_stage
@@ -79,6 +79,9 @@ class Spectral:
     references: dict[str, dict[str, Any]]
     counts: dict[str, int]
     classes: dict[str, str]
+    status: str = "answered"  # core/validity.py STATUSES: "not measured" where the data could not support it
+    reason: str = ""
+    knob: str = ""
     identities: str = (
         "Newton from alpha I is GD with 2^k steps of size alpha; the seeds' Newton (M_0 = alpha S) is "
         "S-preconditioned GD with 2^k steps: behaviour identifies the filter class and its rate, not which "
@@ -87,9 +90,16 @@ class Spectral:
 
 
 def spectral_tables(spectral) -> dict[str, pd.DataFrame]:
-    """The spectral instrument's tables, named as the report writes them (none when it did not run)."""
+    """The spectral instrument's tables, named as the report writes them (none when it did not run;
+    one status row when it could not measure on the data at hand)."""
     if spectral is None:
         return {}
+    if isinstance(spectral, NotMeasured):
+        return {
+            "spectral_status": pd.DataFrame(
+                [{"status": "not measured", "reason": spectral.reason, "knob": spectral.knob}]
+            )
+        }
     names = ("curves", "layers", "summary", "references", "fits")
     return {f"spectral_{name}": getattr(spectral, name) for name in names}
 
@@ -143,6 +153,8 @@ def _window(sp: Spectral, i: int) -> str:
 def _findings(sp: Spectral, summary: Any) -> str | None:
     """Each layer's spectral verdict, grouped, with the exponent (and the eigenvalue window it was
     fitted over) where the verdict names one class."""
+    if sp.status == "not measured":
+        return f"Spectral filter per layer: not measured here ({sp.reason})."
     groups: dict[str, list[str]] = {}
     for i, (layer, verdict, p, lo, hi) in enumerate(zip(sp.layer, sp.verdict, sp.p, sp.p_low, sp.p_high)):
         named = verdict in CLASS_WORDS and p is not None
@@ -157,6 +169,11 @@ def _findings(sp: Spectral, summary: Any) -> str | None:
 
 def _page_tables(sp: Spectral, summary: Any, tables: dict[str, pd.DataFrame]) -> dict[str, str]:
     """Per layer: the verdict, p in the best family's own variable, and each variable's best member."""
+    if sp.status == "not measured":
+        return {
+            "spectral": html_table(pd.DataFrame([{"status": sp.status, "reason": sp.reason, "knob": sp.knob}])),
+            "spectral_refs": "-",
+        }
     fmt = lambda v: "-" if v is None else f"{v:.2f}"
     rows = []
     for i, layer in enumerate(sp.layer):
@@ -218,6 +235,9 @@ SPECTRAL_DOMAIN = Validity(
 def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> list[dict[str, Any]]:
     if sp is None or (a, b) not in (("newton", "gd"), ("ridge", "least_squares")):
         return []
+    if sp.status == "not measured":
+        effect = f"not measured here: {sp.reason}"
+        return [{"instrument": "spectral filter", "favours": None, "effect": effect, "status": sp.status}]
     decided: dict[str, list[int]] = {}
     also: dict[int, str] = {}
     fits = list(sp.by_variable.values())
@@ -279,8 +299,18 @@ def _run(c) -> StageTables:
 
 
 def _summarise(t, recipe) -> Spectral | None:
-    """Its block, or None where the layer analyses did not measure it (SimW off)."""
+    """Its block, or None where the layer analyses did not measure it (SimW off); a "not measured"
+    block where the data at hand could not support it."""
+    if "spectral_status" in t:
+        row = t["spectral_status"].iloc[0]
+        return Spectral(
+            [], [], [], [], [], [], {}, {}, {}, dict(CLASSES), str(row.status), str(row.reason), str(row.knob)
+        )
     return spectral_block(t, t.data.get("spectral_counts", {})) if "spectral_summary" in t else None
+
+
+def _caveats(sp: Spectral, summary: Any) -> list[str]:
+    return [f"Spectral filter not measured here: {sp.reason}"] if sp.status == "not measured" else []
 
 
 def _estimates(recipe, ckpt) -> list[budget.Estimate]:
@@ -322,6 +352,7 @@ register_stage(
         figures=_figures,
         estimates=_estimates,
         findings=_findings,
+        caveats=_caveats,
         tables=_page_tables,
         evidence=_evidence,
         reads=("similarity",),
