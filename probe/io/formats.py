@@ -227,15 +227,13 @@ def detect_and_load(path: Path, format: str | None = None) -> LoadedCheckpoint:
     directory = path if path.is_dir() else path.parent
     if format is not None:
         why_not = FORMATS.get(format).detect(directory)
-        if why_not is not None:  # say what the directory is, not what torch's loader tripped on
-            other = next((name for name in FORMATS if FORMATS.get(name).detect(directory) is None), None)
-            hint = (
-                f"it is a run directory in the '{other}' format: pass format='{other}' or leave format out"
-                if other
-                else "it is in none of the known formats (" + ", ".join(FORMATS.names()) + ")"
+        other = next((name for name in FORMATS if FORMATS.get(name).detect(directory) is None), None)
+        if why_not is not None and other is not None:  # say what the directory is, not what its loader tripped on
+            raise CheckpointError(
+                f"{path} is not an '{format}' checkpoint ({why_not}); it is a run directory in the '{other}' "
+                f"format: pass format='{other}' or leave format out"
             )
-            raise CheckpointError(f"{path} is not an '{format}' checkpoint ({why_not}); {hint}")
-        return FORMATS.get(format).load(directory)
+        return FORMATS.get(format).load(directory)  # in no format: the asked one's loader says what is missing
     reasons = []
     for name in FORMATS:
         why_not = FORMATS.get(name).detect(directory)

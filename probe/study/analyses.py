@@ -321,5 +321,6 @@ def model_fields(path: Path) -> dict[str, Any]:
         "noise_std": t.noise_std,
         "relu_depth": t.relu_depth if t.name == "relu_network" else None,
         "train_step": step,
+        "train_seed": getattr(getattr(ckpt.config, "train", None), "seed", None),
         "format": ckpt.format,
     }

@@ -67,6 +67,7 @@ X_AXES = (
     "noise_std",
     "relu_depth",
     "train_step",
+    "train_seed",
     "format",
 )
 
