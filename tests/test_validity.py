@@ -100,10 +100,10 @@ def test_a_row_outside_its_domain_is_unvalidated_here_and_not_counted():
     union = Validity((domain, Domain(d=(4, 4), kappa=(1, 100), prompts=(512, math.inf), readout=("ridge",))))
     assert union.outside({"d": 4, "kappa": 100.0, "readout": "ridge", "prompts": 512}) == []
     assert union.outside({"d": 4, "kappa": 100.0, "readout": "ridge", "prompts": 64}) == [
-        "prompts = 64 (needs >= 512: raise prompts.induced)"
+        "prompts = 64 (needs >= 512: raise prompts.induced) / kappa = 100, read-out ridge"
     ]
-    # two boxes miss two conditions each: the first listed is named
-    assert union.outside({"d": 8, "kappa": 100.0, "readout": "ridge", "prompts": 64}) == ["kappa = 100", "read-out ridge"]
+    # outside every box: each box's misses, the nearest first
+    assert union.outside({"d": 8, "kappa": 100.0, "readout": "model", "prompts": 512}) == ["kappa = 100 / d = 8, read-out model"]
     inside = _validated_row("gd")
     outside = EvidenceRow(
         "spectral filter", "gd", "e", validated_on="planted GD", status="unvalidated here", outside="kappa = 100"

@@ -63,9 +63,13 @@ class Validity:
     tested_against: str = ""
 
     def outside(self, conditions: dict[str, Any]) -> list[str]:
-        """Nothing when some box covers the model; else the nearest box's uncovered conditions."""
+        """Nothing when some box covers the model; else each box's uncovered conditions, the
+        nearest box first ("kappa = 100 / d = 8": outside the first box by its kappa, the second by d)."""
         misses = [box.outside(conditions) for box in self.boxes]
-        return [] if not misses or any(not m for m in misses) else min(misses, key=len)
+        if not misses or any(not m for m in misses):
+            return []
+        ranked = sorted(dict.fromkeys(", ".join(m) for m in misses), key=lambda words: words.count(",") + 1)
+        return [" / ".join(ranked)]
 
     def to_json(self) -> dict[str, Any]:
         return {
