@@ -25,7 +25,9 @@ def test_evaluate_reproduces_stored_numbers(name):
         np.testing.assert_allclose(fresh, stored.model, rtol=1e-4, atol=1e-6)
         return
     fresh = error_curve(ckpt.model, ckpt.config.task, n_prompts=1280, seed=0)
-    pd.testing.assert_frame_equal(fresh, stored, check_exact=False, rtol=1e-4, atol=1e-7)
+    # an evaluation stored before the curve gained columns (the trivial predictors' margin) reproduces in its own
+    assert set(stored.columns) <= set(fresh.columns)
+    pd.testing.assert_frame_equal(fresh[list(stored.columns)], stored, check_exact=False, rtol=1e-4, atol=1e-7)
 
 
 def test_default_checkpoint_meets_the_quality_bar():

@@ -24,7 +24,6 @@ spectral rule. So:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +106,7 @@ class PerPrompt:
     seed: int
     preds: dict[str, Tensor]  # (P, t) each family's predictions, for the gap between two of them
     n_dims: int
-    label_power: float = math.inf  # mean y^2 / d of the shifted queries: the zero predictor's error
+    label_power: float = 0.0  # mean y^2 / d of the shifted queries, the zero predictor's error (0: not checked)
 
     def tie(self, a: str, b: str, difference: float) -> str:
         """Why families a and b tie by distance although their paired interval may exclude 0: both

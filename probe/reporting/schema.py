@@ -132,7 +132,9 @@ class EvidenceRow:
     resolution: float | None = None
     validated_on: str = ""
     cannot_tell_apart: str = ""
-    status: str = "answered"  # probe/reporting/validity.py STATUSES: "unvalidated here" outside its domain
+    # core/validity.py STATUSES: "answered" (the instrument gave its reading, a side or undecided),
+    # "unvalidated here" (outside its validity domain: shown, never counted), "not measured"
+    status: str = "answered"
     outside: str = ""  # the model's conditions its known answers do not cover ("kappa = 100")
     domain: dict[str, Any] | None = None  # validity.Domain: the conditions its known answers cover
 
