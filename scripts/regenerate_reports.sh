@@ -52,7 +52,7 @@ declare -A JOBS=(
   [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --targets xty w_ols xtx --out reports/probes-default-converged --force"
 )
 for study in depth-phases relu-depth training-dynamics depth-noiseless width relu-attention relu-transformer-depth \
-  dimension dimension-illcond; do
+  dimension dimension-illcond seeds-default; do
   JOBS[study-$study]="probe study $study --out reports/study-$study --jobs 2 --force"
 done
 
