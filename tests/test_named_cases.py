@@ -65,15 +65,18 @@ def test_heatmap_with_a_million_queries_says_its_size_before_any_work(ckpt, tmp_
     assert ("estimate: about" in first and " on a 2-core CPU" in first) or "would need about" in first, first
 
 
-def test_admitted_large_work_is_announced_with_its_time(capsys):
+def test_admitted_large_work_is_announced_with_its_time(caplog):
     from probe.core import budget
 
-    budget.check([budget.Estimate("prompts.queries", 1000000, flop=2e13)])
-    line = capsys.readouterr().err
+    with caplog.at_level("WARNING", logger="probe.core.budget"):
+        budget.check([budget.Estimate("prompts.queries", 1000000, flop=2e13)])
+    line = caplog.records[-1].getMessage()
     assert line.startswith("estimate: about 2.0e+13 floating-point operations, 50 s to 6 min on a 2-core CPU")
     assert "prompts.queries = 1000000 contributes 100%" in line
-    budget.check([budget.Estimate("prompts.queries", 10, flop=1e9)])
-    assert capsys.readouterr().err == ""  # small work says nothing
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="probe.core.budget"):
+        budget.check([budget.Estimate("prompts.queries", 10, flop=1e9)])
+    assert caplog.records == []  # small work says nothing
 
 
 def test_capture_with_inputs_on_the_meta_device():

@@ -17,8 +17,8 @@ separate a recipe that runs in hours from one that asks for 10^9 of something.
 
 from __future__ import annotations
 
+import logging
 import math
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +27,8 @@ from typing import Any
 from .errors import ConfigError
 from .settings import query_count
 from .validate import ITERATION_KEYS, check_memory
+
+log = logging.getLogger(__name__)
 
 # The estimates run at 6e10-4e11 "flop" per second on this project's 2-core machine: the quick report
 # of the default model is 1.5e12 (25 s), of Garg's standard model 7.5e13 (207 s), the full recipe on
@@ -95,15 +97,20 @@ def check(estimates: list[Estimate], where: str = "") -> None:
 
 
 def announce(estimates: list[Estimate], total: float, on: str = "") -> None:
-    """One line on stderr before admitted work that takes minutes or more: its size, the time it
+    """One warning (the CLI prints it on stderr) before admitted work that takes minutes or more: its size, the time it
     should take on this project's 2-core machine (FLOP_RATE), and the knob that contributes most."""
     top = max(estimates, key=lambda e: e.flop)
     fast, slow = total / FLOP_RATE[1], total / FLOP_RATE[0]
-    print(
-        f"estimate: about {total:.1e} floating-point operations{on}, {_duration(fast)} to {_duration(slow)} on a "
-        f"2-core CPU; {top.knob} = {_short(top.value)} contributes {top.flop / total:.0%} (lower it to go faster)",
-        file=sys.stderr,
-        flush=True,
+    log.warning(
+        "estimate: about %.1e floating-point operations%s, %s to %s on a 2-core CPU; %s = %s contributes %.0f%% "
+        "(lower it to go faster)",
+        total,
+        on,
+        _duration(fast),
+        _duration(slow),
+        top.knob,
+        _short(top.value),
+        100 * top.flop / total,
     )
 
 
