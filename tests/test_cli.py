@@ -1,3 +1,5 @@
+import sys
+
 import pandas as pd
 import pytest
 from conftest import REPO
@@ -160,3 +162,25 @@ def test_resolution_command_writes_its_table_and_figure_and_refuses_bad_values(t
     # a spread float32 prompts cannot hold (sqrt(1e300) overflowed inside torch, with a traceback)
     assert main(["resolution", "--out", str(tmp_path / "bad"), "--kappas", "1e300"]) == 2
     assert "task.kappa must be <= 1e+12, got 1e+300" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_cli_logging_follows_the_current_stderr_across_calls():
+    """A second CLI call in one process (sys.stderr replaced and the first one closed, as under
+    pytest's capture) logs to the new stderr, with one handler, not a 'Logging error' on the old."""
+    import io
+    import logging
+
+    from probe.cli import _log_to_stderr
+
+    old = sys.stderr
+    try:
+        sys.stderr = first = io.StringIO()
+        _log_to_stderr(logging.WARNING)
+        sys.stderr = second = io.StringIO()
+        first.close()
+        _log_to_stderr(logging.WARNING)
+        logging.getLogger("probe.example").warning("after the swap")
+        assert "WARNING probe.example: after the swap" in second.getvalue()
+        assert sum(type(h).__name__ == "_CurrentStderr" for h in logging.getLogger().handlers) == 1
+    finally:
+        sys.stderr = old

@@ -93,14 +93,34 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
 
 
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is when a record is emitted, not the stream of the first call
+    (a later call in the same process, e.g. under pytest's capture, may have replaced and closed it)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def _log_to_stderr(level: int) -> None:
+    root = logging.getLogger()
+    if not any(isinstance(handler, _CurrentStderr) for handler in root.handlers):
+        handler = _CurrentStderr()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # the command's own parser words the error (its name, its --help)
         args.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
+    _log_to_stderr(logging.WARNING if args.quiet else logging.INFO)
     registered = getattr(args, "registered_stage", None)
     module = importlib.import_module(".stage" if registered else f".{args.command.replace('-', '_')}", __name__)
     try:
