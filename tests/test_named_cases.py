@@ -105,11 +105,16 @@ def test_a_small_users_recipe_completes_with_starved_stages_not_measured(tmp_pat
                  "task.n_points=8", "--out", str(ck)]) == 0
     sets = [f"prompts.{k}={v}" for k, v in (("curve", 32), ("train", 32), ("val", 16), ("test", 32),
                                             ("induced", induced))]
+    sets.append("steering.enabled=true")  # every stage on: quick runs all but steering
     args = ["-q", "report", str(ck), "--recipe", "quick", "--out", str(tmp_path / "r")]
     for s in sets:
         args += ["--set", s]
     assert main(args) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    from probe.core.stages import by_block_key
+
+    stages = [key for key, stage in by_block_key().items() if not stage.merged]  # merged: the summary's own fields
+    assert all(summary.get(key) is not None for key in stages), "every stage wrote its block"
     spectral = summary["spectral"]
     page = (tmp_path / "r" / "index.html").read_text()
     if spectral["status"] == "not measured":
