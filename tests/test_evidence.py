@@ -229,3 +229,21 @@ def test_the_state_in_the_tokens_names_newton_only_where_a_token_holds_it(plante
     (row,) = [r for r in q.rows if r.instrument == "state in the tokens"]
     assert row.favours == favours and row.validated_on
     assert q.answer == favours
+
+
+def test_ridge_at_every_layer_reads_neither_newton_nor_gd():
+    """A model whose layers each run ridge (penalty 1, the ridge class, apart from both the GD and the
+    seeds' Newton classes) is far from both: "Newton or GD?" answers "neither" and names the closest."""
+    q = answers(LearnerOracle("ridge", "lam", lambda l: 1.0, 4, 4, 16))[("newton", "gd")]
+    spectral = next(r for r in q.rows if r.instrument == "spectral filter")
+    assert spectral.favours == "neither" and "ridge class" in spectral.closest
+    assert q.answer == "neither", q.answer_words
+    assert q.answer_words.startswith("neither newton nor gd: closest ridge class")
+
+
+@pytest.mark.parametrize("eta", [0.05, 0.2])
+def test_adam_never_reads_gd(eta):
+    """Adam (coordinate-wise normalised steps, not a filter of S's spectrum), 2^l steps at layer l:
+    "Newton or GD?" is "neither" or undecided, never "gd" or "newton"."""
+    q = answers(LearnerOracle("adam", "steps", lambda l: 2**l, 4, 4, 16, fixed={"eta": [eta]}))[("newton", "gd")]
+    assert q.answer not in ("gd", "newton"), q.answer_words

@@ -15,6 +15,7 @@ from probe.analysis.spectral import (
     spectral_analysis,
 )
 from probe.analysis.spectral_references import Members, first_best, reference_families, stable_steps
+from probe.core.errors import ConfigError
 from probe.data.config import TaskConfig
 from probe.data.tasks import sample_prompts
 from probe.learners import run_learner
@@ -224,3 +225,32 @@ def test_planted_models_through_the_ridge_read_out_read_their_class(algorithm, l
     assert len(decided) >= 4, sp.verdict
     assert all(band[0] < sp.p[i] < band[1] for i in decided), [sp.p[i] for i in decided]
     assert not any(v.startswith("precond_gd" if side == "gd" else "gd") for v in sp.verdict)
+
+
+def test_the_non_filter_share_corrected_for_query_noise_stops_moving_with_the_query_count():
+    """Induced weights fitted to a predictor that is exact GD plus a term the queries cannot fit (a
+    zero-mean quadratic in x_q, uncorrelated with x_q): their estimation noise shrinks with the query
+    count Q, and the plain non-filter share moves with it (about 0.25 at Q = 16, 0.05 at Q = 128). From
+    two disjoint halves of the queries the corrected share stays near exact GD's (0.01) at every Q."""
+    from probe.analysis.similarity import induced_weights
+
+    xs, ys = iso_prompts(b=512)
+    w = run_learner("gd", xs, ys, steps=[4], eta=["auto"]).weights
+    exact = spectral_analysis(w, xs, ys, n_boot=20).layers.non_filter.to_numpy()
+    assert (exact < 0.05).all()
+    g = torch.Generator().manual_seed(1)
+    u = torch.randn(xs.shape[0], xs.shape[-1], generator=g, dtype=torch.float64)
+    raw, corrected = {}, {}
+    for q_count in (16, 128):
+        q = torch.randn(xs.shape[0], q_count, xs.shape[-1], generator=g, dtype=torch.float64)
+        quad = torch.einsum("bqd,bd->bq", q, u) ** 2 - (u * u).sum(-1, keepdim=True)
+        preds = torch.einsum("abnd,bqd->abnq", w, q) + 0.2 * quad[None, :, None, :]
+        h = q_count // 2
+        halves = induced_weights(preds[..., :h], q[:, :h]), induced_weights(preds[..., h:], q[:, h:])
+        layers = spectral_analysis(induced_weights(preds, q), xs, ys, n_boot=20, halves=halves).layers
+        raw[q_count], corrected[q_count] = layers.non_filter_uncorrected.to_numpy(), layers.non_filter.to_numpy()
+    assert (raw[16] > 0.15).all() and (raw[128] < 0.08).all()  # the plain share moves with Q
+    for q_count in (16, 128):
+        assert abs(corrected[q_count] - exact).max() < 0.06, (q_count, corrected[q_count], exact)
+    with pytest.raises(ConfigError, match="the two halves' weights must have the layer weights' shape"):
+        spectral_analysis(w, xs, ys, n_boot=20, halves=(w[:, :3], w))

@@ -209,7 +209,8 @@ def fit_readouts(model, task: TaskConfig, settings: LayerSettings, progress: boo
 
 def induced_layer_weights(model, task: TaskConfig, settings: LayerSettings, readouts, ev, progress: bool = False):
     """Each layer's induced weights (seed 003 eq. 11-12) on the first n_induced held-out prompts:
-    (weights (L+1, m, n, d), the fresh queries (m, Q, d))."""
+    (weights (L+1, m, n, d), the fresh queries (m, Q, d), and the weights induced from each half
+    of the queries, two independent estimates (None with fewer than 2 d queries))."""
     m = settings.n_induced
     sub = type(ev)(ev.xs[:m], ev.ys[:m], None if ev.w is None else ev.w[:m], {k: v[:m] for k, v in ev.params.items()})
     queries = fresh_queries(task, sub, query_count(settings.prompts.queries, task.n_dims), settings.prompts.seed)
@@ -224,7 +225,15 @@ def induced_layer_weights(model, task: TaskConfig, settings: LayerSettings, read
         readout=readouts.predict_layer,
         memory=settings.memory,
     )  # (L+1, m, n, Q)
-    return induced_weights(torch.as_tensor(q_preds), queries).numpy(), queries
+    preds = torch.as_tensor(q_preds)
+    half, d = queries.shape[1] // 2, task.n_dims
+    halves = None
+    if half >= d:
+        halves = tuple(
+            induced_weights(preds[..., part], queries[:, part]).numpy()
+            for part in (slice(0, half), slice(half, 2 * half))
+        )
+    return induced_weights(preds, queries).numpy(), queries, halves
 
 
 def compare_sweeps(
@@ -332,9 +341,9 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
         layer_preds, ev.ys.numpy(), task.n_dims, settings.similarity.bootstrap, settings.prompts.seed
     )
     clock.lap("readout")
-    layer_weights, queries = None, None
+    layer_weights, queries, halves = None, None, None
     if settings.similarity.simw:
-        layer_weights, queries = induced_layer_weights(model, task, settings, readouts, ev, progress)
+        layer_weights, queries, halves = induced_layer_weights(model, task, settings, readouts, ev, progress)
         clock.lap("query_states")
     cells, best, span_parts, finals = compare_sweeps(layer_preds, layer_weights, queries, ev, settings, progress)
     clock.lap("learners")
@@ -377,7 +386,7 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
     spectral: SpectralAnalysis | NotMeasured | None = None
     if layer_weights is not None and settings.spectral.enabled:
         try:
-            spectral = layer_spectrum(layer_weights, ev, settings)
+            spectral = layer_spectrum(layer_weights, ev, settings, halves)
         except NotMeasurable as e:  # a report degrades; `icl-probe spectral` (analyse_spectrum) refuses
             spectral = NotMeasured(str(e), e.knob)
         clock.lap("spectral")
@@ -398,8 +407,9 @@ def fixed_steps(sweeps) -> tuple[float | None, float | None]:
     return eta, alpha
 
 
-def layer_spectrum(layer_weights, ev, settings: LayerSettings) -> SpectralAnalysis:
-    """The spectral instrument on each layer's induced weights (the first n_induced held-out prompts)."""
+def layer_spectrum(layer_weights, ev, settings: LayerSettings, halves=None) -> SpectralAnalysis:
+    """The spectral instrument on each layer's induced weights (the first n_induced held-out prompts);
+    `halves`: the weights induced from each half of the queries (the non-filter share's correction)."""
     m = settings.n_induced
     families = reference_families(ev.xs.shape[-1], *fixed_steps(settings.sweeps), xs=ev.xs[:m])
     return spectral_analysis(
@@ -410,6 +420,7 @@ def layer_spectrum(layer_weights, ev, settings: LayerSettings) -> SpectralAnalys
         settings.similarity.bootstrap,
         settings.prompts.seed,
         families,
+        halves=halves,
     )
 
 
@@ -421,5 +432,5 @@ def analyse_spectrum(model, task: TaskConfig, settings: LayerSettings, progress:
     induced = replace(settings, similarity=replace(settings.similarity, simw=True))  # it always fits them
     check_layer_budget(model, task, induced, (), spectrum=True)
     readouts, ev, _ = fit_readouts(model, task, settings, progress)
-    layer_weights, _ = induced_layer_weights(model, task, settings, readouts, ev, progress)
-    return layer_spectrum(layer_weights, ev, settings)
+    layer_weights, _, halves = induced_layer_weights(model, task, settings, readouts, ev, progress)
+    return layer_spectrum(layer_weights, ev, settings, halves)

@@ -55,6 +55,12 @@ class SpectralSettings(Section):
     min_count: int = setting(20, "eigen-directions a bin needs to be kept")
     r_low: float = setting(0.05, "lower end of the response range the local exponent is fitted over", high=1.0)
     r_high: float = setting(0.95, "upper end of that range", high=1.0)
+    max_non_filter: float = setting(
+        0.1,
+        "largest non-filter share above the best reference member's own at which a layer still counts as a "
+        "filter of S's spectrum",
+        high=1.0,
+    )
 
     def __post_init__(self) -> None:
 
@@ -175,16 +181,18 @@ def make_bins(dirs: Directions, variable: str, n_bins: int, min_count: int) -> B
 @dataclass
 class BinSums:
     """Per prompt and bin: sum(a b) (A, B, K), sum(a^2) (A, B, K), sum(b^2) (B, K), sum(b^2 u) (B, K),
-    directions (K,)."""
+    directions (K,); with two independent estimates a', a'' of the weights (`halves`), sum(a' a''),
+    sum(a' b) and sum(a'' b) (each A, B, K)."""
 
     ab: Tensor
     aa: Tensor
     bb: Tensor
     bbu: Tensor
     count: Tensor
+    cross: tuple[Tensor, Tensor, Tensor] | None = None
 
 
-def bin_sums(a: Tensor, dirs: Directions, bins: Bins) -> BinSums:
+def bin_sums(a: Tensor, dirs: Directions, bins: Bins, halves: tuple[Tensor, Tensor] | None = None) -> BinSums:
     n_prompts, k = int(dirs.prompt.max()) + 1, bins.n
     ok = bins.index >= 0
     cell = dirs.prompt[ok] * k + bins.index[ok]  # (N',) flat (prompt, bin)
@@ -196,8 +204,12 @@ def bin_sums(a: Tensor, dirs: Directions, bins: Bins) -> BinSums:
         return out.view(*values.shape[:-1], n_prompts, k)
 
     a = a[:, ok]
+    cross = None
+    if halves is not None:
+        first, second = halves[0][:, ok], halves[1][:, ok]
+        cross = total(first * second), total(first * b), total(second * b)
     return BinSums(
-        total(a * b), total(a * a), total(b * b), total(b * b * u), torch.bincount(bins.index[ok], minlength=k)
+        total(a * b), total(a * a), total(b * b), total(b * b * u), torch.bincount(bins.index[ok], minlength=k), cross
     )
 
 
@@ -283,7 +295,8 @@ class SpectralAnalysis:
         (`family`) times its gain, per layer.
     layers: one row per (layer, variable): p (local exponent) with p_low / p_high, bins_used, u range,
         non_filter (share of the weights' energy in S's eigenbasis the binned filter leaves
-        unexplained), overshoot_bins (r > 1), best_class / best_family / best_k / gain / error,
+        unexplained; corrected for the induced weights' estimation noise where two halves were
+        given, non_filter_uncorrected beside it), overshoot_bins (r > 1), best_class / best_family / best_k / gain / error,
         runner_up, difference (runner-up error - best) with its paired interval, separated.
     summary: one row per layer: the verdict over both variables ("GD class", "ambiguous", ...).
     references: p per reference family (its best member's measured exponent: the estimator's bias).
@@ -307,6 +320,7 @@ class Measured:
 
     variable: str
     sums: BinSums
+    ref_sums: BinSums
     used: Tensor
     center: Tensor
     r: Tensor
@@ -316,15 +330,24 @@ class Measured:
     center_boot: Tensor
 
 
-def measure(a_layer: Tensor, a_ref: Tensor, dirs: Directions, variable: str, s: SpectralSettings, boot: Tensor):
+def measure(
+    a_layer: Tensor,
+    a_ref: Tensor,
+    dirs: Directions,
+    variable: str,
+    s: SpectralSettings,
+    boot: Tensor,
+    halves: tuple[Tensor, Tensor] | None = None,
+):
     """The binned responses in one variable, with resamples as sums over counted prompts (one
     matmul each)."""
     bins = make_bins(dirs, variable, s.bins, s.min_count)
-    lay, ref = bin_sums(a_layer, dirs, bins), bin_sums(a_ref, dirs, bins)
+    lay, ref = bin_sums(a_layer, dirs, bins, halves), bin_sums(a_ref, dirs, bins)
     bb_b = (boot @ lay.bb).clamp_min(1e-300)  # (S, K)
     return Measured(
         variable,
         lay,
+        ref,
         lay.count >= s.min_count,
         lay.bbu.sum(0) / lay.bb.sum(0).clamp_min(1e-300),
         response(lay.ab, lay.bb),
@@ -376,7 +399,8 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
     overshot = ((m.r_boot >= 1) & used).any(-1).double().mean(0)  # (A,) resamples with a bin at r >= 1
     # the references' own exponent in the same bins: the estimator's bias over a finite range
     p_ref = local_exponent(m.r_ref, center, fit_window(m.r_ref, used, s.r_low, s.r_high))
-    non_filter = _non_filter_share(m.sums, r)
+    non_filter = _non_filter_share(m.sums, r), _non_filter_share(m.sums, r, corrected=False)
+    ref_share = _non_filter_share(m.ref_sums, m.r_ref, corrected=False)  # (M,): a filter's within-bin variation
     explained = _explained(m.sums)
     cls_err, cls_err_b = members.class_min(err), members.class_min(err_b)
     curves, rows, fits = [], [], []
@@ -395,7 +419,7 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
                 "predictor": name,
                 "variable": m.variable,
                 "own_variable_of_best": fam.variable == m.variable,
-                **_response_row(m, r[a], (p[a], p_lo[a], p_hi[a]), in_range[a], non_filter[a]),
+                **_response_row(m, r[a], (p[a], p_lo[a], p_hi[a]), in_range[a], (non_filter[0][a], non_filter[1][a])),
                 "explained": float(explained[a]),
                 "resamples_unfit": float(unfit[a]),
                 "resamples_overshoot": float(overshot[a]),
@@ -403,6 +427,7 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
                 "best_family": fam.name,
                 "best_axis": fam.axis or "",
                 "best_k": members.k[best_m],
+                "best_non_filter": float(ref_share[best_m]),
                 "gain": float(gain[a, best_m]),
                 "error": float(cls_err[a, best_c]),
                 "runner_up": members.classes[second_c] if second_c != best_c else "",
@@ -440,7 +465,7 @@ def _step_words(fam: Family) -> str:
     return ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in values)
 
 
-def _response_row(m: Measured, r: Tensor, p: tuple, in_range: Tensor, non_filter: Tensor) -> dict:
+def _response_row(m: Measured, r: Tensor, p: tuple, in_range: Tensor, non_filter: tuple[Tensor, Tensor]) -> dict:
     """One predictor's response in one variable: its exponent with interval, the bins and range it
     was fitted over, its smallest and largest response, overshooting bins and non-filter share."""
     used, inside = m.used, m.center[in_range]
@@ -454,7 +479,8 @@ def _response_row(m: Measured, r: Tensor, p: tuple, in_range: Tensor, non_filter
         "min_r": float(r[used].min()) if used.any() else math.nan,
         "max_r": float(r[used].max()) if used.any() else math.nan,
         "overshoot_bins": int(((r > 1) & used).sum()),
-        "non_filter": float(non_filter),
+        "non_filter": float(non_filter[0]),
+        "non_filter_uncorrected": float(non_filter[1]),
     }
 
 
@@ -492,12 +518,15 @@ def spectral_analysis(
     seed: int = 0,
     families: list[Family] | None = None,
     names: list[str] | None = None,
+    halves=None,
 ) -> SpectralAnalysis:
     """Response curves, exponents and filter-class fits of every predictor in `layer_weights`
     (A, B, n, d): a layer's induced weights (seed 003 eq. 11-12) on prompts xs (B, n, d), ys (B, n).
     Intervals: 5-95% over `n_boot` resamples of the prompts. `families`: the references (default
     `reference_families(d, xs=xs)`: fixed steps stable on these prompts); `names` labels the
-    predictors (default: layer 0..A-1)."""
+    predictors (default: layer 0..A-1); `halves`, two independent estimates of `layer_weights` of
+    the same shape (induced from disjoint halves of the queries), correct the non-filter share for
+    their estimation noise (`_non_filter_share`)."""
     s = settings or SpectralSettings()
     xs = torch.as_tensor(xs, dtype=torch.float64)
     ys = torch.as_tensor(ys, dtype=torch.float64)
@@ -508,10 +537,19 @@ def spectral_analysis(
     dirs = directions(xs, ys)
     ref_w, members = reference_weights(families or reference_families(xs.shape[-1], xs=xs), xs, ys)
     a_layer, a_ref = components(lw, dirs), components(ref_w, dirs)
+    split = None
+    if halves is not None:
+        first, second = (torch.as_tensor(np.asarray(h), dtype=torch.float64) for h in halves)
+        if first.shape != lw.shape or second.shape != lw.shape:
+            raise ConfigError(f"the two halves' weights must have the layer weights' shape {tuple(lw.shape)}")
+        split = components(first, dirs), components(second, dirs)
     boot = resample_weights(xs.shape[0], n_boot, seed)
-    parts = [_variable_tables(measure(a_layer, a_ref, dirs, var, s, boot), members, names, s) for var in VARIABLES]
+    parts = [
+        _variable_tables(measure(a_layer, a_ref, dirs, var, s, boot, split), members, names, s) for var in VARIABLES
+    ]
     curves, layers, fits, refs = (pd.DataFrame([row for part in parts for row in part[i]]) for i in range(4))
-    return SpectralAnalysis(curves, layers, summarise(layers, s.r_low, s.r_high), refs, fits, dirs.counts)
+    summary = summarise(layers, s.r_low, s.r_high, s.max_non_filter)
+    return SpectralAnalysis(curves, layers, summary, refs, fits, dirs.counts)
 
 
 def _explained(sums: BinSums) -> Tensor:
@@ -522,11 +560,20 @@ def _explained(sums: BinSums) -> Tensor:
     return 1 - left / sums.bb.sum((-2, -1)).clamp_min(1e-300)
 
 
-def _non_filter_share(sums: BinSums, r: Tensor) -> Tensor:
+def _non_filter_share(sums: BinSums, r: Tensor, corrected: bool = True) -> Tensor:
     """Share of sum(a^2) that a_i = r(bin) b_i leaves: sum(a^2) - 2 r sum(a b) + r^2 sum(b^2), pooled
     (A,). 0 for an exact spectral filter constant within each bin; off-diagonal mixing, within-bin
-    variation of the filter and noise all raise it."""
-    aa, ab, bb = sums.aa.sum(-2), sums.ab.sum(-2), sums.bb.sum(-2)  # (A, K), (A, K), (K,)
+    variation of the filter and noise all raise it. With two independent estimates a', a'' of the
+    weights (induced from disjoint halves of the queries; `corrected`), the residuals of the two are
+    multiplied instead, sum((a' - r' b)(a'' - r'' b)) / sum(a' a''), r', r'' each half's response: the
+    estimation noise of induced weights (which shrinks with the query count) has mean 0 in both
+    products, so the share stops moving with the query count (it is no longer bounded below by 0)."""
+    bb = sums.bb.sum(-2)  # (K,)
+    if corrected and sums.cross is not None:
+        both, first_b, second_b = (x.sum(-2) for x in sums.cross)  # (A, K) each
+        left = both - first_b * second_b / bb.clamp_min(1e-300)
+        return left.sum(-1) / both.sum(-1).clamp_min(1e-300)
+    aa, ab = sums.aa.sum(-2), sums.ab.sum(-2)  # (A, K)
     left = aa - 2 * r * ab + r**2 * bb
     return left.sum(-1) / aa.sum(-1).clamp_min(1e-300)
 
@@ -538,9 +585,18 @@ def _no_response(row, r_low: float, r_high: float) -> bool:
     return not (row.max_r > r_low) or not (row.explained > 0) or (row.gain < r_low and row.error > r_high)
 
 
-def summarise(layers: pd.DataFrame, r_low: float, r_high: float) -> pd.DataFrame:
+def _not_a_filter(row, max_non_filter: float) -> bool:
+    """Weights that are not a filter of S's spectrum: their non-filter share exceeds the best-fitting
+    reference member's own (its filter's variation within a bin) by more than `max_non_filter`
+    (Adam's first iterates: 0.13-0.25 above; exact filters: 0)."""
+    return bool(row.non_filter - getattr(row, "best_non_filter", 0.0) > max_non_filter)
+
+
+def summarise(layers: pd.DataFrame, r_low: float, r_high: float, max_non_filter: float = 0.1) -> pd.DataFrame:
     """One verdict per predictor over both bin variables: the filter class both variables'
-    fits name (separated from the runner-up by their paired intervals), "ambiguous" where the two
+    fits name (separated from the runner-up by their paired intervals), "not a spectral filter"
+    where in every variable the weights leave more of their energy off the filter than the best
+    reference member does by over `max_non_filter` (`_not_a_filter`), "ambiguous" where the two
     variables name different classes, "not separable" where the best class's paired interval
     reaches 0, "no response" where r stays below r_low everywhere or the weights do not follow w_OLS
     (`_no_response`), "converged" where it stays above
@@ -555,6 +611,8 @@ def summarise(layers: pd.DataFrame, r_low: float, r_high: float) -> pd.DataFrame
             verdict, klass = "no response", ""
         elif all(row.min_r > r_high for row in by_var.values()):
             verdict, klass = "converged", ""  # r ~ 1 in every bin: every class that converges fits
+        elif all(_not_a_filter(row, max_non_filter) for row in by_var.values()):
+            verdict, klass = "not a spectral filter", ""
         elif len(classes) > 1:
             verdict, klass = "ambiguous: " + " / ".join(f"{v} {r.best_class}" for v, r in by_var.items()), ""
         elif not all(row.separated for row in by_var.values()):

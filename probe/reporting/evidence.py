@@ -111,17 +111,21 @@ def _validated(row: EvidenceRow) -> bool:
 
 def _consolidate(a: str, b: str, rows: list[EvidenceRow], pre: Precondition | None = None) -> Question:
     """The consolidated answer: the side every validated row that decides (inside its domain) agrees
-    on; none where the model does not learn in context (`validity.learns_in_context`)."""
+    on, "neither" where they agree the model is far from both; none where the model does not learn
+    in context (`validity.learns_in_context`)."""
     equivalence = EQUIVALENCES.get((a, b), "")
     if pre is not None and pre.status != "answered":
         return Question(a, b, rows, None, pre.reason, equivalence, [], pre.status, pre.reason, pre.knob)
-    validated = [r for r in rows if _validated(r) and r.favours in (a, b)]
+    validated = [r for r in rows if _validated(r) and r.favours in (a, b, "neither")]
     sides = {r.favours for r in validated}
     answer = sides.pop() if len(sides) == 1 else None
-    decided = [r for r in rows if r.favours in (a, b)]
+    decided = [r for r in rows if r.favours in (a, b, "neither")]
     if answer is not None:
         strongest = ", ".join(r.instrument for r in validated)
+        closest = "; ".join(dict.fromkeys(r.closest for r in validated if r.closest))
         words = f"{answer} (validated evidence: {strongest})"
+        if answer == "neither":  # far from both sides' classes
+            words = f"neither {a} nor {b}: closest {closest} (validated evidence: {strongest})"
     elif len({r.favours for r in validated}) > 1:
         words = "undecided: validated instruments disagree"
     elif decided:

@@ -21,7 +21,7 @@ from ..core.errors import ConfigError
 from ..core.stages import DEFINITIONS, OMIT, RESERVED, SUMMARY_KEYS, by_block_key, dataclasses_in
 from .dataclass_schema import MERGED, block_properties
 
-SCHEMA_VERSION = 6  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`; 6: evidence status, reason, knob and validity domains, the error curve's margin over trivial predictors
+SCHEMA_VERSION = 7  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`; 6: evidence status, reason, knob and validity domains, the error curve's margin over trivial predictors; 7: evidence rows' `closest` (favours "neither"), the spectral fits' non_filter_uncorrected
 
 
 def to_json(value: Any) -> Any:
@@ -119,12 +119,12 @@ class Verdict:
 
 @dataclass
 class EvidenceRow:
-    """One instrument's evidence on one question (probe/reporting/evidence.py): `favours` is a, b or
-    None (undecided); the difference is oriented a - b where the instrument has one; `validated_on`
+    """One instrument's evidence on one question (probe/reporting/evidence.py): `favours` is a, b,
+    "neither" (far from both: `closest` says what it reads instead) or None (undecided); the difference is oriented a - b where the instrument has one; `validated_on`
     names the known-answer models (and tests) on which it names each candidate, empty when none."""
 
     instrument: str
-    favours: str | None
+    favours: str | None  # a, b, "neither" (closest: `closest`) or None (undecided)
     effect: str
     difference: float | None = None
     ci_low: float | None = None
@@ -137,12 +137,14 @@ class EvidenceRow:
     status: str = "answered"
     outside: str = ""  # the model's conditions its known answers do not cover ("kappa = 100")
     domain: dict[str, Any] | None = None  # validity.Domain: the conditions its known answers cover
+    closest: str = ""  # where it favours "neither": what it reads instead (schema 7)
 
 
 @dataclass
 class EvidenceQuestion:
     """The evidence on "a or b?", and the consolidated answer: the side the validated instruments
-    that decide agree on (None: none decides, or they disagree), the equivalence class it leaves,
+    that decide agree on ("neither" where they agree the model is far from both; None: none
+    decides, or they disagree), the equivalence class it leaves,
     and every decided row that points the other way, named as a contradiction."""
 
     a: str

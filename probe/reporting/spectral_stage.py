@@ -60,6 +60,9 @@ class SpectralFit:
     u_high: list[float] = field(default_factory=list)
     resamples_unfit: list[float] = field(default_factory=list)
     separated_from: list[str] = field(default_factory=list)
+    # added in summary schema 7: the share before the query-noise correction (non_filter is after it)
+    non_filter_uncorrected: list[float] = field(default_factory=list)
+    best_non_filter: list[float] = field(default_factory=list)  # the best member's own share
 
 
 @dataclass
@@ -190,8 +193,11 @@ def _page_tables(sp: Spectral, summary: Any, tables: dict[str, pd.DataFrame]) ->
                 f"{fit.runner_up[i]} {fit.difference[i]:+.4f} [{fit.diff_low[i]:+.4f}, {fit.diff_high[i]:+.4f}]"
             )
         # a layer that does not respond has no filter to fall short of
-        share = sp.by_variable[sp.variable[i]].non_filter[i]
-        row["not a filter"] = "- (no response)" if sp.verdict[i] == "no response" else f"{share:.3f}"
+        fit = sp.by_variable[sp.variable[i]]
+        share = f"{fit.non_filter[i]:.3f}"
+        if fit.non_filter_uncorrected:  # corrected for the induced weights' query noise
+            share += f" ({fit.non_filter_uncorrected[i]:.3f} uncorrected)"
+        row["not a filter"] = "- (no response)" if sp.verdict[i] == "no response" else share
         rows.append(row)
     refs = ", ".join(f"{name} {fmt(r['p_median'])} ({r['variable']})" for name, r in sp.references.items())
     return {"spectral": html_table(pd.DataFrame(rows)), "spectral_refs": refs}
@@ -239,6 +245,7 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
         effect = f"not measured here: {sp.reason}"
         return [{"instrument": "spectral filter", "favours": None, "effect": effect, "status": sp.status}]
     decided: dict[str, list[int]] = {}
+    neither: dict[str, list[int]] = {}  # class -> layers apart from both sides' classes
     also: dict[int, str] = {}
     fits = list(sp.by_variable.values())
     for i, (layer, verdict) in enumerate(zip(sp.layer, sp.verdict)):
@@ -247,11 +254,27 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
             decided.setdefault(side, []).append(layer)
             if verdict not in SPECTRAL_SIDE:  # separated from the question's other side, not from every class
                 also[layer] = verdict
+        elif (klass := _layer_neither(fits, i, verdict, a, b)) is not None:
+            neither.setdefault(klass, []).append(layer)
     named = {s: l for s, l in decided.items() if s in (a, b)}
     favours = next(iter(named)) if len(named) == 1 else None
-    words = "; ".join(f"{side} class at layers {', '.join(map(str, ls))}" for side, ls in decided.items())
+    responding = [v for v in sp.verdict if v not in ("no response", "converged")]
+    unfiltered = [layer for layer, v in zip(sp.layer, sp.verdict) if v == "not a spectral filter"]
+    most_unfiltered = bool(unfiltered) and 2 * len(unfiltered) >= len(responding)
+    if most_unfiltered:  # the model does not run a filter of S: the filter classes do not describe it
+        favours, named, neither = None, {}, {}
+    closest = ""
+    if not named and neither:  # no layer reads either side's class, some read a third one apart from both
+        favours, closest = "neither", ", ".join(CLASS_WORDS.get(k, k) for k in neither)
+    words = "; ".join(
+        [f"{side} class at layers {', '.join(map(str, ls))}" for side, ls in decided.items()]
+        + [f"{k} class, apart from both, at layers {', '.join(map(str, ls))}" for k, ls in neither.items()]
+    )
     if also:
         words += " (" + "; ".join(f"layer {layer}: {v}" for layer, v in also.items()) + ")"
+    if unfiltered:
+        words += ("; " if words else "") + f"not a filter of S at layers {', '.join(map(str, unfiltered))}"
+        words += " (most of the responding layers: the row decides nothing)" if most_unfiltered else ""
     if len(named) > 1:
         words += " (layers disagree)"
     ps = [
@@ -267,6 +290,7 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
             "instrument": "spectral filter",
             "favours": favours,
             "effect": effect,
+            "closest": closest,
             "validated_on": SPECTRAL_VALIDATED.get((a, b), ""),
             "cannot_tell_apart": equivalence,
             "domain": SPECTRAL_DOMAIN,
@@ -280,7 +304,7 @@ def _layer_side(fits, i: int, verdict: str, a: str, b: str) -> str | None:
     necessarily from every class: GD with few steps and ridge may stay apart from Newton and not from
     each other); none where it does not respond or has converged (`summarise`, the recipe's
     spectral.r_low / r_high)."""
-    if verdict in ("no response", "converged"):
+    if verdict in ("no response", "converged", "not a spectral filter"):
         return None
     sides = {SPECTRAL_SIDE.get(fit.best_class[i]) for fit in fits}
     if len(sides) != 1:
@@ -291,6 +315,23 @@ def _layer_side(fits, i: int, verdict: str, a: str, b: str) -> str | None:
     other = next(c for c, s in SPECTRAL_SIDE.items() if s == (b if side == a else a))
     apart = lambda fit: other in (fit.separated_from[i] or "").split() if fit.separated_from else fit.separated[i]
     return side if all(apart(fit) for fit in fits) else None  # a summary before schema 6: the runner-up rule
+
+
+def _layer_neither(fits, i: int, verdict: str, a: str, b: str) -> str | None:
+    """The class of a layer that reads neither side of "a or b?": its best class in every bin variable
+    the same third class (ridge or least squares for Newton vs GD), separated by its paired interval
+    from both sides' classes in every variable; None otherwise (and where it does not respond or
+    has converged)."""
+    if verdict in ("no response", "converged", "not a spectral filter") or not all(fit.separated_from for fit in fits):
+        return None
+    classes = {fit.best_class[i] for fit in fits}
+    if len(classes) != 1:
+        return None
+    klass = classes.pop()
+    if SPECTRAL_SIDE.get(klass) in (a, b):
+        return None
+    sides = [c for c, s in SPECTRAL_SIDE.items() if s in (a, b)]
+    return klass if all(c in (fit.separated_from[i] or "").split() for fit in fits for c in sides) else None
 
 
 def _run(c) -> StageTables:
