@@ -32,7 +32,7 @@ def build_cfg(family: str = "gpt2", d: int = 3, points: int = 8, width: int = 16
 
 
 def relu_attention_model(d: int = 3, points: int = 8, width: int = 16, layers: int = 2, heads: int = 2):
-    """(model, task): a random GPT-2 with ReLU attention (seed 001 Def. 7), its weights scaled up
+    """(model, task): a random GPT-2 with ReLU attention (Wu et al. 2024, Def. 7), its weights scaled up
     from GPT-2's init so that attention scores are O(1) and many pass the ReLU."""
     from probe.models import build_model
 

@@ -240,7 +240,7 @@ def test_capture_batches_shrink_to_fit_the_memory_budget_with_the_same_numbers(m
 
 
 def test_relu_attention_bridge_equals_the_plain_forward_and_seed_001_definition(tmp_path):
-    """A ReLU-attention GPT-2 (seed 001 Def. 7) through TransformerLens: predictions and every
+    """A ReLU-attention GPT-2 (Wu et al. 2024, Def. 7) through TransformerLens: predictions and every
     boundary equal the plain forward, and the pattern is ReLU(q.k / sqrt(hs)) / (i + 1), computed
     here from the weights with numpy; saved and loaded, the option survives."""
     from conftest import relu_attention_model

@@ -401,7 +401,7 @@ def test_state_check_is_refused_for_a_model_that_keeps_no_state(planted_gd):
 
 
 def test_context_check_confirms_the_planted_sgd_map_and_rejects_shifted_ones():
-    """Planted SGD (seed 000 Thm. 4) keeps its residuals in the context and its prediction in the
+    """Planted SGD (Hataya & Imaizumi 2024, Thm. 4) keeps its residuals in the context and its prediction in the
     query, as GD does: the replayed-minibatch SGD map (boundary l = step l) beats every shift and
     the constant map with an interval above 0."""
     from probe.io.planted_io import planted_config

@@ -122,7 +122,7 @@ def test_newton_matches_loop_and_converges_to_pinv(prompts, rule):
 
 
 def test_newton_paper_alpha_stalls_spectral_alpha_converges():
-    """alpha = 2/||SS^T||_2 (seed 003 eq. 8 as printed) leaves the top direction's error at -1."""
+    """alpha = 2/||SS^T||_2 (Fu et al. 2024, eq. 8 as printed) leaves the top direction's error at -1."""
     g = np.random.default_rng(0)
     x = torch.tensor(g.standard_normal((1, 10, 4)))
     y = torch.tensor(g.standard_normal((1, 10)))

@@ -1,4 +1,4 @@
-"""The batched direct-training baseline for ReLU-network tasks (seed 001 App. G)."""
+"""The batched direct-training baseline for ReLU-network tasks (Wu et al. 2024, App. G)."""
 
 from dataclasses import replace
 from types import SimpleNamespace

@@ -69,7 +69,7 @@ def test_relu_attention_newton_runs_one_iteration_per_layer():
 
 
 def test_a_relu_head_pair_with_opposite_values_computes_the_product_that_equal_values_do_not():
-    """Eq. 20/27 of seed 003 take V_1 = V_2; ReLU(a) + ReLU(-a) = |a|, so the pair needs V_2 = -V_1."""
+    """Eq. 20/27 of Fu et al. 2024 take V_1 = V_2; ReLU(a) + ReLU(-a) = |a|, so the pair needs V_2 = -V_1."""
     a = torch.linspace(-2, 2, 9)
     assert torch.equal(a.relu() - (-a).relu(), a)
     assert torch.equal(a.relu() + (-a).relu(), a.abs())
@@ -135,7 +135,7 @@ def test_report_on_relu_attention_newton_recovers_one_iteration_per_layer(tmp_pa
     # the spectral filter is scale-free: the preconditioned (Newton) class from the first iterate on
     assert s["spectral"]["verdict"][3:] == ["precond_gd"] * 8
     html = (tmp_path / "r" / "index.html").read_text()
-    assert ("Iterative Newton with ReLU attention (seed 003 Thm. 1), 1 layer per iteration, first prediction at layer 2 "
+    assert ("Iterative Newton with ReLU attention (Fu et al. 2024, Thm. 1), 1 layer per iteration, first prediction at layer 2 "
             "(the linear-attention construction needs 2); the SimE best matches recover this map") in html
 
 

@@ -254,3 +254,30 @@ def test_the_non_filter_share_corrected_for_query_noise_stops_moving_with_the_qu
         assert abs(corrected[q_count] - exact).max() < 0.06, (q_count, corrected[q_count], exact)
     with pytest.raises(ConfigError, match="the two halves' weights must have the layer weights' shape"):
         spectral_analysis(w, xs, ys, n_boot=20, halves=(w[:, :3], w))
+
+
+@pytest.mark.slow
+def test_planted_blends_of_two_classes_read_mixed_and_pure_filters_do_not():
+    """r = w r_GD + (1 - w) r_Newton: weights w W_A + (1 - w) W_B of GD with 16 steps (eta 1/9) and the
+    seeds' Newton with 3 iterations (alpha 1/324), plus N(0, 0.03^2) per weight, on 8 disjoint draws of
+    256 prompts: w in {0.25, 0.5, 0.75} reads "mixed" on at least 90% of draws, the pure filters
+    (w = 0, 1) on under 5%. The blend's first-order member may be ridge's (as close to GD with many
+    steps as the classes get); w weighs the fitted members, not the planted ones."""
+    ws = (0.0, 0.25, 0.5, 0.75, 1.0)
+    mixed = dict.fromkeys(ws, 0)
+    for draw in range(8):
+        xs, ys = iso_prompts(b=256, seed=100 + draw)
+        gd = run_learner("gd", xs, ys, steps=[16], eta=[1 / 9]).weights[0]
+        newton = run_learner("newton", xs, ys, iterations=[3], alpha=[1 / 324]).weights[0]
+        weights = torch.stack([w * gd + (1 - w) * newton for w in ws])
+        g = torch.Generator().manual_seed(draw)
+        weights = weights + 0.03 * torch.randn(weights.shape, generator=g, dtype=weights.dtype)
+        summary = spectral_analysis(weights, xs, ys, n_boot=200, seed=draw).summary
+        for k, w in enumerate(ws):
+            verdict = summary.verdict[k]
+            mixed[w] += verdict.startswith("mixed")
+            if verdict.startswith("mixed"):  # GD's many-step filter may be fitted by ridge's, both first-order
+                assert verdict.startswith(("mixed: gd ", "mixed: precond_gd ")), verdict
+                assert verdict.endswith((" + precond_gd", " + ridge")) and "precond_gd" in verdict, verdict
+    assert all(mixed[w] >= 0.9 * 8 for w in (0.25, 0.5, 0.75)), mixed
+    assert mixed[0.0] == mixed[1.0] == 0, mixed

@@ -28,7 +28,7 @@ def _prompts(d=4, n=12, b=40, seed=5):
 
 
 def _sgd_reference(xs, ys, masks, eta, steps):
-    """Plain loops of seed 000 eq. 9: weights (steps + 1, B, n, d) after each step, per prefix."""
+    """Plain loops of Hataya & Imaizumi 2024, eq. 9: weights (steps + 1, B, n, d) after each step, per prefix."""
     b, n, d = xs.shape
     out = np.zeros((steps + 1, b, n, d))
     for p in range(b):
@@ -230,7 +230,7 @@ def test_order_command_and_bad_input(tmp_path, capsys):
     for args, message in [
         (["--algorithm", "sgd", "--layers", "3", "--batch", "0"], "--batch must be an integer >= 1, got 0"),
         (["--algorithm", "uniform", "--layers", "1", "--eps", "0"], "--eps must be a number > 0"),
-        (["--algorithm", "uniform", "--layers", "2"], "is one block (seed 000 Thm. 2); use --layers 1"),
+        (["--algorithm", "uniform", "--layers", "2"], "is one block (Hataya & Imaizumi 2024, Thm. 2); use --layers 1"),
         (["--algorithm", "prng", "--layers", "1"], "use --dims 32"),
         (["--algorithm", "adam", "--layers", "6"], "4 layers per step; use --layers 4, 8, 12"),
         (["--algorithm", "sgd", "--layers", "3", "--step-size", "0.9"], "--step-size 0.9 is unstable for d=4"),
@@ -255,7 +255,7 @@ def test_report_on_planted_sgd_recovers_k_equals_l_with_sgd_and_measures_order(t
         assert min(block["similarity"][1:]) > 0.9999, metric
     assert "sgd_other" in s["best_match"] and s["order_sensitivity"]["model"]["15"]["sensitivity"][-1] > 1e-3
     html = (tmp_path / "r" / "index.html").read_text()
-    assert "minibatch SGD with seeded masks (seed 000 Thm. 4), 1 layer per step" in html
+    assert "minibatch SGD with seeded masks (Hataya & Imaizumi 2024, Thm. 4), 1 layer per step" in html
     assert "the SimE best matches of SGD (the model&#x27;s minibatches) recover this map" in html or \
         "the SimE best matches of SGD (the model&#39;s minibatches) recover this map" in html
     assert "Order sensitivity" in html

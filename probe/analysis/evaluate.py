@@ -155,7 +155,7 @@ def r2_curve(
     direct_prompts: int = DIRECT_PROMPTS,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """R^2 of in-context predictions against the number of examples (seed 001 App. G), beside
+    """R^2 of in-context predictions against the number of examples (Wu et al. 2024, App. G), beside
     training the task's N-layer ReLU network directly on each prompt's examples for `epochs`
     full-batch Adam steps (all prompts' networks at once): `direct` after the last epoch and
     `direct_best_epoch`, the best epoch per position, as that paper reports. The direct networks

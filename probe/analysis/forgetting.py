@@ -1,4 +1,4 @@
-"""Forgetting (seed 003 App. A.4, eq. 16): after n examples, re-ask the model for an earlier
+"""Forgetting (Fu et al. 2024, App. A.4, eq. 16): after n examples, re-ask the model for an earlier
 example's x_i and measure the squared error against its y_i, by the gap n - i."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class ForgettingSettings(Section):
     SECTION = "forgetting"
     enabled: bool = setting(True, "draw forgetting curves in reports")
     prompts: int = setting(256, "prompts for the forgetting curves")
-    # learners whose curves are drawn beside the model's (seed 003 App. A.4, Fig. 11)
+    # learners whose curves are drawn beside the model's (Fu et al. 2024, App. A.4, Fig. 11)
     learners: list[SweepSettings] = dataclasses.field(default_factory=_forgetting_learners)
 
     def __post_init__(self) -> None:
@@ -134,7 +134,7 @@ def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[st
 
 
 def forgetting_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
-    """Error / d on a reused x_i by the gap n - i, the model and each learner (seed 003 Fig. 11)."""
+    """Error / d on a reused x_i by the gap n - i, the model and each learner (Fu et al. 2024, Fig. 11)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for name, rows in table.groupby("predictor"):
@@ -155,7 +155,7 @@ FORGETTING = register_stage(
         title="Forgetting",
         description=(
             "After n - 1 examples, the model is asked again for an earlier example's x_i and scored against its "
-            "y_i (seed 003 App. A.4, eq. 16), by how long ago it was seen, beside the [forgetting] learners."
+            "y_i (Fu et al. 2024, App. A.4, eq. 16), by how long ago it was seen, beside the [forgetting] learners."
         ),
         figures=_figures,
         estimates=_estimates,
@@ -163,7 +163,7 @@ FORGETTING = register_stage(
             (
                 "forgetting",
                 "Squared error / d when an earlier example x_i is asked again after n-1 examples, by how long ago it "
-                "was seen (seed 003 App. A.4), for the model and reference learners.",
+                "was seen (Fu et al. 2024, App. A.4), for the model and reference learners.",
             ),
         ),
     )

@@ -1,4 +1,4 @@
-"""Layer-vs-algorithm heatmaps (seed 003 Def. 4, Fig. 3): every layer predictor against every
+"""Layer-vs-algorithm heatmaps (Fu et al. 2024, Def. 4, Fig. 3): every layer predictor against every
 reference learner over its grid, by SimE and SimW, with best matches and a trend test."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The MLP probe's head trained as a two-layer network (seed 002 §5, App. C.8: a probe that finds
+"""The MLP probe's head trained as a two-layer network (Akyurek et al. 2023, §5, App. C.8: a probe that finds
 what a layer encodes nonlinearly), to a stationary point.
 
 On pooled features z (G, N, D) (the pooling fixed, as chosen for the probe), standardised per

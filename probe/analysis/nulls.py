@@ -1,7 +1,7 @@
 """Null baselines for the similarities: can a match be told apart from predicting 0?
 
 A layer whose predictions are ~0 has error vector E = y, and so does "GD after 0 steps" (and
-any learner far from converged): SimE (seed 003 eq. 10) between them is ~1 although neither has
+any learner far from converged): SimE (Fu et al. 2024, eq. 10) between them is ~1 although neither has
 learned anything. Every layer is therefore also compared with two null predictors on the same
 prompts: the zero predictor and a random-weights model of the same architecture (its own
 predictions). A best match is *degenerate* ("not distinguishable from predicting 0") when

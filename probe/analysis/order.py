@@ -1,4 +1,4 @@
-"""Order sensitivity (seed 000, Discussion): does a layer's prediction move when the examples of
+"""Order sensitivity (Hataya & Imaizumi 2024, Discussion): does a layer's prediction move when the examples of
 a prompt are permuted, the query kept?
 
 For prefix t, prompt b and permutations pi_1..pi_P of its first t examples (pi_1 the identity),
@@ -9,7 +9,7 @@ or a reference learner. The statistic is the share of variance due to order,
 
 0 for a learner that sees its examples as a set (least squares, ridge, GD, Newton: to float
 round-off) and positive for one that reads them in order (online GD; SGD whose minibatches are
-fixed positions; seed 000 Thm. 2's random number from the last example). Intervals: bootstrap
+fixed positions; Hataya & Imaizumi 2024, Thm. 2's random number from the last example). Intervals: bootstrap
 over prompts.
 """
 
@@ -178,7 +178,7 @@ def _order_learners() -> list[SweepSettings]:
 
 @dataclass
 class OrderSettings(Section):
-    """Order sensitivity (this module, seed 000 Discussion): recipe section [order], `icl-probe
+    """Order sensitivity (this module, Hataya & Imaizumi 2024, Discussion): recipe section [order], `icl-probe
     order` flags."""
 
     SECTION = "order"
@@ -378,7 +378,7 @@ ORDER = register_stage(
         title="Order sensitivity",
         description=(
             "How much permuting the examples of a prompt (same query) moves each layer's read-out prediction, as a "
-            "share of its variance across prompts (seed 000, Discussion), beside reference learners: 0 for least "
+            "share of its variance across prompts (Hataya & Imaizumi 2024, Discussion), beside reference learners: 0 for least "
             "squares, ridge, GD and Newton; positive for online GD and SGD with fixed minibatch positions."
         ),
         figures=_figures,
@@ -389,7 +389,7 @@ ORDER = register_stage(
         captions=(
             (
                 "order",
-                "Share of the prediction's variance due to the order of the examples (seed 000, Discussion): the "
+                "Share of the prediction's variance due to the order of the examples (Hataya & Imaizumi 2024, Discussion): the "
                 "variance across orderings of the first t examples (same query), averaged over prompts, over the "
                 "variance across prompts; per layer for the model (90% bootstrap band over prompts), dashed for "
                 "reference learners at the longest prefix. Values below 1e-8 (float round-off of order-free "

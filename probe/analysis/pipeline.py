@@ -115,7 +115,7 @@ class LayerAnalysis:
 
     Layers are boundaries 0..L (0: the embedding output, l: after block l); n_examples t is the
     number of in-context examples before the query x_{t+1}; similarities are in [-1, 1] (SimE,
-    seed 003 eq. 10; SimW, eq. 11); errors are squared error / d; ci_low / ci_high are bootstrap
+    Fu et al. 2024, eq. 10; SimW, eq. 11); errors are squared error / d; ci_low / ci_high are bootstrap
     5-95% intervals over the test prompts; `k` is a value of the sweep's axis (iterations, steps).
 
     readouts: the fitted per-layer read-outs (LayerReadouts: coef (L+1, D), intercept, alpha) or
@@ -129,10 +129,10 @@ class LayerAnalysis:
     trends: per sweep and metric, {learner, metric, layers, linear_r2, exponential_r2, slope,
         growth, verdict}: how the best k grows with depth ("linear, about 3.0 iterations per layer").
     table1: family, sweep, k, rank (1: most similar), similarity, ci_low, ci_high, zero_similarity,
-        random_similarity, degenerate: the final layer's best match per learner family (seed 003
+        random_similarity, degenerate: the final layer's best match per learner family (Fu et al. 2024
         Table 1), one row per family in the sweeps' order.
     span: predictor, index, n_examples, residual, random_null, kind: the span-of-examples test
-        (seed 003 App. B.4), the relative residual of each layer's induced weights outside the
+        (Fu et al. 2024, App. B.4), the relative residual of each layer's induced weights outside the
         span of the examples, beside a random vector's.
     nulls: layer, null ("zero" / "random_model"), similarity, ci_low, ci_high, relative_norm,
         predicts_zero: SimE of the null predictors per layer.
@@ -162,7 +162,7 @@ def analysis_prompts(task: TaskConfig, settings: LayerSettings, split: str, n: i
 
 
 def fresh_queries(task: TaskConfig, prompts, n_queries: int, seed: int) -> torch.Tensor:
-    """T fresh queries per prompt from the prompt's own input distribution (seed 003 eq. 11)."""
+    """T fresh queries per prompt from the prompt's own input distribution (Fu et al. 2024, eq. 11)."""
     g = generator_for(seed, STREAMS["queries"])
     z = torch.randn(prompts.xs.shape[0], n_queries, task.n_dims, generator=g)
     a = prompts.params.get("sigma_sqrt")
@@ -208,7 +208,7 @@ def fit_readouts(model, task: TaskConfig, settings: LayerSettings, progress: boo
 
 
 def induced_layer_weights(model, task: TaskConfig, settings: LayerSettings, readouts, ev, progress: bool = False):
-    """Each layer's induced weights (seed 003 eq. 11-12) on the first n_induced held-out prompts:
+    """Each layer's induced weights (Fu et al. 2024, eq. 11-12) on the first n_induced held-out prompts:
     (weights (L+1, m, n, d), the fresh queries (m, Q, d), and the weights induced from each half
     of the queries, two independent estimates (None with fewer than 2 d queries))."""
     m = settings.n_induced

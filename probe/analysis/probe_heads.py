@@ -1,4 +1,4 @@
-"""The probes' heads on a fitted pooling (seed 002 eq. 22; probe/analysis/probes.py fits the
+"""The probes' heads on a fitted pooling (Akyurek et al. 2023, eq. 22; probe/analysis/probes.py fits the
 pooling and the grid): the closed-form ridge head of the linear probe, the MLP probe's
 random-feature head beside it (its hidden block's weight chosen by leave-one-out), and the MLP
 probe's trained hidden layer where it predicts held-out prompts better (probe/analysis/mlp_head.py).

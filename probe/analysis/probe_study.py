@@ -1,4 +1,4 @@
-"""The probe study of a report (seed 002 §5, App. C.8): every layer x prefix x target x kind,
+"""The probe study of a report (Akyurek et al. 2023, §5, App. C.8): every layer x prefix x target x kind,
 trained on one set of prompts and tested on another, beside its two controls: the same probes on a
 random-weights model of the architecture (`random_model`) and on targets shuffled across prompts
 (`shuffled`). The probes themselves are probe/analysis/probes.py's."""

@@ -1,4 +1,4 @@
-"""Attention-pooled probes (seed 002 §5, eq. 20-22, App. C.8), fitted to a stationary point.
+"""Attention-pooled probes (Akyurek et al. 2023, §5, eq. 20-22, App. C.8), fitted to a stationary point.
 
 A probe for (layer l, prefix t, target) reads the hidden states h_1..h_P of the first t
 examples' tokens (P = 2t), pools them with position weights alpha = softmax(s) and regresses the
@@ -91,7 +91,7 @@ ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # ridge penalties, fra
 def probe_targets(xs: Tensor, ys: Tensor, name: str) -> Tensor:
     """(B, n, k): the target after each prefix t (t examples seen): 'xty' X_t^T y_t and 'w_ols' the
     least-squares weights (k = d), 'xtx' the d (d + 1) / 2 entries of S_t / t = X_t^T X_t / t on and
-    above the diagonal (the state Newton-type learners keep; seed 003 eq. 5: M_0 = alpha S)."""
+    above the diagonal (the state Newton-type learners keep; Fu et al. 2024, eq. 5: M_0 = alpha S)."""
     xs, ys = xs.double(), ys.double()
     if name == "xty":
         return prefix_moments(xs, ys)[1]
@@ -324,7 +324,7 @@ def _probe_rows(
 
 
 class AttentionPoolProbe(RegressorMixin, BaseEstimator):
-    """One attention-pooled probe (seed 002 eq. 20-22) as a scikit-learn estimator: fit(H (N, P, D), Y (N, d)).
+    """One attention-pooled probe (Akyurek et al. 2023, eq. 20-22) as a scikit-learn estimator: fit(H (N, P, D), Y (N, d)).
 
     The engine the reports run (module docstring): Y standardised with its mean and standard
     deviation; pooling by variable projection with L-BFGS from uniform weights until

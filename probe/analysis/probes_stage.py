@@ -1,5 +1,5 @@
 """The report's [probes] stage (probe/core/stages.py): attention-pooled probes for X^T y and w at
-every layer (seed 002 §5, App. C.8; the study: probe/analysis/probe_study.py) - its settings,
+every layer (Akyurek et al. 2023, §5, App. C.8; the study: probe/analysis/probe_study.py) - its settings,
 summary.json block, figure, page section, findings line and caveats."""
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def _page_tables(block: Probes, summary, tables: dict[str, pd.DataFrame]) -> dic
 
 
 DESCRIPTION = (
-    "Attention-pooled probes (seed 002 §5) per layer, prefix and target; targets standardised per prefix and "
+    "Attention-pooled probes (Akyurek et al. 2023, §5) per layer, prefix and target; targets standardised per prefix and "
     "coordinate with training statistics. Controls: the same probes on a random-weights model of the same "
     "architecture, and on shuffled targets."
 )

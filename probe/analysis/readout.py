@@ -1,4 +1,4 @@
-"""Per-layer readout retraining (seed 003 §4.1, Def. 3): a fresh u^T h + v on each frozen layer.
+"""Per-layer readout retraining (Fu et al. 2024, §4.1, Def. 3): a fresh u^T h + v on each frozen layer.
 
 The reports' read-outs come from `fit_layer_readouts`: it scores every layer and every ridge
 penalty in one batched solve and keeps per layer the penalty with the lowest error on validation

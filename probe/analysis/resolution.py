@@ -5,13 +5,13 @@ noise), on the same prompts: a model that *is* learner a after k_a iterations sc
 and, against b, the best similarity over b's grid, ceiling(k_a) = max_{k_b} mean_P Sim(a_{k_a},
 b_{k_b}). So no model can put more than resolution(k_a) = 1 - ceiling(k_a) between the two: a
 paired difference in a report (probe/analysis/verdicts.py) is read against it. Tabulated per
-metric: SimE over t >= 1 (seed 003 eq. 10), SimE over t >= d only, SimW (seed 003 eq. 11-12):
+metric: SimE over t >= 1 (Fu et al. 2024, eq. 10), SimE over t >= d only, SimW (Fu et al. 2024, eq. 11-12):
 the smallest and largest resolution over a's grid (k_a >= 1) and the one at a's last grid value.
 SimE on t >= d only runs with label noise: without it, learners that solve the examples exactly
 (least squares; any converged iterate) err at round-off there, and the cosine of round-off says
 nothing.
 
-The trend: b's matched count k_b against k_a, fitted linear and exponential (seed 003 §4: GD needs
+The trend: b's matched count k_b against k_a, fitted linear and exponential (Fu et al. 2024, §4: GD needs
 exponentially many steps per Newton iteration). It measures a rate: a model running GD whose step
 count doubles per layer shows the same trend as one running Newton. `evidence` names, per pair and condition, the
 metric with the largest resolution and the trend's shape.

@@ -1,4 +1,4 @@
-"""Similarity between predictors, and hyper-parameter matching (seed 003 §3.4, Def. 4; seed 002 §3.2).
+"""Similarity between predictors, and hyper-parameter matching (Fu et al. 2024, §3.4, Def. 4; Akyurek et al. 2023, §3.2).
 
 Predictors are given as predictions (A, B, n) at x_{t+1} after t examples, query predictions
 (A, B, n, Q) on shared fresh queries (B, Q, d), or weight vectors (A, B, n, d). All metrics return
@@ -21,7 +21,7 @@ EPS = 1e-12
 
 
 def residuals(preds: Tensor, ys: Tensor, include_first: bool = False) -> Tensor:
-    """Error vectors E (seed 003 eq. 9): preds (A, B, n) - ys (B, n) at t = 1..n-1 (x_2..x_n).
+    """Error vectors E (Fu et al. 2024, eq. 9): preds (A, B, n) - ys (B, n) at t = 1..n-1 (x_2..x_n).
 
     `include_first=True` also keeps t = 0 (no example seen), as that paper's code does.
     """
@@ -37,12 +37,12 @@ def cosine_matrix(u: Tensor, v: Tensor) -> Tensor:
 
 
 def sime(preds_a: Tensor, preds_b: Tensor, ys: Tensor, include_first: bool = False) -> Tensor:
-    """Similarity of errors per prompt (seed 003 eq. 10): cos(E_a, E_b) -> (A, K, B)."""
+    """Similarity of errors per prompt (Fu et al. 2024, eq. 10): cos(E_a, E_b) -> (A, K, B)."""
     return cosine_matrix(residuals(preds_a, ys, include_first), residuals(preds_b, ys, include_first))
 
 
 def induced_weights(query_preds: Tensor, queries: Tensor) -> Tensor:
-    """Least-squares weights fitted to a predictor's outputs on T fresh queries (seed 003 eq. 11-12).
+    """Least-squares weights fitted to a predictor's outputs on T fresh queries (Fu et al. 2024, eq. 11-12).
 
     query_preds (A, B, n, T), queries (B, T, d) -> (A, B, n, d): w = (X~^T X~)^{-1} X~^T Y~.
     """
@@ -52,7 +52,7 @@ def induced_weights(query_preds: Tensor, queries: Tensor) -> Tensor:
 
 
 def simw(weights_a: Tensor, weights_b: Tensor) -> Tensor:
-    """Similarity of induced weights per prompt (seed 003 SimW): mean over t = 1..n-1 of
+    """Similarity of induced weights per prompt (Fu et al. 2024, SimW): mean over t = 1..n-1 of
     cos(w_t(a), w_t(b)); weights (A, B, n, d) and (K, B, n, d) -> (A, K, B)."""
     a = weights_a[:, :, 1:].double()
     b = weights_b[:, :, 1:].double()
@@ -62,7 +62,7 @@ def simw(weights_a: Tensor, weights_b: Tensor) -> Tensor:
 
 
 def spd(query_preds_a: Tensor, query_preds_b: Tensor) -> Tensor:
-    """Squared prediction difference (seed 002 eq. 13) on fresh queries, averaged over prefixes
+    """Squared prediction difference (Akyurek et al. 2023, eq. 13) on fresh queries, averaged over prefixes
     t >= 1 and queries: (A, B, n, Q), (K, B, n, Q) -> (A, K, B)."""
     a = query_preds_a[:, :, 1:].double()
     b = query_preds_b[:, :, 1:].double()
@@ -71,7 +71,7 @@ def spd(query_preds_a: Tensor, query_preds_b: Tensor) -> Tensor:
 
 
 def ilw(weights_a: Tensor, weights_b: Tensor) -> Tensor:
-    """Implicit linear weight difference (seed 002 eq. 15): mean over t >= 1 of ||w_a - w_b||^2."""
+    """Implicit linear weight difference (Akyurek et al. 2023, eq. 15): mean over t >= 1 of ||w_a - w_b||^2."""
     a = weights_a[:, :, 1:].double()
     b = weights_b[:, :, 1:].double()
     sq = (a * a).sum(-1).mean(-1).unsqueeze(1) + (b * b).sum(-1).mean(-1).unsqueeze(0)
@@ -127,7 +127,7 @@ def first_best(means: Tensor, rtol: float = TIE_RTOL) -> Tensor:
 def best_match(
     values: Tensor, higher_is_better: bool = True, n_boot: int = 1000, seed: int = 0, level: float = 0.90
 ) -> pd.DataFrame:
-    """Hyper-parameter matching (seed 003 Def. 4): per index a, the grid index k maximising the
+    """Hyper-parameter matching (Fu et al. 2024, Def. 4): per index a, the grid index k maximising the
     mean similarity over prompts (minimising, for distances), with bootstrap intervals on both
     the best similarity and the argmax itself (prompts resampled). Ties up to float round-off
     go to the first grid index (`first_best`). The argmax on every resample, (n_boot, A), shared

@@ -1,4 +1,4 @@
-"""Span-of-examples test (seed 003 App. B.4, eq. 41-42).
+"""Span-of-examples test (Fu et al. 2024, App. B.4, eq. 41-42).
 
 If a model runs a sum-of-moments method such as Iterative Newton, its induced weight vector
 after t examples lies in span{x_1..x_t}. For each t we report the relative residual

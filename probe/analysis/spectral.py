@@ -1,4 +1,4 @@
-"""Which spectral filter does each layer apply? (issue 58; seed 003 eq. 6, 8; seed 002 eq. 16)
+"""Which spectral filter does each layer apply? (issue 58; Fu et al. 2024, eq. 6, 8; Akyurek et al. 2023, eq. 16)
 
 On a prompt with S_t = X_t^T X_t = V diag(lambda) V^T, the linear learners of the seeds return,
 along each eigen-direction v_i, a fraction r(lambda_i) of the least-squares weights' component:
@@ -40,6 +40,7 @@ from ..core import budget
 from ..core.config import Section, setting
 from ..core.errors import ConfigError, NotMeasurable
 from ..learners.iterative import prefix_eigh
+from .spectral_blend import blend_fits
 from .spectral_references import Family, Members, reference_families, reference_weights
 from .stats import resamples
 
@@ -403,6 +404,9 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
     ref_share = _non_filter_share(m.ref_sums, m.r_ref, corrected=False)  # (M,): a filter's within-bin variation
     explained = _explained(m.sums)
     cls_err, cls_err_b = members.class_min(err), members.class_min(err_b)
+    blend = blend_fits(
+        r[:, used], m.r_ref[:, used], m.r_boot[:, :, used], m.r_ref_boot[:, :, used], cls_err_b.amin(-1), members
+    )
     curves, rows, fits = [], [], []
     for a, name in enumerate(names):
         curves += _curve_rows(m, name, r[a], "layer", lo[a], hi[a])
@@ -437,6 +441,7 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
                 "diff_high": float(d_hi),
                 "separated": bool(d_lo > 0),
                 "separated_from": " ".join(apart),  # every class whose paired interval to the best excludes 0
+                **_blend_row(blend, a, members),
             }
         )
         for family, i in members.family_best(err[a]).items():
@@ -457,6 +462,22 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
             i = members.of_class(err[a], c)
             curves += _curve_rows(m, name, gain[a, i] * m.r_ref[i], "fit", family=members.family[i].name, klass=klass)
     return curves, rows, fits, _reference_exponents(m.variable, members, p_ref)
+
+
+def _blend_row(blend, a: int, members: Members) -> dict:
+    """One predictor's best two-class blend (probe/analysis/spectral_blend.py): w on the first class."""
+    if blend.first[a] < 0:
+        return {"blend": "", "blend_w": math.nan, "blend_w_low": math.nan, "blend_w_high": math.nan,
+                "blend_error": math.nan, "blend_gain_low": math.nan, "mixed": False}  # fmt: skip
+    return {
+        "blend": f"{members.classes[blend.first[a]]}+{members.classes[blend.second[a]]}",
+        "blend_w": float(blend.w[a]),
+        "blend_w_low": float(blend.w_low[a]),
+        "blend_w_high": float(blend.w_high[a]),
+        "blend_error": float(blend.error[a]),
+        "blend_gain_low": float(blend.gain_low[a]),
+        "mixed": bool(blend.mixed[a]),
+    }
 
 
 def _step_words(fam: Family) -> str:
@@ -521,7 +542,7 @@ def spectral_analysis(
     halves=None,
 ) -> SpectralAnalysis:
     """Response curves, exponents and filter-class fits of every predictor in `layer_weights`
-    (A, B, n, d): a layer's induced weights (seed 003 eq. 11-12) on prompts xs (B, n, d), ys (B, n).
+    (A, B, n, d): a layer's induced weights (Fu et al. 2024, eq. 11-12) on prompts xs (B, n, d), ys (B, n).
     Intervals: 5-95% over `n_boot` resamples of the prompts. `families`: the references (default
     `reference_families(d, xs=xs)`: fixed steps stable on these prompts); `names` labels the
     predictors (default: layer 0..A-1); `halves`, two independent estimates of `layer_weights` of
@@ -596,7 +617,9 @@ def summarise(layers: pd.DataFrame, r_low: float, r_high: float, max_non_filter:
     """One verdict per predictor over both bin variables: the filter class both variables'
     fits name (separated from the runner-up by their paired intervals), "not a spectral filter"
     where in every variable the weights leave more of their energy off the filter than the best
-    reference member does by over `max_non_filter` (`_not_a_filter`), "ambiguous" where the two
+    reference member does by over `max_non_filter` (`_not_a_filter`), "mixed: A w [interval] + B"
+    where in a bin variable a two-class blend beats every single class and w's interval excludes 0
+    and 1 (the same blend where both variables find one; probe/analysis/spectral_blend.py), "ambiguous" where the two
     variables name different classes, "not separable" where the best class's paired interval
     reaches 0, "no response" where r stays below r_low everywhere or the weights do not follow w_OLS
     (`_no_response`), "converged" where it stays above
@@ -613,6 +636,15 @@ def summarise(layers: pd.DataFrame, r_low: float, r_high: float, max_non_filter:
             verdict, klass = "converged", ""  # r ~ 1 in every bin: every class that converges fits
         elif all(_not_a_filter(row, max_non_filter) for row in by_var.values()):
             verdict, klass = "not a spectral filter", ""
+        elif (mixed := [row for row in by_var.values() if getattr(row, "mixed", False)]) and len(
+            {row.blend for row in mixed}
+        ) == 1:
+            m = mixed[0]
+            first, second = str(m.blend).split("+")
+            verdict, klass = (
+                f"mixed: {first} {m.blend_w:.2f} [{m.blend_w_low:.2f}, {m.blend_w_high:.2f}] + {second}",
+                "",
+            )
         elif len(classes) > 1:
             verdict, klass = "ambiguous: " + " / ".join(f"{v} {r.best_class}" for v, r in by_var.items()), ""
         elif not all(row.separated for row in by_var.values()):

@@ -65,7 +65,7 @@ def query_states(
     chunk by chunk so the states (Q times a capture's size) are never held at once.
 
     For each prefix t the model sees x_1, y_1, ..., x_t, y_t, x~_q; causality makes this exactly
-    the model's state when predicting for x~_q after t examples (seed 003 eq. 11). Families that
+    the model's state when predicting for x~_q after t examples (Fu et al. 2024, eq. 11). Families that
     declare a key/value cache (`FamilyTraits.key_value_cache`: GPT-2) take the cache path
     (`cached_query_states`: each prompt runs once); others run every prefix and query as its own
     sequence.
@@ -177,7 +177,7 @@ def cached_query_states(
     Causal attention means tokens 1..2t of a prompt never see what follows them, so their keys
     and values at every layer are the same with or without a query appended. Each prompt runs
     once; then every query of every prefix t is one token at position 2t, resumed block by block
-    after the prompt's cached keys and values, of which it sees those before 2t (seed 003 eq. 11).
+    after the prompt's cached keys and values, of which it sees those before 2t (Fu et al. 2024, eq. 11).
     Equal to `sequence_query_states` up to float round-off (tested to 1e-5). Prompts are
     processed in chunks sized from `max_bytes` (default: a quarter of `memory`'s headroom, at most
     FORWARD_BATCH_BYTES as for any forward; the output array and the prompt's capture hold the rest).

@@ -2,7 +2,7 @@
 the second moment S the token can see, applied to its own x.
 
 A Newton-type learner keeps a d x d matrix built from S = X^T X; GD keeps a d-vector. The seeds'
-construction of Iterative Newton (seed 003 Thm. 1, App. B) keeps M_k x_i in example i's token
+construction of Iterative Newton (Fu et al. 2024, Thm. 1, App. B) keeps M_k x_i in example i's token
 (probe/models/constructions/newton_relu.py), and M_1 = 2 alpha S - alpha^2 S^3 (eq. 8). So the
 targets, per token of example j (0-indexed), with S the normalised moment the token can see
 (causality): the x token of example j sees the j examples before it (S_j / j), the y token sees
@@ -10,11 +10,11 @@ example j too (S_{j+1} / (j + 1)):
 
     sx          (S/t) x_j
     s3x         (S/t)^3 x_j
-    newton_mx   M_k x_j, M_0 = alpha S/t, M_{k+1} = 2 M_k - M_k (S/t) M_k (seed 003 eq. 8), for each
+    newton_mx   M_k x_j, M_0 = alpha S/t, M_{k+1} = 2 M_k - M_k (S/t) M_k (Fu et al. 2024, eq. 8), for each
                 k of `iterations`; alpha a fixed number (a planted model's) or "spectral"
                 (1 / lambda_max(S/t)^2, the learners' default rule)
     w_newton    the Newton weight iterate M_k b, b = X^T y / t over the same examples, for each k
-    w_gd        the GD weight iterate after k steps from 0 on ||y - X w||^2 / (2t) (seed 003 eq. 6),
+    w_gd        the GD weight iterate after k steps from 0 on ||y - X w||^2 / (2t) (Fu et al. 2024, eq. 6),
                 for each k of `gd_steps`; eta a fixed number or "auto" (1 / lambda_max(S/t))
     w_ols       the least-squares weights (S/t)^+ b, the limit of both
 
@@ -129,7 +129,7 @@ def _spectrum(s: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _newton_iterate(lam: Tensor, target: TokenTarget) -> Tensor:
-    """M_k per eigenvalue of S/t: m_0 = alpha lambda, m_(k+1) = 2 m_k - lambda m_k^2 (seed 003 eq. 8)."""
+    """M_k per eigenvalue of S/t: m_0 = alpha lambda, m_(k+1) = 2 m_k - lambda m_k^2 (Fu et al. 2024, eq. 8)."""
     ones = torch.ones(lam.shape[-2], dtype=lam.dtype, device=lam.device)
     m = newton_alpha(lam, target.alpha, ones) * lam
     for _ in range(target.iterations):
@@ -151,7 +151,7 @@ def _weights(s: Tensor, b: Tensor, target: TokenTarget) -> Tensor:
         top = lam.amax(-1, keepdim=True)
         auto = torch.where(top > 0, 1 / top.clamp_min(1e-300), torch.zeros_like(top))  # 1 / lambda_max
         eta = auto if target.alpha in ("auto", "spectral") else torch.full_like(top, float(target.alpha))
-        gain = (1 - (1 - eta * lam) ** target.iterations) * inverse  # k steps from 0 (seed 003 eq. 6)
+        gain = (1 - (1 - eta * lam) ** target.iterations) * inverse  # k steps from 0 (Fu et al. 2024, eq. 6)
     else:
         raise ConfigError(f"unknown token target {target.name!r}; known: {', '.join(TOKEN_TARGETS)}")
     return (vecs @ (gain * c).unsqueeze(-1)).squeeze(-1)

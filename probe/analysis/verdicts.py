@@ -7,7 +7,7 @@ difference Sim(layer, a) - Sim(layer, b) and a percentile bootstrap of its mean 
 Resolution: even a model that *is* learner a at its matched hyper-parameter k_a scores only
 Sim(a_{k_a}, b_{k_b}) against b at the hyper-parameter matched to the layer, so the largest
 difference the comparison can show is `resolution` = 1 - Sim(a_{k_a}, b_{k_b}) (its mean over the
-same prompts). For Iterative Newton against tuned GD it is ~0.01 on SimE (seed 003's Table 1 cannot
+same prompts). For Iterative Newton against tuned GD it is ~0.01 on SimE (Fu et al. 2024's Table 1 cannot
 separate them by more); the iterations-per-layer trend measures a rate and cannot either, and the
 spectral filter (probe/analysis/spectral.py) is the instrument validated on both.
 

@@ -1,7 +1,7 @@
 """Squared error / d against the number of in-context examples, beside least squares,
 3-nearest neighbours and averaging, with a bootstrap 5-95% band for the model.
 For ReLU-network tasks: R^2 (scikit-learn's, over prompts, per number of examples) beside
-training the N-layer network directly on each prompt's examples (seed 001 App. G).
+training the N-layer network directly on each prompt's examples (Wu et al. 2024, App. G).
 Shifts: --mixture (input mixture weights), --param-mean (network parameter mean),
 --points beyond the training length (ReLU tasks); --shift NAME[=VALUE], Garg et al.'s
 evaluation prompt families for isotropic linear regression (probe/data/shifts.py: random_quadrants,

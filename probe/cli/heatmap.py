@@ -1,4 +1,4 @@
-"""Layer-vs-algorithm heatmaps (seed 003 Def. 4, Fig. 3): SimE and SimW between every layer
+"""Layer-vs-algorithm heatmaps (Fu et al. 2024, Def. 4, Fig. 3): SimE and SimW between every layer
 (with a retrained read-out) and every reference learner over its grid, best matches with
 bootstrap intervals, trend verdicts, the final layer's "Table 1" similarities and the paired
 verdicts between its learners, each with its resolution (probe/analysis/verdicts.py).

@@ -1,7 +1,7 @@
 """Write a transformer whose weights implement a known learner (ground truth for the analyses):
 each layer one step of gradient descent (von Oswald et al. 2023), Iterative Newton with linear
-attention and two layers per iteration (`newton`), seed 003 Thm. 1's ReLU-attention
-construction with one layer per iteration (`newton-relu`), or one of seed 000's stochastic
+attention and two layers per iteration (`newton`), Fu et al. 2024, Thm. 1's ReLU-attention
+construction with one layer per iteration (`newton-relu`), or one of Hataya & Imaizumi 2024's stochastic
 constructions: minibatch SGD with seeded masks (`sgd`, Thm. 4), a random number from the data
 (`uniform`, Thm. 2) and an xorshift32 generator block (`prng`, Thm. 3). The result is an
 icl-probe checkpoint.

@@ -1,4 +1,4 @@
-"""Per-layer readout retraining (seed 003 §4.1): a fresh linear read-out on every frozen layer,
+"""Per-layer readout retraining (Fu et al. 2024, §4.1): a fresh linear read-out on every frozen layer,
 fitted on training prompts and scored on held-out prompts (error / d per layer and examples).
 
 examples:

@@ -1,4 +1,4 @@
-"""Span-of-examples test (seed 003 App. B.4, eq. 41-42): how far each layer's induced weight
+"""Span-of-examples test (Fu et al. 2024, App. B.4, eq. 41-42): how far each layer's induced weight
 vector lies outside span{x_1..x_t}, beside a random vector's sqrt((d-t)/d) and the learners.
 
 examples:

@@ -26,7 +26,7 @@ class Stream(IntEnum):
     READOUT_VAL = 102  # [prompts] val: read-out penalty choice
     READOUT_MINIBATCHES = 105  # [readout] method "adam": the fine-tuning minibatches
     TEST = 103  # [prompts] test: held-out prompts of the similarities, SimW and the span test
-    QUERIES = 104  # fresh queries per prefix (SimW, span test; seed 003 eq. 11)
+    QUERIES = 104  # fresh queries per prefix (SimW, span test; Fu et al. 2024, eq. 11)
     PROBE_TRAIN = 201  # [probes] training prompts
     PROBE_TEST = 202  # [probes] test prompts
     PROBE_FEATURES = 203  # the MLP probes' random GELU layer

@@ -96,20 +96,20 @@ def flag_overrides(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def query_count(queries: int, d: int) -> int:
-    """Fresh queries per prefix for a layer's induced weights (seed 003 eq. 11-12): `queries`, or
+    """Fresh queries per prefix for a layer's induced weights (Fu et al. 2024, eq. 11-12): `queries`, or
     4 d where it is 0 (the recipes' default; SimW solves for d unknowns, so at least d are needed)."""
     return queries or 4 * d
 
 
 def check_induced_queries(queries: int, d: int, key: str = "prompts.queries", where: str = "", off: str = "") -> int:
-    """The query count (query_count), refused below d: a layer's induced weights (seed 003 eq. 11)
+    """The query count (query_count), refused below d: a layer's induced weights (Fu et al. 2024, eq. 11)
     solve for d unknowns from the queries. `key` names the setting, `where` the checkpoint, `off`
     how to do without induced weights (e.g. "--set similarity.simw=false")."""
     count = query_count(queries, d)
     if count < d:
         on, alternative = f" on {where}" if where else "", f"; or {off}" if off else ""
         raise ConfigError(
-            f"{key} = {queries} is fewer than d = {d}{on}: a layer's induced weights (seed 003 eq. 11) solve for "
+            f"{key} = {queries} is fewer than d = {d}{on}: a layer's induced weights (Fu et al. 2024, eq. 11) solve for "
             f"d unknowns from the queries, so they need {key} >= d (0 means 4 d{alternative})"
         )
     return count

@@ -36,7 +36,7 @@ class TaskConfig(Section):
         high=1e12,
     )
     sparsity: int = setting(2, "non-zero entries of w for sparse_linear_regression")
-    relu_depth: int = setting(3, "N, layers of the ReLU network (seed 001 Def. 1)", minimum=2)
+    relu_depth: int = setting(3, "N, layers of the ReLU network (Wu et al. 2024, Def. 1)", minimum=2)
     relu_width: int = setting(16, "K, hidden width of the ReLU network")
     mixture_weights: tuple[float, float] = setting(
         (1.0, 0.0), "x ~ w1 N(-m, I) + w2 N(m, I) (relu_network only)", low=0.0, strict=False

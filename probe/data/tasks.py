@@ -44,7 +44,7 @@ def random_orthogonal(batch: int, d: int, generator: torch.Generator) -> Tensor:
 def input_transform(task: TaskConfig, batch: int, generator: torch.Generator) -> Tensor | None:
     """A (B, d, d) with x = z @ A, z ~ N(0, I), so Sigma = A^T A; None when isotropic.
 
-    Ill-conditioned inputs follow seed 003 §4.3: a random orthogonal basis Q per prompt and
+    Ill-conditioned inputs follow Fu et al. 2024, §4.3: a random orthogonal basis Q per prompt and
     singular values sqrt(kappa) on half the directions and 1 on the rest, so kappa(Sigma) = kappa.
     """
     if task.covariance == "isotropic":
@@ -77,7 +77,7 @@ def zero_inactive(xs: Tensor, active_dims: int | None) -> Tensor:
 def linear_regression(
     task: TaskConfig, batch: int, n_points: int, generator: torch.Generator, active_dims: int | None = None
 ) -> Prompts:
-    """y = x.w + eps, w ~ N(0, tau^2 I), eps ~ N(0, sigma^2) (seed 002 eq. 16)."""
+    """y = x.w + eps, w ~ N(0, tau^2 I), eps ~ N(0, sigma^2) (Akyurek et al. 2023, eq. 16)."""
     xs, a = sample_inputs(task, batch, n_points, generator, active_dims)
     w = task.w_scale * torch.randn(batch, task.n_dims, generator=generator)
     ys = torch.einsum("bnd,bd->bn", xs, w)
@@ -103,7 +103,7 @@ def sparse_linear_regression(
 
 
 def sample_relu_network(task: TaskConfig, batch: int, generator: torch.Generator) -> list[Tensor]:
-    """Weights of B independent N-layer ReLU networks (seed 001 Def. 1), one list entry per layer.
+    """Weights of B independent N-layer ReLU networks (Wu et al. 2024, Def. 1), one list entry per layer.
 
     Layer j has shape (B, fan_out, fan_in); entries ~ N(param_mean, 1) / sqrt(fan_in) so that
     activations keep unit scale with depth. The output layer maps width K to a scalar.

@@ -253,7 +253,7 @@ def iteration_patching(
     layer_map: boundary -> the iteration (value of sweep.axis) the heatmap matched it to; it must
     include the last boundary L. The expected effect of patching the context at boundary b is what
     resuming the learner from the patched state gives when b holds iteration k = map(b): the
-    source's remaining change a_K - a_k (seed 003 §4's GD picture: the running prediction lives in
+    source's remaining change a_K - a_k (Fu et al. 2024, §4's GD picture: the running prediction lives in
     the query, the context feeds every later step). examples: numbers of examples t before the
     query that are pooled (default 1..n-1). `patched`: a `context_patching` result to reuse (the
     model side does not depend on the map). `others`: other learners' maps, label -> (sweep, map),

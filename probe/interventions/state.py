@@ -13,7 +13,7 @@ x_{t+1} is
 
     e_k(b) = x_{t+1}^T N^{K - k(b + lag)}(M'; S_t / t) X_t^T y_t / t,    N: M <- 2M - M (S_t / t) M
 
-(seed 003 eq. 8 resumed from M'). Effects are read along the change that writing M' with no step
+(Fu et al. 2024, eq. 8 resumed from M'). Effects are read along the change that writing M' with no step
 left would make, c = x_{t+1}^T M' X_t^T y_t / t - f_K (f_K: the clean K-step prediction):
 observed(b) = sum (f_written(b) - f_clean) c / sum c^2 and expected_k(b) = sum (e_k(b) - f_K) c /
 sum c^2, summed over the queries per prompt, so that `compare_maps` compares the claimed map with

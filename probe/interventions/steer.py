@@ -1,7 +1,7 @@
 """Causal probes: steer the residual stream along what a linear probe decodes, and check that the
 prediction moves the way the decoded quantity says.
 
-A linear attention-pooled probe (seed 002 eq. 20-22; probe/analysis/probes.py) at layer l and
+A linear attention-pooled probe (Akyurek et al. 2023, eq. 20-22; probe/analysis/probes.py) at layer l and
 prefix t decodes q = ((sum_p alpha_p h_p) W + b) * sigma + mu from the first 2t tokens. The
 smallest edit of those tokens (Frobenius norm) that moves the decoded q by delta is
 

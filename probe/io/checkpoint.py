@@ -315,7 +315,7 @@ GARG_TASKS: dict[str, tuple[str, dict[str, str]]] = {
 }
 GARG_REFUSED_TASKS = {
     "relu_2nn_regression": "their 2-layer network of width 100 with weights N(0, 1) scaled by sqrt(2/width) is not "
-    "icl-probe's relu_network task (N layers, 1/sqrt(fan-in), seed 001)",
+    "icl-probe's relu_network task (N layers, 1/sqrt(fan-in), Wu et al. 2024)",
     "decision_tree": "icl-probe has no decision-tree task or learners",
     "linear_classification": "icl-probe has no classification task (labels sign(x.w))",
     "quadratic_regression": "icl-probe has no quadratic-regression task",

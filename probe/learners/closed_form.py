@@ -1,4 +1,4 @@
-"""Least squares and ridge regression on every prefix at once (seed 003 eq. 5, seed 002 eq. 17-18)."""
+"""Least squares and ridge regression on every prefix at once (Fu et al. 2024, eq. 5, Akyurek et al. 2023, eq. 17-18)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .registry import register
 
 
 def least_squares_weights(xs: Tensor, ys: Tensor, rtol: float = 1e-10, last_prefix: bool = False) -> Tensor:
-    """Minimum-norm w_t = S_t^+ X_t^T y_t for every prefix (B, n, d), or the last (B, 1, d) (seed 003 eq. 5)."""
+    """Minimum-norm w_t = S_t^+ X_t^T y_t for every prefix (B, n, d), or the last (B, 1, d) (Fu et al. 2024, eq. 5)."""
     s, b = prefix_moments(xs, ys, last_prefix)
     pinv = per_matrix(lambda m: torch.linalg.pinv(m, hermitian=True, rtol=rtol), s)
     return (pinv @ b.unsqueeze(-1)).squeeze(-1)
@@ -45,7 +45,7 @@ def ridge(
     """w_t = (S_t + lambda I)^{-1} X_t^T y_t, minimising ||y - X w||^2 + lambda ||w||^2.
 
     The Bayes-optimal choice for y = x.w + N(0, sigma^2), w ~ N(0, tau^2 I) is
-    lambda = sigma^2 / tau^2 (seed 002 eq. 18); see `bayes_lambda`. penalty "per_example" puts
+    lambda = sigma^2 / tau^2 (Akyurek et al. 2023, eq. 18); see `bayes_lambda`. penalty "per_example" puts
     lambda t in its place at prefix t (the penalty of the mean loss ||y - X w||^2 / t + lambda ||w||^2):
     along S's eigen-directions a filter of lambda / t, where the fixed penalty's is one of lambda.
     """
@@ -71,7 +71,7 @@ def ridge(
 
 
 def bayes_lambda(noise_std: float, w_scale: float) -> float:
-    """sigma^2 / tau^2, the ridge penalty whose estimate is the posterior mean (seed 002 eq. 18)."""
+    """sigma^2 / tau^2, the ridge penalty whose estimate is the posterior mean (Akyurek et al. 2023, eq. 18)."""
     return noise_std**2 / w_scale**2
 
 

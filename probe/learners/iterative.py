@@ -80,7 +80,7 @@ GD_STEP = {"auto": "per-prompt step 1/lambda_max of the loss Hessian ('auto')"}
 NEWTON_ALPHA_TEXT = {
     "spectral": "M_0 = S/||S S^T||_2 ('spectral')",
     "frobenius": "M_0 = S/||S S^T||_F ('frobenius', the paper's code)",
-    "paper": "M_0 = 2 S/||S S^T||_2 ('paper', seed 003 eq. 8)",
+    "paper": "M_0 = 2 S/||S S^T||_2 ('paper', Fu et al. 2024, eq. 8)",
 }
 
 
@@ -113,7 +113,7 @@ def gd(
     steps: Sequence[int] = LOG_STEPS,
     convention: Sequence[str] = ("paper",),
 ) -> LearnerResult:
-    """Gradient descent from w_0 = 0 on L(w) = ||y - X w||^2 / (2t) (seed 003 eq. 4, 6).
+    """Gradient descent from w_0 = 0 on L(w) = ||y - X w||^2 / (2t) (Fu et al. 2024, eq. 4, 6).
 
     Step-size conventions: "paper" uses the gradient (S w - X^T y)/t of eq. 4; "code" uses
     S w - X^T y as that paper's code does, so a code step eta equals a paper step eta*t.
@@ -149,7 +149,7 @@ def newton_alpha(lam: Tensor, rule: str | float, t: Tensor | None = None) -> Ten
     prefixes t, default 0..n-1).
 
     "spectral": 1/||S S^T||_2 (default; converges); "frobenius": 1/||S S^T||_F (the paper's
-    code); "paper": 2/||S S^T||_2 as printed in seed 003 eq. 8, which sits on the convergence
+    code); "paper": 2/||S S^T||_2 as printed in Fu et al. 2024, eq. 8, which sits on the convergence
     boundary: the top eigen-direction's error factor 1 - alpha lambda_max^2 = -1 never shrinks.
     A number a is a fixed scale on the normalised moment S/t (M_0 = a S/t, as a planted model
     computes it), i.e. alpha = a / t^2 on S.
@@ -173,7 +173,7 @@ def newton_alpha(lam: Tensor, rule: str | float, t: Tensor | None = None) -> Ten
 
 
 def newton_schulz(m: Tensor, s: Tensor, steps: int) -> Tensor:
-    """M after `steps` Newton-Schulz steps M <- 2 M - M S M from the given M (seed 003 eq. 8),
+    """M after `steps` Newton-Schulz steps M <- 2 M - M S M from the given M (Fu et al. 2024, eq. 8),
     batched over the leading dimensions of m and s (..., d, d): the iteration resumed from any state."""
     for _ in range(steps):
         m = 2 * m - m @ s @ m
@@ -190,7 +190,7 @@ def newton(
     iterations: Sequence[int] = NEWTON_ITERATIONS,
     alpha: Sequence[str] = ("spectral",),
 ) -> LearnerResult:
-    """Iterative Newton (Newton-Schulz) for S^+ (seed 003 eq. 8):
+    """Iterative Newton (Newton-Schulz) for S^+ (Fu et al. 2024, eq. 8):
 
         M_0 = alpha S,  M_{k+1} = 2 M_k - M_k S M_k,  w_k = M_k X^T y.
 
@@ -279,7 +279,7 @@ def precond_gd(
     eta: Sequence[str | float] = ("auto",),
 ) -> LearnerResult:
     """GD from 0 preconditioned by S: w_(k+1) = w_k + eta S (X^T y - S w_k). Per eigenvalue the
-    response is 1 - (1 - eta lambda^2)^k, so the seeds' Iterative Newton (M_0 = alpha S, seed 003
+    response is 1 - (1 - eta lambda^2)^k, so the seeds' Iterative Newton (M_0 = alpha S, Fu et al. 2024
     eq. 8) after k iterations is this with 2^k steps and eta = alpha (tests). eta "auto":
     1/lambda_max(S)^2 (the seeds' 'spectral' alpha); a number a: a fixed step on S/t, a / t^2 on S.
     """

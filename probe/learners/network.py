@@ -1,4 +1,4 @@
-"""Training an N-layer ReLU network directly on each prompt's examples (seed 001 App. G baseline).
+"""Training an N-layer ReLU network directly on each prompt's examples (Wu et al. 2024, App. G baseline).
 
 One network per (prompt, prefix t), all trained at once as one batched model: parameters carry
 leading (B, n) axes, network (b, t) sees only the first t examples of prompt b (a masked mean
@@ -24,7 +24,7 @@ NETWORK_STEPS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def layer_sizes(d: int, depth: int, width: int) -> list[int]:
-    """d -> width (depth-1 hidden layers) -> 1: an N-layer network (seed 001 Def. 1, scalar output)."""
+    """d -> width (depth-1 hidden layers) -> 1: an N-layer network (Wu et al. 2024, Def. 1, scalar output)."""
     return [d] + [width] * (depth - 1) + [1]
 
 

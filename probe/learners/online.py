@@ -16,7 +16,7 @@ from .registry import register
 def ogd(
     xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, eta: Sequence[float | str] = ("normalized",)
 ) -> LearnerResult:
-    """Online gradient descent (seed 003 eq. 7): w_{k+1} = w_k - eta_k (w_k.x_k - y_k) x_k, w_0 = 0.
+    """Online gradient descent (Fu et al. 2024, eq. 7): w_{k+1} = w_k - eta_k (w_k.x_k - y_k) x_k, w_0 = 0.
 
     eta "normalized" is eta_k = 1/||x_k||^2, which makes w_{k+1} fit (x_k, y_k) exactly.
     """
@@ -43,7 +43,7 @@ def ogd(
 def online_least_squares(
     xs: Tensor, ys: Tensor, queries: Tensor | None = None, *, lam: Sequence[float] = (1e-4,)
 ) -> LearnerResult:
-    """Recursive least squares by Sherman-Morrison updates (seed 002 §3.3).
+    """Recursive least squares by Sherman-Morrison updates (Akyurek et al. 2023, §3.3).
 
     P_0 = I/lambda, w_0 = 0;  P_{k+1} = P_k - P_k x x^T P_k / (1 + x^T P_k x),
     w_{k+1} = w_k + P_{k+1} x (y - x.w_k). Equals ridge with penalty lambda on every prefix.

@@ -1,11 +1,11 @@
-"""Minibatch SGD and Adam on the prefix examples (seed 000 eq. 9, 12-15), seeded.
+"""Minibatch SGD and Adam on the prefix examples (Hataya & Imaizumi 2024, eq. 9, 12-15), seeded.
 
 At every step each prefix t takes a step on the squared loss l(w.x, y) = (w.x - y)^2 / 2
 averaged over a minibatch of its first t examples (the same minibatches for every step size).
 Minibatches are drawn in one of two ways:
 
 - by default, `batch_size` indices uniformly with replacement, fresh for every prompt (`seed`);
-- with `masks_seed` (or explicit `masks`), seed 000's Assumption 1: 0/1 masks b[l, t, i] that
+- with `masks_seed` (or explicit `masks`), Hataya & Imaizumi 2024's Assumption 1: 0/1 masks b[l, t, i] that
   pick min(K, t) distinct examples of prefix t at step l, the same for every prompt. These are
   the masks a planted SGD / Adam model of that seed holds (probe/models/constructions/sgd.py), so the
   learner replays the model's randomness exactly.
@@ -35,7 +35,7 @@ def minibatch_indices(n: int, batch: int, steps: int, batch_size: int, seed: int
 
 
 def minibatch_masks(steps: int, n: int, batch_size: int, seed: int) -> Tensor:
-    """(steps, n, n) 0/1 masks (seed 000 Assumption 1): masks[l, t, i] = 1 when example i is in
+    """(steps, n, n) 0/1 masks (Hataya & Imaizumi 2024, Assumption 1): masks[l, t, i] = 1 when example i is in
     prefix t's minibatch at step l; min(batch_size, t) distinct examples among the first t.
 
     Entry (l, t) depends only on (seed, l, t, batch_size), so any number of steps or points
@@ -137,7 +137,7 @@ def sgd(
     masks_seed: int | None = None,
     masks: Tensor | None = None,
 ) -> LearnerResult:
-    """Minibatch SGD (seed 000 eq. 9): w <- w - eta * mean over the batch of (w.x - y) x, from w = 0.
+    """Minibatch SGD (Hataya & Imaizumi 2024, eq. 9): w <- w - eta * mean over the batch of (w.x - y) x, from w = 0.
     `masks_seed` / `masks`: Assumption 1's shared masks (module docstring) instead of `seed`'s draws."""
 
     def update(w, g, state, k):
@@ -163,7 +163,7 @@ def adam(
     masks_seed: int | None = None,
     masks: Tensor | None = None,
 ) -> LearnerResult:
-    """Adam (seed 000 eq. 12-15) on minibatch gradients, from w = 0:
+    """Adam (Hataya & Imaizumi 2024, eq. 12-15) on minibatch gradients, from w = 0:
 
     m <- b1 m + (1-b1) g,  v <- b2 v + (1-b2) g^2,
     w <- w - eta (m/(1-b1^l)) / sqrt(v/(1-b2^l) + eps)        ("paper": eps inside the root)

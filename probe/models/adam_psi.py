@@ -1,4 +1,4 @@
-"""Planted Adam's one approximation (probe/models/constructions/adam.py, seed 000 Thm. 5): the step's normaliser
+"""Planted Adam's one approximation (probe/models/constructions/adam.py, Hataya & Imaizumi 2024, Thm. 5): the step's normaliser
 psi(t) = 1 / sqrt(t + eps) as a sum of ReLUs interpolating it at geometric knots, and the relative
 error that interpolation makes."""
 

@@ -12,7 +12,10 @@ from ..core.registry import Registry
 
 FAMILIES: Registry[Any] = Registry("model family")  # name -> model class (gpt2.py, lstm.py, planted.py)
 ENCODINGS = ("garg", "akyurek")  # probe/models/encoding.py
-ATTENTION_ACTIVATIONS = ("softmax", "relu")  # GPT-2 attention weights: softmax, or ReLU / #keys (seed 001 Def. 7)
+ATTENTION_ACTIVATIONS = (
+    "softmax",
+    "relu",
+)  # GPT-2 attention weights: softmax, or ReLU / #keys (Wu et al. 2024, Def. 7)
 
 
 @dataclass
@@ -24,7 +27,7 @@ class ModelConfig(Section):
 
     family: str = setting(
         "gpt2",
-        "gpt2 (Garg et al.'s TransformerModel), lstm / lstm_residual (seed 003 §3.3), lsa / lsa_sparse / lsa_mlp "
+        "gpt2 (Garg et al.'s TransformerModel), lstm / lstm_residual (Fu et al. 2024, §3.3), lsa / lsa_sparse / lsa_mlp "
         "(linear self-attention) "
         "or planted",
         FAMILIES,
@@ -42,7 +45,9 @@ class ModelConfig(Section):
     planted_scale: float = setting(
         0.0, "planted only: GD / SGD / Adam step eta, Newton's alpha, or uniform's eps", low=None
     )
-    planted_batch: int = setting(0, "planted sgd / adam only: minibatch size K (seed 000 Assumption 1)", minimum=0)
+    planted_batch: int = setting(
+        0, "planted sgd / adam only: minibatch size K (Hataya & Imaizumi 2024, Assumption 1)", minimum=0
+    )
     planted_seed: int = setting(0, "planted sgd / adam only: seed of its minibatch masks (the learner's masks_seed)")
     planted_bound: float = setting(
         0.0, "planted sgd / adam only: R, the residual bound within which its gradient is exact", low=None

@@ -1,7 +1,7 @@
 """Token sequences for in-context regression: x_1, y_1, x_2, y_2, ... (length 2n).
 
 Garg et al.: the x token is x itself and the y token is [y, 0, ..., 0] (both width d).
-Akyurek et al. (seed 002 §2): [0, x] and [y, 0, ..., 0] (both width d+1).
+Akyurek et al. (Akyurek et al. 2023, §2): [0, x] and [y, 0, ..., 0] (both width d+1).
 The model's prediction for y_i is read at the x_i token, i.e. positions 0, 2, 4, ...
 """
 

@@ -23,7 +23,7 @@ too, so ablations run as hooks on either path. Residual patching on the resumed 
 edits.py `patch_hook`) to the window it resumes from, the boundary's stream, rather than at a hook
 point (tests hold it equal to the hooked patch).
 
-`attn_activation = "relu"` replaces the attention softmax by seed 001's normalised ReLU
+`attn_activation = "relu"` replaces the attention softmax by Wu et al. 2024's normalised ReLU
 (Def. 7: sigma(<q, k>) / n), causal: token i weights key j <= i by ReLU(q_i . k_j / sqrt(hs)) / (i + 1),
 the number of keys it sees. The 1/sqrt(hs) scale is GPT-2's (a reparametrisation of Def. 7's Q).
 """
@@ -52,7 +52,7 @@ KeyValues = list[tuple[Tensor, Tensor]]  # per block: keys, values (B, H, T, hs)
 def attention_weights(parts: list[tuple[Tensor, Tensor]], activation: str) -> Tensor:
     """Attention weights over keys given in parts [(scores (..., Tq, Tk), visible (bool, broadcastable))],
     concatenated along the keys: softmax over the visible keys (GPT-2), or ReLU(score) divided by the
-    number of visible keys (seed 001 Def. 7)."""
+    number of visible keys (Wu et al. 2024, Def. 7)."""
     if activation == "softmax":
         return torch.softmax(torch.cat([s.masked_fill(~m, float("-inf")) for s, m in parts], dim=-1), dim=-1)
     weights = torch.cat([torch.relu(s).masked_fill(~m, 0.0) for s, m in parts], dim=-1)

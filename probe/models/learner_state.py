@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LearnerState:
-    """Where a construction keeps its learner's iterate, a d x d matrix M (seed 003 eq. 8's M_k):
+    """Where a construction keeps its learner's iterate, a d x d matrix M (Fu et al. 2024, eq. 8's M_k):
     each (held, source) slot pair of a token holds M times the token's `source` slot (M e_j = m_j in
     Newton's column tokens, T x_i in the ReLU construction's tx). The state is whole at boundaries
     first, first + every, ... (the linear construction is mid-step at the others) and the prediction

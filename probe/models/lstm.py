@@ -1,4 +1,4 @@
-"""An L-layer unidirectional LSTM over the same token sequence (seed 003 §3.3).
+"""An L-layer unidirectional LSTM over the same token sequence (Fu et al. 2024, §3.3).
 
 Read-in Linear(d, D) -> L single-layer LSTMs stacked (kept separate so every layer's hidden
 states are exposed) -> read-out Linear(D, 1) at the x tokens, exactly as the transformer.

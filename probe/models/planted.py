@@ -121,7 +121,7 @@ class PlantedICL(Hooked, FamilyTraits, nn.Module):
     read: nn.Parameter  # (W,)
     mlp_in: nn.Parameter  # (L, 4d, W), ReLU MLP of "newton-relu" only
     mlp_out: nn.Parameter  # (L, W, 4d)
-    masks: Tensor  # (L, n, n) buffer of "sgd" only: seed 000 Assumption 1's minibatch masks
+    masks: Tensor  # (L, n, n) buffer of "sgd" only: Hataya & Imaizumi 2024, Assumption 1's minibatch masks
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -137,7 +137,7 @@ class PlantedICL(Hooked, FamilyTraits, nn.Module):
         self.register_buffer("per_example", torch.zeros(cfg.n_layer, heads))  # 1: scale the head by 1/t
         self.read = nn.Parameter(torch.zeros(w), requires_grad=False)
         steps = self.construction.mask_steps(cfg)
-        if steps:  # seed 000 Assumption 1: masks[l, t, i], example i in prefix t's batch
+        if steps:  # Hataya & Imaizumi 2024, Assumption 1: masks[l, t, i], example i in prefix t's batch
             self.register_buffer("masks", torch.zeros(steps, cfg.n_positions, cfg.n_positions))
         if self.d_mlp:
             self.mlp_in = nn.Parameter(torch.zeros(cfg.n_layer, self.d_mlp, w), requires_grad=False)

@@ -1,5 +1,5 @@
 """xorshift32 (Marsaglia 2003, shifts 13, 17, 5) as a linear map over F_2: what the planted PRNG
-construction (probe/models/constructions/prng.py, seed 000 Def. 2, Thm. 3) computes, and a plain reference."""
+construction (probe/models/constructions/prng.py, Hataya & Imaizumi 2024, Def. 2, Thm. 3) computes, and a plain reference."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The error curve, the report's first stage: the model's squared error / d against the number of
-in-context examples beside least squares, 3-NN and averaging (seed 001 Fig. 2), and on ReLU-network
-tasks R^2 beside training the task's network directly (seed 001 App. G). It has no recipe section
+in-context examples beside least squares, 3-NN and averaging (Wu et al. 2024, Fig. 2), and on ReLU-network
+tasks R^2 beside training the task's network directly (Wu et al. 2024, App. G). It has no recipe section
 of its own ([prompts].curve sets its size) and runs in every report; its blocks, icl_error and
 icl_r2, are top-level keys of summary.json."""
 
@@ -57,7 +57,7 @@ class Evaluation:
 def _run(c) -> dict[str, pd.DataFrame]:
     task, prompts = c.ckpt.config.task, c.recipe.prompts
     tables = {"icl_error": error_curve(c.ckpt.model, task, prompts.curve, prompts.seed, device=c.device)}
-    if task.name == "relu_network":  # seed 001 App. G: R^2 beside direct training of the network
+    if task.name == "relu_network":  # Wu et al. 2024, App. G: R^2 beside direct training of the network
         tables["icl_r2"] = r2_curve(c.ckpt.model, task, prompts.curve, prompts.seed, device=c.device)
     return tables
 

@@ -52,7 +52,7 @@ def icl_error(frame: pd.DataFrame, stem: Path, title: str = "") -> list[Path]:
 
 
 def readout_error(table: pd.DataFrame, stem: Path, n_dims: int) -> list[Path]:
-    """Error/d against examples, one line per layer (seed 003 Fig. 1a)."""
+    """Error/d against examples, one line per layer (Fu et al. 2024, Fig. 1a)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     layers = sorted(table.layer.unique())
@@ -199,7 +199,7 @@ def span(table: pd.DataFrame, stem: Path) -> list[Path]:
 
 
 def readout_comparison(tables: dict[str, pd.DataFrame], stem: Path) -> list[Path]:
-    """Per-layer readout error of two models side by side (seed 003 Fig. 1a vs 1c)."""
+    """Per-layer readout error of two models side by side (Fu et al. 2024, Fig. 1a vs 1c)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for name, table in tables.items():

@@ -25,7 +25,7 @@ class Readout:
 
 @dataclass
 class Match:
-    """One learner's best match per layer under one metric (seed 003 eq. 9-12), 90% intervals."""
+    """One learner's best match per layer under one metric (Fu et al. 2024, eq. 9-12), 90% intervals."""
 
     layer: list[int]
     k: list
@@ -41,7 +41,7 @@ class Match:
 
 @dataclass
 class TrendFit:
-    """Linear and exponential fits of the best k against layer (seed 003 Fig. 3)."""
+    """Linear and exponential fits of the best k against layer (Fu et al. 2024, Fig. 3)."""
 
     linear_r2: float | None
     exponential_r2: float | None
@@ -66,7 +66,7 @@ class Trend(TrendFit):
 
 @dataclass
 class Table1Entry:
-    """The final layer's best match against one learner family (seed 003 Table 1)."""
+    """The final layer's best match against one learner family (Fu et al. 2024, Table 1)."""
 
     sweep: str
     k: Any
@@ -179,7 +179,7 @@ def nulls_block(nulls: pd.DataFrame) -> Nulls:
 
 
 def trend_block(trends: list[dict[str, Any]], recipe) -> dict[str, Trend]:
-    """learner -> its SimE trend (the headline, as in seed 003 Fig. 3) with every metric's fit."""
+    """learner -> its SimE trend (the headline, as in Fu et al. 2024, Fig. 3) with every metric's fit."""
     fits: dict[str, dict[str, TrendFit]] = {}
     for t in trends:
         fits.setdefault(t["learner"], {})[t["metric"]] = TrendFit(

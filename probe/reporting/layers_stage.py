@@ -1,4 +1,4 @@
-"""The layer analyses, the report's spine (seed 003 §4): per-layer read-out retraining, each layer's
+"""The layer analyses, the report's spine (Fu et al. 2024, §4): per-layer read-out retraining, each layer's
 similarity (SimE, SimW) to every swept learner over its grid with the best match and its trend,
 Table 1 (the final layer against each learner) with its nulls and paired verdicts, and the span
 test. The same pass measures each layer's spectral filter on SimW's induced weights (which are not

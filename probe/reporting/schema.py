@@ -21,7 +21,7 @@ from ..core.errors import ConfigError
 from ..core.stages import DEFINITIONS, OMIT, RESERVED, SUMMARY_KEYS, by_block_key, dataclasses_in
 from .dataclass_schema import MERGED, block_properties
 
-SCHEMA_VERSION = 7  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`; 6: evidence status, reason, knob and validity domains, the error curve's margin over trivial predictors; 7: evidence rows' `closest` (favours "neither"), the spectral fits' non_filter_uncorrected
+SCHEMA_VERSION = 7  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`; 6: evidence status, reason, knob and validity domains, the error curve's margin over trivial predictors; 7: evidence rows' `closest` (favours "neither"), the spectral fits' non_filter_uncorrected, best_non_filter and two-class blends
 
 
 def to_json(value: Any) -> Any:

@@ -63,6 +63,15 @@ class SpectralFit:
     # added in summary schema 7: the share before the query-noise correction (non_filter is after it)
     non_filter_uncorrected: list[float] = field(default_factory=list)
     best_non_filter: list[float] = field(default_factory=list)  # the best member's own share
+    # the best two-class blend (probe/analysis/spectral_blend.py): its classes "a+b", w on a with its
+    # 90% interval, error, the share of the best single class's error it removes (5% quantile), mixed
+    blend: list[str] = field(default_factory=list)
+    blend_w: list[float] = field(default_factory=list)
+    blend_w_low: list[float] = field(default_factory=list)
+    blend_w_high: list[float] = field(default_factory=list)
+    blend_error: list[float] = field(default_factory=list)
+    blend_gain_low: list[float] = field(default_factory=list)
+    mixed: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -272,6 +281,9 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
     )
     if also:
         words += " (" + "; ".join(f"layer {layer}: {v}" for layer, v in also.items()) + ")"
+    mixed = [f"layer {layer}: {v}" for layer, v in zip(sp.layer, sp.verdict) if v.startswith("mixed")]
+    if mixed:
+        words += ("; " if words else "") + "; ".join(mixed)
     if unfiltered:
         words += ("; " if words else "") + f"not a filter of S at layers {', '.join(map(str, unfiltered))}"
         words += " (most of the responding layers: the row decides nothing)" if most_unfiltered else ""
@@ -304,7 +316,7 @@ def _layer_side(fits, i: int, verdict: str, a: str, b: str) -> str | None:
     necessarily from every class: GD with few steps and ridge may stay apart from Newton and not from
     each other); none where it does not respond or has converged (`summarise`, the recipe's
     spectral.r_low / r_high)."""
-    if verdict in ("no response", "converged", "not a spectral filter"):
+    if verdict in ("no response", "converged", "not a spectral filter") or verdict.startswith("mixed"):
         return None
     sides = {SPECTRAL_SIDE.get(fit.best_class[i]) for fit in fits}
     if len(sides) != 1:
@@ -322,7 +334,9 @@ def _layer_neither(fits, i: int, verdict: str, a: str, b: str) -> str | None:
     the same third class (ridge or least squares for Newton vs GD), separated by its paired interval
     from both sides' classes in every variable; None otherwise (and where it does not respond or
     has converged)."""
-    if verdict in ("no response", "converged", "not a spectral filter") or not all(fit.separated_from for fit in fits):
+    if verdict in ("no response", "converged", "not a spectral filter") or verdict.startswith("mixed"):
+        return None
+    if not all(fit.separated_from for fit in fits):
         return None
     classes = {fit.best_class[i] for fit in fits}
     if len(classes) != 1:

@@ -198,7 +198,7 @@ def probe_rows(table: pd.DataFrame) -> list[dict]:
 
 @torch.no_grad()
 def resolve_grid(grid: dict[str, Any], task) -> dict[str, Any]:
-    """lam = "bayes" -> sigma^2 / tau^2 of the model's task (seed 002 §4)."""
+    """lam = "bayes" -> sigma^2 / tau^2 of the model's task (Akyurek et al. 2023, §4)."""
 
     out = dict(grid)
     if out.get("lam") in (["bayes"], "bayes", ("bayes",)):
@@ -209,7 +209,7 @@ def resolve_grid(grid: dict[str, Any], task) -> dict[str, Any]:
 
 
 def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
-    """SPD and ILW (seed 002 eq. 13-15) and SimE (seed 003 eq. 10) of the model's own
+    """SPD and ILW (Akyurek et al. 2023, eq. 13-15) and SimE (Fu et al. 2024, eq. 10) of the model's own
     predictions against each [[compare]] learner, on fresh queries per prefix."""
 
     prompts = sample_prompts(task, recipe.prompts, generator=stream_generator(recipe.seed, Stream.STUDY_PROMPTS))

@@ -47,7 +47,7 @@ def _with_interval(ax, rows: pd.DataFrame, x: str, name: str, color: str) -> Non
 
 
 def phase_figure(table: pd.DataFrame, x: str, path: Path, titles: Titles | None = None) -> Path | None:
-    """Metric vs x (e.g. depth) per learner: the 'algorithmic phases' of seed 002 Fig. 3."""
+    """Metric vs x (e.g. depth) per learner: the 'algorithmic phases' of Akyurek et al. 2023, Fig. 3."""
     rows = table[(table.analysis == "spd_ilw") & table.metric.isin(SCALAR["spd_ilw"])]
     if rows.empty:
         return None
@@ -169,13 +169,13 @@ def stabilisation(table: pd.DataFrame, x: str, learner: str, tol: float = 1.0) -
 
 
 CAPTIONS = {
-    "phases": "{metrics} between the model's own predictions and each compared learner, against {axis} (seed 002 "
+    "phases": "{metrics} between the model's own predictions and each compared learner, against {axis} (Akyurek et al. 2023 "
     "Fig. 3; SPD and ILW on a log axis, lower is closer; SimE higher is closer); bars: 90% normal intervals over "
     "prompts.",
     "icl": "{metric} of the model's in-context predictions against {axis}, in distribution and under each "
     "shift; bars: 90% bootstrap band over prompts.",
     "curves": "{metric} against the number of in-context examples for every model (solid: in-context; dashed: the "
-    "task's network trained directly on each prompt's examples, as seed 001), one panel per distribution.",
+    "task's network trained directly on each prompt's examples, as Wu et al. 2024), one panel per distribution.",
     "best_k": "Best-matching {learner} iteration by SimE for every layer (rows) and {axis} (columns).",
     "spectral_p": "Spectral exponent p of every layer (rows) for each {axis} (columns), in the bin variable of the "
     "layer's best-fitting family (probe/analysis/spectral.py): 1 is the GD class's small-eigenvalue limit, 2 the "
@@ -342,7 +342,7 @@ def _methods(recipe, summary: dict[str, Any]) -> str:
     )
     lines = [
         f"Models: {len(summary['models'])}, ordered by {axis_name(summary['x'])}; analyses {', '.join(recipe.analyses)}.",
-        f"SPD and ILW (seed 002 eq. 13-15) and SimE (seed 003 eq. 10) on {recipe.prompts} prompts with "
+        f"SPD and ILW (Akyurek et al. 2023, eq. 13-15) and SimE (Fu et al. 2024, eq. 10) on {recipe.prompts} prompts with "
         f"{recipe.queries or '4 d'} fresh queries per prefix; intervals: mean +- 1.645 standard errors over prompts.",
         f"In-context curves on {recipe.evaluate_prompts} prompts, 90% bootstrap bands. Seed {recipe.seed}.",
         *([f"Compared learners: {compare}."] if recipe.compare else []),

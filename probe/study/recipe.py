@@ -9,9 +9,9 @@
     set = { "prompts.test" = 256 }                  overrides of that report recipe
     [[compare]] label, learner, grid, pick         learners for spd_ilw ("pick = 'best'": the
                                                     grid setting with the lowest SPD per model)
-    [[shifts]]  label, plus TaskConfig fields       task shifts for `evaluate` (seed 001 App. G)
+    [[shifts]]  label, plus TaskConfig fields       task shifts for `evaluate` (Wu et al. 2024, App. G)
 
-A lam of "bayes" in a ridge grid is sigma^2 / tau^2 of each model's own task (seed 002 §4).
+A lam of "bayes" in a ridge grid is sigma^2 / tau^2 of each model's own task (Akyurek et al. 2023, §4).
 """
 
 from __future__ import annotations

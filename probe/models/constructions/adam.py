@@ -1,4 +1,4 @@
-"""Adam (`planted="adam"`, eta = planted_scale, K = planted_batch; seed 000 Thm. 5, eq. 12-15 with
+"""Adam (`planted="adam"`, eta = planted_scale, K = planted_batch; Hataya & Imaizumi 2024, Thm. 5, eq. 12-15 with
 beta1 = 0.9, beta2 = 0.999 and eps = 1e-8 inside the root as printed).
 
 The SGD construction's tokens (probe/models/constructions/sgd.py) plus the Adam state in the
@@ -42,7 +42,7 @@ ADAM_STEP = 0.1  # default eta
 @construction
 class Adam(SGD):
     name = "adam"
-    title = "Adam with seeded masks (seed 000 Thm. 5)"
+    title = "Adam with seeded masks (Hataya & Imaizumi 2024, Thm. 5)"
     learner = "adam"
     first, per_step = 0, 4
     matching_sweep = "adam_replay"

@@ -59,7 +59,7 @@ class PlantOptions:
 
 def gd_stable_limit(d: int) -> float:
     """Largest step eta for which GD on ||y - Xw||^2/(2t) stays stable on typical prompts:
-    2 / (1 + sqrt(d))^2, the Marchenko-Pastur edge of S/t at t = 1 (seed 003 §2, REFERENCE §2)."""
+    2 / (1 + sqrt(d))^2, the Marchenko-Pastur edge of S/t at t = 1 (Fu et al. 2024, §2, REFERENCE §2)."""
     return 2.0 / (1 + math.sqrt(d)) ** 2
 
 
@@ -76,7 +76,7 @@ class Construction:
     first: ClassVar[int | None] = None
     per_step: ClassVar[int] = 1
     heads: ClassVar[int] = 1  # attention heads per layer
-    relu_attention: ClassVar[bool] = False  # sigma(a) = ReLU(a) (seed 003 Def. 5) instead of linear attention
+    relu_attention: ClassVar[bool] = False  # sigma(a) = ReLU(a) (Fu et al. 2024, Def. 5) instead of linear attention
     learner_state: ClassVar[LearnerState | None] = None  # where it keeps a matrix iterate (the causal state check)
     matching_sweep: ClassVar[str] = ""  # the sweep whose SimE layer map its report checks
     sibling: ClassVar[str] = ""  # another construction of the same learner, whose schedule the report cites
@@ -100,7 +100,7 @@ class Construction:
         return 0
 
     def mask_steps(self, cfg: ModelConfig) -> int:
-        """Minibatch mask steps the model holds (seed 000 Assumption 1; 0: none)."""
+        """Minibatch mask steps the model holds (Hataya & Imaizumi 2024, Assumption 1; 0: none)."""
         return 0
 
     def sizes(self, cfg: ModelConfig) -> tuple[int, int, int]:
@@ -163,4 +163,4 @@ def check_step(step: float, limit: float, d: int, what: str) -> float:
 
 def require_one_block(name: str, layers: int, theorem: str) -> None:
     if layers != 1:
-        raise ConfigError(f"a planted {name} model is one block (seed 000 {theorem}); use --layers 1")
+        raise ConfigError(f"a planted {name} model is one block (Hataya & Imaizumi 2024 {theorem}); use --layers 1")

@@ -3,7 +3,7 @@
 Tokens [x-slot, r-slot, xq-slot]; examples start as (x_i, y_i), the query as (x_q, 0). One head
 with Q = K = x (xq for the query), V = -eta r: r_j <- r_j - eta/t sum_i r_i <x_i, x_j>, so after
 l layers r_i = y_i - w_l.x_i and r_q = -w_l.x_q, w_l being l steps of GD on ||y - Xw||^2/(2t)
-from 0 (seed 003 eq. 6, paper convention). Read-out: -r_q. Layer l = GD step l.
+from 0 (Fu et al. 2024, eq. 6, paper convention). Read-out: -r_q. Layer l = GD step l.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Iterative Newton with linear attention (`planted="newton"`, alpha = planted_scale).
 
-Iterative Newton (seed 003 eq. 8) on the normalised moment S/t with a fixed M_0 = alpha S/t,
-using d extra "column" tokens that carry the columns m_j of M_k (hidden size O(d), as seed 003
+Iterative Newton (Fu et al. 2024, eq. 8) on the normalised moment S/t with a fixed M_0 = alpha S/t,
+using d extra "column" tokens that carry the columns m_j of M_k (hidden size O(d), as Fu et al. 2024
 Thm. 1; linear instead of ReLU attention). Layer 1: m_j = alpha/t sum_i x_i <x_i, e_j>, and the
 query gathers b = 1/t sum_i y_i x_i. Then two layers per iteration: (A) u_j = S m_j / t (columns
 attend to examples) and z = M_k x_q (query attends to columns); (B) m_j <- 2 m_j - M_k u_j

@@ -1,5 +1,5 @@
 """Iterative Newton with ReLU attention (`planted="newton-relu"`, alpha = planted_scale): the
-construction of seed 003 Thm. 1 (App. B.2).
+construction of Fu et al. 2024, Thm. 1 (App. B.2).
 
 Every head is a full-attention ReLU head of Def. 5 (eq. 17), sigma(a) = ReLU(a)/t; a product a.V
 is the pair ReLU(a) V - ReLU(-a) V (heads 2k and 2k+1, the second with Q and V negated). Tokens
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 @construction
 class NewtonReLU(NewtonBase):
     name = "newton-relu"
-    title = "Iterative Newton with ReLU attention (seed 003 Thm. 1)"
+    title = "Iterative Newton with ReLU attention (Fu et al. 2024, Thm. 1)"
     first, per_step = 2, 1
     heads = 6
     relu_attention = True

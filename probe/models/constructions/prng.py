@@ -1,4 +1,4 @@
-"""A pseudo-random generator (`planted="prng"`, d = 32, M = n_head outputs; seed 000 Def. 2, Thm. 3).
+"""A pseudo-random generator (`planted="prng"`, d = 32, M = n_head outputs; Hataya & Imaizumi 2024, Def. 2, Thm. 3).
 
 xorshift32 (Marsaglia 2003, shifts 13, 17, 5) is s_t = A s_{t-1} over F_2 with o_t = s_t
 (B = I). The seed s_0 is the first example's x read as 32 bits (0/1 entries). One block: head m
@@ -28,7 +28,7 @@ PRNG_READ_BITS = 24  # bits of o_1 in the read-out (exact in float32)
 @construction
 class PRNG(Construction):
     name = "prng"
-    title = "an xorshift32 pseudo-random generator (seed 000 Thm. 3)"
+    title = "an xorshift32 pseudo-random generator (Hataya & Imaizumi 2024, Thm. 3)"
 
     def slots(self, cfg: ModelConfig) -> list[tuple[str, int]]:
         d = cfg.n_dims

@@ -1,6 +1,6 @@
-"""Minibatch SGD (`planted="sgd"`, eta = planted_scale, K = planted_batch; seed 000 Thm. 4, eq. 9).
+"""Minibatch SGD (`planted="sgd"`, eta = planted_scale, K = planted_batch; Hataya & Imaizumi 2024, Thm. 4, eq. 9).
 
-The GD construction (probe/models/constructions/gd.py) with seed 000's minibatch masks
+The GD construction (probe/models/constructions/gd.py) with Hataya & Imaizumi 2024's minibatch masks
 (Assumption 1). Tokens [x, r, xq, one, b (L), g]; example i of run t carries the bits
 b_l = masks[l, t, i] (min(K, t) distinct examples of prefix t per step, from
 `minibatch_masks(L, n, K, planted_seed)`, kept as the `masks` buffer and replayed by the `sgd`
@@ -54,7 +54,7 @@ def gate_mlp(model: PlantedICL, layer: int, bit: int) -> None:
 @construction
 class SGD(Construction):
     name = "sgd"
-    title = "minibatch SGD with seeded masks (seed 000 Thm. 4)"
+    title = "minibatch SGD with seeded masks (Hataya & Imaizumi 2024, Thm. 4)"
     learner = "sgd"
     first, per_step = 0, 1
     matching_sweep = "sgd_replay"

@@ -1,4 +1,4 @@
-"""A random number from the data (`planted="uniform"`, eps = planted_scale; seed 000 Thm. 2, eq. 8, 17).
+"""A random number from the data (`planted="uniform"`, eps = planted_scale; Hataya & Imaizumi 2024, Thm. 2, eq. 8, 17).
 
 One block, two ReLU-attention heads. In run t the last example's first coordinate z_t is held
 out (moved into the query token, folded into the embedding) and the first t - 1 examples are the
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 @construction
 class Uniform(Construction):
     name = "uniform"
-    title = "a uniform random number from the data (seed 000 Thm. 2)"
+    title = "a uniform random number from the data (Hataya & Imaizumi 2024, Thm. 2)"
     heads = 2
     relu_attention = True
 
