@@ -24,7 +24,7 @@ SWEEPS = (
 )
 
 
-def answers(model, n_boot=100):
+def answers(model, n_boot=100, **conditions):
     settings = LayerSettings(
         PromptSettings(train=64, val=32, test=64, induced=64, queries=16),
         ReadoutSettings(method="model"),
@@ -37,6 +37,7 @@ def answers(model, n_boot=100):
         [Verdict(**row) for row in verdict_rows(res.verdicts, {})] or None,
         {},
         spectral_block(spectral_tables(res.spectral), res.spectral.counts),
+        **conditions,
     )
     return {(q.a, q.b): q for q in questions(blocks)}
 
@@ -247,3 +248,15 @@ def test_adam_never_reads_gd(eta):
     "Newton or GD?" is "neither" or undecided, never "gd" or "newton"."""
     q = answers(LearnerOracle("adam", "steps", lambda l: 2**l, 4, 4, 16, fixed={"eta": [eta]}))[("newton", "gd")]
     assert q.answer not in ("gd", "newton"), q.answer_words
+
+
+def test_a_studys_blocks_carry_the_validity_checks():
+    """A study reads the evidence from Blocks, not a summary: given the model's task and prompts, a
+    row outside its domain is "unvalidated here" there too (the GD oracle at kappa = 100 on 64
+    prompts: the spectral row's known answers need 512), and the answer is no longer GD's."""
+    oracle = LearnerOracle("gd", "steps", lambda l: 2**l if l else 0, 4, 4, 16, fixed={"eta": [1 / 9]})
+    task = {"n_dims": 4, "covariance": "ill_conditioned", "kappa": 100.0, "noise_std": 0.0}
+    q = answers(oracle, checkpoint={"task": task}, prompts={"induced": 64, "test": 64})[("newton", "gd")]
+    spectral = next(r for r in q.rows if r.instrument == "spectral filter")
+    assert spectral.status == "unvalidated here" and "prompts" in spectral.outside, spectral.outside
+    assert q.answer is None and q.status == "no answer"

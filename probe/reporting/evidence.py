@@ -49,6 +49,12 @@ class Blocks:
     trend: dict[str, Any]
     spectral: Any = None  # the layer analyses' Spectral block
     stages: dict[str, Any] = field(default_factory=dict)  # registered analyses' blocks
+    # what the validity checks read (probe/reporting/validity.py), where the study has it: the
+    # checkpoint's task ({"task": {...}}), the error curve, the read-out (.method), the [prompts]
+    checkpoint: dict[str, Any] | None = None
+    icl_error: Any = None
+    readout: Any = None
+    prompts: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.spectral is not None:  # the spectral stage's block, as a Summary holds it
@@ -56,7 +62,7 @@ class Blocks:
 
     @property
     def recipe(self) -> dict[str, Any]:
-        return {"sweeps": self.sweeps}
+        return {"sweeps": self.sweeps, "prompts": self.prompts}
 
 
 def questions(summary: Summary | Blocks) -> list[Question]:

@@ -8,7 +8,9 @@ study and a report on the same checkpoint and recipe share results.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -155,12 +157,16 @@ def spectral_rows(tables: dict[str, pd.DataFrame]) -> list[dict]:
 SIDE_VALUE = 1.0  # an evidence row's value: +1 favours the question's first hypothesis, -1 the second, 0 neither
 
 
-def evidence_rows(built, report) -> list[dict]:
+def evidence_rows(built, report, task) -> list[dict]:
     """The evidence tables (probe/reporting/evidence.py) of the stages the study ran: per question
     "<a>_vs_<b>", one row per instrument (learner = the instrument, value +1 where it favours a, -1
     where it favours b, 0 where undecided) and the consolidated answer (learner "consolidated
     answer"). The causal map and order rows need the interventions and order stages, which a study
-    does not run."""
+    does not run. The validity checks read the model's task, read-out and prompts (a row outside its
+    domain does not count) and, where the study ran "evaluate", its error curve (a model that does
+    not learn in context gets no answer)."""
+    from ..reporting.columns import columns
+    from ..reporting.evaluate_stage import IclError
     from ..reporting.evidence import Blocks, questions
     from ..reporting.layer_blocks import trend_block, verdict_rows
     from ..reporting.schema import Verdict
@@ -170,7 +176,18 @@ def evidence_rows(built, report) -> list[dict]:
     trends = trend_block(built.data.get("trends", []), report)
     spectral = spectral_block(t, built.data.get("spectral_counts", {})) if "spectral_summary" in t else None
     verdicts = [Verdict(**row) for row in verdict_rows(t.get("verdicts"), trends)]
-    blocks = Blocks(report.to_dict()["sweeps"], verdicts or None, trends, spectral)
+    recipe = report.to_dict()
+    curve = columns(t["icl_error"], IclError) if "icl_error" in t else None  # the precondition's error curve
+    blocks = Blocks(
+        recipe["sweeps"],
+        verdicts or None,
+        trends,
+        spectral,
+        checkpoint={"task": asdict(task)},
+        icl_error=curve,
+        readout=SimpleNamespace(method=report.readout.method),
+        prompts=recipe["prompts"],
+    )
     rows = []
     for q in questions(blocks):
         side: dict[str | None, float] = {q.a: SIDE_VALUE, q.b: -SIDE_VALUE}
@@ -293,7 +310,7 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
             )
         rows += spectral_rows(built.tables)
     if "evidence" in recipe.analyses:
-        rows += evidence_rows(built, report)
+        rows += evidence_rows(built, report, task)
     if "probes" in recipe.analyses:
         rows += probe_rows(built.tables["probes"])
     if "spd_ilw" in recipe.analyses:
