@@ -255,7 +255,7 @@ def test_report_on_planted_sgd_recovers_k_equals_l_with_sgd_and_measures_order(t
         assert min(block["similarity"][1:]) > 0.9999, metric
     assert "sgd_other" in s["best_match"] and s["order_sensitivity"]["model"]["15"]["sensitivity"][-1] > 1e-3
     html = (tmp_path / "r" / "index.html").read_text()
-    assert "minibatch SGD with seeded masks (Hataya & Imaizumi 2024, Thm. 4), 1 layer per step" in html
+    assert "minibatch SGD with seeded masks (Hataya &amp; Imaizumi 2024, Thm. 4), 1 layer per step" in html
     assert "the SimE best matches of SGD (the model&#x27;s minibatches) recover this map" in html or \
         "the SimE best matches of SGD (the model&#39;s minibatches) recover this map" in html
     assert "Order sensitivity" in html

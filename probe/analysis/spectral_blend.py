@@ -8,8 +8,13 @@ c_B). On each bootstrap resample the same pair is refitted (w and the error), an
 fits are the resample's own class minima (refitted over every member, which favours them). A layer
 reads "mixed" when on 95% of resamples the blend removes over half the best single class's error
 (`MIN_SHARE`; the blend has two more free parameters, so on a pure filter plus noise it always
-removes some: about 20% over a dozen bins) and w's 90% interval lies inside (0, 1): a pure filter
-refits to w = 0 or 1 (one coefficient at 0) on a share of resamples.
+removes some: about 20% over a dozen bins) and w's 90% interval lies inside [0.1, 0.9] (`MIN_W`): a
+pure filter refits to w = 0 or 1 (one coefficient at 0) on a share of resamples, and a filter
+between two grid values of one family is fitted by its nearest member plus a few percent of another
+class (ridge with a penalty between the grid's: w 0.03), which is not a mixture. "Mixed" therefore
+says: better fitted by two classes, each carrying at least a tenth, than by one member of any class;
+two members of one class (as many parameters) fit noisy planted blends about as well, so it does
+not identify a mixture.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from .spectral_references import Members
 
 BLENDED = ("gd", "precond_gd", "ridge")  # the classes a blend is made of
 MIN_SHARE = 0.5  # of the best single class's error a blend must remove on 95% of resamples
+MIN_W = 0.1  # the smaller class's weight in a blend called mixed (w's interval inside [MIN_W, 1 - MIN_W])
 
 
 @dataclass
@@ -107,7 +113,7 @@ def blend_fits(
         w_lo[a], w_hi[a] = torch.nanquantile(w_b, qs)
         share = (single_boot[:, a] - err_b) / single_boot[:, a].clamp_min(1e-300)  # share of the error removed
         gain_lo[a] = torch.nanquantile(share, qs)[0]
-    mixed = (gain_lo > MIN_SHARE) & (w_lo > 0) & (w_hi < 1)
+    mixed = (gain_lo > MIN_SHARE) & (w_lo > MIN_W) & (w_hi < 1 - MIN_W)
     return Blend(
         [b[0] for b in best],
         [b[1] for b in best],

@@ -163,4 +163,4 @@ def check_step(step: float, limit: float, d: int, what: str) -> float:
 
 def require_one_block(name: str, layers: int, theorem: str) -> None:
     if layers != 1:
-        raise ConfigError(f"a planted {name} model is one block (Hataya & Imaizumi 2024 {theorem}); use --layers 1")
+        raise ConfigError(f"a planted {name} model is one block (Hataya & Imaizumi 2024, {theorem}); use --layers 1")
