@@ -131,3 +131,43 @@ def test_a_small_users_recipe_completes_with_starved_stages_not_measured(tmp_pat
             loaded = load_checkpoint(ck)
             analyse_spectrum(loaded.model, loaded.config.task, LayerSettings(PromptSettings(32, 32, 16, 32, induced)))
     assert induced == 8 or spectral["status"] == "not measured"  # induced 4 starves it on these prompts
+
+
+@pytest.mark.slow
+def test_stages_that_cannot_run_on_a_checkpoint_are_written_not_measured(tmp_path):
+    """The smoke recipe switches every stage on; on the shipped LSTM the intervention stages have no
+    residual stream to edit: the report completes, and each is written as "not measured here" with
+    its reason and knob (summary and page), not skipped silently."""
+    from probe.cli import main
+
+    out = tmp_path / "r"
+    assert main(["-q", "report", str(REPO / "checkpoints" / "lstm-default"), "--recipe", "smoke", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    skipped = {row["stage"]: row for row in summary["not_measured"]}
+    assert set(skipped) == {"interventions", "steering"}
+    for stage, row in skipped.items():
+        assert row["status"] == "not measured" and row["knob"] == f"{stage}.enabled"
+        assert "lstm model, with no attention heads or residual stream" in row["reason"]
+        assert summary.get(stage) is None
+    page = (out / "index.html").read_text()
+    assert page.count("not measured here: this checkpoint is a lstm model") == 2
+    from probe.reporting.schema import Summary
+
+    assert Summary.from_json(summary).not_measured[0].stage == "interventions"
+
+
+def test_off_distribution_shifts_on_a_relu_task_are_not_measured_with_why():
+    """Garg et al.'s shifts are defined on isotropic linear regression: a report asked for them on a
+    ReLU-network checkpoint records why, and runs nothing."""
+    from probe.analysis.ood import shifts_refusal
+    from probe.io.formats import load_checkpoint
+    from probe.reporting.build import run_stages
+    from probe.reporting.cache import StageCache
+    from probe.reporting.recipe import resolve_recipe
+
+    relu = load_checkpoint(REPO / "checkpoints" / "gpt2-relu3")
+    assert shifts_refusal(relu).startswith("Garg et al.'s shifts are defined on isotropic linear regression")
+    assert "relu_network" in shifts_refusal(relu)
+    assert shifts_refusal(load_checkpoint(REPO / "checkpoints" / "gpt2-default")) == ""
+    built = run_stages(relu, resolve_recipe("smoke"), "cpu", StageCache(None), False, only={"ood"})
+    assert built.not_measured == {"ood": shifts_refusal(relu)} and not built.tables

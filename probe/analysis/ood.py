@@ -143,10 +143,16 @@ def _run(c) -> dict[str, pd.DataFrame]:
     return {"ood": study.table, "ood_curves": study.curves, "ood_sides": study.sides}
 
 
-def shifts_apply(ckpt) -> bool:
-    """Garg et al.'s shifts are defined on isotropic linear regression (probe/data/shifts.py)."""
+def shifts_refusal(ckpt) -> str:
+    """Garg et al.'s shifts are defined on isotropic linear regression (probe/data/shifts.py): why
+    they do not apply to this checkpoint's task, "" where they do."""
     task = ckpt.config.task
-    return task.name == "linear_regression" and task.covariance == "isotropic"
+    if task.name == "linear_regression" and task.covariance == "isotropic":
+        return ""
+    return (
+        f"Garg et al.'s shifts are defined on isotropic linear regression; this checkpoint's task is {task.name} "
+        f"with {task.covariance} inputs"
+    )
 
 
 def _estimates(recipe, ckpt) -> list[budget.Estimate]:
@@ -327,7 +333,7 @@ OOD = register_stage(
         tables=_page_tables,
         evidence=_evidence,
         reads=("similarity",),
-        applies=shifts_apply,
+        refuses=shifts_refusal,
         captions=(
             (
                 "ood_curves",

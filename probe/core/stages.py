@@ -72,7 +72,8 @@ class AnalysisStage:
     check: recipe -> None, raising ConfigError where its section disagrees with another section
         (run when the recipe is resolved, before any work).
     reads: other recipe sections it reads (its cache key, with [prompts] and its own).
-    applies: checkpoint -> whether it runs on it (None: every checkpoint).
+    refuses: checkpoint -> why it cannot run on it, "" where it can (None: it runs on every
+        checkpoint); a report whose recipe switches it on writes it as "not measured here: <why>".
     flags: (settings field, flag name) of its command where not the field's own (e.g. "test-prompts").
     prompt_flags: ([prompts] field, flag name) its command takes besides --seed (e.g. the probes'
         ("test", "test-prompts")).
@@ -110,7 +111,7 @@ class AnalysisStage:
     verdicts: Callable[[Any, Any], list[dict[str, Any]]] | None = None
     check: Callable[[Any], None] | None = None
     reads: tuple[str, ...] = ()
-    applies: Callable[[Any], bool] | None = None
+    refuses: Callable[[Any], str] | None = None
     flags: tuple[tuple[str, str], ...] = ()
     prompt_flags: tuple[tuple[str, str], ...] = ()
     captions: tuple[tuple[str, str], ...] = ()
@@ -139,6 +140,10 @@ class AnalysisStage:
     def enabled(self, recipe: Any) -> bool:
         """Whether the recipe switches it on (a stage with no section of its own always runs)."""
         return self.settings is None or getattr(recipe, self.name).enabled
+
+    def refusal(self, ckpt: Any) -> str:
+        """Why it cannot run on this checkpoint ("" where it can)."""
+        return "" if self.refuses is None else self.refuses(ckpt)
 
 
 class StageTables(dict):

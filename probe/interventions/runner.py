@@ -298,6 +298,17 @@ def has_runner(model) -> bool:
     return _runner_class(model) is not None
 
 
+def runner_refusal(model) -> str:
+    """Why the model has no Runner ("" where it has one): what an intervention stage reports instead."""
+    if has_runner(model):
+        return ""
+    family = getattr(model, "family", type(model).__name__)
+    return (
+        f"this checkpoint is a {family} model, with no attention heads or residual stream to intervene on; "
+        "use a GPT-2 family, linear self-attention or planted checkpoint"
+    )
+
+
 def runner_for(model, device: str = "cpu") -> Runner:
     """The Runner of its model's family (RUNNERS); models without a TransformerLens form get a clear error."""
 

@@ -29,7 +29,7 @@ from .pipeline import (
     layer_maps_from_best,
     run_interventions,
 )
-from .runner import has_runner
+from .runner import runner_refusal
 from .state import PICTURE as STATE_PICTURE
 
 
@@ -242,7 +242,7 @@ INTERVENTIONS = register_stage(
         verdicts=_verdicts,
         check=_check,
         reads=("readout", "similarity", "sweeps"),
-        applies=lambda ckpt: has_runner(ckpt.model),
+        refuses=lambda ckpt: runner_refusal(ckpt.model),
         standalone=False,  # it reads the layers stage's best matches: `icl-probe patch` runs it alone
         captions=(
             (

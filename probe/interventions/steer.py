@@ -42,7 +42,7 @@ from ..core.seeds import Stream, stream_generator
 from ..core.stages import AnalysisStage, register_stage
 from ..data.tasks import sample_prompts
 from ..models.sizes import shape_of
-from .runner import Runner, boundary_hook_name, has_runner, runner_for
+from .runner import Runner, boundary_hook_name, runner_for, runner_refusal
 
 STEERABLE_TARGETS = ("w_ols", "xty")
 MIN_DECODED = 0.1  # a probe whose leave-one-out R^2 is below this is not steered (its cells' slopes are NaN)
@@ -273,10 +273,10 @@ class SteeringBlock:
         return {"type": "object"}
 
 
-def steerable(ckpt) -> bool:
+def steering_refusal(ckpt) -> str:
     """Steering edits a transformer's residual stream: a GPT-2 family, linear self-attention or
-    planted checkpoint (one with an intervention runner)."""
-    return has_runner(ckpt.model)
+    planted checkpoint (one with an intervention runner); why not, "" where it can."""
+    return runner_refusal(ckpt.model)
 
 
 def _run(c) -> dict[str, pd.DataFrame]:
@@ -284,7 +284,7 @@ def _run(c) -> dict[str, pd.DataFrame]:
     runner, and cells out of range, before any work)."""
     ckpt, recipe, device = c.ckpt, c.recipe, c.device
     settings, task, seed = recipe.steering, ckpt.config.task, recipe.prompts.seed
-    if not steerable(ckpt):
+    if steering_refusal(ckpt):
         raise ConfigError(
             f"steering edits a transformer's residual stream; this checkpoint is a {ckpt.config.model.family} "
             "model (use a GPT-2 family, linear self-attention or planted checkpoint)"
@@ -383,7 +383,7 @@ STEERING = register_stage(
         figures=_figures,
         estimates=_estimates,
         findings=_findings,
-        applies=steerable,
+        refuses=steering_refusal,
         captions=(
             (
                 "steering",

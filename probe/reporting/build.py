@@ -41,6 +41,7 @@ class Built:
     data: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     cached: dict[str, bool] = field(default_factory=dict)
+    not_measured: dict[str, str] = field(default_factory=dict)  # stage switched on -> why it cannot run here
 
 
 @dataclass
@@ -67,7 +68,7 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Esti
     with fewer queries than d)."""
     out: list[budget.Estimate] = []
     for declared in registered().values():
-        wanted = declared.enabled(recipe) and (declared.applies is None or declared.applies(ckpt))
+        wanted = declared.enabled(recipe) and not declared.refusal(ckpt)
         if wanted and declared.estimates is not None:
             out += declared.estimates(recipe, ckpt)
     return out
@@ -100,7 +101,7 @@ class Stage:
     def wanted(self, recipe: Recipe, ckpt: LoadedCheckpoint, only: set[str] | None = None) -> bool:
         """Whether a report runs it: switched on (or named in `only`) and runnable on the model."""
         on = self.declared.enabled(recipe) if only is None else self.name in only
-        return on and (self.declared.applies is None or self.declared.applies(ckpt))
+        return on and not self.declared.refusal(ckpt)
 
     def run(self, c: Context) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
         tables = self.declared.run(c)
@@ -130,12 +131,16 @@ def run_stages(
 ) -> Built:
     """The recipe's stages (or those named in `only`, whether or not the recipe enables them), each
     through the stage cache, within the memory budget `memory` (which changes how work is chunked,
-    never a number). Stages a model family cannot run are left out either way."""
+    never a number). A stage switched on that cannot run on this checkpoint (its `refuses`) is
+    recorded in `not_measured` with the reason, and skipped."""
     recipe = adapt_recipe(recipe, ckpt.config)
     context = Context(ckpt, recipe, device, progress, memory or MemoryBudget(), Built(), prefix)
     built, sha = context.earlier, ckpt.fingerprint[:16]
     for stage in report_stages().values():
         if not stage.wanted(recipe, ckpt, only):
+            on = stage.declared.enabled(recipe) if only is None else stage.name in only
+            if on:
+                built.not_measured[prefix + stage.name] = stage.declared.refusal(ckpt)
             continue
         start = time.perf_counter()
         key = f"{sha}-{stage.name}-{recipe.digest(*stage.sections)}"

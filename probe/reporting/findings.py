@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..analysis.labels import Titles, label
 from ..core.stages import by_block_key
+from ..core.stages import registered as by_name
 from .schema import Summary, Verdict
 
 
@@ -29,8 +30,14 @@ def _each(summary: Summary, hook: str) -> list[str]:
 
 
 def caveats(summary: Summary) -> list[str]:
-    """What the reader should not conclude: the analyses' caveats."""
-    return _each(summary, "caveats")
+    """What the reader should not conclude: the analyses' caveats, then each stage the recipe switched
+    on that could not run on this checkpoint."""
+    skipped = [
+        f"{by_name()[n.stage].title if n.stage in by_name() else n.stage} not measured here: {n.reason} "
+        f"(set {n.knob} = false to leave it out)"
+        for n in summary.not_measured or []
+    ]
+    return _each(summary, "caveats") + skipped
 
 
 def findings(summary: Summary) -> tuple[list[str], list[str]]:

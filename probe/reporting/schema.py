@@ -21,7 +21,7 @@ from ..core.errors import ConfigError
 from ..core.stages import DEFINITIONS, OMIT, RESERVED, SUMMARY_KEYS, by_block_key, dataclasses_in
 from .dataclass_schema import MERGED, block_properties
 
-SCHEMA_VERSION = 7  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`; 6: evidence status, reason, knob and validity domains, the error curve's margin over trivial predictors; 7: evidence rows' `closest` (favours "neither"), the spectral fits' non_filter_uncorrected, best_non_filter and two-class blends
+SCHEMA_VERSION = 8  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`; 6: evidence status, reason, knob and validity domains, the error curve's margin over trivial predictors; 7: evidence rows' `closest` (favours "neither"), the spectral fits' non_filter_uncorrected, best_non_filter and two-class blends; 8: `not_measured` (stages switched on that cannot run on the checkpoint)
 
 
 def to_json(value: Any) -> Any:
@@ -160,6 +160,17 @@ class EvidenceQuestion:
 
 
 @dataclass
+class NotMeasured:
+    """A stage the recipe switches on that cannot run on this checkpoint (its `refuses`,
+    probe/core/stages.py): written instead of its block, in the status vocabulary of core/validity.py."""
+
+    stage: str
+    reason: str
+    knob: str  # the recipe switch that drops this line (the stage's own `enabled`)
+    status: str = "not measured"
+
+
+@dataclass
 class Summary:
     """summary.json: provenance, then one block per analysis (the registered stages' blocks,
     probe/core/stages.py: the error curve's and the layer analyses' fields at the top level, the
@@ -176,6 +187,7 @@ class Summary:
     timings: dict[str, float]
     cached_stages: list[str]
     stages: dict[str, Any] = field(default_factory=dict, metadata=MERGED)  # registered analyses' blocks
+    not_measured: list[NotMeasured] | None = field(default=None, metadata=OMIT)  # switched on, cannot run here
     verdicts: list[Verdict] | None = field(default=None, metadata=OMIT)
     evidence: list[EvidenceQuestion] | None = field(default=None, metadata=OMIT)
     compare: dict[str, Any] | None = field(default=None, metadata=OMIT)

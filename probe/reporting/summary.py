@@ -10,7 +10,7 @@ from ..io.checkpoint import LoadedCheckpoint
 from .evidence import evidence
 from .layer_blocks import table1_block
 from .recipe import Recipe
-from .schema import SCHEMA_VERSION, CheckpointInfo, Summary, Verdict
+from .schema import SCHEMA_VERSION, CheckpointInfo, NotMeasured, Summary, Verdict
 
 
 def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: LoadedCheckpoint | None) -> Summary:
@@ -21,6 +21,10 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
     summary = provenance(ckpt, recipe, built.timings, [name for name, hit in built.cached.items() if hit])
     blocks = {declared.block_key: declared.summarise(t, recipe) for declared in ran.values()}
     summary.stages = {key: block for key, block in blocks.items() if block is not None}
+    summary.not_measured = [
+        NotMeasured(name, reason, f"{name}.enabled") for name, reason in built.not_measured.items()
+        if not name.startswith("compare_")
+    ] or None
     verdicts = [
         Verdict(**row)
         for declared in ran.values()
