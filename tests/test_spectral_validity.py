@@ -281,3 +281,25 @@ def test_planted_blends_of_two_classes_read_mixed_and_pure_filters_do_not():
                 assert verdict.endswith((" + precond_gd", " + ridge")) and "precond_gd" in verdict, verdict
     assert all(mixed[w] >= 0.9 * 8 for w in (0.25, 0.5, 0.75)), mixed
     assert mixed[0.0] == mixed[1.0] == 0, mixed
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_conjugate_gradient_reads_first_order_on_isotropic_prompts_and_preconditioned_at_kappa_100(seed):
+    """Exact-line-search CG (a Krylov method: its filter adapts to each prompt's spectrum), 128
+    prompts. On isotropic d = 4 prompts two iterations read the first-order class, as the class's
+    name says; at kappa = 100 the same two iterations read the S-preconditioned class with an
+    exponent near 2 (measured on four draws: 1.73-2.05), so there the Newton class does not exclude
+    CG: the row's alternatives and the class words say so. One iteration (GD with a per-prompt exact
+    step) reads no single class on either."""
+    from probe.reporting.spectral_stage import CLASS_WORDS, SPECTRAL_DOMAIN
+
+    xs, ys = iso_prompts(128, seed=seed)
+    iso = spectral_analysis(run_learner("cg", xs, ys, iterations=[1, 2]).weights, xs, ys, n_boot=100).summary
+    assert iso.verdict.iloc[1].startswith("gd") and GD_P[0] < iso.p.iloc[1] < GD_P[1]
+    assert iso.verdict.iloc[0] not in ("gd", "precond_gd", "ridge")
+    xs, ys = illcond_prompts(128, seed=seed)
+    ill = spectral_analysis(run_learner("cg", xs, ys, iterations=[1, 2]).weights, xs, ys, n_boot=100).summary
+    assert ill.verdict.iloc[1] == "precond_gd" and 1.6 < ill.p.iloc[1] < 2.2
+    assert ill.verdict.iloc[0] not in ("gd", "precond_gd", "ridge")
+    assert "CG on isotropic prompts" in CLASS_WORDS["gd"] and "CG at kappa = 100" in CLASS_WORDS["precond_gd"]
+    assert "conjugate gradient" in SPECTRAL_DOMAIN.tested_against

@@ -121,7 +121,8 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe) -> dict[
 
 
 def _evidence_rows(q, titles: Titles) -> pd.DataFrame:
-    """One question's instruments: what each favours, its effect, validation and blind spot."""
+    """One question's instruments: what each favours, its effect, validation, the alternatives its known
+    answers were told apart from, and its blind spot."""
     return pd.DataFrame(
         [
             {
@@ -129,6 +130,7 @@ def _evidence_rows(q, titles: Titles) -> pd.DataFrame:
                 "favours": "undecided" if r.favours is None else label(r.favours, titles),
                 "effect": r.effect,
                 "validated on known answers": _validation_words(r),
+                "tested against": (r.domain or {}).get("tested_against") or "",
                 "cannot tell apart": r.cannot_tell_apart,
             }
             for r in q.rows

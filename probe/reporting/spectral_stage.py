@@ -146,8 +146,8 @@ def spectral_block(tables: dict[str, pd.DataFrame], counts: dict[str, int]) -> S
 
 # what each class contains, as a reader needs it (an exponent near 1 excludes M_0 = alpha S, not every Newton start)
 CLASS_WORDS = {
-    "gd": "first-order filter class (GD, Newton-Schulz from alpha I, CG)",
-    "precond_gd": "Iterative Newton from M_0 = alpha S class (S-preconditioned GD)",
+    "gd": "first-order filter class (GD, Newton-Schulz from alpha I, CG on isotropic prompts)",
+    "precond_gd": "Iterative Newton from M_0 = alpha S class (S-preconditioned GD; also CG at kappa = 100)",
     "ridge": "ridge class (penalty fixed or proportional to t)",
     "least_squares": "least squares",
 }
@@ -242,8 +242,11 @@ SPECTRAL_DOMAIN = Validity(
             tests="tests/test_spectral_validity.py",
         ),
     ),
-    tested_against="GD (fixed and per-prompt steps), Newton from alpha I, the seeds' Newton and S-preconditioned GD "
-    "(fixed and per-prompt alpha), ridge (penalty fixed or proportional to t), least squares",
+    tested_against="GD (fixed and per-prompt steps), Newton from alpha I, Fu et al.'s Newton and S-preconditioned GD "
+    "(fixed and per-prompt alpha), ridge (penalty fixed or proportional to t), least squares, blends of two "
+    "classes (\"mixed\"), Adam (\"not a spectral filter\"), conjugate gradient (first-order class on isotropic "
+    "prompts from 2 iterations; at kappa = 100 two iterations read the S-preconditioned class: not told apart "
+    "from Newton there)",
 )
 
 
