@@ -23,9 +23,10 @@ CLASSES = {
     "gd": "GD class: 1 - (1 - eta lambda)^k (GD; Newton from alpha I is GD with 2^k steps)",
     "precond_gd": "S-preconditioned GD class: 1 - (1 - eta lambda^2)^k (the seeds' Newton is it with 2^k steps)",
     "ridge": "ridge class: lambda / (lambda + c), penalty c fixed or proportional to t",
+    "pcr": "principal-component regression: r = 1 on S's top m eigen-directions, 0 below (no exponent)",
     "least_squares": "least squares: r = 1",
 }
-CLASS_SLOPE = {"gd": 1.0, "precond_gd": 2.0, "ridge": 1.0, "least_squares": math.nan}
+CLASS_SLOPE = {"gd": 1.0, "precond_gd": 2.0, "ridge": 1.0, "pcr": math.nan, "least_squares": math.nan}
 FINE_STEPS = tuple(sorted({round(2 ** (j / 4)) for j in range(53)}))  # 1 .. 8192, four per octave
 TIE = 1e-12  # relative fit errors closer than this are equal (float round-off)
 RIDGE_LAMS = tuple(float(10**e) for e in np.linspace(-2, 3, 21))
@@ -87,6 +88,9 @@ def reference_families(
         Family(
             "ridge_per_example", "ridge", "lam", {"lam": list(RIDGE_LAMS), "penalty": ["per_example"]}, "lam_t", "ridge"
         ),
+        # least squares on S's top m eigen-directions: a step in rank, not a filter of either variable
+        # (classed by fit error alone); m = d is least squares
+        Family("pcr", "pcr", "components", {"components": list(range(1, d))}, "lam_max", "pcr"),
         Family("least_squares", "least_squares", None, {}, "lam_t", "least_squares"),
     ]
 

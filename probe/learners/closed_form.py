@@ -70,6 +70,40 @@ def ridge(
     return linear_result("ridge", rows, w, at_prefixes(xs, last_prefix), queries)
 
 
+@register(
+    "pcr",
+    label="principal-component regression",
+    unit="components",
+    rules={"components": Rule("count", minimum=1)},
+)
+def pcr(
+    xs: Tensor,
+    ys: Tensor,
+    queries: Tensor | None = None,
+    last_prefix: bool = False,
+    *,
+    components: Sequence[int] = (1, 2),
+    rtol: float = 1e-10,
+) -> LearnerResult:
+    """Principal-component regression on each prompt's own S_t = X_t^T X_t: least squares restricted
+    to S_t's top m eigen-directions, w_t = sum_{j <= m} (v_j^T X_t^T y_t / lambda_j) v_j (directions
+    with lambda_j <= rtol lambda_max left out). Along S_t's eigen-directions a step filter of rank
+    (1 on the top m, 0 below), not a function of the eigenvalue: it has no small-lambda exponent.
+    Zhang, Singh, Latham & Saxe 2025 relate linear attention to principal-component regression."""
+    from .iterative import prefix_eigh
+
+    xs, ys, queries = as_float64(xs, ys, queries)
+    d = xs.shape[-1]
+    lam, v, c, _ = prefix_eigh(xs, ys, last_prefix)  # eigenvalues ascending
+    ranks = list(components)
+    rank = torch.arange(d, device=xs.device).flip(0)  # 0 for the largest eigenvalue
+    kept = lam > rtol * lam.amax(-1, keepdim=True).clamp_min(1e-300)
+    coef = torch.where(kept, c / lam.clamp_min(1e-300), torch.zeros_like(c))  # (B, n, d)
+    mask = torch.stack([rank < m for m in ranks]).to(xs.dtype)  # (K, d)
+    w = torch.einsum("bnij,kbnj->kbni", v, coef.unsqueeze(0) * mask.view(len(ranks), 1, 1, d))
+    return linear_result("pcr", [{"components": m} for m in ranks], w, at_prefixes(xs, last_prefix), queries)
+
+
 def bayes_lambda(noise_std: float, w_scale: float) -> float:
     """sigma^2 / tau^2, the ridge penalty whose estimate is the posterior mean (Akyurek et al. 2023, eq. 18)."""
     return noise_std**2 / w_scale**2

@@ -147,8 +147,9 @@ def spectral_block(tables: dict[str, pd.DataFrame], counts: dict[str, int]) -> S
 # what each class contains, as a reader needs it (an exponent near 1 excludes M_0 = alpha S, not every Newton start)
 CLASS_WORDS = {
     "gd": "first-order filter class (GD, Newton-Schulz from alpha I, CG on isotropic prompts)",
-    "precond_gd": "Iterative Newton from M_0 = alpha S class (S-preconditioned GD; also CG at kappa = 100)",
+    "precond_gd": "Iterative Newton from M_0 = alpha S class (S-preconditioned GD; CG at kappa = 100 can read it)",
     "ridge": "ridge class (penalty fixed or proportional to t)",
+    "pcr": "principal-component regression class (S's top m eigen-directions)",
     "least_squares": "least squares",
 }
 VARIABLE_WORDS = {"lam_t": "lambda/t", "lam_max": "lambda/lambda_max"}
@@ -245,8 +246,8 @@ SPECTRAL_DOMAIN = Validity(
     tested_against="GD (fixed and per-prompt steps), Newton from alpha I, Fu et al.'s Newton and S-preconditioned GD "
     "(fixed and per-prompt alpha), ridge (penalty fixed or proportional to t), least squares, blends of two "
     "classes (\"mixed\"), Adam (\"not a spectral filter\"), conjugate gradient (first-order class on isotropic "
-    "prompts from 2 iterations; at kappa = 100 two iterations read the S-preconditioned class: not told apart "
-    "from Newton there)",
+    "prompts from 2 iterations; at kappa = 100 two iterations read the S-preconditioned class or nothing: not "
+    "told apart from Newton there), principal-component regression (its own class, by fit error)",
 )
 
 
