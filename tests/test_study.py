@@ -313,3 +313,27 @@ def test_the_seeds_study_holds_one_row_per_seed():
     spectral = table[(table.analysis == "spectral") & (table.metric == "spectral_p")]
     assert (spectral.groupby(["model", "layer"]).size() == 1).all()
     assert spectral.groupby("model").layer.nunique().nunique() == 1  # the same layers on every seed
+
+
+def test_a_study_page_shows_the_spectral_readings_per_layer(tmp_path):
+    """The spectral rows of study.csv (each layer's reading and exponent) and their figure are on the
+    study page, not only in the table and figures/ beside it."""
+    import shutil
+
+    from conftest import REPO
+
+    from probe.study.present import read_table, rerender, spectral_table
+    from probe.study.recipe import resolve_study
+
+    src = REPO / "reports" / "study-depth-noiseless"
+    shutil.copytree(src, tmp_path / "s")
+    rerender(tmp_path / "s", resolve_study("depth-noiseless"))
+    page = (tmp_path / "s" / "index.html").read_text()
+    assert "Spectral filter per layer" in page and 'src="figures/spectral_p.png"' in page
+    frame = read_table(src / "study.csv")
+    readings = spectral_table(frame, "n_layer")
+    rows = frame[(frame.analysis == "spectral") & (frame.metric == "spectral_p")]
+    assert len(readings) == len(rows) > 0
+    assert list(readings.columns) == ["model", "n_layer", "layer", "reading", "p", "p low", "p high"]
+    first = readings.iloc[0]
+    assert f"<td>{first.reading}</td>" in page.replace("&amp;", "&")

@@ -179,7 +179,7 @@ CAPTIONS = {
     "best_k": "Best-matching {learner} iteration by SimE for every layer (rows) and {axis} (columns).",
     "spectral_p": "Spectral exponent p of every layer (rows) for each {axis} (columns), in the bin variable of the "
     "layer's best-fitting family (probe/analysis/spectral.py): 1 is the GD class's small-eigenvalue limit, 2 the "
-    "seeds' Newton's; blank where fewer than two bins respond in [0.05, 0.95] (no response, or converged).",
+    "S-preconditioned class's (Fu et al. 2024's Newton); blank where fewer than two bins respond in [0.05, 0.95] (no response, or converged).",
 }
 
 
@@ -283,6 +283,16 @@ def evidence_table(table: pd.DataFrame, x: str) -> pd.DataFrame:
     return wide
 
 
+def spectral_table(table: pd.DataFrame, x: str) -> pd.DataFrame:
+    """One row per model and layer: the spectral filter's reading (its verdict) and the exponent p in
+    the best family's own bin variable with its 90% interval (study/analyses.py spectral_rows)."""
+    rows = table[(table.analysis == "spectral") & (table.metric == "spectral_p")]
+    out = rows[["model", x, "layer", "learner", "value", "ci_low", "ci_high"]].rename(
+        columns={"learner": "reading", "value": "p", "ci_low": "p low", "ci_high": "p high"}
+    )
+    return out.sort_values([x, "model", "layer"]).reset_index(drop=True)
+
+
 def study_titles(recipe) -> dict[str, str]:
     """How the study names its compared learners and its report recipe's sweeps (their titles)."""
     return {**sweep_titles(recipe.report_recipe().sweeps), **sweep_titles(recipe.compare)}
@@ -317,6 +327,10 @@ def study_page(summary: dict[str, Any], figs: dict[str, Path], frame: pd.DataFra
     best = [v for k, v in fig.items() if k.startswith("best_k_")]
     if best:
         sections.append(Section("Best-matching iterations per layer", best))
+    spectral = spectral_table(frame, x)
+    if len(spectral):
+        parts = [fig["spectral_p"]] if "spectral_p" in fig else []
+        sections.append(Section("Spectral filter per layer", [*parts, table(spectral, "{:.2f}")]))
     cols = ["model", x, "analysis", "metric", "learner", "layer", "shift", "value", "ci_low", "ci_high"]
     small = frame[(frame.layer == -1) & (frame.n_examples == -1) | frame.metric.str.endswith("_at_2d1")][cols]
     small = small.assign(
