@@ -25,6 +25,7 @@ def small(sweeps, method="ridge"):
     return LayerSettings(SMALL_PROMPTS, ReadoutSettings(method=method), SimilaritySettings(bootstrap=100), sweeps)
 
 
+@pytest.mark.slow
 def test_newton_oracle_is_matched_at_3l_with_a_linear_verdict():
     oracle = LearnerOracle("newton", "iterations", lambda l: 3 * l, n_layers=5, n_dims=4, n_points=14)
     sweeps = (SweepSettings("newton", "newton", "iterations", {"iterations": tuple(range(19))}),
@@ -130,6 +131,7 @@ def test_span_residual_zero_in_span_and_null_for_random():
         assert null[t].item() == pytest.approx(np.sqrt((8 - t) / 8), abs=0.03)
 
 
+@pytest.mark.slow
 def test_probe_known_answers_exact_position_and_independent_target():
     """A target that is an exact linear function of one position: the linear probe puts >= 0.99 of
     its attention there and predicts held-out prompts to R^2 >= 0.99999, the MLP probe to >= 0.995,
@@ -267,6 +269,7 @@ def test_probe_objective_in_blocks_of_layers_equals_one_block():
     assert [[layer for _, layer, _ in groups] for _, groups in blocks] == [[0, 1], [2], [3]]
 
 
+@pytest.mark.slow
 def test_probe_grid_in_blocks_of_layers_equals_one_block(monkeypatch):
     """The whole pooling fit (penalty grids, leave-one-out choices, every round) with one layer's
     probes per block gives the grid of one block, bit for bit."""
@@ -314,6 +317,7 @@ def test_newton_minimize_reaches_scipy_minimum():
     assert np.allclose(res.x[1].numpy(), np.linalg.solve(a.numpy(), [1.0, 0.0]), atol=1e-10)
 
 
+@pytest.mark.slow
 def test_probes_switch_to_newton_only_where_the_hessian_is_cheap(monkeypatch):
     """hessian_flops counts 2 (3 P N D d + P^2 N d), gradient_flops 2 N D (2P + D); probes where
     Newton does not pay are fitted by L-BFGS alone (Newton never called) and still converge; a mixed
@@ -364,6 +368,7 @@ def test_batched_probes_and_r2_match_sklearn():
     assert table.set_index("layer").peak_position[1] == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["default", "garg", "relu-attention"])
 def test_cached_query_states_equal_one_sequence_per_query(which, tmp_path):
     """The key/value-cache path (each prompt once) against one TransformerLens-captured
@@ -475,6 +480,7 @@ def test_readout_and_probe_are_scikit_learn_estimators():
         probe.predict(H[:, 0])
 
 
+@pytest.mark.slow
 def test_the_documented_estimators_reproduce_the_batched_fits():
     """AttentionPoolProbe with fit_probes' settings equals fit_probes' probe for one (layer,
     prefix, target), and RidgeReadout(alpha chosen) equals fit_layer_readouts' layer read-out."""
@@ -534,6 +540,7 @@ def test_probe_calibration_on_states_with_known_content():
     assert table.converged.all() and (table.grad_norm <= 1e-5).all()
 
 
+@pytest.mark.slow
 def test_probes_that_hit_the_iteration_limit_say_so(report):
     import dataclasses
 

@@ -76,6 +76,7 @@ def test_sizes_and_wrong_objects_are_named():
         probe.analyse(prompts=5)
 
 
+@pytest.mark.slow
 def test_probe_report_on_the_smoke_recipe_equals_the_command_line(ckpt, tmp_path):
     from probe.cli import main
 
@@ -132,6 +133,7 @@ def test_settings_from_a_recipe_are_the_command_lines():
     assert settings.prompts == quick.prompts and settings.sweeps == tuple(quick.sweeps)
 
 
+@pytest.mark.slow
 def test_the_bridge_carries_the_task_and_names_its_token_positions():
     bridge = probe.to_bridge(REPO / "checkpoints" / "gpt2-default")
     assert bridge.task.n_dims == 4 and bridge.task.n_points == 16

@@ -235,6 +235,7 @@ def _resume_like_garg(run, steps: int = 15, lr: float | None = None, fresh: bool
         return before, error()
 
 
+@pytest.mark.slow
 def test_resuming_an_export_in_gargs_way_does_not_make_the_model_worse(tmp_path):
     """The export continues at our schedule's last learning rate (5e-5 for the shipped default),
     so 15 of their Adam steps leave the error where it was; the peak rate with fresh moments (what

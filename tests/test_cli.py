@@ -31,6 +31,7 @@ def test_bad_inputs_exit_nonzero_with_one_message(tmp_path, capsys):
     assert "Recipe file not found" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_module_entry_point():
     import subprocess
     import sys
@@ -83,6 +84,7 @@ def test_inspect_and_capture_on_shipped_checkpoints(name, tmp_path, capsys):
 LAYER_ARGS = ["--train-prompts", "48", "--val-prompts", "16", "--test-prompts", "32", "--bootstrap", "30"]
 
 
+@pytest.mark.slow
 def test_layer_commands_on_garg_directory_and_lstm(tmp_path, capsys):
 
     from conftest import GargTransformerModel, build_cfg, write_garg_run

@@ -53,6 +53,7 @@ def answers(model, n_boot=100, **conditions):
         ("newton", "iterations", lambda l: l + 2, {"alpha": [1 / 324]}, "newton", "gd"),
     ],
 )
+@pytest.mark.slow
 def test_newton_or_gd_is_never_answered_wrongly(learner, axis, schedule, fixed, right, wrong):
     q = answers(LearnerOracle(learner, axis, schedule, 4, 4, 16, fixed=fixed))[("newton", "gd")]
     assert q.answer != wrong
@@ -165,6 +166,7 @@ def test_order_sensitivity_names_online_gd_only_near_its_share(share, low, high,
     assert row.favours == favours
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("path", "right"), [("checkpoints/planted/gd", "gd"), ("checkpoints/planted/newton", "newton")])
 def test_off_distribution_tracking_names_the_planted_algorithm(path, right):
     """The evidence row of the [ood] stage on the planted models: under inputs scaled by 3 each
@@ -242,6 +244,7 @@ def test_ridge_at_every_layer_reads_neither_newton_nor_gd():
     assert q.answer_words.startswith("neither newton nor gd: closest ridge class")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eta", [0.05, 0.2])
 def test_adam_never_reads_gd(eta):
     """Adam (coordinate-wise normalised steps, not a filter of S's spectrum), 2^l steps at layer l:
@@ -250,6 +253,7 @@ def test_adam_never_reads_gd(eta):
     assert q.answer not in ("gd", "newton"), q.answer_words
 
 
+@pytest.mark.slow
 def test_a_studys_blocks_carry_the_validity_checks():
     """A study reads the evidence from Blocks, not a summary: given the model's task and prompts, a
     row outside its domain is "unvalidated here" there too (the GD oracle at kappa = 100 on 64

@@ -74,6 +74,7 @@ def test_family_declares_its_own_rules_and_sizes(family):
         ModelConfig(family=FAMILY, n_head=1, attn_activation="relu")
 
 
+@pytest.mark.slow
 def test_family_from_a_test_file_runs_the_quick_report(family, tmp_path):
     cfg = build_cfg(FAMILY, heads=1, layers=2)
     torch.manual_seed(0)

@@ -243,6 +243,7 @@ def _gpt2(which: str, tmp_path):
     return loaded.model, loaded.config.task
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["default", "garg", "relu-attention"])
 def test_resumed_patching_equals_patching_through_hooks(which, tmp_path):
     """Residual patching that resumes the native blocks from the patched boundary (and, for the
@@ -282,6 +283,7 @@ def test_resumed_patching_equals_patching_through_hooks(which, tmp_path):
         np.testing.assert_allclose(pa.num[b], pb.num[b], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["default", "garg", "relu-attention"])
 def test_resumed_ablation_equals_ablation_through_hooks(which, tmp_path):
     """Every head / MLP / layer ablation resumed from the ablated block against the same hooks on
@@ -343,6 +345,7 @@ def test_named_alternatives_shift_and_flatten_the_map():
 
 
 
+@pytest.mark.slow
 def test_map_check_cannot_test_a_model_whose_context_patch_fits_no_map():
     """Planted Adam keeps a step's gradient and moments in the query between its four layers per
     step, so the context patch moves its prediction unlike any map's expectation: the check says it
@@ -365,6 +368,7 @@ def test_map_check_cannot_test_a_model_whose_context_patch_fits_no_map():
     ("newton", 9, lambda b: max((b - 3) // 2, 0)),  # two layers per iteration, boundaries 0-2 predict 0
     ("newton-relu", 6, lambda b: max(b - 2, 0)),  # one layer per iteration
 ])
+@pytest.mark.slow
 def test_state_check_confirms_the_newton_constructions_maps_and_rejects_shifted_ones(kind, layers, true_map):
     """Writing M' = alpha S'/t of fresh x's as the stored iterate and resuming: the observed effect
     equals the true map's expectation (float32 bridge vs float64 learner), and the true map beats

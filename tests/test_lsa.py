@@ -154,6 +154,7 @@ def test_hook_points_carry_the_stream_and_capture_reads_them():
     assert (pattern[..., 0::2] == 0).all()  # query tokens are never keys
 
 
+@pytest.mark.slow
 def test_the_mlp_form_has_gpt2s_extra_hook_points_and_runs_the_smoke_report(tmp_path):
     from probe.cli import main
     from probe.io.checkpoint import save_model
@@ -167,6 +168,7 @@ def test_the_mlp_form_has_gpt2s_extra_hook_points_and_runs_the_smoke_report(tmp_
     assert summary["checkpoint"]["model"]["family"] == "lsa_mlp"
 
 
+@pytest.mark.slow
 def test_training_on_the_last_query_alone(tmp_path):
     """train.loss = "last": the logged loss is the last point's squared error, and a short run on
     N = 8 examples moves one layer toward ZFB's Gamma."""

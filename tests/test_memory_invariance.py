@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import TINY_REPORT
 
 from probe.cli import main
@@ -20,6 +21,7 @@ def _summary(path):
     return {k: v for k, v in data.items() if k not in VOLATILE}
 
 
+@pytest.mark.slow
 def test_a_report_is_byte_identical_under_a_starved_memory_budget(ckpt, report, tmp_path, monkeypatch):
     monkeypatch.setattr(MemoryBudget, "headroom", lambda self: 1)  # every batch and chunk one prompt, streams on disk
     out = tmp_path / "starved"

@@ -19,6 +19,7 @@ def _states(seed):
     return h, h[:, AT] @ (u / np.linalg.norm(u))
 
 
+@pytest.mark.slow
 def test_the_mlp_probe_decodes_a_saturating_code_as_well_as_an_mlp_on_the_true_position():
     h, a = _states(0)
     y = np.tanh(3 * a)  # a saturating code of one direction at one position
@@ -34,6 +35,7 @@ def test_the_mlp_probe_decodes_a_saturating_code_as_well_as_an_mlp_on_the_true_p
     assert ours > random.score(h[test], y[test]) + 0.1 > linear.score(h[test], y[test])  # random features fall short
 
 
+@pytest.mark.slow
 def test_the_mlp_probe_is_no_worse_than_the_linear_probe_on_a_linear_code():
     h, a = _states(1)
     y = a + 0.3 * np.random.default_rng(2).standard_normal(len(a))

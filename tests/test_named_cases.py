@@ -25,6 +25,7 @@ def test_load_checkpoint_with_the_icl_probe_format_on_a_garg_run_directory(tmp_p
     assert probe.load_checkpoint(str(run)).format == "garg"
 
 
+@pytest.mark.slow
 def test_inspect_json_on_a_garg_run_names_positions_and_task_points_apart(tmp_path):
     """`icl-probe inspect --json` on a Garg run whose model.n_positions is 16 and whose curriculum
     ends at 9 points printed "n_points": 16 while the task loads with 9."""
@@ -42,6 +43,7 @@ def test_inspect_json_on_a_garg_run_names_positions_and_task_points_apart(tmp_pa
     assert "n_points" not in info
 
 
+@pytest.mark.slow
 def test_heatmap_with_a_million_queries_says_its_size_before_any_work(ckpt, tmp_path):
     """`icl-probe heatmap CK --set prompts.queries=1000000` on a tiny checkpoint ran on for minutes
     saying nothing; its first line now names prompts.queries: an estimate with the expected time

@@ -201,6 +201,7 @@ def test_the_first_set_up_layer_holds_every_package_probe_imports():
     assert run.returncode == 2 and "unknown option '--devv' (use --dev or --with-browser)" in run.stderr
 
 
+@pytest.mark.slow
 def test_importing_probe_makes_openmp_waits_passive_unless_chosen_or_too_late():
     """probe/core/omp.py: idle OpenMP threads sleep instead of spinning (set before torch loads its
     runtime); a policy the user set is kept, and nothing is set once torch is already loaded."""

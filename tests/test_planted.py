@@ -192,6 +192,7 @@ def test_planted_hook_points_give_the_plain_forward_in_their_per_run_layout(algo
         assert (pattern >= 0).all() and (pattern[:, :, :-1] == 0).any()  # ReLU scores / t
 
 
+@pytest.mark.slow
 def test_zero_predictor_baseline_flags_layers_that_predict_zero_and_not_the_gd_layers():
     from probe.analysis.pipeline import LayerSettings, analyse_layers
     from probe.analysis.readout import ReadoutSettings
@@ -259,6 +260,7 @@ def test_capture_of_some_positions_runs_only_their_runs_and_equals_the_full_capt
         assert np.isnan(part.pred[:, others]).all() and len(runs) < n
 
 
+@pytest.mark.slow
 def test_ablating_a_component_whose_weights_are_zero_reuses_the_unablated_run(monkeypatch):
     """Planted adam: most layers have an all-zero MLP. Their ablations are taken from the unablated
     run without running them, and equal running them through hooks."""

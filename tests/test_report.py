@@ -77,6 +77,7 @@ def test_report_files_and_html_linking_each_figure_once(report):
     assert anchors and all(f'<section id="{a}">' in html for a in anchors)
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers(ckpt, report, tmp_path):
     out = tmp_path / "r2"
     assert main(["-q", "report", str(ckpt), "--out", str(out), "--no-cache", *TINY]) == 0
@@ -92,6 +93,7 @@ def test_same_seed_same_numbers(ckpt, report, tmp_path):
     assert {k: v for k, v in a.items() if k not in volatile} == {k: v for k, v in b.items() if k not in volatile}
 
 
+@pytest.mark.slow
 def test_cached_rerun_matches(ckpt, tmp_path):
     args = ["-q", "report", str(ckpt), "--out", str(tmp_path / "c1"), *TINY]
     assert main(args) == 0
@@ -120,6 +122,7 @@ def test_bad_input_fails_fast_with_a_message(ckpt, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_failing_stage_leaves_no_half_report(ckpt, report, tmp_path, monkeypatch):
     from probe.reporting import build
 

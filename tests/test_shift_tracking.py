@@ -31,6 +31,7 @@ def planted_gd():
     return plant(cfg.model), cfg.task
 
 
+@pytest.mark.slow
 def test_the_planted_gd_model_is_matched_to_its_step_and_tracked_where_it_diverges(planted_gd):
     model, task = planted_gd
     matched = matched_members(model, task, n_prompts=128)
@@ -44,6 +45,7 @@ def test_the_planted_gd_model_is_matched_to_its_step_and_tracked_where_it_diverg
     assert "tracks gd_fixed_step" in tracking_words(diverging)
 
 
+@pytest.mark.slow
 def test_the_planted_newton_model_is_matched_to_its_alpha_and_tracked_where_it_diverges():
     cfg = planted_config("newton", 21, 4, 16)  # 9 iterations at the construction's default alpha
     model, task, alpha = plant(cfg.model), cfg.task, cfg.model.planted_scale
@@ -77,6 +79,7 @@ def test_track_needs_a_shift(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_side_comparisons_name_the_planted_algorithm_under_scaled_inputs(planted_gd):
     model, task = planted_gd
     tracking = track_under_shift(model, task, "scale_x=3", n_prompts=128, n_boot=200)

@@ -11,6 +11,7 @@ from probe.io.formats import load_checkpoint
 SHIPPED = sorted(p.parent.parent.name for p in (REPO / "checkpoints").glob("*/eval/eval.csv"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
 def test_evaluate_reproduces_stored_numbers(name):
     ckpt = load_checkpoint(REPO / "checkpoints" / name)

@@ -158,6 +158,7 @@ def test_oracles_land_in_their_filter_class(learner, schedule, fixed, klass):
     assert len(measured) and ((measured > lo) & (measured < hi)).all(), measured.tolist()
 
 
+@pytest.mark.slow
 def test_planted_gd_and_newton(planted_checkpoints):
     gd, newton = planted_checkpoints
     settings = oracle_settings()
@@ -222,6 +223,7 @@ def test_zero_predictor_has_no_response():
     assert math.isnan(res.summary.p[0])
 
 
+@pytest.mark.slow
 def test_python_api_and_command(tmp_path, capsys):
     import probe
     from probe.cli import main

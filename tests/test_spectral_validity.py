@@ -227,6 +227,7 @@ def test_planted_models_through_the_ridge_read_out_read_their_class(algorithm, l
     assert not any(v.startswith("precond_gd" if side == "gd" else "gd") for v in sp.verdict)
 
 
+@pytest.mark.slow
 def test_the_non_filter_share_corrected_for_query_noise_stops_moving_with_the_query_count():
     """Induced weights fitted to a predictor that is exact GD plus a term the queries cannot fit (a
     zero-mean quadratic in x_q, uncorrelated with x_q): their estimation noise shrinks with the query

@@ -107,6 +107,7 @@ def test_a_registered_stage_is_in_the_recipe_with_its_defaults_and_overrides(reg
         resolve_recipe("smoke", [{"mean_prediction": {"prompts": 0}}])
 
 
+@pytest.mark.slow
 def test_a_registered_stage_runs_in_the_report_page_summary_and_budget(registered, ckpt, tmp_path, capsys):
     from probe.reporting.schema import Summary
 
@@ -143,6 +144,7 @@ def test_a_registered_stage_is_a_command(registered, ckpt, tmp_path, capsys):
     assert "mean_prediction.prompts" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_a_summary_with_a_block_nobody_registered_fails_its_schema(registered, ckpt, tmp_path):
     from probe.reporting.schema import check_summary
 
@@ -250,6 +252,7 @@ class MeanCurves:
     mean_curve_abs: list[float]
 
 
+@pytest.mark.slow
 def test_a_merged_stage_writes_its_fields_at_the_top_level_and_reads_back(ckpt, tmp_path):
     """merged=True: the block's fields are summary.json keys of their own, valid against the
     schema with the stage registered, and read back as the Summary's attributes."""

@@ -78,6 +78,7 @@ def test_planted_gd_known_answers():
         np.testing.assert_allclose((moved - base).numpy(), expect.numpy(), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_steering_table_controls_and_a_gpt2_end_to_end(ckpt, tmp_path, capsys):
     model, xs, ys = _planted_gd()
     p = sample_prompts(TaskConfig(n_dims=D, n_points=N), 256, generator=generator_for(4))

@@ -132,6 +132,7 @@ def test_planted_sgd_gate_is_exact_within_its_bound_and_leaks_outside():
     assert (a - b).abs().max() > 1e-2
 
 
+@pytest.mark.slow
 def test_uniform_block_is_the_empirical_cdf_of_the_held_out_example_and_tends_to_uniform():
     xs, ys = _prompts(n=30, b=50)
     eps = 0.05

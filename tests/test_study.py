@@ -276,6 +276,7 @@ def test_study_x_axis_is_a_model_field_and_a_typo_is_named(tmp_path):
         StudyRecipe(checkpoints=["ck"], analyses=["evaluate"], seed=2**70)
 
 
+@pytest.mark.slow
 def test_a_study_carries_each_models_evidence_table(family):
     """analysis "evidence": per model the report's evidence table (probe/reporting/evidence.py) as
     rows, +1 / -1 / 0 for the question's first / second hypothesis / neither, the consolidated

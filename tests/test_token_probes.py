@@ -74,6 +74,7 @@ def test_a_linearly_held_target_is_read_exactly_and_a_missing_one_not():
     assert table.loc[1, "gain_low"] > 0 and abs(table.loc[0, "gain"]) < 0.01  # layer 0 is x: the floor
 
 
+@pytest.mark.slow
 def test_the_planted_newton_relu_model_holds_m_k_x_where_its_construction_writes_it():
     cfg = planted_config("newton-relu", 6, 4, 12)
     model, alpha = plant(cfg.model), cfg.model.planted_scale
@@ -116,6 +117,7 @@ def test_the_command_writes_its_table_figure_and_record(tmp_path):
     assert {p.name for p in out.iterdir()} >= {"token_probes.csv", "token_probes.png", "token_probes_summary.json"}
 
 
+@pytest.mark.slow
 def test_the_planted_newton_model_writes_m_k_x_into_the_query_and_clears_it():
     """newton.py: layer (A) writes z = M_k x_q into the query token, layer (B) clears it; so boundary
     2k + 2 holds M_k x at the x (query) token exactly, and the odd boundaries hold no more than x."""
@@ -173,6 +175,7 @@ def test_column_targets_are_the_matrices_columns_in_the_x_tokens_run():
     np.testing.assert_allclose(token_targets(xs, TokenTarget("w_ols"), "column", ys)[:, :, 2].numpy(), w.numpy())
 
 
+@pytest.mark.slow
 def test_the_planted_newton_model_holds_the_columns_of_m_k_in_its_column_tokens():
     """newton.py writes column j of M_0 = alpha S/t into column token j at layer 1 and updates it every
     second layer: boundaries 2k + 1 and 2k + 2 hold M_k exactly, layer 0 only the token's e_j."""

@@ -17,6 +17,7 @@ def _losses(path):
         return [(int(r["step"]), float(r["loss"])) for r in csv.DictReader(f)]
 
 
+@pytest.mark.slow
 def test_a_few_steps_lower_the_loss(tmp_path):
     cfg = build_cfg(d=2, points=6, steps=100, batch_size=64, log_every=1, save_every=100, eval_every=100,
                     lr=3e-3, eval_prompts=256)
@@ -28,6 +29,7 @@ def test_a_few_steps_lower_the_loss(tmp_path):
     assert sum(losses[-20:]) < sum(losses[:20])
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_reproduces_losses(tmp_path):
     cfg = build_cfg(steps=30, log_every=1, save_every=10, eval_every=10)
     train(cfg, tmp_path / "full", progress=False)
@@ -108,6 +110,7 @@ def _final_state(out):
     return load_file(str(out / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_kill_at_every_write_boundary_resumes_consistently(tmp_path, monkeypatch):
     """Kill before each file write of the run (weights, config, train_state, snapshots, logs); a
     resume must then finish with exactly the uninterrupted run's weights and losses."""

@@ -122,6 +122,7 @@ def test_conditions_read_from_a_summary():
     assert conditions(_summary(None))["kappa"] == 1.0  # isotropic: kappa is not the task's setting
 
 
+@pytest.mark.slow
 def test_ood_on_the_default_checkpoint_under_orthogonal_train_test_tracks_no_family(tmp_path):
     """As named: `icl-probe ood checkpoints/gpt2-default --shifts orthogonal_train_test` printed
     'tracks least_squares' when every family predicts ~0 (relative distance 0.99999, winning

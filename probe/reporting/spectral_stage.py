@@ -245,7 +245,7 @@ SPECTRAL_DOMAIN = Validity(
     ),
     tested_against="GD (fixed and per-prompt steps), Newton from alpha I, Fu et al.'s Newton and S-preconditioned GD "
     "(fixed and per-prompt alpha), ridge (penalty fixed or proportional to t), least squares, blends of two "
-    "classes (\"mixed\"), Adam (\"not a spectral filter\"), conjugate gradient (first-order class on isotropic "
+    'classes ("mixed"), Adam ("not a spectral filter"), conjugate gradient (first-order class on isotropic '
     "prompts from 2 iterations; at kappa = 100 two iterations read the S-preconditioned class or nothing: not "
     "told apart from Newton there), principal-component regression (its own class, by fit error)",
 )

@@ -22,7 +22,8 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
     blocks = {declared.block_key: declared.summarise(t, recipe) for declared in ran.values()}
     summary.stages = {key: block for key, block in blocks.items() if block is not None}
     summary.not_measured = [
-        NotMeasured(name, reason, f"{name}.enabled") for name, reason in built.not_measured.items()
+        NotMeasured(name, reason, f"{name}.enabled")
+        for name, reason in built.not_measured.items()
         if not name.startswith("compare_")
     ] or None
     verdicts = [
