@@ -51,7 +51,7 @@ declare -A JOBS=(
   [shifts-planted-newton]="shifts checkpoints/planted/newton"
   [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --targets xty w_ols xtx --out reports/probes-default-converged --force"
 )
-for study in depth-phases relu-depth training-dynamics depth-noiseless width relu-attention relu-transformer-depth \
+for study in depth-phases relu-depth training-dynamics training-dynamics-d8 depth-noiseless width relu-attention relu-transformer-depth \
   dimension dimension-illcond seeds-default; do
   JOBS[study-$study]="probe study $study --out reports/study-$study --jobs 2 --force"
 done
