@@ -127,3 +127,23 @@ def test_the_quick_start_notebook_ends_on_a_probe_that_decodes_and_warns_nothing
             exec(compile(tree, "<cell>", "exec"), namespace)  # noqa: S102 (the notebook is this repository's own)
             value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace) if last else None
     assert value > 0.5
+
+
+def test_user_facing_text_cites_papers_by_author_and_never_by_tracker_or_seed_file():
+    """The README, docs, recipes, templates and probe/ (help strings, report text, docstrings) cite
+    papers by author and year: never the specification's file names ("seed 003", "the seeds'
+    Newton") nor tracker numbers ("issue 57")."""
+    import re
+
+    pattern = re.compile(r"seeds'|\bseed 00\d|\bissue \d{2}", re.IGNORECASE)
+    roots = ["README.md", "docs", "analyses", "recipes", "probe"]
+    suffixes = {".md", ".py", ".toml", ".j2", ".ipynb", ".yml"}
+    found = []
+    for root in roots:
+        path = REPO / root
+        for f in [path] if path.is_file() else sorted(path.rglob("*")):
+            if f.is_file() and f.suffix in suffixes:
+                for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+                    if pattern.search(line):
+                        found.append(f"{f.relative_to(REPO)}:{i}: {line.strip()[:80]}")
+    assert found == [], "\n".join(found)

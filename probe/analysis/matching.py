@@ -232,7 +232,7 @@ def family_of(sweep_label: str) -> str:
 
 
 def table1(best: pd.DataFrame, last_layer: int, metric: str = "sime") -> pd.DataFrame:
-    """Seed 003 Table 1: the final layer's best similarity with each learner family (its best sweep),
+    """Fu et al. 2024, Table 1: the final layer's best similarity with each learner family (its best sweep),
     one row per family in the order the sweeps are given (stable across models), with `rank`
     (1: the most similar)."""
     rows = best[(best.layer == last_layer) & (best.metric == metric)]

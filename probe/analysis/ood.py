@@ -25,7 +25,7 @@ OOD_SHIFTS = ("scale_x=2", "scale_x=3", "scale_y=3", "half_subspace", "skewed", 
 
 @dataclass
 class OodSettings(Section):
-    """Out-of-distribution comparison (this module, issue 64): recipe section [ood]. Runs on
+    """Out-of-distribution comparison (this module): recipe section [ood]. Runs on
     isotropic linear-regression checkpoints (the shifts' task)."""
 
     SECTION = "ood"

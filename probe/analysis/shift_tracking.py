@@ -1,4 +1,4 @@
-"""Which learner a model tracks off its training distribution (issue 64 item 2).
+"""Which learner a model tracks off its training distribution.
 
 Learners that match a model equally well in distribution can part ways under a shift: GD with a
 fixed step diverges on inputs scaled up where GD whose step adapts to S (eta = 1 / lambda_max)

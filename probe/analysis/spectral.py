@@ -1,17 +1,17 @@
-"""Which spectral filter does each layer apply? (issue 58; Fu et al. 2024, eq. 6, 8; Akyurek et al. 2023, eq. 16)
+"""Which spectral filter does each layer apply? (Fu et al. 2024, eq. 6, 8; Akyurek et al. 2023, eq. 16)
 
 On a prompt with S_t = X_t^T X_t = V diag(lambda) V^T, the linear learners of the seeds return,
 along each eigen-direction v_i, a fraction r(lambda_i) of the least-squares weights' component:
 
     GD from 0, k steps of size eta          1 - (1 - eta lambda)^k          ~ k eta lambda      (slope 1)
-    seeds' Newton, M_0 = alpha S, k its.    1 - (1 - alpha lambda^2)^(2^k)  ~ 2^k alpha lambda^2 (slope 2)
+    Fu et al.'s Newton, M_0 = alpha S, k its.    1 - (1 - alpha lambda^2)^(2^k)  ~ 2^k alpha lambda^2 (slope 2)
     Newton-Schulz from M_0 = alpha I        1 - (1 - alpha lambda)^(2^k)                         (slope 1)
     S-preconditioned GD, k steps            1 - (1 - eta lambda^2)^k                             (slope 2)
     ridge, penalty c                        lambda / (lambda + c)                                (slope 1)
     least squares                           1
 
 Two identities hold exactly (tests): Newton from alpha I *is* GD with 2^k steps of size alpha, and
-the seeds' Newton *is* S-preconditioned GD with 2^k steps. Behaviour therefore identifies a filter
+Fu et al.'s Newton *is* S-preconditioned GD with 2^k steps. Behaviour therefore identifies a filter
 class and its rate, never which of two equivalent procedures computes it; the classes of
 spectral_references.py (`CLASSES`, with the reference families) are what this instrument can tell apart.
 

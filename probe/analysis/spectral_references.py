@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 CLASSES = {
     "gd": "GD class: 1 - (1 - eta lambda)^k (GD; Newton from alpha I is GD with 2^k steps)",
-    "precond_gd": "S-preconditioned GD class: 1 - (1 - eta lambda^2)^k (the seeds' Newton is it with 2^k steps)",
+    "precond_gd": "S-preconditioned GD class: 1 - (1 - eta lambda^2)^k (Fu et al.'s Newton is it with 2^k steps)",
     "ridge": "ridge class: lambda / (lambda + c), penalty c fixed or proportional to t",
     "pcr": "principal-component regression: r = 1 on S's top m eigen-directions, 0 below (no exponent)",
     "least_squares": "least squares: r = 1",
@@ -97,7 +97,7 @@ def reference_families(
 
 def stable_steps(xs: Tensor, eta: float, alpha: float) -> tuple[float, float]:
     """The fixed steps on S/t, kept where they converge on every prompt and prefix t >= d of `xs`
-    (eta lambda_max < 2 for GD and Newton from alpha I, alpha lambda_max^2 < 2 for the seeds' Newton
+    (eta lambda_max < 2 for GD and Newton from alpha I, alpha lambda_max^2 < 2 for Fu et al.'s Newton
     and S-preconditioned GD, lambda_max the largest eigenvalue of S_t / t), else sized to that
     spectrum: eta = 1 / lambda_max, alpha = 1 / lambda_max^2. Steps sized for isotropic inputs
     diverge at kappa = 100, and a diverging member fits nothing."""

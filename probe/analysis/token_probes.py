@@ -1,7 +1,7 @@
-"""Probes for the state a learner keeps in the tokens (issue 60 item 2): per token, a function of
+"""Probes for the state a learner keeps in the tokens: per token, a function of
 the second moment S the token can see, applied to its own x.
 
-A Newton-type learner keeps a d x d matrix built from S = X^T X; GD keeps a d-vector. The seeds'
+A Newton-type learner keeps a d x d matrix built from S = X^T X; GD keeps a d-vector. Fu et al.'s
 construction of Iterative Newton (Fu et al. 2024, Thm. 1, App. B) keeps M_k x_i in example i's token
 (probe/models/constructions/newton_relu.py), and M_1 = 2 alpha S - alpha^2 S^3 (eq. 8). So the
 targets, per token of example j (0-indexed), with S the normalised moment the token can see

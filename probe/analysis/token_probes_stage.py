@@ -37,7 +37,7 @@ def _positive_number(text: str) -> bool:
 
 @dataclass
 class TokenProbeSettings(Section):
-    """Per-token state probes (this module, issue 60): recipe section [token_probes],
+    """Per-token state probes (this module): recipe section [token_probes],
     `icl-probe token-probes`."""
 
     SECTION = "token_probes"
@@ -250,7 +250,7 @@ def _page_tables(block: TokenProbes, summary, tables: dict[str, pd.DataFrame]) -
     return {"The largest gain over the floor per token kind and target (Newton's M_k x: over k)": pd.DataFrame(rows)}
 
 
-HELD = 0.99  # R^2 at which a token holds Newton's M_k x as the seeds' construction does
+HELD = 0.99  # R^2 at which a token holds Newton's M_k x as Fu et al.'s construction does
 VALIDATED_ON = (
     "planted Newton and Newton-ReLU (M_k x held at R^2 1 where the constructions write it: newton); planted GD "
     "(nothing beyond x: undecided, never newton): tests/test_token_probes.py, tests/test_evidence.py"
@@ -291,7 +291,7 @@ def _evidence(block: TokenProbes, summary, a: str, b: str) -> list[dict]:
 
 DESCRIPTION = (
     "What each example's tokens hold of the state a learner keeps: a Newton-type learner builds a d x d matrix "
-    "from S = X^T X (the seeds' construction keeps M_k x_i in example i's token; M_1 = 2 alpha S - alpha^2 S^3), "
+    "from S = X^T X (Fu et al.'s construction keeps M_k x_i in example i's token; M_1 = 2 alpha S - alpha^2 S^3), "
     "GD keeps a d-vector. Per layer boundary and token kind (x token: the examples before it; y token: through "
     "it; a planted Newton model's column token j: column j of the matrices), one ridge map reads (S/t) x, "
     "(S/t)^3 x and M_k x (M_0 = alpha S/t) from the token's stream; held-out R^2 with 90% bands. At large t S/t "

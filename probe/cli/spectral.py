@@ -1,6 +1,6 @@
 """Which spectral filter each layer applies (probe/analysis/spectral.py): each layer's induced
 weights against the least-squares weights along every eigen-direction of the prompt's own S, the
-local exponent p (1: the GD class, 2: the seeds' Newton class) and the best-fitting filter class with
+local exponent p (1: the GD class, 2: Fu et al.'s Newton class) and the best-fitting filter class with
 a paired interval over prompts. The report's spectral section, on its own (no learner sweeps).
 
 examples:

@@ -1,4 +1,4 @@
-"""Report analyses declared once (issue 61 item 1): an `AnalysisStage` names its recipe section
+"""Report analyses declared once: an `AnalysisStage` names its recipe section
 (its settings class), how it runs, what it costs, its summary.json block (a dataclass: the JSON
 Schema is generated from it), its figures, its section of the report page, its findings line and,
 from the same settings, its `icl-probe <name>` command. Registered here, the stage is in the

@@ -246,7 +246,7 @@ def newton_identity(
     iterations: Sequence[int] = NEWTON_ITERATIONS,
     alpha: Sequence[str | float] = ("spectral",),
 ) -> LearnerResult:
-    """Newton-Schulz from M_0 = alpha I (not the seeds' alpha S): M_(k+1) = 2 M_k - M_k S M_k,
+    """Newton-Schulz from M_0 = alpha I (not Fu et al.'s alpha S): M_(k+1) = 2 M_k - M_k S M_k,
     w_k = M_k X^T y. Per eigenvalue 1 - lambda m_k = (1 - alpha lambda)^(2^k), so this is exactly
     GD from 0 with 2^k steps of size alpha (tests). alpha "spectral": 1/lambda_max(S); a number a: a
     fixed step on S/t (GD's paper-convention eta = a).
@@ -279,9 +279,9 @@ def precond_gd(
     eta: Sequence[str | float] = ("auto",),
 ) -> LearnerResult:
     """GD from 0 preconditioned by S: w_(k+1) = w_k + eta S (X^T y - S w_k). Per eigenvalue the
-    response is 1 - (1 - eta lambda^2)^k, so the seeds' Iterative Newton (M_0 = alpha S, Fu et al. 2024
+    response is 1 - (1 - eta lambda^2)^k, so Fu et al.'s Iterative Newton (M_0 = alpha S, Fu et al. 2024
     eq. 8) after k iterations is this with 2^k steps and eta = alpha (tests). eta "auto":
-    1/lambda_max(S)^2 (the seeds' 'spectral' alpha); a number a: a fixed step on S/t, a / t^2 on S.
+    1/lambda_max(S)^2 (Fu et al.'s 'spectral' alpha); a number a: a fixed step on S/t, a / t^2 on S.
     """
     lam, v, c, t = prefix_eigh(xs, ys, last_prefix)
     xs, ys, queries = as_float64(xs, ys, queries)

@@ -1,7 +1,7 @@
 """CG, BFGS and L-BFGS with the inexact (strong Wolfe) line searches of scipy.optimize, batched
 over prompts and prefixes, on the least-squares objective f(w) = w^T S w / 2 - b^T w.
 
-Seed 004 reports that BFGS matches the trained transformers about as well as Newton while CG
+Fu et al. 2024 report that BFGS matches the trained transformers about as well as Newton while CG
 and L-BFGS match worse. With exact line searches on a quadratic the three produce the same
 iterates (krylov.py), so that ordering can only come from the line searches practical codes
 use. Each function below follows one scipy method step for step, so that its iterates equal

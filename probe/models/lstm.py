@@ -5,7 +5,7 @@ states are exposed) -> read-out Linear(D, 1) at the x tokens, exactly as the tra
 
 Family "lstm_residual" adds each layer's input to its output (h <- h + LSTM(h), residual stacking
 as in Wu et al. 2016's deep LSTMs): stacked plainly, 6- and 10-layer LSTMs at d = 8 stayed at the
-predict-zero plateau for thousands of steps here (issue 57), the residual 10-layer one did not.
+predict-zero plateau for thousands of steps here, the residual 10-layer one did not.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Evidence tables (issue 59): per question (two hypotheses the recipe compares), one row per
+"""Evidence tables: per question (two hypotheses the recipe compares), one row per
 instrument with what it favours, its effect and paired interval, its resolution, the known-answer
 models on which it was validated (tests that hold it), and what it cannot tell apart; then one
 consolidated answer. Generated from summary.json alone, so a report, a study and the Python API
@@ -28,7 +28,7 @@ QUESTIONS = (("newton", "gd"), ("gd", "ogd"), ("ridge", "least_squares"))
 # what each instrument cannot tell apart, per question (the named equivalences)
 EQUIVALENCES = {
     ("newton", "gd"): (
-        "Newton from alpha I is GD with 2^k steps, and the seeds' Newton (M_0 = alpha S) is S-preconditioned GD "
+        "Newton from alpha I is GD with 2^k steps, and Fu et al.'s Newton (M_0 = alpha S) is S-preconditioned GD "
         "with 2^k steps: at best the filter class and its rate are identified, not the procedure"
     ),
 }

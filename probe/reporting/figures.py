@@ -287,7 +287,7 @@ def spectral_curves(curves: pd.DataFrame, variable: str, stem: Path) -> list[Pat
 
 def spectral_exponents(layers: pd.DataFrame, stem: Path) -> list[Path]:
     """The local exponent p per layer in each bin variable with its 90% interval; 1 is the GD
-    class's small-eigenvalue limit, 2 the seeds' Newton's (probe/analysis/spectral.py)."""
+    class's small-eigenvalue limit, 2 Fu et al.'s Newton's (probe/analysis/spectral.py)."""
     from ..analysis.spectral import VARIABLES
 
     plt = pyplot()

@@ -304,7 +304,7 @@ def _verdict_row(v: Any, titles: Titles) -> dict[str, str]:
     }
 
 
-# ----------------------------------------------------------------------------- evidence (issue 59)
+# ----------------------------------------------------------------------------- evidence
 
 RATE_ONLY = (
     "measures a convergence rate: GD whose step count doubles per layer gives the same linear Newton trend, "

@@ -1,6 +1,6 @@
 """The spectral filter of each layer (issue: the spectral instrument; probe/analysis/spectral.py
 measures it): on each prompt's S = X^T X, a layer's induced weights against the least-squares
-weights along every eigen-direction, the local exponent p (GD's class tends to 1, the seeds' Newton
+weights along every eigen-direction, the local exponent p (GD's class tends to 1, Fu et al.'s Newton
 to 2) and the best-fitting filter class per layer. Recipe section [spectral] (SpectralSettings,
 beside the analysis); summary.json key `spectral`; its page section, findings line and evidence row.
 
@@ -95,7 +95,7 @@ class Spectral:
     reason: str = ""
     knob: str = ""
     identities: str = (
-        "Newton from alpha I is GD with 2^k steps of size alpha; the seeds' Newton (M_0 = alpha S) is "
+        "Newton from alpha I is GD with 2^k steps of size alpha; Fu et al.'s Newton (M_0 = alpha S) is "
         "S-preconditioned GD with 2^k steps: behaviour identifies the filter class and its rate, not which "
         "equivalent procedure computes it"
     )
@@ -217,7 +217,7 @@ def _page_tables(sp: Spectral, summary: Any, tables: dict[str, pd.DataFrame]) ->
 SPECTRAL_VALIDATED = {
     ("newton", "gd"): (
         "planted GD (GD class at every layer), planted Newton and Newton-ReLU (Newton class at every layer that "
-        "holds an iterate), oracles running GD with 2^l steps and Newton from alpha I (GD class) and the seeds' "
+        "holds an iterate), oracles running GD with 2^l steps and Newton from alpha I (GD class) and Fu et al.'s "
         "Newton (Newton class): tests/test_spectral.py, tests/test_evidence.py"
     ),
 }
