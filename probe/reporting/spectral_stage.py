@@ -224,8 +224,8 @@ SPECTRAL_VALIDATED = {
 SPECTRAL_SIDE = {"gd": "gd", "precond_gd": "newton", "ridge": "ridge", "least_squares": "least_squares"}
 # the conditions those known answers cover: exact reference weights (oracles) at d = 4 and 8 and
 # kappa 1 and 100; planted GD and Newton through their own and the ridge read-out at d = 4 and 8 on 64
-# prompts (isotropic) and at d = 4 on 512 (kappa = 100: on 64 the ridge read-out leaves every layer
-# undecided or ambiguous, measured)
+# prompts (isotropic) and at d = 4 and 8 on 512 (kappa = 100: on 64 the ridge read-out leaves every
+# layer undecided or ambiguous, measured)
 SPECTRAL_DOMAIN = Validity(
     (
         Domain(
@@ -236,7 +236,7 @@ SPECTRAL_DOMAIN = Validity(
             tests="tests/test_evidence.py, tests/test_spectral_validity.py",
         ),
         Domain(
-            d=(4, 4),
+            d=(4, 8),
             kappa=(1, 100),
             prompts=(512, math.inf),
             readout=("model", "ridge"),
