@@ -196,12 +196,9 @@ def cli_reference() -> str:
 
     parser = build_parser()
     out = ["Generated from the argument parser (`probe/cli/`); `icl-probe COMMAND --help` prints the same.\n"]
-    from probe.core.stages import registered
-
-    for name in [*COMMANDS, *(stage.command for stage in registered().values())]:
-        command = parser._defaults["commands"][name] if "commands" in parser._defaults else None
-        command = command or next(a for a in parser._subparsers._group_actions).choices[name]
-        out.append(f"## `icl-probe {name}`\n\n```text\n{command.format_help().rstrip()}\n```\n")
+    choices = parser._defaults["commands"]  # every subcommand: the hand-written and the stages' own
+    for name in [*COMMANDS, *(name for name in choices if name not in COMMANDS)]:
+        out.append(f"## `icl-probe {name}`\n\n```text\n{choices[name].format_help().rstrip()}\n```\n")
     return "\n".join(out)
 
 

@@ -147,3 +147,33 @@ def test_user_facing_text_cites_papers_by_author_and_never_by_tracker_or_seed_fi
                     if pattern.search(line):
                         found.append(f"{f.relative_to(REPO)}:{i}: {line.strip()[:80]}")
     assert found == [], "\n".join(found)
+
+
+def test_the_site_link_check_names_directory_and_missing_links(tmp_path):
+    """scripts/check_site_links.py (run by scripts/build_docs.sh): a link to a directory (file://
+    shows a listing) or to a missing file is named; files, anchors and external links pass."""
+    import subprocess
+    import sys
+
+    (tmp_path / "guide").mkdir()
+    (tmp_path / "guide" / "method.html").write_text('<a href="../index.html#top">home</a>')
+    (tmp_path / "index.html").write_text(
+        '<a href="guide/method.html">ok</a><a href="#x">anchor</a><a href="https://example.org/">out</a>'
+        '<img src="figures/a.png"><a href="guide/">dir</a>'
+    )
+    run = lambda: subprocess.run([sys.executable, str(REPO / "scripts" / "check_site_links.py"), str(tmp_path)],
+                                 capture_output=True, text=True)
+    out = run()
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        "index.html: figures/a.png (missing)",
+        "index.html: guide/ (a directory: opened from disk it lists files)",
+    ]
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "a.png").write_bytes(b"")
+    (tmp_path / "index.html").write_text('<a href="guide/method.html">ok</a><img src="figures/a.png">')
+    assert run().returncode == 0
+    import yaml
+
+    conf = yaml.safe_load((REPO / "mkdocs.yml").read_text().split("plugins:")[0])
+    assert conf["use_directory_urls"] is False  # links name files, so the site opens from disk
