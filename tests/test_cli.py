@@ -186,3 +186,25 @@ def test_cli_logging_follows_the_current_stderr_across_calls():
         assert sum(type(h).__name__ == "_CurrentStderr" for h in logging.getLogger().handlers) == 1
     finally:
         sys.stderr = old
+
+
+def test_export_says_why_its_learning_rate_is_not_the_recipes(tmp_path, capsys):
+    """Garg et al.'s config.yaml gets the rate our schedule had reached at the run's last step, so
+    their train.py continues where ours stopped; the command and the config's notes say so."""
+    import yaml
+    from conftest import REPO
+
+    from probe.io.formats import load_checkpoint
+    from probe.training.train import learning_rate
+
+    src = REPO / "checkpoints" / "gpt2-default"
+    assert main(["export", str(src), "--out", str(tmp_path / "garg")]) == 0
+    config = yaml.safe_load((tmp_path / "garg" / "config.yaml").read_text())
+    ours = load_checkpoint(src)
+    step = int(ours.meta["train_step"])
+    lr = config["training"]["learning_rate"]
+    assert lr == pytest.approx(learning_rate(ours.config, step - 1)) and lr < ours.config.train.lr
+    out = capsys.readouterr().out
+    assert f"training.learning_rate is {lr:.3g}: the rate this run's schedule had reached at step {step}" in out
+    assert f"(its peak: {ours.config.train.lr:g})" in out
+    assert f"at step {step}; training.learning_rate is the rate its schedule had reached there" in config["wandb"]["notes"]

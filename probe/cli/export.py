@@ -57,4 +57,9 @@ def run(args: argparse.Namespace) -> int:
             optimizer_state=optimizer,
         )
     print(f"{ckpt.path} exported to {target.path} in Garg et al.'s layout (config.yaml, state.pt)")
+    if lr is not None and lr != ckpt.config.train.lr:
+        print(
+            f"config.yaml's training.learning_rate is {lr:.3g}: the rate this run's schedule had reached at step "
+            f"{step} (its peak: {ckpt.config.train.lr:g}), so their train.py continues where this run stopped"
+        )
     return 0

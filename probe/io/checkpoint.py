@@ -524,7 +524,13 @@ def export_garg(
         "wandb": {
             "project": "in-context-training",
             "entity": "in-context",
-            "notes": "exported by icl-probe",
+            "notes": "exported by icl-probe"
+            + (
+                f" at step {train_step}; training.learning_rate is the rate its schedule had reached there "
+                f"(peak {config.train.lr:g}), where their train.py continues"
+                if lr is not None and lr != config.train.lr
+                else ""
+            ),
             "name": run_name or directory.name,
             "log_every_steps": 10,
         },
