@@ -1,8 +1,12 @@
 """The report and a study page open in a real browser (headless Chromium): every image loads, the
-findings come before the first figure, contents links land, no console errors or network requests."""
+report's answer block is on the first screen and the findings come before the first figure,
+contents links land, no console errors or network requests. Screenshots at three scroll positions
+(top, the first figure, the end) go to $ICL_PROBE_ARTEFACTS when set (CI keeps them), else to the
+test's temporary folder."""
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -11,8 +15,16 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"
                                     reason="Chromium not installed (scripts/setup.sh --with-browser)")
 
 
-def _open(index, shot, headline_texts):
-    """Load a page; return what the assertions need."""
+def _artefacts(tmp_path):
+    where = os.environ.get("ICL_PROBE_ARTEFACTS")
+    folder = Path(where) if where else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _open(index, shot, headline_texts, first_screen="#findings"):
+    """Load a page; return what the assertions need. `headline_texts` must be visible, inside
+    `first_screen`, without scrolling."""
     from playwright.sync_api import sync_playwright
 
     assert CHROMIUM, "CI must install Chromium (scripts/setup.sh --with-browser)"
@@ -30,7 +42,12 @@ def _open(index, shot, headline_texts):
         box = page.locator("#findings").bounding_box()
         first_figure = page.locator("figure").first.bounding_box()
         # the answer is visible without scrolling
-        verdicts = [page.locator("#findings", has_text=text).first.bounding_box() for text in headline_texts]
+        verdicts = [page.locator(first_screen, has_text=text).first.bounding_box() for text in headline_texts]
+        for name, y in (("top", 0), ("first-figure", first_figure["y"] if first_figure else 0), ("end", 10**7)):
+            page.evaluate(f"window.scrollTo(0, {y})")
+            page.wait_for_timeout(50)
+            page.screenshot(path=str(shot.with_name(f"{shot.stem}-{name}.png")))
+        page.evaluate("window.scrollTo(0, 0)")
         landed = []
         for anchor in page.eval_on_selector_all("nav#contents a", "els => els.map(e => e.getAttribute('href'))"):
             page.click(f"nav#contents a[href='{anchor}']")
@@ -51,7 +68,9 @@ def _open(index, shot, headline_texts):
 
 @needs_chromium
 def test_report_renders_in_headless_chromium(report, tmp_path):
-    _open(report / "index.html", tmp_path / "report.png", ("Layers vs Iterative Newton", "Layers vs GD"))
+    shot = _artefacts(tmp_path) / "report.png"
+    _open(report / "index.html", shot, ("Iterative Newton or GD?", "What the layers look like"), "#answer")
+    assert all(shot.with_name(f"report-{name}.png").stat().st_size > 10_000 for name in ("top", "first-figure", "end"))
 
 
 @needs_chromium
@@ -63,4 +82,4 @@ def test_study_page_renders_in_headless_chromium(tmp_path):
 
     shutil.copytree(REPO / "reports" / "study-depth-noiseless", tmp_path / "s")
     rerender(tmp_path / "s", resolve_study("depth-noiseless"))
-    _open(tmp_path / "s" / "index.html", tmp_path / "study.png", ("Closest learner by SPD",))
+    _open(tmp_path / "s" / "index.html", _artefacts(tmp_path) / "study.png", ("Closest learner by SPD",))

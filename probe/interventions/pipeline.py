@@ -275,7 +275,7 @@ def iteration_verdict(label: str, entry: dict) -> str:
     same = [r["alternative"] for r in rows if not r["testable"]]
     parts = []
     if neither:
-        parts.append("neither it nor " + ", ".join(neither) + " confirmed")
+        parts.append("no alternative map is confirmed either (" + ", ".join(neither) + ")")
     if beaten:
         parts.append("closer than " + ", ".join(beaten))
     if lost:

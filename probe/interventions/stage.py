@@ -172,19 +172,29 @@ def _page_tables(block: Interventions, summary, tables: dict[str, pd.DataFrame])
     ablation = block.ablation
     if ablation:
         skip, n = ablation["skip"], ablation["n_examples"]
+        # block l (TransformerLens's numbering) writes layer l + 1 (the report's: layer 0 is the embedding output)
         out[
             f"Ablations. Unablated error / d at t = {n}: {ablation['baseline_error']:.4f}. Removing one layer's whole "
-            "residual update (skip):"
-        ] = pd.DataFrame({"layer skipped": skip["layer"], f"error / d at t = {n}": skip["error"]})
+            "residual update (skip: layer l + 1 := layer l):"
+        ] = pd.DataFrame(
+            {
+                "layer whose update is removed": [layer + 1 for layer in skip["layer"]],
+                "block (TransformerLens)": skip["layer"],
+                f"error / d at t = {n}": skip["error"],
+            }
+        )
     titles = summary.titles
     if block.iteration:
         maps = [label(name, titles) for name in block.iteration]
         out[MAP_CHECK] = pd.DataFrame({"layer map": maps, "verdict": block.verdicts})
     columns = ("boundary", "k", "observed", "expected", "consistency")
     for name, entry in (block.iteration or {}).items():
-        out[f"{label(name, titles)}: observed and expected fractions by boundary"] = pd.DataFrame(
-            {c: entry[c] for c in columns}
-        )
+        fractions = pd.DataFrame({c: entry[c] for c in columns})
+        fractions.attrs["missing"] = {
+            "consistency": "- (expected below the noise floor)",
+            "expected": "- (undefined: the map's last count does not move the prediction)",
+        }
+        out[f"{label(name, titles)}: observed and expected fractions by boundary"] = fractions
         rows = entry.get("map_alternatives") or []
         if rows:
             out[f"{label(name, titles)}: the map against its named alternatives"] = pd.DataFrame(

@@ -248,6 +248,18 @@ def resolution(table: pd.DataFrame, stem: Path) -> list[Path]:
 SPECTRAL_FLOOR = 1e-4  # responses below this (or negative) are drawn at it on the log axis
 
 
+def _decade_ticks(ax, decades: float) -> None:
+    """Log-axis labels at whole decades (at 1, 2 and 5 of each where the data span under two),
+    the other ticks unlabelled: matplotlib's own labels at 2x, 3x, ... of a narrow range
+    overlapped into one unreadable string."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades < 2 else (1.0,), numticks=8))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.tick_params(axis="x", labelsize=7)
+
+
 def spectral_curves(curves: pd.DataFrame, variable: str, stem: Path) -> list[Path]:
     """Each layer's response r against the eigenvalue variable on log-log axes, 90% band, with each
     filter class's best member (times its gain) dashed (probe/analysis/spectral.py)."""
@@ -275,8 +287,13 @@ def spectral_curves(curves: pd.DataFrame, variable: str, stem: Path) -> list[Pat
         ax.title.set_fontsize(8)
     for ax in axes.flat[len(layers) :]:
         ax.axis("off")
-    for ax in axes[-1]:
-        ax.set_xlabel(VARIABLES[variable], fontsize=8)
+    u = rows.u[rows.u > 0]
+    decades = float(np.log10(u.max() / u.min())) if len(u) else 0.0
+    for i, ax in enumerate(axes.flat[: len(layers)]):
+        _decade_ticks(ax, decades)
+        if i + cols >= len(layers):  # the lowest panel of its column carries the axis's name and labels
+            ax.tick_params(labelbottom=True)
+            ax.set_xlabel(VARIABLES[variable], fontsize=8)
     for ax in axes[:, 0]:
         ax.set_ylabel("response r", fontsize=8)
     handles, names = axes.flat[0].get_legend_handles_labels()

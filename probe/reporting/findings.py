@@ -40,7 +40,8 @@ def caveats(summary: Summary) -> list[str]:
     return _each(summary, "caveats") + skipped
 
 
-def findings(summary: Summary) -> tuple[list[str], list[str]]:
-    """(findings, caveats): short sentences for the top of the report, the evidence table's answers first."""
-    answers = [f"{label(q.a)} or {label(q.b)}? {q.answer_words}." for q in summary.evidence or []]
-    return answers + _each(summary, "findings"), caveats(summary)
+def findings(summary: Summary, answers: bool = True) -> tuple[list[str], list[str]]:
+    """(findings, caveats): short sentences for the top of the report, the evidence table's answers
+    first (`answers` False: left to the page's answer block, probe/reporting/answer.py)."""
+    lines = [f"{label(q.a)} or {label(q.b)}? {q.answer_words}." for q in summary.evidence or []] if answers else []
+    return lines + _each(summary, "findings"), caveats(summary)

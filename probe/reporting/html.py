@@ -19,6 +19,7 @@ from ..core.settings import query_count
 from ..core.stages import by_block_key
 from ..learners import LEARNERS
 from ..models import family_class
+from .answer import first_screen
 from .findings import findings
 from .page import Page, Section, figure
 from .page import table as _table
@@ -59,7 +60,8 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
     """The report page: templates/page.html.j2 with the sections of templates/report.html.j2: the
     evidence table, each analysis's sections in report order (probe/core/stages.py), the methods
     and the grids."""
-    items, caveats = findings(summary)
+    items, caveats = findings(summary, answers=False)  # the answers head the page's answer block
+    answers, groups = first_screen(summary)
     titles = summary.titles
     context = {
         "summary": summary,
@@ -80,6 +82,8 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
         subtitle="",
         findings=items,
         caveats=caveats,
+        answers=answers,
+        layer_groups=groups,
         sections=sections,
         git=str(summary.git_commit),
         sections_template="report.html.j2",
@@ -116,7 +120,7 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe) -> dict[
     grids = [
         {"label": s.label, "learner": s.learner, "axis": s.axis, "grid": json.dumps(s.grid)} for s in recipe.sweeps
     ]
-    out["grids"] = _table(pd.DataFrame(grids))
+    out["grids"] = _table(pd.DataFrame(grids), missing={"axis": "- (no setting)"})
     return {name: markupsafe.Markup(text) for name, text in out.items()}
 
 
@@ -131,11 +135,16 @@ def _evidence_rows(q, titles: Titles) -> pd.DataFrame:
                 "effect": r.effect,
                 "validated on known answers": _validation_words(r),
                 "tested against": (r.domain or {}).get("tested_against") or "",
-                "cannot tell apart": r.cannot_tell_apart,
+                "cannot tell apart": SHARED
+                if q.equivalence and r.cannot_tell_apart == q.equivalence
+                else r.cannot_tell_apart,
             }
             for r in q.rows
         ]
     )
+
+
+SHARED = "the question's equivalence (stated above the table)"
 
 
 def _validation_words(row) -> str:

@@ -279,13 +279,14 @@ def _page_tables(block: LayerAnalyses, summary: Any, t: dict[str, pd.DataFrame])
         ro["error / d at t = 2d+1"] = readout.error_at_2d1
     out = {"readout": html_table(ro)}
     best, axes = t["best_match"], [s["label"] for s in summary.recipe.get("sweeps", []) if s.get("axis")]
-    out["best"] = html_table(_readable(best[best.sweep.isin(axes)], titles), "{:.3f}")
+    no_random = {"SimE vs random model": "- (no random-weights baseline)"}
+    out["best"] = html_table(_readable(best[best.sweep.isin(axes)], titles), "{:.3f}", no_random)
     t1 = _readable(t["table1"], titles).rename(columns={"similarity": "SimE (final layer)"})
     if summary.compare is not None and "compare_table1" in t:
         other = _readable(t["compare_table1"][["family", "similarity"]], titles)
         name = Path(summary.compare["checkpoint"]["path"]).name
         t1 = t1.merge(other.rename(columns={"similarity": f"SimE ({name})"}), on="family", how="left")
-    out["table1"] = html_table(t1, "{:.3f}")
+    out["table1"] = html_table(t1, "{:.3f}", no_random)
     rows = [_verdict_row(v, titles) for v in summary.verdicts or [] if v.claim != "causal map"]  # those: the map check
     if rows:
         out["verdicts"] = html_table(pd.DataFrame(rows))

@@ -5,6 +5,7 @@ sheet, figures linked from figures/ (stored once, as PNG) and a caption under ev
 from __future__ import annotations
 
 import html
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +20,12 @@ h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-t
 .subtitle{color:#444;margin-top:-.5em}
 figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.9em;color:#555;margin-top:.3em}
-table{border-collapse:collapse;font-size:.85em;margin:.5em 0} td,th{border:1px solid #ddd;padding:.25em .5em;text-align:right}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0} td,th{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top} td.num{text-align:right;white-space:nowrap}
 th{background:#f5f5f5} .findings{background:#f0f6ff;padding:.3em 1.2em;border-left:4px solid #58f}
 .headline{font-size:1.1em;font-weight:600} .caveats li{color:#8a4b00} nav ol{columns:2;font-size:.95em}
 .verdict{background:#f0f6ff;padding:.5em 1em;border-left:3px solid #58f}
+.answer{background:#f3fbf3;padding:.3em 1.2em .8em;border-left:4px solid #3a3} .answer table{font-size:.9em;width:100%}
+.answer td:first-child{white-space:nowrap;font-weight:600}
 code{background:#f3f3f3;padding:0 .2em} .grid{display:flex;flex-wrap:wrap;gap:1em} .grid figure{flex:1 1 45%}
 """
 
@@ -51,7 +54,8 @@ class Section:
 
 @dataclass
 class Page:
-    """What a page says, in reading order: the answer (headline and findings), its caveats, then sections."""
+    """What a page says, in reading order: the answer block (answers, layer groups), the findings
+    (headline and bullets) and their caveats, then the sections."""
 
     title: str
     subtitle: str
@@ -60,6 +64,9 @@ class Page:
     git: str
     headline: str = ""
     caveats: list[str] = field(default_factory=list)
+    # the first screen (probe/reporting/answer.py): each question's answer, and what the layers look like
+    answers: list = field(default_factory=list)
+    layer_groups: list = field(default_factory=list)
     sections_template: str = ""  # a template of macros, one per Section.macro (templates/report.html.j2)
     context: dict = field(default_factory=dict)  # what those macros read
 
@@ -86,5 +93,29 @@ def figure(path: Path, alt: str, caption: str) -> str:
     )
 
 
-def table(frame: pd.DataFrame, floatfmt: str = "{:.4f}") -> str:
-    return frame.to_html(index=False, float_format=lambda v: floatfmt.format(v), border=0)
+# a cell that reads as a number (or a number with its interval): right-aligned; prose stays left-aligned
+NUMERIC = re.compile(r"^[-+]?(\d[\d,]*\.?\d*(e[-+]?\d+)?|nan|inf)%?( \[[^\]]*\])?$", re.IGNORECASE)
+
+
+def _cell(value: object, floatfmt: str, missing: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    if isinstance(value, float):
+        return floatfmt.format(value)
+    return str(value)
+
+
+def table(frame: pd.DataFrame, floatfmt: str = "{:.4f}", missing: dict[str, str] | None = None) -> str:
+    """An HTML table: numbers right-aligned, prose left-aligned, and a missing value (NaN, None)
+    shown as what it means in its column (`missing`: column -> words; "-" elsewhere)."""
+    missing = {**frame.attrs.get("missing", {}), **(missing or {})}  # a stage's frame may carry its own
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    rows = []
+    for record in frame.itertuples(index=False, name=None):
+        cells = []
+        for column, value in zip(frame.columns, record):
+            text = _cell(value, floatfmt, missing.get(str(column), "-"))
+            kind = ' class="num"' if NUMERIC.match(text) else ""
+            cells.append(f"<td{kind}>{html.escape(text)}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f'<table class="data">\n<thead><tr>{head}</tr></thead>\n<tbody>\n' + "\n".join(rows) + "\n</tbody>\n</table>"

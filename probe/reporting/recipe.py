@@ -133,6 +133,12 @@ def resolve_recipe(name_or_path: str | None, overrides: list[dict[str, Any]] | N
     data.setdefault("name", path.stem)
     for override in overrides or []:
         data = merge(data, current_names(Recipe, override))
+    return recipe_from_dict(data)
+
+
+def recipe_from_dict(data: dict[str, Any]) -> Recipe:
+    """A recipe from its TOML-shaped dict (`Recipe.to_dict`, a report's recipe.json), validated."""
+    data = dict(data)
     if "stages" in data:
         raise ConfigError("a recipe has no [stages] section: a registered stage's section is [<stage name>]")
     own = {name for name, stage in registered().items() if stage.settings is not None}

@@ -187,7 +187,7 @@ def _page_tables(sp: Spectral, summary: Any, tables: dict[str, pd.DataFrame]) ->
             "spectral": html_table(pd.DataFrame([{"status": sp.status, "reason": sp.reason, "knob": sp.knob}])),
             "spectral_refs": "-",
         }
-    fmt = lambda v: "-" if v is None else f"{v:.2f}"
+    fmt = lambda v: "-" if v is None or math.isnan(v) else f"{v:.2f}"  # None (read back) or NaN (built): none measured
     rows = []
     for i, layer in enumerate(sp.layer):
         row = {

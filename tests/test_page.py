@@ -1,0 +1,129 @@
+"""The report page's first screen and tables: the answer block (probe/reporting/answer.py) from
+hand-built evidence and spectral blocks, table cells (numbers right, prose left, a missing value in
+words), one layer numbering in the ablation table, and a re-render from the report's own files."""
+
+import re
+import shutil
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from probe.reporting.answer import answer, layer_groups
+from probe.reporting.page import table
+from probe.reporting.schema import EvidenceQuestion, EvidenceRow
+
+BOX = {"boxes": [{"words": "d 4-8, kappa 1, at least 64 prompts"}]}
+
+
+def _spectral(verdicts, p):
+    n = len(verdicts)
+    return SimpleNamespace(
+        status="answered",
+        reason="",
+        layer=list(range(n)),
+        verdict=verdicts,
+        p=p,
+        p_low=[None if v is None else v - 0.1 for v in p],
+        p_high=[None if v is None else v + 0.1 for v in p],
+    )
+
+
+def test_layer_groups_join_adjacent_layers_with_one_verdict_and_quote_each_exponent():
+    sp = _spectral(
+        ["no response", "no response", "gd", "gd", "precond_gd not separable from gd", "converged", "gd"],
+        [None, None, 1.0, 1.2, 1.9, 0.5, 1.1],
+    )
+    groups = [(g.layers, g.looks_like, g.exponent) for g in layer_groups(sp)]
+    assert groups == [
+        ("0-1", "no response (predicts ~0, or does not follow least squares)", ""),
+        ("2-3", "first-order class (GD)", "2: 1.00 [0.90, 1.10]; 3: 1.20 [1.10, 1.30]"),
+        (
+            "4",
+            "Iterative Newton class (M_0 = alpha S), not separated from the first-order class (GD)",
+            "1.90 [1.80, 2.00]",
+        ),
+        ("5", "converged (r ~ 1 at every eigenvalue: any class that converges fits)", ""),  # no exponent quoted
+        ("6", "first-order class (GD)", "1.10 [1.00, 1.20]"),  # not joined with 2-3: not adjacent
+    ]
+    assert layer_groups(None) == []
+    off = SimpleNamespace(status="not measured", reason="no induced weights (similarity.simw = false)")
+    assert [g.looks_like for g in layer_groups(off)] == ["not measured here: no induced weights (similarity.simw = false)"]
+
+
+def test_an_answer_names_the_validated_instruments_that_decided_it_and_their_domain():
+    rows = [
+        EvidenceRow("spectral filter", "gd", "...", validated_on="planted GD", domain=BOX),
+        EvidenceRow("Table 1 SimE", "gd", "..."),  # not validated: never a decider
+        EvidenceRow("causal map", None, "...", validated_on="shifted maps"),
+    ]
+    q = EvidenceQuestion("newton", "gd", rows, "gd", "gd (validated evidence: spectral filter)")
+    a = answer(q)
+    assert (a.question, a.answer, a.decided_by) == ("Iterative Newton or GD?", "gd", "spectral filter")
+    assert a.holds_in == "spectral filter: d 4-8, kappa 1, at least 64 prompts"
+
+
+def test_an_undecided_answer_says_which_instruments_could_not_decide_and_which_lie_outside():
+    rows = [
+        EvidenceRow("spectral filter", "gd", "...", validated_on="planted GD", status="unvalidated here",
+                    outside="kappa = 100", domain=BOX),
+        EvidenceRow("causal map", None, "...", validated_on="shifted maps"),
+    ]
+    words = "undecided by validated evidence; unvalidated instruments suggest gd (spectral filter)"
+    a = answer(EvidenceQuestion("newton", "gd", rows, None, words))
+    assert a.answer == words and a.holds_in == "-"
+    assert a.decided_by == (
+        "no validated instrument decides (validated and undecided: causal map); outside their known answers "
+        "here: spectral filter (outside: kappa = 100)"
+    )
+
+
+def test_table_cells_align_numbers_right_and_write_a_missing_value_as_its_meaning():
+    frame = pd.DataFrame(
+        {"boundary": [2, 4], "exponent": ["0.66 [0.51, 0.84]", "-"], "consistency": [1.5, float("nan")],
+         "verdict": ["neither map confirmed", "closer"]}
+    )
+    frame.attrs["missing"] = {"consistency": "- (expected below the noise floor)"}
+    html = table(frame)
+    cells = re.findall(r"<td( class=\"num\")?>([^<]*)</td>", html)
+    assert cells == [
+        (' class="num"', "2"), (' class="num"', "0.66 [0.51, 0.84]"), (' class="num"', "1.5000"),
+        ("", "neither map confirmed"),
+        (' class="num"', "4"), ("", "-"), ("", "- (expected below the noise floor)"), ("", "closer"),
+    ]
+    assert "NaN" not in table(pd.DataFrame({"x": [float("nan")]}))  # elsewhere: "-"
+
+
+def test_the_page_opens_on_the_answer_block_and_numbers_ablated_layers_as_boundaries(report):
+    html = (report / "index.html").read_text()
+    assert html.index('<section id="answer"') < html.index('<section id="findings"') < html.index("<figure>")
+    assert "What the layers look like" in html and "NaN" not in html
+    n_layer = 3  # the session's tiny model (conftest.build_cfg(layers=3))
+    ablation = html[html.index("layer whose update is removed") :].split("</table>")[0]
+    rows = re.findall(r"<tr><td class=\"num\">(\d+)</td><td class=\"num\">(\d+)</td>", ablation)
+    assert rows == [(str(block + 1), str(block)) for block in range(n_layer)]
+
+
+@pytest.mark.slow
+def test_a_report_re_renders_from_its_own_files_to_the_same_page(ckpt, report, tmp_path):
+    from probe.reporting.rerender import rerender_report
+
+    copy = tmp_path / "r"
+    shutil.copytree(report, copy)
+    (copy / "index.html").write_text("stale")
+    rerender_report(copy, checkpoint=ckpt)
+    assert (copy / "index.html").read_text() == (report / "index.html").read_text()
+    assert sorted(p.name for p in (copy / "figures").iterdir()) == sorted(p.name for p in (report / "figures").iterdir())
+
+
+def test_re_rendering_refuses_another_checkpoint(report, tmp_path):
+    from conftest import REPO
+
+    from probe.core.errors import ConfigError
+    from probe.reporting.rerender import rerender_report
+
+    copy = tmp_path / "r"
+    shutil.copytree(report, copy)
+    with pytest.raises(ConfigError, match="is not the report's checkpoint this report was made from"):
+        rerender_report(copy, checkpoint=REPO / "checkpoints" / "gpt2-default")
+    assert (copy / "index.html").read_text() == (report / "index.html").read_text()  # nothing half-written
