@@ -180,6 +180,42 @@ def analyse(
     return analyse_layers(model, task, settings, progress=progress)
 
 
+@dataclass
+class SpectralResult:
+    """`probe.spectral`'s answer, one row per layer first (layer 0: the embedding output).
+
+    layers: layer, verdict, best_class, p, p_low, p_high (the local exponent in the best family's own
+        bin variable, `variable`), best_family, best_k, non_filter.
+    by_variable: one row per (layer, bin variable): the exponent, the bins used, the best and
+        runner-up families and their paired difference (the columns of SpectralAnalysis.layers).
+    curves, fits, references, counts: as in SpectralAnalysis (probe/analysis/spectral.py);
+    analysis: that SpectralAnalysis itself (its frames name the layer `predictor`)."""
+
+    layers: pd.DataFrame
+    by_variable: pd.DataFrame
+    curves: pd.DataFrame
+    fits: pd.DataFrame
+    references: pd.DataFrame
+    counts: dict[str, int]
+    analysis: Any
+
+    @classmethod
+    def of(cls, analysis) -> SpectralResult:
+        def named(frame: pd.DataFrame) -> pd.DataFrame:
+            out = frame.rename(columns={"predictor": "layer"})
+            return out.assign(layer=out["layer"].astype(int))
+
+        return cls(
+            named(analysis.summary),
+            named(analysis.layers),
+            analysis.curves,
+            analysis.fits,
+            analysis.references,
+            analysis.counts,
+            analysis,
+        )
+
+
 def spectral(
     checkpoint=None,
     recipe: str = "quick",
@@ -190,14 +226,15 @@ def spectral(
     progress: bool = False,
     **sections: Any,
 ):
-    """The spectral instrument alone (probe/analysis/spectral.py) as a SpectralAnalysis: each
-    layer's response to each eigen-direction of its prompt's S, local exponent and filter class,
-    on the induced weights the layers stage makes with the recipe's [prompts], [readout],
+    """The spectral instrument alone (probe/analysis/spectral.py) as a SpectralResult: each layer's
+    filter class and local exponent (`.layers`, one row per layer), per bin variable
+    (`.by_variable`), and its response to each eigen-direction of its prompt's S (`.curves`), on
+    the induced weights the layers stage makes with the recipe's [prompts], [readout],
     [similarity] and [spectral] (keyword sections override them: `spectral={"bins": 16}`)."""
     from .analysis.pipeline import analyse_spectrum
 
     model, task, settings = _layer_job("spectral", checkpoint, recipe, model, task, device, sections)
-    return analyse_spectrum(model, task, settings, progress=progress)
+    return SpectralResult.of(analyse_spectrum(model, task, settings, progress=progress))
 
 
 def _layer_job(job: str, checkpoint, recipe: str, model, task, device: str, sections: dict[str, Any]):

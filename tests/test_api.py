@@ -4,6 +4,7 @@ API's jobs equal to the command line's."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -222,3 +223,18 @@ def test_the_reports_trend_words_are_rendered_from_the_fit_not_from_a_sentence()
     newton, gd = summary.trend["newton"], summary.trend["gd_log"]
     assert f"Layers vs Iterative Newton (SimE, a convergence rate): linear, about {newton.slope:.1f} [" in text
     assert f"Layers vs GD (log grid) (SimE, a convergence rate): exponential, about x{gd.growth:.2f} [" in text
+
+
+@pytest.mark.slow
+def test_the_readmes_python_example_runs_as_written(tmp_path, monkeypatch):
+    """The README's Python block, executed as it stands, from a folder holding the repository's
+    checkpoints (it writes runs/smoke there)."""
+    block = re.search(r"From Python, one import.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert block, "the README's Python example is gone"
+    (tmp_path / "checkpoints").symlink_to(REPO / "checkpoints")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block.group(1), "README.md", "exec"), scope)
+    assert not scope["report"].evidence.empty and (tmp_path / "runs" / "smoke" / "index.html").is_file()
+    assert scope["spectrum"].layers.layer.tolist() == list(range(9))  # gpt2-default: 8 blocks, 9 layers
+    assert not scope["layers"].best.empty

@@ -233,7 +233,10 @@ def test_python_api_and_command(tmp_path, capsys):
         probe.spectral(model=oracle)
     small = {"prompts": {"train": 64, "val": 32, "test": 64, "induced": 64, "queries": 16}, "readout": {"method": "model"}}
     res = probe.spectral(model=oracle, task=TASK, **small)
-    assert res.summary.verdict.tolist()[1:] == ["gd"] * 3
+    assert res.layers.layer.tolist() == [0, 1, 2, 3]  # one row per layer, named `layer`
+    assert res.layers.verdict.tolist()[1:] == ["gd"] * 3
+    assert res.by_variable.layer.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]  # each layer in both bin variables
+    assert res.analysis.summary.verdict.tolist() == res.layers.verdict.tolist()
     out = tmp_path / "spectral"
     argv = ["-q", "spectral", "checkpoints/planted/gd", "--out", str(out), "--test-prompts", "64", "--induced-prompts", "64"]
     assert main(argv) == 0

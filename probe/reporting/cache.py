@@ -35,6 +35,9 @@ PRESENTATION = (
     "interventions/figures.py",
     "reporting/html.py",
     "reporting/findings.py",
+    "reporting/answer.py",
+    "reporting/page.py",
+    "reporting/rerender.py",
 )
 
 
