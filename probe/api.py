@@ -332,20 +332,25 @@ def run_study_command(
     cluster: str = "auto",
     force: bool = False,
     progress: bool = False,
+    checkpoints: list[str] | None = None,
 ) -> pd.DataFrame:
     """`run_study` with the overrides as mappings; every model, shift and size is checked before any
     output (probe/study/run.py), then the study runs, and study.csv, figures, summary.json and
-    index.html are written."""
+    index.html are written. With `checkpoints`, the study is of those (probe/study/recipe.py
+    `study_from_checkpoints`) and `recipe` is the report recipe their analyses use."""
     import time
 
     from .core.validate import check_device
     from .io.checkpoint import atomic_write
     from .io.outputs import OutputTarget, mark_run_directory
     from .study.present import write_presentation
-    from .study.recipe import resolve_models, resolve_study
+    from .study.recipe import resolve_models, resolve_study, study_from_checkpoints
     from .study.run import check_models, check_study_size, run_study
 
-    parsed = resolve_study(recipe, overrides)
+    if checkpoints:
+        parsed = study_from_checkpoints(checkpoints, recipe, overrides)
+    else:
+        parsed = resolve_study(recipe, overrides)
     device = check_device(device)
     models = resolve_models(parsed)  # every checkpoint is an input the output may not hold or replace
     target = OutputTarget(Path(out), "study", force=force, inputs=tuple(models))

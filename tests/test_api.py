@@ -229,12 +229,12 @@ def test_the_reports_trend_words_are_rendered_from_the_fit_not_from_a_sentence()
 def test_the_readmes_python_example_runs_as_written(tmp_path, monkeypatch):
     """The README's Python block, executed as it stands, from a folder holding the repository's
     checkpoints (it writes runs/smoke there)."""
-    block = re.search(r"From Python, one import.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    block = re.search(r"From Python, one import.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
     assert block, "the README's Python example is gone"
     (tmp_path / "checkpoints").symlink_to(REPO / "checkpoints")
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(block.group(1), "README.md", "exec"), scope)
+    exec(compile(block.group(1), "README.md", "exec"), scope)  # noqa: S102  (the README's own code, on purpose)
     assert not scope["report"].evidence.empty and (tmp_path / "runs" / "smoke" / "index.html").is_file()
     assert scope["spectrum"].layers.layer.tolist() == list(range(9))  # gpt2-default: 8 blocks, 9 layers
     assert not scope["layers"].best.empty

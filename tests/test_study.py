@@ -338,3 +338,95 @@ def test_a_study_page_shows_the_spectral_readings_per_layer(tmp_path):
     assert list(readings.columns) == ["model", "n_layer", "layer", "reading", "p", "p low", "p high"]
     first = readings.iloc[0]
     assert f"<td>{first.reading}</td>" in page.replace("&amp;", "&")
+
+
+REPORT_RECIPE = '''
+[prompts]
+train = 32
+val = 16
+test = 32
+induced = 8
+[similarity]
+bootstrap = 20
+[[sweeps]]
+label = "newton"
+learner = "newton"
+axis = "iterations"
+grid = {iterations = [0, 1, 2]}
+[[sweeps]]
+label = "gd"
+learner = "gd"
+axis = "steps"
+grid = {steps = [0, 1, 2, 4], eta = ["auto"]}
+'''
+
+
+@pytest.mark.slow
+def test_a_study_of_checkpoints_named_on_the_command_line(family):
+    """`icl-probe study CK1 CK2 --recipe R`: evaluate, heatmap, spectral and evidence on each, on
+    the axis the models vary along, with each best match's grid-end flag in the table."""
+    (family / "tiny-report.toml").write_text(REPORT_RECIPE)
+    argv = ["-q", "study", "m/L1", "m/L2", "--recipe", "tiny-report.toml", "--out", "cli", "--set", "evaluate_prompts=32"]
+    assert main(argv) == 0
+    table = pd.read_csv(family / "cli" / "study.csv", keep_default_na=False)
+    assert sorted(set(table.model)) == ["m/L1", "m/L2"]
+    assert set(table.analysis) == {"evaluate", "heatmap", "spectral", "evidence"}
+    assert set(table[table.metric == "sime_at_grid_end"].value.astype(float)) <= {0.0, 1.0}
+    summary = json.loads((family / "cli" / "summary.json").read_text())
+    assert summary["recipe"]["x"] == "n_layer" and summary["recipe"]["report"] == "tiny-report.toml"
+
+
+def test_a_study_of_checkpoints_refuses_a_path_that_is_not_one(family, capsys):
+    assert main(["-q", "study", "m/L1", "m/nothing", "--out", "bad"]) == 2
+    assert "study: m/nothing is not a checkpoint directory" in capsys.readouterr().err
+    assert not (family / "bad").exists()
+
+
+def test_the_axis_of_a_study_of_checkpoints_is_the_field_they_vary_along():
+    from probe.study.recipe import varying_axis
+
+    base = {"family": "gpt2", "n_layer": 8, "n_dims": 4, "train_seed": 0}
+    assert varying_axis([base, {**base, "family": "lstm"}]) == "family"
+    assert varying_axis([base, {**base, "train_seed": 1}]) == "train_seed"
+    assert varying_axis([base, {**base, "family": "lstm", "n_dims": 8}]) == "n_dims"  # several d: only n_dims
+    assert varying_axis([base, base]) == "family"
+
+
+def test_study_help_lists_the_recipe_keys(capsys):
+    with pytest.raises(SystemExit):
+        main(["study", "--help"])
+    out = capsys.readouterr().out
+    for key in ("checkpoints", "analyses", "evaluate_prompts", "x ", "[[compare]]", "--recipe"):
+        assert key in out, key
+
+
+def test_categories_on_the_x_axis_are_named_one_by_one_and_grid_ends_are_flagged(tmp_path):
+    """A family axis reads "gpt2, lstm", never the range "gpt2-lstm", and is drawn without a line
+    joining the categories; a last layer matched at its grid's end says so."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from probe.study.findings import _span, best_k_sentence
+    from probe.study.present import _categories, _with_interval, _x_axis
+
+    assert _span(["gpt2", "lstm"]) == "gpt2, lstm" and _span([2, 3, 4]) == "2-4"
+    rows = pd.DataFrame({"model": ["a", "b"], "family": ["lstm", "gpt2"], "value": [1.0, 2.0],
+                         "ci_low": [0.5, 1.5], "ci_high": [1.5, 2.5]})
+    fig, ax = plt.subplots()
+    _with_interval(ax, rows, "family", "x", "C0", _categories(rows.family))
+    _x_axis(ax, rows.family, "family")
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["gpt2", "lstm"]
+    assert ax.lines[0].get_linestyle() == "None"  # points only
+    plt.close(fig)
+    table = pd.DataFrame(
+        [
+            {"model": m, "family": f, "analysis": "heatmap", "metric": metric, "learner": "gd", "layer": 2,
+             "value": v, "ci_low": v, "ci_high": v}
+            for m, f, metric, v in (("a", "gpt2", "sime_best_k", 64.0), ("a", "gpt2", "sime_at_grid_end", 1.0),
+                                    ("b", "lstm", "sime_best_k", 8.0), ("b", "lstm", "sime_at_grid_end", 0.0))
+        ]
+    )
+    (sentence,) = best_k_sentence(table, "family")
+    assert "gpt2: 64 [64, 64] (at the grid's end); lstm: 8 [8, 8]." in sentence

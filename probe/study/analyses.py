@@ -120,6 +120,16 @@ def layer_rows(tables: dict[str, pd.DataFrame], analyses: Sequence[str], task) -
                         ci_high=rec[high],
                     )
                 )
+            # 1: the best match is the grid's last value, so the true match may lie beyond it
+            rows.append(
+                _row(
+                    "heatmap",
+                    f"{rec['metric']}_at_grid_end",
+                    float(bool(rec["at_grid_end"])),
+                    rec["sweep"],
+                    layer=rec["layer"],
+                )
+            )
     return rows
 
 

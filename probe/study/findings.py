@@ -89,8 +89,16 @@ def _runs(models: list[str], values: dict[str, str], xs: dict[str, Any]) -> list
     return runs
 
 
+def categorical(values) -> bool:
+    """Whether x values are categories (model families, formats): named one by one, never as a range."""
+    return not all(isinstance(v, (int, float, np.integer, np.floating)) for v in values)
+
+
 def _span(points: list[Any]) -> str:
-    return str(points[0]) if len(points) == 1 else f"{points[0]}-{points[-1]}"
+    """ "2-5" for a run of numeric x values, "gpt2, lstm" for categories."""
+    if len(points) == 1:
+        return str(points[0])
+    return ", ".join(map(str, points)) if categorical(points) else f"{points[0]}-{points[-1]}"
 
 
 def phase_sentence(table: pd.DataFrame, x: str, closest: dict, metric: str, titles: Titles | None = None) -> str | None:
@@ -148,10 +156,15 @@ def best_k_sentence(table: pd.DataFrame, x: str, titles: Titles | None = None) -
         if not g[["value", "ci_low", "ci_high"]].to_numpy().any():
             continue  # a one-point grid (least squares): nothing to locate
         parts = []
+        ends = table[(table.metric == "sime_at_grid_end") & (table.learner == learner) & (table.value > 0)]
         for m in x_order(g, x):
             h = g[g.model == m]
             last = h[h.layer == h.layer.max()].iloc[0]
-            parts.append(f"{last[x]}: {last.value:g} [{last.ci_low:g}, {last.ci_high:g}]")
+            at_end = ((ends.model == m) & (ends.layer == last.layer)).any()
+            parts.append(
+                f"{last[x]}: {last.value:g} [{last.ci_low:g}, {last.ci_high:g}]"
+                + (" (at the grid's end)" if at_end else "")
+            )
         out.append(
             f"Best-matching {label(learner, titles)} setting (its grid's axis) of the last layer by SimE, by {axis_name(x)} "
             "(90% interval): " + "; ".join(parts) + "."

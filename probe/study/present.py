@@ -15,7 +15,7 @@ from ..core.plotting import examples_axis, legend_outside, pyplot, save_png
 from ..core.provenance import stamp
 from ..io.checkpoint import atomic_write
 from ..reporting.page import Page, Section, figure, table
-from .findings import METRIC, axis_name, closest_learners, closest_table, study_findings, x_order
+from .findings import METRIC, axis_name, categorical, closest_learners, closest_table, study_findings, x_order
 
 SCALAR = {"spd_ilw": ("spd", "ilw", "sime")}
 LABELS = {
@@ -32,18 +32,31 @@ def _save(fig, path: Path) -> Path:
 
 
 def _x_axis(ax, values, x: str) -> None:
-    """Ticks at the models' own x values (integers stay integers), labelled with the axis name."""
-    ticks = sorted(set(values))
-    numeric = all(isinstance(v, (int, float, np.integer, np.floating)) for v in ticks)
-    if numeric and all(float(v).is_integer() for v in ticks):
+    """Ticks at the models' own x values (integers stay integers; categories, such as families, as
+    named ticks), labelled with the axis name."""
+    ticks = sorted(set(values), key=str) if categorical(values) else sorted(set(values))
+    if categorical(values):
+        ax.set_xticks(range(len(ticks)), [str(v) for v in ticks])
+        ax.set_xlim(-0.5, len(ticks) - 0.5)
+    elif all(float(v).is_integer() for v in ticks):
         ax.set_xticks(ticks, [f"{int(v)}" for v in ticks])
     ax.set_xlabel(axis_name(x))
 
 
-def _with_interval(ax, rows: pd.DataFrame, x: str, name: str, color: str) -> None:
-    """value against x with its [ci_low, ci_high] as error bars."""
+def _with_interval(ax, rows: pd.DataFrame, x: str, name: str, color: str, categories: list | None = None) -> None:
+    """value against x with its [ci_low, ci_high] as error bars; on a categorical axis (`categories`,
+    the tick order) points only: no line joins two categories."""
     yerr = [rows.value - rows.ci_low, rows.ci_high - rows.value]
-    ax.errorbar(rows[x], rows.value, yerr=yerr, marker="o", capsize=3, label=name, color=color)
+    if categories is None:
+        ax.errorbar(rows[x], rows.value, yerr=yerr, marker="o", capsize=3, label=name, color=color)
+        return
+    where = [categories.index(v) for v in rows[x]]
+    ax.errorbar(where, rows.value, yerr=yerr, marker="o", ls="none", capsize=3, label=name, color=color)
+
+
+def _categories(values) -> list | None:
+    """The tick order of a categorical x axis (`_x_axis`), None for a numeric one."""
+    return sorted(set(values), key=str) if categorical(values) else None
 
 
 def phase_figure(table: pd.DataFrame, x: str, path: Path, titles: Titles | None = None) -> Path | None:
@@ -57,7 +70,7 @@ def phase_figure(table: pd.DataFrame, x: str, path: Path, titles: Titles | None 
     for ax, metric in zip(axes[0], metrics):
         part = rows[rows.metric == metric]
         for i, (learner, g) in enumerate(part.groupby("learner", sort=True)):
-            _with_interval(ax, g.sort_values(x), x, label(learner, titles), f"C{i}")
+            _with_interval(ax, g.sort_values(x), x, label(learner, titles), f"C{i}", _categories(part[x]))
         _x_axis(ax, part[x], x)
         ax.set_title(LABELS.get(metric, metric))
         if metric in ("spd", "ilw"):
@@ -73,7 +86,7 @@ def icl_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     for i, (shift, g) in enumerate(rows.groupby("shift", sort=True)):
-        _with_interval(ax, g.sort_values(x), x, shift or "in distribution", f"C{i}")
+        _with_interval(ax, g.sort_values(x), x, shift or "in distribution", f"C{i}", _categories(rows[x]))
     metric = rows.metric.iloc[0]
     _x_axis(ax, rows[x], x)
     ax.set_ylabel(LABELS[metric])
@@ -118,7 +131,11 @@ def curves_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
 def best_k_figure(table: pd.DataFrame, x: str, learner: str, path: Path, titles: Titles | None = None) -> Path | None:
     """Best-matching iteration per layer (rows) against the model axis (columns)."""
     rows = table[(table.analysis == "heatmap") & (table.metric == "sime_best_k") & (table.learner == learner)]
-    return _layer_grid(rows, x, f"best-matching {label(learner, titles)} iteration by SimE", path, "{:g}")
+    ends = table[(table.metric == "sime_at_grid_end") & (table.learner == learner) & (table.value > 0)]
+    title = f"best-matching {label(learner, titles)} iteration by SimE" + (
+        " (+: at the grid's end)" if len(ends) else ""
+    )
+    return _layer_grid(rows, x, title, path, "{:g}", flagged=set(zip(ends.layer, ends[x])))
 
 
 def spectral_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
@@ -128,8 +145,11 @@ def spectral_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     return _layer_grid(rows, x, "spectral exponent p (1: GD class, 2: Newton class)", path, "{:.2f}")
 
 
-def _layer_grid(rows: pd.DataFrame, x: str, title: str, path: Path, fmt: str) -> Path | None:
-    """One value per layer (rows) and model (columns) as a labelled colour grid."""
+def _layer_grid(
+    rows: pd.DataFrame, x: str, title: str, path: Path, fmt: str, flagged: set | None = None
+) -> Path | None:
+    """One value per layer (rows) and model (columns) as a labelled colour grid; a (layer, x) cell
+    in `flagged` gets a "+" (its best match is at the grid's end)."""
     if rows.empty:
         return None
     plt = pyplot()
@@ -141,8 +161,15 @@ def _layer_grid(rows: pd.DataFrame, x: str, title: str, path: Path, fmt: str) ->
     top = np.nanmax(grid.values) if np.isfinite(grid.values).any() else 0.0
     for (i, j), v in np.ndenumerate(grid.values):
         if np.isfinite(v):
+            mark = "+" if (grid.index[i], grid.columns[j]) in (flagged or set()) else ""
             ax.text(
-                j, i, fmt.format(v), ha="center", va="center", fontsize=8, color="white" if v < top / 2 else "black"
+                j,
+                i,
+                fmt.format(v) + mark,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if v < top / 2 else "black",
             )
     ax.set_xlabel(axis_name(x))
     ax.set_ylabel("layer")

@@ -159,6 +159,67 @@ def resolve_study(name_or_path: str, overrides: list[dict[str, Any]] | None = No
     return from_dict(StudyRecipe, data)
 
 
+# what `icl-probe study CK1 CK2 ...` runs on each checkpoint when no study recipe is named
+CHECKPOINT_ANALYSES = ("evaluate", "heatmap", "spectral", "evidence")
+
+
+def varying_axis(fields: list[dict[str, Any]]) -> str:
+    """The x axis for a set of models: n_dims where the dimension varies (the only axis a study of
+    several d allows), else the first of X_AXES on which the models differ (family when none)."""
+    differs = [axis for axis in X_AXES if len({repr(f.get(axis)) for f in fields}) > 1]
+    if "n_dims" in differs:
+        return "n_dims"
+    return differs[0] if differs else "family"
+
+
+def study_from_checkpoints(
+    paths: list[str], report: str = "quick", overrides: list[dict[str, Any]] | None = None
+) -> StudyRecipe:
+    """A study of the named checkpoints (`icl-probe study CK1 CK2 ... --recipe quick`): the
+    CHECKPOINT_ANALYSES on each, with the report recipe `report`, on the axis the models vary
+    along (`varying_axis`); `overrides` (--set) as in a study recipe."""
+    from ..core.errors import ProbeError
+    from .analyses import model_fields
+
+    fields = []
+    for path in paths:
+        if not Path(path).is_dir():
+            raise ConfigError(
+                f"study: {path} is not a checkpoint directory (name a study recipe alone, or run directories)"
+            )
+        try:
+            fields.append(model_fields(Path(path)))
+        except ProbeError as err:
+            raise ConfigError(f"study model {path}: {err}") from None
+    data: dict[str, Any] = {
+        "name": "checkpoints",
+        "description": "The checkpoints named on the command line: " + ", ".join(Path(p).name for p in paths),
+        "checkpoints": list(paths),
+        "analyses": list(CHECKPOINT_ANALYSES),
+        "x": varying_axis(fields),
+        "report": report,
+    }
+    for override in overrides or []:
+        data = merge(data, override)
+    return from_dict(StudyRecipe, data)
+
+
+def recipe_keys_help() -> str:
+    """The study recipe's keys with their help lines (for `icl-probe study --help`)."""
+    lines = []
+    for f in dataclasses.fields(StudyRecipe):
+        text = f.metadata.get("help") or {
+            "set": 'overrides of the report recipe, e.g. { "prompts.test" = 512 }',
+            "compare": "[[compare]] learners for spd_ilw: label, learner, grid, pick",
+            "shifts": "[[shifts]] task shifts for evaluate: label plus TaskConfig fields",
+        }.get(f.name, "")
+        choices = f.metadata.get("choices")
+        if choices is not None and f.name in ("analyses", "x"):
+            text += f" ({', '.join(map(str, choices))})"
+        lines.append(f"  {f.name:<17} {text}")
+    return "\n".join(lines)
+
+
 def snapshot_step(path: Path) -> int:
     match = re.fullmatch(r"step_(\d+)", path.name)
     return int(match.group(1)) if match else -1
