@@ -56,10 +56,10 @@ def _training_rows(ckpt) -> list[tuple[str, Any]]:
     return rows
 
 
-def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, compare) -> str:
+def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, compare, rendered: str = "") -> str:
     """The report page: templates/page.html.j2 with the sections of templates/report.html.j2: the
     evidence table, each analysis's sections in report order (probe/core/stages.py), the methods
-    and the grids."""
+    and the grids; `rendered`: the commit re-rendering the page (probe/reporting/rerender.py)."""
     items, caveats = findings(summary, answers=False)  # the answers head the page's answer block
     answers, groups = first_screen(summary)
     titles = summary.titles
@@ -86,6 +86,7 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
         layer_groups=groups,
         sections=sections,
         git=str(summary.git_commit),
+        rendered=rendered if rendered != summary.git_commit else "",
         sections_template="report.html.j2",
         context=context,
     ).render()

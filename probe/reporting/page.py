@@ -67,6 +67,7 @@ class Page:
     # the first screen (probe/reporting/answer.py): each question's answer, and what the layers look like
     answers: list = field(default_factory=list)
     layer_groups: list = field(default_factory=list)
+    rendered: str = ""  # the git commit that drew this page, where it is not the one of its numbers
     sections_template: str = ""  # a template of macros, one per Section.macro (templates/report.html.j2)
     context: dict = field(default_factory=dict)  # what those macros read
 

@@ -1,6 +1,7 @@
 """Re-render a report from the files beside it: figures and index.html drawn again from
 summary.json, recipe.json and data/ (with the checkpoint, for the model card), no analysis
-re-run. For a change of presentation only: the numbers are the report's own."""
+re-run. For a change of presentation only: the numbers are the report's own, and the page's footer
+names the commit that re-rendered it beside the one that computed them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import ConfigError
+from ..core.provenance import git_commit
 from ..io.formats import load_checkpoint
 from .build import Built, make_figures
 from .html import render_html
@@ -56,7 +58,8 @@ def rerender_report(folder: str | Path, checkpoint: str | Path | None = None) ->
     try:
         drawn = make_figures(built, ckpt, recipe, staged, compare)
         figs = {name: folder / "figures" / path.name for name, path in drawn.items()}  # where they will lie
-        (folder / "index.html.tmp").write_text(render_html(built, summary, figs, ckpt, recipe, compare))
+        page = render_html(built, summary, figs, ckpt, recipe, compare, rendered=git_commit())
+        (folder / "index.html.tmp").write_text(page)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         (folder / "index.html.tmp").unlink(missing_ok=True)
