@@ -127,3 +127,23 @@ def test_re_rendering_refuses_another_checkpoint(report, tmp_path):
     with pytest.raises(ConfigError, match="is not the report's checkpoint this report was made from"):
         rerender_report(copy, checkpoint=REPO / "checkpoints" / "gpt2-default")
     assert (copy / "index.html").read_text() == (report / "index.html").read_text()  # nothing half-written
+
+
+def test_the_methods_list_the_papers_whose_methods_the_report_ran(report):
+    """Each stage that ran names its papers (AnalysisStage.papers); the methods list each once."""
+    import json
+
+    from probe.core.stages import registered
+    from probe.reporting.html import papers_run
+    from probe.reporting.schema import Summary
+
+    summary = Summary.from_json(json.loads((report / "summary.json").read_text()))
+    papers = papers_run(summary)
+    assert papers[:3] == [  # the error curve first (report order), then the layers stage
+        "Garg et al. 2022: the error against the number of in-context examples",
+        "Wu et al. 2024, App. G: R^2 beside training the task's network directly (ReLU-network tasks)",
+        "Fu et al. 2024, §4.1: per-layer read-out retraining",
+    ]
+    assert len(papers) == len(set(papers)) and registered()["probes"].papers[0] in papers
+    methods = (report / "index.html").read_text().split('<section id="methods">')[1]
+    assert "The papers whose methods this report ran" in methods and "Hataya &amp; Imaizumi 2024, Discussion" in methods

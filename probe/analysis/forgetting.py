@@ -148,6 +148,7 @@ def forgetting_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
 FORGETTING = register_stage(
     AnalysisStage(
         name="forgetting",
+        papers=("Fu et al. 2024, App. A.4, eq. 16: forgetting",),
         settings=ForgettingSettings,
         run=_run,
         block=ForgettingCurves,

@@ -321,6 +321,7 @@ DESCRIPTION = (
 OOD = register_stage(
     AnalysisStage(
         name="ood",
+        papers=("Garg et al. 2022: the prompt shifts",),
         settings=OodSettings,
         run=_run,
         block=Ood,

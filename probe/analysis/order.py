@@ -370,6 +370,7 @@ def _evidence(block: OrderSensitivity, summary, a: str, b: str) -> list[dict]:
 ORDER = register_stage(
     AnalysisStage(
         name="order",
+        papers=("Hataya & Imaizumi 2024, Discussion: order sensitivity",),
         key="order_sensitivity",
         settings=OrderSettings,
         run=_run,

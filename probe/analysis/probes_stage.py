@@ -301,6 +301,7 @@ DESCRIPTION = (
 PROBES = register_stage(
     AnalysisStage(
         name="probes",
+        papers=("Akyurek et al. 2023, §5 and App. C.8: attention-pooled probes",),
         settings=ProbeSettings,
         run=_run,
         block=Probes,

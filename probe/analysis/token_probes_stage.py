@@ -304,6 +304,7 @@ DESCRIPTION = (
 TOKEN_PROBES = register_stage(
     AnalysisStage(
         name="token_probes",
+        papers=("Fu et al. 2024: the Iterative Newton construction, whose tokens hold M_k x_i",),
         settings=TokenProbeSettings,
         run=_run,
         block=TokenProbes,

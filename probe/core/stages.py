@@ -93,6 +93,9 @@ class AnalysisStage:
         section made of its description, tables and figures.
     files: entries of its `data` the report writes as data/<entry>.json (the layers' `trends`; a
         compared checkpoint's as data/compare_<entry>.json).
+        papers: the papers whose methods it runs, cited by author and year with the paper's section
+        ("Fu et al. 2024, App. A.4, eq. 16: forgetting"); the report's methods list them
+        (full citations: docs/references.md).
     """
 
     name: str
@@ -122,6 +125,7 @@ class AnalysisStage:
     merged: bool = False
     sections: tuple[tuple[str, str, str], ...] = ()
     files: tuple[str, ...] = ()
+    papers: tuple[str, ...] = ()
 
     @property
     def command(self) -> str:

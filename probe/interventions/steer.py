@@ -367,6 +367,7 @@ def _findings(block: SteeringBlock, summary) -> str | None:
 STEERING = register_stage(
     AnalysisStage(
         name="steering",
+        papers=("Akyurek et al. 2023, eq. 20-22: the attention-pooled probe whose direction is written",),
         cli="steer",
         settings=SteeringSettings,
         run=_run,

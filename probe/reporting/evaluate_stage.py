@@ -104,6 +104,10 @@ def _findings(block: Evaluation, summary: Any) -> str | None:
 register_stage(
     AnalysisStage(
         name="evaluate",
+        papers=(
+            "Garg et al. 2022: the error against the number of in-context examples",
+            "Wu et al. 2024, App. G: R^2 beside training the task's network directly (ReLU-network tasks)",
+        ),
         settings=None,
         run=_run,
         block=Evaluation,

@@ -36,6 +36,11 @@ def learner_methods(recipe) -> list[str]:
     return lines
 
 
+def papers_run(summary: Summary) -> list[str]:
+    """The papers whose methods the report's stages ran (each stage's `papers`), in report order, once each."""
+    return list(dict.fromkeys(paper for key in summary.stages for paper in by_block_key()[key].papers))
+
+
 def _training_rows(ckpt) -> list[tuple[str, Any]]:
     """The training recipe, when the checkpoint records it (icl-probe runs do; Garg's config less)."""
     if ckpt.format != "icl-probe":
@@ -72,6 +77,7 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
         "compare_name": compare.name if compare is not None else "",
         "learner_lines": learner_methods(recipe),
         "queries": query_count(recipe.prompts.queries, ckpt.config.task.n_dims),
+        "papers": papers_run(summary),
     }
     sections = [Section("Evidence: which algorithm?", macro="evidence")] if summary.evidence else []
     for key, block in summary.stages.items():

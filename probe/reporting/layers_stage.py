@@ -373,6 +373,11 @@ def _trend_rows(trend: dict[str, Trend], a: str, b: str) -> list[dict[str, Any]]
 register_stage(
     AnalysisStage(
         name="layers",
+        papers=(
+            "Fu et al. 2024, §4.1: per-layer read-out retraining",
+            "Fu et al. 2024, eq. 9-12: SimE and SimW",
+            "Fu et al. 2024, Def. 4 and Table 1: layer-to-iteration matching",
+        ),
         settings=None,
         run=_run,
         block=LayerAnalyses,

@@ -38,6 +38,11 @@ def _checkpoint(entry: dict, given: Path | None, what: str):
     return ckpt
 
 
+def _read_table(path: Path) -> pd.DataFrame:
+    """A table as the build wrote it; an empty one (no columns: a stage that found nothing) stays empty."""
+    return pd.read_csv(path) if path.read_text().strip() else pd.DataFrame()
+
+
 def rerender_report(folder: str | Path, checkpoint: str | Path | None = None) -> Path:
     """Draw `folder`'s figures and write its index.html again from its own files; returns index.html."""
     folder = Path(folder)
@@ -49,7 +54,7 @@ def rerender_report(folder: str | Path, checkpoint: str | Path | None = None) ->
     ckpt = _checkpoint(raw["checkpoint"], Path(checkpoint) if checkpoint else None, "report's")
     compare = _checkpoint(raw["compare"]["checkpoint"], None, "compared") if raw.get("compare") else None
     built = Built(
-        tables={p.stem: pd.read_csv(p) for p in sorted((folder / "data").glob("*.csv")) if p.stem not in NOT_TABLES},
+        tables={p.stem: _read_table(p) for p in sorted((folder / "data").glob("*.csv")) if p.stem not in NOT_TABLES},
         data={p.stem: json.loads(p.read_text()) for p in sorted((folder / "data").glob("*.json"))},
         timings=dict(summary.timings),
     )

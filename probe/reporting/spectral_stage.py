@@ -401,6 +401,7 @@ def _evidence(sp: Spectral | None, summary: Any, a: str, b: str) -> list[dict[st
 register_stage(
     AnalysisStage(
         name="spectral",
+        papers=("Fu et al. 2024, eq. 8: Iterative Newton, whose spectral filter the instrument tells from GD's",),
         settings=SpectralSettings,
         run=_run,
         block=Spectral,
