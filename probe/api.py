@@ -172,16 +172,26 @@ def analyse(
     task=None,
     device: str = "cpu",
     progress: bool = False,
+    cache_dir: str | Path | None = None,
     **sections: Any,
 ):
     """The report's layers stage (read-outs, SimE / SimW heatmaps, best matches, trends, Table 1
     and its verdicts, nulls, span test) as a LayerAnalysis, with the recipe's [prompts],
     [readout], [similarity] and sweeps (keyword sections override them). For a model object that
-    is not a checkpoint pass `model` and its `task` (a TaskConfig)."""
+    is not a checkpoint pass `model` and its `task` (a TaskConfig). With `cache_dir`, a repeated
+    call on the same checkpoint with the same settings is read from there (the report's stage cache,
+    probe/reporting/api_cache.py), not recomputed."""
     from .analysis.pipeline import analyse_layers
 
-    model, task, settings = _layer_job("analyse", checkpoint, recipe, model, task, device, sections)
-    return analyse_layers(model, task, settings, progress=progress)
+    model, task, settings, fingerprint = _layer_job(
+        "analyse", checkpoint, recipe, model, task, device, sections, cache_dir
+    )
+    compute = lambda: analyse_layers(model, task, settings, progress=progress)
+    if cache_dir is None:
+        return compute()
+    from .reporting.api_cache import cached_layers
+
+    return cached_layers(Path(cache_dir), fingerprint, settings, model, compute)
 
 
 @dataclass
@@ -228,36 +238,52 @@ def spectral(
     task=None,
     device: str = "cpu",
     progress: bool = False,
+    cache_dir: str | Path | None = None,
     **sections: Any,
 ):
     """The spectral instrument alone (probe/analysis/spectral.py) as a SpectralResult: each layer's
     filter class and local exponent (`.layers`, one row per layer), per bin variable
     (`.by_variable`), and its response to each eigen-direction of its prompt's S (`.curves`), on
     the induced weights the layers stage makes with the recipe's [prompts], [readout],
-    [similarity] and [spectral] (keyword sections override them: `spectral={"bins": 16}`)."""
+    [similarity] and [spectral] (keyword sections override them: `spectral={"bins": 16}`). With
+    `cache_dir`, a repeated call with the same checkpoint and settings is read from there."""
     from .analysis.pipeline import analyse_spectrum
 
-    model, task, settings = _layer_job("spectral", checkpoint, recipe, model, task, device, sections)
-    return SpectralResult.of(analyse_spectrum(model, task, settings, progress=progress))
+    model, task, settings, fingerprint = _layer_job(
+        "spectral", checkpoint, recipe, model, task, device, sections, cache_dir
+    )
+    compute = lambda: analyse_spectrum(model, task, settings, progress=progress)
+    if cache_dir is None:
+        return SpectralResult.of(compute())
+    from .reporting.api_cache import cached_spectrum
+
+    return SpectralResult.of(cached_spectrum(Path(cache_dir), fingerprint, settings, compute))
 
 
-def _layer_job(job: str, checkpoint, recipe: str, model, task, device: str, sections: dict[str, Any]):
-    """(model, task, LayerSettings) of a layers-stage job: a checkpoint (the recipe adapted to it)
-    or a model object with its task, never both."""
+def _layer_job(job: str, checkpoint, recipe: str, model, task, device: str, sections: dict[str, Any], cache_dir=None):
+    """(model, task, LayerSettings, the checkpoint's fingerprint) of a layers-stage job: a checkpoint
+    (the recipe adapted to it) or a model object with its task, never both; a cache needs a
+    checkpoint (what identifies a model object's weights is not known)."""
     from .analysis.pipeline import LayerSettings
     from .core.validate import check_device
     from .reporting.recipe import adapt_recipe, resolve_recipe
 
     parsed = resolve_recipe(recipe, _overrides(sections))
     device = check_device(device)
+    fingerprint = ""
     if model is None:
         ckpt = _checkpoint(checkpoint)
         model, task, parsed = ckpt.model, ckpt.config.task, adapt_recipe(parsed, ckpt.config)
+        fingerprint = ckpt.fingerprint
+    elif cache_dir is not None:
+        raise ConfigError(
+            f"probe.{job}: cache_dir needs a checkpoint (a path or a LoadedCheckpoint), not a model object"
+        )
     elif checkpoint is not None:
         raise ConfigError("give a checkpoint or a model (with its task), not both")
     elif task is None:
         raise ConfigError(f"a model object needs its task: probe.{job}(model=m, task=TaskConfig(n_dims=..., ...))")
-    return model, task, LayerSettings.from_recipe(parsed, device)
+    return model, task, LayerSettings.from_recipe(parsed, device), fingerprint
 
 
 def prompts(checkpoint=None, n: int = 64, seed: int = 0, *, task=None):

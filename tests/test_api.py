@@ -238,3 +238,30 @@ def test_the_readmes_python_example_runs_as_written(tmp_path, monkeypatch):
     assert not scope["report"].evidence.empty and (tmp_path / "runs" / "smoke" / "index.html").is_file()
     assert scope["spectrum"].layers.layer.tolist() == list(range(9))  # gpt2-default: 8 blocks, 9 layers
     assert not scope["layers"].best.empty
+
+
+def test_a_repeated_call_with_cache_dir_is_read_from_the_cache(ckpt, tmp_path, monkeypatch):
+    """probe.analyse / probe.spectral with cache_dir: the second call with the same checkpoint and
+    settings computes nothing and returns the same numbers; other settings compute again."""
+    from probe.analysis import pipeline
+
+    small = {"prompts": {"train": 32, "val": 16, "test": 32, "induced": 8}, "similarity": {"bootstrap": 20}}
+    first = probe.analyse(ckpt, recipe="smoke", cache_dir=tmp_path, **small)
+    spectrum = probe.spectral(ckpt, recipe="smoke", cache_dir=tmp_path, **small)
+
+    def recomputed(*args, **kwargs):
+        raise AssertionError("recomputed despite the cache")
+
+    monkeypatch.setattr(pipeline, "analyse_layers", recomputed)
+    monkeypatch.setattr(pipeline, "analyse_spectrum", recomputed)
+    again = probe.analyse(ckpt, recipe="smoke", cache_dir=tmp_path, **small)
+    for name in ("best", "table1", "readout", "cells"):
+        pd.testing.assert_frame_equal(getattr(again, name), getattr(first, name), check_dtype=False, obj=name)
+    assert again.trends == first.trends
+    np.testing.assert_array_equal(again.readouts.coef, first.readouts.coef)
+    cached = probe.spectral(ckpt, recipe="smoke", cache_dir=tmp_path, **small)
+    pd.testing.assert_frame_equal(cached.layers, spectrum.layers, check_dtype=False)
+    with pytest.raises(AssertionError, match="recomputed despite the cache"):  # other settings: computed again
+        probe.analyse(ckpt, recipe="smoke", cache_dir=tmp_path, **{**small, "similarity": {"bootstrap": 21}})
+    with pytest.raises(ConfigError, match="cache_dir needs a checkpoint"):
+        probe.analyse(model=object(), task=object(), cache_dir=tmp_path)
