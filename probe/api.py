@@ -44,10 +44,21 @@ class ReportResult:
         each question's consolidated answer; empty where the report has none."""
         return self.tables.get("evidence", pd.DataFrame())
 
+    @property
+    def spectral(self) -> pd.DataFrame:
+        """Each layer's spectral verdict and local exponent p with its 90% interval, in the bin
+        variable of its best family (summary.json's `spectral`); empty where it was not measured."""
+        block = self.summary.get("spectral") or {}
+        columns = ("layer", "verdict", "p", "p_low", "p_high", "variable")
+        if not all(isinstance(block.get(c), list) for c in columns):
+            return pd.DataFrame(columns=list(columns))
+        return pd.DataFrame({c: block[c] for c in columns})
+
     @classmethod
     def read(cls, path: Path) -> ReportResult:
         path = Path(path)
-        tables = {p.stem: pd.read_csv(p) for p in sorted((path / "data").glob("*.csv"))}
+        read = lambda p: pd.read_csv(p) if p.read_text().strip() else pd.DataFrame()  # empty: a stage found nothing
+        tables = {p.stem: read(p) for p in sorted((path / "data").glob("*.csv"))}
         figures = {p.stem: p for p in sorted((path / "figures").glob("*.png"))}
         return cls(path, json.loads((path / "summary.json").read_text()), tables, figures)
 
