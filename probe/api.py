@@ -149,7 +149,6 @@ def run_report(
     """`report` with the overrides as recipe mappings (the CLI's parsed --set values); everything
     cheap (recipe, device, memory budget, --out) is checked before a checkpoint is loaded."""
     from .core.memory import MemoryBudget
-    from .core.provenance import display_path
     from .core.validate import check_device, parse_bytes
     from .io.checkpoint import LoadedCheckpoint
     from .io.outputs import OutputTarget
@@ -163,13 +162,6 @@ def run_report(
     target = OutputTarget(Path(out), "report", force=force, inputs=tuple(Path(p) for p in inputs))
     ckpt = _checkpoint(checkpoint)
     other = _checkpoint(compare) if compare is not None else None
-    if other is not None and other.config.task.n_dims != ckpt.config.task.n_dims:
-        raise ConfigError(
-            f"--compare model has d={other.config.task.n_dims}, the report's model d={ckpt.config.task.n_dims}: a "
-            "report compares layers on one task; compare models of different d per model with "
-            f"`icl-probe study {display_path(ckpt.path)} {display_path(other.path)} --out DIR` (each model's evidence, "
-            "spectral classes and exponents per layer, error curves)"
-        )
     cache = Path(cache_dir) if cache_dir is not None else None
     build_report(ckpt, parsed, target, device=device, compare=other, cache_dir=cache, progress=progress, memory=memory)
     return target.path

@@ -2,12 +2,15 @@
 hand-built evidence and spectral blocks, table cells (numbers right, prose left, a missing value in
 words), one layer numbering in the ablation table, and a re-render from the report's own files."""
 
+import json
 import re
 import shutil
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from probe.reporting.answer import answer, layer_groups
 from probe.reporting.page import table
@@ -147,3 +150,45 @@ def test_the_methods_list_the_papers_whose_methods_the_report_ran(report):
     assert len(papers) == len(set(papers)) and registered()["probes"].papers[0] in papers
     methods = (report / "index.html").read_text().split('<section id="methods">')[1]
     assert "The papers whose methods this report ran" in methods and "Hataya &amp; Imaizumi 2024, Discussion" in methods
+
+
+def _tiny(path, d, seed, layers=2, points=8):
+    from conftest import build_cfg
+
+    from probe.io.checkpoint import save_model
+    from probe.models import build_model
+
+    torch.manual_seed(seed)
+    cfg = build_cfg(d=d, layers=layers, points=points)
+    save_model(build_model(cfg.model).eval(), cfg, path)
+    return path
+
+
+@pytest.mark.slow
+def test_compare_reports_pair_one_task_and_set_different_d_side_by_side(ckpt, tmp_path):
+    """`report --compare`: the same task gives the paired error difference over the same prompts
+    (checked against the two models' own error curves); another d gives each model's answers and
+    layers by relative depth, and no paired table."""
+    from conftest import TINY_REPORT
+
+    from probe.cli import main
+
+    same, other_d = _tiny(tmp_path / "same", 3, seed=5, layers=3), _tiny(tmp_path / "d4", 4, seed=6, layers=2, points=12)
+    for name, other in (("paired", same), ("apart", other_d)):
+        argv = ["-q", "report", str(ckpt), "--compare", str(other), "--out", str(tmp_path / name), "--no-cache",
+                "--recipe", "smoke", *TINY_REPORT]
+        assert main(argv) == 0, name
+    paired = json.loads((tmp_path / "paired" / "summary.json").read_text())["compare"]
+    assert paired["same_task"] and [r["n_examples"] for r in paired["paired_error"]] == [3, 7]
+    diff = pd.read_csv(tmp_path / "paired" / "data" / "comparison_paired.csv")
+    mine = pd.read_csv(tmp_path / "paired" / "data" / "icl_error.csv")
+    theirs = pd.read_csv(tmp_path / "paired" / "data" / "compare_icl_error.csv")
+    np.testing.assert_allclose(diff.difference, mine.model - theirs.model, atol=1e-9)  # same prompts, paired
+    assert (diff.ci_low <= diff.difference).all() and (diff.difference <= diff.ci_high).all()
+    apart = json.loads((tmp_path / "apart" / "summary.json").read_text())["compare"]
+    assert not apart["same_task"] and "paired_error" not in apart and set(apart["evidence"]) <= {"newton vs gd"}
+    layers = pd.read_csv(tmp_path / "apart" / "data" / "comparison_layers.csv")
+    assert layers.groupby("model").layer.max().to_dict() == {"tiny-gpt2": 3, "d4": 2}
+    assert layers["relative depth"].between(0, 1).all() and set(layers.examples) == {7, 9}  # each model's own 2d+1
+    page = (tmp_path / "apart" / "index.html").read_text()
+    assert "Comparison with d4" in page and "no prompt fits both" in page

@@ -430,14 +430,3 @@ def test_categories_on_the_x_axis_are_named_one_by_one_and_grid_ends_are_flagged
     )
     (sentence,) = best_k_sentence(table, "family")
     assert "gpt2: 64 [64, 64] (at the grid's end); lstm: 8 [8, 8]." in sentence
-
-
-def test_a_compare_across_d_points_to_the_study_that_compares_it(tmp_path, capsys):
-    from conftest import REPO
-
-    argv = ["-q", "report", str(REPO / "checkpoints" / "gpt2-default"), "--compare", str(REPO / "checkpoints" / "gpt2-d8"),
-            "--out", str(tmp_path / "r")]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "--compare model has d=8, the report's model d=4" in err and "icl-probe study " in err and "gpt2-d8 --out DIR" in err
-    assert not (tmp_path / "r").exists()

@@ -130,6 +130,34 @@ def error_curve(
     return frame
 
 
+def paired_error_difference(
+    model_a: nn.Module,
+    model_b: nn.Module,
+    task: TaskConfig,
+    n_prompts: int = 1280,
+    seed: int = 0,
+    device: str = "cpu",
+    n_boot: int = 1000,
+) -> pd.DataFrame:
+    """Two models of one task on the same prompts: per number of examples t, the mean over prompts
+    of error/d(a) - error/d(b) with its 90% paired bootstrap interval, and which is lower ("a",
+    "b", or None where the interval reaches 0)."""
+    prompts = curve_prompts(model_a, task, n_prompts, seed, None, n_boot)
+    sq = lambda model: error_per_dim(predict(model, prompts, device=device).double(), prompts.ys.double(), task.n_dims)
+    diff = sq(model_a) - sq(model_b)  # (P, n), paired: the same prompts
+    lo, hi = bootstrap_mean(diff, n_boot=n_boot, seed=seed)
+    frame = pd.DataFrame(
+        {
+            "n_examples": np.arange(prompts.xs.shape[1]),
+            "difference": diff.mean(0).numpy(),
+            "ci_low": lo.numpy(),
+            "ci_high": hi.numpy(),
+        }
+    )
+    frame["lower"] = [("a" if h < 0 else "b" if lw > 0 else None) for lw, h in zip(frame.ci_low, frame.ci_high)]
+    return frame
+
+
 def trivial_margin(model_err: Tensor, averaging_err: Tensor, zero_err: Tensor, n_boot: int, seed: int):
     """How far the model's error / d sits below the better (on average, per position) of the zero
     predictor and the averaging estimator x_q . X^T y / t, the two predictors that need no learning

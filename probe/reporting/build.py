@@ -26,6 +26,7 @@ from ..io.checkpoint import LoadedCheckpoint
 from ..io.outputs import OutputTarget
 from . import figures
 from .cache import StageCache, _jsonable
+from .compare import comparison
 from .evidence import evidence_frame
 from .html import render_html
 from .recipe import Recipe, adapt_recipe
@@ -210,9 +211,11 @@ def build_report(
     target.check_same_source(sources, display_path(ckpt.path))
     cache = StageCache(cache_dir)
     built = run_stages(ckpt, recipe, device, cache, progress, memory=memory)
+    compared: dict[str, Any] = {}
     if compare is not None:  # the user's recipe, adapted to the compared checkpoint by run_stages
         other = run_stages(compare, recipe, device, cache, progress, prefix="compare_", memory=memory)
-        built.tables.update(other.tables)
+        side_by_side, compared = comparison(built, other, ckpt, compare, recipe, device)
+        built.tables.update({**other.tables, **side_by_side})
         built.data.update(other.data)
         built.timings.update(other.timings)
         built.cached.update(other.cached)
@@ -229,6 +232,8 @@ def build_report(
         figs = make_figures(built, ckpt, recipe, tmp / "figures", compare)
         built.timings["figures"] = round(time.perf_counter() - start, 2)
         summary = build_summary(built, ckpt, recipe, compare)
+        if summary.compare is not None:
+            summary.compare.update(compared)
         if summary.evidence:
             evidence_frame(summary.evidence).to_csv(data_dir / "evidence.csv", index=False)
         plain = json.loads(json.dumps(summary.to_json(), default=_jsonable))  # numpy values as JSON ones

@@ -82,6 +82,8 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
     sections = [Section("Evidence: which algorithm?", macro="evidence")] if summary.evidence else []
     for key, block in summary.stages.items():
         sections += _stage_sections(by_block_key()[key], block, summary, figs, built.tables)
+    if summary.compare is not None and "comparison" in context["tables"]:
+        sections.append(Section(f"Comparison with {html.escape(context['compare_name'])}", macro="comparison"))
     sections += [Section("Methods", macro="methods"), Section("Grids", macro="grids")]
     return Page(
         title=f"icl-probe report: {summary.checkpoint.name} ({recipe.name} recipe)",
@@ -124,11 +126,67 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe) -> dict[
             out.update(declared.tables(block, summary, t))
     for i, q in enumerate(summary.evidence or []):
         out[f"evidence_{i}"] = _table(_evidence_rows(q, summary.titles))
+    out.update(_comparison_tables(t, summary))
     grids = [
         {"label": s.label, "learner": s.learner, "axis": s.axis, "grid": json.dumps(s.grid)} for s in recipe.sweeps
     ]
     out["grids"] = _table(pd.DataFrame(grids), missing={"axis": "- (no setting)"})
     return {name: markupsafe.Markup(text) for name, text in out.items()}
+
+
+def _interval(v: Any, low: Any, high: Any, fmt: str) -> str:
+    if v is None or pd.isna(v):  # nothing measured
+        return "-"
+    return f"{fmt.format(v)} [{fmt.format(low)}, {fmt.format(high)}]"
+
+
+def _comparison_tables(t: dict[str, pd.DataFrame], summary: Summary) -> dict[str, str]:
+    """`report --compare`'s own tables (probe/reporting/compare.py): each model's answers, its layers
+    by relative depth, and the paired error difference where the two share a task."""
+    if summary.compare is None or "comparison_layers" not in t:
+        return {}
+    other = Path(summary.compare["checkpoint"]["path"]).name
+    mine = {f"{q.a} vs {q.b}": q.answer_words for q in summary.evidence or []}
+    theirs = summary.compare.get("evidence", {})
+    answers = pd.DataFrame(
+        [
+            {"question": k, summary.checkpoint.name: mine.get(k, "-"), other: theirs.get(k, "-")}
+            for k in {**mine, **theirs}
+        ]
+    )
+    layers = t["comparison_layers"]
+    shown = pd.DataFrame(
+        {
+            "model": layers["model"],
+            "layer": layers["layer"],
+            "relative depth": layers["relative depth"],
+            "read-out error / d at 2d+1 [90%]": [
+                _interval(r.error, r.low, r.high, "{:.4f}")
+                for r in layers.rename(
+                    columns={"read-out error / d": "error", "ci_low": "low", "ci_high": "high"}
+                ).itertuples()
+            ],
+            "spectral verdict": layers["spectral verdict"].fillna(""),
+            "p [90%]": [_interval(p, lo, hi, "{:.2f}") for p, lo, hi in zip(layers.p, layers.p_low, layers.p_high)],
+        }
+    ).sort_values(["relative depth", "model"], kind="stable")
+    out = {"comparison": _table(answers), "comparison_layers": _table(shown)}
+    if "comparison_paired" in t:
+        paired = t["comparison_paired"]
+        names = {"a": summary.checkpoint.name, "b": other}
+        out["comparison_paired"] = _table(
+            pd.DataFrame(
+                {
+                    "examples": paired.n_examples,
+                    f"error / d, {summary.checkpoint.name} - {other} [90%]": [
+                        _interval(v, lo, hi, "{:+.4f}")
+                        for v, lo, hi in zip(paired.difference, paired.ci_low, paired.ci_high)
+                    ],
+                    "lower": [names.get(v, "not separable") for v in paired.lower.fillna("")],
+                }
+            )
+        )
+    return out
 
 
 def _evidence_rows(q, titles: Titles) -> pd.DataFrame:

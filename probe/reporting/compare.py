@@ -1,0 +1,96 @@
+"""`report --compare`: what a report can say of two checkpoints side by side. Every model, of any
+d or task: each one's evidence answers, and per layer (by index and by relative depth l / L) its
+read-out error at its own 2d+1 examples with the 90% interval and its spectral verdict and exponent.
+Where the two share a task (the same prompts fit both): the paired difference of their own
+predictions' error, per number of examples, with its 90% interval over the same prompts."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pandas as pd
+
+from ..analysis.evaluate import paired_error_difference
+from ..io.checkpoint import LoadedCheckpoint
+from .recipe import Recipe, adapt_recipe
+
+PREFIX = "compare_"
+
+
+def shares_task(a: LoadedCheckpoint, b: LoadedCheckpoint) -> bool:
+    """One task (function class, d, covariance, noise), whatever the prompt lengths the models take."""
+    return a.config.task == dataclasses.replace(b.config.task, n_points=a.config.task.n_points)
+
+
+def unprefixed(built, prefix: str = PREFIX):
+    """The compared checkpoint's stages (keys `compare_<name>`) as a report of its own would hold them."""
+    strip = lambda entries: {k[len(prefix) :]: v for k, v in entries.items() if k.startswith(prefix)}
+    return dataclasses.replace(
+        built,
+        tables=strip(built.tables),
+        data=strip(built.data),
+        timings=strip(built.timings),
+        cached=strip(built.cached),
+        not_measured=strip(built.not_measured),
+    )
+
+
+def layer_rows(name: str, tables: dict[str, pd.DataFrame], d: int) -> list[dict[str, Any]]:
+    """Per layer: its read-out error / d at 2d+1 examples with the interval, and its spectral reading."""
+    readout = tables["readout"]
+    at = readout[readout.n_examples == min(2 * d + 1, int(readout.n_examples.max()))].sort_values("layer")
+    spectral = tables.get("spectral_summary")
+    by_layer = {} if spectral is None else {int(r.predictor): r for r in spectral.itertuples()}
+    top = int(at.layer.max())
+    rows = []
+    for r in at.itertuples():
+        s = by_layer.get(int(r.layer))
+        rows.append(
+            {
+                "model": name,
+                "layer": int(r.layer),
+                "relative depth": round(int(r.layer) / top, 3) if top else 0.0,
+                "examples": int(r.n_examples),
+                "read-out error / d": float(r.error),
+                "ci_low": float(r.ci_low),
+                "ci_high": float(r.ci_high),
+                "spectral verdict": "" if s is None else s.verdict,
+                "p": None if s is None else s.p,
+                "p_low": None if s is None else s.p_low,
+                "p_high": None if s is None else s.p_high,
+            }
+        )
+    return rows
+
+
+def comparison(
+    built, other_built, ckpt: LoadedCheckpoint, other: LoadedCheckpoint, recipe: Recipe, device: str
+) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """The comparison's tables (`comparison_layers`, and `comparison_paired` where the task is
+    shared) and what summary.json's `compare` adds: each model's evidence answers and the paired
+    error difference at d and 2d+1 examples."""
+    from .summary import build_summary
+
+    theirs = unprefixed(other_built)
+    d, d_other = ckpt.config.task.n_dims, other.config.task.n_dims
+    layers = pd.DataFrame(layer_rows(ckpt.name, built.tables, d) + layer_rows(other.name, theirs.tables, d_other))
+    tables = {"comparison_layers": layers}
+    their_summary = build_summary(theirs, other, adapt_recipe(recipe, other.config), None)
+    answers = {q_key(q): q.answer_words for q in their_summary.evidence or []}
+    extra: dict[str, Any] = {"same_task": shares_task(ckpt, other), "evidence": answers}
+    if extra["same_task"]:
+        p = recipe.prompts
+        paired = paired_error_difference(ckpt.model, other.model, ckpt.config.task, p.curve, p.seed, device)
+        tables["comparison_paired"] = paired
+        at = paired[paired.n_examples.isin([d, 2 * d + 1])]
+        extra["paired_error"] = [
+            {"n_examples": int(r.n_examples), "difference": float(r.difference), "ci_low": float(r.ci_low),
+             "ci_high": float(r.ci_high), "lower": {"a": ckpt.name, "b": other.name}.get(r.lower)}
+            for r in at.itertuples()
+        ]  # fmt: skip
+    return tables, extra
+
+
+def q_key(q) -> str:
+    return f"{q.a} vs {q.b}"
