@@ -25,6 +25,7 @@ WIDE="--set prompts.induced=512 --set prompts.test=512"
 declare -A JOBS=(
   [gpt2-default-quick]="report checkpoints/gpt2-default --out reports/gpt2-default-quick"
   [gpt2-default-vs-lstm]="report checkpoints/gpt2-default --compare checkpoints/lstm-default --out reports/gpt2-default-vs-lstm"
+  [gpt2-default-vs-d8]="report checkpoints/gpt2-default --compare checkpoints/gpt2-d8 --out reports/gpt2-default-vs-d8"
   [gpt2-illcond-quick]="report checkpoints/gpt2-illcond --out reports/gpt2-illcond-quick $WIDE"
   [gpt2-illcond-24k-quick]="report checkpoints/gpt2-illcond-24k --out reports/gpt2-illcond-24k-quick $WIDE"
   [gpt2-d8-quick]="report checkpoints/gpt2-d8 --out reports/gpt2-d8-quick $WIDE"
