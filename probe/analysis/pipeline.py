@@ -30,6 +30,7 @@ from ..core.settings import (
     SimilaritySettings,
     SweepSettings,
     check_induced_queries,
+    induced_count,
     query_count,
     quick_sweeps,
 )
@@ -88,7 +89,7 @@ class LayerSettings:
     @property
     def n_induced(self) -> int:
         """Test prompts whose induced weights are compared (SimW, span test): the first prompts.induced."""
-        return min(self.prompts.induced, self.prompts.test)
+        return induced_count(self.prompts.induced, self.prompts.test)
 
 
 class ModelLens:

@@ -24,7 +24,7 @@ from ..core.seeds import Stream, stream_generator
 from ..core.validate import check_device, check_model, positive_int
 from ..data.tasks import sample_prompts
 from ..models.sizes import shape_of
-from .probes import R2_DRAWS, fit_probe_grid, probe_dtype, probe_targets
+from .probes import ALPHAS, FTOL, GTOL, HIDDEN, MAX_ITER, R2_DRAWS, fit_probe_grid, probe_dtype, probe_targets
 from .verdicts import decide
 
 PROBE_KINDS = ("linear", "mlp")
@@ -52,22 +52,22 @@ class ProbeSettings(Section):
         None, "prefix lengths t probed (none: 1, d, 2d and n-1 below n)", nonempty=True
     )
     alphas: tuple[float, ...] = setting(
-        (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0),
+        ALPHAS,
         "ridge penalties of the probes' heads, as fractions of the features' mean eigenvalue; chosen per probe "
         "by leave-one-out",
         nonempty=True,
     )
-    hidden: int = setting(128, "width of the MLP probes' GELU layer")
+    hidden: int = setting(HIDDEN, "width of the MLP probes' GELU layer")
     mlp_head: str = setting(
         "random",
         "the MLP probes' hidden layer: trained as a two-layer network (weight decay and start chosen on a "
         "validation share; about 5x the probes' time) or random features only",
         ("trained", "random"),
     )
-    max_iter: int = setting(500, "the most L-BFGS iterations per round of a probe's pooling fit")
-    gtol: float = setting(1e-6, "a pooling fit has converged when |gradient|_inf is at most this")
+    max_iter: int = setting(MAX_ITER, "the most L-BFGS iterations per round of a probe's pooling fit")
+    gtol: float = setting(GTOL, "a pooling fit has converged when |gradient|_inf is at most this")
     ftol: float = setting(
-        2.2e-9, "a pooling fit has also converged when an iteration lowers the objective by at most this"
+        FTOL, "a pooling fit has also converged when an iteration lowers the objective by at most this"
     )
     prompts: int = setting(512, "training prompts (penalties by leave-one-out on them)", minimum=3)
     controls: bool = setting(True, "random-weights model and shuffled-target controls")

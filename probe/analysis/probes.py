@@ -86,6 +86,8 @@ __all__ = [
 ]
 
 ALPHAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # ridge penalties, fractions of the mean eigenvalue
+# a probe's defaults, written once: the MLP probes' width, and the pooling fit's L-BFGS limits
+HIDDEN, MAX_ITER, GTOL, FTOL = 128, 500, 1e-6, 2.2e-9
 
 
 def probe_targets(xs: Tensor, ys: Tensor, name: str) -> Tensor:
@@ -173,10 +175,10 @@ def fit_probe_grid(
     kinds: str | Sequence[str] = ("linear", "mlp"),
     *,
     alphas: Sequence[float] = ALPHAS,
-    hidden: int = 128,
-    max_iter: int = 500,
-    gtol: float = 1e-6,
-    ftol: float = 2.2e-9,
+    hidden: int = HIDDEN,
+    max_iter: int = MAX_ITER,
+    gtol: float = GTOL,
+    ftol: float = FTOL,
     pooling: str = "learned",
     seed: int = 0,
     device: str = "cpu",
@@ -346,10 +348,10 @@ class AttentionPoolProbe(RegressorMixin, BaseEstimator):
         self,
         kind: str = "linear",
         alphas: tuple[float, ...] = ALPHAS,
-        hidden: int = 128,
-        max_iter: int = 500,
-        gtol: float = 1e-6,
-        ftol: float = 2.2e-9,
+        hidden: int = HIDDEN,
+        max_iter: int = MAX_ITER,
+        gtol: float = GTOL,
+        ftol: float = FTOL,
         pooling: str = "learned",
         random_state: int = 0,
         mlp_head: str = "trained",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
-from .settings import query_count
+from .settings import induced_count, query_count
 from .validate import ITERATION_KEYS, check_memory
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ def layer_estimates(shape: Shape, points: int, prompts, similarity, sweeps) -> l
     """The layer analyses ([prompts], [similarity], sweeps): captures, fresh-query forwards for
     SimW, every learner on the test prompts, bootstrap intervals of every layer x grid cell."""
     queries = query_count(prompts.queries, shape.d)
-    induced = min(prompts.induced, prompts.test)
+    induced = induced_count(prompts.induced, prompts.test)
     cells = (shape.layers + 1) * sum(grid_points(s) for s in sweeps)
     out = [
         prompt_estimate(

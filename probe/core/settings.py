@@ -95,6 +95,12 @@ def flag_overrides(args: argparse.Namespace) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ the analyses' settings
 
 
+def induced_count(induced: int, test: int) -> int:
+    """Prompts whose induced weights are measured (SimW, the span test, the spectral instrument):
+    the first `induced` of the `test` held-out prompts."""
+    return min(induced, test)
+
+
 def query_count(queries: int, d: int) -> int:
     """Fresh queries per prefix for a layer's induced weights (Fu et al. 2024, eq. 11-12): `queries`, or
     4 d where it is 0 (the recipes' default; SimW solves for d unknowns, so at least d are needed)."""

@@ -38,16 +38,14 @@ def whole_number(value: Any, name: str) -> int:
 
 
 def positive_int(value: Any, name: str, minimum: int = 1) -> int:
-    """An integer >= minimum (floats with an integral value are accepted, 2.5 is not)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or (isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()))
-    ):
+    """An integer >= minimum (`whole_number`'s rule: floats with an integral value are accepted, 2.5 is not)."""
+    try:
+        number = whole_number(value, name)
+    except ConfigError:
+        number = minimum - 1  # one message for both faults
+    if number < minimum:
         raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if int(value) < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+    return number
 
 
 SEED_LIMIT = 2**63  # seeds are mixed modulo 2^63 - 1 (probe/data/tasks.py generator_for) and fed to torch's generators

@@ -7,6 +7,7 @@ Randomness comes only from the `torch.Generator` passed in, so a (seed, step) pa
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -73,17 +74,32 @@ def zero_inactive(xs: Tensor, active_dims: int | None) -> Tensor:
     return xs
 
 
+def _linear_prompts(
+    task: TaskConfig,
+    batch: int,
+    n_points: int,
+    generator: torch.Generator,
+    active_dims: int | None,
+    mask: Callable[[Tensor], Tensor] | None = None,
+) -> Prompts:
+    """y = x.w + eps with w ~ N(0, tau^2 I) (then `mask`ed), eps ~ N(0, sigma^2); draws in the order
+    inputs, w, the mask's own draws, noise (a seed's prompts stay what they were)."""
+    xs, a = sample_inputs(task, batch, n_points, generator, active_dims)
+    w = task.w_scale * torch.randn(batch, task.n_dims, generator=generator)
+    if mask is not None:
+        w = mask(w)
+    ys = torch.einsum("bnd,bd->bn", xs, w)
+    if task.noise_std > 0:
+        ys = ys + task.noise_std * torch.randn(batch, n_points, generator=generator)
+    return Prompts(xs, ys, w, {} if a is None else {"sigma_sqrt": a})
+
+
 @TASKS.register("linear_regression")
 def linear_regression(
     task: TaskConfig, batch: int, n_points: int, generator: torch.Generator, active_dims: int | None = None
 ) -> Prompts:
     """y = x.w + eps, w ~ N(0, tau^2 I), eps ~ N(0, sigma^2) (Akyurek et al. 2023, eq. 16)."""
-    xs, a = sample_inputs(task, batch, n_points, generator, active_dims)
-    w = task.w_scale * torch.randn(batch, task.n_dims, generator=generator)
-    ys = torch.einsum("bnd,bd->bn", xs, w)
-    if task.noise_std > 0:
-        ys = ys + task.noise_std * torch.randn(batch, n_points, generator=generator)
-    return Prompts(xs, ys, w, {} if a is None else {"sigma_sqrt": a})
+    return _linear_prompts(task, batch, n_points, generator, active_dims)
 
 
 @TASKS.register("sparse_linear_regression")
@@ -91,15 +107,12 @@ def sparse_linear_regression(
     task: TaskConfig, batch: int, n_points: int, generator: torch.Generator, active_dims: int | None = None
 ) -> Prompts:
     """As linear regression, with all but `sparsity` random coordinates of w set to zero."""
-    xs, a = sample_inputs(task, batch, n_points, generator, active_dims)
-    w = task.w_scale * torch.randn(batch, task.n_dims, generator=generator)
-    keep = torch.rand(batch, task.n_dims, generator=generator).argsort(dim=-1)[:, : task.sparsity]
-    mask = torch.zeros_like(w).scatter_(1, keep, 1.0)
-    w = w * mask
-    ys = torch.einsum("bnd,bd->bn", xs, w)
-    if task.noise_std > 0:
-        ys = ys + task.noise_std * torch.randn(batch, n_points, generator=generator)
-    return Prompts(xs, ys, w, {} if a is None else {"sigma_sqrt": a})
+
+    def keep_sparsity(w: Tensor) -> Tensor:
+        keep = torch.rand(batch, task.n_dims, generator=generator).argsort(dim=-1)[:, : task.sparsity]
+        return w * torch.zeros_like(w).scatter_(1, keep, 1.0)
+
+    return _linear_prompts(task, batch, n_points, generator, active_dims, keep_sparsity)
 
 
 def sample_relu_network(task: TaskConfig, batch: int, generator: torch.Generator) -> list[Tensor]:

@@ -22,6 +22,7 @@ from ..analysis.labels import layer_list
 from ..analysis.spectral import NotMeasured, SpectralSettings, spectral_cost
 from ..analysis.spectral_references import CLASSES
 from ..core import budget
+from ..core.settings import induced_count
 from ..core.stages import AnalysisStage, StageTables, register_stage
 from ..core.validity import Domain, Validity
 from ..models.sizes import shape_of
@@ -377,7 +378,9 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
         return []
     shape, p = shape_of(ckpt.config.model), recipe.prompts
     return [
-        spectral_cost(recipe.spectral, min(p.induced, p.test), shape.layers + 1, shape.d, recipe.similarity.bootstrap)
+        spectral_cost(
+            recipe.spectral, induced_count(p.induced, p.test), shape.layers + 1, shape.d, recipe.similarity.bootstrap
+        )
     ]
 
 

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.settings import induced_count
 from ..core.validity import STATUSES, Domain, Validity
 
 __all__ = ["STATUSES", "Domain", "Precondition", "Validity", "conditions", "learns_in_context"]
@@ -35,7 +36,7 @@ def conditions(summary: Any) -> dict[str, Any]:
         out["readout"] = getattr(readout, "method", None)
     prompts = (getattr(summary, "recipe", None) or {}).get("prompts") or {}
     if "induced" in prompts:  # the prompts the layers' induced weights (spectral, SimW) are measured on
-        out["prompts"] = min(prompts["induced"], prompts.get("test", prompts["induced"]))
+        out["prompts"] = induced_count(prompts["induced"], prompts.get("test", prompts["induced"]))
     return out
 
 
