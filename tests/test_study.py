@@ -430,3 +430,32 @@ def test_categories_on_the_x_axis_are_named_one_by_one_and_grid_ends_are_flagged
     )
     (sentence,) = best_k_sentence(table, "family")
     assert "gpt2: 64 [64, 64] (at the grid's end); lstm: 8 [8, 8]." in sentence
+
+
+def test_the_headline_holds_on_a_seed_as_defined_up_front():
+    """Holds on a seed: the first seed's consolidated Newton-or-GD answer and at least 3 responding
+    layers in the first-order class (GD or ridge, also not separated from each other; not where
+    Newton's class is the runner-up) with p's 90% interval below 1.5."""
+    from probe.study.findings import first_order_reading, replication, replication_sentence
+
+    assert first_order_reading("gd") and first_order_reading("ridge not separable from gd")
+    assert not first_order_reading("gd not separable from precond_gd") and not first_order_reading("precond_gd")
+    assert not first_order_reading("no response") and not first_order_reading("ambiguous: lam_t gd / lam_max ridge")
+
+    def seed(model, s, answer, verdicts, highs):
+        rows = [{"model": model, "train_seed": s, "analysis": "evidence", "metric": "newton_vs_gd",
+                 "learner": "consolidated answer", "layer": -1, "value": answer, "ci_low": "", "ci_high": ""}]
+        rows += [{"model": model, "train_seed": s, "analysis": "spectral", "metric": "spectral_p", "learner": v,
+                  "layer": i, "value": 1.0, "ci_low": 0.8, "ci_high": h} for i, (v, h) in enumerate(zip(verdicts, highs))]
+        return rows
+
+    table = pd.DataFrame(
+        seed("a", 0, -1.0, ["no response", "gd", "ridge not separable from gd", "gd", "gd"], [None, 1.2, 1.1, 1.4, 1.6])
+        + seed("b", 1, -1.0, ["gd", "gd", "gd not separable from precond_gd", "gd"], [1.2, 1.2, 1.2, 1.2])
+        + seed("c", 2, 0.0, ["gd", "gd", "gd", "gd"], [1.0, 1.0, 1.0, 1.0])
+    )
+    rows = replication(table, "train_seed")
+    assert [(r["layers"], r["holds"]) for r in rows] == [([1, 2, 3], True), ([0, 1, 3], True), ([0, 1, 2, 3], False)]
+    sentence = replication_sentence(table, "train_seed")
+    assert sentence.startswith("The headline holds on some training seed (2 of 3;")
+    assert "does not hold (answer undecided, 4 first-order layers: 0, 1, 2, 3)" in sentence

@@ -15,6 +15,7 @@ AXIS = {
     "n_layer": "layers",
     "n_embd": "width",
     "train_step": "training step",
+    "train_seed": "training seed",
     "relu_depth": "target-network depth",
     "attn_activation": "attention",
     "noise_std": "label noise",
@@ -172,6 +173,84 @@ def best_k_sentence(table: pd.DataFrame, x: str, titles: Titles | None = None) -
     return out
 
 
+# "the headline holds on a seed", defined before any seed was read: the same consolidated Newton-or-GD
+# answer as the first seed, and at least HOLD_LAYERS responding layers whose spectral verdict is the
+# first-order class (GD or ridge, also where the two are not separated from each other) with the
+# exponent's 90% interval below HOLD_P
+FIRST_ORDER, HOLD_LAYERS, HOLD_P = ("gd", "ridge"), 3, 1.5
+
+
+def first_order_reading(verdict: str) -> bool:
+    """A spectral verdict (probe/analysis/spectral.py `summarise`) naming the first-order class."""
+    classes = verdict.split(" not separable from ")
+    return len(classes) <= 2 and all(c in FIRST_ORDER for c in classes)
+
+
+def replication(table: pd.DataFrame, x: str) -> list[dict[str, Any]]:
+    """Per model in x order: its consolidated Newton-or-GD answer, its first-order layers (HOLD_P),
+    and whether the headline holds on it (the definition above FIRST_ORDER)."""
+    answers = table[(table.analysis == "evidence") & (table.learner == "consolidated answer")]
+    answers = answers[answers.metric == "newton_vs_gd"]
+    spectral = table[(table.analysis == "spectral") & (table.metric == "spectral_p")]
+    if answers.empty or spectral.empty:
+        return []
+    side = {1.0: "newton", -1.0: "gd", 0.0: "undecided"}
+    models = x_order(spectral, x)
+    first = answers[answers.model == models[0]].value
+    reference = side.get(float(first.iloc[0])) if len(first) else None
+    out = []
+    for m in models:
+        rows = spectral[spectral.model == m]
+        high = pd.to_numeric(rows.ci_high, errors="coerce")
+        layers = [
+            int(r.layer) for r, h in zip(rows.itertuples(), high) if first_order_reading(r.learner) and h < HOLD_P
+        ]
+        mine = answers[answers.model == m].value
+        answer = side.get(float(mine.iloc[0])) if len(mine) else None
+        out.append(
+            {"model": m, "x": rows[x].iloc[0], "answer": answer, "layers": layers,
+             "holds": answer == reference and len(layers) >= HOLD_LAYERS}
+        )  # fmt: skip
+    return out
+
+
+def replication_sentence(table: pd.DataFrame, x: str) -> str | None:
+    """Whether the headline holds on every seed, some or none (`replication`), with each seed's count."""
+    rows = replication(table, x)
+    if len(rows) < 2:
+        return None
+    held = sum(r["holds"] for r in rows)
+    extent = "every" if held == len(rows) else "no" if held == 0 else "some"
+    each = "; ".join(
+        f"{axis_name(x)} {r['x']}: {'holds' if r['holds'] else 'does not hold'} (answer {r['answer']}, "
+        f"{len(r['layers'])} first-order layers{': ' + ', '.join(map(str, r['layers'])) if r['layers'] else ''})"
+        for r in rows
+    )
+    return (
+        f"The headline holds on {extent} {axis_name(x)} ({held} of {len(rows)}; holds: the first model's "
+        f"consolidated Newton-or-GD answer and at least {HOLD_LAYERS} responding layers in the first-order class, "
+        f"GD or ridge, with the exponent's 90% interval below {HOLD_P}): {each}."
+    )
+
+
+def exponent_spread_sentence(table: pd.DataFrame, x: str) -> str | None:
+    """Each layer's spectral exponent across the models: min-max beside the models' own intervals."""
+    rows = table[(table.analysis == "spectral") & (table.metric == "spectral_p")].copy()
+    rows["p"] = pd.to_numeric(rows.value, errors="coerce")
+    rows = rows[rows.p.notna()]
+    if rows.model.nunique() < 2:
+        return None
+    parts = []
+    for layer, g in rows.groupby("layer"):
+        widths = pd.to_numeric(g.ci_high, errors="coerce") - pd.to_numeric(g.ci_low, errors="coerce")
+        parts.append(f"{layer}: {g.p.min():.2f}-{g.p.max():.2f} (own 90% intervals {widths.median():.2f} wide, median)")
+    return (
+        f"Spectral exponent p per layer across {axis_name(x)} (min-max over the {rows.model.nunique()} models): "
+        + "; ".join(parts)
+        + "."
+    )
+
+
 def degenerate_models(table: pd.DataFrame) -> list[str]:
     """Models whose in-context predictions at 2d+1 examples are not distinguishable from predicting 0:
     the error band reaches the zero predictor's error (least squares with no examples predicts 0), or
@@ -199,6 +278,8 @@ def study_findings(
     icl = [s for s in [icl_sentence(table, x)] if s]
     best_k = best_k_sentence(table, x, titles)
     ordered = sentences + (best_k + icl if x == "train_step" else icl + best_k)
+    if x == "train_seed":  # replication across training seeds: whether the headline holds, then the spread
+        ordered = [s for s in (replication_sentence(table, x), exponent_spread_sentence(table, x)) if s] + ordered
     headline = ordered[0] if ordered else "The study table holds no comparable metric."
     items = ordered[1:]
     caveats = []
