@@ -89,3 +89,85 @@ def test_family_from_a_test_file_runs_the_quick_report(family, tmp_path):
     assert s["probes"]["xty"]["linear"]["control_r2"]  # a fresh instance is its random-weights control
     assert "interventions" not in s["timings"]  # no hook points: the causal stage is left out, not failed
     assert FAMILY in (out / "index.html").read_text()
+
+
+PLUGIN = '''
+"""A model family shipped by another package: registered at import, found through the
+icl_probe.families entry-point group; it names its capture back-end and its intervention runner."""
+from probe.interventions.runner import RUNNERS, GPT2Runner
+from probe.models.config import FAMILIES
+from probe.models.gpt2 import GPT2ICL
+
+
+class CountingRunner(GPT2Runner):
+    made = 0
+
+    def __init__(self, model, device):
+        super().__init__(model, device)
+        CountingRunner.made += 1
+
+
+RUNNERS.register("counting")(CountingRunner)
+
+
+@FAMILIES.register("gpt2_plugin")
+class PluginGPT2(GPT2ICL):
+    family = "gpt2_plugin"
+    capture_backend = "hooked"
+    intervention_runner = "counting"
+'''
+
+
+@pytest.fixture
+def entry_point_family(tmp_path, monkeypatch):
+    """A package on sys.path whose entry point (group icl_probe.families) is the module above."""
+    import sys
+
+    from probe.interventions.runner import RUNNERS
+
+    (tmp_path / "icl_probe_plugin_family.py").write_text(PLUGIN)
+    info = tmp_path / "icl_probe_plugin_family-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: icl-probe-plugin-family\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[icl_probe.families]\ngpt2_plugin = icl_probe_plugin_family\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = FAMILIES._loaded
+    FAMILIES._loaded = False
+    yield
+    FAMILIES.unregister("gpt2_plugin")
+    RUNNERS.unregister("counting")
+    sys.modules.pop("icl_probe_plugin_family", None)
+    FAMILIES._loaded = loaded
+
+
+def test_a_family_from_an_entry_point_brings_its_back_end_and_runner(entry_point_family, tmp_path):
+    """Nothing in probe/ names the family: the entry point registers it on first lookup, and its class
+    picks the capture back-end and the intervention runner."""
+    from probe.capture.backends import backend_for
+    from probe.interventions.runner import runner_for
+
+    assert "gpt2_plugin" in FAMILIES
+    model = build_model(build_cfg("gpt2_plugin").model)
+    assert type(model).__name__ == "PluginGPT2"
+    assert type(backend_for(model, "auto", "cpu")).__name__ == "HookedBackend"
+    runner = runner_for(model)
+    assert type(runner).__name__ == "CountingRunner" and type(runner).made == 1
+
+
+@pytest.mark.slow
+def test_an_entry_point_family_runs_capture_a_smoke_report_and_an_intervention(entry_point_family, tmp_path):
+    import probe
+
+    cfg = build_cfg("gpt2_plugin", layers=2)
+    torch.manual_seed(0)
+    save_model(build_model(cfg.model).eval(), cfg, tmp_path / "ck")
+    xs, ys = probe.prompts(tmp_path / "ck", 4)
+    assert probe.activations(tmp_path / "ck", xs, ys).acts["resid"].shape[0] == 3  # layers + 1 boundaries
+    argv = ["-q", "report", str(tmp_path / "ck"), "--recipe", "smoke", "--out", str(tmp_path / "r"), *TINY_REPORT]
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["checkpoint"]["model"]["family"] == "gpt2_plugin" and "ablation" in summary["interventions"]
+    assert not summary.get("not_measured")  # every stage ran: interventions through the plugin's runner
+    import icl_probe_plugin_family
+
+    assert icl_probe_plugin_family.CountingRunner.made >= 1

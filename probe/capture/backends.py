@@ -10,7 +10,8 @@ architectures to adapters:
     "planted"   planted linear-attention models: "hooked" with one sequence per prefix run
     "native"    anything with the ICLModel protocol's `run` (the LSTM, your own model)
 
-DECLARED (below) gives each model family class its own; any other model gets "native".
+A model family class names its own (`capture_backend`, probe/models/base.py FamilyTraits);
+a model of no family gets "native".
 """
 
 from __future__ import annotations
@@ -26,9 +27,6 @@ from torch import Tensor
 from ..core.errors import ConfigError
 from ..core.registry import Registry
 from ..models.base import ICLModel
-from ..models.gpt2 import GPT2ICL
-from ..models.lsa import LinearSelfAttentionICL
-from ..models.planted import PlantedICL
 
 
 @dataclass
@@ -141,14 +139,12 @@ class PlantedBackend(HookedBackend):
         return value.reshape(n_prompts, -1, *value.shape[1:])
 
 
-# model family class -> the back-end "auto" and "hooked" pick for it (subclasses inherit it)
-DECLARED: dict[type, str] = {GPT2ICL: "hooked", LinearSelfAttentionICL: "hooked", PlantedICL: "planted"}
-
-
 def backend_for(model, choice: str, device: str) -> Backend:
-    """The back-end for `model`: "auto" or "hooked" picks its family's (DECLARED: TransformerLens hook
-    names for transformers), "native" its plain `run`."""
-    hooked = next((DECLARED[c] for c in type(model).__mro__ if c in DECLARED), None)
+    """The back-end for `model`: "auto" or "hooked" picks its family's (its class's `capture_backend`,
+    probe/models/base.py FamilyTraits: TransformerLens hook names for transformers), "native" its
+    plain `run`."""
+    declared = getattr(type(model), "capture_backend", "native")
+    hooked = None if declared == "native" else declared
     if choice == "auto":
         choice = hooked or "native"
     elif choice == "hooked":

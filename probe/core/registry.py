@@ -29,9 +29,28 @@ def unknown_name_message(kind: str, name: str, known: list[str], renamed: dict[s
 class Registry(Generic[T]):
     """A named collection; registering a name twice is an error, a typo gets a suggestion."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, plugins: str = ""):
         self.kind = kind
         self._items: dict[str, T] = {}
+        self.plugins = plugins  # an entry-point group whose modules register more entries when imported
+        self._loaded = not plugins
+
+    def _load_plugins(self) -> None:
+        """Import the modules of the `plugins` entry-point group once (each registers itself at import),
+        the first time a name is not found or the names are listed."""
+        if self._loaded:
+            return
+        self._loaded = True
+        from importlib.metadata import entry_points
+
+        for point in entry_points(group=self.plugins):
+            try:
+                point.load()
+            except Exception as err:  # noqa: BLE001  (a broken plugin is named, never a traceback from inside it)
+                raise ConfigError(
+                    f"the {self.kind} plugin '{point.name}' ({point.value}, entry-point group {self.plugins}) "
+                    f"failed to load: {type(err).__name__}: {err}"
+                ) from None
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
@@ -44,6 +63,8 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._items:
+            self._load_plugins()
+        if name not in self._items:
             raise ConfigError(unknown_name_message(self.kind, name, list(self._items)))
         return self._items[name]
 
@@ -52,9 +73,12 @@ class Registry(Generic[T]):
         self._items.pop(name, None)
 
     def names(self) -> list[str]:
+        self._load_plugins()
         return list(self._items)
 
     def __contains__(self, name: str) -> bool:
+        if name not in self._items:
+            self._load_plugins()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:

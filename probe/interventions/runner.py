@@ -22,11 +22,9 @@ from torch import Tensor
 
 from ..capture import hooks as H
 from ..core.errors import ConfigError
+from ..core.registry import Registry
 from ..core.validate import check_device
 from ..data.positions import X_TOKENS, Y_TOKENS, keys_before, prefix_mask
-from ..models.gpt2 import GPT2ICL
-from ..models.lsa import LinearSelfAttentionICL
-from ..models.planted import PlantedICL
 from .edits import Hook, patch_hook
 from .resumed import context_patch_predictions, patched_resid_predictions
 
@@ -280,17 +278,19 @@ class PlantedRunner(Runner):
         return mean.repeat(like.shape[0] // mean.shape[0], *([1] * (mean.dim() - 1)))
 
 
-# model family class -> its Runner (subclasses inherit it: lsa_sparse and lsa_mlp are lsa's); a family
-# without one (the LSTM, a user's own model) has no TransformerLens form to intervene on
-RUNNERS: dict[type, type[GPT2Runner | PlantedRunner]] = {
-    GPT2ICL: GPT2Runner,
-    LinearSelfAttentionICL: HookedRunner,
-    PlantedICL: PlantedRunner,
-}
+# runner name -> Runner class; a family names its own (its class's `intervention_runner`,
+# probe/models/base.py FamilyTraits; subclasses inherit it: lsa_sparse and lsa_mlp are lsa's), and a
+# family module outside probe/ may register a Runner of its own here. A family that names none (the
+# LSTM, a user's own model) has no TransformerLens form to intervene on.
+RUNNERS: Registry[Callable[[Any, str], Runner]] = Registry("intervention runner")  # (model, device) -> Runner
+RUNNERS.register("gpt2")(GPT2Runner)
+RUNNERS.register("hooked")(HookedRunner)
+RUNNERS.register("planted")(PlantedRunner)
 
 
-def _runner_class(model) -> type[GPT2Runner | PlantedRunner] | None:
-    return next((RUNNERS[c] for c in type(model).__mro__ if c in RUNNERS), None)
+def _runner_class(model) -> Callable[[Any, str], Runner] | None:
+    name = getattr(type(model), "intervention_runner", "")
+    return RUNNERS.get(name) if name else None
 
 
 def has_runner(model) -> bool:

@@ -61,7 +61,11 @@ class FamilyTraits:
     interleaved examples and query (`n_extra_tokens`: a planted Newton model's column tokens; they
     are captured by `probe.capture.streams.column_streams`), and whether TransformerLens's own
     TransformerBridge can hold it (`transformer_lens_bridge`: probe.to_bridge, a capture's
-    ActivationCache tied to it). Class methods: its own rules on a [model] section (`check_config`),
+    ActivationCache tied to it), which capture back-end records its activations (`capture_backend`:
+    "native" its own `run`, "hooked" TransformerLens hook names on its forward, "planted"; a name in
+    probe/capture/backends.py BACKENDS) and which intervention runner ablates, patches and steers it
+    (`intervention_runner`: a name in probe/interventions/runner.py RUNNERS; "" where it has no
+    TransformerLens form). Class methods: its own rules on a [model] section (`check_config`),
     its sizes for the budget (`shape`), the report recipe as it applies to it (`adapt_recipe`); each
     family class also gives `parameter_count(cfg)`, its memory estimate (probe/models/sizes.py)."""
 
@@ -72,6 +76,8 @@ class FamilyTraits:
     sized_by_config: bool = True
     key_value_cache: bool = False
     transformer_lens_bridge: bool = False
+    capture_backend: str = "native"
+    intervention_runner: str = ""
 
     @property
     def n_extra_tokens(self) -> int:

@@ -10,7 +10,9 @@ from typing import Any
 from ..core.config import Section, setting
 from ..core.registry import Registry
 
-FAMILIES: Registry[Any] = Registry("model family")  # name -> model class (gpt2.py, lstm.py, planted.py)
+FAMILIES: Registry[Any] = Registry(
+    "model family", plugins="icl_probe.families"
+)  # name -> model class (gpt2.py, lstm.py, planted.py)
 ENCODINGS = ("garg", "akyurek")  # probe/models/encoding.py
 ATTENTION_ACTIVATIONS = (
     "softmax",

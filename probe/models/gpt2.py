@@ -227,6 +227,8 @@ TL_NAMES = (("_backbone.h.", "blocks."), ("_backbone.ln_f.", "ln_final."), ("ln_
 
 @FAMILIES.register("gpt2")
 class GPT2ICL(Hooked, ReadInOutModel, nn.Module):
+    capture_backend = "hooked"
+    intervention_runner = "gpt2"
     family = "gpt2"
     attention_heads = attention_activation = garg_format = key_value_cache = True  # base.py FamilyTraits
     transformer_lens_bridge = True

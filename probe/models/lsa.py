@@ -144,6 +144,9 @@ class LSABlock(nn.Module):
 class LinearSelfAttentionICL(Hooked, ConfigSizes, nn.Module):
     """L layers of residual linear self-attention on concatenated (x, y) tokens (module docstring)."""
 
+    capture_backend = "hooked"
+    intervention_runner = "hooked"
+
     family = "lsa"
     sparse = False
     mlp = False  # lsa_mlp: GPT-2's LayerNorms and MLP around each attention layer

@@ -79,6 +79,8 @@ class _Sites(nn.Module):
 
 @FAMILIES.register("planted")
 class PlantedICL(Hooked, FamilyTraits, nn.Module):
+    capture_backend = "planted"
+    intervention_runner = "planted"
     family = "planted"
     random_init = False  # its weights are the construction: a fresh instance is all zeros
     sized_by_config = False  # its weights file holds the construction's nonzero maps only
