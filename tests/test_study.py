@@ -187,6 +187,8 @@ def test_shipped_study_recipes_reproduce_the_committed_tables(study, model, tmp_
     ours = pd.read_csv(out / "study.csv", keep_default_na=False, na_values=[""])
     theirs = pd.read_csv(committed, keep_default_na=False, na_values=[""])
     theirs = theirs[theirs.model == model].reset_index(drop=True)
+    # metrics added since the table was committed (the best matches' grid-end flags) are not in it yet
+    ours = ours[ours.metric.isin(set(theirs.metric))].reset_index(drop=True)
     assert len(ours) == len(theirs) > 10
     pd.testing.assert_frame_equal(ours[theirs.columns], theirs, check_exact=False, atol=1e-6, rtol=1e-6)
 
