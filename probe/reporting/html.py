@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import markupsafe
+import numpy as np
 import pandas as pd
 
 from ..analysis.labels import Titles, label, sweep_titles
@@ -159,7 +160,7 @@ def _comparison_tables(t: dict[str, pd.DataFrame], summary: Summary) -> dict[str
         {
             "model": layers["model"],
             "layer": layers["layer"],
-            "relative depth": layers["relative depth"],
+            "relative depth": [f"{v:.2f}" for v in layers["relative depth"]],
             "read-out error / d at 2d+1 [90%]": [
                 _interval(r.error, r.low, r.high, "{:.4f}")
                 for r in layers.rename(
@@ -169,7 +170,7 @@ def _comparison_tables(t: dict[str, pd.DataFrame], summary: Summary) -> dict[str
             "spectral verdict": layers["spectral verdict"].fillna(""),
             "p [90%]": [_interval(p, lo, hi, "{:.2f}") for p, lo, hi in zip(layers.p, layers.p_low, layers.p_high)],
         }
-    ).sort_values(["relative depth", "model"], kind="stable")
+    ).iloc[np.lexsort((layers["model"], layers["relative depth"]))]
     out = {"comparison": _table(answers), "comparison_layers": _table(shown)}
     if "comparison_paired" in t:
         paired = t["comparison_paired"]
