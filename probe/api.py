@@ -369,7 +369,7 @@ def run_study_command(
 ) -> pd.DataFrame:
     """`run_study` with the overrides as mappings; every model, shift and size is checked before any
     output (probe/study/run.py), then the study runs, and study.csv, figures, summary.json and
-    index.html are written. With `checkpoints`, the study is of those (probe/study/recipe.py
+    index.html are written. With `checkpoints`, the study is of those (probe/study/run.py
     `study_from_checkpoints`) and `recipe` is the report recipe their analyses use."""
     import time
 
@@ -377,8 +377,8 @@ def run_study_command(
     from .io.checkpoint import atomic_write
     from .io.outputs import OutputTarget, mark_run_directory
     from .study.present import write_presentation
-    from .study.recipe import resolve_models, resolve_study, study_from_checkpoints
-    from .study.run import check_models, check_study_size, run_study
+    from .study.recipe import resolve_models, resolve_study
+    from .study.run import check_models, check_study_size, run_study, study_from_checkpoints
 
     if checkpoints:
         parsed = study_from_checkpoints(checkpoints, recipe, overrides)

@@ -194,7 +194,8 @@ def test_summary_json_reads_back_as_the_typed_summary(report):
         _ = summary.probez
     assert json.loads(json.dumps(summary.to_json())) == written  # nothing lost or added on the way back
     html = (report / "index.html").read_text()
-    assert all(item.split(":")[0] in html for item in findings(summary)[0])  # the page's findings, from the file
+    assert all(item.split(":")[0] in html for item in findings(summary, answers=False)[0])  # the page's findings
+    assert all(f"<td>{q}</td>" in html for q in ("Iterative Newton or GD?", "GD or online GD?"))  # the answer block
 
 
 def test_probe_section_states_convergence_and_names_unconverged_probes(report):

@@ -172,38 +172,6 @@ def varying_axis(fields: list[dict[str, Any]]) -> str:
     return differs[0] if differs else "family"
 
 
-def study_from_checkpoints(
-    paths: list[str], report: str = "quick", overrides: list[dict[str, Any]] | None = None
-) -> StudyRecipe:
-    """A study of the named checkpoints (`icl-probe study CK1 CK2 ... --recipe quick`): the
-    CHECKPOINT_ANALYSES on each, with the report recipe `report`, on the axis the models vary
-    along (`varying_axis`); `overrides` (--set) as in a study recipe."""
-    from ..core.errors import ProbeError
-    from .analyses import model_fields
-
-    fields = []
-    for path in paths:
-        if not Path(path).is_dir():
-            raise ConfigError(
-                f"study: {path} is not a checkpoint directory (name a study recipe alone, or run directories)"
-            )
-        try:
-            fields.append(model_fields(Path(path)))
-        except ProbeError as err:
-            raise ConfigError(f"study model {path}: {err}") from None
-    data: dict[str, Any] = {
-        "name": "checkpoints",
-        "description": "The checkpoints named on the command line: " + ", ".join(Path(p).name for p in paths),
-        "checkpoints": list(paths),
-        "analyses": list(CHECKPOINT_ANALYSES),
-        "x": varying_axis(fields),
-        "report": report,
-    }
-    for override in overrides or []:
-        data = merge(data, override)
-    return from_dict(StudyRecipe, data)
-
-
 def recipe_keys_help() -> str:
     """The study recipe's keys with their help lines (for `icl-probe study --help`)."""
     lines = []

@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..core.config import from_dict, merge
 from ..core.errors import ConfigError, ProbeError, RenamedSetting
 from ..core.omp import usable_cpus
 from ..core.progress import tqdm
@@ -37,7 +38,7 @@ from ..reporting.cache import code_digest
 from ..reporting.recipe import adapt_recipe
 from .analyses import analyse_model, model_fields
 from .present import read_table
-from .recipe import StudyRecipe, resolve_models
+from .recipe import CHECKPOINT_ANALYSES, StudyRecipe, resolve_models, varying_axis
 
 log = logging.getLogger(__name__)
 EXECUTORS = ("local", "slurm")
@@ -58,6 +59,38 @@ def model_key(path: Path, recipe: StudyRecipe) -> str:
     digest.update(load_checkpoint(path).fingerprint.encode())
     digest.update(code_digest().encode())
     return digest.hexdigest()[:16]
+
+
+def study_from_checkpoints(
+    paths: list[str], report: str = "quick", overrides: list[dict[str, Any]] | None = None
+) -> StudyRecipe:
+    """A study of the named checkpoints (`icl-probe study CK1 CK2 ... --recipe quick`): the
+    CHECKPOINT_ANALYSES on each, with the report recipe `report`, on the axis the models vary
+    along (`varying_axis`); `overrides` (--set) as in a study recipe."""
+    from ..core.errors import ProbeError
+    from .analyses import model_fields
+
+    fields = []
+    for path in paths:
+        if not Path(path).is_dir():
+            raise ConfigError(
+                f"study: {path} is not a checkpoint directory (name a study recipe alone, or run directories)"
+            )
+        try:
+            fields.append(model_fields(Path(path)))
+        except ProbeError as err:
+            raise ConfigError(f"study model {path}: {err}") from None
+    data: dict[str, Any] = {
+        "name": "checkpoints",
+        "description": "The checkpoints named on the command line: " + ", ".join(Path(p).name for p in paths),
+        "checkpoints": list(paths),
+        "analyses": list(CHECKPOINT_ANALYSES),
+        "x": varying_axis(fields),
+        "report": report,
+    }
+    for override in overrides or []:
+        data = merge(data, override)
+    return from_dict(StudyRecipe, data)
 
 
 def check_models(models: list[Path], x: str = "") -> dict[str, dict[str, Any]]:
