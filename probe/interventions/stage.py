@@ -95,12 +95,20 @@ def _figures(t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Pa
     out = {"ablation": figures.ablation(t["ablation"], fig_dir / "ablation")[0]}
     for site in t["patching"].site.unique() if "patching" in t else ():
         out[f"patching_{site}"] = figures.patching(t["patching"], site, fig_dir / f"patching_{site}")[0]
-    iteration = {k.removeprefix("iteration_"): v for k, v in t.items() if k.startswith("iteration_")}
+    order = [s.label for s in recipe.sweeps]  # panels in the recipe's sweep order, however the tables were read
+    names = sorted(
+        (k for k in t if k.startswith("iteration_")), key=lambda k: _position(order, k.removeprefix("iteration_"))
+    )
+    iteration = {k.removeprefix("iteration_"): t[k] for k in names}
     if iteration:
         out["iteration_consistency"] = figures.iteration_consistency(
             iteration, fig_dir / "iteration_consistency", sweep_titles(recipe.sweeps)
         )[0]
     return out
+
+
+def _position(order: list[str], name: str) -> int:
+    return order.index(name) if name in order else len(order)
 
 
 CAUSAL_METRICS = {False: "context patch deviation", True: "state write deviation"}  # a causal map verdict's metric
