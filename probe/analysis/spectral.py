@@ -613,6 +613,15 @@ def _not_a_filter(row, max_non_filter: float) -> bool:
     return bool(row.non_filter - getattr(row, "best_non_filter", 0.0) > max_non_filter)
 
 
+NOT_SEPARABLE = " not separable from "  # a verdict "A not separable from B" (`summarise`)
+
+
+def verdict_classes(verdict: str) -> list[str]:
+    """The classes a verdict names: ["gd"], ["gd", "ridge"] for "gd not separable from ridge", or the
+    verdict itself where it names none ("no response", "ambiguous: ...")."""
+    return verdict.split(NOT_SEPARABLE)
+
+
 def summarise(layers: pd.DataFrame, r_low: float, r_high: float, max_non_filter: float = 0.1) -> pd.DataFrame:
     """One verdict per predictor over both bin variables: the filter class both variables'
     fits name (separated from the runner-up by their paired intervals), "not a spectral filter"
@@ -649,7 +658,7 @@ def summarise(layers: pd.DataFrame, r_low: float, r_high: float, max_non_filter:
             verdict, klass = "ambiguous: " + " / ".join(f"{v} {r.best_class}" for v, r in by_var.items()), ""
         elif not all(row.separated for row in by_var.values()):
             klass = classes.pop()
-            verdict = f"{klass} not separable from {own.runner_up}"
+            verdict = f"{klass}{NOT_SEPARABLE}{own.runner_up}"
         else:
             klass = classes.pop()
             verdict = klass

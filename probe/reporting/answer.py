@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.labels import Titles, label
+from ..analysis.spectral import verdict_classes
 from .schema import EvidenceQuestion, EvidenceRow, Summary
 
 # a spectral verdict as a reader of the first screen needs it (the class names of probe/analysis/spectral.py)
@@ -107,8 +108,9 @@ def layer_groups(spectral: Any) -> list[LayerGroup]:
 def _verdict_words(verdict: str) -> str:
     if verdict in VERDICT_WORDS:
         return VERDICT_WORDS[verdict]
-    if " not separable from " in verdict:
-        best, other = verdict.split(" not separable from ")
+    classes = verdict_classes(verdict)
+    if len(classes) == 2:
+        best, other = classes
         return f"{VERDICT_WORDS.get(best, best)}, not separated from the {VERDICT_WORDS.get(other, other)}"
     return verdict
 

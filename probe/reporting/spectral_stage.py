@@ -315,13 +315,18 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
     ]
 
 
+def _names_no_class(verdict: str) -> bool:
+    """A verdict with no single class to side with (`summarise`'s words)."""
+    return verdict in ("no response", "converged", "not a spectral filter") or verdict.startswith("mixed")
+
+
 def _layer_side(fits, i: int, verdict: str, a: str, b: str) -> str | None:
     """The side of "a or b?" one layer decides: its best class in every bin variable is one side's
     and, in every variable, separated by its paired interval from the other side's class (not
     necessarily from every class: GD with few steps and ridge may stay apart from Newton and not from
     each other); none where it does not respond or has converged (`summarise`, the recipe's
     spectral.r_low / r_high)."""
-    if verdict in ("no response", "converged", "not a spectral filter") or verdict.startswith("mixed"):
+    if _names_no_class(verdict):
         return None
     sides = {SPECTRAL_SIDE.get(fit.best_class[i]) for fit in fits}
     if len(sides) != 1:
@@ -339,7 +344,7 @@ def _layer_neither(fits, i: int, verdict: str, a: str, b: str) -> str | None:
     the same third class (ridge or least squares for Newton vs GD), separated by its paired interval
     from both sides' classes in every variable; None otherwise (and where it does not respond or
     has converged)."""
-    if verdict in ("no response", "converged", "not a spectral filter") or verdict.startswith("mixed"):
+    if _names_no_class(verdict):
         return None
     if not all(fit.separated_from for fit in fits):
         return None

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.labels import Titles, label
+from ..analysis.spectral import verdict_classes
 
 METRIC = {"spd": "SPD", "ilw": "ILW", "sime": "SimE", "error_at_2d1": "error / d", "r2_at_2d1": "R²"}
 AXIS = {
@@ -182,7 +183,7 @@ FIRST_ORDER, HOLD_LAYERS, HOLD_P = ("gd", "ridge"), 3, 1.5
 
 def first_order_reading(verdict: str) -> bool:
     """A spectral verdict (probe/analysis/spectral.py `summarise`) naming the first-order class."""
-    classes = verdict.split(" not separable from ")
+    classes = verdict_classes(verdict)
     return len(classes) <= 2 and all(c in FIRST_ORDER for c in classes)
 
 
