@@ -691,3 +691,29 @@ def test_r2_resamples_equal_r2_score_on_each_resample():
     (idx,) = resamples(40, 25, 7)
     reference = torch.stack([r2_score(truth[:, i], pred[:, i]) for i in idx])
     torch.testing.assert_close(r2_resamples(truth, pred, 25, seed=7), reference)
+
+
+def test_paired_layers_pair_by_relative_depth_with_known_errors():
+    """Two GD oracles, l steps at layer l (6 layers) and 2l steps (3 layers): layers pair by
+    relative depth (layer l with round(l / 2)); where both run the same number of steps the paired
+    difference is exactly 0 and neither is lower; layer 0 is the zero predictor, mean y^2 / d."""
+    from probe.analysis.paired_layers import paired_by_depth, paired_layer_difference
+    from probe.analysis.pipeline import analysis_prompts
+
+    assert paired_by_depth(3, 3) == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    assert paired_by_depth(6, 3) == [(0, 0), (1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (6, 3)]
+    assert paired_by_depth(2, 4) == [(0, 0), (1, 2), (2, 4)]
+    a = LearnerOracle("gd", "steps", lambda l: l, n_layers=6, n_dims=4, n_points=14)
+    b = LearnerOracle("gd", "steps", lambda l: 2 * l, n_layers=3, n_dims=4, n_points=14)
+    settings = small(())
+    frame = paired_layer_difference(a, None, b, None, TASK, settings, n_examples=9, n_boot=200)
+    assert list(zip(frame.layer_a, frame.layer_b)) == paired_by_depth(6, 3)
+    same_steps = frame[frame.layer_a == 2 * frame.layer_b]  # a's l steps against b's 2 (l / 2) steps
+    assert list(same_steps.layer_a) == [0, 2, 4, 6]
+    np.testing.assert_allclose(same_steps.difference, 0.0, atol=1e-12)
+    assert same_steps.lower.isna().all()
+    assert frame.set_index("layer_a").loc[1, "lower"] == "b"  # one GD step against two
+    ys = analysis_prompts(TASK, settings, "test", settings.prompts.test).ys.double()
+    assert frame.error_a[0] == pytest.approx(float((ys[:, 9] ** 2).mean() / 4), rel=1e-6)
+    with pytest.raises(ValueError, match="n_examples 14 is outside 0..13"):
+        paired_layer_difference(a, None, b, None, TASK, settings, n_examples=14)

@@ -185,6 +185,16 @@ def test_compare_reports_pair_one_task_and_set_different_d_side_by_side(ckpt, tm
     theirs = pd.read_csv(tmp_path / "paired" / "data" / "compare_icl_error.csv")
     np.testing.assert_allclose(diff.difference, mine.model - theirs.model, atol=1e-9)  # same prompts, paired
     assert (diff.ci_low <= diff.difference).all() and (diff.difference <= diff.ci_high).all()
+    by_layer = pd.read_csv(tmp_path / "paired" / "data" / "comparison_paired_layers.csv")
+    at = lambda f: f[f.n_examples == 7].sort_values("layer").error.to_numpy()  # each read-out table's 2d+1 row
+    mine_r, theirs_r = pd.read_csv(tmp_path / "paired" / "data" / "readout.csv"), pd.read_csv(
+        tmp_path / "paired" / "data" / "compare_readout.csv"
+    )
+    assert list(by_layer.layer_a) == list(by_layer.layer_b) == [0, 1, 2, 3]  # one depth: layer against layer
+    np.testing.assert_allclose(by_layer["error tiny-gpt2"], at(mine_r), rtol=1e-9)  # the read-out tables' prompts
+    np.testing.assert_allclose(by_layer["error same"], at(theirs_r), rtol=1e-9)
+    np.testing.assert_allclose(by_layer.difference, at(mine_r) - at(theirs_r), rtol=1e-9)
+    assert "Layer against layer on the same prompts" in (tmp_path / "paired" / "index.html").read_text()
     apart = json.loads((tmp_path / "apart" / "summary.json").read_text())["compare"]
     assert not apart["same_task"] and "paired_error" not in apart and set(apart["evidence"]) <= {"newton vs gd"}
     layers = pd.read_csv(tmp_path / "apart" / "data" / "comparison_layers.csv")

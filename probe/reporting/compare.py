@@ -2,7 +2,8 @@
 d or task: each one's evidence answers, and per layer (by index and by relative depth l / L) its
 read-out error at its own 2d+1 examples with the 90% interval and its spectral verdict and exponent.
 Where the two share a task (the same prompts fit both): the paired difference of their own
-predictions' error, per number of examples, with its 90% interval over the same prompts."""
+predictions' error, per number of examples, and of each pair of layers' read-out error at 2d+1
+examples (layers paired by relative depth), each with its 90% interval over the same prompts."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.evaluate import paired_error_difference
+from ..analysis.paired_layers import paired_layer_difference
+from ..analysis.pipeline import LayerSettings
+from ..analysis.readout import LayerReadouts
 from ..io.checkpoint import LoadedCheckpoint
 from .recipe import Recipe, adapt_recipe
 
@@ -89,7 +93,23 @@ def comparison(
              "ci_high": float(r.ci_high), "lower": {"a": ckpt.name, "b": other.name}.get(r.lower)}
             for r in at.itertuples()
         ]  # fmt: skip
+        if "readout" in built.tables and "readout" in theirs.tables:
+            tables["comparison_paired_layers"] = paired_layers(built, theirs, ckpt, other, recipe, device)
     return tables, extra
+
+
+def paired_layers(built, theirs, ckpt: LoadedCheckpoint, other: LoadedCheckpoint, recipe: Recipe, device: str):
+    """Each pair of layers' read-out error at 2d+1 examples, paired over the layers analysis's test
+    prompts (of the shorter of the two prompt lengths), with the two models' own read-outs."""
+    n = min(ckpt.config.task.n_points, other.config.task.n_points)
+    task = dataclasses.replace(ckpt.config.task, n_points=n)
+    settings = LayerSettings.from_recipe(adapt_recipe(recipe, ckpt.config), device)
+    fitted = lambda b: None if b.data.get("readouts") is None else LayerReadouts.from_json(b.data["readouts"])
+    frame = paired_layer_difference(
+        ckpt.model, fitted(built), other.model, fitted(theirs), task, settings, min(2 * task.n_dims + 1, n - 1)
+    )
+    frame["lower"] = frame["lower"].map({"a": ckpt.name, "b": other.name})
+    return frame.rename(columns={"error_a": f"error {ckpt.name}", "error_b": f"error {other.name}"})
 
 
 def q_key(q) -> str:

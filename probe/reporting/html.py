@@ -187,6 +187,21 @@ def _comparison_tables(t: dict[str, pd.DataFrame], summary: Summary) -> dict[str
                 }
             )
         )
+    if "comparison_paired_layers" in t:
+        pl = t["comparison_paired_layers"]
+        out["comparison_paired_layers"] = _table(
+            pd.DataFrame(
+                {
+                    f"layer, {summary.checkpoint.name}": pl.layer_a,
+                    f"layer, {other}": pl.layer_b,
+                    "relative depth": [f"{v:.2f}" for v in pl.relative_depth],
+                    f"read-out error / d, {summary.checkpoint.name} - {other} [90%]": [
+                        _interval(v, lo, hi, "{:+.4f}") for v, lo, hi in zip(pl.difference, pl.ci_low, pl.ci_high)
+                    ],
+                    "lower": pl.lower.fillna("not separable"),
+                }
+            )
+        )
     return out
 
 
