@@ -396,6 +396,7 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
     # each resample chooses its own bins by the same rule; one without two bins in range has no fit
     p_boot = local_exponent(m.r_boot, m.center_boot.unsqueeze(1), fit_window(m.r_boot, used, s.r_low, s.r_high))
     p_lo, p_hi = _quantiles(p_boot)
+    p_lo, p_hi = (torch.where(p.isnan(), p, q) for q in (p_lo, p_hi))  # no interval without an estimate
     unfit = torch.isnan(p_boot).double().mean(0)  # (A,)
     overshot = ((m.r_boot >= 1) & used).any(-1).double().mean(0)  # (A,) resamples with a bin at r >= 1
     # the references' own exponent in the same bins: the estimator's bias over a finite range
