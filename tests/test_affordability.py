@@ -90,3 +90,23 @@ def test_the_report_counts_the_order_stage_as_the_stage_does():
     assert up_front["order.permutations"].flop == at_stage["order.permutations"].flop
     one_forward = order_estimates(shape, n, o.prompts, o.permutations, 1, len(o.learners), ORDER_BOOTSTRAP)
     assert at_stage["order.permutations"].flop > 2.9 * one_forward[1].flop
+
+
+def test_the_report_and_the_layer_analyses_count_the_same_layer_budget():
+    """The layer budget had two definitions: the report's counted the 'adam' read-out's fine-tune
+    but not the spectral instrument, `analyse_layers`'s check the reverse. Now both come from
+    `layer_costs`: the report's layers and spectral stages together hold exactly its estimates."""
+    from probe.analysis.pipeline import LayerSettings, layer_costs
+    from probe.models.sizes import shape_of
+    from probe.reporting.build import report_estimates
+    from probe.reporting.recipe import resolve_recipe
+
+    ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    recipe = resolve_recipe("quick")
+    recipe = dataclasses.replace(recipe, readout=dataclasses.replace(recipe.readout, method="adam"))
+    settings = LayerSettings.from_recipe(recipe)
+    theirs = {e.knob: e for e in layer_costs(shape_of(ckpt.model), ckpt.config.task, settings, recipe.sweeps, True)}
+    assert {"readout.finetune_steps", "spectral.bins", "prompts.queries"} <= set(theirs)
+    up_front = {(e.knob, e.flop, e.nbytes) for e in report_estimates(ckpt, recipe)}  # a knob may recur across stages
+    for knob, e in theirs.items():
+        assert (knob, e.flop, e.nbytes) in up_front, knob

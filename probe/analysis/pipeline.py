@@ -317,16 +317,24 @@ def _keep_best(kept: dict[str, Candidate], sweep, result, values: Tensor, output
         kept[family] = found
 
 
-def check_layer_budget(model, task: TaskConfig, settings: LayerSettings, sweeps, spectrum: bool) -> None:
-    """Refuse, before any work, settings this machine cannot afford (probe/core/budget.py): the
-    read-outs, the sweeps' learners and similarities (`sweeps`), SimW's query forwards and, with
-    `spectrum`, the spectral instrument on the induced weights."""
-    shape = shape_of(model)
-    out = budget.layer_estimates(shape, task.n_points, settings.prompts, settings.similarity, sweeps)
+def layer_costs(shape, task: TaskConfig, settings: LayerSettings, sweeps, spectrum: bool) -> list[budget.Estimate]:
+    """What the layer analyses ask of this machine (probe/core/budget.py), the one definition the
+    report's budget and `analyse_layers` share: the read-outs (with the 'adam' read-out's fine-tune),
+    the sweeps' learners and similarities (`sweeps`), SimW's query forwards and, with `spectrum`, the
+    spectral instrument on the induced weights (a report counts it in its own stage)."""
+    p, points = settings.prompts, task.n_points
+    out = budget.layer_estimates(shape, points, p, settings.similarity, sweeps)
+    if settings.readout.method == "adam":
+        out.append(budget.finetune_estimate(settings.readout.finetune_steps, shape, p.train, points))
     if spectrum:
         n_boot = settings.similarity.bootstrap
         out.append(spectral_cost(settings.spectral, settings.n_induced, shape.layers + 1, task.n_dims, n_boot))
-    budget.check(out)
+    return out
+
+
+def check_layer_budget(model, task: TaskConfig, settings: LayerSettings, sweeps, spectrum: bool) -> None:
+    """Refuse, before any work, settings this machine cannot afford (`layer_costs`)."""
+    budget.check(layer_costs(shape_of(model), task, settings, sweeps, spectrum))
 
 
 def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: bool = False) -> LayerAnalysis:

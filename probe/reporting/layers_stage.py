@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..analysis.labels import Titles, label, layer_list, sweep_titles
 from ..analysis.matching import family_of, trend_words
-from ..analysis.pipeline import LayerSettings, analyse_layers
+from ..analysis.pipeline import LayerSettings, analyse_layers, layer_costs
 from ..analysis.readout import LayerReadouts
 from ..analysis.spectral import SpectralAnalysis
 from ..core import budget
@@ -62,13 +62,14 @@ def _run(c) -> StageTables:
 def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     """Its knobs' memory and work on this checkpoint; a recipe whose SimW would be underdetermined
     is refused here, before any work."""
-    m, shape, n, p = ckpt.config.model, shape_of(ckpt.config.model), ckpt.config.task.n_points, recipe.prompts
     if recipe.similarity.simw:
-        check_induced_queries(p.queries, m.n_dims, where=ckpt.name, off="--set similarity.simw=false")
-    out = budget.layer_estimates(shape, n, p, recipe.similarity, recipe.sweeps)
-    if recipe.readout.method == "adam":
-        out.append(budget.finetune_estimate(recipe.readout.finetune_steps, shape, p.train, n))
-    return out
+        check_induced_queries(
+            recipe.prompts.queries, ckpt.config.model.n_dims, where=ckpt.name, off="--set similarity.simw=false"
+        )
+    settings = LayerSettings.from_recipe(recipe)
+    return layer_costs(
+        shape_of(ckpt.config.model), ckpt.config.task, settings, recipe.sweeps, spectrum=False
+    )  # the spectral stage counts its own
 
 
 def _figures(t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
