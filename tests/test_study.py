@@ -461,3 +461,16 @@ def test_the_headline_holds_on_a_seed_as_defined_up_front():
     sentence = replication_sentence(table, "train_seed")
     assert sentence.startswith("The headline holds on some training seed (2 of 3;")
     assert "does not hold (answer undecided, 4 first-order layers: 0, 1, 2, 3)" in sentence
+
+
+def test_a_study_is_sized_by_the_stages_it_runs(family, capsys):
+    """The study's up-front check counts only the report stages its analyses run: a huge value of a
+    stage it does not run (ood.prompts; TINY runs evaluate, heatmap and spd_ilw) is no reason to
+    refuse it, one of a stage it runs (prompts.test) is, by name, before any model runs."""
+    from probe.study.recipe import resolve_study
+    from probe.study.run import check_study_size
+
+    models = sorted((family / "m").iterdir())
+    check_study_size(resolve_study("s.toml", [{"set": {"ood.prompts": 10**9}}]), models)
+    with pytest.raises(ConfigError, match="prompts.test"):
+        check_study_size(resolve_study("s.toml", [{"set": {"prompts.test": 10**9}}]), models)

@@ -63,22 +63,24 @@ class Context:
         return getattr(self.earlier, kind).get(self.prefix + name)
 
 
-def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe) -> list[budget.Estimate]:
-    """Memory and work of every size knob of the recipe's stages on this checkpoint (each stage's
-    `estimates`, probe/core/budget.py); a stage may refuse the recipe here (the layer analyses: SimW
-    with fewer queries than d)."""
+def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe, only: set[str] | None = None) -> list[budget.Estimate]:
+    """Memory and work of every size knob of the recipe's stages (those named in `only`, when given)
+    on this checkpoint (each stage's `estimates`, probe/core/budget.py); a stage may refuse the
+    recipe here (the layer analyses: SimW with fewer queries than d)."""
     out: list[budget.Estimate] = []
     for declared in registered().values():
-        wanted = declared.enabled(recipe) and not declared.refusal(ckpt)
+        chosen = only is None or declared.name in only
+        wanted = chosen and declared.enabled(recipe) and not declared.refusal(ckpt)
         if wanted and declared.estimates is not None:
             out += declared.estimates(recipe, ckpt)
     return out
 
 
-def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe) -> None:
-    """Refuse a recipe this machine cannot afford (memory or work of any knob, probe/core/budget.py) or
-    that a stage refuses on this checkpoint, before any work; errors name the recipe key."""
-    budget.check(report_estimates(ckpt, recipe), ckpt.name)
+def check_report_size(ckpt: LoadedCheckpoint, recipe: Recipe, only: set[str] | None = None) -> None:
+    """Refuse a recipe this machine cannot afford (memory or work of any knob of its stages, or of
+    those in `only`, probe/core/budget.py) or that a stage refuses on this checkpoint, before any
+    work; errors name the recipe key."""
+    budget.check(report_estimates(ckpt, recipe, only), ckpt.name)
 
 
 @dataclass(frozen=True)

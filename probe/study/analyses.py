@@ -274,6 +274,19 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
     return rows
 
 
+def report_stages_of(analyses) -> set[str]:
+    """The report stages a study's per-model analyses run (the spectral instrument is measured in
+    the layers stage's pass)."""
+    stages = set()
+    if "evaluate" in analyses:
+        stages.add("evaluate")
+    if {"readout", "heatmap", "spectral", "evidence"} & set(analyses):
+        stages.add("layers")
+    if "probes" in analyses:
+        stages.add("probes")
+    return stages
+
+
 def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: str = "cpu") -> pd.DataFrame:
     """Every analysis of the study recipe on one checkpoint; a picklable entry for executors."""
 
@@ -282,13 +295,7 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
     task = ckpt.config.task
     report = adapt_recipe(recipe.report_recipe(), ckpt.config)
     report.prompts.curve = recipe.evaluate_prompts
-    stages = set()
-    if "evaluate" in recipe.analyses:
-        stages.add("evaluate")
-    if {"readout", "heatmap", "spectral", "evidence"} & set(recipe.analyses):
-        stages.add("layers")
-    if "probes" in recipe.analyses:
-        stages.add("probes")
+    stages = report_stages_of(recipe.analyses)
     built = run_stages(ckpt, report, device, StageCache(Path(cache_dir) if cache_dir else None), False, only=stages)
     rows: list[dict] = []
     if "evaluate" in recipe.analyses:

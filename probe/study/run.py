@@ -36,7 +36,7 @@ from ..io.outputs import safe_name
 from ..reporting.build import check_report_size
 from ..reporting.cache import code_digest
 from ..reporting.recipe import adapt_recipe
-from .analyses import analyse_model, model_fields
+from .analyses import analyse_model, model_fields, report_stages_of
 from .present import read_table
 from .recipe import CHECKPOINT_ANALYSES, StudyRecipe, resolve_models, varying_axis
 
@@ -124,7 +124,8 @@ def check_study_size(recipe: StudyRecipe, models: list[Path]) -> None:
         for shift in recipe.shifts:  # values a model's task cannot take (e.g. a negative noise)
             recipe.shifted_task(ckpt.config.task, shift)
         try:
-            check_report_size(ckpt, adapt_recipe(report, ckpt.config))
+            costed = report_stages_of(recipe.analyses) | ({"spectral"} if "spectral" in recipe.analyses else set())
+            check_report_size(ckpt, adapt_recipe(report, ckpt.config), only=costed)
         except ConfigError as err:  # prompts.curve is the study's evaluate_prompts; the others its `set` keys
             raise ConfigError(str(err).replace("prompts.curve", "evaluate_prompts")) from None
         if "spd_ilw" in recipe.analyses:
