@@ -207,7 +207,7 @@ def test_learners_describe_themselves_and_the_report_holds_no_learner_names():
     assert titles["gd_log"] == "GD (log grid)" and label("gd_log", titles) == "GD (log grid)"
     assert label("gd_log") == "gd log"
     methods = learner_methods(quick)
-    assert "GD (log grid): paper convention" in methods[2] and methods[0].startswith("Iterative Newton: M_(k+1)")
+    assert "GD (log grid): paper convention" in methods[1] and methods[0].startswith("Iterative Newton: M_(k+1)")
 
 
 def test_the_reports_trend_words_are_rendered_from_the_fit_not_from_a_sentence():

@@ -210,3 +210,41 @@ def test_probe_section_states_convergence_and_names_unconverged_probes(report):
     html = (report / "index.html").read_text()
     assert "Share of probes that converged" in html and "variable projection" in html
     assert ("did not reach the stopping rule" in html) == (not own.converged.all())
+
+
+def test_changing_spectral_settings_reruns_the_spectral_stage_alone_from_the_cached_weights(ckpt, tmp_path):
+    """The spectral stage needs the layers stage and reads its induced weights (arrays the stage
+    cache keeps as .npy): a new [spectral] bins value re-runs it from the cached layers stage, with
+    the numbers of a run without any cache; a new [similarity] value re-runs both."""
+    import copy
+    import io
+
+    import probe
+    from probe.io.formats import load_checkpoint
+    from probe.reporting.build import run_stages
+    from probe.reporting.cache import StageCache
+
+    model, stages = load_checkpoint(ckpt), {"layers", "spectral"}
+    smoke = probe.recipe("smoke")
+    cache = StageCache(tmp_path / "cache")
+    first = run_stages(model, smoke, "cpu", cache, False, only=stages)
+    assert first.cached == {"layers": False, "spectral": False} and "spectral_summary" in first.tables
+    assert first.data["induced_weights"].shape[:2] == (model.config.model.n_layer + 1, 12)
+    assert sorted(p.name for p in (tmp_path / "cache").glob("*-layers-*/*.npy")) == [
+        "induced_half_a.npy", "induced_half_b.npy", "induced_weights.npy", "induced_xs.npy", "induced_ys.npy"
+    ]
+    wider = copy.deepcopy(smoke)
+    wider.spectral.bins = 8
+    second = run_stages(model, wider, "cpu", cache, False, only=stages)
+    assert second.cached == {"layers": True, "spectral": False}
+    fresh = run_stages(model, wider, "cpu", StageCache(None), False, only=stages)
+    for name in ("spectral_summary", "spectral_layers", "spectral_curves"):
+        pd.testing.assert_frame_equal(second.tables[name], fresh.tables[name])
+    assert not second.tables["spectral_curves"].equals(first.tables["spectral_curves"])  # 8 bins, not 12
+    again = run_stages(model, wider, "cpu", cache, False, only=stages)
+    assert again.cached == {"layers": True, "spectral": True}
+    as_read = lambda frame: pd.read_csv(io.StringIO(frame.to_csv(index=False)))  # a cached table is read from CSV
+    pd.testing.assert_frame_equal(again.tables["spectral_summary"], as_read(fresh.tables["spectral_summary"]))
+    bootstrap = copy.deepcopy(wider)
+    bootstrap.similarity.bootstrap = 30
+    assert run_stages(model, bootstrap, "cpu", cache, False, only=stages).cached == {"layers": False, "spectral": False}

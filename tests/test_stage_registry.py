@@ -170,6 +170,8 @@ def test_a_summary_with_a_block_nobody_registered_fails_its_schema(registered, c
         ({"name": "other_name"}, "SECTION = 'other_name'"),
         ({"files": ("Peak",)}, "files names entries of its data"),
         ({"files": ("trends",)}, "data/trends.json is another stage's file"),
+        ({"needs": ("layerz",)}, "needs 'layerz', not registered before it"),
+        ({"needs": ("mean_prediction",)}, "needs 'mean_prediction', not registered before it"),
     ],
 )
 def test_registering_refuses_what_the_report_cannot_hold(change, message):

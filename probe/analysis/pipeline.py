@@ -111,6 +111,37 @@ class ModelLens:
 
 
 @dataclass
+class InducedWeights:
+    """Each layer's induced weights on the first n_induced held-out prompts (Fu et al. 2024, eq.
+    11-12), those prompts, and the weights induced from each half of the queries (None with fewer
+    than 2 d queries): what the spectral instrument reads (`layer_spectrum`)."""
+
+    weights: np.ndarray  # (L+1, m, n, d)
+    xs: np.ndarray  # (m, n, d)
+    ys: np.ndarray  # (m, n)
+    halves: tuple[np.ndarray, np.ndarray] | None = None
+
+    ARRAYS = ("weights", "xs", "ys")
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Its arrays by name (induced_<name>), as a stage's data keeps them (the stage cache writes
+        each as a .npy file)."""
+        out = {f"induced_{name}": np.asarray(getattr(self, name)) for name in self.ARRAYS}
+        if self.halves is not None:
+            out.update({"induced_half_a": self.halves[0], "induced_half_b": self.halves[1]})
+        return out
+
+    @classmethod
+    def from_arrays(cls, get) -> InducedWeights | None:
+        """Read back from `get(name)` (a stage's data); None where the layers did not induce weights."""
+        weights, xs, ys = (get(f"induced_{name}") for name in cls.ARRAYS)
+        if weights is None or xs is None or ys is None:
+            return None
+        a, b = get("induced_half_a"), get("induced_half_b")
+        return cls(weights, xs, ys, None if a is None or b is None else (a, b))
+
+
+@dataclass
 class LayerAnalysis:
     """The layer analyses of one model (`analyse_layers`, `probe.analyse`; a report's layers stage).
 
@@ -156,6 +187,7 @@ class LayerAnalysis:
     verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)  # paired final-layer verdicts (analysis/verdicts.py)
     timings: dict[str, float] = field(default_factory=dict)
     spectral: SpectralAnalysis | NotMeasured | None = None  # each layer's spectral filter (analysis/spectral.py)
+    induced: InducedWeights | None = None  # what the spectral filter was measured on (None without SimW)
 
 
 def analysis_prompts(task: TaskConfig, settings: LayerSettings, split: str, n: int):
@@ -393,13 +425,13 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
         span = pd.concat([layers, *span_parts], ignore_index=True)
     clock.lap("similarity")
     spectral: SpectralAnalysis | NotMeasured | None = None
-    if layer_weights is not None and settings.spectral.enabled:
-        try:
-            spectral = layer_spectrum(layer_weights, ev, settings, halves)
-        except NotMeasurable as e:  # a report degrades; `icl-probe spectral` (analyse_spectrum) refuses
-            spectral = NotMeasured(str(e), e.knob)
+    induced = None if layer_weights is None else induced_on(layer_weights, ev, settings, halves)
+    if induced is not None and settings.spectral.enabled:
+        spectral = measure_spectrum(induced, settings)
         clock.lap("spectral")
-    return LayerAnalysis(readouts, readout, cells, best, trends, t1, span, nulls, verdicts, clock.timings, spectral)
+    return LayerAnalysis(
+        readouts, readout, cells, best, trends, t1, span, nulls, verdicts, clock.timings, spectral, induced
+    )
 
 
 def fixed_steps(sweeps) -> tuple[float | None, float | None]:
@@ -416,21 +448,36 @@ def fixed_steps(sweeps) -> tuple[float | None, float | None]:
     return eta, alpha
 
 
-def layer_spectrum(layer_weights, ev, settings: LayerSettings, halves=None) -> SpectralAnalysis:
-    """The spectral instrument on each layer's induced weights (the first n_induced held-out prompts);
-    `halves`: the weights induced from each half of the queries (the non-filter share's correction)."""
+def induced_on(layer_weights, ev, settings: LayerSettings, halves=None) -> InducedWeights:
+    """The induced weights with the n_induced held-out prompts they were induced on."""
     m = settings.n_induced
-    families = reference_families(ev.xs.shape[-1], *fixed_steps(settings.sweeps), xs=ev.xs[:m])
+    return InducedWeights(np.asarray(layer_weights), ev.xs[:m].numpy(), ev.ys[:m].numpy(), halves)
+
+
+def layer_spectrum(induced: InducedWeights, settings: LayerSettings) -> SpectralAnalysis:
+    """The spectral instrument on each layer's induced weights; `induced.halves`, the weights induced
+    from each half of the queries, correct the non-filter share for query noise."""
+    xs, ys = torch.as_tensor(induced.xs), torch.as_tensor(induced.ys)
+    families = reference_families(xs.shape[-1], *fixed_steps(settings.sweeps), xs=xs)
     return spectral_analysis(
-        layer_weights,
-        ev.xs[:m],
-        ev.ys[:m],
+        induced.weights,
+        xs,
+        ys,
         settings.spectral,
         settings.similarity.bootstrap,
         settings.prompts.seed,
         families,
-        halves=halves,
+        halves=induced.halves,
     )
+
+
+def measure_spectrum(induced: InducedWeights, settings: LayerSettings) -> SpectralAnalysis | NotMeasured:
+    """`layer_spectrum`, or why the data at hand cannot support it (a report degrades to "not
+    measured"; `icl-probe spectral`, through `analyse_spectrum`, refuses)."""
+    try:
+        return layer_spectrum(induced, settings)
+    except NotMeasurable as e:
+        return NotMeasured(str(e), e.knob)
 
 
 def analyse_spectrum(model, task: TaskConfig, settings: LayerSettings, progress: bool = False) -> SpectralAnalysis:
@@ -442,4 +489,4 @@ def analyse_spectrum(model, task: TaskConfig, settings: LayerSettings, progress:
     check_layer_budget(model, task, induced, (), spectrum=True)
     readouts, ev, _ = fit_readouts(model, task, settings, progress)
     layer_weights, _, halves = induced_layer_weights(model, task, settings, readouts, ev, progress)
-    return layer_spectrum(layer_weights, ev, settings, halves)
+    return layer_spectrum(induced_on(layer_weights, ev, settings, halves), settings)

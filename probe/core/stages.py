@@ -72,6 +72,8 @@ class AnalysisStage:
     check: recipe -> None, raising ConfigError where its section disagrees with another section
         (run when the recipe is resolved, before any work).
     reads: other recipe sections it reads (its cache key, with [prompts] and its own).
+    needs: the stages whose outputs it reads (`Context.before`); each runs first, and its cache key
+        is part of this stage's (the spectral stage needs the layers' induced weights).
     refuses: checkpoint -> why it cannot run on it, "" where it can (None: it runs on every
         checkpoint); a report whose recipe switches it on writes it as "not measured here: <why>".
     flags: (settings field, flag name) of its command where not the field's own (e.g. "test-prompts").
@@ -114,6 +116,7 @@ class AnalysisStage:
     verdicts: Callable[[Any, Any], list[dict[str, Any]]] | None = None
     check: Callable[[Any], None] | None = None
     reads: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
     refuses: Callable[[Any], str] | None = None
     flags: tuple[tuple[str, str], ...] = ()
     prompt_flags: tuple[tuple[str, str], ...] = ()
@@ -195,6 +198,12 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
         raise ConfigError(f"{what}: the name is a built-in recipe section or summary.json key; choose another")
     if STAGES.get(stage.name, stage) is not stage:
         raise ConfigError(f"{what} is already registered by another declaration; choose another name")
+    missing = [name for name in stage.needs if name not in STAGES or name == stage.name]
+    if missing:
+        raise ConfigError(
+            f"{what} needs {', '.join(map(repr, missing))}, not registered before it: register the stages it "
+            "reads first (they run in registration order)"
+        )
     settings = stage.settings
     if settings is not None and not (
         isinstance(settings, type) and issubclass(settings, Section) and dataclasses.is_dataclass(settings)

@@ -6,6 +6,7 @@ every stage has succeeded, so a failure never leaves half a report.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -139,6 +140,7 @@ def run_stages(
     recipe = adapt_recipe(recipe, ckpt.config)
     context = Context(ckpt, recipe, device, progress, memory or MemoryBudget(), Built(), prefix)
     built, sha = context.earlier, ckpt.fingerprint[:16]
+    keys: dict[str, str] = {}
     for stage in report_stages().values():
         if not stage.wanted(recipe, ckpt, only):
             on = stage.declared.enabled(recipe) if only is None else stage.name in only
@@ -146,7 +148,7 @@ def run_stages(
                 built.not_measured[prefix + stage.name] = stage.declared.refusal(ckpt)
             continue
         start = time.perf_counter()
-        key = f"{sha}-{stage.name}-{recipe.digest(*stage.sections)}"
+        keys[stage.name] = key = stage_key(sha, stage, recipe, keys)
         tables, data, hit = cache.get_or_run(key, partial(stage.run, context))
         built.timings[prefix + stage.name] = round(time.perf_counter() - start, 2)
         built.cached[prefix + stage.name] = hit
@@ -160,6 +162,16 @@ def run_stages(
             " (cached)" if hit else "",
         )
     return built
+
+
+def stage_key(sha: str, stage: Stage, recipe: Recipe, earlier: dict[str, str]) -> str:
+    """A stage's cache key: the checkpoint, its name, the recipe sections it reads and the keys of
+    the stages it needs (a needed stage that did not run counts as absent)."""
+    own = recipe.digest(*stage.sections)
+    if stage.declared.needs:
+        needed = json.dumps([earlier.get(name, "") for name in stage.declared.needs])
+        own = hashlib.sha256(f"{own}{needed}".encode()).hexdigest()[:16]
+    return f"{sha}-{stage.name}-{own}"
 
 
 def data_files(built: Built) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""On-disk cache of report stages: tables (CSV) and JSON, keyed by checkpoint hash and recipe.
+"""On-disk cache of report stages: tables (CSV), JSON and arrays (.npy, a stage's numpy data such as
+the layers' induced weights), keyed by checkpoint hash and recipe.
 
 A stage's key covers everything its numbers depend on (the checkpoint's fingerprint: weights,
 resolved config and every config or weight file; the recipe sections it reads; the code of every
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..core.provenance import VERSION as __version__
@@ -90,11 +92,12 @@ class StageCache:
                 if _sha256(folder / name) != expected:
                     return None
             tables = {name: pd.read_csv(folder / f"{name}.csv") for name in meta["tables"]}
-            if {f"{name}.csv" for name in meta["tables"]} - set(sums):
+            arrays = meta.get("arrays", [])
+            if {f"{name}.csv" for name in meta["tables"]} - set(sums) or {f"{name}.npy" for name in arrays} - set(sums):
                 return None
             if meta["data_sha256"] != _data_sha256(meta["data"]):
                 return None
-            return tables, meta["data"]
+            return tables, {**meta["data"], **{n: np.load(folder / f"{n}.npy", allow_pickle=False) for n in arrays}}
         except (OSError, ValueError, KeyError, TypeError, pd.errors.ParserError, pd.errors.EmptyDataError):
             return None
 
@@ -109,9 +112,20 @@ class StageCache:
         try:
             for name, frame in tables.items():
                 frame.to_csv(tmp / f"{name}.csv", index=False)
+            arrays = {name: value for name, value in data.items() if isinstance(value, np.ndarray)}
+            for name, value in arrays.items():
+                np.save(tmp / f"{name}.npy", value, allow_pickle=False)
             sums = {f"{name}.csv": _sha256(tmp / f"{name}.csv") for name in tables}
-            data = json.loads(json.dumps(data, default=_jsonable))  # as it will be read back
-            entry = {"tables": list(tables), "data": data, "data_sha256": _data_sha256(data), "sha256": sums}
+            sums.update({f"{name}.npy": _sha256(tmp / f"{name}.npy") for name in arrays})
+            rest = {name: value for name, value in data.items() if name not in arrays}
+            data = json.loads(json.dumps(rest, default=_jsonable))  # as it will be read back
+            entry = {
+                "tables": list(tables),
+                "arrays": list(arrays),
+                "data": data,
+                "data_sha256": _data_sha256(data),
+                "sha256": sums,
+            }
             (tmp / "done.json").write_text(json.dumps(entry))
             replace_dir(tmp, folder)
         except OSError as err:  # a cache that cannot be written costs time, never the report

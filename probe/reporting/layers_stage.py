@@ -1,13 +1,14 @@
 """The layer analyses, the report's spine (Fu et al. 2024, §4): per-layer read-out retraining, each layer's
 similarity (SimE, SimW) to every swept learner over its grid with the best match and its trend,
 Table 1 (the final layer against each learner) with its nulls and paired verdicts, and the span
-test. The same pass measures each layer's spectral filter on SimW's induced weights (which are not
-kept), whose reading is the spectral stage's (spectral_stage.py). It reads the built-in sections
-[readout], [similarity] and [[sweeps]], and [spectral], and runs in every report; its blocks
+test. It provides SimW's induced weights (data induced_*, arrays the stage cache keeps) to the
+spectral stage (spectral_stage.py), which measures each layer's filter on them. It reads the
+built-in sections [readout], [similarity] and [[sweeps]] and runs in every report; its blocks
 (readout, best_match, trend, table1, nulls, span) are top-level keys of summary.json."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,6 @@ from ..analysis.labels import Titles, label, layer_list, sweep_titles
 from ..analysis.matching import family_of, trend_words
 from ..analysis.pipeline import LayerSettings, analyse_layers, layer_costs
 from ..analysis.readout import LayerReadouts
-from ..analysis.spectral import SpectralAnalysis
 from ..core import budget
 from ..core.settings import check_induced_queries
 from ..core.stages import AnalysisStage, StageTables, register_stage
@@ -27,9 +27,8 @@ from ..models.sizes import shape_of
 from . import figures
 from .layer_blocks import LayerAnalyses, Match, Table1Entry, Trend, layer_analyses, verdict_rows
 from .page import table as html_table
-from .spectral_stage import spectral_tables
 
-SECTIONS = ("readout", "similarity", "sweeps", "spectral")  # the recipe sections it reads besides [prompts]
+SECTIONS = ("readout", "similarity", "sweeps")  # the recipe sections it reads besides [prompts]
 
 
 # ----------------------------------------------------------------------------- running
@@ -37,6 +36,7 @@ SECTIONS = ("readout", "similarity", "sweeps", "spectral")  # the recipe section
 
 def _run(c) -> StageTables:
     settings = LayerSettings.from_recipe(c.recipe, c.device, c.memory)
+    settings = replace(settings, spectral=replace(settings.spectral, enabled=False))  # its own stage measures it
     res = analyse_layers(c.ckpt.model, c.ckpt.config.task, settings, progress=c.progress)
     alphas = getattr(res.readouts, "alpha", None)
     tables = {
@@ -47,14 +47,13 @@ def _run(c) -> StageTables:
         "span": res.span,
         "nulls": res.nulls,
         "verdicts": res.verdicts,
-        **spectral_tables(res.spectral),  # the spectral filter's, read by its own stage (spectral_stage.py)
     }
     data = {
         "trends": res.trends,
         "readout_alpha": None if alphas is None else list(map(float, alphas)),
         "readouts": res.readouts.to_json() if isinstance(res.readouts, LayerReadouts) else None,
         "timings": res.timings,
-        **({"spectral_counts": res.spectral.counts} if isinstance(res.spectral, SpectralAnalysis) else {}),
+        **(res.induced.to_arrays() if res.induced is not None else {}),  # what the spectral stage reads
     }
     return StageTables(tables, data)
 

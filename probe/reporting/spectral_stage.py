@@ -4,10 +4,10 @@ weights along every eigen-direction, the local exponent p (GD's class tends to 1
 to 2) and the best-fitting filter class per layer. Recipe section [spectral] (SpectralSettings,
 beside the analysis); summary.json key `spectral`; its page section, findings line and evidence row.
 
-The measurement runs inside the layer analyses' pass (layers_stage.py): it needs the induced
-weights SimW fits there, which are not kept, so this stage's `run` computes nothing and its block is
-read from the tables that pass wrote (spectral_*). `icl-probe spectral` (probe/cli/spectral.py)
-runs the measurement alone."""
+It needs the layers stage (layers_stage.py) and reads the induced weights SimW fits there (that
+stage's data induced_*), so its cache key holds the layers stage's: changing [spectral] re-runs
+this stage only, from the cached weights. `icl-probe spectral` (probe/cli/spectral.py) runs the
+measurement alone."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.labels import layer_list
-from ..analysis.spectral import NotMeasured, SpectralSettings, spectral_cost
+from ..analysis.pipeline import InducedWeights, LayerSettings, measure_spectrum
+from ..analysis.spectral import NotMeasured, SpectralAnalysis, SpectralSettings, spectral_cost
 from ..analysis.spectral_references import CLASSES
 from ..core import budget
 from ..core.settings import induced_count
@@ -359,8 +360,13 @@ def _layer_neither(fits, i: int, verdict: str, a: str, b: str) -> str | None:
 
 
 def _run(c) -> StageTables:
-    """Nothing: the layer analyses' pass measured it (the module docstring)."""
-    return StageTables()
+    """The filter of each layer on the layers stage's induced weights (none where SimW is off)."""
+    induced = InducedWeights.from_arrays(lambda name: c.before(name, "data"))
+    if induced is None:
+        return StageTables()
+    spectral = measure_spectrum(induced, LayerSettings.from_recipe(c.recipe, c.device, c.memory))
+    counts = {"spectral_counts": spectral.counts} if isinstance(spectral, SpectralAnalysis) else {}
+    return StageTables(spectral_tables(spectral), counts)
 
 
 def _summarise(t, recipe) -> Spectral | None:
@@ -424,6 +430,7 @@ register_stage(
         tables=_page_tables,
         evidence=_evidence,
         reads=("similarity",),
+        needs=("layers",),
         standalone=False,
         commands=("spectral",),
         sections=(("Spectral filter of each layer", "spectral", "spectral_exponents"),),

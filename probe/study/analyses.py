@@ -275,13 +275,15 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
 
 
 def report_stages_of(analyses) -> set[str]:
-    """The report stages a study's per-model analyses run (the spectral instrument is measured in
-    the layers stage's pass)."""
+    """The report stages a study's per-model analyses run (the evidence table reads the spectral
+    stage's verdicts; the spectral stage needs the layers stage's induced weights)."""
     stages = set()
     if "evaluate" in analyses:
         stages.add("evaluate")
     if {"readout", "heatmap", "spectral", "evidence"} & set(analyses):
         stages.add("layers")
+    if {"spectral", "evidence"} & set(analyses):
+        stages.add("spectral")
     if "probes" in analyses:
         stages.add("probes")
     return stages

@@ -124,8 +124,7 @@ def check_study_size(recipe: StudyRecipe, models: list[Path]) -> None:
         for shift in recipe.shifts:  # values a model's task cannot take (e.g. a negative noise)
             recipe.shifted_task(ckpt.config.task, shift)
         try:
-            costed = report_stages_of(recipe.analyses) | ({"spectral"} if "spectral" in recipe.analyses else set())
-            check_report_size(ckpt, adapt_recipe(report, ckpt.config), only=costed)
+            check_report_size(ckpt, adapt_recipe(report, ckpt.config), only=report_stages_of(recipe.analyses))
         except ConfigError as err:  # prompts.curve is the study's evaluate_prompts; the others its `set` keys
             raise ConfigError(str(err).replace("prompts.curve", "evaluate_prompts")) from None
         if "spd_ilw" in recipe.analyses:
