@@ -287,3 +287,40 @@ def test_a_merged_stage_writes_its_fields_at_the_top_level_and_reads_back(ckpt, 
             check_summary(data)
     finally:
         unregister_stage(merged.name)
+
+
+def test_a_registered_stage_with_study_rows_is_a_study_analysis_on_its_page(ckpt, tmp_path, monkeypatch):
+    """A stage declared here with a `study_rows` hook is an analysis a study recipe may name: the
+    study runs it through the report's stage, its rows are in study.csv (one per model and number
+    of examples, equal to the stage's own table) and its section is on the study page, with no
+    file of probe/ changed; `study --help` lists it, and an unknown analysis is refused."""
+    from dataclasses import replace
+
+    from probe.study.recipe import resolve_study
+
+    rows = lambda t: [
+        {"metric": "mean_abs", "value": r.mean_abs, "n_examples": int(r.n_examples)}
+        for r in t["mean_prediction"].itertuples()
+    ]
+    stage = replace(MEAN, study_rows=rows)
+    register_stage(stage)
+    try:
+        (tmp_path / "s.toml").write_text(
+            f'description = "mean"\ncheckpoints = ["{ckpt}"]\nanalyses = ["evaluate", "mean_prediction"]\n'
+            'x = "family"\nevaluate_prompts = 32\n[set]\n"mean_prediction.prompts" = 16\n'
+        )
+        monkeypatch.chdir(tmp_path)
+        assert main(["-q", "study", "s.toml", "--out", "out"]) == 0
+        table = pd.read_csv(tmp_path / "out" / "study.csv")
+        mine = table[table.analysis == "mean_prediction"].sort_values("n_examples")
+        report_out = tmp_path / "r"
+        assert main(_report_args(ckpt, report_out, "--set", "mean_prediction.prompts=16")) == 0
+        own = pd.read_csv(report_out / "data" / "mean_prediction.csv")
+        assert list(mine.n_examples) == list(own.n_examples) and (mine.metric == "mean_abs").all()
+        assert mine.value.to_numpy() == pytest.approx(own.mean_abs.to_numpy(), rel=1e-6)
+        assert "Mean prediction size" in (tmp_path / "out" / "index.html").read_text()
+        assert "mean_prediction" in resolve_study("s.toml").analyses
+    finally:
+        unregister_stage(stage.name)
+    with pytest.raises(ConfigError, match="Unknown analysis 'mean_prediction'"):
+        resolve_study(str(tmp_path / "s.toml"))

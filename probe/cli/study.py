@@ -35,8 +35,18 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     add_out(p, "study directory (resumable: finished models are kept)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a study recipe value")
-    p.add_argument("--executor", default="local", help="local (process pool, default) or slurm (submitit)")
-    p.add_argument("--jobs", type=positive_int, default=1, help="models analysed at once (default 1)")
+    p.add_argument(
+        "--executor",
+        default="local",
+        help="local (default: this machine; a process pool with --jobs > 1) or slurm (submitit)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="models analysed at once (default 1: in this process; more: worker processes, "
+        "which load the toolkit's and entry-point plugins' stages)",
+    )
     p.add_argument("--slurm-cluster", default="auto", help="submitit cluster: auto (Slurm if present), local, debug")
     add_device(p)
 

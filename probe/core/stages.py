@@ -93,9 +93,13 @@ class AnalysisStage:
     sections: the page sections the report template's macros write for it (templates/report.html.j2;
         the spine's), each (title, macro, the figure whose presence shows it or ""), in place of the
         section made of its description, tables and figures.
+    study_rows: (tables, as `summarise` is given them) -> its rows of a study's table (study.csv),
+        each a dict with `metric` and `value` and optionally `learner`, `layer`, `n_examples`,
+        `shift`, `ci_low`, `ci_high`: with it the stage is a per-model analysis a study recipe may
+        name (`analyses = [..., "<name>"]`), and its rows are on the study page.
     files: entries of its `data` the report writes as data/<entry>.json (the layers' `trends`; a
         compared checkpoint's as data/compare_<entry>.json).
-        papers: the papers whose methods it runs, cited by author and year with the paper's section
+    papers: the papers whose methods it runs, cited by author and year with the paper's section
         ("Fu et al. 2024, App. A.4, eq. 16: forgetting"); the report's methods list them
         (full citations: docs/references.md).
     """
@@ -129,6 +133,7 @@ class AnalysisStage:
     sections: tuple[tuple[str, str, str], ...] = ()
     files: tuple[str, ...] = ()
     papers: tuple[str, ...] = ()
+    study_rows: Callable[[Any], list[dict[str, Any]]] | None = None
 
     @property
     def command(self) -> str:

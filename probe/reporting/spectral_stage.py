@@ -412,6 +412,25 @@ def _evidence(sp: Spectral | None, summary: Any, a: str, b: str) -> list[dict[st
     return _spectral_rows(sp, a, b, EQUIVALENCES.get((a, b), ""))
 
 
+def _study_rows(t) -> list[dict[str, Any]]:
+    """A study's rows (study.csv): the exponent per layer in the best family's own bin variable
+    (metric spectral_p, learner = the verdict) and in each variable (spectral_p_<variable>, learner =
+    its best class), with 90% intervals."""
+    if "spectral_summary" not in t:
+        return []
+    rows = [
+        {"metric": "spectral_p", "value": r.p, "learner": r.verdict, "layer": int(r.predictor), "ci_low": r.p_low,
+         "ci_high": r.p_high}
+        for r in t["spectral_summary"].itertuples()
+    ]  # fmt: skip
+    rows += [
+        {"metric": f"spectral_p_{r.variable}", "value": r.p, "learner": r.best_class, "layer": int(r.predictor),
+         "ci_low": r.p_low, "ci_high": r.p_high}
+        for r in t["spectral_layers"].itertuples()
+    ]  # fmt: skip
+    return rows
+
+
 register_stage(
     AnalysisStage(
         name="spectral",
@@ -431,6 +450,7 @@ register_stage(
         evidence=_evidence,
         reads=("similarity",),
         needs=("layers",),
+        study_rows=_study_rows,
         standalone=False,
         commands=("spectral",),
         sections=(("Spectral filter of each layer", "spectral", "spectral_exponents"),),

@@ -32,7 +32,7 @@ from ..models import family_class
 from ..reporting.build import run_stages
 from ..reporting.cache import StageCache
 from ..reporting.recipe import adapt_recipe
-from .recipe import StudyRecipe
+from .recipe import StudyRecipe, stage_analyses
 
 COLUMNS = ["model", "analysis", "metric", "learner", "layer", "n_examples", "shift", "value", "ci_low", "ci_high"]
 
@@ -133,34 +133,19 @@ def layer_rows(tables: dict[str, pd.DataFrame], analyses: Sequence[str], task) -
     return rows
 
 
-def spectral_rows(tables: dict[str, pd.DataFrame]) -> list[dict]:
-    """The spectral exponent per layer: in the best family's own bin variable (metric spectral_p,
-    learner = the verdict) and in each variable (spectral_p_<variable>), with 90% intervals."""
-    rows = []
-    for rec in tables["spectral_summary"].to_dict("records"):
-        rows.append(
-            _row(
-                "spectral",
-                "spectral_p",
-                rec["p"],
-                rec["verdict"],
-                layer=int(rec["predictor"]),
-                ci_low=rec["p_low"],
-                ci_high=rec["p_high"],
-            )
-        )
-    for rec in tables["spectral_layers"].to_dict("records"):
-        rows.append(
-            _row(
-                "spectral",
-                f"spectral_p_{rec['variable']}",
-                rec["p"],
-                rec["best_class"],
-                layer=int(rec["predictor"]),
-                ci_low=rec["p_low"],
-                ci_high=rec["p_high"],
-            )
-        )
+def stage_rows(analyses, built, ckpt, path) -> list[dict]:
+    """The rows of each analysis that is a report stage (its `study_rows` hook, probe/core/stages.py)."""
+    from ..core.stages import StageTables
+
+    rows: list[dict] = []
+    for name, stage in stage_analyses().items():
+        if name not in analyses:
+            continue
+        if name not in built.timings:
+            why = built.not_measured.get(name) or f'switch it on in the study\'s [set] ("{name}.enabled" = true)'
+            raise ConfigError(f"study analysis {name!r} did not run on {path}: {why}")
+        for row in stage.study_rows(StageTables(built.tables, built.data, ckpt)):
+            rows.append(_row(name, **row))
     return rows
 
 
@@ -277,7 +262,8 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
 def report_stages_of(analyses) -> set[str]:
     """The report stages a study's per-model analyses run (the evidence table reads the spectral
     stage's verdicts; the spectral stage needs the layers stage's induced weights)."""
-    stages = set()
+    stages = {name for name in analyses if name in stage_analyses()}  # with the stages they need
+    stages |= {need for name in stages for need in stage_analyses()[name].needs}
     if "evaluate" in analyses:
         stages.add("evaluate")
     if {"readout", "heatmap", "spectral", "evidence"} & set(analyses):
@@ -321,13 +307,12 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
                 frame = error_curve(ckpt.model, shifted, recipe.evaluate_prompts, recipe.seed, points, device=device)
                 rows += evaluate_rows({"icl_error": frame}, shifted, shift["label"])
     rows += layer_rows(built.tables, recipe.analyses, task)
-    if "spectral" in recipe.analyses:
-        if "spectral_summary" not in built.tables:
-            raise ConfigError(
-                "study analysis 'spectral' reads the layers' induced weights: set \"similarity.simw\" = true "
-                'and leave "spectral.enabled" on in the study\'s [set]'
-            )
-        rows += spectral_rows(built.tables)
+    if "spectral" in recipe.analyses and "spectral_summary" not in built.tables:
+        raise ConfigError(
+            "study analysis 'spectral' reads the layers' induced weights: set \"similarity.simw\" = true "
+            'and leave "spectral.enabled" on in the study\'s [set]'
+        )
+    rows += stage_rows(recipe.analyses, built, ckpt, path)
     if "evidence" in recipe.analyses:
         rows += evidence_rows(built, report, task)
     if "probes" in recipe.analyses:

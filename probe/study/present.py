@@ -16,6 +16,7 @@ from ..core.provenance import stamp
 from ..io.checkpoint import atomic_write
 from ..reporting.page import Page, Section, figure, table
 from .findings import METRIC, axis_name, categorical, closest_learners, closest_table, study_findings, x_order
+from .recipe import stage_analyses
 
 SCALAR = {"spd_ilw": ("spd", "ilw", "sime")}
 LABELS = {
@@ -312,7 +313,7 @@ def evidence_table(table: pd.DataFrame, x: str) -> pd.DataFrame:
 
 def spectral_table(table: pd.DataFrame, x: str) -> pd.DataFrame:
     """One row per model and layer: the spectral filter's reading (its verdict) and the exponent p in
-    the best family's own bin variable with its 90% interval (study/analyses.py spectral_rows)."""
+    the best family's own bin variable with its 90% interval (the spectral stage's study rows, probe/reporting/spectral_stage.py)."""
     rows = table[(table.analysis == "spectral") & (table.metric == "spectral_p")]
     out = rows[["model", x, "layer", "learner", "value", "ci_low", "ci_high"]].rename(
         columns={"learner": "reading", "value": "p", "ci_low": "p low", "ci_high": "p high"}
@@ -359,6 +360,10 @@ def study_page(summary: dict[str, Any], figs: dict[str, Path], frame: pd.DataFra
         parts = [fig["spectral_p"]] if "spectral_p" in fig else []
         sections.append(Section("Spectral filter per layer", [*parts, table(spectral, "{:.2f}")]))
     cols = ["model", x, "analysis", "metric", "learner", "layer", "shift", "value", "ci_low", "ci_high"]
+    for name, stage in stage_analyses().items():  # a report stage's own rows (its study_rows hook)
+        rows = frame[frame.analysis == name]
+        if name != "spectral" and len(rows):
+            sections.append(Section(stage.title, [table(rows[[c for c in cols if c != "analysis"]], "{:.4g}")]))
     small = frame[(frame.layer == -1) & (frame.n_examples == -1) | frame.metric.str.endswith("_at_2d1")][cols]
     small = small.assign(
         metric=small.metric.map(lambda m: METRIC.get(m, m)), learner=small.learner.map(lambda n: label(n, titles))

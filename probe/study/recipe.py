@@ -3,7 +3,7 @@
     name, description
     checkpoints = ["checkpoints/depth-noisy/L*"]   paths or globs (sorted), or
     run = "checkpoints/gpt2-default-dynamics"      a run directory: its snapshots in step order
-    analyses = ["evaluate", "heatmap", "spd_ilw"]  any of ANALYSES
+    analyses = ["evaluate", "heatmap", "spd_ilw"]  ANALYSES, or a report stage with study rows
     x = "n_layer"                                   the model field figures put on the x axis
     report = "quick"                                the report recipe whose stages are reused
     set = { "prompts.test" = 256 }                  overrides of that report recipe
@@ -26,12 +26,40 @@ from typing import Any
 
 from ..core.config import Section, from_dict, load_recipe, merge, nested_override, setting, to_dict
 from ..core.errors import ConfigError
-from ..core.registry import unknown_name_message
+from ..core.registry import Registry, unknown_name_message
 from ..data.config import TaskConfig
 from ..learners import LEARNERS
 
 MAX_MATCHES = 256  # paths one checkpoints pattern may match
-ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes", "spectral", "evidence")
+ANALYSES = ("evaluate", "readout", "heatmap", "spd_ilw", "probes", "evidence")  # the study's own
+
+
+class StudyAnalyses(Registry[str]):
+    """The per-model analyses a study recipe may name: the study's own (ANALYSES) and every
+    registered report stage with a `study_rows` hook (the spectral filter; plugins' stages), read
+    when a recipe is checked, so that stages registered later count."""
+
+    def __init__(self) -> None:
+        super().__init__("analysis")
+
+    def names(self) -> list[str]:
+        return [*ANALYSES, *stage_analyses()]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
+
+    def __iter__(self):
+        return iter(self.names())
+
+
+def stage_analyses() -> dict[str, Any]:
+    """Registered report stages a study can run as analyses (those with a `study_rows` hook)."""
+    from ..core.stages import registered
+
+    return {name: stage for name, stage in registered().items() if stage.study_rows is not None}
+
+
+STUDY_ANALYSES = StudyAnalyses()
 from ..core.resources import RECIPE_DIR as STUDY_DIR
 from ..reporting.recipe import resolve_recipe
 
@@ -83,7 +111,7 @@ class StudyRecipe(Section):
     checkpoints: tuple[str, ...] = setting((), "checkpoint paths or globs (sorted)")
     run: str = setting("", "a run directory whose snapshots, in step order, are the models")
     analyses: tuple[str, ...] = setting(
-        ("evaluate", "heatmap"), "per-model analyses", ANALYSES, nonempty=True, noun="analysis"
+        ("evaluate", "heatmap"), "per-model analyses", STUDY_ANALYSES, nonempty=True, noun="analysis"
     )
     x: str = setting("n_layer", "the model field figures put on the x axis", X_AXES, noun="axis")
     report: str = setting("quick", "the report recipe whose stages are reused")

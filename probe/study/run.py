@@ -149,6 +149,10 @@ def _init_worker(threads: int) -> None:
 def _submit_local(
     pending: list[tuple[str, Path]], args: tuple, jobs: int, on_done: Callable[[str, pd.DataFrame], None]
 ) -> None:
+    if jobs == 1:  # in this process: stages a script registered itself (not by entry point) count
+        for name, path in pending:
+            on_done(name, analyse_model(str(path), *args))
+        return
     threads = max(1, usable_cpus() // jobs)
     with ProcessPoolExecutor(
         max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(threads,)
