@@ -134,7 +134,7 @@ def test_a_failing_stage_leaves_no_half_report(ckpt, report, tmp_path, monkeypat
     def boom(*args, **kwargs):
         raise RuntimeError("stage failed")
 
-    monkeypatch.setattr(build, "make_figures", boom)
+    monkeypatch.setattr(build, "comparison_figures", boom)  # the last figure the report's process draws
     with pytest.raises(RuntimeError, match="stage failed"):
         main(["-q", "report", str(ckpt), "--out", str(out), *TINY])
     assert (out / "index.html").read_text() == "previous report"
@@ -248,3 +248,63 @@ def test_changing_spectral_settings_reruns_the_spectral_stage_alone_from_the_cac
     bootstrap = copy.deepcopy(wider)
     bootstrap.similarity.bootstrap = 30
     assert run_stages(model, bootstrap, "cpu", cache, False, only=stages).cached == {"layers": False, "spectral": False}
+
+
+@pytest.mark.slow
+def test_figures_drawn_in_the_worker_are_the_figures_drawn_here_and_its_failures_raise(ckpt, tmp_path):
+    """The figure worker (probe/reporting/figure_pool.py) draws each stage's PNGs byte for byte as
+    the report's own process draws them; a stage it cannot draw (here: its figure folder is a
+    file) raises at `wait`, not later, and the worker is shut down."""
+    import probe
+    from probe.io.formats import load_checkpoint
+    from probe.reporting.build import Context, report_stages, run_stages
+    from probe.reporting.cache import StageCache
+    from probe.reporting.figure_pool import FigurePool
+    from probe.reporting.recipe import adapt_recipe
+
+    model = load_checkpoint(ckpt)
+    recipe = adapt_recipe(probe.recipe("smoke"), model.config)
+    pool = FigurePool(tmp_path / "pooled", model, recipe, Context(model, recipe), worker=True)
+    built = run_stages(model, recipe, "cpu", StageCache(None), False, only={"evaluate", "layers", "spectral"},
+                       on_done=pool.submit)
+    pooled = pool.wait()
+    here = {}
+    for stage in report_stages().values():
+        if stage.name in built.timings:
+            here.update(stage.figures(built.tables, tmp_path / "here", Context(model, recipe, earlier=built)))
+    assert set(pooled) == set(here) and len(here) >= 5
+    for name in here:
+        assert pooled[name].read_bytes() == here[name].read_bytes(), name
+    (tmp_path / "a-file").write_text("")
+    broken = FigurePool(tmp_path / "a-file", model, recipe, Context(model, recipe), worker=True)
+    broken.submit(report_stages()["evaluate"], built.tables)
+    with pytest.raises((FileExistsError, NotADirectoryError)):
+        broken.wait()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        broken.pool.submit(print)
+
+
+def test_the_figure_worker_is_used_only_where_a_spawned_process_can_start(monkeypatch):
+    """A spawned worker imports the main module again: a user's script (`python analysis.py`, which
+    may call probe.report without a main guard) gets its figures drawn in its own process; the
+    icl-probe command, `python -m` and notebooks get the worker."""
+    import sys
+    import types
+
+    from probe.reporting.figure_pool import worker_safe
+
+    def main_module(file, spec):
+        module = types.ModuleType("__main__")
+        if file is not None:
+            module.__file__ = file
+        module.__spec__ = spec
+        monkeypatch.setitem(sys.modules, "__main__", module)
+
+    main_module("/home/me/analysis.py", None)
+    assert not worker_safe()
+    main_module("/venv/bin/icl-probe", None)
+    assert worker_safe()
+    main_module("/lib/probe/__main__.py", types.SimpleNamespace(name="probe.__main__"))
+    assert worker_safe()
+    main_module(None, None)  # a notebook, python -c
+    assert worker_safe()

@@ -11,6 +11,7 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -29,6 +30,7 @@ from . import figures
 from .cache import StageCache, _jsonable
 from .compare import comparison
 from .evidence import evidence_frame
+from .figure_pool import FigurePool
 from .html import render_html
 from .recipe import Recipe, adapt_recipe
 from .schema import strict
@@ -132,11 +134,13 @@ def run_stages(
     prefix: str = "",
     only: set[str] | None = None,
     memory: MemoryBudget | None = None,
+    on_done: Callable[[Stage, dict[str, pd.DataFrame]], None] | None = None,
 ) -> Built:
     """The recipe's stages (or those named in `only`, whether or not the recipe enables them), each
     through the stage cache, within the memory budget `memory` (which changes how work is chunked,
     never a number). A stage switched on that cannot run on this checkpoint (its `refuses`) is
-    recorded in `not_measured` with the reason, and skipped."""
+    recorded in `not_measured` with the reason, and skipped. `on_done(stage, tables so far)` is
+    called as each stage finishes (the report draws its figures then, figure_pool.py)."""
     recipe = adapt_recipe(recipe, ckpt.config)
     context = Context(ckpt, recipe, device, progress, memory or MemoryBudget(), Built(), prefix)
     built, sha = context.earlier, ckpt.fingerprint[:16]
@@ -154,6 +158,8 @@ def run_stages(
         built.cached[prefix + stage.name] = hit
         built.tables.update({prefix + k: v for k, v in tables.items()})
         built.data.update({prefix + k: v for k, v in data.items()})
+        if on_done is not None:
+            on_done(stage, built.tables)
         release_free_memory()  # the stage's freed temporaries leave the resident set before the next
         log.info(
             "stage %s done in %.1f s%s",
@@ -190,15 +196,20 @@ def make_figures(
     for stage in report_stages().values():
         if stage.name in built.timings:
             out.update(stage.figures(built.tables, fig_dir, context))
-    if "compare_readout" in built.tables:
-        out["compare_readout"] = figures.readout_comparison(
-            {
-                ckpt.name: built.tables["readout"],
-                compare.name if compare else "compare": built.tables["compare_readout"],
-            },
-            fig_dir / "compare_readout",
-        )[0]
-    return out
+    return {**out, **comparison_figures(built, ckpt, fig_dir, compare)}
+
+
+def comparison_figures(
+    built: Built, ckpt: LoadedCheckpoint, fig_dir: Path, compare: LoadedCheckpoint | None
+) -> dict[str, Path]:
+    """`report --compare`'s own figure: both models' read-out errors."""
+    if "compare_readout" not in built.tables:
+        return {}
+    curves = {
+        ckpt.name: built.tables["readout"],
+        compare.name if compare else "compare": built.tables["compare_readout"],
+    }
+    return {"compare_readout": figures.readout_comparison(curves, fig_dir / "compare_readout")[0]}
 
 
 def build_report(
@@ -224,27 +235,32 @@ def build_report(
     sources = {"fingerprint": ckpt.fingerprint, **({"compare_fingerprint": compare.fingerprint} if compare else {})}
     target.check_same_source(sources, display_path(ckpt.path))
     cache = StageCache(cache_dir)
-    built = run_stages(ckpt, recipe, device, cache, progress, memory=memory)
-    compared: dict[str, Any] = {}
-    if compare is not None:  # the user's recipe, adapted to the compared checkpoint by run_stages
-        other = run_stages(compare, recipe, device, cache, progress, prefix="compare_", memory=memory)
-        side_by_side, compared = comparison(built, other, ckpt, compare, recipe, device)
-        built.tables.update({**other.tables, **side_by_side})
-        built.data.update(other.data)
-        built.timings.update(other.timings)
-        built.cached.update(other.cached)
-    recipe = adapt_recipe(recipe, ckpt.config)  # what the stages ran, for figures, summary and methods
+    adapted = adapt_recipe(recipe, ckpt.config)  # what the stages run, for figures, summary and methods
     tmp = target.stage()
+    here = Context(ckpt, adapted)  # figures drawn in this process (probe/reporting/figure_pool.py)
+    pool = FigurePool(tmp / "figures", ckpt, adapted, here)
     try:
-        start = time.perf_counter()
+        built = run_stages(ckpt, recipe, device, cache, progress, memory=memory, on_done=pool.submit)
+        compared: dict[str, Any] = {}
+        if compare is not None:  # the user's recipe, adapted to the compared checkpoint by run_stages
+            other = run_stages(compare, recipe, device, cache, progress, prefix="compare_", memory=memory)
+            side_by_side, compared = comparison(built, other, ckpt, compare, recipe, device)
+            built.tables.update({**other.tables, **side_by_side})
+            built.data.update(other.data)
+            built.timings.update(other.timings)
+            built.cached.update(other.cached)
+        recipe = adapted
         data_dir = tmp / "data"
         data_dir.mkdir()
         for name, frame in built.tables.items():
             frame.to_csv(data_dir / f"{name}.csv", index=False)
         for name, entry in data_files(built).items():
             (data_dir / f"{name}.json").write_text(json.dumps(entry, indent=2) + "\n")
-        figs = make_figures(built, ckpt, recipe, tmp / "figures", compare)
-        built.timings["figures"] = round(time.perf_counter() - start, 2)
+        here.earlier = built
+        figs = pool.wait()
+        start = time.perf_counter()
+        figs.update(comparison_figures(built, ckpt, tmp / "figures", compare))
+        built.timings["figures"] = round(pool.blocked + time.perf_counter() - start, 2)  # this process's share
         summary = build_summary(built, ckpt, recipe, compare)
         if summary.compare is not None:
             summary.compare.update(compared)
@@ -255,6 +271,7 @@ def build_report(
         (tmp / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
         (tmp / "index.html").write_text(render_html(built, summary, figs, ckpt, recipe, compare))
     except BaseException:
+        pool.close()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     record = {"checkpoint": ckpt.name, "checkpoint_path": display_path(ckpt.path), "recipe": recipe.name}
