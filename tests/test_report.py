@@ -273,8 +273,8 @@ def test_figures_drawn_in_the_worker_are_the_figures_drawn_here_and_its_failures
         if stage.name in built.timings:
             here.update(stage.figures(built.tables, tmp_path / "here", Context(model, recipe, earlier=built)))
     assert set(pooled) == set(here) and len(here) >= 5
-    for name in here:
-        assert pooled[name].read_bytes() == here[name].read_bytes(), name
+    for name, path in here.items():
+        assert pooled[name].read_bytes() == path.read_bytes(), name
     (tmp_path / "a-file").write_text("")
     broken = FigurePool(tmp_path / "a-file", model, recipe, Context(model, recipe), worker=True)
     broken.submit(report_stages()["evaluate"], built.tables)

@@ -13,11 +13,10 @@ from probe.analysis.pipeline import LayerSettings, analyse_spectrum
 from probe.analysis.readout import ReadoutSettings
 from probe.analysis.spectral import (
     SpectralSettings,
-    directions,
-    make_bins,
     reference_families,
     spectral_analysis,
 )
+from probe.analysis.spectral_bins import directions, make_bins
 from probe.analysis.spectral_references import CLASSES
 from probe.core.errors import ConfigError
 from probe.core.settings import PromptSettings, SimilaritySettings

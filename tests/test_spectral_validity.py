@@ -10,10 +10,9 @@ import torch
 
 from probe.analysis.spectral import (
     SpectralSettings,
-    fit_window,
-    local_exponent,
     spectral_analysis,
 )
+from probe.analysis.spectral_bins import fit_window, local_exponent
 from probe.analysis.spectral_references import Members, first_best, reference_families, stable_steps
 from probe.core.errors import ConfigError
 from probe.data.config import TaskConfig

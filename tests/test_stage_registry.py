@@ -170,8 +170,7 @@ def test_a_summary_with_a_block_nobody_registered_fails_its_schema(registered, c
         ({"name": "other_name"}, "SECTION = 'other_name'"),
         ({"files": ("Peak",)}, "files names entries of its data"),
         ({"files": ("trends",)}, "data/trends.json is another stage's file"),
-        ({"needs": ("layerz",)}, "needs 'layerz', not registered before it"),
-        ({"needs": ("mean_prediction",)}, "needs 'mean_prediction', not registered before it"),
+        ({"needs": ("mean_prediction",)}, "needs itself"),
     ],
 )
 def test_registering_refuses_what_the_report_cannot_hold(change, message):
@@ -324,3 +323,20 @@ def test_a_registered_stage_with_study_rows_is_a_study_analysis_on_its_page(ckpt
         unregister_stage(stage.name)
     with pytest.raises(ConfigError, match="Unknown analysis 'mean_prediction'"):
         resolve_study(str(tmp_path / "s.toml"))
+
+
+def test_a_stage_that_needs_one_that_does_not_run_before_it_is_refused():
+    """`needs` names stages that run earlier (the toolkit's, then plugins' in registration order):
+    a name nobody registered is refused when the stages are listed, naming it."""
+    from dataclasses import replace
+
+    from probe.core.stages import registered
+
+    stage = replace(MEAN, needs=("layerz",))
+    register_stage(stage)
+    try:
+        with pytest.raises(ConfigError, match="needs 'layerz', which does not run before it"):
+            registered()
+    finally:
+        unregister_stage(stage.name)
+    assert "spectral" in registered()  # the toolkit's own: spectral needs layers, which runs first

@@ -29,7 +29,7 @@ finite range (the references' own p, measured on the same prompts, show the bias
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -38,11 +38,24 @@ from torch import Tensor
 
 from ..core import budget
 from ..core.config import Section, setting
-from ..core.errors import ConfigError, NotMeasurable
-from ..learners.iterative import prefix_eigh
+from ..core.errors import ConfigError
+from .spectral_bins import (
+    VARIABLES,
+    BinSums,
+    Directions,
+    bin_sums,
+    components,
+    directions,
+    fit_errors,
+    fit_window,
+    local_exponent,
+    make_bins,
+    resample_weights,
+    response,
+)
 from .spectral_blend import blend_fits
 from .spectral_references import Family, Members, reference_families, reference_weights
-from .stats import resamples
+from .spectral_verdicts import summarise
 
 
 @dataclass
@@ -72,210 +85,12 @@ class SpectralSettings(Section):
             )
 
 
-VARIABLES = {"lam_t": "lambda / t", "lam_max": "lambda / lambda_max"}
-
-
 def spectral_cost(settings: SpectralSettings, prompts: int, boundaries: int, d: int, n_boot: int) -> budget.Estimate:
     """What spectral_analysis asks for (budget.spectral_estimate, knob spectral.bins) on `prompts`
     prompts: its predictors are the model's `boundaries` layer boundaries and every member of the
     reference families."""
     members = sum(budget.grid_points(family) for family in reference_families(d))
     return budget.spectral_estimate(settings.bins, prompts, boundaries + members, n_boot)
-
-
-@dataclass
-class Directions:
-    """Every eigen-direction of every prompt's S_t (t >= d), flattened to N = B * n' * d entries:
-    prompt index, the two bin variables, b = V^T w_OLS, V (for projecting weights), and which
-    directions are counted out (zero eigenvalues, the top eigenvalue for lambda / lambda_max)."""
-
-    prompt: Tensor  # (N,) long
-    u: dict[str, Tensor]  # variable -> (N,)
-    b: Tensor  # (N,)
-    basis: Tensor  # (B, n', d, d)
-    prefixes: Tensor  # (n',) the t used
-    keep: dict[str, Tensor]  # variable -> (N,) bool
-    counts: dict[str, int] = field(default_factory=dict)
-
-
-def directions(xs: Tensor, ys: Tensor, rtol: float = 1e-10) -> Directions:
-    """The eigen-directions of S_t for t = d..n-1 (no w_OLS below d) and w_OLS's components."""
-    xs, ys = torch.as_tensor(xs, dtype=torch.float64), torch.as_tensor(ys, dtype=torch.float64)
-    n_prompts, n, d = xs.shape
-    if n <= d:
-        raise ConfigError(
-            f"the spectral analysis needs prompts of more than d = {d} points (w_OLS from t >= d), got {n}"
-        )
-    lam, v, c, t = prefix_eigh(xs, ys)
-    lam, v, c, t = lam[:, d:], v[:, d:], c[:, d:], t[d:]
-    top = lam.amax(-1, keepdim=True)
-    nonzero = lam > rtol * top.clamp_min(1e-300)
-    b = torch.where(nonzero, c / lam.clamp_min(1e-300), torch.zeros_like(c))
-    is_top = torch.zeros_like(nonzero)
-    is_top.scatter_(-1, lam.argmax(-1, keepdim=True), True)
-    u = {"lam_t": lam / t.view(1, -1, 1), "lam_max": lam / top.clamp_min(1e-300)}
-    keep = {"lam_t": nonzero, "lam_max": nonzero & ~is_top}
-    prompt = torch.arange(n_prompts).view(-1, 1, 1).expand_as(lam)
-    flat = lambda x: x.reshape(-1)
-    counts = {
-        "prompts": n_prompts,
-        "prefixes_skipped": d,  # t = 0..d-1: S_t is singular, no w_OLS
-        "directions": int(lam.numel()),
-        "zero_eigenvalues": int((~nonzero).sum()),
-        "top_eigenvalues": int((is_top & nonzero).sum()),
-    }
-    return Directions(
-        flat(prompt),
-        {k: flat(x) for k, x in u.items()},
-        flat(b),
-        v,
-        t,
-        {k: flat(x) for k, x in keep.items()},
-        counts,
-    )
-
-
-def components(weights: Tensor, dirs: Directions) -> Tensor:
-    """a = V^T w per direction: weights (A, B, n, d) -> (A, N) (prefixes t >= d)."""
-    w = torch.as_tensor(weights, dtype=torch.float64)[:, :, -dirs.basis.shape[1] :]
-    return torch.einsum("bnij,abni->abnj", dirs.basis, w).reshape(w.shape[0], -1)
-
-
-@dataclass
-class Bins:
-    """One bin variable's binning: per direction its bin (-1: counted out), and the edges."""
-
-    variable: str
-    index: Tensor  # (N,) long
-    edges: np.ndarray  # (K + 1,)
-
-    @property
-    def n(self) -> int:
-        return len(self.edges) - 1
-
-
-def make_bins(dirs: Directions, variable: str, n_bins: int, min_count: int) -> Bins:
-    """Log-spaced bins between the 0.5th percentile of the variable and its largest kept value;
-    bins with fewer than `min_count` directions are merged away (their directions counted out)."""
-    u, keep = dirs.u[variable], dirs.keep[variable]
-    vals = u[keep].clamp_min(1e-300)
-    if vals.numel() == 0:
-        raise ConfigError(f"no eigen-direction to bin on {VARIABLES[variable]}")
-    lo = float(torch.quantile(vals.log(), 0.005).exp())
-    hi = float(vals.max()) * (1 + 1e-9)
-    edges = np.geomspace(max(lo, 1e-300), hi, n_bins + 1)
-    idx = torch.bucketize(u.clamp_min(1e-300), torch.as_tensor(edges, dtype=u.dtype)) - 1
-    idx = torch.where(keep & (idx >= 0) & (idx < n_bins), idx, torch.full_like(idx, -1))
-    counts = torch.bincount(idx[idx >= 0], minlength=n_bins)
-    sparse = counts < min_count
-    if bool(sparse.all()):
-        raise NotMeasurable(
-            f"spectral.min_count = {min_count}: no bin of {VARIABLES[variable]} holds that many eigen-directions "
-            f"(the fullest holds {int(counts.max())} of {int(keep.sum())}); lower spectral.min_count or measure on "
-            "more prompts (prompts.induced)",
-            knob="prompts.induced",
-        )
-    idx = torch.where((idx >= 0) & sparse[idx.clamp_min(0)], torch.full_like(idx, -1), idx)
-    return Bins(variable, idx, edges)
-
-
-@dataclass
-class BinSums:
-    """Per prompt and bin: sum(a b) (A, B, K), sum(a^2) (A, B, K), sum(b^2) (B, K), sum(b^2 u) (B, K),
-    directions (K,); with two independent estimates a', a'' of the weights (`halves`), sum(a' a''),
-    sum(a' b) and sum(a'' b) (each A, B, K)."""
-
-    ab: Tensor
-    aa: Tensor
-    bb: Tensor
-    bbu: Tensor
-    count: Tensor
-    cross: tuple[Tensor, Tensor, Tensor] | None = None
-
-
-def bin_sums(a: Tensor, dirs: Directions, bins: Bins, halves: tuple[Tensor, Tensor] | None = None) -> BinSums:
-    n_prompts, k = int(dirs.prompt.max()) + 1, bins.n
-    ok = bins.index >= 0
-    cell = dirs.prompt[ok] * k + bins.index[ok]  # (N',) flat (prompt, bin)
-    b, u = dirs.b[ok], dirs.u[bins.variable][ok]
-
-    def total(values: Tensor) -> Tensor:  # (..., N') -> (..., B, K)
-        out = values.new_zeros(*values.shape[:-1], n_prompts * k)
-        out.index_add_(-1, cell, values)
-        return out.view(*values.shape[:-1], n_prompts, k)
-
-    a = a[:, ok]
-    cross = None
-    if halves is not None:
-        first, second = halves[0][:, ok], halves[1][:, ok]
-        cross = total(first * second), total(first * b), total(second * b)
-    return BinSums(
-        total(a * b), total(a * a), total(b * b), total(b * b * u), torch.bincount(bins.index[ok], minlength=k), cross
-    )
-
-
-def resample_weights(n_prompts: int, n_boot: int, seed: int) -> Tensor:
-    """Bootstrap resamples of the prompts as counts (n_boot, B): sums over a resample are one matmul."""
-    (idx,) = resamples(n_prompts, n_boot, seed)
-    counts = torch.zeros(n_boot, n_prompts, dtype=torch.float64)
-    counts.scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float64))
-    return counts
-
-
-def response(ab: Tensor, bb: Tensor) -> Tensor:
-    """r = sum(a b) / sum(b^2) over the prompt axis (-2): (..., B, K) -> (..., K)."""
-    return ab.sum(-2) / bb.sum(-2).clamp_min(1e-300)
-
-
-def local_exponent(r: Tensor, center: Tensor, use: Tensor) -> Tensor:
-    """Slope of log(-log(1 - r)) against log(center) over the bins `use` (..., K); NaN with under
-    two usable bins or where r leaves (0, 1) in a used bin (a resample's overshoot)."""
-    x = torch.where(use, center.log(), torch.zeros_like(center)).expand_as(r)
-    inside = (r > 0) & (r < 1)
-    y = torch.where(use & inside, (-torch.log1p(-r.clamp(-1, 1 - 1e-15))).clamp_min(1e-300).log(), torch.zeros_like(r))
-    w = use.to(r.dtype).expand_as(r)
-    n = w.sum(-1)
-    mx, my = (w * x).sum(-1) / n.clamp_min(1), (w * y).sum(-1) / n.clamp_min(1)
-    sxx = (w * (x - mx.unsqueeze(-1)) ** 2).sum(-1)
-    sxy = (w * (x - mx.unsqueeze(-1)) * (y - my.unsqueeze(-1))).sum(-1)
-    slope = sxy / sxx.clamp_min(1e-300)
-    bad = (n < 2) | (sxx <= 0) | ((use & ~inside).any(-1))
-    return torch.where(bad, torch.full_like(slope, math.nan), slope)
-
-
-def fit_window(r: Tensor, used: Tensor, r_low: float, r_high: float) -> Tensor:
-    """The bins an exponent is fitted over (..., K): the longest contiguous run of kept bins (in
-    order of the variable; bins not kept neither join nor break a run) whose response lies in
-    (r_low, r_high), the first such run on a tie. A bin past an overshoot or a dip never re-enters:
-    the fit is on one rising stretch of the curve. The same rule is applied to every resample."""
-    inside = (r > r_low) & (r < r_high) & used
-    lead = inside.shape[:-1]
-    run = torch.zeros(lead, dtype=torch.long)
-    start = torch.zeros(lead, dtype=torch.long)
-    best = torch.zeros(lead, dtype=torch.long)
-    best_start = torch.zeros(lead, dtype=torch.long)
-    best_end = torch.full(lead, -1, dtype=torch.long)
-    for k in range(inside.shape[-1]):
-        kept, ins = used[..., k].expand(lead), inside[..., k]
-        start = torch.where(ins & (run == 0), torch.full_like(start, k), start)
-        run = torch.where(ins, run + 1, torch.where(kept, torch.zeros_like(run), run))
-        longer = run > best
-        best = torch.where(longer, run, best)
-        best_start = torch.where(longer, start, best_start)
-        best_end = torch.where(longer, torch.full_like(best_end, k), best_end)
-    position = torch.arange(inside.shape[-1])
-    return inside & (position >= best_start.unsqueeze(-1)) & (position <= best_end.unsqueeze(-1))
-
-
-def fit_errors(r: Tensor, r_ref: Tensor) -> tuple[Tensor, Tensor]:
-    """Each reference curve with a fitted gain g >= 0 against each predictor's: r (..., A, K) and
-    r_ref (..., M, K) -> gain, relative error sum((r - g r_ref)^2) / sum(r^2), each (..., A, M)."""
-    rr = torch.einsum("...mk,...mk->...m", r_ref, r_ref).unsqueeze(-2)
-    cross = torch.einsum("...ak,...mk->...am", r, r_ref)
-    gain = (cross / rr.clamp_min(1e-300)).clamp_min(0)
-    sq = (r * r).sum(-1).unsqueeze(-1)
-    err = sq - 2 * gain * cross + gain**2 * rr
-    return gain, err / sq.clamp_min(1e-300)
 
 
 @dataclass
@@ -598,83 +413,3 @@ def _non_filter_share(sums: BinSums, r: Tensor, corrected: bool = True) -> Tenso
     aa, ab = sums.aa.sum(-2), sums.ab.sum(-2)  # (A, K)
     left = aa - 2 * r * ab + r**2 * bb
     return left.sum(-1) / aa.sum(-1).clamp_min(1e-300)
-
-
-def _no_response(row, r_low: float, r_high: float) -> bool:
-    """A predictor that does not respond in this variable: r never above r_low, its weights no
-    closer to w_OLS than zero (`explained` <= 0), or the best class fits with gain ~0 and relative
-    error ~1."""
-    return not (row.max_r > r_low) or not (row.explained > 0) or (row.gain < r_low and row.error > r_high)
-
-
-def _not_a_filter(row, max_non_filter: float) -> bool:
-    """Weights that are not a filter of S's spectrum: their non-filter share exceeds the best-fitting
-    reference member's own (its filter's variation within a bin) by more than `max_non_filter`
-    (Adam's first iterates: 0.13-0.25 above; exact filters: 0)."""
-    return bool(row.non_filter - getattr(row, "best_non_filter", 0.0) > max_non_filter)
-
-
-NOT_SEPARABLE = " not separable from "  # a verdict "A not separable from B" (`summarise`)
-
-
-def verdict_classes(verdict: str) -> list[str]:
-    """The classes a verdict names: ["gd"], ["gd", "ridge"] for "gd not separable from ridge", or the
-    verdict itself where it names none ("no response", "ambiguous: ...")."""
-    return verdict.split(NOT_SEPARABLE)
-
-
-def summarise(layers: pd.DataFrame, r_low: float, r_high: float, max_non_filter: float = 0.1) -> pd.DataFrame:
-    """One verdict per predictor over both bin variables: the filter class both variables'
-    fits name (separated from the runner-up by their paired intervals), "not a spectral filter"
-    where in every variable the weights leave more of their energy off the filter than the best
-    reference member does by over `max_non_filter` (`_not_a_filter`), "mixed: A w [interval] + B"
-    where in a bin variable a two-class blend beats every single class and w's interval excludes 0
-    and 1 (the same blend where both variables find one; probe/analysis/spectral_blend.py), "ambiguous" where the two
-    variables name different classes, "not separable" where the best class's paired interval
-    reaches 0, "no response" where r stays below r_low everywhere or the weights do not follow w_OLS
-    (`_no_response`), "converged" where it stays above
-    r_high in every bin (every class that converges fits; the layers that can decide are earlier). The exponent quoted is the one
-    in the best family's own variable."""
-    out = []
-    for name, rows in layers.groupby("predictor", sort=False):
-        by_var = {row.variable: row for row in rows.itertuples()}
-        classes = {row.best_class for row in by_var.values()}
-        own = next((row for row in by_var.values() if row.own_variable_of_best), next(iter(by_var.values())))
-        if all(_no_response(row, r_low, r_high) for row in by_var.values()):
-            verdict, klass = "no response", ""
-        elif all(row.min_r > r_high for row in by_var.values()):
-            verdict, klass = "converged", ""  # r ~ 1 in every bin: every class that converges fits
-        elif all(_not_a_filter(row, max_non_filter) for row in by_var.values()):
-            verdict, klass = "not a spectral filter", ""
-        elif (mixed := [row for row in by_var.values() if getattr(row, "mixed", False)]) and len(
-            {row.blend for row in mixed}
-        ) == 1:
-            m = mixed[0]
-            first, second = str(m.blend).split("+")
-            verdict, klass = (
-                f"mixed: {first} {m.blend_w:.2f} [{m.blend_w_low:.2f}, {m.blend_w_high:.2f}] + {second}",
-                "",
-            )
-        elif len(classes) > 1:
-            verdict, klass = "ambiguous: " + " / ".join(f"{v} {r.best_class}" for v, r in by_var.items()), ""
-        elif not all(row.separated for row in by_var.values()):
-            klass = classes.pop()
-            verdict = f"{klass}{NOT_SEPARABLE}{own.runner_up}"
-        else:
-            klass = classes.pop()
-            verdict = klass
-        out.append(
-            {
-                "predictor": name,
-                "verdict": verdict,
-                "best_class": klass,
-                "p": own.p,
-                "p_low": own.p_low,
-                "p_high": own.p_high,
-                "variable": own.variable,
-                "best_family": own.best_family,
-                "best_k": own.best_k,
-                "non_filter": own.non_filter,
-            }
-        )
-    return pd.DataFrame(out)

@@ -153,6 +153,14 @@ class AnalysisStage:
         """Whether the recipe switches it on (a stage with no section of its own always runs)."""
         return self.settings is None or getattr(recipe, self.name).enabled
 
+    def draw(self, tables: dict[str, Any], fig_dir: Path, context: Any) -> dict[str, Path]:
+        """Its figures, keyed "<name>/<figure>" where its page section is made of its description,
+        tables and figures (the spine's, drawn by the template's macros, keep their own names)."""
+        if self.figures is None:
+            return {}
+        drawn = self.figures(tables, fig_dir, context)
+        return drawn if self.sections else {f"{self.name}/{k}": v for k, v in drawn.items()}
+
     def refusal(self, ckpt: Any) -> str:
         """Why it cannot run on this checkpoint ("" where it can)."""
         return "" if self.refuses is None else self.refuses(ckpt)
@@ -203,12 +211,8 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
         raise ConfigError(f"{what}: the name is a built-in recipe section or summary.json key; choose another")
     if STAGES.get(stage.name, stage) is not stage:
         raise ConfigError(f"{what} is already registered by another declaration; choose another name")
-    missing = [name for name in stage.needs if name not in STAGES or name == stage.name]
-    if missing:
-        raise ConfigError(
-            f"{what} needs {', '.join(map(repr, missing))}, not registered before it: register the stages it "
-            "reads first (they run in registration order)"
-        )
+    if stage.name in stage.needs:
+        raise ConfigError(f"{what} needs itself; `needs` names the stages whose outputs it reads")
     settings = stage.settings
     if settings is not None and not (
         isinstance(settings, type) and issubclass(settings, Section) and dataclasses.is_dataclass(settings)
@@ -261,6 +265,13 @@ def registered() -> dict[str, AnalysisStage]:
     load_plugins()
     rank = {module: i for i, module in enumerate(BUILTIN)}
     order = sorted(STAGES.values(), key=lambda stage: rank.get(stage.run.__module__, len(BUILTIN)))
+    for i, stage in enumerate(order):
+        missing = [name for name in stage.needs if name not in {s.name for s in order[:i]}]
+        if missing:
+            raise ConfigError(
+                f"analysis stage {stage.name!r} needs {', '.join(map(repr, missing))}, which does not run before it: "
+                "register the stages it reads (a plugin's stages run after the toolkit's, in registration order)"
+            )
     return {stage.name: stage for stage in order}
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.labels import Titles, label
-from ..analysis.spectral import verdict_classes
+from ..analysis.spectral_verdicts import verdict_classes
 from .schema import EvidenceQuestion, EvidenceRow, Summary
 
 # a spectral verdict as a reader of the first screen needs it (the class names of probe/analysis/spectral.py)

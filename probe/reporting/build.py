@@ -114,10 +114,7 @@ class Stage:
         return dict(tables), dict(tables.data) if isinstance(tables, StageTables) else {}
 
     def figures(self, tables: dict[str, pd.DataFrame], fig_dir: Path, c: Context) -> dict[str, Path]:
-        if self.declared.figures is None:
-            return {}
-        drawn = self.declared.figures(tables, fig_dir, c)
-        return drawn if self.declared.sections else {f"{self.name}/{k}": v for k, v in drawn.items()}
+        return self.declared.draw(tables, fig_dir, c)
 
 
 def report_stages() -> dict[str, Stage]:

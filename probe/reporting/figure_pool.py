@@ -36,10 +36,10 @@ def _start_worker() -> None:
 
 def _draw(name: str, tables: dict[str, pd.DataFrame], fig_dir: Path, context: Any) -> dict[str, Path] | None:
     """One stage's figures, in the worker; None where the worker does not know the stage."""
-    from .build import report_stages
+    from ..core.stages import registered
 
-    stage = report_stages().get(name)
-    return None if stage is None else stage.figures(tables, fig_dir, context)
+    stage = registered().get(name)
+    return None if stage is None else stage.draw(tables, fig_dir, context)
 
 
 def light_context(ckpt, recipe) -> Any:

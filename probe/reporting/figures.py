@@ -263,7 +263,7 @@ def _decade_ticks(ax, decades: float) -> None:
 def spectral_curves(curves: pd.DataFrame, variable: str, stem: Path) -> list[Path]:
     """Each layer's response r against the eigenvalue variable on log-log axes, 90% band, with each
     filter class's best member (times its gain) dashed (probe/analysis/spectral.py)."""
-    from ..analysis.spectral import VARIABLES
+    from ..analysis.spectral_bins import VARIABLES
     from ..analysis.spectral_references import CLASSES
 
     plt = pyplot()
@@ -305,7 +305,7 @@ def spectral_curves(curves: pd.DataFrame, variable: str, stem: Path) -> list[Pat
 def spectral_exponents(layers: pd.DataFrame, stem: Path) -> list[Path]:
     """The local exponent p per layer in each bin variable with its 90% interval; 1 is the GD
     class's small-eigenvalue limit, 2 Fu et al.'s Newton's (probe/analysis/spectral.py)."""
-    from ..analysis.spectral import VARIABLES
+    from ..analysis.spectral_bins import VARIABLES
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.2))

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.labels import Titles, label
-from ..analysis.spectral import verdict_classes
+from ..analysis.spectral_verdicts import verdict_classes
 
 METRIC = {"spd": "SPD", "ilw": "ILW", "sime": "SimE", "error_at_2d1": "error / d", "r2_at_2d1": "R²"}
 AXIS = {
