@@ -717,3 +717,27 @@ def test_paired_layers_pair_by_relative_depth_with_known_errors():
     assert frame.error_a[0] == pytest.approx(float((ys[:, 9] ** 2).mean() / 4), rel=1e-6)
     with pytest.raises(ValueError, match="n_examples 14 is outside 0..13"):
         paired_layer_difference(a, None, b, None, TASK, settings, n_examples=14)
+
+
+@pytest.mark.parametrize("shift", ["orthogonal_train_test", "opposite_quadrants", "overlapping_train_test"])
+def test_shifted_queries_by_the_cache_equal_one_sequence_per_prefix(shift):
+    """A shift that replaces each position's query (Garg et al.'s orthogonal, opposite-quadrant and
+    overlapping queries): the GPT-2 family runs each prompt once and each query as one token after
+    the cached prefix; the prediction equals the model's forward on (x_1, y_1, ..., x_t, y_t, q_t),
+    one sequence per t, to float round-off, and positions the shift defines no query for stay NaN."""
+    from probe.analysis.evaluate import predict, shifted_predictions
+    from probe.data.tasks import Prompts
+    from probe.io.formats import load_checkpoint
+
+    ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    assert ckpt.model.key_value_cache
+    p, preds, defined = shifted_predictions(ckpt.model, ckpt.config.task, shift, n_prompts=24, seed=3)
+    assert preds.shape == (24, ckpt.config.task.n_points)
+    for t in range(p.xs.shape[1]):
+        if not defined[t]:
+            assert preds[:, t].isnan().all()
+            continue
+        xs = torch.cat([p.xs[:, :t], p.queries[:, t : t + 1]], 1)
+        ys = torch.cat([p.ys[:, :t], p.query_ys[:, t : t + 1]], 1)
+        torch.testing.assert_close(preds[:, t], predict(ckpt.model, Prompts(xs, ys))[:, t], atol=2e-5, rtol=1e-4)
+    assert bool(defined.any())

@@ -262,7 +262,9 @@ def shifted_predictions(
 ):
     """The shifted prompts (probe/data/shifts.py), the model's prediction for each position's
     query (P, n), and which positions the shift defines a query for (n,). Shifts that replace the
-    query run the model once per t on (x_1, y_1, ..., x_t, y_t, q_t)."""
+    query put q_t after (x_1, y_1, ..., x_t, y_t): models with a key/value cache run each prompt once
+    and each query as one token after the cached prefix (probe/analysis/states.py, equal to the
+    full sequence up to float round-off); others run the model once per t on the whole sequence."""
     from ..data.shifts import parse_shift, shifted_prompts
 
     name, parsed = parse_shift(shift)
@@ -275,6 +277,12 @@ def shifted_predictions(
     defined = ~p.queries.isnan().any(-1).any(0)  # (n,)
     if p.queries is p.xs:
         return p, predict(model, Prompts(p.xs, p.ys), device=device), defined
+    if getattr(model, "key_value_cache", False):
+        from .states import query_predictions
+
+        queries = torch.nan_to_num(p.queries)  # undefined positions: any query, masked below
+        preds = query_predictions(model, p.xs, p.ys, queries, device, per_prefix=True)[..., 0].float()
+        return p, torch.where(defined, preds, torch.full_like(preds, float("nan"))), defined
     preds = torch.full((n_prompts, n), float("nan"))
     for t in range(n):
         if defined[t]:

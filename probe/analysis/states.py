@@ -59,10 +59,13 @@ def query_states(
     max_bytes: int | None = None,
     readout: LayerReadout | None = None,
     memory: MemoryBudget | None = None,
+    per_prefix: bool = False,
 ) -> np.ndarray:
     """States (L+1, B, n - start, Q, D) of query x~_q placed right after the first t examples,
     for t = start..n-1; with `readout`, its predictions (L+1, B, n - start, Q) instead, taken
-    chunk by chunk so the states (Q times a capture's size) are never held at once.
+    chunk by chunk so the states (Q times a capture's size) are never held at once. With
+    `per_prefix`, queries (B, n, d) hold one query per prefix, the t-th after t examples (Q = 1;
+    the key/value cache path only).
 
     For each prefix t the model sees x_1, y_1, ..., x_t, y_t, x~_q; causality makes this exactly
     the model's state when predicting for x~_q after t examples (Fu et al. 2024, eq. 11). Families that
@@ -71,7 +74,11 @@ def query_states(
     sequence.
     """
     if getattr(model, "key_value_cache", False):
-        return cached_query_states(model, xs, ys, queries, device, progress, start, max_bytes, readout, memory)
+        return cached_query_states(
+            model, xs, ys, queries, device, progress, start, max_bytes, readout, memory, per_prefix
+        )
+    if per_prefix:
+        raise ValueError("one query per prefix needs a model with a key/value cache (FamilyTraits.key_value_cache)")
     return sequence_query_states(model, xs, ys, queries, device, batch_size, progress, start, readout, memory)
 
 
@@ -83,10 +90,12 @@ def query_predictions(
     device: str = "cpu",
     start: int = 0,
     memory: MemoryBudget | None = None,
+    per_prefix: bool = False,
 ) -> Tensor:
     """The model's own prediction for each fresh query x~_q after t examples, t = start..n-1:
-    (B, n - start, Q) float64; its read-out (`lens`, else `readout`) on the last boundary of
-    `query_states` (so the same cache path, memory budget and chunking)."""
+    (B, n - start, Q) float64 (Q = 1 with `per_prefix`: query t after t examples); its read-out
+    (`lens`, else `readout`) on the last boundary of `query_states` (so the same cache path, memory
+    budget and chunking)."""
     lens = getattr(model, "lens", None) or model.readout
     last = model.n_layers
 
@@ -97,7 +106,9 @@ def query_predictions(
         at = next(iter(model.parameters()), torch.empty(0)).device
         return lens(torch.as_tensor(s).to(at)).double().cpu().numpy()
 
-    states = query_states(model, xs, ys, queries, device, start=start, readout=own, memory=memory)
+    states = query_states(
+        model, xs, ys, queries, device, start=start, readout=own, memory=memory, per_prefix=per_prefix
+    )
     return torch.from_numpy(np.ascontiguousarray(states[-1])).double()
 
 
@@ -171,6 +182,7 @@ def cached_query_states(
     max_bytes: int | None = None,
     readout: LayerReadout | None = None,
     memory: MemoryBudget | None = None,
+    per_prefix: bool = False,
 ) -> np.ndarray:
     """query_states for models with a key/value cache (`model.resume`, the GPT-2 family).
 
@@ -184,7 +196,7 @@ def cached_query_states(
     """
 
     b, n, _ = xs.shape
-    q = queries.shape[1]
+    q = 1 if per_prefix else queries.shape[1]
     layers, width, heads = model.n_layers, model.d_model, model.config.n_head
     steps = n - start
     out = (
@@ -207,8 +219,12 @@ def cached_query_states(
         bx, by, bq = xs[lo : lo + chunk].to(device), ys[lo : lo + chunk].to(device), queries[lo : lo + chunk].to(device)
         m = bx.shape[0]
         past = model.keys_values(model.run(bx, by).resid)
-        q_tokens = interleave(bq, torch.zeros(m, q, device=device, dtype=bq.dtype), model.config.encoding)[:, X_TOKENS]
-        tokens = q_tokens.transpose(0, 1).repeat(steps, 1, 1)[:, :, None]  # (steps * Q, m, 1, token_dim)
+        blank_ys = torch.zeros(m, bq.shape[1], device=device, dtype=bq.dtype)
+        q_tokens = interleave(bq, blank_ys, model.config.encoding)[:, X_TOKENS]  # (m, Q or n, token_dim)
+        if per_prefix:  # prefix t's own query
+            tokens = q_tokens[:, start:].transpose(0, 1)[:, :, None]  # (steps, m, 1, token_dim)
+        else:
+            tokens = q_tokens.transpose(0, 1).repeat(steps, 1, 1)[:, :, None]  # (steps * Q, m, 1, token_dim)
         hq = model.embed(tokens, positions)  # (steps * Q, m, 1, D)
         for layer in range(layers + 1):
             if layer:
