@@ -272,7 +272,7 @@ def test_study_x_axis_is_a_model_field_and_a_typo_is_named(tmp_path):
     from probe.study.analyses import model_fields
     from probe.study.recipe import X_AXES, StudyRecipe
 
-    assert set(X_AXES) == set(model_fields(default_checkpoint()))
+    assert set(X_AXES) == set(model_fields(default_checkpoint())) | {"prompt_seed"}  # a run field (study_units)
     with pytest.raises(ConfigError, match="Unknown axis 'n_embdd'. Did you mean: n_embd"):
         StudyRecipe(checkpoints=["ck"], analyses=["evaluate"], x="n_embdd")
     with pytest.raises(ConfigError, match="study.seed must be an integer in 0..2\\^63-1"):
@@ -476,3 +476,25 @@ def test_a_study_is_sized_by_the_stages_it_runs(family, capsys):
     check_study_size(resolve_study("s.toml", [{"set": {"ood.prompts": 10**9}}]), models)
     with pytest.raises(ConfigError, match="prompts.test"):
         check_study_size(resolve_study("s.toml", [{"set": {"prompts.test": 10**9}}]), models)
+
+
+def test_prompt_seeds_analyse_one_model_on_independent_prompt_draws(family):
+    """`prompt_seeds`: each model once per seed, named "<model> (prompt seed s)" with `prompt_seed`
+    a column; seed 0's rows are the plain study's (its default draws), seed 1's are other prompts."""
+    from probe.study.recipe import resolve_study
+    from probe.study.run import run_study
+
+    base = {"checkpoints": ["m/L1"], "analyses": ["evaluate", "heatmap"], "x": "prompt_seed"}
+    seeded = run_study(resolve_study("s.toml", [{**base, "prompt_seeds": [0, 1]}]), family / "seeded", progress=False)
+    plain = run_study(resolve_study("s.toml", [{**base, "x": "n_layer"}]), family / "plain", progress=False)
+    assert sorted(seeded.model.unique()) == ["m/L1 (prompt seed 0)", "m/L1 (prompt seed 1)"]
+    assert sorted(seeded.prompt_seed.unique()) == [0, 1]
+    cols = ["analysis", "metric", "learner", "layer", "n_examples", "shift", "value", "ci_low", "ci_high"]
+    zero = seeded[seeded.prompt_seed == 0][cols].reset_index(drop=True)
+    pd.testing.assert_frame_equal(zero, plain[cols].reset_index(drop=True))
+    one = seeded[seeded.prompt_seed == 1][cols].reset_index(drop=True)
+    assert len(one) == len(zero) and not np.allclose(one.value.to_numpy(), zero.value.to_numpy())
+    with pytest.raises(ConfigError, match='x = "prompt_seed" needs prompt_seeds'):
+        resolve_study("s.toml", [base])
+    with pytest.raises(ConfigError, match="repeats a seed"):
+        resolve_study("s.toml", [{**base, "prompt_seeds": [1, 1]}])

@@ -17,6 +17,7 @@ AXIS = {
     "n_embd": "width",
     "train_step": "training step",
     "train_seed": "training seed",
+    "prompt_seed": "prompt draw",
     "relu_depth": "target-network depth",
     "attn_activation": "attention",
     "noise_std": "label noise",
@@ -279,7 +280,7 @@ def study_findings(
     icl = [s for s in [icl_sentence(table, x)] if s]
     best_k = best_k_sentence(table, x, titles)
     ordered = sentences + (best_k + icl if x == "train_step" else icl + best_k)
-    if x == "train_seed":  # replication across training seeds: whether the headline holds, then the spread
+    if x in ("train_seed", "prompt_seed"):  # replication across seeds: whether the headline holds, then the spread
         ordered = [s for s in (replication_sentence(table, x), exponent_spread_sentence(table, x)) if s] + ordered
     headline = ordered[0] if ordered else "The study table holds no comparable metric."
     items = ordered[1:]

@@ -5,6 +5,7 @@
     run = "checkpoints/gpt2-default-dynamics"      a run directory: its snapshots in step order
     analyses = ["evaluate", "heatmap", "spd_ilw"]  ANALYSES, or a report stage with study rows
     x = "n_layer"                                   the model field figures put on the x axis
+    prompt_seeds = [0, 1, 2]                        each model once per prompt seed (x = "prompt_seed")
     report = "quick"                                the report recipe whose stages are reused
     set = { "prompts.test" = 256 }                  overrides of that report recipe
     [[compare]] label, learner, grid, pick         learners for spd_ilw ("pick = 'best'": the
@@ -82,7 +83,8 @@ class CompareSection(Section):
         LEARNERS.get(self.learner).check(grid, where=f"compare '{self.label}'")
 
 
-# the model fields a study can put on its figures' x axis: the columns of study/analyses.py model_fields
+# the model fields a study can put on its figures' x axis: the columns of study/analyses.py model_fields,
+# and prompt_seed (a study with prompt_seeds, study/run.py study_units)
 X_AXES = (
     "family",
     "n_layer",
@@ -96,6 +98,7 @@ X_AXES = (
     "relu_depth",
     "train_step",
     "train_seed",
+    "prompt_seed",
     "format",
 )
 
@@ -122,6 +125,11 @@ class StudyRecipe(Section):
     direct_epochs: int = setting(100, "ReLU tasks: epochs of the direct-training baseline")
     direct_prompts: int = setting(128, "ReLU tasks: prompts of the direct-training baseline")
     seed: int = setting(0, "seed of the study's prompt draws")
+    prompt_seeds: tuple[int, ...] = setting(
+        (),
+        "analyse each model once per seed (its report's and the study's prompt draws): prompt-sample spread",
+        minimum=0,
+    )
     compare: list[CompareSection] = field(default_factory=list)
     shifts: list[dict[str, Any]] = field(default_factory=list)
 
@@ -135,6 +143,10 @@ class StudyRecipe(Section):
                 "a study names its models with either `checkpoints` (paths or globs) or `run` "
                 "(a run directory with snapshots), not both and not neither"
             )
+        if self.x == "prompt_seed" and not self.prompt_seeds:
+            raise ConfigError('x = "prompt_seed" needs prompt_seeds, e.g. prompt_seeds = [0, 1, 2]')
+        if len(set(self.prompt_seeds)) != len(self.prompt_seeds):
+            raise ConfigError(f"study.prompt_seeds repeats a seed: {list(self.prompt_seeds)}")
         if "spd_ilw" in self.analyses and not self.compare:
             raise ConfigError("analysis spd_ilw needs at least one [[compare]] learner")
         task_fields = [f.name for f in dataclasses.fields(TaskConfig)]

@@ -10,6 +10,7 @@ recomputes only the models it had not finished.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -147,24 +148,23 @@ def _init_worker(threads: int) -> None:
 
 
 def _submit_local(
-    pending: list[tuple[str, Path]], args: tuple, jobs: int, on_done: Callable[[str, pd.DataFrame], None]
+    pending: list[tuple[str, Path, tuple]], jobs: int, on_done: Callable[[str, pd.DataFrame], None]
 ) -> None:
     if jobs == 1:  # in this process: stages a script registered itself (not by entry point) count
-        for name, path in pending:
+        for name, path, args in pending:
             on_done(name, analyse_model(str(path), *args))
         return
     threads = max(1, usable_cpus() // jobs)
     with ProcessPoolExecutor(
         max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(threads,)
     ) as pool:
-        futures = {pool.submit(analyse_model, str(path), *args): name for name, path in pending}
+        futures = {pool.submit(analyse_model, str(path), *args): name for name, path, args in pending}
         for future in as_completed(futures):
             on_done(futures[future], future.result())
 
 
 def _submit_slurm(
-    pending: list[tuple[str, Path]],
-    args: tuple,
+    pending: list[tuple[str, Path, tuple]],
     jobs: int,
     folder: Path,
     cluster: str,
@@ -178,7 +178,7 @@ def _submit_slurm(
     executor.update_parameters(
         timeout_min=240, cpus_per_task=max(1, usable_cpus() // jobs), slurm_array_parallelism=jobs
     )
-    submitted = [(name, executor.submit(analyse_model, str(path), *args)) for name, path in pending]
+    submitted = [(name, executor.submit(analyse_model, str(path), *args)) for name, path, args in pending]
     for name, job in submitted:
         on_done(name, job.result())
 
@@ -217,12 +217,18 @@ def run_study(
     models = resolve_models(recipe, base)
     fields = check_models(models, recipe.x)
     recipe.report_recipe()  # a bad report recipe or override fails here, before any work
-    names = {_relative(p): p for p in models}
+    units = study_units(recipe, models)  # name -> (checkpoint, the recipe it runs with, extra fields)
+    names = {name: path for name, (path, _, _) in units.items()}
     folders = {name: out / "models" / safe_name(name) for name in names}
     if len(set(folders.values())) != len(folders):
         raise ConfigError("two study models map to the same output folder; rename one")
-    keys = {name: model_key(path, recipe) for name, path in names.items()}
-    pending = [(name, path) for name, path in names.items() if not _finished(folders[name], keys[name])]
+    keys = {name: model_key(path, unit) for name, (path, unit, _) in units.items()}
+    cache = str(out / ".cache")
+    pending = [
+        (name, path, (unit.to_dict(), cache, device))
+        for name, (path, unit, _) in units.items()
+        if not _finished(folders[name], keys[name])
+    ]
     log.info("study %s: %d models, %d to run", recipe.name, len(names), len(pending))
     bar = tqdm(total=len(pending), desc="study models", disable=not progress)
 
@@ -235,13 +241,28 @@ def run_study(
         atomic_write(folder / "done.json", lambda p: p.write_text(json.dumps({"model": name, "key": keys[name]})))
         bar.update(1)
 
-    args = (recipe.to_dict(), str(out / ".cache"), device)
     if pending:
         if executor == "local":
-            _submit_local(pending, args, jobs, on_done)
+            _submit_local(pending, jobs, on_done)
         else:
-            _submit_slurm(pending, args, jobs, out / "submitit", cluster, on_done)
+            _submit_slurm(pending, jobs, out / "submitit", cluster, on_done)
     bar.close()
     table = pd.concat([read_table(folders[name] / "rows.csv") for name in names], ignore_index=True)
-    config = pd.DataFrame([{"model": name, **f} for name, f in fields.items()])
+    config = pd.DataFrame(
+        [{"model": name, **fields[_relative(path)], **extra} for name, (path, _, extra) in units.items()]
+    )
     return table.merge(config, on="model", how="left")
+
+
+def study_units(recipe: StudyRecipe, models: list[Path]) -> dict[str, tuple[Path, StudyRecipe, dict[str, Any]]]:
+    """What the study analyses, by the name its rows carry: each model once, or, with `prompt_seeds`,
+    once per seed (named "<model> (prompt seed <s>)", its report prompts and the study's own draws
+    from that seed, its `prompt_seed` a column): the same model on independent prompt draws."""
+    if not recipe.prompt_seeds:
+        return {_relative(p): (p, recipe, {}) for p in models}
+    out = {}
+    for path in models:
+        for seed in recipe.prompt_seeds:
+            seeded = dataclasses.replace(recipe, seed=seed, set={**recipe.set, "prompts.seed": seed})
+            out[f"{_relative(path)} (prompt seed {seed})"] = (path, seeded, {"prompt_seed": seed})
+    return out
