@@ -20,13 +20,17 @@ def ridge_penalties(fc: Tensor, alphas: Sequence[float]) -> Tensor:
 LOO_BLOCK_BYTES = 64 << 20  # the per-probe temporaries (N x F, A x N x d) of one block of probes
 
 
+def loo_block(n: int, width: int, n_penalties: int, d: int) -> int:
+    """Probes per block of `ridge_loo` within about LOO_BLOCK_BYTES of temporaries."""
+    return max(1, LOO_BLOCK_BYTES // (8 * (2 * n * width + width * n_penalties * d + 4 * n_penalties * n * d)))
+
+
 def ridge_loo(fc: Tensor, yc: Tensor, penalties: Tensor) -> Tensor:
     """(k, A) leave-one-out mean squared error of ridge with an unpenalised intercept, for each
     penalty; fc (k, N, F) and yc (k, N, d) centred over N. Exact: e_i / (1 - 1/N - H_ii). Computed
     a block of probes at a time (at most about LOO_BLOCK_BYTES of temporaries; each probe's error is
     its own, so the blocks give the batched result)."""
-    n, width, a, d = fc.shape[1], fc.shape[2], penalties.shape[1], yc.shape[-1]
-    block = max(1, LOO_BLOCK_BYTES // (8 * (2 * n * width + width * a * d + 4 * a * n * d)))
+    block = loo_block(fc.shape[1], fc.shape[2], penalties.shape[1], yc.shape[-1])
     if block >= len(fc):
         return _ridge_loo(fc, yc, penalties)
     return torch.cat(
@@ -39,17 +43,43 @@ def ridge_loo(fc: Tensor, yc: Tensor, penalties: Tensor) -> Tensor:
 
 def _ridge_loo(fc: Tensor, yc: Tensor, penalties: Tensor) -> Tensor:
     """`ridge_loo` for one block of probes."""
-    n, width = fc.shape[1], fc.shape[2]
-    if width <= n:  # eigenvectors of the smaller Gram matrix
-        evals, vecs = torch.linalg.eigh(fc.transpose(1, 2) @ fc)
-        q = fc @ vecs  # (k, N, F): Fc V, columns of squared norm evals
-    else:
-        evals, vecs = torch.linalg.eigh(fc @ fc.transpose(1, 2))
-        q = vecs * evals.clamp_min(0).sqrt().unsqueeze(1)
-    evals = evals.clamp_min(0)
+    return RidgeBasis(fc).loo(yc, penalties)
+
+
+class RidgeBasis:
+    """Fc (k, N, F), centred, factored once for any number of targets: its Gram matrix Fc^T Fc and
+    the eigendecomposition of the smaller of Fc^T Fc and Fc Fc^T. `loo` gives `ridge_loo`'s numbers
+    and `head` `ridge_head`'s, for each target, with no new factorisation (bit for bit: the same
+    operations on the same factors)."""
+
+    def __init__(self, fc: Tensor):
+        n, width = fc.shape[1], fc.shape[2]
+        self.fc, self.gram = fc, None
+        if width <= n:  # eigenvectors of the smaller Gram matrix
+            self.gram = fc.transpose(1, 2) @ fc
+            evals, vecs = torch.linalg.eigh(self.gram)
+            self.q = fc @ vecs  # (k, N, F): Fc V, columns of squared norm evals
+        else:
+            evals, vecs = torch.linalg.eigh(fc @ fc.transpose(1, 2))
+            self.q = vecs * evals.clamp_min(0).sqrt().unsqueeze(1)
+        self.evals = evals.clamp_min(0)
+
+    def loo(self, yc: Tensor, penalties: Tensor) -> Tensor:
+        """(k, A) leave-one-out MSE for targets yc (k, N, d) at each penalty (k, A)."""
+        return _loo(self.q, self.evals, yc, penalties)
+
+    def head(self, yc: Tensor, penalty: Tensor) -> Tensor:
+        """(k, F, d): the ridge weights for targets yc at penalty (k,)."""
+        if self.gram is None:
+            self.gram = self.fc.transpose(1, 2) @ self.fc
+        return _head(self.gram.clone(), self.fc, yc, penalty)
+
+
+def _loo(q: Tensor, evals: Tensor, yc: Tensor, penalties: Tensor) -> Tensor:
+    n = q.shape[1]
     proj = q.transpose(1, 2) @ yc  # (k, F, d)
     shrink = 1 / (evals.unsqueeze(1) + penalties.unsqueeze(-1))  # (k, A, F)
-    k, n_pen, d = len(fc), penalties.shape[1], yc.shape[-1]
+    k, n_pen, d = len(q), penalties.shape[1], yc.shape[-1]
     coef = (shrink.unsqueeze(-1) * proj.unsqueeze(1)).permute(0, 2, 1, 3).reshape(k, -1, n_pen * d)  # (k, F, A d)
     fitted = (q @ coef).view(k, n, n_pen, d).transpose(1, 2)  # (k, A, N, d), one matmul per probe
     leverage = (q.pow(2) @ shrink.transpose(1, 2)).transpose(1, 2) + 1 / n  # (k, A, N)
@@ -111,7 +141,11 @@ def loo_two_blocks(zc: Tensor, hc: Tensor, yc: Tensor, penalty: Tensor, hidden_p
 
 def ridge_head(fc: Tensor, yc: Tensor, penalty: Tensor) -> Tensor:
     """(k, F, d): W = (Fc^T Fc + penalty I)^-1 Fc^T Yc, per probe."""
-    gram = fc.transpose(1, 2) @ fc
+    return _head(fc.transpose(1, 2) @ fc, fc, yc, penalty)
+
+
+def _head(gram: Tensor, fc: Tensor, yc: Tensor, penalty: Tensor) -> Tensor:
+    """`ridge_head` with Fc^T Fc given (`gram`, overwritten)."""
     gram.diagonal(dim1=1, dim2=2).add_(penalty.unsqueeze(-1))
     chol, info = torch.linalg.cholesky_ex(gram)
     if bool((info == 0).all()):

@@ -52,7 +52,7 @@ from ..data.config import TaskConfig
 from ..data.tasks import sample_prompts
 from ..learners.iterative import newton_alpha
 from ..models.sizes import shape_of
-from .ridge import choose_penalty, ridge_head, ridge_penalties
+from .ridge import RidgeBasis, loo_block, ridge_penalties
 from .stats import percentile_interval, resamples
 
 TOKEN_TARGETS = ("sx", "s3x", "newton_mx", "w_newton", "w_gd", "w_ols")
@@ -246,13 +246,20 @@ def fit_token_probes(
             _features(token, states, columns, xs)
             for states, columns, xs in ((train_states, train_columns, train_xs), (test_states, test_columns, test_xs))
         )
-        for target in targets:
-            y_train, y_test = (
+        y = {
+            target.label: tuple(
                 token_targets(xs, target, token, ys)[:, examples].reshape(len(xs), -1, xs.shape[-1])
                 for xs, ys in ((train_xs, train_ys), (test_xs, test_ys))
             )
-            r2, draws, chosen = _ridge_r2(feat_train, y_train, feat_test, y_test, n_boot, seed)
-            floor, floor_draws, _ = _ridge_r2(own_train, y_train, own_test, y_test, n_boot, seed)
+            for target in targets
+        }
+        labels = list(y)  # every target's probes on one factorisation of each layer's features
+        fits = _ridge_r2(feat_train, [y[t][0] for t in labels], feat_test, [y[t][1] for t in labels], n_boot, seed)
+        fitted = dict(zip(labels, fits))
+        for target in targets:
+            y_train, y_test = y[target.label]
+            r2, draws, chosen = fitted[target.label]
+            floor, floor_draws, _ = _ridge_r2(own_train, [y_train], own_test, [y_test], n_boot, seed)[0]
             lo, hi = percentile_interval(draws.T, LEVEL)
             gain_lo, gain_hi = percentile_interval((draws - floor_draws).T, LEVEL)  # paired: the same resamples
             rows += [
@@ -275,26 +282,43 @@ def fit_token_probes(
     return pd.DataFrame(rows)
 
 
-def _ridge_r2(f_train, y_train, f_test, y_test, n_boot, seed) -> tuple[Tensor, Tensor, Tensor]:
-    """Ridge probes of a batch of K feature sets (K, N, J, F) for one target (N, J, d) at once:
-    held-out R^2 (K,), its resamples over test prompts (K, n_boot), and the penalties chosen."""
+def _ridge_r2(
+    f_train: Tensor, y_trains: list[Tensor], f_test: Tensor, y_tests: list[Tensor], n_boot: int, seed: int
+) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Ridge probes of a batch of K feature sets (K, N, J, F), for each target (N, J, d) of
+    `y_trains`: held-out R^2 (K,), its resamples over test prompts (K, n_boot), and the penalties
+    chosen. Each block of feature sets is factored once for all targets (probe/analysis/ridge.py
+    `RidgeBasis`), so a target costs its own projections, not a factorisation."""
     k, n_train, j, width = f_train.shape
     fc = f_train.reshape(k, n_train * j, width)
     f_mean = fc.mean(1, keepdim=True)
-    y = y_train.reshape(1, n_train * j, -1).expand(k, -1, -1)
-    y_mean = y.mean(1, keepdim=True)
-    fc, yc = fc - f_mean, y - y_mean
+    fc = fc - f_mean
     penalties = ridge_penalties(fc, ALPHAS)
-    best, _ = choose_penalty(fc, yc, penalties)
-    chosen = penalties.gather(1, best.unsqueeze(1)).squeeze(1)
-    coef = ridge_head(fc, yc, chosen)  # (K, F, d)
-    pred = (f_test - f_mean.unsqueeze(1)) @ coef.unsqueeze(1) + y_mean.unsqueeze(1)  # (K, N_test, J, d)
-    sse = (pred - y_test).pow(2).sum((2, 3))  # (K, N_test): per prompt, so prompts resample
-    sst = (y_test - y_mean.unsqueeze(1)).pow(2).sum((2, 3)).expand_as(sse)
-    draws = torch.cat(
-        [1 - sse[:, idx].sum(-1) / sst[:, idx].sum(-1) for idx in resamples(sse.shape[1], n_boot, seed, 100)], 1
-    )
-    return 1 - sse.sum(1) / sst.sum(1), draws, chosen
+    centred = []
+    for y_train in y_trains:
+        y = y_train.reshape(1, n_train * j, -1).expand(k, -1, -1)
+        y_mean = y.mean(1, keepdim=True)
+        centred.append((y - y_mean, y_mean))
+    chosen = [torch.empty(k, dtype=fc.dtype, device=fc.device) for _ in y_trains]
+    coef = [torch.empty(k, width, y.shape[-1], dtype=fc.dtype, device=fc.device) for y, _ in centred]
+    block = loo_block(fc.shape[1], width, penalties.shape[1], max(y.shape[-1] for y, _ in centred))
+    for lo in range(0, k, block):
+        rows = slice(lo, lo + block)
+        basis = RidgeBasis(fc[rows])
+        for i, (yc, _) in enumerate(centred):
+            best = basis.loo(yc[rows], penalties[rows]).argmin(-1)
+            chosen[i][rows] = penalties[rows].gather(1, best.unsqueeze(1)).squeeze(1)
+            coef[i][rows] = basis.head(yc[rows], chosen[i][rows])
+    out = []
+    for (_, y_mean), y_test, w, pen in zip(centred, y_tests, coef, chosen):
+        pred = (f_test - f_mean.unsqueeze(1)) @ w.unsqueeze(1) + y_mean.unsqueeze(1)  # (K, N_test, J, d)
+        sse = (pred - y_test).pow(2).sum((2, 3))  # (K, N_test): per prompt, so prompts resample
+        sst = (y_test - y_mean.unsqueeze(1)).pow(2).sum((2, 3)).expand_as(sse)
+        draws = torch.cat(
+            [1 - sse[:, idx].sum(-1) / sst[:, idx].sum(-1) for idx in resamples(sse.shape[1], n_boot, seed, 100)], 1
+        )
+        out.append((1 - sse.sum(1) / sst.sum(1), draws, pen))
+    return out
 
 
 def probed_tokens(model, tokens: Sequence[str]) -> list[str]:
