@@ -247,9 +247,8 @@ def exponent_spread_sentence(table: pd.DataFrame, x: str) -> str | None:
         widths = pd.to_numeric(g.ci_high, errors="coerce") - pd.to_numeric(g.ci_low, errors="coerce")
         parts.append(f"{layer}: {g.p.min():.2f}-{g.p.max():.2f} (own 90% intervals {widths.median():.2f} wide, median)")
     return (
-        f"Spectral exponent p per layer across {axis_name(x)} (min-max over the {rows.model.nunique()} models): "
-        + "; ".join(parts)
-        + "."
+        f"Spectral exponent p per layer across {axis_name(x)} (min-max over the {rows.model.nunique()} "
+        f"{'draws' if x == 'prompt_seed' else 'models'}): " + "; ".join(parts) + "."
     )
 
 
