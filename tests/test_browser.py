@@ -67,6 +67,7 @@ def _open(index, shot, headline_texts, first_screen="#findings"):
 
 
 @needs_chromium
+@pytest.mark.slow  # a real browser: end to end
 def test_report_renders_in_headless_chromium(report, tmp_path):
     shot = _artefacts(tmp_path) / "report.png"
     _open(report / "index.html", shot, ("Iterative Newton or GD?", "What the layers look like"), "#answer")
@@ -74,6 +75,7 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
 
 
 @needs_chromium
+@pytest.mark.slow  # a real browser: end to end
 def test_study_page_renders_in_headless_chromium(tmp_path):
     from conftest import REPO
 

@@ -188,6 +188,7 @@ def test_cli_logging_follows_the_current_stderr_across_calls():
         sys.stderr = old
 
 
+@pytest.mark.slow  # a whole export, end to end
 def test_export_says_why_its_learning_rate_is_not_the_recipes(tmp_path, capsys):
     """Garg et al.'s config.yaml gets the rate our schedule had reached at the run's last step, so
     their train.py continues where ours stopped; the command and the config's notes say so."""
