@@ -498,3 +498,16 @@ def test_prompt_seeds_analyse_one_model_on_independent_prompt_draws(family):
         resolve_study("s.toml", [base])
     with pytest.raises(ConfigError, match="repeats a seed"):
         resolve_study("s.toml", [{**base, "prompt_seeds": [1, 1]}])
+
+
+def test_a_best_match_that_settles_only_at_the_last_snapshot_is_said_to_be_still_moving():
+    """Settling 'at step 30000' when 30000 is the last snapshot means the match never settled."""
+    from probe.study.present import stabilisation_sentence
+
+    text = stabilisation_sentence("Iterative Newton", {"2": 7200, "3": 9300, "4": 30000, "5": 30000}, 30000)
+    assert text == (
+        "Iterative Newton: the best match stabilises (within 1 of its final value) at step 7200 (layer 2), "
+        "9300 (layer 3); still moving at the last snapshot (step 30000): layers 4, 5."
+    )
+    assert stabilisation_sentence("GD", {"0": 500}, 30000).endswith("at step 500 (layer 0).")
+    assert stabilisation_sentence("GD", {"7": 30000}, 30000) == "GD: still moving at the last snapshot (step 30000): layer 7."

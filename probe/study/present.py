@@ -179,6 +179,24 @@ def _layer_grid(
     return _save(fig, path)
 
 
+def stabilisation_sentence(name: str, layers: dict, last: Any) -> str:
+    """Where each layer's best match settles (`stabilisation`); a layer that settles only at the last
+    snapshot is still moving at the end, and is said so."""
+    settled = {layer: s for layer, s in layers.items() if s != last}
+    moving = [str(layer) for layer, s in layers.items() if s == last]
+    parts = []
+    if settled:
+        parts.append(
+            "the best match stabilises (within 1 of its final value) at step "
+            + ", ".join(f"{s} (layer {layer})" for layer, s in settled.items())
+        )
+    if moving:
+        parts.append(
+            f"still moving at the last snapshot (step {last}): layer{'s' * (len(moving) > 1)} {', '.join(moving)}"
+        )
+    return f"{name}: " + "; ".join(parts) + "."
+
+
 def stabilisation(table: pd.DataFrame, x: str, learner: str, tol: float = 1.0) -> dict[int, Any]:
     """Per layer: the first x (training step) from which the best match stays within `tol` of
     its final value at every later snapshot."""
@@ -330,12 +348,9 @@ def study_page(summary: dict[str, Any], figs: dict[str, Path], frame: pd.DataFra
     """The study's page: headline and findings with intervals, caveats, then figures and tables."""
     titles = study_titles(recipe)
     headline, items, caveats = study_findings(frame, x, summary["closest_learner"], titles)
+    last = frame[x].max() if x in frame and len(frame) else None
     for learner, layers in summary["stabilises_at"].items():
-        items.append(
-            f"{label(learner, titles)}: the best match stabilises (within 1 of its final value) at step "
-            + ", ".join(f"{s} (layer {layer})" for layer, s in layers.items())
-            + "."
-        )
+        items.append(stabilisation_sentence(label(learner, titles), layers, last))
     fig = {name: figure(path, name.replace("_", " "), _caption(name, frame, x, titles)) for name, path in figs.items()}
     sections = []
     if summary["closest_learner"]:
