@@ -294,11 +294,11 @@ def _ridge_r2(
     f_mean = fc.mean(1, keepdim=True)
     fc = fc - f_mean
     penalties = ridge_penalties(fc, ALPHAS)
-    centred = []
+    centred = []  # each target once, seen by every probe as a view (k copies of 11 targets would be GBs)
     for y_train in y_trains:
-        y = y_train.reshape(1, n_train * j, -1).expand(k, -1, -1)
+        y = y_train.reshape(1, n_train * j, -1)
         y_mean = y.mean(1, keepdim=True)
-        centred.append((y - y_mean, y_mean))
+        centred.append(((y - y_mean).expand(k, -1, -1), y_mean.expand(k, -1, -1)))
     chosen = [torch.empty(k, dtype=fc.dtype, device=fc.device) for _ in y_trains]
     coef = [torch.empty(k, width, y.shape[-1], dtype=fc.dtype, device=fc.device) for y, _ in centred]
     block = loo_block(fc.shape[1], width, penalties.shape[1], max(y.shape[-1] for y, _ in centred))
