@@ -741,3 +741,24 @@ def test_shifted_queries_by_the_cache_equal_one_sequence_per_prefix(shift):
         ys = torch.cat([p.ys[:, :t], p.query_ys[:, t : t + 1]], 1)
         torch.testing.assert_close(preds[:, t], predict(ckpt.model, Prompts(xs, ys))[:, t], atol=2e-5, rtol=1e-4)
     assert bool(defined.any())
+
+
+def test_matching_in_chunks_of_the_grid_finds_the_members_of_the_whole_grid(monkeypatch):
+    """matched_members runs each family's grid a chunk at a time (grid_chunks, in grid order, so the
+    first of equal distances still wins): the same member and distance as the whole grid at once."""
+    from probe.analysis import shift_tracking as st
+    from probe.io.formats import load_checkpoint
+
+    grid = {"eta": (1, 2, 3, 4, 5), "steps": (0, 1, 2), "convention": ("paper",)}
+    parts = st.grid_chunks(grid, 6)
+    assert [p["eta"] for p in parts] == [(1, 2), (3, 4), (5,)] and all(p["steps"] == (0, 1, 2) for p in parts)
+    assert st.grid_chunks(grid, 15) == [grid]
+    ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
+    monkeypatch.setattr(st, "MATCH_MEMBERS", 10**6)
+    whole = st.matched_members(ckpt.model, ckpt.config.task, n_prompts=32)
+    monkeypatch.setattr(st, "MATCH_MEMBERS", 8)
+    chunked = st.matched_members(ckpt.model, ckpt.config.task, n_prompts=32)
+    assert chunked.keys() == whole.keys()
+    for family in whole:
+        assert chunked[family][:2] == whole[family][:2], family
+        assert chunked[family][2] == pytest.approx(whole[family][2], rel=1e-9), family
