@@ -511,3 +511,22 @@ def test_a_best_match_that_settles_only_at_the_last_snapshot_is_said_to_be_still
     )
     assert stabilisation_sentence("GD", {"0": 500}, 30000).endswith("at step 500 (layer 0).")
     assert stabilisation_sentence("GD", {"7": 30000}, 30000) == "GD: still moving at the last snapshot (step 30000): layer 7."
+
+
+def test_the_mechanism_figure_reads_each_verdict_and_is_drawn_for_training_steps_only(tmp_path):
+    """The training-dynamics figure colours each layer's spectral verdict by its reading (first-order,
+    Newton class, undecided, not a filter, converged, no response) and is drawn only on a training-
+    step axis with spectral and error rows."""
+    from conftest import REPO
+
+    from probe.study.present import mechanism_figure, read_table, spectral_reading
+
+    assert spectral_reading("gd") == spectral_reading("ridge not separable from gd") == "first-order (GD or ridge)"
+    assert spectral_reading("precond_gd") == "Newton class (S-preconditioned)"
+    assert spectral_reading("gd not separable from precond_gd").startswith("undecided")
+    assert spectral_reading("mixed: gd 0.59 [0.52, 0.63] + ridge").startswith("undecided")
+    assert spectral_reading("not a spectral filter") == "not a filter of S"
+    table = read_table(REPO / "reports" / "study-training-dynamics-d8" / "study.csv")
+    path = mechanism_figure(table, "train_step", tmp_path / "mechanism")
+    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+    assert mechanism_figure(table.assign(train_seed=0), "train_seed", tmp_path / "none") is None

@@ -146,6 +146,79 @@ def spectral_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
     return _layer_grid(rows, x, "spectral exponent p (1: GD class, 2: Newton class)", path, "{:.2f}")
 
 
+# a spectral verdict's reading on the mechanism figure, with its colour
+READINGS = {
+    "first-order (GD or ridge)": "#4c78a8",
+    "Newton class (S-preconditioned)": "#e45756",
+    "undecided (ambiguous, mixed, or near convergence)": "#f2b447",
+    "not a filter of S": "#9d9d9d",
+    "converged": "#a6d96a",
+    "no response": "#ffffff",
+}
+
+
+def spectral_reading(verdict: str) -> str:
+    """Which of READINGS a spectral verdict (probe/analysis/spectral_verdicts.py) falls in."""
+    from ..analysis.spectral_verdicts import verdict_classes
+    from .findings import first_order_reading
+
+    if first_order_reading(verdict):
+        return "first-order (GD or ridge)"
+    if verdict_classes(verdict) in (["precond_gd"], ["newton"]):
+        return "Newton class (S-preconditioned)"
+    named = {"not a spectral filter": "not a filter of S", "converged": "converged", "no response": "no response"}
+    return named.get(verdict, "undecided (ambiguous, mixed, or near convergence)")
+
+
+def mechanism_figure(table: pd.DataFrame, x: str, path: Path) -> Path | None:
+    """Training dynamics of the mechanism in one figure: above, the error / d at 2d+1 (in distribution,
+    with its band) and the evidence table's Newton-or-GD answer at each snapshot; below, each layer's
+    spectral reading (colour) and exponent p (number) at each snapshot."""
+    spectral = table[(table.analysis == "spectral") & (table.metric == "spectral_p")]
+    icl = table[(table.analysis == "evaluate") & (table.metric == "error_at_2d1") & (table["shift"] == "")]
+    if x != "train_step" or spectral.empty or icl.empty:
+        return None
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    steps = sorted(spectral[x].unique())
+    layers = sorted(spectral.layer.unique(), reverse=True)
+    names = list(READINGS)
+    code = np.full((len(layers), len(steps)), np.nan)
+    plt = pyplot()
+    fig, (top, grid_ax) = plt.subplots(
+        2, 1, figsize=(max(6, 0.6 * len(steps) + 3), 3 + 0.32 * len(layers)), height_ratios=[1, 2.2], sharex=True
+    )
+    icl = icl.set_index(x)
+    at = [steps.index(v) for v in icl.index if v in steps]
+    icl = icl.loc[[steps[i] for i in at]]
+    top.errorbar(at, icl.value, yerr=[icl.value - icl.ci_low, icl.ci_high - icl.value], marker="o", capsize=3)
+    top.set_yscale("log")
+    top.set_ylabel("error / d at 2d+1")
+    answers = table[(table.analysis == "evidence") & (table.learner == "consolidated answer")]
+    answers = answers[answers.metric == "newton_vs_gd"].set_index(x).value
+    side = {1.0: "newton", -1.0: "gd", 0.0: "undecided"}
+    for i, step in enumerate(steps):
+        if step in answers.index:
+            top.annotate(side.get(float(answers.loc[step]), "?"), (i, 1.02), xycoords=("data", "axes fraction"),
+                         ha="center", va="bottom", fontsize=8)  # fmt: skip
+    rows = spectral.set_index(["layer", x])
+    for (i, layer), (j, step) in ((a, b) for a in enumerate(layers) for b in enumerate(steps)):
+        if (layer, step) in rows.index:
+            r = rows.loc[(layer, step)]
+            code[i, j] = names.index(spectral_reading(str(r.learner)))
+            if np.isfinite(r.value):
+                grid_ax.text(j, i, f"{r.value:.2f}", ha="center", va="center", fontsize=7)
+    grid_ax.imshow(code, aspect="auto", cmap=ListedColormap(list(READINGS.values())), vmin=0, vmax=len(names) - 1)
+    grid_ax.set_yticks(range(len(layers)), [str(v) for v in layers])
+    grid_ax.set_xticks(range(len(steps)), [str(v) for v in steps], rotation=45, ha="right")
+    grid_ax.set_ylabel("layer")
+    grid_ax.set_xlabel(axis_name(x))
+    handles = [Patch(facecolor=c, edgecolor="#666666", label=n) for n, c in READINGS.items()]
+    grid_ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return _save(fig, path)
+
+
 def _layer_grid(
     rows: pd.DataFrame, x: str, title: str, path: Path, fmt: str, flagged: set | None = None
 ) -> Path | None:
@@ -223,6 +296,10 @@ CAPTIONS = {
     "curves": "{metric} against the number of in-context examples for every model (solid: in-context; dashed: the "
     "task's network trained directly on each prompt's examples, as Wu et al. 2024), one panel per distribution.",
     "best_k": "Best-matching {learner} iteration by SimE for every layer (rows) and {axis} (columns).",
+    "mechanism": "Above: the error / d at 2d+1 examples in distribution (bars: 90% band over prompts) and the evidence "
+    "table's Newton-or-GD answer at each {axis}. Below: each layer's spectral reading (colour) and exponent p (number, "
+    "where two bins respond) at each {axis}: is there ever a Newton-class phase, and when does the first-order filter "
+    "appear relative to the error's drop?",
     "spectral_p": "Spectral exponent p of every layer (rows) for each {axis} (columns), in the bin variable of the "
     "layer's best-fitting family (probe/analysis/spectral.py): 1 is the GD class's small-eigenvalue limit, 2 the "
     "S-preconditioned class's (Fu et al. 2024's Newton); blank where fewer than two bins respond in [0.05, 0.95] (no response, or converged).",
@@ -280,6 +357,9 @@ def write_presentation(table: pd.DataFrame, recipe, out: Path, timings: dict[str
     spectral = spectral_figure(table, x, out / "figures" / "spectral_p")
     if spectral is not None:
         figs["spectral_p"] = spectral
+    mechanism = mechanism_figure(table, x, out / "figures" / "mechanism")
+    if mechanism is not None:
+        figs["mechanism"] = mechanism
     stable = {lr: stabilisation(table, x, lr) for lr in learners} if x == "train_step" else {}
     icl = table[(table.analysis == "evaluate") & table.metric.isin(["error_at_2d1", "r2_at_2d1"])]
     closest = closest_learners(table)
@@ -372,7 +452,7 @@ def study_page(summary: dict[str, Any], figs: dict[str, Path], frame: pd.DataFra
         sections.append(Section("Best-matching iterations per layer", best))
     spectral = spectral_table(frame, x)
     if len(spectral):
-        parts = [fig["spectral_p"]] if "spectral_p" in fig else []
+        parts = [fig[k] for k in ("mechanism", "spectral_p") if k in fig]
         sections.append(Section("Spectral filter per layer", [*parts, table(spectral, "{:.2f}")]))
     cols = ["model", x, "analysis", "metric", "learner", "layer", "shift", "value", "ci_low", "ci_high"]
     for name, stage in stage_analyses().items():  # a report stage's own rows (its study_rows hook)
