@@ -129,3 +129,15 @@ def test_a_shift_value_that_overflows_the_prompts_is_refused_naming_the_shift(sh
     task = TaskConfig(n_dims=3, n_points=6)
     written, passed = shifted_prompts(task, "scale_x=3", 8), shifted_prompts(task, "scale_x", 8, value=3.0)
     assert torch.equal(written.xs, passed.xs) and not torch.equal(written.xs, shifted_prompts(task, "scale_x", 8).xs)
+
+
+def test_the_shifts_that_replace_the_query_are_the_ones_flagged():
+    """`Shift.replaces_query` (what the ood stage's cost estimate reads) is what each shift does: its
+    queries are not its examples exactly where flagged."""
+    from probe.data.config import TaskConfig
+    from probe.data.shifts import SHIFTS, shifted_prompts
+
+    task = TaskConfig(n_dims=4, n_points=8)
+    for name, spec in SHIFTS.items():
+        p = shifted_prompts(task, name, 4, 0, None, spec.default)
+        assert (p.queries is not p.xs) == spec.replaces_query, name

@@ -16,7 +16,8 @@ from ..core.plotting import pyplot, save_png
 from ..core.settings import SweepSettings
 from ..core.stages import AnalysisStage, register_stage
 from ..core.validity import Domain, Validity
-from ..data.shifts import parse_shift
+from ..data.shifts import SHIFTS, parse_shift
+from ..models import family_class
 from ..models.sizes import shape_of
 from .shift_tracking import CANDIDATES, MATCH_PROMPTS, track_shifts
 
@@ -161,8 +162,13 @@ def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     ood, n = recipe.ood, ckpt.config.task.n_points
     shape = shape_of(ckpt.config.model)
     families = [SweepSettings(f, learner, grid=dict(grid)) for f, (learner, grid) in CANDIDATES.items()]
+    # a shift that replaces the queries costs one query token per prefix after a cached forward (about
+    # half a forward), or without a key/value cache one sequence per prefix (about n / 2 forwards)
+    replacing = sum(SHIFTS[parse_shift(s)[0]].replaces_query for s in ood.shifts)
+    per_prefix = 0.5 if family_class(ckpt.config.model.family).key_value_cache else n / 2
+    forwards = (len(ood.shifts) + replacing * per_prefix) / max(1, len(ood.shifts))
     return [
-        budget.prompt_estimate("ood.prompts", ood.prompts * len(ood.shifts), shape, n, n, ood.prompts),
+        budget.prompt_estimate("ood.prompts", ood.prompts * len(ood.shifts), shape, n, forwards, ood.prompts),
         *budget.learner_estimates(families, MATCH_PROMPTS, n, shape.d, "ood.match"),
         budget.bootstrap_estimate("similarity.bootstrap", recipe.similarity.bootstrap, ood.prompts, len(families)),
     ]

@@ -62,6 +62,7 @@ class Shift:
     build: Callable[[Tensor, Tensor, float | None, torch.Generator], tuple[Tensor, Tensor]]  # (z, w) -> (xs, queries)
     default: float | None = None  # the value where the shift takes one
     label: Callable[[Tensor, Tensor, float | None, torch.Generator], Tensor] | None = None  # (x.w, w) -> labels
+    replaces_query: bool = False  # each position's query is not its own example (a run per prefix without a cache)
 
 
 def _signed(z: Tensor, g: torch.Generator) -> Tensor:
@@ -141,10 +142,15 @@ def _noisy(y, w, value, g):
 SHIFTS = {
     s.name: s
     for s in (
-        Shift("random_quadrants", "random_quadrants", _random_quadrants),
-        Shift("opposite_quadrants", "gen_opposite_quadrants (not in build_evals)", _opposite_quadrants),
-        Shift("orthogonal_train_test", "orthogonal_train_test", _orthogonal),
-        Shift("overlapping_train_test", "overlapping_train_test", _overlapping),
+        Shift("random_quadrants", "random_quadrants", _random_quadrants, replaces_query=True),
+        Shift(
+            "opposite_quadrants",
+            "gen_opposite_quadrants (not in build_evals)",
+            _opposite_quadrants,
+            replaces_query=True,
+        ),
+        Shift("orthogonal_train_test", "orthogonal_train_test", _orthogonal, replaces_query=True),
+        Shift("overlapping_train_test", "overlapping_train_test", _overlapping, replaces_query=True),
         Shift("half_subspace", "half_subspace", _half_subspace),
         Shift("skewed", "skewed", _skewed),
         Shift("scale_x", "scale-x=<s> (0.333, 0.5, 2, 3)", _scale_x, 2.0),
