@@ -23,10 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
 
 # relative tolerance per top-level summary.json block, and why: the learners, probes and read-outs
 # compute in float64 on every device; the model's forward runs in float32, where CUDA's kernels
@@ -119,12 +123,14 @@ def _relative(a: float, b: float) -> float:
 
 
 def report_on(checkpoint: Path, device: str, out: Path, recipe: str) -> tuple[dict, float]:
-    """The report of `checkpoint` on `device` without the cache: (summary.json, wall seconds)."""
-    from probe.api import run_report
-
+    """The report of `checkpoint` on `device` as a user runs it, `icl-probe report` in a child process
+    without the cache (its figures drawn in a worker beside the stages; a report called from a script
+    such as this one draws them in its own process, on the critical path): (summary.json, wall
+    seconds, the child's start-up included)."""
     start = time.perf_counter()
-    path = run_report(checkpoint, recipe, [], out, device=device, force=True)
-    return json.loads((Path(path) / "summary.json").read_text()), time.perf_counter() - start
+    command = [sys.executable, "-m", "probe", "-q", "report", str(checkpoint), "--recipe", recipe]
+    subprocess.run([*command, "--out", str(out), "--device", device, "--no-cache", "--force"], check=True, cwd=REPO)
+    return json.loads((out / "summary.json").read_text()), time.perf_counter() - start
 
 
 def train_on(device: str, out: Path, steps: int) -> float:

@@ -36,12 +36,15 @@ for name in ${RESUME:-}; do
 done
 if [ -n "${WIDTH_LRS:-}" ]; then
   wide=(--recipe recipes/gpt2-d8.toml --set model.n_embd=256 --set model.n_head=8 --set train.seed=0)
-  t0=$(date +%s)
   train width-pilot 120 "${wide[@]}" --force --set train.steps=200 --set train.save_every=200 --set train.eval_every=200
-  per_step=$("$py" -c "print(max(1e-3, ($(date +%s) - $t0 - 10) / 200))")
+  # seconds per step from the pilot's own log (its elapsed_s counts steps, not the process's start-up,
+  # which took 23 of the 30 s a 200-step pilot ran for beside three other runs on an H200)
+  per_step=$(awk -F, 'NR > 1 { s = $1; t = $6 } END { print (s > 0 ? t / s : 1) }' "$runs/width-pilot/train_log.csv")
   left=$((deadline - $(date +%s) - 30))
-  steps=$("$py" -c "print(max(1000, min(30000, int($left / $per_step * 0.8))))")
+  steps=$("$py" -c "print(min(30000, int($left / $per_step * 0.9)))")
+  # the recipe's curriculum reaches d = 8 at step 6,000 and 36 points at 7,200: fewer steps never train the full task
   log "width: $per_step s/step in the pilot, $steps steps in $left s"
+  [ "$steps" -lt 9000 ] && log "width: $steps steps end before the curriculum's last stage has 1,800 steps; not started" && left=0
   for lr in $WIDTH_LRS; do
     name=gpt2-d8-width256-lr$lr
     names+=("$name")
