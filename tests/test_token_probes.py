@@ -74,6 +74,30 @@ def test_a_linearly_held_target_is_read_exactly_and_a_missing_one_not():
     assert table.loc[1, "gain_low"] > 0 and abs(table.loc[0, "gain"]) < 0.01  # layer 0 is x: the floor
 
 
+def test_probes_fitted_a_layer_at_a_time_equal_the_whole_batch(monkeypatch):
+    """The features are built and factored a block of layers at a time (memory); each probe's numbers
+    are its own, so one layer per block gives the numbers of every layer in one block."""
+    from probe.analysis import ridge
+
+    g = torch.Generator().manual_seed(3)
+    xs, xt = (torch.randn(n, 7, 3, generator=g, dtype=torch.float64) for n in (40, 30))
+    ys, yt = xs.sum(-1), xt.sum(-1)
+    states, test = (torch.randn(4, 14, n, 5, generator=g, dtype=torch.float64) for n in (40, 30))
+    targets = [TokenTarget("sx"), TokenTarget("w_ols")]
+
+    def table():
+        return fit_token_probes(states, xs, test, xt, targets, ys, yt, tokens=["x", "y"], n_boot=50)
+
+    whole = table()
+    monkeypatch.setattr(ridge, "LOO_BLOCK_BYTES", 1)  # loo_block: one probe per block
+    assert ridge.loo_block(40 * 6, 5, 5, 3) == 1
+    one_layer = table()
+    assert len(whole) == 4 * 2 * 2
+    np.testing.assert_array_equal(
+        one_layer.select_dtypes("number").to_numpy(), whole.select_dtypes("number").to_numpy()
+    )
+
+
 @pytest.mark.slow
 def test_the_planted_newton_relu_model_holds_m_k_x_where_its_construction_writes_it():
     cfg = planted_config("newton-relu", 6, 4, 12)

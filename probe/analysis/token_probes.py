@@ -36,7 +36,7 @@ at every column token. The floor is the probe on e_j alone (what the token's ide
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -198,12 +198,28 @@ def _positions(token: str, n: int) -> tuple[Tensor, Tensor]:
     return examples, 2 * examples + (1 if token == "y" else 0)
 
 
-def _features(token: str, states: Tensor, columns: Tensor | None, xs: Tensor) -> tuple[Tensor, Tensor]:
-    """A token kind's probe features (L+1, N, J, D) and the floor's (1, N, J, d): the example's own
-    x, or at column token j the one-hot e_j; column tokens are J = runs x d rows per prompt."""
+@dataclass(frozen=True)
+class LayerFeatures:
+    """A token kind's probe features (K, N, J, F), built a block of layers at a time from `source`
+    (K first) by `build`: every layer's float64 features at once are GBs at paper scale."""
+
+    source: Tensor
+    build: Callable[[Tensor], Tensor]
+    shape: tuple[int, int, int, int]
+
+    def block(self, rows: slice) -> Tensor:
+        return self.build(self.source[rows])
+
+
+def _features(token: str, states: Tensor, columns: Tensor | None, xs: Tensor) -> tuple[LayerFeatures, Tensor]:
+    """A token kind's probe features (L+1, N, J, D), layer by layer, and the floor's (1, N, J, d): the
+    example's own x, or at column token j the one-hot e_j; column tokens are J = runs x d rows per prompt."""
     examples, pos = _positions(token, xs.shape[1])
     if token != "column":
-        return states[:, pos].double().permute(0, 2, 1, 3), xs[:, examples].double().unsqueeze(0)
+        layers, _, n_prompts, width = states.shape
+        shape = (layers, n_prompts, len(pos), width)
+        own = xs[:, examples].double().unsqueeze(0)
+        return LayerFeatures(states, lambda block: block[:, pos].double().permute(0, 2, 1, 3), shape), own
     if columns is None:
         raise ConfigError("token 'column' needs the column tokens' states (probe.capture.streams.column_streams)")
     layers, n_prompts, _, extra, width = columns.shape
@@ -212,9 +228,16 @@ def _features(token: str, states: Tensor, columns: Tensor | None, xs: Tensor) ->
         raise ConfigError(
             f"the model keeps {extra} column tokens for d = {d}: column tokens hold one column of a d x d matrix each"
         )
-    feats = columns[:, :, examples].double().reshape(layers, n_prompts, -1, width)
+    shape = (layers, n_prompts, len(examples) * d, width)
+    feats = LayerFeatures(columns, lambda block: block[:, :, examples].double().reshape(len(block), *shape[1:]), shape)
     own = torch.eye(d, dtype=torch.float64).expand(1, n_prompts, len(examples), d, d).reshape(1, n_prompts, -1, d)
     return feats, own
+
+
+def _whole(features: Tensor) -> LayerFeatures:
+    """Features already held whole (the floor's), as `LayerFeatures`."""
+    k, n, j, width = features.shape
+    return LayerFeatures(features, lambda block: block, (k, n, j, width))
 
 
 def fit_token_probes(
@@ -259,7 +282,7 @@ def fit_token_probes(
         for target in targets:
             y_train, y_test = y[target.label]
             r2, draws, chosen = fitted[target.label]
-            floor, floor_draws, _ = _ridge_r2(own_train, [y_train], own_test, [y_test], n_boot, seed)[0]
+            floor, floor_draws, _ = _ridge_r2(_whole(own_train), [y_train], _whole(own_test), [y_test], n_boot, seed)[0]
             lo, hi = percentile_interval(draws.T, LEVEL)
             gain_lo, gain_hi = percentile_interval((draws - floor_draws).T, LEVEL)  # paired: the same resamples
             rows += [
@@ -283,41 +306,52 @@ def fit_token_probes(
 
 
 def _ridge_r2(
-    f_train: Tensor, y_trains: list[Tensor], f_test: Tensor, y_tests: list[Tensor], n_boot: int, seed: int
+    f_train: LayerFeatures, y_trains: list[Tensor], f_test: LayerFeatures, y_tests: list[Tensor], n_boot: int, seed: int
 ) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Ridge probes of a batch of K feature sets (K, N, J, F), for each target (N, J, d) of
-    `y_trains`: held-out R^2 (K,), its resamples over test prompts (K, n_boot), and the penalties
-    chosen. Each block of feature sets is factored once for all targets (probe/analysis/ridge.py
-    `RidgeBasis`), so a target costs its own projections, not a factorisation."""
+    """Ridge probes of K feature sets (K, N, J, F), for each target (N, J, d) of `y_trains`: held-out
+    R^2 (K,), its resamples over test prompts (K, n_boot), and the penalties chosen. The feature sets
+    are built, factored and scored a block at a time, each block once for all targets
+    (probe/analysis/ridge.py `RidgeBasis`): a target costs its own projections, not a factorisation,
+    and only one block's features are held (each probe's numbers are its own, so the blocks give the
+    batched result)."""
     k, n_train, j, width = f_train.shape
-    fc = f_train.reshape(k, n_train * j, width)
-    f_mean = fc.mean(1, keepdim=True)
-    fc = fc - f_mean
-    penalties = ridge_penalties(fc, ALPHAS)
-    centred = []  # each target once, seen by every probe as a view (k copies of 11 targets would be GBs)
-    for y_train in y_trains:
+    n_test = f_test.shape[1]
+    centred, tests = [], []  # each target once, seen by every probe as a view (k copies of 11 targets would be GBs)
+    for y_train, y_test in zip(y_trains, y_tests):
         y = y_train.reshape(1, n_train * j, -1)
         y_mean = y.mean(1, keepdim=True)
-        centred.append(((y - y_mean).expand(k, -1, -1), y_mean.expand(k, -1, -1)))
-    chosen = [torch.empty(k, dtype=fc.dtype, device=fc.device) for _ in y_trains]
-    coef = [torch.empty(k, width, y.shape[-1], dtype=fc.dtype, device=fc.device) for y, _ in centred]
-    block = loo_block(fc.shape[1], width, penalties.shape[1], max(y.shape[-1] for y, _ in centred))
-    for lo in range(0, k, block):
-        rows = slice(lo, lo + block)
-        basis = RidgeBasis(fc[rows])
-        for i, (yc, _) in enumerate(centred):
-            best = basis.loo(yc[rows], penalties[rows]).argmin(-1)
-            chosen[i][rows] = penalties[rows].gather(1, best.unsqueeze(1)).squeeze(1)
-            coef[i][rows] = basis.head(yc[rows], chosen[i][rows])
-    out = []
-    for (_, y_mean), y_test, w, pen in zip(centred, y_tests, coef, chosen):
-        pred = (f_test - f_mean.unsqueeze(1)) @ w.unsqueeze(1) + y_mean.unsqueeze(1)  # (K, N_test, J, d)
-        sse = (pred - y_test).pow(2).sum((2, 3))  # (K, N_test): per prompt, so prompts resample
-        sst = (y_test - y_mean.unsqueeze(1)).pow(2).sum((2, 3)).expand_as(sse)
-        draws = torch.cat(
-            [1 - sse[:, idx].sum(-1) / sst[:, idx].sum(-1) for idx in resamples(sse.shape[1], n_boot, seed, 100)], 1
+        centred.append((y - y_mean, y_mean))
+        tests.append((y_test, (y_test - y_mean.unsqueeze(1)).pow(2).sum((2, 3))))  # SST per test prompt
+    draws_idx = list(resamples(n_test, n_boot, seed, 100))
+    out = [
+        (
+            torch.empty(k, dtype=torch.float64),
+            torch.empty(k, n_boot, dtype=torch.float64),
+            torch.empty(k, dtype=torch.float64),
         )
-        out.append((1 - sse.sum(1) / sst.sum(1), draws, pen))
+        for _ in y_trains
+    ]
+    block = loo_block(n_train * j, width, len(ALPHAS), max(y.shape[-1] for y, _ in centred))
+    for lo in range(0, k, block):
+        rows = slice(lo, min(lo + block, k))
+        fc = f_train.block(rows).reshape(-1, n_train * j, width)
+        f_mean = fc.mean(1, keepdim=True)
+        fc = fc - f_mean
+        penalties = ridge_penalties(fc, ALPHAS)
+        basis = RidgeBasis(fc)
+        del fc
+        ft = f_test.block(rows) - f_mean.unsqueeze(1)  # (b, N_test, J, F)
+        for (yc, y_mean), (y_test, sst), (r2, draws, chosen) in zip(centred, tests, out):
+            yb = yc.expand(len(penalties), -1, -1)
+            best = basis.loo(yb, penalties).argmin(-1)
+            pen = penalties.gather(1, best.unsqueeze(1)).squeeze(1)
+            w = basis.head(yb, pen)
+            pred = ft @ w.unsqueeze(1) + y_mean.unsqueeze(1)  # (b, N_test, J, d)
+            sse = (pred - y_test).pow(2).sum((2, 3))  # (b, N_test): per prompt, so prompts resample
+            sst_b = sst.expand_as(sse)
+            r2[rows] = (1 - sse.sum(1) / sst_b.sum(1)).cpu()
+            draws[rows] = torch.cat([1 - sse[:, idx].sum(-1) / sst_b[:, idx].sum(-1) for idx in draws_idx], 1).cpu()
+            chosen[rows] = pen.cpu()
     return out
 
 
