@@ -101,25 +101,46 @@ def token_moments_b(xs: Tensor, ys: Tensor, token: str) -> Tensor:
 def token_targets(xs: Tensor, target: TokenTarget, token: str, ys: Tensor | None = None) -> Tensor:
     """(B, n, d): `target` at every example's `token` (module docstring); the weight targets need ys.
     Token "column": (B, n, d, d), [..., j, :] the target at column token j of example j's run."""
-    s = token_moments(xs, token)
-    d = xs.shape[-1]
-    # the vectors the matrix targets apply to, as columns: x_j, or e_1..e_d at the column tokens
-    x = torch.eye(d, dtype=s.dtype, device=s.device) if token == "column" else xs.double().unsqueeze(-1)
-    if target.name.startswith("w_"):
-        if ys is None:
-            raise ConfigError(f"token target {target.name} needs the labels ys")
-        w = _weights(s, token_moments_b(xs, ys, token), target)
-        return w.unsqueeze(-2).expand(*w.shape[:-1], d, d) if token == "column" else w
-    if target.name == "sx":
-        out = s @ x
-    elif target.name == "s3x":
-        out = s @ s @ s @ x
-    elif target.name == "newton_mx":
-        lam, vecs = _spectrum(s)
-        out = vecs @ (_newton_iterate(lam, target).unsqueeze(-1) * (vecs.transpose(-1, -2) @ x))
-    else:
-        raise ConfigError(f"unknown token target {target.name!r}; known: {', '.join(TOKEN_TARGETS)}")
-    return out.transpose(-1, -2) if token == "column" else out.squeeze(-1)
+    return TokenMoments(xs, token, ys).target(target)
+
+
+class TokenMoments:
+    """What the targets at one token kind are computed from, each computed once for all of them:
+    S/t (`token_moments`), its spectrum (one eigendecomposition per prefix of every prompt, shared
+    by every Newton iteration count) and X^T y / t."""
+
+    def __init__(self, xs: Tensor, token: str, ys: Tensor | None = None):
+        self.xs, self.token, self.ys = xs, token, ys
+        self.s = token_moments(xs, token)
+        self._spectrum: tuple[Tensor, Tensor] | None = None
+
+    @property
+    def spectrum(self) -> tuple[Tensor, Tensor]:
+        if self._spectrum is None:
+            self._spectrum = _spectrum(self.s)
+        return self._spectrum
+
+    def target(self, target: TokenTarget) -> Tensor:
+        """`token_targets` of this token kind's prompts."""
+        s, xs, token = self.s, self.xs, self.token
+        d = xs.shape[-1]
+        # the vectors the matrix targets apply to, as columns: x_j, or e_1..e_d at the column tokens
+        x = torch.eye(d, dtype=s.dtype, device=s.device) if token == "column" else xs.double().unsqueeze(-1)
+        if target.name.startswith("w_"):
+            if self.ys is None:
+                raise ConfigError(f"token target {target.name} needs the labels ys")
+            w = _weights(self.spectrum, token_moments_b(xs, self.ys, token), target)
+            return w.unsqueeze(-2).expand(*w.shape[:-1], d, d) if token == "column" else w
+        if target.name == "sx":
+            out = s @ x
+        elif target.name == "s3x":
+            out = s @ s @ s @ x
+        elif target.name == "newton_mx":
+            lam, vecs = self.spectrum
+            out = vecs @ (_newton_iterate(lam, target).unsqueeze(-1) * (vecs.transpose(-1, -2) @ x))
+        else:
+            raise ConfigError(f"unknown token target {target.name!r}; known: {', '.join(TOKEN_TARGETS)}")
+        return out.transpose(-1, -2) if token == "column" else out.squeeze(-1)
 
 
 def _spectrum(s: Tensor) -> tuple[Tensor, Tensor]:
@@ -137,10 +158,10 @@ def _newton_iterate(lam: Tensor, target: TokenTarget) -> Tensor:
     return m
 
 
-def _weights(s: Tensor, b: Tensor, target: TokenTarget) -> Tensor:
-    """w_newton, w_gd or w_ols from the normalised moments, per eigenvalue of S/t (zero eigenvalues
-    give 0, the pseudo-inverse's convention)."""
-    lam, vecs = _spectrum(s)
+def _weights(spectrum: tuple[Tensor, Tensor], b: Tensor, target: TokenTarget) -> Tensor:
+    """w_newton, w_gd or w_ols from the normalised moments, per eigenvalue of S/t (`spectrum`; zero
+    eigenvalues give 0, the pseudo-inverse's convention)."""
+    lam, vecs = spectrum
     c = (vecs.transpose(-1, -2) @ b.unsqueeze(-1)).squeeze(-1)  # V^T b
     inverse = torch.where(lam > 1e-12 * lam.amax(-1, keepdim=True), 1 / lam.clamp_min(1e-300), torch.zeros_like(lam))
     if target.name == "w_ols":
@@ -269,13 +290,12 @@ def fit_token_probes(
             _features(token, states, columns, xs)
             for states, columns, xs in ((train_states, train_columns, train_xs), (test_states, test_columns, test_xs))
         )
+        moments = [TokenMoments(xs, token, ys) for xs, ys in ((train_xs, train_ys), (test_xs, test_ys))]
         y = {
-            target.label: tuple(
-                token_targets(xs, target, token, ys)[:, examples].reshape(len(xs), -1, xs.shape[-1])
-                for xs, ys in ((train_xs, train_ys), (test_xs, test_ys))
-            )
+            target.label: tuple(m.target(target)[:, examples].reshape(len(m.xs), -1, m.xs.shape[-1]) for m in moments)
             for target in targets
         }
+        del moments
         labels = list(y)  # every target's probes on one factorisation of each layer's features
         fits = _ridge_r2(feat_train, [y[t][0] for t in labels], feat_test, [y[t][1] for t in labels], n_boot, seed)
         fitted = dict(zip(labels, fits))
