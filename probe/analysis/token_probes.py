@@ -297,32 +297,37 @@ def fit_token_probes(
         }
         del moments
         labels = list(y)  # every target's probes on one factorisation of each layer's features
-        fits = _ridge_r2(feat_train, [y[t][0] for t in labels], feat_test, [y[t][1] for t in labels], n_boot, seed)
-        fitted = dict(zip(labels, fits))
+        trains, tests = [y[t][0] for t in labels], [y[t][1] for t in labels]
+        fits = dict(zip(labels, _ridge_r2(feat_train, trains, feat_test, tests, n_boot, seed)))
+        floors = dict(zip(labels, _ridge_r2(_whole(own_train), trains, _whole(own_test), tests, n_boot, seed)))
         for target in targets:
-            y_train, y_test = y[target.label]
-            r2, draws, chosen = fitted[target.label]
-            floor, floor_draws, _ = _ridge_r2(_whole(own_train), [y_train], _whole(own_test), [y_test], n_boot, seed)[0]
-            lo, hi = percentile_interval(draws.T, LEVEL)
-            gain_lo, gain_hi = percentile_interval((draws - floor_draws).T, LEVEL)  # paired: the same resamples
-            rows += [
-                {
-                    "layer": layer,
-                    "token": token,
-                    "target": target.label,
-                    "iterations": target.iterations if target.name in ITERATED else None,
-                    "r2": float(r2[layer]),
-                    "r2_low": float(lo[layer]),
-                    "r2_high": float(hi[layer]),
-                    "floor_r2": float(floor[0]),
-                    "gain": float(r2[layer] - floor[0]),
-                    "gain_low": float(gain_lo[layer]),
-                    "gain_high": float(gain_hi[layer]),
-                    "penalty": float(chosen[layer]),
-                }
-                for layer in range(len(r2))
-            ]
+            rows += _target_rows(token, target, fits[target.label], floors[target.label])
     return pd.DataFrame(rows)
+
+
+def _target_rows(token: str, target: TokenTarget, fit: tuple, floor: tuple) -> list[dict]:
+    """One target's rows at one token kind, a row per layer: R^2 with its 90% interval, and its gain
+    over the floor probe with a paired interval (the same test-prompt resamples)."""
+    (r2, draws, chosen), (floor_r2, floor_draws, _) = fit, floor
+    lo, hi = percentile_interval(draws.T, LEVEL)
+    gain_lo, gain_hi = percentile_interval((draws - floor_draws).T, LEVEL)
+    return [
+        {
+            "layer": layer,
+            "token": token,
+            "target": target.label,
+            "iterations": target.iterations if target.name in ITERATED else None,
+            "r2": float(r2[layer]),
+            "r2_low": float(lo[layer]),
+            "r2_high": float(hi[layer]),
+            "floor_r2": float(floor_r2[0]),
+            "gain": float(r2[layer] - floor_r2[0]),
+            "gain_low": float(gain_lo[layer]),
+            "gain_high": float(gain_hi[layer]),
+            "penalty": float(chosen[layer]),
+        }
+        for layer in range(len(r2))
+    ]
 
 
 def _ridge_r2(
