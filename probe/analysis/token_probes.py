@@ -282,24 +282,63 @@ def fit_token_probes(
     "column" the column tokens' states (L+1, N, n, d, D) as `column_streams` gives. The floor is the
     same probe on the example's own x alone (what any layer holding x_j gives: at large t, S/t is
     near I), at a column token on its e_j."""
-    n = train_xs.shape[1]
+    heads = fit_token_heads(train_states, train_xs, targets, train_ys, tokens=tokens, columns=train_columns)
+    return score_token_heads(
+        heads, test_states, test_xs, targets, test_ys, tokens=tokens, n_boot=n_boot, seed=seed, columns=test_columns
+    )
+
+
+def _targets_at(token: str, xs: Tensor, ys: Tensor | None, targets: Sequence[TokenTarget]) -> dict[str, Tensor]:
+    """Each target (N, J, d) at the probed tokens of one kind, by label."""
+    examples, _ = _positions(token, xs.shape[1])
+    moments = TokenMoments(xs, token, ys)
+    return {t.label: moments.target(t)[:, examples].reshape(len(xs), -1, xs.shape[-1]) for t in targets}
+
+
+def fit_token_heads(
+    states: Tensor,
+    xs: Tensor,
+    targets: Sequence[TokenTarget],
+    ys: Tensor | None = None,
+    *,
+    tokens: Sequence[str] = TOKENS,
+    columns: Tensor | None = None,
+) -> dict[str, dict[str, tuple[RidgeHeads, RidgeHeads]]]:
+    """The first half of `fit_token_probes`: per token kind and target label, the ridge heads of
+    every layer and the floor's, from the training streams (which the caller may free before the
+    test streams exist)."""
+    out = {}
+    for token in tokens:
+        feats, own = _features(token, states, columns, xs)
+        y = _targets_at(token, xs, ys, targets)
+        labels = list(y)  # every target's probes on one factorisation of each layer's features
+        fits = _ridge_fit(feats, [y[t] for t in labels])
+        floors = _ridge_fit(_whole(own), [y[t] for t in labels])
+        out[token] = dict(zip(labels, zip(fits, floors)))
+    return out
+
+
+def score_token_heads(
+    heads: dict[str, dict[str, tuple[RidgeHeads, RidgeHeads]]],
+    states: Tensor,
+    xs: Tensor,
+    targets: Sequence[TokenTarget],
+    ys: Tensor | None = None,
+    *,
+    tokens: Sequence[str] = TOKENS,
+    n_boot: int = 1000,
+    seed: int = 0,
+    columns: Tensor | None = None,
+) -> pd.DataFrame:
+    """The second half of `fit_token_probes`: the heads of `fit_token_heads` scored on the test streams."""
     rows = []
     for token in tokens:
-        examples, _ = _positions(token, n)
-        (feat_train, own_train), (feat_test, own_test) = (
-            _features(token, states, columns, xs)
-            for states, columns, xs in ((train_states, train_columns, train_xs), (test_states, test_columns, test_xs))
-        )
-        moments = [TokenMoments(xs, token, ys) for xs, ys in ((train_xs, train_ys), (test_xs, test_ys))]
-        y = {
-            target.label: tuple(m.target(target)[:, examples].reshape(len(m.xs), -1, m.xs.shape[-1]) for m in moments)
-            for target in targets
-        }
-        del moments
-        labels = list(y)  # every target's probes on one factorisation of each layer's features
-        trains, tests = [y[t][0] for t in labels], [y[t][1] for t in labels]
-        fits = dict(zip(labels, _ridge_r2(feat_train, trains, feat_test, tests, n_boot, seed)))
-        floors = dict(zip(labels, _ridge_r2(_whole(own_train), trains, _whole(own_test), tests, n_boot, seed)))
+        feats, own = _features(token, states, columns, xs)
+        y = _targets_at(token, xs, ys, targets)
+        labels, fitted = list(y), heads[token]
+        tests = [y[t] for t in labels]
+        fits = dict(zip(labels, _ridge_score(feats, [fitted[t][0] for t in labels], tests, n_boot, seed)))
+        floors = dict(zip(labels, _ridge_score(_whole(own), [fitted[t][1] for t in labels], tests, n_boot, seed)))
         for target in targets:
             rows += _target_rows(token, target, fits[target.label], floors[target.label])
     return pd.DataFrame(rows)
@@ -330,54 +369,71 @@ def _target_rows(token: str, target: TokenTarget, fit: tuple, floor: tuple) -> l
     ]
 
 
-def _ridge_r2(
-    f_train: LayerFeatures, y_trains: list[Tensor], f_test: LayerFeatures, y_tests: list[Tensor], n_boot: int, seed: int
-) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Ridge probes of K feature sets (K, N, J, F), for each target (N, J, d) of `y_trains`: held-out
-    R^2 (K,), its resamples over test prompts (K, n_boot), and the penalties chosen. The feature sets
-    are built, factored and scored a block at a time, each block once for all targets
-    (probe/analysis/ridge.py `RidgeBasis`): a target costs its own projections, not a factorisation,
-    and only one block's features are held (each probe's numbers are its own, so the blocks give the
-    batched result)."""
+@dataclass(frozen=True)
+class RidgeHeads:
+    """One target's ridge probes at every layer: coefficients (K, F, d), the features' training means
+    (K, 1, F), the target's (1, 1, d), and the penalty each probe chose by leave-one-out (K,)."""
+
+    coef: Tensor
+    f_mean: Tensor
+    y_mean: Tensor
+    chosen: Tensor
+
+
+def _ridge_fit(f_train: LayerFeatures, y_trains: list[Tensor]) -> list[RidgeHeads]:
+    """Ridge probes of K feature sets (K, N, J, F) for each target (N, J, d) of `y_trains`, the
+    penalty chosen by exact leave-one-out. The feature sets are built and factored a block at a time,
+    each block once for all targets (probe/analysis/ridge.py `RidgeBasis`): a target costs its own
+    projections, not a factorisation, and only one block's features are held (each probe's numbers
+    are its own, so the blocks give the batched result)."""
     k, n_train, j, width = f_train.shape
-    n_test = f_test.shape[1]
-    centred, tests = [], []  # each target once, seen by every probe as a view (k copies of 11 targets would be GBs)
-    for y_train, y_test in zip(y_trains, y_tests):
+    centred = []  # each target once, seen by every probe as a view (k copies of 11 targets would be GBs)
+    for y_train in y_trains:
         y = y_train.reshape(1, n_train * j, -1)
         y_mean = y.mean(1, keepdim=True)
         centred.append((y - y_mean, y_mean))
-        tests.append((y_test, (y_test - y_mean.unsqueeze(1)).pow(2).sum((2, 3))))  # SST per test prompt
-    draws_idx = list(resamples(n_test, n_boot, seed, 100))
-    out = [
-        (
-            torch.empty(k, dtype=torch.float64),
-            torch.empty(k, n_boot, dtype=torch.float64),
-            torch.empty(k, dtype=torch.float64),
-        )
-        for _ in y_trains
-    ]
+    f_means: list[Tensor] = []
+    coefs: list[list[Tensor]] = [[] for _ in y_trains]
+    chosen: list[list[Tensor]] = [[] for _ in y_trains]
     block = loo_block(n_train * j, width, len(ALPHAS), max(y.shape[-1] for y, _ in centred))
     for lo in range(0, k, block):
-        rows = slice(lo, min(lo + block, k))
-        fc = f_train.block(rows).reshape(-1, n_train * j, width)
+        fc = f_train.block(slice(lo, lo + block)).reshape(-1, n_train * j, width)
         f_mean = fc.mean(1, keepdim=True)
         fc = fc - f_mean
         penalties = ridge_penalties(fc, ALPHAS)
         basis = RidgeBasis(fc)
         del fc
-        ft = f_test.block(rows) - f_mean.unsqueeze(1)  # (b, N_test, J, F)
-        for (yc, y_mean), (y_test, sst), (r2, draws, chosen) in zip(centred, tests, out):
+        f_means.append(f_mean)
+        for (yc, _), coef, pens in zip(centred, coefs, chosen):
             yb = yc.expand(len(penalties), -1, -1)
             best = basis.loo(yb, penalties).argmin(-1)
             pen = penalties.gather(1, best.unsqueeze(1)).squeeze(1)
-            w = basis.head(yb, pen)
-            pred = ft @ w.unsqueeze(1) + y_mean.unsqueeze(1)  # (b, N_test, J, d)
+            coef.append(basis.head(yb, pen))
+            pens.append(pen)
+    f_mean = torch.cat(f_means)
+    return [RidgeHeads(torch.cat(c), f_mean, y_mean, torch.cat(p)) for c, p, (_, y_mean) in zip(coefs, chosen, centred)]
+
+
+def _ridge_score(
+    f_test: LayerFeatures, heads: list[RidgeHeads], y_tests: list[Tensor], n_boot: int, seed: int
+) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Each target's heads (sharing one set of features) on the test features, a block of layers at a
+    time: held-out R^2 (K,), its resamples over test prompts (K, n_boot), and the penalties chosen."""
+    k, n_test, j, width = f_test.shape
+    draws_idx = list(resamples(n_test, n_boot, seed, 100))
+    sst = [(y - h.y_mean.unsqueeze(1)).pow(2).sum((2, 3)) for h, y in zip(heads, y_tests)]  # per test prompt
+    out = [(torch.empty(k, dtype=torch.float64), torch.empty(k, n_boot, dtype=torch.float64)) for _ in heads]
+    block = loo_block(n_test * j, width, len(ALPHAS), max(y.shape[-1] for y in y_tests))
+    for lo in range(0, k, block):
+        rows = slice(lo, min(lo + block, k))
+        ft = f_test.block(rows) - heads[0].f_mean[rows].unsqueeze(1)  # (b, N_test, J, F)
+        for h, y_test, s, (r2, draws) in zip(heads, y_tests, sst, out):
+            pred = ft @ h.coef[rows].unsqueeze(1) + h.y_mean.unsqueeze(1)  # (b, N_test, J, d)
             sse = (pred - y_test).pow(2).sum((2, 3))  # (b, N_test): per prompt, so prompts resample
-            sst_b = sst.expand_as(sse)
+            sst_b = s.expand_as(sse)
             r2[rows] = (1 - sse.sum(1) / sst_b.sum(1)).cpu()
             draws[rows] = torch.cat([1 - sse[:, idx].sum(-1) / sst_b[:, idx].sum(-1) for idx in draws_idx], 1).cpu()
-            chosen[rows] = pen.cpu()
-    return out
+    return [(r2, draws, h.chosen.cpu()) for (r2, draws), h in zip(out, heads)]
 
 
 def probed_tokens(model, tokens: Sequence[str]) -> list[str]:
@@ -435,32 +491,28 @@ def token_probe_study(
     check_model(model)
     device = check_device(device)
     n_train, n_test = positive_int(n_train, "prompts"), positive_int(n_test, "test prompts")
-    columns = column_count(model) if "column" in tokens else 0
-    if "column" in tokens and not columns:
+    n_columns = column_count(model) if "column" in tokens else 0
+    if "column" in tokens and not n_columns:
         raise ConfigError(
             f"this {type(model).__name__} keeps no column tokens (only planted linear-attention Newton models "
             "do): probe its x and y tokens"
         )
     budget.check(
-        token_estimates(shape_of(model), task.n_points, n_train, n_test, n_boot, targets, len(tokens), columns)
+        token_estimates(shape_of(model), task.n_points, n_train, n_test, n_boot, targets, len(tokens), n_columns)
     )
     prompts = [
         sample_prompts(task, size, generator=stream_generator(seed, stream))
         for size, stream in ((n_train, Stream.PROBE_TRAIN), (n_test, Stream.PROBE_TEST))
     ]
-    states = [by_position_streams(model, p.xs, p.ys, device, dtype=torch.float64) for p in prompts]
-    cols = [column_streams(model, p.xs, p.ys, device) if "column" in tokens else None for p in prompts]
-    return fit_token_probes(
-        states[0],
-        prompts[0].xs,
-        states[1],
-        prompts[1].xs,
-        targets,
-        prompts[0].ys,
-        prompts[1].ys,
-        tokens=tokens,
-        n_boot=n_boot,
-        seed=seed,
-        train_columns=cols[0],
-        test_columns=cols[1],
+
+    def streams(p) -> tuple[Tensor, Tensor | None]:
+        states = by_position_streams(model, p.xs, p.ys, device, dtype=torch.float64)
+        return states, column_streams(model, p.xs, p.ys, device) if "column" in tokens else None
+
+    train = streams(prompts[0])
+    heads = fit_token_heads(train[0], prompts[0].xs, targets, prompts[0].ys, tokens=tokens, columns=train[1])
+    del train  # the training streams go before the test streams exist (float64 streams are GBs)
+    test = streams(prompts[1])
+    return score_token_heads(
+        heads, test[0], prompts[1].xs, targets, prompts[1].ys, tokens=tokens, n_boot=n_boot, seed=seed, columns=test[1]
     )
