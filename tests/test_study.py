@@ -463,6 +463,12 @@ def test_the_headline_holds_on_a_seed_as_defined_up_front():
     sentence = replication_sentence(table, "train_seed")
     assert sentence.startswith("The headline holds on some training seed (2 of 3;")
     assert "does not hold (answer undecided, 4 first-order layers: 0, 1, 2, 3)" in sentence
+    assert sentence.endswith("No layer of any training seed reads the Newton (S-preconditioned) class.")
+    table.loc[(table.model == "c") & (table.layer == 2) & (table.analysis == "spectral"), "learner"] = "precond_gd"
+    assert [r["newton_layers"] for r in replication(table, "train_seed")] == [[], [], [2]]  # not b's not-separable one
+    assert replication_sentence(table, "train_seed").endswith(
+        "Layers in the Newton (S-preconditioned) class: training seed 2: 2."
+    )
 
 
 def test_a_study_is_sized_by_the_stages_it_runs(family, capsys):

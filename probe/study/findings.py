@@ -180,6 +180,7 @@ def best_k_sentence(table: pd.DataFrame, x: str, titles: Titles | None = None) -
 # first-order class (GD or ridge, also where the two are not separated from each other) with the
 # exponent's 90% interval below HOLD_P
 FIRST_ORDER, HOLD_LAYERS, HOLD_P = ("gd", "ridge"), 3, 1.5
+NEWTON_CLASS = "precond_gd"  # Fu et al.'s Newton from M_0 = alpha S (probe/analysis/spectral_references.py CLASSES)
 
 
 def first_order_reading(verdict: str) -> bool:
@@ -207,10 +208,11 @@ def replication(table: pd.DataFrame, x: str) -> list[dict[str, Any]]:
         layers = [
             int(r.layer) for r, h in zip(rows.itertuples(), high) if first_order_reading(r.learner) and h < HOLD_P
         ]
+        newton = [int(r.layer) for r in rows.itertuples() if verdict_classes(r.learner) == [NEWTON_CLASS]]
         mine = answers[answers.model == m].value
         answer = side.get(float(mine.iloc[0])) if len(mine) else None
         out.append(
-            {"model": m, "x": rows[x].iloc[0], "answer": answer, "layers": layers,
+            {"model": m, "x": rows[x].iloc[0], "answer": answer, "layers": layers, "newton_layers": newton,
              "holds": answer == reference and len(layers) >= HOLD_LAYERS}
         )  # fmt: skip
     return out
@@ -228,10 +230,16 @@ def replication_sentence(table: pd.DataFrame, x: str) -> str | None:
         f"{len(r['layers'])} first-order layers{': ' + ', '.join(map(str, r['layers'])) if r['layers'] else ''})"
         for r in rows
     )
+    newton = [f"{axis_name(x)} {r['x']}: {', '.join(map(str, r['newton_layers']))}" for r in rows if r["newton_layers"]]
+    where = (
+        f"Layers in the Newton (S-preconditioned) class: {'; '.join(newton)}."
+        if newton
+        else f"No layer of any {axis_name(x)} reads the Newton (S-preconditioned) class."
+    )
     return (
         f"The headline holds on {extent} {axis_name(x)} ({held} of {len(rows)}; holds: the first model's "
         f"consolidated Newton-or-GD answer and at least {HOLD_LAYERS} responding layers in the first-order class, "
-        f"GD or ridge, with the exponent's 90% interval below {HOLD_P}): {each}."
+        f"GD or ridge, with the exponent's 90% interval below {HOLD_P}): {each}. {where}"
     )
 
 
