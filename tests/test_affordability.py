@@ -110,3 +110,19 @@ def test_the_report_and_the_layer_analyses_count_the_same_layer_budget():
     up_front = {(e.knob, e.flop, e.nbytes) for e in report_estimates(ckpt, recipe)}  # a knob may recur across stages
     for knob, e in theirs.items():
         assert (knob, e.flop, e.nbytes) in up_front, knob
+
+
+def test_the_causal_checks_estimate_counts_the_resumed_runs_by_hand():
+    """L = 2 blocks, 3 points (6 tokens), kinds zero/mean/skip without heads, 5 positions (tokens up
+    to the query), 3 queries: ablations 2 + 3 per layer x (L + 1) / 2 = 6.5 forwards; patching 2 +
+    1.5 x (1 + ... + 5) / 6 = 5.75, and per checked map 2 + 1.5 x 3 / 6 = 2.75: 11.25. A planted
+    construction, with no resumed path: 2 + 3 x 2 = 8 and (L + 1) x (5 + 3) = 24."""
+    from probe.core import budget
+    from probe.interventions.pipeline import InterventionSettings
+
+    settings = InterventionSettings(prompts=10, patch_prompts=4, kinds=("zero", "mean", "skip"), heads=False)
+    for planted, ablation, patch in ((False, 6.5, 11.25), (True, 8, 24)):
+        shape = budget.Shape(2, 8, 2, planted=planted)
+        got = {e.knob: e.flop for e in budget.intervention_estimates(shape, 3, settings, n_boot=0)}
+        assert got["interventions.prompts"] == pytest.approx(budget.forward_cost(shape, 10, 3)[0] * ablation)
+        assert got["interventions.patch_prompts"] == pytest.approx(budget.forward_cost(shape, 4, 3)[0] * patch)

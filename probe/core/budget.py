@@ -267,15 +267,36 @@ def mlp_probe_estimate(knob: str, hidden: int, n_probes: int, prompts: int, widt
     return Estimate(knob, hidden, nbytes, flop)
 
 
-def intervention_estimates(shape: Shape, points: int, settings, n_boot: int) -> list[Estimate]:
-    """Ablations (every head, MLP and layer skip per kind, on the prompts and as many held out),
-    the patching heatmap (every boundary x position) and the map check (every boundary x query)."""
-    components = shape.layers * (shape.heads + 2)
-    positions = min(settings.max_positions or 2 * points, 2 * points)  # caps: never more than the prompt has
+def intervention_estimates(shape: Shape, points: int, settings, n_boot: int, checked_maps: int = 2) -> list[Estimate]:
+    """The causal checks' forwards as they run, in bare forwards over their prompts. Ablations: the
+    unablated run, the held-out means, and each component's ablation (a layer skip, an MLP per kind,
+    every head per kind where `heads`), resumed from its layer (on average (L + 1) / 2L of a
+    forward). The patching heatmap: the clean and corrupted runs, then for each boundary and
+    position the blocks above the boundary resumed on the tokens from that position to the query.
+    The map check: two runs and, per boundary and query, the query token resumed, for each of
+    `checked_maps` layer maps (the recipe's learners; two for "auto" on most checkpoints). A
+    planted construction has no resumed path (probe/interventions/runner.py): a whole forward
+    per ablation and per patched boundary and position."""
+    layers, n = shape.layers, 2 * points
+    positions = min(settings.max_positions or 2 * points, 2 * points - 1)  # tokens up to the query
     queries = min(settings.max_queries or points, points)
-    patch_forwards = (shape.layers + 1) * (positions + queries)
+    per_layer = ("skip" in settings.kinds) + sum(k != "skip" for k in settings.kinds) * (
+        (shape.heads if settings.heads else 0) + 1
+    )
+    ablation: float
+    patch: float
+    if shape.planted:
+        ablation = 2 + per_layer * layers
+        patch = (layers + 1) * (positions + queries)
+    else:
+        resumed = (layers + 1) / 2  # blocks above a boundary, summed over boundaries, in forwards
+        ablation = 2 + per_layer * resumed
+        windows = positions * (positions + 1) / 2 / n  # tokens resumed over every position, in sequences
+        patch = 2 + resumed * windows + checked_maps * (2 + resumed * queries / n)
     return [
-        prompt_estimate("interventions.prompts", settings.prompts, shape, points, 2 * components * len(settings.kinds)),
-        prompt_estimate("interventions.patch_prompts", settings.patch_prompts, shape, points, patch_forwards),
-        bootstrap_estimate("bootstrap", n_boot, max(settings.prompts, settings.patch_prompts), patch_forwards),
+        prompt_estimate("interventions.prompts", settings.prompts, shape, points, ablation),
+        prompt_estimate("interventions.patch_prompts", settings.patch_prompts, shape, points, patch),
+        bootstrap_estimate(
+            "bootstrap", n_boot, max(settings.prompts, settings.patch_prompts), (layers + 1) * positions
+        ),
     ]
