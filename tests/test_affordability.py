@@ -72,8 +72,9 @@ def test_a_field_that_is_not_a_size_costs_nothing_more_when_huge(knob):
 
 
 def test_the_report_counts_the_order_stage_as_the_stage_does():
-    """The order stage runs the permuted prompts once per prefix; the report's up-front estimate
-    counted one forward, so a report could pass its check and be refused at the order stage."""
+    """The order stage runs the permuted prompts once per prefix t, on its first t + 1 points; the
+    report's up-front estimate once counted one forward, so a report could pass its check and be
+    refused at the order stage."""
     from probe.analysis.order import ORDER_BOOTSTRAP, order_estimates
     from probe.io.formats import load_checkpoint
     from probe.models.sizes import shape_of
@@ -86,10 +87,11 @@ def test_the_report_counts_the_order_stage_as_the_stage_does():
     prefixes = o.prefixes_for(shape.d, n)
     assert len(prefixes) == 3
     up_front = {e.knob: e for e in report_estimates(ckpt, recipe)}
-    at_stage = {e.knob: e for e in order_estimates(shape, n, o.prompts, o.permutations, len(prefixes), len(o.learners), ORDER_BOOTSTRAP)}
+    at_stage = {e.knob: e for e in order_estimates(shape, n, o.prompts, o.permutations, prefixes, len(o.learners), ORDER_BOOTSTRAP)}
     assert up_front["order.permutations"].flop == at_stage["order.permutations"].flop
-    one_forward = order_estimates(shape, n, o.prompts, o.permutations, 1, len(o.learners), ORDER_BOOTSTRAP)
-    assert at_stage["order.permutations"].flop > 2.9 * one_forward[1].flop
+    one_forward = order_estimates(shape, n, o.prompts, o.permutations, [n - 1], len(o.learners), ORDER_BOOTSTRAP)
+    assert prefixes == [4, 9, 15] and n == 16  # 5, 10 and 16 of the 16 points: 31 / 16 forwards
+    assert at_stage["order.permutations"].flop == pytest.approx(31 / 16 * one_forward[1].flop)
 
 
 def test_the_report_and_the_layer_analyses_count_the_same_layer_budget():

@@ -16,6 +16,7 @@ over prompts.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,15 +81,18 @@ ORDER_BOOTSTRAP = 500  # resamples of the prompts for every share's interval
 
 
 def order_estimates(
-    shape, points: int, prompts: int, permutations: int, prefixes: int, learners: int, n_boot: int
+    shape, points: int, prompts: int, permutations: int, prefixes: Sequence[int], learners: int, n_boot: int
 ) -> list[budget.Estimate]:
     """The order stage's work, one formula for the report's up-front check and the stage's own: the
-    permuted prompts run once per prefix (a forward each), and the bootstrap of every layer's and
-    learner's share at each prefix."""
+    permuted prompts run once per prefix t, on its first t + 1 points only ((t + 1) / n of a forward:
+    `order_table`), and the bootstrap of every layer's and learner's share at each prefix."""
+    forwards = sum(t + 1 for t in prefixes) / points
     return [
         budget.prompt_estimate("order.prompts", prompts, shape, points),
-        budget.prompt_estimate("order.permutations", prompts * permutations, shape, points, prefixes, permutations),
-        budget.bootstrap_estimate("similarity.bootstrap", n_boot, prompts, (shape.layers + 1 + learners) * prefixes),
+        budget.prompt_estimate("order.permutations", prompts * permutations, shape, points, forwards, permutations),
+        budget.bootstrap_estimate(
+            "similarity.bootstrap", n_boot, prompts, (shape.layers + 1 + learners) * len(prefixes)
+        ),
     ]
 
 
@@ -109,7 +113,7 @@ def order_table(
     (through `readouts`, a LayerReadouts or the model's own lens) and each learner (layer -1),
     at each prefix t, over P = n_perm orderings of the examples of every prompt."""
     shape, (n_prompts, n) = shape_of(model), xs.shape[:2]
-    budget.check(order_estimates(shape, n, n_prompts, n_perm, len(prefixes), len(learners), n_boot))
+    budget.check(order_estimates(shape, n, n_prompts, n_perm, prefixes, len(learners), n_boot))
     g = stream_generator(seed, Stream.ORDER_PERMUTATIONS)
     rows = []
     for t in prefixes:
@@ -276,7 +280,7 @@ def _run(c) -> dict[str, pd.DataFrame]:
 
 def _estimates(recipe, ckpt) -> list[budget.Estimate]:
     o, shape, n = recipe.order, shape_of(ckpt.config.model), ckpt.config.task.n_points
-    prefixes = len(o.prefixes_for(shape.d, n))
+    prefixes = o.prefixes_for(shape.d, n)
     return order_estimates(shape, n, o.prompts, o.permutations, prefixes, len(o.learners), ORDER_BOOTSTRAP)
 
 
