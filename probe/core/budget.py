@@ -245,10 +245,12 @@ def probe_estimates(shape: Shape, points: int, probes, n_test: int) -> list[Esti
 def spectral_estimate(bins: int, prompts: int, predictors: int, n_boot: int) -> Estimate:
     """The spectral instrument (probe/analysis/spectral.py): five float64 sums per (prompt, bin) for
     every predictor (the layers and the reference members), and their bootstrap resamples (a
-    (resamples x prompts) by (prompts x bins) product per sum and predictor), per bin variable."""
+    (resamples x prompts) by (prompts x bins) product per sum and predictor), per bin variable; and
+    an interpreted step per predictor and variable (its curve, exponent and class fits: most of the
+    stage's time where the sums are small)."""
     variables = 2
     nbytes = 8.0 * 5 * predictors * bins * (prompts + n_boot)
-    flop = variables * 5 * predictors * 2.0 * n_boot * prompts * bins
+    flop = variables * predictors * (5 * 2.0 * n_boot * prompts * bins + PYTHON_STEP_FLOP)
     return Estimate("spectral.bins", bins, nbytes, flop)
 
 
