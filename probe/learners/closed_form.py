@@ -58,10 +58,15 @@ def ridge(
     scale = torch.stack([t if rule == "per_example" else torch.ones_like(t) for _, rule in grid])  # (K, n)
     lams = torch.as_tensor([v for v, _ in grid], dtype=xs.dtype, device=xs.device).view(-1, 1) * scale
     reg = s.unsqueeze(0) + lams.view(len(grid), 1, n, 1, 1) * eye  # (K, B, n, d, d)
+    top = float(s.diagonal(dim1=-2, dim2=-1).abs().max()) if s.numel() else 0.0
+    # below d examples S is singular, and S + lambda I too where lambda is below S's resolution: LAPACK
+    # may or may not meet an exact zero pivot there (it depends on the build), so the check is explicit
+    deficient = bool(((t >= 1) & (t < xs.shape[-1])).any())
     try:
+        if deficient and float(lams.min()) <= torch.finfo(xs.dtype).eps * top:
+            raise torch.linalg.LinAlgError("lambda below the resolution of S at a rank-deficient prefix")
         w = torch.linalg.solve(reg, b.unsqueeze(0).expand(len(lams), *b.shape).unsqueeze(-1)).squeeze(-1)
-    except torch.linalg.LinAlgError:  # singular: lambda vanishes beside S in float64 (below d examples)
-        top = float(s.diagonal(dim1=-2, dim2=-1).abs().max())
+    except torch.linalg.LinAlgError:
         raise ConfigError(
             f"ridge with lambda {min(lam):g} is singular on these prompts: S = X^T X reaches {top:.3g}, where "
             f"{min(lam):g} is below {xs.dtype}'s resolution; rescale the prompts or use lambdas comparable to |x|^2"
