@@ -43,9 +43,16 @@ def test_shipped_set_is_complete():
     assert {"gpt2-default", "lstm-default", "gpt2-illcond"} <= set(SHIPPED)
 
 
+# across machines (another CPU's float32 kernels in the model's forward) the spectral block's fits, slopes
+# and interval ends of log(-log(1 - r)), move by up to 2e-5 relative (measured: the committing machine
+# against an AVX-512 Xeon); every other number of the default report agrees to 1e-6
+CROSS_MACHINE = {"spectral": 1e-4}
+
+
 def _numbers_differ(a, b, path: str = "") -> list[str]:
-    """Paths where two summary.json trees differ (numbers beyond 1e-6 relative), ignoring the
-    fields that record when, where and how fast a report was made."""
+    """Paths where two summary.json trees differ (numbers beyond 1e-6 relative, or the block's
+    CROSS_MACHINE tolerance), ignoring the fields that record when, where and how fast a report
+    was made."""
     if isinstance(a, dict) and isinstance(b, dict):
         skip = {"created", "timings", "git_commit", "versions", "cached_stages"}
         keys = (set(a) | set(b)) - skip
@@ -55,14 +62,15 @@ def _numbers_differ(a, b, path: str = "") -> list[str]:
     if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
         return []
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return [] if abs(a - b) <= 1e-6 * max(1.0, abs(a)) else [f"{path}: {a} != {b}"]
+        tol = CROSS_MACHINE.get(path.split("/")[1] if path.count("/") else "", 1e-6)
+        return [] if abs(a - b) <= tol * max(1.0, abs(a)) else [f"{path}: {a} != {b}"]
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
 @pytest.mark.slow
 def test_the_committed_default_report_is_reproduced(tmp_path):
     """`icl-probe report` on the shipped default, rebuilt here, gives the committed example's
-    summary.json to 1e-6 in every number, probes included."""
+    summary.json to 1e-6 in every number, probes included (the spectral block to CROSS_MACHINE's)."""
     import json
 
     from probe.cli import main
