@@ -173,7 +173,8 @@ def test_mixed_tasks_and_empty_snapshot_runs_are_refused(family, capsys):
 @pytest.mark.parametrize(("study", "model"), [("depth-noiseless", "checkpoints/depth/L1"),
                                               ("width", "checkpoints/width/W16"),
                                               ("seeds-default", "checkpoints/gpt2-default-seed1"),
-                                              ("seeds-d8", "checkpoints/gpt2-d8-seed2")])
+                                              ("seeds-d8", "checkpoints/gpt2-d8-seed2"),
+                                              ("seeds-d8-illcond", "checkpoints/gpt2-d8-illcond-seed2")])
 def test_shipped_study_recipes_reproduce_the_committed_tables(study, model, tmp_path, monkeypatch):
     """A committed study's rows for one of its models (its cheapest), recomputed from the shipped
     checkpoint with the study recipe as it is, equal the committed study.csv (no retraining)."""
@@ -308,9 +309,9 @@ def test_a_study_carries_each_models_evidence_table(family):
     assert "Evidence tables: consolidated answers" in (family / "ev" / "index.html").read_text()
 
 
-@pytest.mark.parametrize("study", ["seeds-default", "seeds-d8"])
+@pytest.mark.parametrize("study", ["seeds-default", "seeds-d8", "seeds-d8-illcond"])
 def test_the_seeds_study_holds_one_row_per_seed(study):
-    """The replication studies of the d = 4 and d = 8 recipes (analyses/seeds-*.toml): each training
+    """The replication studies of the d = 4, d = 8 and d = 8 kappa = 100 recipes (analyses/seeds-*.toml): each training
     seed is one model, its seed in `train_seed`, with one consolidated answer per question and one
     spectral exponent row per layer."""
     from conftest import REPO

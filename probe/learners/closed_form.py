@@ -58,21 +58,27 @@ def ridge(
     scale = torch.stack([t if rule == "per_example" else torch.ones_like(t) for _, rule in grid])  # (K, n)
     lams = torch.as_tensor([v for v, _ in grid], dtype=xs.dtype, device=xs.device).view(-1, 1) * scale
     reg = s.unsqueeze(0) + lams.view(len(grid), 1, n, 1, 1) * eye  # (K, B, n, d, d)
-    top = float(s.diagonal(dim1=-2, dim2=-1).abs().max()) if s.numel() else 0.0
-    # below d examples S is singular, and S + lambda I too where lambda is below S's resolution: LAPACK
-    # may or may not meet an exact zero pivot there (it depends on the build), so the check is explicit
-    deficient = bool(((t >= 1) & (t < xs.shape[-1])).any())
     try:
-        if deficient and float(lams.min()) <= torch.finfo(xs.dtype).eps * top:
+        # below d examples S is singular, and S + lambda I too where lambda is below S's resolution:
+        # LAPACK may or may not meet an exact zero pivot there (it depends on the CPU), so on the CPU,
+        # where reading S costs no device synchronisation, the check is explicit
+        if xs.device.type == "cpu" and n > 0 and _below_resolution(s, min(lam), xs.shape[1] - n < xs.shape[-1]):
             raise torch.linalg.LinAlgError("lambda below the resolution of S at a rank-deficient prefix")
         w = torch.linalg.solve(reg, b.unsqueeze(0).expand(len(lams), *b.shape).unsqueeze(-1)).squeeze(-1)
     except torch.linalg.LinAlgError:
+        top = float(s.diagonal(dim1=-2, dim2=-1).abs().max())
         raise ConfigError(
             f"ridge with lambda {min(lam):g} is singular on these prompts: S = X^T X reaches {top:.3g}, where "
             f"{min(lam):g} is below {xs.dtype}'s resolution; rescale the prompts or use lambdas comparable to |x|^2"
         ) from None
     rows = [{"lam": v} if rule == "fixed" else {"lam": v, "penalty": rule} for v, rule in grid]
     return linear_result("ridge", rows, w, at_prefixes(xs, last_prefix), queries)
+
+
+def _below_resolution(s: Tensor, lam: float, deficient: bool) -> bool:
+    """Whether `lam` vanishes beside S (below its dtype's resolution of S's largest diagonal entry)
+    where some prefix has fewer examples than dimensions (`deficient`): S + lam I is then singular."""
+    return deficient and lam <= torch.finfo(s.dtype).eps * float(s.diagonal(dim1=-2, dim2=-1).abs().max())
 
 
 @register(
