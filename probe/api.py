@@ -387,7 +387,7 @@ def run_study_command(
     device = check_device(device)
     models = resolve_models(parsed)  # every checkpoint is an input the output may not hold or replace
     target = OutputTarget(Path(out), "study", force=force, inputs=tuple(models))
-    check_models(models, parsed.x)
+    check_models(models, parsed.x, parsed.curriculum_stage)
     check_study_size(parsed, models)
     parsed.report_recipe()
     path = target.path

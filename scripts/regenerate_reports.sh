@@ -52,7 +52,7 @@ declare -A JOBS=(
   [shifts-planted-newton]="shifts checkpoints/planted/newton"
   [probes-default-converged]="probe probes checkpoints/gpt2-default --recipe full --set probes.prompts=2048 --targets xty w_ols xtx --out reports/probes-default-converged --force"
 )
-for study in depth-phases relu-depth training-dynamics training-dynamics-d8 depth-noiseless width relu-attention relu-transformer-depth \
+for study in depth-phases relu-depth training-dynamics training-dynamics-d8 training-dynamics-d8-stage depth-noiseless width relu-attention relu-transformer-depth \
   dimension dimension-illcond seeds-default seeds-d8 seeds-d8-illcond prompts-d8; do
   JOBS[study-$study]="probe study $study --out reports/study-$study --jobs 2 --force"
 done

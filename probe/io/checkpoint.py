@@ -52,6 +52,7 @@ class LoadedCheckpoint:
     path: Path
     weights_file: Path
     meta: dict[str, Any]
+    variant: str = ""  # a view of these weights as another model (curriculum_stage.py): part of the fingerprint
 
     @property
     def sha256(self) -> str:
@@ -71,6 +72,7 @@ class LoadedCheckpoint:
         changed every fingerprint and refused every --force over a report made before)."""
 
         digest = hashlib.sha256(self.sha256.encode())
+        digest.update(self.variant.encode())
         folder = self.path if self.path.is_dir() else self.path.parent
         for path in sorted(folder.iterdir()):
             if path.is_file() and path.suffix in DEFINING_SUFFIXES and path.name not in NOT_DEFINING:

@@ -35,6 +35,13 @@ class RunConfig:
         if c.points is not None and c.points.end > self.model.n_positions:
             raise ConfigError(f"curriculum.points.end must be <= model.n_positions ({self.model.n_positions})")
 
+    def stage_at(self, step: int) -> tuple[int, int]:
+        """(active dims, points per prompt) Garg et al. 2022's curriculum trains on at `step`."""
+        c = self.curriculum
+        dims = c.dims.at(step) if c.dims else self.task.n_dims
+        points = c.points.at(step) if c.points else self.task.n_points
+        return dims, points
+
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
 

@@ -25,6 +25,8 @@ from ..core.errors import ConfigError
 from ..core.seeds import Stream, stream_generator
 from ..core.settings import check_induced_queries
 from ..data.tasks import sample_prompts
+from ..io.checkpoint import LoadedCheckpoint
+from ..io.curriculum_stage import at_curriculum_stage
 from ..io.formats import load_checkpoint
 from ..learners import run_learner
 from ..learners.closed_form import bayes_lambda
@@ -275,11 +277,18 @@ def report_stages_of(analyses) -> set[str]:
     return stages
 
 
+def load_study_model(path: str | Path, curriculum_stage: bool = False) -> LoadedCheckpoint:
+    """A study's model: the checkpoint, or with `curriculum_stage` the snapshot as the model of the
+    curriculum stage it was saved at."""
+    ckpt = load_checkpoint(path)
+    return at_curriculum_stage(ckpt) if curriculum_stage else ckpt
+
+
 def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: str = "cpu") -> pd.DataFrame:
     """Every analysis of the study recipe on one checkpoint; a picklable entry for executors."""
 
     recipe = StudyRecipe(**{**recipe_data, "compare": recipe_data.get("compare", [])})
-    ckpt = load_checkpoint(path)
+    ckpt = load_study_model(path, recipe.curriculum_stage)
     task = ckpt.config.task
     report = adapt_recipe(recipe.report_recipe(), ckpt.config)
     report.prompts.curve = recipe.evaluate_prompts
@@ -324,10 +333,10 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
     return frame[COLUMNS]
 
 
-def model_fields(path: Path) -> dict[str, Any]:
+def model_fields(path: Path, curriculum_stage: bool = False) -> dict[str, Any]:
     """A model's config fields as study columns (n_layer, n_embd, noise_std, train_step, ...)."""
 
-    ckpt = load_checkpoint(path)
+    ckpt = load_study_model(path, curriculum_stage)
     m, t = ckpt.config.model, ckpt.config.task
     step = ckpt.meta.get("train_step") if isinstance(ckpt.meta, dict) else None
     return {

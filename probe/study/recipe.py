@@ -3,6 +3,8 @@
     name, description
     checkpoints = ["checkpoints/depth-noisy/L*"]   paths or globs (sorted), or
     run = "checkpoints/gpt2-default-dynamics"      a run directory: its snapshots in step order
+    curriculum_stage = true                         each snapshot as the model of the curriculum stage
+                                                    it was saved at (probe/io/curriculum_stage.py)
     analyses = ["evaluate", "heatmap", "spd_ilw"]  ANALYSES, or a report stage with study rows
     x = "n_layer"                                   the model field figures put on the x axis
     prompt_seeds = [0, 1, 2]                        each model once per prompt seed (x = "prompt_seed")
@@ -113,6 +115,9 @@ class StudyRecipe(Section):
     description: str = setting("", "one line on what the study shows")
     checkpoints: tuple[str, ...] = setting((), "checkpoint paths or globs (sorted)")
     run: str = setting("", "a run directory whose snapshots, in step order, are the models")
+    curriculum_stage: bool = setting(
+        False, "analyse each snapshot at the active d and points its curriculum had reached when it was saved"
+    )
     analyses: tuple[str, ...] = setting(
         ("evaluate", "heatmap"), "per-model analyses", STUDY_ANALYSES, nonempty=True, noun="analysis"
     )

@@ -32,12 +32,11 @@ from ..core.registry import unknown_name_message
 from ..core.settings import query_count
 from ..core.validate import check_device, check_memory, positive_int
 from ..io.checkpoint import atomic_write
-from ..io.formats import load_checkpoint
 from ..io.outputs import safe_name
 from ..reporting.build import check_report_size
 from ..reporting.cache import code_digest
 from ..reporting.recipe import adapt_recipe
-from .analyses import analyse_model, model_fields, report_stages_of
+from .analyses import analyse_model, load_study_model, model_fields, report_stages_of
 from .present import read_table
 from .recipe import CHECKPOINT_ANALYSES, StudyRecipe, resolve_models, varying_axis
 
@@ -57,7 +56,7 @@ def model_key(path: Path, recipe: StudyRecipe) -> str:
     """What a model's rows depend on: the recipe, the checkpoint (its fingerprint) and the code."""
 
     digest = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True, default=str).encode())
-    digest.update(load_checkpoint(path).fingerprint.encode())
+    digest.update(load_study_model(path, recipe.curriculum_stage).fingerprint.encode())
     digest.update(code_digest().encode())
     return digest.hexdigest()[:16]
 
@@ -94,17 +93,19 @@ def study_from_checkpoints(
     return from_dict(StudyRecipe, data)
 
 
-def check_models(models: list[Path], x: str = "") -> dict[str, dict[str, Any]]:
+def check_models(models: list[Path], x: str = "", curriculum_stage: bool = False) -> dict[str, dict[str, Any]]:
     """Load every model's config before any heavy work; the models must share one task family, and
-    its dimension too unless the dimension is what the study varies (`x = "n_dims"`: every analysis
-    runs on each model's own task, and the study's tables are per model)."""
+    its dimension too unless the dimension is what the study varies (`x = "n_dims"`, or snapshots
+    each at its own `curriculum_stage`: every analysis runs on each model's own task, and the
+    study's tables are per model)."""
     fields = {}
     for path in models:
         try:
-            fields[_relative(path)] = model_fields(path)
+            fields[_relative(path)] = model_fields(path, curriculum_stage)
         except ProbeError as err:
             raise ConfigError(f"study model {path}: {err}") from None
-    kinds = {(f["task"], f["n_dims"] if x != "n_dims" else 0) for f in fields.values()}
+    per_model_dims = x == "n_dims" or curriculum_stage
+    kinds = {(f["task"], 0 if per_model_dims else f["n_dims"]) for f in fields.values()}
     if len(kinds) > 1:
         raise ConfigError(
             "study models have different tasks: "
@@ -121,7 +122,7 @@ def check_study_size(recipe: StudyRecipe, models: list[Path]) -> None:
     report = recipe.report_recipe()
     report.prompts.curve = recipe.evaluate_prompts
     for path in models:
-        ckpt = load_checkpoint(path)
+        ckpt = load_study_model(path, recipe.curriculum_stage)
         for shift in recipe.shifts:  # values a model's task cannot take (e.g. a negative noise)
             recipe.shifted_task(ckpt.config.task, shift)
         try:
@@ -215,7 +216,7 @@ def run_study(
 
     jobs, device = _check_run_options(executor, cluster, jobs, device)
     models = resolve_models(recipe, base)
-    fields = check_models(models, recipe.x)
+    fields = check_models(models, recipe.x, recipe.curriculum_stage)
     recipe.report_recipe()  # a bad report recipe or override fails here, before any work
     units = study_units(recipe, models)  # name -> (checkpoint, the recipe it runs with, extra fields)
     names = {name: path for name, (path, _, _) in units.items()}

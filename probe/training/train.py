@@ -61,13 +61,6 @@ def learning_rate(cfg: RunConfig, step: int) -> float:
     return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * shape)
 
 
-def curriculum_at(cfg: RunConfig, step: int) -> tuple[int, int]:
-    c = cfg.curriculum
-    dims = c.dims.at(step) if c.dims else cfg.task.n_dims
-    points = c.points.at(step) if c.points else cfg.task.n_points
-    return dims, points
-
-
 @dataclass
 class DistInfo:
     rank: int = 0
@@ -413,7 +406,7 @@ def estimated_adam_state(model: nn.Module, cfg: RunConfig, step: int, batches: i
     params = list(model.parameters())
     first = [torch.zeros_like(p) for p in params]
     second = [torch.zeros_like(p) for p in params]
-    dims, points = curriculum_at(cfg, step)
+    dims, points = cfg.stage_at(step)
     generator = stream_generator(cfg.train.seed, Stream.ADAM_ESTIMATE)
     model.train()
     for _ in range(batches):
@@ -489,7 +482,7 @@ def _loop(
     t0 = time.perf_counter() - elapsed
     model.train()
     for step in bar:
-        dims, points = curriculum_at(cfg, step)
+        dims, points = cfg.stage_at(step)
         lr = learning_rate(cfg, step)
         loss = _train_step(
             cfg, model, net, optimizer, step, lr, (local_batch, points, dims), device, dist_info.rank, out
