@@ -103,3 +103,20 @@ def test_committed_stage_study_measures_each_snapshot_at_its_stage():
     assert list(stages.index) == [500, 900, 1600, 2900, 5200]
     for step, row in stages.iterrows():
         assert (row.n_dims, row.n_points) == ({cfg.stage_at(step)[0]}, {cfg.stage_at(step)[1]})
+
+
+def test_icl_sentence_names_each_models_2d_plus_1_when_d_varies():
+    import pandas as pd
+
+    from probe.study.findings import icl_sentence
+
+    rows = [
+        {"model": m, "analysis": "evaluate", "metric": "error_at_2d1", "shift": "", "n_examples": n,
+         "value": v, "ci_low": v - 0.01, "ci_high": v + 0.01, "train_step": step}
+        for m, n, v, step in [("a", 9, 0.5, 500), ("b", 11, 0.04, 2900)]
+    ]
+    text = icl_sentence(pd.DataFrame(rows), "train_step")
+    assert text.startswith("error / d at 2d+1 examples, each model's own d by training step")
+    assert "500 (at 9): 0.5 " in text and "2900 (at 11): 0.04 " in text
+    same = icl_sentence(pd.DataFrame(rows).assign(n_examples=9), "train_step")
+    assert "at 2d+1 = 9 examples" in same and "(at 9)" not in same

@@ -136,14 +136,16 @@ def icl_sentence(table: pd.DataFrame, x: str) -> str | None:
     if rows.empty:
         return None
     metric = rows.metric.iloc[0]
-    n = int(rows.n_examples.iloc[0])
+    per_model = rows.n_examples.nunique() > 1  # models of several d (x = "n_dims", curriculum stages)
     parts = []
     ends = []
     for m in x_order(rows, x):
         r = rows[rows.model == m].iloc[0]
-        parts.append(f"{r[x]}: {_interval(r.value, r.ci_low, r.ci_high)}")
+        at = f" (at {int(r.n_examples)})" if per_model else ""
+        parts.append(f"{r[x]}{at}: {_interval(r.value, r.ci_low, r.ci_high)}")
         ends.append(r)
-    text = f"{METRIC[metric]} at 2d+1 = {n} examples by {axis_name(x)} (90% band): " + "; ".join(parts) + "."
+    examples = "2d+1 examples, each model's own d" if per_model else f"2d+1 = {int(rows.n_examples.iloc[0])} examples"
+    text = f"{METRIC[metric]} at {examples} by {axis_name(x)} (90% band): " + "; ".join(parts) + "."
     if len(ends) > 1:
         a, b = ends[0], ends[-1]
         apart = a.ci_high < b.ci_low or b.ci_high < a.ci_low
