@@ -33,7 +33,9 @@ def test_stage_at_follows_the_d8_recipe_by_hand():
 def _snapshot(tmp_path, family: str, encoding: str, step: int):
     cfg = build_cfg(family=family, d=6, points=10, width=16, layers=2)
     cfg.model.encoding = encoding
-    cfg.curriculum = CurriculumConfig(dims=Stage(start=2, end=6, inc=1, interval=100), points=Stage(start=4, end=10, inc=2, interval=100))
+    cfg.curriculum = CurriculumConfig(
+        dims=Stage(start=2, end=6, inc=1, interval=100), points=Stage(start=4, end=10, inc=2, interval=100)
+    )
     torch.manual_seed(3)
     path = tmp_path / f"{family}-{encoding}"
     save_model(build_model(cfg.model), cfg, path, {"train_step": step})
@@ -111,8 +113,17 @@ def test_icl_sentence_names_each_models_2d_plus_1_when_d_varies():
     from probe.study.findings import icl_sentence
 
     rows = [
-        {"model": m, "analysis": "evaluate", "metric": "error_at_2d1", "shift": "", "n_examples": n,
-         "value": v, "ci_low": v - 0.01, "ci_high": v + 0.01, "train_step": step}
+        {
+            "model": m,
+            "analysis": "evaluate",
+            "metric": "error_at_2d1",
+            "shift": "",
+            "n_examples": n,
+            "value": v,
+            "ci_low": v - 0.01,
+            "ci_high": v + 0.01,
+            "train_step": step,
+        }
         for m, n, v, step in [("a", 9, 0.5, 500), ("b", 11, 0.04, 2900)]
     ]
     text = icl_sentence(pd.DataFrame(rows), "train_step")
