@@ -228,3 +228,38 @@ def test_column_tokens_are_probed_only_where_a_model_keeps_them(tmp_path, capsys
     code = main(["-q", "token-probes", "checkpoints/planted/gd", "--tokens", "column", "--out", str(tmp_path / "o")])
     assert code == 2 and "keeps no column tokens" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_streams_made_a_block_of_layers_at_a_time_equal_the_captured_ones(monkeypatch):
+    """LayerStreams (a GPT-2's stream carried through one block after another, a chunk of prompts
+    at a time) gives by_position_streams' float64 streams, and the token probes on it the numbers
+    of the probes on the whole capture (within 1e-10: the same float64 operations, batched differently)."""
+    from conftest import build_cfg
+
+    from probe.capture.streams import LayerStreams, by_position_streams
+    from probe.data.config import TaskConfig
+    from probe.models import build_model
+
+    cfg = build_cfg(d=3, points=8, width=16, layers=3)
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn(20, 8, 3, generator=g)
+    ys = xs.sum(-1)
+    whole = by_position_streams(model, xs, ys, dtype=torch.float64)
+    streamed = LayerStreams(model, xs, ys, chunk=7)
+    blocks = [streamed[0:2], streamed[2:4]]
+    assert streamed[2:4] is blocks[1]  # a second reader of the last block gets it again
+    torch.testing.assert_close(torch.cat(blocks), whole, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="read in order"):
+        streamed[0:1]
+
+    task = TaskConfig(n_dims=3, n_points=8)
+    targets = [TokenTarget("sx"), TokenTarget("w_ols")]
+    by_blocks = token_probe_study(model, task, targets, n_train=48, n_test=32, n_boot=50)
+    monkeypatch.setattr(type(model), "key_value_cache", False)  # the whole capture instead
+    captured = token_probe_study(model, task, targets, n_train=48, n_test=32, n_boot=50)
+    assert by_blocks[["token", "target", "layer"]].equals(captured[["token", "target", "layer"]])
+    np.testing.assert_allclose(
+        by_blocks.select_dtypes("number").to_numpy(), captured.select_dtypes("number").to_numpy(), rtol=0, atol=1e-10
+    )

@@ -43,7 +43,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..capture.streams import by_position_streams, column_count, column_streams
+from ..capture.streams import LayerStreams, by_position_streams, column_count, column_streams
 from ..core import budget
 from ..core.allocator import release_free_memory
 from ..core.errors import ConfigError
@@ -225,7 +225,7 @@ class LayerFeatures:
     """A token kind's probe features (K, N, J, F), built a block of layers at a time from `source`
     (K first) by `build`: every layer's float64 features at once are GBs at paper scale."""
 
-    source: Tensor
+    source: Tensor | LayerStreams  # (K, ...) sliced by a block of layers
     build: Callable[[Tensor], Tensor]
     shape: tuple[int, int, int, int]
 
@@ -233,7 +233,9 @@ class LayerFeatures:
         return self.build(self.source[rows])
 
 
-def _features(token: str, states: Tensor, columns: Tensor | None, xs: Tensor) -> tuple[LayerFeatures, Tensor]:
+def _features(
+    token: str, states: Tensor | LayerStreams, columns: Tensor | None, xs: Tensor
+) -> tuple[LayerFeatures, Tensor]:
     """A token kind's probe features (L+1, N, J, D), layer by layer, and the floor's (1, N, J, d): the
     example's own x, or at column token j the one-hot e_j; column tokens are J = runs x d rows per prompt."""
     examples, pos = _positions(token, xs.shape[1])
@@ -297,7 +299,7 @@ def _targets_at(token: str, xs: Tensor, ys: Tensor | None, targets: Sequence[Tok
 
 
 def fit_token_heads(
-    states: Tensor,
+    states: Tensor | LayerStreams,
     xs: Tensor,
     targets: Sequence[TokenTarget],
     ys: Tensor | None = None,
@@ -307,21 +309,21 @@ def fit_token_heads(
 ) -> dict[str, dict[str, tuple[RidgeHeads, RidgeHeads]]]:
     """The first half of `fit_token_probes`: per token kind and target label, the ridge heads of
     every layer and the floor's, from the training streams (which the caller may free before the
-    test streams exist)."""
+    test streams exist; `LayerStreams` makes them a block of layers at a time, every token kind
+    reading a block before the next is made)."""
+    kinds = [(_features(token, states, columns, xs), _targets_at(token, xs, ys, targets)) for token in tokens]
+    release_free_memory()  # the targets' temporaries (every prefix's S/t and its eigenvectors: 0.36 GB at paper scale)
+    fits = _ridge_fit_kinds([(feats, list(y.values())) for (feats, _), y in kinds])
     out = {}
-    for token in tokens:
-        feats, own = _features(token, states, columns, xs)
-        y = _targets_at(token, xs, ys, targets)
-        labels = list(y)  # every target's probes on one factorisation of each layer's features
-        fits = _ridge_fit(feats, [y[t] for t in labels])
-        floors = _ridge_fit(_whole(own), [y[t] for t in labels])
-        out[token] = dict(zip(labels, zip(fits, floors)))
+    for token, ((_, own), y), fitted in zip(tokens, kinds, fits):
+        floors = _ridge_fit(_whole(own), list(y.values()))  # every target's probes on one factorisation
+        out[token] = dict(zip(y, zip(fitted, floors)))
     return out
 
 
 def score_token_heads(
     heads: dict[str, dict[str, tuple[RidgeHeads, RidgeHeads]]],
-    states: Tensor,
+    states: Tensor | LayerStreams,
     xs: Tensor,
     targets: Sequence[TokenTarget],
     ys: Tensor | None = None,
@@ -332,16 +334,20 @@ def score_token_heads(
     columns: Tensor | None = None,
 ) -> pd.DataFrame:
     """The second half of `fit_token_probes`: the heads of `fit_token_heads` scored on the test streams."""
+    kinds = [(_features(token, states, columns, xs), _targets_at(token, xs, ys, targets)) for token in tokens]
+    release_free_memory()
+    scored = _ridge_score_kinds(
+        [(feats, [heads[token][t][0] for t in y], list(y.values())) for token, ((feats, _), y) in zip(tokens, kinds)],
+        n_boot,
+        seed,
+    )
     rows = []
-    for token in tokens:
-        feats, own = _features(token, states, columns, xs)
-        y = _targets_at(token, xs, ys, targets)
-        labels, fitted = list(y), heads[token]
-        tests = [y[t] for t in labels]
-        fits = dict(zip(labels, _ridge_score(feats, [fitted[t][0] for t in labels], tests, n_boot, seed)))
-        floors = dict(zip(labels, _ridge_score(_whole(own), [fitted[t][1] for t in labels], tests, n_boot, seed)))
+    for token, ((_, own), y), fits in zip(tokens, kinds, scored):
+        tests, fitted = list(y.values()), [heads[token][t][1] for t in y]
+        floors = dict(zip(y, _ridge_score(_whole(own), fitted, tests, n_boot, seed)))
+        by_label = dict(zip(y, fits))
         for target in targets:
-            rows += _target_rows(token, target, fits[target.label], floors[target.label])
+            rows += _target_rows(token, target, by_label[target.label], floors[target.label])
     return pd.DataFrame(rows)
 
 
@@ -383,62 +389,100 @@ class RidgeHeads:
 
 def _ridge_fit(f_train: LayerFeatures, y_trains: list[Tensor]) -> list[RidgeHeads]:
     """Ridge probes of K feature sets (K, N, J, F) for each target (N, J, d) of `y_trains`, the
-    penalty chosen by exact leave-one-out. The feature sets are built and factored a block at a time,
-    each block once for all targets (probe/analysis/ridge.py `RidgeBasis`): a target costs its own
+    penalty chosen by exact leave-one-out (`_ridge_fit_kinds` of one feature set)."""
+    return _ridge_fit_kinds([(f_train, y_trains)])[0]
+
+
+def _ridge_fit_kinds(kinds: list[tuple[LayerFeatures, list[Tensor]]]) -> list[list[RidgeHeads]]:
+    """`_ridge_fit` of several feature sets of the same layers (the token kinds), a block of layers
+    at a time, every set reading a block before the next: each block's features are built and
+    factored once for all targets (probe/analysis/ridge.py `RidgeBasis`): a target costs its own
     projections, not a factorisation, and only one block's features are held (each probe's numbers
     are its own, so the blocks give the batched result)."""
-    k, n_train, j, width = f_train.shape
-    centred = []  # each target once, seen by every probe as a view (k copies of 11 targets would be GBs)
-    for y_train in y_trains:
-        y = y_train.reshape(1, n_train * j, -1)
-        y_mean = y.mean(1, keepdim=True)
-        centred.append((y - y_mean, y_mean))
-    f_means: list[Tensor] = []
-    coefs: list[list[Tensor]] = [[] for _ in y_trains]
-    chosen: list[list[Tensor]] = [[] for _ in y_trains]
-    block = loo_block(n_train * j, width, len(ALPHAS), max(y.shape[-1] for y, _ in centred))
+    k = kinds[0][0].shape[0]
+    # per feature set: its centred targets with their means, then per block its features' means and
+    # per target its coefficients and chosen penalties
+    parts: list[tuple[list[tuple[Tensor, Tensor]], list[Tensor], list[list[Tensor]], list[list[Tensor]]]] = []
+    for f_train, y_trains in kinds:
+        _, n_train, j, width = f_train.shape
+        centred = []  # each target once, seen by every probe as a view (k copies of 11 targets would be GBs)
+        for y_train in y_trains:
+            y = y_train.reshape(1, n_train * j, -1)
+            y_mean = y.mean(1, keepdim=True)
+            centred.append((y - y_mean, y_mean))
+        parts.append((centred, [], [[] for _ in y_trains], [[] for _ in y_trains]))  # + f_means, coefs, chosen
+    block = min(
+        loo_block(f.shape[1] * f.shape[2], f.shape[3], len(ALPHAS), max(y.shape[-1] for y, _ in part[0]))
+        for (f, _), part in zip(kinds, parts)
+    )
     for lo in range(0, k, block):
-        fc = f_train.block(slice(lo, lo + block)).reshape(-1, n_train * j, width)
-        f_mean = fc.mean(1, keepdim=True)
-        fc = fc - f_mean
-        penalties = ridge_penalties(fc, ALPHAS)
-        basis = RidgeBasis(fc)
-        del fc
-        f_means.append(f_mean)
-        for (yc, _), coef, pens in zip(centred, coefs, chosen):
-            yb = yc.expand(len(penalties), -1, -1)
-            best = basis.loo(yb, penalties).argmin(-1)
-            pen = penalties.gather(1, best.unsqueeze(1)).squeeze(1)
-            coef.append(basis.head(yb, pen))
-            pens.append(pen)
-        del basis
+        for (f_train, _), (centred, f_means, coefs, chosen) in zip(kinds, parts):
+            _, n_train, j, width = f_train.shape
+            fc = f_train.block(slice(lo, lo + block)).reshape(-1, n_train * j, width)
+            f_mean = fc.mean(1, keepdim=True)
+            fc = fc - f_mean
+            penalties = ridge_penalties(fc, ALPHAS)
+            basis = RidgeBasis(fc)
+            del fc
+            f_means.append(f_mean)
+            for (yc, _), coef, pens in zip(centred, coefs, chosen):
+                yb = yc.expand(len(penalties), -1, -1)
+                best = basis.loo(yb, penalties).argmin(-1)
+                pen = penalties.gather(1, best.unsqueeze(1)).squeeze(1)
+                coef.append(basis.head(yb, pen))
+                pens.append(pen)
+            del basis
         # each block's temporaries (~130 MB at paper scale) were otherwise kept by glibc under the raised
         # trim threshold (probe/core/allocator.py) and not reused: 1.9 GB more resident over 13 layers
         release_free_memory()
-    f_mean = torch.cat(f_means)
-    return [RidgeHeads(torch.cat(c), f_mean, y_mean, torch.cat(p)) for c, p, (_, y_mean) in zip(coefs, chosen, centred)]
+    return [
+        [
+            RidgeHeads(torch.cat(c), torch.cat(f_means), y_mean, torch.cat(p))
+            for c, p, (_, y_mean) in zip(coefs, chosen, centred)
+        ]
+        for centred, f_means, coefs, chosen in parts
+    ]
 
 
 def _ridge_score(
     f_test: LayerFeatures, heads: list[RidgeHeads], y_tests: list[Tensor], n_boot: int, seed: int
 ) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Each target's heads (sharing one set of features) on the test features, a block of layers at a
-    time: held-out R^2 (K,), its resamples over test prompts (K, n_boot), and the penalties chosen."""
-    k, n_test, j, width = f_test.shape
-    draws_idx = list(resamples(n_test, n_boot, seed, 100))
-    sst = [(y - h.y_mean.unsqueeze(1)).pow(2).sum((2, 3)) for h, y in zip(heads, y_tests)]  # per test prompt
-    out = [(torch.empty(k, dtype=torch.float64), torch.empty(k, n_boot, dtype=torch.float64)) for _ in heads]
-    block = loo_block(n_test * j, width, len(ALPHAS), max(y.shape[-1] for y in y_tests))
+    """Each target's heads (sharing one set of features) on the test features (`_ridge_score_kinds`
+    of one feature set)."""
+    return _ridge_score_kinds([(f_test, heads, y_tests)], n_boot, seed)[0]
+
+
+def _ridge_score_kinds(
+    kinds: list[tuple[LayerFeatures, list[RidgeHeads], list[Tensor]]], n_boot: int, seed: int
+) -> list[list[tuple[Tensor, Tensor, Tensor]]]:
+    """Per feature set of the same layers, each target's heads on its test features, a block of
+    layers at a time (every set reading a block before the next): held-out R^2 (K,), its resamples
+    over test prompts (K, n_boot), and the penalties chosen."""
+    k = kinds[0][0].shape[0]
+    outs, prepared = [], []
+    for f_test, heads, y_tests in kinds:
+        n_test = f_test.shape[1]
+        draws_idx = list(resamples(n_test, n_boot, seed, 100))
+        sst = [(y - h.y_mean.unsqueeze(1)).pow(2).sum((2, 3)) for h, y in zip(heads, y_tests)]  # per test prompt
+        outs.append([(torch.empty(k, dtype=torch.float64), torch.empty(k, n_boot, dtype=torch.float64)) for _ in heads])
+        prepared.append((draws_idx, sst))
+    block = min(
+        loo_block(f.shape[1] * f.shape[2], f.shape[3], len(ALPHAS), max(y.shape[-1] for y in y_tests))
+        for f, _, y_tests in kinds
+    )
     for lo in range(0, k, block):
         rows = slice(lo, min(lo + block, k))
-        ft = f_test.block(rows) - heads[0].f_mean[rows].unsqueeze(1)  # (b, N_test, J, F)
-        for h, y_test, s, (r2, draws) in zip(heads, y_tests, sst, out):
-            pred = ft @ h.coef[rows].unsqueeze(1) + h.y_mean.unsqueeze(1)  # (b, N_test, J, d)
-            sse = (pred - y_test).pow(2).sum((2, 3))  # (b, N_test): per prompt, so prompts resample
-            sst_b = s.expand_as(sse)
-            r2[rows] = (1 - sse.sum(1) / sst_b.sum(1)).cpu()
-            draws[rows] = torch.cat([1 - sse[:, idx].sum(-1) / sst_b[:, idx].sum(-1) for idx in draws_idx], 1).cpu()
-    return [(r2, draws, h.chosen.cpu()) for (r2, draws), h in zip(out, heads)]
+        for (f_test, heads, y_tests), (draws_idx, sst), out in zip(kinds, prepared, outs):
+            ft = f_test.block(rows) - heads[0].f_mean[rows].unsqueeze(1)  # (b, N_test, J, F)
+            for h, y_test, s, (r2, draws) in zip(heads, y_tests, sst, out):
+                pred = ft @ h.coef[rows].unsqueeze(1) + h.y_mean.unsqueeze(1)  # (b, N_test, J, d)
+                sse = (pred - y_test).pow(2).sum((2, 3))  # (b, N_test): per prompt, so prompts resample
+                sst_b = s.expand_as(sse)
+                r2[rows] = (1 - sse.sum(1) / sst_b.sum(1)).cpu()
+                draws[rows] = torch.cat([1 - sse[:, idx].sum(-1) / sst_b[:, idx].sum(-1) for idx in draws_idx], 1).cpu()
+    return [
+        [(r2, draws, h.chosen.cpu()) for (r2, draws), h in zip(out, heads)] for out, (_, heads, _) in zip(outs, kinds)
+    ]
 
 
 def probed_tokens(model, tokens: Sequence[str]) -> list[str]:
@@ -510,7 +554,9 @@ def token_probe_study(
         for size, stream in ((n_train, Stream.PROBE_TRAIN), (n_test, Stream.PROBE_TEST))
     ]
 
-    def streams(p) -> tuple[Tensor, Tensor | None]:
+    def streams(p) -> tuple[Tensor | LayerStreams, Tensor | None]:
+        if "column" not in tokens and getattr(model, "key_value_cache", False):
+            return LayerStreams(model, p.xs, p.ys, device), None  # a block of layers at a time
         states = by_position_streams(model, p.xs, p.ys, device, dtype=torch.float64)
         return states, column_streams(model, p.xs, p.ys, device) if "column" in tokens else None
 
