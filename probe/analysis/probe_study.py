@@ -145,6 +145,7 @@ def probe_study(
         # no states, so the two never sit in memory together
         states = by_position_streams(m, train.xs, train.ys, device, dtype=dtype, memory=memory)
         grids = [(control, [fit_probe_grid(states, targets_train, g, settings.kinds, **fit) for g in groups])]
+        release_free_memory()  # the fit's temporaries before the next fit on the same streams
         if control == "none" and settings.controls:
             grids.append(("shuffled", [fit_probe_grid(states, shuffled, g, settings.kinds, **fit) for g in groups]))
         del states
