@@ -298,6 +298,20 @@ def _targets_at(token: str, xs: Tensor, ys: Tensor | None, targets: Sequence[Tok
     return {t.label: moments.target(t)[:, examples].reshape(len(xs), -1, xs.shape[-1]) for t in targets}
 
 
+def _token_kinds(
+    tokens: Sequence[str],
+    states: Tensor | LayerStreams,
+    columns: Tensor | None,
+    xs: Tensor,
+    ys: Tensor | None,
+    targets: Sequence[TokenTarget],
+) -> list[tuple[tuple[LayerFeatures, Tensor], dict[str, Tensor]]]:
+    """Per token kind: its features with the floor's, and its targets by label."""
+    kinds = [(_features(token, states, columns, xs), _targets_at(token, xs, ys, targets)) for token in tokens]
+    release_free_memory()  # the targets' temporaries (every prefix's S/t and its eigenvectors: 0.36 GB at paper scale)
+    return kinds
+
+
 def fit_token_heads(
     states: Tensor | LayerStreams,
     xs: Tensor,
@@ -311,8 +325,7 @@ def fit_token_heads(
     every layer and the floor's, from the training streams (which the caller may free before the
     test streams exist; `LayerStreams` makes them a block of layers at a time, every token kind
     reading a block before the next is made)."""
-    kinds = [(_features(token, states, columns, xs), _targets_at(token, xs, ys, targets)) for token in tokens]
-    release_free_memory()  # the targets' temporaries (every prefix's S/t and its eigenvectors: 0.36 GB at paper scale)
+    kinds = _token_kinds(tokens, states, columns, xs, ys, targets)
     fits = _ridge_fit_kinds([(feats, list(y.values())) for (feats, _), y in kinds])
     out = {}
     for token, ((_, own), y), fitted in zip(tokens, kinds, fits):
@@ -334,8 +347,7 @@ def score_token_heads(
     columns: Tensor | None = None,
 ) -> pd.DataFrame:
     """The second half of `fit_token_probes`: the heads of `fit_token_heads` scored on the test streams."""
-    kinds = [(_features(token, states, columns, xs), _targets_at(token, xs, ys, targets)) for token in tokens]
-    release_free_memory()
+    kinds = _token_kinds(tokens, states, columns, xs, ys, targets)
     scored = _ridge_score_kinds(
         [(feats, [heads[token][t][0] for t in y], list(y.values())) for token, ((feats, _), y) in zip(tokens, kinds)],
         n_boot,
