@@ -250,6 +250,26 @@ def test_changing_spectral_settings_reruns_the_spectral_stage_alone_from_the_cac
     assert run_stages(model, bootstrap, "cpu", cache, False, only=stages).cached == {"layers": False, "spectral": False}
 
 
+def test_a_stage_asked_for_alone_runs_with_the_stages_it_needs(ckpt):
+    """`only={"interventions"}` runs the layers stage first (the causal checks read its best
+    matches), and the spectral stage alone brings the layers stage too; an unknown name is refused."""
+    import probe
+    from probe.core.errors import ConfigError
+    from probe.core.stages import with_needs
+    from probe.io.formats import load_checkpoint
+    from probe.reporting.build import run_stages
+    from probe.reporting.cache import StageCache
+
+    assert with_needs({"interventions"}) == {"interventions", "layers"}
+    assert with_needs({"spectral", "order"}) == {"spectral", "layers", "order"}
+    assert with_needs(None) is None
+    with pytest.raises(ConfigError, match="unknown analysis stage 'layer'"):
+        with_needs({"layer"})
+    built = run_stages(load_checkpoint(ckpt), probe.recipe("smoke"), "cpu", StageCache(None), False, only={"interventions"})
+    assert list(built.timings) == ["layers", "interventions"]
+    assert "patching" in built.tables or "ablation" in built.tables
+
+
 @pytest.mark.slow
 def test_figures_drawn_in_the_worker_are_the_figures_drawn_here_and_its_failures_raise(ckpt, tmp_path):
     """The figure worker (probe/reporting/figure_pool.py) draws each stage's PNGs byte for byte as

@@ -23,27 +23,27 @@ def check_device(device: str) -> str:
         raise ConfigError(f"--{err}") from None
 
 
-def positive_int(text: str) -> int:
+def _flag_value(text: str, rule, expected: str):
+    """argparse type: the text as an integer, then probe/core/validate.py's `rule` for it (one rule
+    for a flag, a recipe key and an API argument); a fault reads "expected <expected>, got <text>"."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+        return rule(int(text))
+    except (ValueError, ConfigError):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count flag: an integer >= 1."""
+    from ..core.validate import positive_int as rule
+
+    return _flag_value(text, lambda value: rule(value, "value"), "a positive integer")
 
 
 def seed(text: str) -> int:
     """argparse type of a --seed flag: an integer in 0..2^63-1."""
-    from ..core.validate import SEED_LIMIT
+    from ..core.validate import check_seed
 
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value < SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"a seed must lie in 0..2^63-1, got {text}")
-    return value
+    return _flag_value(text, check_seed, "a seed, an integer in 0..2^63-1")
 
 
 def add_out(parser: argparse.ArgumentParser, help_text: str, required: bool = True) -> None:

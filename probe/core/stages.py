@@ -275,6 +275,24 @@ def registered() -> dict[str, AnalysisStage]:
     return {stage.name: stage for stage in order}
 
 
+def with_needs(names: set[str] | None) -> set[str] | None:
+    """`names` (stages asked for by name: a command, a study) with every stage they need, and the
+    stages those need (None stays None: the recipe decides); an unknown name is refused."""
+    if names is None:
+        return None
+    stages = registered()
+    unknown = sorted(set(names) - set(stages))
+    if unknown:
+        raise ConfigError(f"unknown analysis stage {unknown[0]!r}: the stages are {', '.join(stages)}")
+    closed, pending = set(), list(names)
+    while pending:
+        name = pending.pop()
+        if name not in closed:
+            closed.add(name)
+            pending += stages[name].needs
+    return closed
+
+
 def load_plugins() -> None:
     """Import the toolkit's own stage modules (BUILTIN) and the modules named in the
     `icl_probe.stages` entry-point group, once (each registers its stages at import); a plugin

@@ -260,6 +260,7 @@ INTERVENTIONS = register_stage(
         verdicts=_verdicts,
         check=_check,
         reads=("readout", "similarity", "sweeps"),
+        needs=("layers",),
         refuses=lambda ckpt: runner_refusal(ckpt.model),
         standalone=False,  # it reads the layers stage's best matches: `icl-probe patch` runs it alone
         captions=(

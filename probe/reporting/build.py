@@ -23,7 +23,7 @@ from ..core import budget
 from ..core.allocator import release_free_memory
 from ..core.memory import MemoryBudget
 from ..core.provenance import display_path
-from ..core.stages import AnalysisStage, StageTables, registered
+from ..core.stages import AnalysisStage, StageTables, registered, with_needs
 from ..io.checkpoint import LoadedCheckpoint
 from ..io.outputs import OutputTarget
 from . import figures
@@ -68,9 +68,10 @@ class Context:
 
 def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe, only: set[str] | None = None) -> list[budget.Estimate]:
     """Memory and work of every size knob of the recipe's stages (those named in `only`, when given)
-    on this checkpoint (each stage's `estimates`, probe/core/budget.py); a stage may refuse the
-    recipe here (the layer analyses: SimW with fewer queries than d)."""
+    on this checkpoint (each stage's `estimates`, probe/core/budget.py), with the stages they need; a
+    stage may refuse the recipe here (the layer analyses: SimW with fewer queries than d)."""
     out: list[budget.Estimate] = []
+    only = with_needs(only)
     for declared in registered().values():
         chosen = only is None or declared.name in only
         wanted = chosen and declared.enabled(recipe) and not declared.refusal(ckpt)
@@ -133,12 +134,12 @@ def run_stages(
     memory: MemoryBudget | None = None,
     on_done: Callable[[Stage, dict[str, pd.DataFrame]], None] | None = None,
 ) -> Built:
-    """The recipe's stages (or those named in `only`, whether or not the recipe enables them), each
-    through the stage cache, within the memory budget `memory` (which changes how work is chunked,
+    """The recipe's stages (or those named in `only` and the stages they need, whether or not the
+    recipe enables them), each through the stage cache, within the memory budget `memory` (which changes how work is chunked,
     never a number). A stage switched on that cannot run on this checkpoint (its `refuses`) is
     recorded in `not_measured` with the reason, and skipped. `on_done(stage, tables so far)` is
     called as each stage finishes (the report draws its figures then, figure_pool.py)."""
-    recipe = adapt_recipe(recipe, ckpt.config)
+    recipe, only = adapt_recipe(recipe, ckpt.config), with_needs(only)
     context = Context(ckpt, recipe, device, progress, memory or MemoryBudget(), Built(), prefix)
     built, sha = context.earlier, ckpt.fingerprint[:16]
     keys: dict[str, str] = {}

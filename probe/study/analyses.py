@@ -264,8 +264,7 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
 def report_stages_of(analyses) -> set[str]:
     """The report stages a study's per-model analyses run (the evidence table reads the spectral
     stage's verdicts; the spectral stage needs the layers stage's induced weights)."""
-    stages = {name for name in analyses if name in stage_analyses()}  # with the stages they need
-    stages |= {need for name in stages for need in stage_analyses()[name].needs}
+    stages = {name for name in analyses if name in stage_analyses()}  # run_stages adds the stages they need
     if "evaluate" in analyses:
         stages.add("evaluate")
     if {"readout", "heatmap", "spectral", "evidence"} & set(analyses):
