@@ -20,8 +20,8 @@ DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "gpt2-default"
 def main() -> None:
     from probe.analysis.probe_study import probe_study
     from probe.io.formats import load_checkpoint
-    from probe.analysis.probes_stage import probe_control_model
     from probe.reporting.recipe import resolve_recipe
+    from probe.stages.probes import probe_control_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default=str(DEFAULT))

@@ -30,10 +30,10 @@ def main() -> None:
     from probe.core.seeds import Stream, stream_generator
     from probe.data.tasks import sample_prompts
     from probe.io.formats import load_checkpoint
-    from probe.analysis.probes_stage import probe_control_model
     from probe.reporting.build import run_stages
     from probe.reporting.cache import StageCache
     from probe.reporting.recipe import resolve_recipe
+    from probe.stages.probes import probe_control_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default=str(DEFAULT))

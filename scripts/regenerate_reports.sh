@@ -20,7 +20,7 @@ shifts() {
 
 # the trained checkpoints whose findings the README and docs/results.md quote: induced weights (the
 # spectral instrument, SimW) and the test prompts on 512 prompts, the count the spectral row's
-# validity domain needs at kappa = 100 (probe/reporting/spectral_stage.py SPECTRAL_DOMAIN)
+# validity domain needs at kappa = 100 (probe/stages/spectral.py SPECTRAL_DOMAIN)
 WIDE="--set prompts.induced=512 --set prompts.test=512"
 declare -A JOBS=(
   [gpt2-default-quick]="report checkpoints/gpt2-default --out reports/gpt2-default-quick"

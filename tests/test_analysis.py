@@ -545,9 +545,9 @@ def test_probes_that_hit_the_iteration_limit_say_so(report):
     import dataclasses
 
     from probe.analysis.probes import fit_probes
-    from probe.analysis.probes_stage import Probes, probe_summary
     from probe.reporting.findings import caveats
     from probe.reporting.schema import Summary
+    from probe.stages.probes import Probes, probe_summary
 
     states, targets = _calibration_states(300)
     table = fit_probes(states[:, :200], {"xty": targets["xty"][:200]}, states[:, 200:], {"xty": targets["xty"][200:]},

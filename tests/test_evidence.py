@@ -13,7 +13,7 @@ from probe.models.oracle import LearnerOracle
 from probe.reporting.evidence import Blocks, evidence_frame, questions
 from probe.reporting.layer_blocks import verdict_rows
 from probe.reporting.schema import Verdict
-from probe.reporting.spectral_stage import spectral_block, spectral_tables
+from probe.stages.spectral import spectral_block, spectral_tables
 
 TASK = TaskConfig(n_dims=4, n_points=16)
 SWEEPS = (
@@ -154,7 +154,7 @@ def test_order_sensitivity_names_online_gd_only_near_its_share(share, low, high,
     """GD is order-free by construction and online GD is at 0.010 here: a model at or above half of
     online GD's share reads as online GD (the LSTM's 0.021), one far below it (the GPT-2's 0.0014)
     as neither, one at 0 as GD."""
-    from probe.analysis.order import OrderSensitivity, OrderSeries
+    from probe.stages.order import OrderSensitivity, OrderSeries
 
     block = OrderSensitivity(
         [15], [0, 1], {"15": OrderSeries([0.5, share], [0.4, low], [0.6, high])},
@@ -171,9 +171,9 @@ def test_order_sensitivity_names_online_gd_only_near_its_share(share, low, high,
 def test_off_distribution_tracking_names_the_planted_algorithm(path, right):
     """The evidence row of the [ood] stage on the planted models: under inputs scaled by 3 each
     diverges where its own learner (at the member matched in distribution) does."""
-    from probe.analysis.ood import ood_block
     from probe.analysis.shift_tracking import track_shifts
     from probe.io.formats import load_checkpoint
+    from probe.stages.ood import ood_block
 
     ckpt = load_checkpoint(path)
     study = track_shifts(ckpt.model, ckpt.config.task, ("scale_x=3",), n_prompts=128, n_boot=200)
@@ -186,7 +186,7 @@ def test_off_distribution_tracking_names_the_planted_algorithm(path, right):
 
 
 def test_off_distribution_tracking_is_undecided_when_shifts_disagree():
-    from probe.analysis.ood import Ood, OodSide
+    from probe.stages.ood import Ood, OodSide
 
     side = lambda shift, favours, criterion="mismatch": OodSide(
         shift, "newton", "gd", "newton_fixed_alpha", "gd_fixed_step", favours, criterion,
@@ -203,7 +203,7 @@ def test_off_distribution_tracking_is_undecided_when_shifts_disagree():
 def test_off_distribution_distance_alone_is_shown_and_never_counted():
     """Only the divergence criterion is validated on known answers (planted GD and Newton); a side
     favoured by distance (as planted Adam's was, turning 'undecided' into 'gd') does not decide."""
-    from probe.analysis.ood import Ood, OodSide
+    from probe.stages.ood import Ood, OodSide
 
     side = OodSide("scale_x=2", "newton", "gd", "newton_fixed_alpha", "gd_fixed_step", "gd", "distance",
                    -0.1, -0.15, -0.05, 0.2, 0.01, True)
@@ -220,9 +220,9 @@ def test_the_state_in_the_tokens_names_newton_only_where_a_token_holds_it(plante
     """Planted Newton-ReLU holds M_k x exactly (newton); planted GD holds nothing beyond x, which
     reads as undecided, never as GD (a model without the state may keep it another way)."""
     from probe.analysis.token_probes import expand_targets, token_probe_study
-    from probe.analysis.token_probes_stage import token_probe_block
     from probe.io.planted_io import planted_config
     from probe.models.planted import plant
+    from probe.stages.token_probes import token_probe_block
 
     cfg = planted_config(planted, 5, 4, 12, **({"step_size": 1 / 9} if planted == "gd" else {}))
     alpha = cfg.model.planted_scale if planted != "gd" else "spectral"

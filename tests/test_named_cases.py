@@ -161,11 +161,11 @@ def test_stages_that_cannot_run_on_a_checkpoint_are_written_not_measured(tmp_pat
 def test_off_distribution_shifts_on_a_relu_task_are_not_measured_with_why():
     """Garg et al.'s shifts are defined on isotropic linear regression: a report asked for them on a
     ReLU-network checkpoint records why, and runs nothing."""
-    from probe.analysis.ood import shifts_refusal
     from probe.io.formats import load_checkpoint
     from probe.reporting.build import run_stages
     from probe.reporting.cache import StageCache
     from probe.reporting.recipe import resolve_recipe
+    from probe.stages.ood import shifts_refusal
 
     relu = load_checkpoint(REPO / "checkpoints" / "gpt2-relu3")
     assert shifts_refusal(relu).startswith("Garg et al.'s shifts are defined on isotropic linear regression")

@@ -92,8 +92,8 @@ def test_r2_curve_checks_its_knobs_before_any_work_as_the_error_curve_does():
     from probe.analysis.evaluate import direct_network_estimates, r2_curve
     from probe.core.errors import ConfigError
     from probe.models import build_model
-    from probe.reporting.evaluate_stage import _estimates
     from probe.reporting.recipe import resolve_recipe
+    from probe.stages.evaluate import EvaluateStage
 
     cfg = build_cfg()
     cfg.task = replace(cfg.task, name="relu_network")
@@ -110,6 +110,6 @@ def test_r2_curve_checks_its_knobs_before_any_work_as_the_error_curve_does():
     assert memory.nbytes == 8.0 * 2 * 8 * (2 * 8 * 32 * 2 + 4 * 1217)
     recipe = resolve_recipe("smoke")
     ckpt = SimpleNamespace(config=cfg)
-    assert [(e.knob, e.value) for e in _estimates(recipe, ckpt)] == [("prompts.curve", recipe.prompts.curve)] * 3
+    assert [(e.knob, e.value) for e in EvaluateStage().estimates(recipe, ckpt)] == [("prompts.curve", recipe.prompts.curve)] * 3
     cfg.task = replace(cfg.task, name="linear_regression")
-    assert [e.knob for e in _estimates(recipe, ckpt)] == ["prompts.curve"]
+    assert [e.knob for e in EvaluateStage().estimates(recipe, ckpt)] == ["prompts.curve"]

@@ -354,8 +354,8 @@ def test_planted_models_have_no_random_weights_control_and_the_report_says_so():
     from conftest import build_cfg
 
     from probe.analysis.nulls import null_predictions
-    from probe.analysis.probes_stage import PROBES, Probes, probe_summary
     from probe.models import random_weights_model
+    from probe.stages.probes import PROBES, Probes, probe_summary
 
     cfg = planted_config("gd", 3, 3, 8, step_size=0.1)
     assert random_weights_model(cfg.model, 0) is None

@@ -178,7 +178,7 @@ def _planted_spectrum(algorithm: str, layers: int, d: int, kappa: float, step: f
     from probe.io.formats import load_checkpoint
     from probe.io.planted_io import write_planted
     from probe.reporting.recipe import adapt_recipe
-    from probe.reporting.spectral_stage import spectral_block, spectral_tables
+    from probe.stages.spectral import spectral_block, spectral_tables
 
     with tempfile.TemporaryDirectory() as tmp:
         kw = {"step_size": step} if algorithm == "gd" else {"alpha": step}
@@ -214,10 +214,10 @@ def _planted_spectrum(algorithm: str, layers: int, d: int, kappa: float, step: f
 )
 def test_planted_models_through_the_ridge_read_out_read_their_class(algorithm, layers, d, kappa, step, induced, side,
                                                                     band):
-    """The validity domain's boxes (probe/reporting/spectral_stage.py SPECTRAL_DOMAIN) beyond d = 4
+    """The validity domain's boxes (probe/stages/spectral.py SPECTRAL_DOMAIN) beyond d = 4
     isotropic: the evidence row names the planted side, and the exponents of the layers it decides
     lie in a band measured here (the ridge read-out reads them high: GD 1.1-1.3, Newton 2.2-2.5)."""
-    from probe.reporting.spectral_stage import _spectral_rows
+    from probe.stages.spectral import _spectral_rows
 
     sp = _planted_spectrum(algorithm, layers, d, kappa, step, induced)
     (row,) = _spectral_rows(sp, "newton", "gd", "")
@@ -295,7 +295,7 @@ def test_conjugate_gradient_reads_first_order_on_isotropic_prompts_and_precondit
     first-order class: there the Newton class does not exclude CG, as the row's alternatives and
     the class words say. One iteration (GD with a per-prompt exact
     step) reads no single class on either."""
-    from probe.reporting.spectral_stage import CLASS_WORDS, SPECTRAL_DOMAIN
+    from probe.stages.spectral import CLASS_WORDS, SPECTRAL_DOMAIN
 
     xs, ys = iso_prompts(128, seed=seed)
     iso = spectral_analysis(run_learner("cg", xs, ys, iterations=[1, 2]).weights, xs, ys, n_boot=100).summary

@@ -174,17 +174,16 @@ def test_a_summary_with_a_block_nobody_registered_fails_its_schema(registered, c
     ],
 )
 def test_registering_refuses_what_the_report_cannot_hold(change, message):
-    from dataclasses import replace
 
     from probe.core.stages import registered
 
     registered()  # the toolkit's own stages (the layers stage writes data/trends.json)
     with pytest.raises(ConfigError, match=message):
-        register_stage(replace(MEAN, **change))
+        register_stage(MEAN.replace(**change))
 
 
 def test_a_block_dataclass_named_like_a_built_in_one_is_refused():
-    from dataclasses import make_dataclass, replace
+    from dataclasses import make_dataclass
 
     from probe.core.stages import registered
 
@@ -192,21 +191,20 @@ def test_a_block_dataclass_named_like_a_built_in_one_is_refused():
 
     readout = make_dataclass("Readout", [("layer", list)])  # the name of the report's read-out block
     with pytest.raises(ConfigError, match="dataclass Readout has the name of another summary.json block"):
-        register_stage(replace(MEAN, block=readout))
+        register_stage(MEAN.replace(block=readout))
 
 
 def test_the_same_name_twice_is_refused(registered):
-    from dataclasses import replace
 
     register_stage(MEAN)  # the same declaration again: nothing happens
     with pytest.raises(ConfigError, match="already registered"):
-        register_stage(replace(MEAN, title="another"))
+        register_stage(MEAN.replace(title="another"))
 
 
 def test_a_merged_block_whose_field_is_already_a_summary_key_is_refused():
     """A stage whose block's fields are top-level keys (the spine's) cannot take a key that is
     summary.json's own or another stage's."""
-    from dataclasses import make_dataclass, replace
+    from dataclasses import make_dataclass
 
     from probe.core.stages import registered
 
@@ -214,7 +212,7 @@ def test_a_merged_block_whose_field_is_already_a_summary_key_is_refused():
     for field_name in ("readout", "verdicts"):
         block = make_dataclass("MeanMerged", [(field_name, list)])
         with pytest.raises(ConfigError, match=f"its summary.json key '{field_name}' is already taken"):
-            register_stage(replace(MEAN, name="mean_merged", settings=None, block=block, merged=True))
+            register_stage(MEAN.replace(name="mean_merged", settings=None, block=block, merged=True))
 
 
 def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
@@ -224,7 +222,7 @@ def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
     from probe.core.stages import registered
     from probe.reporting.layer_blocks import LayerAnalyses
     from probe.reporting.schema import Summary
-    from probe.reporting.spectral_stage import Spectral
+    from probe.stages.spectral import Spectral
 
     stages = registered()
     assert list(stages)[:3] == ["evaluate", "layers", "spectral"]
@@ -257,13 +255,10 @@ class MeanCurves:
 def test_a_merged_stage_writes_its_fields_at_the_top_level_and_reads_back(ckpt, tmp_path):
     """merged=True: the block's fields are summary.json keys of their own, valid against the
     schema with the stage registered, and read back as the Summary's attributes."""
-    from dataclasses import replace
 
     from probe.reporting.schema import Summary, check_summary
 
-    merged = replace(
-        MEAN,
-        block=MeanCurves,
+    merged = MEAN.replace(block=MeanCurves,
         summarise=lambda t, recipe: MeanCurves(
             t["mean_prediction"].n_examples.tolist(), t["mean_prediction"].mean_abs.tolist()
         ),
@@ -293,7 +288,6 @@ def test_a_registered_stage_with_study_rows_is_a_study_analysis_on_its_page(ckpt
     study runs it through the report's stage, its rows are in study.csv (one per model and number
     of examples, equal to the stage's own table) and its section is on the study page, with no
     file of probe/ changed; `study --help` lists it, and an unknown analysis is refused."""
-    from dataclasses import replace
 
     from probe.study.recipe import resolve_study
 
@@ -301,7 +295,7 @@ def test_a_registered_stage_with_study_rows_is_a_study_analysis_on_its_page(ckpt
         {"metric": "mean_abs", "value": r.mean_abs, "n_examples": int(r.n_examples)}
         for r in t["mean_prediction"].itertuples()
     ]
-    stage = replace(MEAN, study_rows=rows)
+    stage = MEAN.replace(study_rows=rows)
     register_stage(stage)
     try:
         (tmp_path / "s.toml").write_text(
@@ -328,11 +322,10 @@ def test_a_registered_stage_with_study_rows_is_a_study_analysis_on_its_page(ckpt
 def test_a_stage_that_needs_one_that_does_not_run_before_it_is_refused():
     """`needs` names stages that run earlier (the toolkit's, then plugins' in registration order):
     a name nobody registered is refused when the stages are listed, naming it."""
-    from dataclasses import replace
 
     from probe.core.stages import registered
 
-    stage = replace(MEAN, needs=("layerz",))
+    stage = MEAN.replace(needs=("layerz",))
     register_stage(stage)
     try:
         with pytest.raises(ConfigError, match="needs 'layerz', which does not run before it"):
@@ -340,3 +333,63 @@ def test_a_stage_that_needs_one_that_does_not_run_before_it_is_refused():
     finally:
         unregister_stage(stage.name)
     assert "spectral" in registered()  # the toolkit's own: spectral needs layers, which runs first
+
+
+class MeanStage(AnalysisStage):
+    """The same analysis as MEAN written as a subclass: class attributes and overridden methods."""
+
+    name = "mean_prediction"
+    settings = MeanSettings
+    block = MeanBlock
+    title = "Mean prediction size"
+    description = MEAN.description
+    files = ("mean_peak",)
+
+    def run(self, c):
+        return _run(c)
+
+    def summarise(self, t, recipe):
+        return MEAN.summarise(t, recipe)
+
+    def findings(self, block, summary):
+        return MEAN.findings(block, summary)
+
+
+def test_a_stage_written_as_a_subclass_runs_as_its_declaration_does(ckpt):
+    """A subclass of AnalysisStage with its own run, summarise and findings registers and runs in a
+    report; the hooks it does not override add nothing; the defaults are told from overrides."""
+    import probe
+    from probe.io.formats import load_checkpoint
+    from probe.reporting.build import run_stages
+    from probe.reporting.cache import StageCache
+
+    stage = MeanStage()
+    assert stage.overrides("run") and stage.overrides("findings") and not stage.overrides("figures")
+    assert MEAN.overrides("figures") and not MEAN.overrides("study_rows")
+    assert stage.figures({}, Path("unused"), None) == {} and stage.evidence(None, None, "gd", "newton") == []
+    register_stage(stage)
+    try:
+        model = load_checkpoint(ckpt)
+        built = run_stages(model, probe.recipe("smoke"), "cpu", StageCache(None), False, only={"mean_prediction"})
+        block = stage.summarise(built.tables, None)
+        assert block.n_examples == list(range(model.config.task.n_points))
+        assert built.data["mean_peak"]["mean_abs"] == pytest.approx(max(block.mean_abs))
+        assert stage.findings(block, None).startswith("Mean |prediction| after")
+    finally:
+        unregister_stage(stage.name)
+
+
+def test_a_stage_without_run_or_an_unknown_declaration_is_refused():
+    class NoRun(AnalysisStage):
+        name = "no_run"
+        block = MeanBlock
+
+        def summarise(self, t, recipe):
+            return None
+
+    with pytest.raises(ConfigError, match="analysis stage 'no_run': it needs its own run"):
+        register_stage(NoRun())
+    with pytest.raises(ConfigError, match="unknown declaration 'runs'"):
+        AnalysisStage(name="typo", runs=_run)
+    with pytest.raises(ConfigError, match="register_stage takes an AnalysisStage"):
+        register_stage(MeanStage)

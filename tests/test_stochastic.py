@@ -274,7 +274,7 @@ def test_report_order_stage_reuses_the_layers_read_outs_exactly(ckpt, monkeypatc
     recipe = resolve_recipe("quick", [{"prompts": sizes, "order": {"prompts": 16, "permutations": 3}}])
     loaded = load_checkpoint(ckpt)
     refitted = run_stages(loaded, recipe, "cpu", StageCache(None), False, only={"order"})
-    monkeypatch.setattr("probe.analysis.order.fit_readouts", None)  # the order stage must not refit
+    monkeypatch.setattr("probe.stages.order.fit_readouts", None)  # the order stage must not refit
     reused = run_stages(loaded, recipe, "cpu", StageCache(None), False, only={"layers", "order"})
     assert reused.data["readouts"] is not None and "readouts" not in refitted.data
     pd.testing.assert_frame_equal(reused.tables["order"], refitted.tables["order"], rtol=0, atol=0)

@@ -12,10 +12,10 @@ from conftest import REPO
 from probe.analysis.evaluate import error_curve, trivial_margin
 from probe.core.validity import STATUSES, Domain, Validity
 from probe.reporting.columns import columns
-from probe.reporting.evaluate_stage import IclError
 from probe.reporting.evidence import _consolidate
 from probe.reporting.schema import EvidenceRow
 from probe.reporting.validity import conditions, learns_in_context
+from probe.stages.evaluate import IclError
 
 
 def _summary(curve: IclError, d: int = 4, **task):

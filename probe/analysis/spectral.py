@@ -413,3 +413,18 @@ def _non_filter_share(sums: BinSums, r: Tensor, corrected: bool = True) -> Tenso
     aa, ab = sums.aa.sum(-2), sums.ab.sum(-2)  # (A, K)
     left = aa - 2 * r * ab + r**2 * bb
     return left.sum(-1) / aa.sum(-1).clamp_min(1e-300)
+
+
+def spectral_tables(spectral) -> dict[str, pd.DataFrame]:
+    """The spectral instrument's tables, named as the report writes them (none when it did not run;
+    one status row when it could not measure on the data at hand)."""
+    if spectral is None:
+        return {}
+    if isinstance(spectral, NotMeasured):
+        return {
+            "spectral_status": pd.DataFrame(
+                [{"status": "not measured", "reason": spectral.reason, "knob": spectral.knob}]
+            )
+        }
+    names = ("curves", "layers", "summary", "references", "fits")
+    return {f"spectral_{name}": getattr(spectral, name) for name in names}

@@ -28,10 +28,10 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from ..analysis.pipeline import analyse_spectrum
+    from ..analysis.spectral import spectral_tables
     from ..core.provenance import display_path
     from ..io.formats import load_checkpoint
     from ..reporting import figures
-    from ..reporting.spectral_stage import spectral_tables
 
     target = output_target(args, "spectral", (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)

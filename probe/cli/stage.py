@@ -88,11 +88,10 @@ def run(args: argparse.Namespace) -> int:
         settings = {**to_dict(getattr(recipe, declared.name)), **prompts}
         written = {declared.block_key: to_json(block), "settings": settings, **stamp()}
         (out / f"{declared.name}_summary.json").write_text(json.dumps(strict(written), indent=2, default=str) + "\n")
-        if declared.figures is not None:
-            declared.figures(tables, out, context)
+        declared.figures(tables, out, context)
     summary = provenance(ckpt, recipe)  # what its findings read: its own block, the checkpoint and the recipe
     summary.stages = {declared.block_key: block}
-    lines = declared.findings(block, summary) if declared.findings is not None else None
+    lines = declared.findings(block, summary)
     for line in lines if isinstance(lines, list) else [lines]:
         if line:
             print(line)

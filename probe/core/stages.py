@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import typing
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,64 +24,45 @@ NAME = re.compile(r"[a-z][a-z0-9_]*")
 OMIT = {"omit_if_none": True}  # a block field's metadata: summary.json leaves the field out when it is None
 ENTRY_POINTS = "icl_probe.stages"
 # the toolkit's own registered analyses, in report order
-BUILTIN = (
-    "probe.reporting.evaluate_stage",
-    "probe.reporting.layers_stage",
-    "probe.reporting.spectral_stage",
-    "probe.interventions.stage",
-    "probe.analysis.probes_stage",
-    "probe.analysis.order",
-    "probe.analysis.forgetting",
-    "probe.analysis.ood",
-    "probe.analysis.token_probes_stage",
-    "probe.interventions.steer",
+BUILTIN = tuple(
+    f"probe.stages.{name}"
+    for name in (
+        "evaluate", "layers", "spectral", "interventions", "probes", "order", "forgetting", "ood", "token_probes", "steering"
+    )
 )
 
 
-@dataclass(frozen=True)
-class AnalysisStage:
-    """One analysis of the report.
+# the methods a stage may override (or give as functions to AnalysisStage(...))
+HOOKS = ("run", "summarise", "figures", "estimates", "findings", "caveats", "tables", "evidence", "verdicts",
+         "check", "refuses", "study_rows")
+DERIVED = ("command", "block_key", "keys", "enabled", "draw", "refusal", "overrides", "replace")  # read, never declared
 
+
+class AnalysisStage:
+    """One analysis of the report: subclass it (the toolkit's own, probe/stages/) setting the class
+    attributes and overriding the methods below, or build one from functions,
+    `AnalysisStage(name=..., run=..., block=..., summarise=..., ...)` (each keyword an attribute or a
+    method of the same name, called without `self`).
+
+    Attributes:
     name: its recipe section [name], its summary.json key (unless `key` says otherwise) and its
         command `icl-probe <name>` (underscores as dashes).
     settings: its recipe section, a `Section` dataclass with SECTION = name and an `enabled` field;
         None for a stage with no section of its own that runs in every report (the report's spine:
         the error curve and the layer analyses, which read the built-in sections named in `reads`).
-    run: (report Context: checkpoint, recipe adapted to it, device, earlier stages' tables) ->
-        its tables, name -> DataFrame (written to data/<table>.csv); a `StageTables` also carries
-        what it keeps beside them (`data`: JSON-able, cached with the tables; written only where
-        `files` names it).
-    block: the dataclass of its summary.json block; summarise(tables, recipe) builds it (`tables`
-        a StageTables: every table of the report so far, the data of the stages that ran, and the
-        checkpoint; None: nothing to write, the block is left out).
+    block: the dataclass of its summary.json block (`summarise` builds it).
     title, description: its section of the report page (plain text) and the command's help.
-    figures: (tables, figure directory, the report Context: .recipe, .ckpt) -> name -> PNG path.
-    estimates: (recipe, checkpoint) -> budget Estimates (probe/core/budget.py) of its own knobs,
-        the report's up-front check.
-    findings: (block, summary) -> its findings line (None: none; a list: several); `summary` is the
-        report's Summary (the other blocks; `summary.titles`: sweep label -> title).
-    caveats: (block, summary) -> the report's caveats it adds (lines under the findings).
-    tables: (block, summary, the report's tables) -> caption -> DataFrame shown on the page (with
-        `sections`: name -> HTML table that the report template's macros read).
-    evidence: (block, summary, hypothesis a, hypothesis b) -> rows of the evidence table for that
-        question, each a dict of probe.reporting.schema.EvidenceRow's fields (probe/reporting/evidence.py).
-    verdicts: (block, tables) -> paired verdicts it adds to summary.json's `verdicts`, each a dict of
-        probe.reporting.schema.Verdict's fields (`tables`: as `summarise` is given).
-    check: recipe -> None, raising ConfigError where its section disagrees with another section
-        (run when the recipe is resolved, before any work).
     reads: other recipe sections it reads (its cache key, with [prompts] and its own).
-    needs: the stages whose outputs it reads (`Context.before`); each runs first, and its cache key
-        is part of this stage's (the spectral stage needs the layers' induced weights).
-    refuses: checkpoint -> why it cannot run on it, "" where it can (None: it runs on every
-        checkpoint); a report whose recipe switches it on writes it as "not measured here: <why>".
+    needs: the stages whose outputs it reads (`Context.before`); each runs first (also when the stage
+        is asked for alone, `with_needs`), and its cache key is part of this stage's (the spectral
+        stage needs the layers' induced weights).
     flags: (settings field, flag name) of its command where not the field's own (e.g. "test-prompts").
     prompt_flags: ([prompts] field, flag name) its command takes besides --seed (e.g. the probes'
         ("test", "test-prompts")).
     captions: (figure name, caption) under its figures on the page.
     key: its summary.json key where that is not its name (order: "order_sensitivity").
     cli: its command where that is not its name (steering: "steer").
-    standalone: whether `icl-probe <command>` runs it alone (False where it needs an earlier stage's
-        tables: the causal checks read the layers' best matches; or where its commands are written
+    standalone: whether `icl-probe <command>` runs it alone (False where its commands are written
         by hand, `commands`).
     commands: the hand-written commands (probe/cli) that run it or its parts where it has no derived
         one: the spine's `icl-probe evaluate`, `readout`, `spectral`, ... (names it may share).
@@ -93,35 +72,22 @@ class AnalysisStage:
     sections: the page sections the report template's macros write for it (templates/report.html.j2;
         the spine's), each (title, macro, the figure whose presence shows it or ""), in place of the
         section made of its description, tables and figures.
-    study_rows: (tables, as `summarise` is given them) -> its rows of a study's table (study.csv),
-        each a dict with `metric` and `value` and optionally `learner`, `layer`, `n_examples`,
-        `shift`, `ci_low`, `ci_high`: with it the stage is a per-model analysis a study recipe may
-        name (`analyses = [..., "<name>"]`), and its rows are on the study page.
     files: entries of its `data` the report writes as data/<entry>.json (the layers' `trends`; a
         compared checkpoint's as data/compare_<entry>.json).
     papers: the papers whose methods it runs, cited by author and year with the paper's section
         ("Fu et al. 2024, App. A.4, eq. 16: forgetting"); the report's methods list them
         (full citations: docs/references.md).
+
+    Methods (`run`, `summarise` required; the others' defaults add nothing): see each.
     """
 
-    name: str
-    settings: type | None
-    run: Callable[[Any], dict[str, Any]]
-    block: type
-    summarise: Callable[[dict[str, Any], Any], Any]
-    title: str
-    description: str
-    figures: Callable[[dict[str, Any], Path, Any], dict[str, Path]] | None = None
-    estimates: Callable[[Any, Any], list[Any]] | None = None
-    findings: Callable[[Any, Any], str | list[str | None] | None] | None = None
-    caveats: Callable[[Any, Any], list[str]] | None = None
-    tables: Callable[[Any, Any, Any], dict[str, Any]] | None = None
-    evidence: Callable[[Any, Any, str, str], list[dict[str, Any]]] | None = None
-    verdicts: Callable[[Any, Any], list[dict[str, Any]]] | None = None
-    check: Callable[[Any], None] | None = None
+    name: str = ""
+    settings: type | None = None
+    block: type | None = None
+    title: str = ""
+    description: str = ""
     reads: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
-    refuses: Callable[[Any], str] | None = None
     flags: tuple[tuple[str, str], ...] = ()
     prompt_flags: tuple[tuple[str, str], ...] = ()
     captions: tuple[tuple[str, str], ...] = ()
@@ -133,7 +99,87 @@ class AnalysisStage:
     sections: tuple[tuple[str, str, str], ...] = ()
     files: tuple[str, ...] = ()
     papers: tuple[str, ...] = ()
-    study_rows: Callable[[Any], list[dict[str, Any]]] | None = None
+
+    def __init__(self, **declared: Any):
+        known = {name for name in dir(AnalysisStage) if not name.startswith("_")} - set(DERIVED)
+        for field_name, value in declared.items():
+            if field_name not in known:
+                raise ConfigError(f"analysis stage: unknown declaration {field_name!r} (one of {', '.join(sorted(known))})")
+            if value is None and field_name in HOOKS:  # a hook given as None: the class's own
+                vars(self).pop(field_name, None)
+            else:
+                setattr(self, field_name, value)
+
+    def replace(self, **changes: Any) -> AnalysisStage:
+        """A copy with `changes` (declarations, as AnalysisStage(...) takes them)."""
+        import copy
+
+        other = copy.copy(self)
+        AnalysisStage.__init__(other, **changes)
+        return other
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    def run(self, context: Any) -> dict[str, Any]:
+        """(report Context: checkpoint, recipe adapted to it, device, earlier stages' tables) -> its
+        tables, name -> DataFrame (written to data/<table>.csv); a `StageTables` also carries what it
+        keeps beside them (`data`: JSON-able, cached with the tables; written only where `files` names it)."""
+        raise NotImplementedError(f"analysis stage {self.name!r} has no run")
+
+    def summarise(self, tables: dict[str, Any], recipe: Any) -> Any:
+        """Its summary.json block (`tables`: a StageTables of every table of the report so far, the
+        data of the stages that ran, and the checkpoint); None: nothing to write, the block is left out."""
+        raise NotImplementedError(f"analysis stage {self.name!r} has no summarise")
+
+    def figures(self, tables: dict[str, Any], fig_dir: Path, context: Any) -> dict[str, Path]:
+        """(tables, figure directory, the report Context: .recipe, .ckpt) -> name -> PNG path."""
+        return {}
+
+    def estimates(self, recipe: Any, ckpt: Any) -> list[Any]:
+        """Budget Estimates (probe/core/budget.py) of its own knobs on this checkpoint, the report's
+        up-front check."""
+        return []
+
+    def findings(self, block: Any, summary: Any) -> str | list[str | None] | None:
+        """Its findings line (None: none; a list: several); `summary` is the report's Summary (the
+        other blocks; `summary.titles`: sweep label -> title)."""
+        return None
+
+    def caveats(self, block: Any, summary: Any) -> list[str]:
+        """The report's caveats it adds (lines under the findings)."""
+        return []
+
+    def tables(self, block: Any, summary: Any, tables: Any) -> dict[str, Any]:
+        """Caption -> DataFrame shown on the page (with `sections`: name -> HTML table that the
+        report template's macros read)."""
+        return {}
+
+    def evidence(self, block: Any, summary: Any, a: str, b: str) -> list[dict[str, Any]]:
+        """Rows of the evidence table for the question a or b, each a dict of
+        probe.reporting.schema.EvidenceRow's fields (probe/reporting/evidence.py)."""
+        return []
+
+    def verdicts(self, block: Any, tables: Any) -> list[dict[str, Any]]:
+        """Paired verdicts it adds to summary.json's `verdicts`, each a dict of
+        probe.reporting.schema.Verdict's fields (`tables`: as `summarise` is given)."""
+        return []
+
+    def check(self, recipe: Any) -> None:
+        """Raise ConfigError where its section disagrees with another section (run when the recipe
+        is resolved, before any work)."""
+
+    def refuses(self, ckpt: Any) -> str:
+        """Why it cannot run on this checkpoint, "" where it can; a report whose recipe switches it
+        on writes it as "not measured here: <why>"."""
+        return ""
+
+    def study_rows(self, tables: Any) -> list[dict[str, Any]] | None:
+        """Its rows of a study's table (study.csv), each a dict with `metric` and `value` and
+        optionally `learner`, `layer`, `n_examples`, `shift`, `ci_low`, `ci_high` (`tables` as
+        `summarise` is given them). A stage that overrides it is a per-model analysis a study
+        recipe may name (`analyses = [..., "<name>"]`), and its rows are on the study page."""
+        return None
 
     @property
     def command(self) -> str:
@@ -156,14 +202,16 @@ class AnalysisStage:
     def draw(self, tables: dict[str, Any], fig_dir: Path, context: Any) -> dict[str, Path]:
         """Its figures, keyed "<name>/<figure>" where its page section is made of its description,
         tables and figures (the spine's, drawn by the template's macros, keep their own names)."""
-        if self.figures is None:
-            return {}
         drawn = self.figures(tables, fig_dir, context)
         return drawn if self.sections else {f"{self.name}/{k}": v for k, v in drawn.items()}
 
     def refusal(self, ckpt: Any) -> str:
         """Why it cannot run on this checkpoint ("" where it can)."""
-        return "" if self.refuses is None else self.refuses(ckpt)
+        return self.refuses(ckpt)
+
+    def overrides(self, hook: str) -> bool:
+        """Whether it gives its own `hook` (a method of HOOKS) rather than the base's default."""
+        return hook in vars(self) or getattr(type(self), hook) is not getattr(AnalysisStage, hook)
 
 
 class StageTables(dict):
@@ -202,7 +250,15 @@ def dataclasses_in(kind: Any, found: dict[str, type] | None = None) -> dict[str,
 def register_stage(stage: AnalysisStage) -> AnalysisStage:
     """Add `stage` to the report (idempotent for the same declaration); a name that is taken, or a
     settings class or block that is not what the declaration needs, is refused naming the fix."""
+    if not isinstance(stage, AnalysisStage):
+        raise ConfigError(
+            f"register_stage takes an AnalysisStage (an instance of a subclass, or AnalysisStage(name=..., ...)), "
+            f"got {stage!r}"
+        )
     what = f"analysis stage {stage.name!r}"
+    missing = [hook for hook in ("run", "summarise") if not stage.overrides(hook)]
+    if missing:
+        raise ConfigError(f"{what}: it needs its own {' and '.join(missing)} (a method or a keyword of AnalysisStage)")
     if not isinstance(stage.name, str) or not NAME.fullmatch(stage.name):
         raise ConfigError(f"{what}: a stage name is lower-case letters, digits and '_', starting with a letter")
     # its recipe section and command (with settings), its summary.json key (unless merged: its fields, below)

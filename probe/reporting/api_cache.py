@@ -16,9 +16,8 @@ import pandas as pd
 
 from ..analysis.pipeline import LayerAnalysis, LayerSettings, ModelLens
 from ..analysis.readout import LayerReadouts
-from ..analysis.spectral import NotMeasured, SpectralAnalysis
+from ..analysis.spectral import NotMeasured, SpectralAnalysis, spectral_tables
 from .cache import StageCache
-from .spectral_stage import spectral_tables
 
 FRAMES = ("readout", "cells", "best", "table1", "span", "nulls", "verdicts")
 

@@ -75,7 +75,7 @@ def report_estimates(ckpt: LoadedCheckpoint, recipe: Recipe, only: set[str] | No
     for declared in registered().values():
         chosen = only is None or declared.name in only
         wanted = chosen and declared.enabled(recipe) and not declared.refusal(ckpt)
-        if wanted and declared.estimates is not None:
+        if wanted:
             out += declared.estimates(recipe, ckpt)
     return out
 

@@ -100,7 +100,7 @@ def _rows(summary: Summary | Blocks, a: str, b: str) -> list[EvidenceRow]:
     rows, model = [], conditions(summary)
     for key, stage in by_block_key().items():
         block = summary.stages.get(key)
-        if stage.evidence is not None and (block is not None or stage.merged):
+        if block is not None or stage.merged:
             for row in stage.evidence(block, summary, a, b):
                 domain = row.pop("domain", None)
                 out = domain.outside(model) if domain is not None and row.get("validated_on") else []

@@ -73,7 +73,7 @@ class FigurePool:
     def submit(self, stage, tables: dict[str, pd.DataFrame]) -> None:
         """Draw `stage`'s figures from `tables` (the report's tables so far): in the worker, or here
         and now without one."""
-        if stage.declared.figures is None:
+        if not stage.declared.overrides("figures"):
             return
         start = time.perf_counter()
         if self.pool is None:

@@ -23,8 +23,7 @@ def _each(summary: Summary, hook: str) -> list[str]:
     """The lines the analyses that ran give through `hook` (findings or caveats), in report order."""
     lines: list[str | None] = []
     for key, block in summary.stages.items():
-        given = getattr(by_block_key()[key], hook)
-        line = given(block, summary) if given is not None else None
+        line = getattr(by_block_key()[key], hook)(block, summary)
         lines += line if isinstance(line, list) else [line]
     return [line for line in lines if line]
 

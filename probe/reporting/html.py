@@ -109,7 +109,7 @@ def _stage_sections(
     if declared.sections:
         return [Section(title, macro=macro) for title, macro, when in declared.sections if not when or when in figs]
     parts = [f"<p>{html.escape(declared.description)}</p>"]
-    for caption, frame in (declared.tables(block, summary, tables) if declared.tables else {}).items():
+    for caption, frame in declared.tables(block, summary, tables).items():
         parts += [f"<p>{html.escape(caption)}</p>", _table(frame)]
     drawn = {key.split("/", 1)[1]: path for key, path in figs.items() if key.startswith(f"{declared.name}/")}
     captions = dict(declared.captions)
@@ -123,7 +123,7 @@ def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe) -> dict[
     out = {"card": _table(_model_card(summary, ckpt))}
     for key, block in summary.stages.items():
         declared = by_block_key()[key]
-        if declared.sections and declared.tables is not None:
+        if declared.sections:
             out.update(declared.tables(block, summary, t))
     for i, q in enumerate(summary.evidence or []):
         out[f"evidence_{i}"] = _table(_evidence_rows(q, summary.titles))

@@ -1,4 +1,4 @@
-"""The layer analyses' summary.json blocks (probe/reporting/layers_stage.py): read-outs, best
+"""The layer analyses' summary.json blocks (probe/stages/layers.py): read-outs, best
 matches, trends, Table 1 with its nulls, the span test, and the paired verdicts' rows, each built
 from the stage's tables."""
 

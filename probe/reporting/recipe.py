@@ -10,14 +10,14 @@ probe/analysis/readout.py), where its keys, defaults and help are written once; 
 are derived from the same classes. The analyses registered as `AnalysisStage`s
 (probe/core/stages.py) add their own sections, [<stage name>], after these:
 
-    [spectral]       probe/reporting/spectral_stage.py each layer's spectral filter (on SimW's induced weights)
-    [interventions]  probe/interventions/stage.py     causal checks (transformers only)
-    [probes]         probe/analysis/probes_stage.py   attention-pooled probes for X^T y and w
-    [forgetting]     probe/analysis/forgetting.py     forgetting curves and their comparison learners
-    [order]          probe/analysis/order.py          order sensitivity and its comparison learners
-    [ood]            probe/analysis/ood.py            which matched learner the model tracks under distribution shifts
-    [token_probes]   probe/analysis/token_probes_stage.py per-token probes for the state a learner keeps
-    [steering]       probe/interventions/steer.py     causal probes (steering along linear probes)
+    [spectral]       probe/stages/spectral.py       each layer's spectral filter (on SimW's induced weights)
+    [interventions]  probe/stages/interventions.py  causal checks (transformers only)
+    [probes]         probe/stages/probes.py         attention-pooled probes for X^T y and w
+    [forgetting]     probe/stages/forgetting.py     forgetting curves and their comparison learners
+    [order]          probe/stages/order.py          order sensitivity and its comparison learners
+    [ood]            probe/stages/ood.py            which matched learner the model tracks under distribution shifts
+    [token_probes]   probe/stages/token_probes.py   per-token probes for the state a learner keeps
+    [steering]       probe/stages/steering.py       causal probes (steering along linear probes)
 
 Flags override recipe values (`--set prompts.test=256`); the resolved recipe is written into
 the report. Unknown keys and unknown learners fail before any heavy work.
@@ -84,7 +84,7 @@ class Recipe:
     def check_stages(self) -> None:
         """The registered stages' checks of their sections against the rest of the recipe."""
         for stage in registered().values():
-            if stage.check is not None and stage.name in self.stages:
+            if stage.name in self.stages:
                 stage.check(self)
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
     verdicts = [
         Verdict(**row)
         for declared in ran.values()
-        if declared.verdicts is not None and declared.block_key in summary.stages
+        if declared.block_key in summary.stages
         for row in declared.verdicts(summary.stages[declared.block_key], t)
     ]
     summary.verdicts = verdicts or None

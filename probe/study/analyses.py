@@ -163,11 +163,11 @@ def evidence_rows(built, report, task) -> list[dict]:
     domain does not count) and, where the study ran "evaluate", its error curve (a model that does
     not learn in context gets no answer)."""
     from ..reporting.columns import columns
-    from ..reporting.evaluate_stage import IclError
     from ..reporting.evidence import Blocks, questions
     from ..reporting.layer_blocks import trend_block, verdict_rows
     from ..reporting.schema import Verdict
-    from ..reporting.spectral_stage import spectral_block
+    from ..stages.evaluate import IclError
+    from ..stages.spectral import spectral_block
 
     t = built.tables
     trends = trend_block(built.data.get("trends", []), report)

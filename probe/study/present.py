@@ -411,7 +411,7 @@ def evidence_table(table: pd.DataFrame, x: str) -> pd.DataFrame:
 
 def spectral_table(table: pd.DataFrame, x: str) -> pd.DataFrame:
     """One row per model and layer: the spectral filter's reading (its verdict) and the exponent p in
-    the best family's own bin variable with its 90% interval (the spectral stage's study rows, probe/reporting/spectral_stage.py)."""
+    the best family's own bin variable with its 90% interval (the spectral stage's study rows, probe/stages/spectral.py)."""
     rows = table[(table.analysis == "spectral") & (table.metric == "spectral_p")]
     out = rows[["model", x, "layer", "learner", "value", "ci_low", "ci_high"]].rename(
         columns={"learner": "reading", "value": "p", "ci_low": "p low", "ci_high": "p high"}

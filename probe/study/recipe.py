@@ -59,7 +59,7 @@ def stage_analyses() -> dict[str, Any]:
     """Registered report stages a study can run as analyses (those with a `study_rows` hook)."""
     from ..core.stages import registered
 
-    return {name: stage for name, stage in registered().items() if stage.study_rows is not None}
+    return {name: stage for name, stage in registered().items() if stage.overrides("study_rows")}
 
 
 STUDY_ANALYSES = StudyAnalyses()

@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analysis.labels import label
+from ..analysis.probe_study import ProbeSettings, probe_intervals, probe_study
+from ..analysis.probes import without_r2_draws
 from ..core import budget
 from ..core.plotting import legend_outside, pyplot, save_png
 from ..core.stages import OMIT, AnalysisStage, StageTables, register_stage
 from ..models import random_weights_model
 from ..models.sizes import shape_of
-from .labels import label
-from .probe_study import ProbeSettings, probe_intervals, probe_study
-from .probes import without_r2_draws
 
 
 @dataclass
@@ -147,25 +147,6 @@ def probe_control_model(ckpt, seed: int):
     return random_weights_model(ckpt.config.model, seed)
 
 
-def _run(c) -> StageTables:
-    settings, seed = c.recipe.probes, c.recipe.prompts.seed
-    control = probe_control_model(c.ckpt, seed) if settings.controls else None
-    task, n_test, n_boot = c.ckpt.config.task, c.recipe.prompts.test, c.recipe.similarity.bootstrap
-    table = probe_study(c.ckpt.model, task, settings, n_test, seed, c.device, control, c.progress, c.memory, n_boot)
-    return StageTables({"probes": without_r2_draws(table)}, {"probe_intervals": probe_intervals(table)})
-
-
-def _estimates(recipe, ckpt) -> list[budget.Estimate]:
-    recipe.probes.check_for(ckpt.config.task.n_points)
-    return budget.probe_estimates(
-        shape_of(ckpt.config.model), ckpt.config.task.n_points, recipe.probes, recipe.prompts.test
-    )
-
-
-def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
-    return {"probes": probe_figure(tables["probes"], fig_dir / "probes")[0]}
-
-
 CONTROL_NAMES = {"none": "model", "random_model": "random-weights model", "shuffled": "shuffled targets"}
 
 
@@ -184,36 +165,6 @@ def probe_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
     axes[0][0].set_ylabel("held-out R^2 (mean over prefixes)")
     legend_outside(axes[0][-1], 7)
     return save_png(fig, stem)
-
-
-def _findings(block: Probes, summary) -> str | None:
-    parts = []
-    for target, kind, fit in block.each():
-        best = max(range(len(fit.r2)), key=lambda i: fit.r2[i])
-        control = fit.control_r2[best] if fit.control_r2 else None
-        r2 = f"{fit.r2[best]:.2f}" + (
-            f" [{fit.r2_low[best]:.2f}, {fit.r2_high[best]:.2f}]" if fit.r2_low and fit.r2_high else ""
-        )
-        where = f"layer {fit.layer[best]}" + (
-            f" [{fit.best_layer_low}, {fit.best_layer_high}]" if fit.best_layer_low is not None else ""
-        )
-        parts.append(
-            f"{kind} {label(target)} R^2 {r2} at {where}"
-            + (f" (random-weights model {control:.2f})" if control is not None else "")
-        )
-    if not parts:
-        return None
-    return (
-        "Probes (90% intervals over resamples of the test prompts): "
-        + "; ".join(parts)
-        + "."
-        + "".join(f" {probe_order_words(o)}." for o in block.order or [])
-        + (
-            " No random-weights control: a planted model's weights are its construction."
-            if _no_model_control(block)
-            else ""
-        )
-    )
 
 
 def _no_model_control(block: Probes) -> bool:
@@ -238,27 +189,6 @@ def probe_order_words(o: ProbeOrder) -> str:
 CONVERGED_ENOUGH = 0.99  # share of converged probes below which the caveats say so
 
 
-def _caveats(block: Probes, summary) -> list[str]:
-    out = []
-    for target, kind, fit in block.each():
-        best = fit.layer.index(fit.best_layer)
-        control = fit.control_r2[best] if fit.control_r2 else None
-        if control is not None and fit.r2[best] is not None and control > fit.r2[best]:
-            out.append(
-                f"At the {kind} probe's best layer for {label(target)} ({fit.best_layer}), the same probe on a "
-                f"random-weights model of the same architecture scores higher ({control:.2f} against "
-                f"{fit.r2[best]:.2f}): what it decodes there is not evidence of learning."
-            )
-        if fit.converged_share is not None and fit.converged_share < CONVERGED_ENOUGH:
-            out.append(
-                f"Only {fit.converged_share * 100:.0f}% of the {kind} probes for {label(target)} reached the stopping "
-                f"rule (|gradient| <= probes.gtol) within probes.max_iter ({fit.max_iterations} iterations used, "
-                f"largest final gradient {fit.max_grad_norm:.1e}): those probes' R^2 may still move; raise "
-                "probes.max_iter."
-            )
-    return out
-
-
 FITTING = (
     "Fitting: the head of each probe is a ridge regression in closed form, its penalty chosen by leave-one-out on "
     "the training prompts; the pooling weights are fitted by variable projection (L-BFGS on the pooling scores with "
@@ -269,58 +199,121 @@ FITTING = (
 )
 
 
-def _page_tables(block: Probes, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    """Where the probes' attention falls; how their fits converged; those that did not."""
-    own = tables["probes"][tables["probes"].control == "none"]
-    attention = own.groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()
-    out = {"Where the probes' attention falls (mean over layers and prefixes):": attention}
-    if "converged" in own:
-        steps = own.groupby(["target", "kind"]).agg(
-            converged=("converged", "mean"),
-            median_iterations=("iterations", "median"),
-            max_iterations=("iterations", "max"),
-            max_grad_norm=("grad_norm", "max"),
-        )
-        steps["max_grad_norm"] = steps.max_grad_norm.map("{:.1e}".format)
-        out[FITTING] = steps.reset_index()
-        stuck = own[~own.converged.astype(bool)]
-        if len(stuck):
-            cols = ["layer", "prefix", "target", "kind", "iterations", "grad_norm", "r2"]
-            out["Probes that did not reach the stopping rule (their R^2 may still move):"] = stuck[cols].assign(
-                grad_norm=stuck.grad_norm.map("{:.1e}".format)
-            )
-    return out
-
-
 DESCRIPTION = (
     "Attention-pooled probes (Akyurek et al. 2023, §5) per layer, prefix and target; targets standardised per prefix and "
     "coordinate with training statistics. Controls: the same probes on a random-weights model of the same "
     "architecture, and on shuffled targets."
 )
 
-PROBES = register_stage(
-    AnalysisStage(
-        name="probes",
-        papers=("Akyurek et al. 2023, §5 and App. C.8: attention-pooled probes",),
-        settings=ProbeSettings,
-        run=_run,
-        block=Probes,
-        summarise=lambda tables, recipe: probe_block(tables),
-        title="Probes for X^T y and w",
-        description=DESCRIPTION,
-        figures=_figures,
-        estimates=_estimates,
-        findings=_findings,
-        caveats=_caveats,
-        tables=_page_tables,
-        reads=("similarity",),
-        prompt_flags=(("test", "test-prompts"),),
-        captions=(
-            (
-                "probes",
-                "Held-out R^2 of probes by layer (mean over probed prefixes) for each target and probe kind, beside "
-                "both controls.",
-            ),
+
+class ProbesStage(AnalysisStage):
+    """Probes for X^T y and w: the report's `probes` stage (module docstring)."""
+
+    name = "probes"
+    papers = ("Akyurek et al. 2023, §5 and App. C.8: attention-pooled probes",)
+    settings = ProbeSettings
+    block = Probes
+    title = "Probes for X^T y and w"
+    description = DESCRIPTION
+    reads = ("similarity",)
+    prompt_flags = (("test", "test-prompts"),)
+    captions = (
+        (
+            "probes",
+            "Held-out R^2 of probes by layer (mean over probed prefixes) for each target and probe kind, beside "
+            "both controls.",
         ),
     )
-)
+
+    def run(self, c) -> StageTables:
+        settings, seed = c.recipe.probes, c.recipe.prompts.seed
+        control = probe_control_model(c.ckpt, seed) if settings.controls else None
+        task, n_test, n_boot = c.ckpt.config.task, c.recipe.prompts.test, c.recipe.similarity.bootstrap
+        table = probe_study(c.ckpt.model, task, settings, n_test, seed, c.device, control, c.progress, c.memory, n_boot)
+        return StageTables({"probes": without_r2_draws(table)}, {"probe_intervals": probe_intervals(table)})
+
+    def summarise(self, tables, recipe):
+        return probe_block(tables)
+
+    def figures(self, tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
+        return {"probes": probe_figure(tables["probes"], fig_dir / "probes")[0]}
+
+    def estimates(self, recipe, ckpt) -> list[budget.Estimate]:
+        recipe.probes.check_for(ckpt.config.task.n_points)
+        return budget.probe_estimates(
+            shape_of(ckpt.config.model), ckpt.config.task.n_points, recipe.probes, recipe.prompts.test
+        )
+
+    def findings(self, block: Probes, summary) -> str | None:
+        parts = []
+        for target, kind, fit in block.each():
+            best = max(range(len(fit.r2)), key=lambda i: fit.r2[i])
+            control = fit.control_r2[best] if fit.control_r2 else None
+            r2 = f"{fit.r2[best]:.2f}" + (
+                f" [{fit.r2_low[best]:.2f}, {fit.r2_high[best]:.2f}]" if fit.r2_low and fit.r2_high else ""
+            )
+            where = f"layer {fit.layer[best]}" + (
+                f" [{fit.best_layer_low}, {fit.best_layer_high}]" if fit.best_layer_low is not None else ""
+            )
+            parts.append(
+                f"{kind} {label(target)} R^2 {r2} at {where}"
+                + (f" (random-weights model {control:.2f})" if control is not None else "")
+            )
+        if not parts:
+            return None
+        return (
+            "Probes (90% intervals over resamples of the test prompts): "
+            + "; ".join(parts)
+            + "."
+            + "".join(f" {probe_order_words(o)}." for o in block.order or [])
+            + (
+                " No random-weights control: a planted model's weights are its construction."
+                if _no_model_control(block)
+                else ""
+            )
+        )
+
+    def caveats(self, block: Probes, summary) -> list[str]:
+        out = []
+        for target, kind, fit in block.each():
+            best = fit.layer.index(fit.best_layer)
+            control = fit.control_r2[best] if fit.control_r2 else None
+            if control is not None and fit.r2[best] is not None and control > fit.r2[best]:
+                out.append(
+                    f"At the {kind} probe's best layer for {label(target)} ({fit.best_layer}), the same probe on a "
+                    f"random-weights model of the same architecture scores higher ({control:.2f} against "
+                    f"{fit.r2[best]:.2f}): what it decodes there is not evidence of learning."
+                )
+            if fit.converged_share is not None and fit.converged_share < CONVERGED_ENOUGH:
+                out.append(
+                    f"Only {fit.converged_share * 100:.0f}% of the {kind} probes for {label(target)} reached the stopping "
+                    f"rule (|gradient| <= probes.gtol) within probes.max_iter ({fit.max_iterations} iterations used, "
+                    f"largest final gradient {fit.max_grad_norm:.1e}): those probes' R^2 may still move; raise "
+                    "probes.max_iter."
+                )
+        return out
+
+    def tables(self, block: Probes, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+        """Where the probes' attention falls; how their fits converged; those that did not."""
+        own = tables["probes"][tables["probes"].control == "none"]
+        attention = own.groupby(["target", "kind"])[["y_mass", "last_example_mass"]].mean().reset_index()
+        out = {"Where the probes' attention falls (mean over layers and prefixes):": attention}
+        if "converged" in own:
+            steps = own.groupby(["target", "kind"]).agg(
+                converged=("converged", "mean"),
+                median_iterations=("iterations", "median"),
+                max_iterations=("iterations", "max"),
+                max_grad_norm=("grad_norm", "max"),
+            )
+            steps["max_grad_norm"] = steps.max_grad_norm.map("{:.1e}".format)
+            out[FITTING] = steps.reset_index()
+            stuck = own[~own.converged.astype(bool)]
+            if len(stuck):
+                cols = ["layer", "prefix", "target", "kind", "iterations", "grad_norm", "r2"]
+                out["Probes that did not reach the stopping rule (their R^2 may still move):"] = stuck[cols].assign(
+                    grad_norm=stuck.grad_norm.map("{:.1e}".format)
+                )
+        return out
+
+
+PROBES = register_stage(ProbesStage())

@@ -1,6 +1,7 @@
 """The report's [ood] stage (probe/core/stages.py): which learner, matched in distribution, the
-model tracks under each of Garg et al.'s shifts (the analysis: probe/analysis/shift_tracking.py) -
-its settings, summary.json block, figure, page section, findings line and evidence-table row."""
+model tracks under each of Garg et al.'s shifts (Garg et al. 2022, §5; the analysis:
+probe/analysis/shift_tracking.py) - its settings, summary.json block, figure, page section, findings
+line and evidence-table row."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..analysis.shift_tracking import CANDIDATES, MATCH_PROMPTS, track_shifts
 from ..core import budget
 from ..core.config import Section, setting
 from ..core.errors import ConfigError
@@ -19,7 +21,6 @@ from ..core.validity import Domain, Validity
 from ..data.shifts import SHIFTS, parse_shift
 from ..models import family_class
 from ..models.sizes import shape_of
-from .shift_tracking import CANDIDATES, MATCH_PROMPTS, track_shifts
 
 OOD_SHIFTS = ("scale_x=2", "scale_x=3", "scale_y=3", "half_subspace", "skewed", "random_quadrants", "noisy")
 
@@ -43,6 +44,18 @@ class OodSettings(Section):
                 parse_shift(shift)
             except ConfigError as err:
                 raise ConfigError(f"ood.shifts: {err}") from None
+
+
+def shifts_refusal(ckpt) -> str:
+    """Garg et al.'s shifts are defined on isotropic linear regression (probe/data/shifts.py): why
+    they do not apply to this checkpoint's task, "" where they do."""
+    task = ckpt.config.task
+    if task.name == "linear_regression" and task.covariance == "isotropic":
+        return ""
+    return (
+        f"Garg et al.'s shifts are defined on isotropic linear regression; this checkpoint's task is {task.name} "
+        f"with {task.covariance} inputs"
+    )
 
 
 @dataclass
@@ -128,56 +141,6 @@ def ood_block(table: pd.DataFrame, sides: pd.DataFrame) -> Ood:
     return Ood(shifts, [OodSide(**{k: row[k] for k in names}) for row in rows.to_dict("records")])
 
 
-def _run(c) -> dict[str, pd.DataFrame]:
-    """The report stage: which matched learner the model tracks under each [ood] shift."""
-    settings, seed = c.recipe.ood, c.recipe.prompts.seed
-    study = track_shifts(
-        c.ckpt.model,
-        c.ckpt.config.task,
-        settings.shifts,
-        settings.prompts,
-        seed,
-        c.device,
-        c.recipe.similarity.bootstrap,
-        c.progress,
-    )
-    return {"ood": study.table, "ood_curves": study.curves, "ood_sides": study.sides}
-
-
-def shifts_refusal(ckpt) -> str:
-    """Garg et al.'s shifts are defined on isotropic linear regression (probe/data/shifts.py): why
-    they do not apply to this checkpoint's task, "" where they do."""
-    task = ckpt.config.task
-    if task.name == "linear_regression" and task.covariance == "isotropic":
-        return ""
-    return (
-        f"Garg et al.'s shifts are defined on isotropic linear regression; this checkpoint's task is {task.name} "
-        f"with {task.covariance} inputs"
-    )
-
-
-def _estimates(recipe, ckpt) -> list[budget.Estimate]:
-    """The shifted prompts (a forward per t where a shift replaces the queries), the families'
-    match in distribution and the paired bootstrap."""
-    ood, n = recipe.ood, ckpt.config.task.n_points
-    shape = shape_of(ckpt.config.model)
-    families = [SweepSettings(f, learner, grid=dict(grid)) for f, (learner, grid) in CANDIDATES.items()]
-    # a shift that replaces the queries costs one query token per prefix after a cached forward (about
-    # half a forward), or without a key/value cache one sequence per prefix (about n / 2 forwards)
-    replacing = sum(SHIFTS[parse_shift(s)[0]].replaces_query for s in ood.shifts)
-    per_prefix = 0.5 if family_class(ckpt.config.model.family).key_value_cache else n / 2
-    forwards = (len(ood.shifts) + replacing * per_prefix) / max(1, len(ood.shifts))
-    return [
-        budget.prompt_estimate("ood.prompts", ood.prompts * len(ood.shifts), shape, n, forwards, ood.prompts),
-        *budget.learner_estimates(families, MATCH_PROMPTS, n, shape.d, "ood.match"),
-        budget.bootstrap_estimate("similarity.bootstrap", recipe.similarity.bootstrap, ood.prompts, len(families)),
-    ]
-
-
-def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
-    return {"ood_curves": ood_figure(tables["ood_curves"], fig_dir / "ood_curves")[0]}
-
-
 def ood_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
     """Error / d against the number of examples under each shift (one panel each): the model (black)
     beside each learner family's member matched in distribution;
@@ -203,20 +166,6 @@ def ood_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=7, bbox_to_anchor=(0.5, -0.02))
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return save_png(fig, stem)
-
-
-def _findings(block: Ood, summary) -> str | None:
-    """Which matched learner the model tracks under each shift, grouped by family."""
-    groups: dict[str, list[str]] = {}
-    for s in block.shifts:
-        if s.tie:  # nearest by a margin that names nothing
-            groups.setdefault("no family", []).append(f"{s.shift} ({s.tie})")
-            continue
-        groups.setdefault(s.tracks, []).append(s.shift + ("" if s.separable else " (runner-up not apart)"))
-    parts = "; ".join(f"{family} under {', '.join(shifts)}" for family, shifts in groups.items())
-    diverged = [f"{s.shift} ({s.model_diverged:.0%})" for s in block.shifts if s.model_diverged > 0]
-    tail = f" The model diverges under {', '.join(diverged)}." if diverged else ""
-    return f"Off the training distribution the model tracks {parts}.{tail}"
 
 
 def _page_tables(ood: Ood, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
@@ -276,44 +225,6 @@ OOD_BLIND = (
     "a family is represented by its member matched in distribution; members that agree there and differ off "
     "distribution (GD's eta x steps, Newton's alpha x 2^k) are told apart only where they diverge differently"
 )
-
-
-def _evidence(block: Ood, summary, a: str, b: str) -> list[dict]:
-    """The evidence table's row: per shift, the side the model stays nearer off its training
-    distribution (`side_comparisons`); favours a side that some shift resolves and none opposes."""
-    sides = [s for s in block.sides if {s.a, s.b} == {a, b}]
-    if not sides:
-        return []
-    # only the divergence criterion is validated on known answers (planted GD and Newton); a side
-    # favoured by distance alone is shown, never counted
-    favoured = {s.favours for s in sides if s.favours is not None and s.criterion == "mismatch"}
-    favours = favoured.pop() if len(favoured) == 1 else None
-
-    def words(s) -> str:
-        sign = 1 if s.a == a else -1  # differences as a - b closeness (> 0 favours a)
-        lo, hi = sorted((sign * (s.ci_low or 0), sign * (s.ci_high or 0)))
-        unit = "mismatch share" if s.criterion == "mismatch" else "distance"
-        verdict = s.favours or ("unresolved" if not s.resolved else "not separable")
-        if s.favours and s.criterion != "mismatch":
-            verdict += " by distance (a criterion no known answer validates: not counted)"
-        gap = "" if s.criterion == "mismatch" else f", gap {s.gap:.3g}, model at {s.distance:.3g}"
-        return f"{s.shift}: {verdict} ({unit} {sign * (s.difference or 0):+.3g} [{lo:+.3g}, {hi:+.3g}]{gap})"
-
-    effect = "; ".join(words(s) for s in sides)
-    if len(favoured) > 1 or (favours is None and any(s.favours and s.criterion == "mismatch" for s in sides)):
-        effect = "shifts disagree: " + effect
-    return [
-        {
-            "instrument": "off-distribution tracking",
-            "favours": favours,
-            "effect": effect,
-            "validated_on": VALIDATED_ON if {a, b} == {"newton", "gd"} else "",
-            "domain": OOD_DOMAIN,
-            "cannot_tell_apart": OOD_BLIND,
-        }
-    ]
-
-
 DESCRIPTION = (
     "Off the training distribution (Garg et al.'s prompt families, probe/data/shifts.py): each learner family's "
     "member closest to the model on unshifted prompts (its fixed step, alpha rule or penalty) is asked the same "
@@ -324,29 +235,155 @@ DESCRIPTION = (
     "between families."
 )
 
-OOD = register_stage(
-    AnalysisStage(
-        name="ood",
-        papers=("Garg et al. 2022: the prompt shifts",),
-        settings=OodSettings,
-        run=_run,
-        block=Ood,
-        summarise=lambda tables, recipe: ood_block(tables["ood"], tables["ood_sides"]),
-        title="Off the training distribution",
-        description=DESCRIPTION,
-        figures=_figures,
-        estimates=_estimates,
-        findings=_findings,
-        tables=_page_tables,
-        evidence=_evidence,
-        reads=("similarity",),
-        refuses=shifts_refusal,
-        captions=(
-            (
-                "ood_curves",
-                "Error / d against the number of examples under each shift: the model (black) and each matched "
-                "family, means over the prompts on which the predictor did not diverge.",
-            ),
+
+class OodStage(AnalysisStage):
+    """Off the training distribution: the report's `ood` stage (module docstring)."""
+
+    name = "ood"
+    papers = ("Garg et al. 2022: the prompt shifts",)
+    settings = OodSettings
+    block = Ood
+    title = "Off the training distribution"
+    description = DESCRIPTION
+    reads = ("similarity",)
+    captions = (
+        (
+            "ood_curves",
+            "Error / d against the number of examples under each shift: the model (black) and each matched "
+            "family, means over the prompts on which the predictor did not diverge.",
         ),
     )
-)
+
+    def run(self, c) -> dict[str, pd.DataFrame]:
+        """Which matched learner the model tracks under each [ood] shift."""
+        settings, seed = c.recipe.ood, c.recipe.prompts.seed
+        study = track_shifts(
+            c.ckpt.model,
+            c.ckpt.config.task,
+            settings.shifts,
+            settings.prompts,
+            seed,
+            c.device,
+            c.recipe.similarity.bootstrap,
+            c.progress,
+        )
+        return {"ood": study.table, "ood_curves": study.curves, "ood_sides": study.sides}
+
+    def summarise(self, tables, recipe):
+        return ood_block(tables["ood"], tables["ood_sides"])
+
+    def figures(self, tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
+        return {"ood_curves": ood_figure(tables["ood_curves"], fig_dir / "ood_curves")[0]}
+
+    def estimates(self, recipe, ckpt) -> list[budget.Estimate]:
+        """The shifted prompts (a forward per t where a shift replaces the queries), the families'
+        match in distribution and the paired bootstrap."""
+        ood, n = recipe.ood, ckpt.config.task.n_points
+        shape = shape_of(ckpt.config.model)
+        families = [SweepSettings(f, learner, grid=dict(grid)) for f, (learner, grid) in CANDIDATES.items()]
+        # a shift that replaces the queries costs one query token per prefix after a cached forward (about
+        # half a forward), or without a key/value cache one sequence per prefix (about n / 2 forwards)
+        replacing = sum(SHIFTS[parse_shift(s)[0]].replaces_query for s in ood.shifts)
+        per_prefix = 0.5 if family_class(ckpt.config.model.family).key_value_cache else n / 2
+        forwards = (len(ood.shifts) + replacing * per_prefix) / max(1, len(ood.shifts))
+        return [
+            budget.prompt_estimate("ood.prompts", ood.prompts * len(ood.shifts), shape, n, forwards, ood.prompts),
+            *budget.learner_estimates(families, MATCH_PROMPTS, n, shape.d, "ood.match"),
+            budget.bootstrap_estimate("similarity.bootstrap", recipe.similarity.bootstrap, ood.prompts, len(families)),
+        ]
+
+    def findings(self, block: Ood, summary) -> str | None:
+        """Which matched learner the model tracks under each shift, grouped by family."""
+        groups: dict[str, list[str]] = {}
+        for s in block.shifts:
+            if s.tie:  # nearest by a margin that names nothing
+                groups.setdefault("no family", []).append(f"{s.shift} ({s.tie})")
+                continue
+            groups.setdefault(s.tracks, []).append(s.shift + ("" if s.separable else " (runner-up not apart)"))
+        parts = "; ".join(f"{family} under {', '.join(shifts)}" for family, shifts in groups.items())
+        diverged = [f"{s.shift} ({s.model_diverged:.0%})" for s in block.shifts if s.model_diverged > 0]
+        tail = f" The model diverges under {', '.join(diverged)}." if diverged else ""
+        return f"Off the training distribution the model tracks {parts}.{tail}"
+
+    def tables(self, ood: Ood, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+        """Per shift the family tracked and its runner-up; per shift and question the sides."""
+        num = lambda v: "-" if v is None else f"{v:.3g}"
+        interval = lambda d, lo, hi: f"{num(d)} [{num(lo)}, {num(hi)}]"
+        shifts = pd.DataFrame(
+            [
+                {
+                    "shift": s.shift,
+                    "tracks (matched member)": f"none: {s.tracks} ({s.matched}) {s.tie}"
+                    if s.tie
+                    else f"{s.tracks} ({s.matched})",
+                    "distance / d (relative)": f"{num(s.distance)} ({num(s.relative_distance)})",
+                    "runner-up": s.runner_up,
+                    "runner-up's excess": f"{interval(s.difference, s.ci_low, s.ci_high)} in {s.criterion}",
+                    "separable": "yes" if s.separable else "no",
+                    "model error / d": num(s.model_error),
+                    "model diverged": f"{s.model_diverged:.0%}",
+                }
+                for s in ood.shifts
+            ]
+        )
+        sides = pd.DataFrame(
+            [
+                {
+                    "shift": s.shift,
+                    "a vs b": f"{s.a} ({s.family_a}) vs {s.b} ({s.family_b})",
+                    "difference (> 0: a nearer)": f"{interval(s.difference, s.ci_low, s.ci_high)} in {s.criterion}",
+                    "gap between them": num(s.gap),
+                    "model's distance": num(s.distance),
+                    "favours": s.favours or ("-" if s.resolved else "- (unresolved)"),
+                }
+                for s in ood.sides
+            ]
+        )
+        return {
+            "Per shift, the family the model tracks (its member matched in distribution) and the runner-up, with the "
+            "paired difference in the criterion that ranked them (90% over resampled prompts)": shifts,
+            "Hypotheses side by side (the evidence table's row): the closest family of each side, the paired difference "
+            "(> 0: the first side nearer) and the squared gap between the two families; a side is favoured only where the "
+            "interval excludes 0 and the model is nearer it than the two are to each other": sides,
+        }
+
+    def evidence(self, block: Ood, summary, a: str, b: str) -> list[dict]:
+        """The evidence table's row: per shift, the side the model stays nearer off its training
+        distribution (`side_comparisons`); favours a side that some shift resolves and none opposes."""
+        sides = [s for s in block.sides if {s.a, s.b} == {a, b}]
+        if not sides:
+            return []
+        # only the divergence criterion is validated on known answers (planted GD and Newton); a side
+        # favoured by distance alone is shown, never counted
+        favoured = {s.favours for s in sides if s.favours is not None and s.criterion == "mismatch"}
+        favours = favoured.pop() if len(favoured) == 1 else None
+
+        def words(s) -> str:
+            sign = 1 if s.a == a else -1  # differences as a - b closeness (> 0 favours a)
+            lo, hi = sorted((sign * (s.ci_low or 0), sign * (s.ci_high or 0)))
+            unit = "mismatch share" if s.criterion == "mismatch" else "distance"
+            verdict = s.favours or ("unresolved" if not s.resolved else "not separable")
+            if s.favours and s.criterion != "mismatch":
+                verdict += " by distance (a criterion no known answer validates: not counted)"
+            gap = "" if s.criterion == "mismatch" else f", gap {s.gap:.3g}, model at {s.distance:.3g}"
+            return f"{s.shift}: {verdict} ({unit} {sign * (s.difference or 0):+.3g} [{lo:+.3g}, {hi:+.3g}]{gap})"
+
+        effect = "; ".join(words(s) for s in sides)
+        if len(favoured) > 1 or (favours is None and any(s.favours and s.criterion == "mismatch" for s in sides)):
+            effect = "shifts disagree: " + effect
+        return [
+            {
+                "instrument": "off-distribution tracking",
+                "favours": favours,
+                "effect": effect,
+                "validated_on": VALIDATED_ON if {a, b} == {"newton", "gd"} else "",
+                "domain": OOD_DOMAIN,
+                "cannot_tell_apart": OOD_BLIND,
+            }
+        ]
+
+    def refuses(self, ckpt):
+        return shifts_refusal(ckpt)
+
+
+OOD = register_stage(OodStage())

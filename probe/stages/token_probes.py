@@ -9,6 +9,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..analysis.token_probes import (
+    TOKEN_KINDS,
+    TOKEN_TARGETS,
+    probed_tokens,
+    settings_targets,
+    token_estimates,
+    token_probe_study,
+)
 from ..capture.streams import column_count
 from ..core import budget
 from ..core.config import Section, setting
@@ -17,14 +25,6 @@ from ..core.plotting import legend_outside, pyplot, save_png
 from ..core.stages import AnalysisStage, register_stage
 from ..core.validity import Domain, Validity
 from ..models.sizes import shape_of
-from .token_probes import (
-    TOKEN_KINDS,
-    TOKEN_TARGETS,
-    probed_tokens,
-    settings_targets,
-    token_estimates,
-    token_probe_study,
-)
 
 
 def _positive_number(text: str) -> bool:
@@ -137,43 +137,6 @@ def token_probe_block(table: pd.DataFrame) -> TokenProbes:
 COLUMNS = ("r2", "r2_low", "r2_high", "gain", "gain_low", "gain_high")
 
 
-def _run(c) -> dict[str, pd.DataFrame]:
-    """The report stage: the [token_probes] settings on the report's checkpoint."""
-    s = c.recipe.token_probes
-    targets = settings_targets(s, c.ckpt.config.model)
-    tokens = probed_tokens(c.ckpt.model, s.tokens)
-    if not tokens:
-        raise ConfigError(
-            f"token_probes.tokens = {list(s.tokens)}: this {type(c.ckpt.model).__name__} keeps no column tokens "
-            "(only planted linear-attention Newton models do): probe its x and y tokens"
-        )
-    return {
-        "token_probes": token_probe_study(
-            c.ckpt.model,
-            c.ckpt.config.task,
-            targets,
-            s.prompts,
-            s.test,
-            c.recipe.prompts.seed,
-            c.device,
-            tokens,
-            c.recipe.similarity.bootstrap,
-        )
-    }
-
-
-def _estimates(recipe, ckpt) -> list[budget.Estimate]:
-    s = recipe.token_probes
-    targets, tokens = settings_targets(s, ckpt.config.model), probed_tokens(ckpt.model, s.tokens)
-    columns = column_count(ckpt.model) if "column" in tokens else 0
-    shape, points = shape_of(ckpt.config.model), ckpt.config.task.n_points
-    return token_estimates(shape, points, s.prompts, s.test, recipe.similarity.bootstrap, targets, len(tokens), columns)
-
-
-def _figures(tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
-    return {"token_probes": token_probe_figure(tables["token_probes"], fig_dir / "token_probes")[0]}
-
-
 def token_probe_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
     """R^2 of each per-token probe by layer (probe/analysis/token_probes.py), one panel per token
     kind, 90% bands; Newton's M_k x in shades of one colour by k."""
@@ -204,52 +167,6 @@ def _best(block: TokenProbes, series: list[TokenProbeSeries], by: str) -> tuple[
 FAMILIES = (("sx", "S x"), ("s3x", "S^3 x"), ("newton_mx", "M_k x"))
 
 
-def _findings(block: TokenProbes, summary) -> str | None:
-    """Per token kind: the largest gain over the floor (the example x alone; at a column token its
-    e_j) of S x and S^3 x, and of Newton's M_k x (over k); at column tokens, the matrices' columns."""
-    parts = []
-    for token in dict.fromkeys(s.token for s in block.series):
-        column = token == "column"
-        floor = "e_j alone" if column else "x alone"
-        for name, words in FAMILIES:
-            words = words.replace(" x", " columns") if column else words
-            series = [s for s in block.series if s.token == token and s.target.startswith(name)]
-            if not series:
-                continue
-            best, i = _best(block, series, "gain")
-            k = "" if best.iterations is None else f", k = {best.iterations}"
-            parts.append(
-                f"{words} at {token} tokens: R^2 {best.r2[i]:.2f} at layer {block.layer[i]}{k}, "
-                f"{best.gain[i]:+.2f} [{best.gain_low[i]:+.2f}, {best.gain_high[i]:+.2f}] over {floor} "
-                f"({best.floor_r2:.2f})"
-            )
-    intro = "State in the tokens (the largest gain over a probe of what the token alone holds): "
-    return intro + "; ".join(parts) + "." if parts else None
-
-
-def _page_tables(block: TokenProbes, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    """Per token kind and target family, the layer with the largest gain over the floor."""
-    rows = []
-    for token in dict.fromkeys(s.token for s in block.series):
-        for name, words in FAMILIES:
-            series = [s for s in block.series if s.token == token and s.target.startswith(name)]
-            if series:
-                s, i = _best(block, series, "gain")
-                rows.append(
-                    {
-                        "token": token,
-                        "target": words.replace(" x", " columns") if token == "column" else words,
-                        "k": "" if s.iterations is None else s.iterations,
-                        "layer": block.layer[i],
-                        "R^2": s.r2[i],
-                        "floor R^2": s.floor_r2,
-                        "gain": s.gain[i],
-                        "gain 90%": f"[{s.gain_low[i]:+.3f}, {s.gain_high[i]:+.3f}]",
-                    }
-                )
-    return {"The largest gain over the floor per token kind and target (Newton's M_k x: over k)": pd.DataFrame(rows)}
-
-
 HELD = 0.99  # R^2 at which a token holds Newton's M_k x as Fu et al.'s construction does
 VALIDATED_ON = (
     "planted Newton and Newton-ReLU (M_k x held at R^2 1 where the constructions write it: newton); planted GD "
@@ -264,31 +181,6 @@ TOKEN_DOMAIN = Validity(
 )
 
 
-def _evidence(block: TokenProbes, summary, a: str, b: str) -> list[dict]:
-    """The evidence table's row for Newton against GD: newton where some layer's token holds M_k x at
-    R^2 >= HELD beyond what the token alone gives, for some k >= 1 (M_0 x is not counted); otherwise
-    undecided (a model without that state is not thereby GD)."""
-    # M_0 x = alpha (S/t) x is one linear-attention head's output, not a Newton iterate: k >= 1 only
-    newton = [s for s in block.series if s.target.startswith("newton_mx") and s.iterations]
-    if {a, b} != {"newton", "gd"} or not newton:
-        return []
-    s, i = _best(block, newton, "r2")
-    held = s.r2[i] >= HELD and s.gain_low[i] > 0
-    return [
-        {
-            "instrument": "state in the tokens",
-            "favours": "newton" if held else None,
-            "effect": f"best M_k x probe: R^2 {s.r2[i]:.3f} [{s.r2_low[i]:.3f}, {s.r2_high[i]:.3f}] at layer "
-            f"{block.layer[i]}, k = {s.iterations}, {s.token} tokens ({'e_j' if s.token == 'column' else 'x'} alone "
-            f"{s.floor_r2:.2f}); held as the construction holds it at R^2 >= {HELD}",
-            "validated_on": VALIDATED_ON,
-            "domain": TOKEN_DOMAIN,
-            "cannot_tell_apart": "a model without a per-token Newton state may keep it in another form (spread over "
-            "tokens, nonlinear): absence never reads as GD",
-        }
-    ]
-
-
 DESCRIPTION = (
     "What each example's tokens hold of the state a learner keeps: a Newton-type learner builds a d x d matrix "
     "from S = X^T X (Fu et al.'s construction keeps M_k x_i in example i's token; M_1 = 2 alpha S - alpha^2 S^3), "
@@ -301,28 +193,133 @@ DESCRIPTION = (
     "planted GD model holds no more than its raw tokens."
 )
 
-TOKEN_PROBES = register_stage(
-    AnalysisStage(
-        name="token_probes",
-        papers=("Fu et al. 2024: the Iterative Newton construction, whose tokens hold M_k x_i",),
-        settings=TokenProbeSettings,
-        run=_run,
-        block=TokenProbes,
-        summarise=lambda tables, recipe: token_probe_block(tables["token_probes"]),
-        title="State in the tokens",
-        description=DESCRIPTION,
-        figures=_figures,
-        estimates=_estimates,
-        findings=_findings,
-        tables=_page_tables,
-        evidence=_evidence,
-        reads=("similarity",),
-        flags=(("test", "test-prompts"),),
-        captions=(
-            (
-                "token_probes",
-                "Held-out R^2 per layer boundary, one panel per token kind; Newton's M_k x in blue shades by k.",
-            ),
+
+class TokenProbesStage(AnalysisStage):
+    """State in the tokens: the report's `token_probes` stage (module docstring)."""
+
+    name = "token_probes"
+    papers = ("Fu et al. 2024: the Iterative Newton construction, whose tokens hold M_k x_i",)
+    settings = TokenProbeSettings
+    block = TokenProbes
+    title = "State in the tokens"
+    description = DESCRIPTION
+    reads = ("similarity",)
+    flags = (("test", "test-prompts"),)
+    captions = (
+        (
+            "token_probes",
+            "Held-out R^2 per layer boundary, one panel per token kind; Newton's M_k x in blue shades by k.",
         ),
     )
-)
+
+    def run(self, c) -> dict[str, pd.DataFrame]:
+        """The [token_probes] settings on the report's checkpoint."""
+        s = c.recipe.token_probes
+        targets = settings_targets(s, c.ckpt.config.model)
+        tokens = probed_tokens(c.ckpt.model, s.tokens)
+        if not tokens:
+            raise ConfigError(
+                f"token_probes.tokens = {list(s.tokens)}: this {type(c.ckpt.model).__name__} keeps no column tokens "
+                "(only planted linear-attention Newton models do): probe its x and y tokens"
+            )
+        return {
+            "token_probes": token_probe_study(
+                c.ckpt.model,
+                c.ckpt.config.task,
+                targets,
+                s.prompts,
+                s.test,
+                c.recipe.prompts.seed,
+                c.device,
+                tokens,
+                c.recipe.similarity.bootstrap,
+            )
+        }
+
+    def summarise(self, tables, recipe):
+        return token_probe_block(tables["token_probes"])
+
+    def figures(self, tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
+        return {"token_probes": token_probe_figure(tables["token_probes"], fig_dir / "token_probes")[0]}
+
+    def estimates(self, recipe, ckpt) -> list[budget.Estimate]:
+        s = recipe.token_probes
+        targets, tokens = settings_targets(s, ckpt.config.model), probed_tokens(ckpt.model, s.tokens)
+        columns = column_count(ckpt.model) if "column" in tokens else 0
+        shape, points = shape_of(ckpt.config.model), ckpt.config.task.n_points
+        return token_estimates(
+            shape, points, s.prompts, s.test, recipe.similarity.bootstrap, targets, len(tokens), columns
+        )
+
+    def findings(self, block: TokenProbes, summary) -> str | None:
+        """Per token kind: the largest gain over the floor (the example x alone; at a column token its
+        e_j) of S x and S^3 x, and of Newton's M_k x (over k); at column tokens, the matrices' columns."""
+        parts = []
+        for token in dict.fromkeys(s.token for s in block.series):
+            column = token == "column"
+            floor = "e_j alone" if column else "x alone"
+            for name, words in FAMILIES:
+                words = words.replace(" x", " columns") if column else words
+                series = [s for s in block.series if s.token == token and s.target.startswith(name)]
+                if not series:
+                    continue
+                best, i = _best(block, series, "gain")
+                k = "" if best.iterations is None else f", k = {best.iterations}"
+                parts.append(
+                    f"{words} at {token} tokens: R^2 {best.r2[i]:.2f} at layer {block.layer[i]}{k}, "
+                    f"{best.gain[i]:+.2f} [{best.gain_low[i]:+.2f}, {best.gain_high[i]:+.2f}] over {floor} "
+                    f"({best.floor_r2:.2f})"
+                )
+        intro = "State in the tokens (the largest gain over a probe of what the token alone holds): "
+        return intro + "; ".join(parts) + "." if parts else None
+
+    def tables(self, block: TokenProbes, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+        """Per token kind and target family, the layer with the largest gain over the floor."""
+        rows = []
+        for token in dict.fromkeys(s.token for s in block.series):
+            for name, words in FAMILIES:
+                series = [s for s in block.series if s.token == token and s.target.startswith(name)]
+                if series:
+                    s, i = _best(block, series, "gain")
+                    rows.append(
+                        {
+                            "token": token,
+                            "target": words.replace(" x", " columns") if token == "column" else words,
+                            "k": "" if s.iterations is None else s.iterations,
+                            "layer": block.layer[i],
+                            "R^2": s.r2[i],
+                            "floor R^2": s.floor_r2,
+                            "gain": s.gain[i],
+                            "gain 90%": f"[{s.gain_low[i]:+.3f}, {s.gain_high[i]:+.3f}]",
+                        }
+                    )
+        return {
+            "The largest gain over the floor per token kind and target (Newton's M_k x: over k)": pd.DataFrame(rows)
+        }
+
+    def evidence(self, block: TokenProbes, summary, a: str, b: str) -> list[dict]:
+        """The evidence table's row for Newton against GD: newton where some layer's token holds M_k x at
+        R^2 >= HELD beyond what the token alone gives, for some k >= 1 (M_0 x is not counted); otherwise
+        undecided (a model without that state is not thereby GD)."""
+        # M_0 x = alpha (S/t) x is one linear-attention head's output, not a Newton iterate: k >= 1 only
+        newton = [s for s in block.series if s.target.startswith("newton_mx") and s.iterations]
+        if {a, b} != {"newton", "gd"} or not newton:
+            return []
+        s, i = _best(block, newton, "r2")
+        held = s.r2[i] >= HELD and s.gain_low[i] > 0
+        return [
+            {
+                "instrument": "state in the tokens",
+                "favours": "newton" if held else None,
+                "effect": f"best M_k x probe: R^2 {s.r2[i]:.3f} [{s.r2_low[i]:.3f}, {s.r2_high[i]:.3f}] at layer "
+                f"{block.layer[i]}, k = {s.iterations}, {s.token} tokens ({'e_j' if s.token == 'column' else 'x'} alone "
+                f"{s.floor_r2:.2f}); held as the construction holds it at R^2 >= {HELD}",
+                "validated_on": VALIDATED_ON,
+                "domain": TOKEN_DOMAIN,
+                "cannot_tell_apart": "a model without a per-token Newton state may keep it in another form (spread over "
+                "tokens, nonlinear): absence never reads as GD",
+            }
+        ]
+
+
+TOKEN_PROBES = register_stage(TokenProbesStage())

@@ -4,7 +4,7 @@ weights along every eigen-direction, the local exponent p (GD's class tends to 1
 to 2) and the best-fitting filter class per layer. Recipe section [spectral] (SpectralSettings,
 beside the analysis); summary.json key `spectral`; its page section, findings line and evidence row.
 
-It needs the layers stage (layers_stage.py) and reads the induced weights SimW fits there (that
+It needs the layers stage (layers.py) and reads the induced weights SimW fits there (that
 stage's data induced_*), so its cache key holds the layers stage's: changing [spectral] re-runs
 this stage only, from the cached weights. `icl-probe spectral` (probe/cli/spectral.py) runs the
 measurement alone."""
@@ -20,16 +20,16 @@ import pandas as pd
 
 from ..analysis.labels import layer_list
 from ..analysis.pipeline import InducedWeights, LayerSettings, measure_spectrum
-from ..analysis.spectral import NotMeasured, SpectralAnalysis, SpectralSettings, spectral_cost
+from ..analysis.spectral import SpectralAnalysis, SpectralSettings, spectral_cost, spectral_tables
 from ..analysis.spectral_references import CLASSES
 from ..core import budget
 from ..core.settings import induced_count
 from ..core.stages import AnalysisStage, StageTables, register_stage
 from ..core.validity import Domain, Validity
 from ..models.sizes import shape_of
-from . import figures
-from .columns import column, columns, plain
-from .page import table as html_table
+from ..reporting import figures
+from ..reporting.columns import column, columns, plain
+from ..reporting.page import table as html_table
 
 
 @dataclass
@@ -103,21 +103,6 @@ class Spectral:
     )
 
 
-def spectral_tables(spectral) -> dict[str, pd.DataFrame]:
-    """The spectral instrument's tables, named as the report writes them (none when it did not run;
-    one status row when it could not measure on the data at hand)."""
-    if spectral is None:
-        return {}
-    if isinstance(spectral, NotMeasured):
-        return {
-            "spectral_status": pd.DataFrame(
-                [{"status": "not measured", "reason": spectral.reason, "knob": spectral.knob}]
-            )
-        }
-    names = ("curves", "layers", "summary", "references", "fits")
-    return {f"spectral_{name}": getattr(spectral, name) for name in names}
-
-
 def spectral_block(tables: dict[str, pd.DataFrame], counts: dict[str, int]) -> Spectral:
     """The spectral instrument's verdict per layer, each bin variable's fits and the references'
     exponents in their own variable (probe/analysis/spectral.py)."""
@@ -163,56 +148,6 @@ def _window(sp: Spectral, i: int) -> str:
     if fit is None or not fit.u_low or fit.u_low[i] is None or fit.u_high[i] is None:
         return ""
     return f" over {VARIABLE_WORDS.get(sp.variable[i], sp.variable[i])} {fit.u_low[i]:.2g}-{fit.u_high[i]:.2g}"
-
-
-def _findings(sp: Spectral, summary: Any) -> str | None:
-    """Each layer's spectral verdict, grouped, with the exponent (and the eigenvalue window it was
-    fitted over) where the verdict names one class."""
-    if sp.status == "not measured":
-        return f"Spectral filter per layer: not measured here ({sp.reason})."
-    groups: dict[str, list[str]] = {}
-    for i, (layer, verdict, p, lo, hi) in enumerate(zip(sp.layer, sp.verdict, sp.p, sp.p_low, sp.p_high)):
-        named = verdict in CLASS_WORDS and p is not None
-        exponent = f" (p {p:.2f} [{lo:.2f}, {hi:.2f}]{_window(sp, i)})" if named else ""
-        groups.setdefault(CLASS_WORDS.get(verdict, verdict), []).append(f"{layer}{exponent}")
-    parts = [f"{words}: {layer_list(layers)}" for words, layers in groups.items()]
-    return (
-        "Spectral filter per layer (exponent p at small eigenvalues: 1 for the first-order and ridge classes, 2 for "
-        "Iterative Newton from M_0 = alpha S): " + "; ".join(parts) + "."
-    )
-
-
-def _page_tables(sp: Spectral, summary: Any, tables: dict[str, pd.DataFrame]) -> dict[str, str]:
-    """Per layer: the verdict, p in the best family's own variable, and each variable's best member."""
-    if sp.status == "not measured":
-        return {
-            "spectral": html_table(pd.DataFrame([{"status": sp.status, "reason": sp.reason, "knob": sp.knob}])),
-            "spectral_refs": "-",
-        }
-    fmt = lambda v: "-" if v is None or math.isnan(v) else f"{v:.2f}"  # None (read back) or NaN (built): none measured
-    rows = []
-    for i, layer in enumerate(sp.layer):
-        row = {
-            "layer": layer,
-            "verdict": sp.verdict[i],
-            "p [90%]": f"{fmt(sp.p[i])} [{fmt(sp.p_low[i])}, {fmt(sp.p_high[i])}] ({sp.variable[i]})",
-        }
-        for var, fit in sp.by_variable.items():
-            k = fit.best_k[i]
-            member = fit.best_family[i] + ("" if k is None else f" {fit.best_axis[i]}={k:g}")
-            row[f"best fit, {var}"] = f"{member}, error {fit.error[i]:.4f}"
-            row[f"runner-up - best, {var}"] = (
-                f"{fit.runner_up[i]} {fit.difference[i]:+.4f} [{fit.diff_low[i]:+.4f}, {fit.diff_high[i]:+.4f}]"
-            )
-        # a layer that does not respond has no filter to fall short of
-        fit = sp.by_variable[sp.variable[i]]
-        share = f"{fit.non_filter[i]:.3f}"
-        if fit.non_filter_uncorrected:  # corrected for the induced weights' query noise
-            share += f" ({fit.non_filter_uncorrected[i]:.3f} uncorrected)"
-        row["not a filter"] = "- (no response)" if sp.verdict[i] == "no response" else share
-        rows.append(row)
-    refs = ", ".join(f"{name} {fmt(r['p_median'])} ({r['variable']})" for name, r in sp.references.items())
-    return {"spectral": html_table(pd.DataFrame(rows)), "spectral_refs": refs}
 
 
 # the known-answer models on which the spectral filter names each candidate, and the tests that hold it
@@ -359,100 +294,142 @@ def _layer_neither(fits, i: int, verdict: str, a: str, b: str) -> str | None:
     return klass if all(c in (fit.separated_from[i] or "").split() for fit in fits for c in sides) else None
 
 
-def _run(c) -> StageTables:
-    """The filter of each layer on the layers stage's induced weights (none where SimW is off)."""
-    induced = InducedWeights.from_arrays(lambda name: c.before(name, "data"))
-    if induced is None:
-        return StageTables()
-    spectral = measure_spectrum(induced, LayerSettings.from_recipe(c.recipe, c.device, c.memory))
-    counts = {"spectral_counts": spectral.counts} if isinstance(spectral, SpectralAnalysis) else {}
-    return StageTables(spectral_tables(spectral), counts)
+class SpectralStage(AnalysisStage):
+    """Spectral filter of each layer: the report's `spectral` stage (module docstring)."""
 
-
-def _summarise(t, recipe) -> Spectral | None:
-    """Its block, or None where the layer analyses did not measure it (SimW off); a "not measured"
-    block where the data at hand could not support it."""
-    if "spectral_status" in t:
-        row = t["spectral_status"].iloc[0]
-        return Spectral(
-            [], [], [], [], [], [], {}, {}, {}, dict(CLASSES), str(row.status), str(row.reason), str(row.knob)
-        )
-    return spectral_block(t, t.data.get("spectral_counts", {})) if "spectral_summary" in t else None
-
-
-def _caveats(sp: Spectral, summary: Any) -> list[str]:
-    return [f"Spectral filter not measured here: {sp.reason}"] if sp.status == "not measured" else []
-
-
-def _estimates(recipe, ckpt) -> list[budget.Estimate]:
-    if not recipe.similarity.simw:
-        return []
-    shape, p = shape_of(ckpt.config.model), recipe.prompts
-    return [
-        spectral_cost(
-            recipe.spectral, induced_count(p.induced, p.test), shape.layers + 1, shape.d, recipe.similarity.bootstrap
-        )
-    ]
-
-
-def _figures(t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
-    if "spectral_curves" not in t:
-        return {}
-    out = {}
-    for variable in t["spectral_curves"].variable.unique():
-        key = f"spectral_{variable}"
-        out[key] = figures.spectral_curves(t["spectral_curves"], variable, fig_dir / key)[0]
-    out["spectral_exponents"] = figures.spectral_exponents(t["spectral_layers"], fig_dir / "spectral_exponents")[0]
-    return out
-
-
-def _evidence(sp: Spectral | None, summary: Any, a: str, b: str) -> list[dict[str, Any]]:
-    from .evidence import EQUIVALENCES
-
-    return _spectral_rows(sp, a, b, EQUIVALENCES.get((a, b), ""))
-
-
-def _study_rows(t) -> list[dict[str, Any]]:
-    """A study's rows (study.csv): the exponent per layer in the best family's own bin variable
-    (metric spectral_p, learner = the verdict) and in each variable (spectral_p_<variable>, learner =
-    its best class), with 90% intervals."""
-    if "spectral_summary" not in t:
-        return []
-    rows = [
-        {"metric": "spectral_p", "value": r.p, "learner": r.verdict, "layer": int(r.predictor), "ci_low": r.p_low,
-         "ci_high": r.p_high}
-        for r in t["spectral_summary"].itertuples()
-    ]  # fmt: skip
-    rows += [
-        {"metric": f"spectral_p_{r.variable}", "value": r.p, "learner": r.best_class, "layer": int(r.predictor),
-         "ci_low": r.p_low, "ci_high": r.p_high}
-        for r in t["spectral_layers"].itertuples()
-    ]  # fmt: skip
-    return rows
-
-
-register_stage(
-    AnalysisStage(
-        name="spectral",
-        papers=("Fu et al. 2024, eq. 8: Iterative Newton, whose spectral filter the instrument tells from GD's",),
-        settings=SpectralSettings,
-        run=_run,
-        block=Spectral,
-        summarise=_summarise,
-        title="Spectral filter of each layer",
-        description="Each layer's spectral filter on its induced weights: response per eigenvalue, local exponent, "
-        "GD or Newton class.",
-        figures=_figures,
-        estimates=_estimates,
-        findings=_findings,
-        caveats=_caveats,
-        tables=_page_tables,
-        evidence=_evidence,
-        reads=("similarity",),
-        needs=("layers",),
-        study_rows=_study_rows,
-        standalone=False,
-        commands=("spectral",),
-        sections=(("Spectral filter of each layer", "spectral", "spectral_exponents"),),
+    name = "spectral"
+    papers = ("Fu et al. 2024, eq. 8: Iterative Newton, whose spectral filter the instrument tells from GD's",)
+    settings = SpectralSettings
+    block = Spectral
+    title = "Spectral filter of each layer"
+    description = (
+        "Each layer's spectral filter on its induced weights: response per eigenvalue, local exponent, "
+        "GD or Newton class."
     )
-)
+    reads = ("similarity",)
+    needs = ("layers",)
+    standalone = False
+    commands = ("spectral",)
+    sections = (("Spectral filter of each layer", "spectral", "spectral_exponents"),)
+
+    def run(self, c) -> StageTables:
+        """The filter of each layer on the layers stage's induced weights (none where SimW is off)."""
+        induced = InducedWeights.from_arrays(lambda name: c.before(name, "data"))
+        if induced is None:
+            return StageTables()
+        spectral = measure_spectrum(induced, LayerSettings.from_recipe(c.recipe, c.device, c.memory))
+        counts = {"spectral_counts": spectral.counts} if isinstance(spectral, SpectralAnalysis) else {}
+        return StageTables(spectral_tables(spectral), counts)
+
+    def summarise(self, t, recipe) -> Spectral | None:
+        """Its block, or None where the layer analyses did not measure it (SimW off); a "not measured"
+        block where the data at hand could not support it."""
+        if "spectral_status" in t:
+            row = t["spectral_status"].iloc[0]
+            return Spectral(
+                [], [], [], [], [], [], {}, {}, {}, dict(CLASSES), str(row.status), str(row.reason), str(row.knob)
+            )
+        return spectral_block(t, t.data.get("spectral_counts", {})) if "spectral_summary" in t else None
+
+    def figures(self, t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
+        if "spectral_curves" not in t:
+            return {}
+        out = {}
+        for variable in t["spectral_curves"].variable.unique():
+            key = f"spectral_{variable}"
+            out[key] = figures.spectral_curves(t["spectral_curves"], variable, fig_dir / key)[0]
+        out["spectral_exponents"] = figures.spectral_exponents(t["spectral_layers"], fig_dir / "spectral_exponents")[0]
+        return out
+
+    def estimates(self, recipe, ckpt) -> list[budget.Estimate]:
+        if not recipe.similarity.simw:
+            return []
+        shape, p = shape_of(ckpt.config.model), recipe.prompts
+        return [
+            spectral_cost(
+                recipe.spectral,
+                induced_count(p.induced, p.test),
+                shape.layers + 1,
+                shape.d,
+                recipe.similarity.bootstrap,
+            )
+        ]
+
+    def findings(self, sp: Spectral, summary: Any) -> str | None:
+        """Each layer's spectral verdict, grouped, with the exponent (and the eigenvalue window it was
+        fitted over) where the verdict names one class."""
+        if sp.status == "not measured":
+            return f"Spectral filter per layer: not measured here ({sp.reason})."
+        groups: dict[str, list[str]] = {}
+        for i, (layer, verdict, p, lo, hi) in enumerate(zip(sp.layer, sp.verdict, sp.p, sp.p_low, sp.p_high)):
+            named = verdict in CLASS_WORDS and p is not None
+            exponent = f" (p {p:.2f} [{lo:.2f}, {hi:.2f}]{_window(sp, i)})" if named else ""
+            groups.setdefault(CLASS_WORDS.get(verdict, verdict), []).append(f"{layer}{exponent}")
+        parts = [f"{words}: {layer_list(layers)}" for words, layers in groups.items()]
+        return (
+            "Spectral filter per layer (exponent p at small eigenvalues: 1 for the first-order and ridge classes, 2 for "
+            "Iterative Newton from M_0 = alpha S): " + "; ".join(parts) + "."
+        )
+
+    def caveats(self, sp: Spectral, summary: Any) -> list[str]:
+        return [f"Spectral filter not measured here: {sp.reason}"] if sp.status == "not measured" else []
+
+    def tables(self, sp: Spectral, summary: Any, tables: dict[str, pd.DataFrame]) -> dict[str, str]:
+        """Per layer: the verdict, p in the best family's own variable, and each variable's best member."""
+        if sp.status == "not measured":
+            return {
+                "spectral": html_table(pd.DataFrame([{"status": sp.status, "reason": sp.reason, "knob": sp.knob}])),
+                "spectral_refs": "-",
+            }
+        fmt = lambda v: (
+            "-" if v is None or math.isnan(v) else f"{v:.2f}"
+        )  # None (read back) or NaN (built): none measured
+        rows = []
+        for i, layer in enumerate(sp.layer):
+            row = {
+                "layer": layer,
+                "verdict": sp.verdict[i],
+                "p [90%]": f"{fmt(sp.p[i])} [{fmt(sp.p_low[i])}, {fmt(sp.p_high[i])}] ({sp.variable[i]})",
+            }
+            for var, fit in sp.by_variable.items():
+                k = fit.best_k[i]
+                member = fit.best_family[i] + ("" if k is None else f" {fit.best_axis[i]}={k:g}")
+                row[f"best fit, {var}"] = f"{member}, error {fit.error[i]:.4f}"
+                row[f"runner-up - best, {var}"] = (
+                    f"{fit.runner_up[i]} {fit.difference[i]:+.4f} [{fit.diff_low[i]:+.4f}, {fit.diff_high[i]:+.4f}]"
+                )
+            # a layer that does not respond has no filter to fall short of
+            fit = sp.by_variable[sp.variable[i]]
+            share = f"{fit.non_filter[i]:.3f}"
+            if fit.non_filter_uncorrected:  # corrected for the induced weights' query noise
+                share += f" ({fit.non_filter_uncorrected[i]:.3f} uncorrected)"
+            row["not a filter"] = "- (no response)" if sp.verdict[i] == "no response" else share
+            rows.append(row)
+        refs = ", ".join(f"{name} {fmt(r['p_median'])} ({r['variable']})" for name, r in sp.references.items())
+        return {"spectral": html_table(pd.DataFrame(rows)), "spectral_refs": refs}
+
+    def evidence(self, sp: Spectral | None, summary: Any, a: str, b: str) -> list[dict[str, Any]]:
+        from ..reporting.evidence import EQUIVALENCES
+
+        return _spectral_rows(sp, a, b, EQUIVALENCES.get((a, b), ""))
+
+    def study_rows(self, t) -> list[dict[str, Any]]:
+        """A study's rows (study.csv): the exponent per layer in the best family's own bin variable
+        (metric spectral_p, learner = the verdict) and in each variable (spectral_p_<variable>, learner =
+        its best class), with 90% intervals."""
+        if "spectral_summary" not in t:
+            return []
+        rows = [
+            {"metric": "spectral_p", "value": r.p, "learner": r.verdict, "layer": int(r.predictor), "ci_low": r.p_low,
+             "ci_high": r.p_high}
+            for r in t["spectral_summary"].itertuples()
+        ]  # fmt: skip
+        rows += [
+            {"metric": f"spectral_p_{r.variable}", "value": r.p, "learner": r.best_class, "layer": int(r.predictor),
+             "ci_low": r.p_low, "ci_high": r.p_high}
+            for r in t["spectral_layers"].itertuples()
+        ]  # fmt: skip
+        return rows
+
+
+register_stage(SpectralStage())

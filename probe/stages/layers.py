@@ -2,7 +2,7 @@
 similarity (SimE, SimW) to every swept learner over its grid with the best match and its trend,
 Table 1 (the final layer against each learner) with its nulls and paired verdicts, and the span
 test. It provides SimW's induced weights (data induced_*, arrays the stage cache keeps) to the
-spectral stage (spectral_stage.py), which measures each layer's filter on them. It reads the
+spectral stage (spectral.py), which measures each layer's filter on them. It reads the
 built-in sections [readout], [similarity] and [[sweeps]] and runs in every report; its blocks
 (readout, best_match, trend, table1, nulls, span) are top-level keys of summary.json."""
 
@@ -24,70 +24,14 @@ from ..core.stages import AnalysisStage, StageTables, register_stage
 from ..io.outputs import safe_name
 from ..models.constructions import CONSTRUCTIONS
 from ..models.sizes import shape_of
-from . import figures
-from .layer_blocks import LayerAnalyses, Match, Table1Entry, Trend, layer_analyses, verdict_rows
-from .page import table as html_table
+from ..reporting import figures
+from ..reporting.layer_blocks import LayerAnalyses, Match, Table1Entry, Trend, layer_analyses, verdict_rows
+from ..reporting.page import table as html_table
 
 SECTIONS = ("readout", "similarity", "sweeps")  # the recipe sections it reads besides [prompts]
 
 
 # ----------------------------------------------------------------------------- running
-
-
-def _run(c) -> StageTables:
-    settings = LayerSettings.from_recipe(c.recipe, c.device, c.memory)
-    settings = replace(settings, spectral=replace(settings.spectral, enabled=False))  # its own stage measures it
-    res = analyse_layers(c.ckpt.model, c.ckpt.config.task, settings, progress=c.progress)
-    alphas = getattr(res.readouts, "alpha", None)
-    tables = {
-        "readout": res.readout,
-        "heatmap_cells": res.cells,
-        "best_match": res.best,
-        "table1": res.table1,
-        "span": res.span,
-        "nulls": res.nulls,
-        "verdicts": res.verdicts,
-    }
-    data = {
-        "trends": res.trends,
-        "readout_alpha": None if alphas is None else list(map(float, alphas)),
-        "readouts": res.readouts.to_json() if isinstance(res.readouts, LayerReadouts) else None,
-        "timings": res.timings,
-        **(res.induced.to_arrays() if res.induced is not None else {}),  # what the spectral stage reads
-    }
-    return StageTables(tables, data)
-
-
-def _estimates(recipe, ckpt) -> list[budget.Estimate]:
-    """Its knobs' memory and work on this checkpoint; a recipe whose SimW would be underdetermined
-    is refused here, before any work."""
-    if recipe.similarity.simw:
-        check_induced_queries(
-            recipe.prompts.queries, ckpt.config.model.n_dims, where=ckpt.name, off="--set similarity.simw=false"
-        )
-    settings = LayerSettings.from_recipe(recipe)
-    return layer_costs(
-        shape_of(ckpt.config.model), ckpt.config.task, settings, recipe.sweeps, spectrum=False
-    )  # the spectral stage counts its own
-
-
-def _figures(t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
-    recipe = context.recipe
-    out = {"readout": figures.readout_error(t["readout"], fig_dir / "readout", context.ckpt.config.task.n_dims)[0]}
-    titles = sweep_titles(recipe.sweeps)
-    for sweep in recipe.sweeps:
-        key = f"heatmap_{sweep.label}"
-        out[key] = figures.heatmap_pair(
-            t["heatmap_cells"], t["best_match"], sweep.label, sweep.axis, fig_dir / safe_name(key), titles=titles
-        )[0]
-        if sweep.axis:
-            key = f"trend_{sweep.label}"
-            out[key] = figures.best_match_trend(t["best_match"], sweep.label, "sime", fig_dir / safe_name(key), titles)[
-                0
-            ]
-    if not t["span"].empty:
-        out["span"] = figures.span(t["span"], fig_dir / "span")[0]
-    return out
 
 
 # ----------------------------------------------------------------------------- findings and caveats
@@ -130,7 +74,7 @@ def _ranked(block: LayerAnalyses) -> list[tuple[str, Table1Entry]]:
 
 
 def _table1_line(block: LayerAnalyses, summary: Any) -> str | None:
-    from .findings import verdict_text
+    from ..reporting.findings import verdict_text
 
     rows = _ranked(block)
     if not rows:
@@ -202,51 +146,6 @@ def _construction_line(block: LayerAnalyses, summary: Any) -> str | None:
     return text + "."
 
 
-def _findings(block: LayerAnalyses, summary: Any) -> list[str | None]:
-    d = summary.checkpoint.task["n_dims"]
-    return [
-        _construction_line(block, summary),
-        *_trend_lines(block, summary),
-        _table1_line(block, summary),
-        _span_line(block, d),
-    ]
-
-
-def _caveats(block: LayerAnalyses, summary: Any) -> list[str]:
-    out = []
-    nulls = block.nulls
-    zero_layers = [l for l, z in zip(nulls.layer, nulls.predicts_zero) if z] if nulls else []
-    if zero_layers:
-        out.append(
-            f"{layer_list(zero_layers).capitalize()} predict{'s' if len(zero_layers) == 1 else ''} ~0 (||f|| < 0.1 ||y||): their matches are not "
-            "distinguishable from predicting 0, whatever learner step they name."
-        )
-    swept = [s.get("label") for s in summary.recipe.get("sweeps", [])]
-    for name in block.best_match:
-        match = _sime(block, name)
-        if match is None or (name in ("gd", "newton") and name not in swept):
-            continue  # an alias of a swept label, said once under that label
-        bad = [l for l, dg in zip(match.layer, match.degenerate or []) if dg and l not in zero_layers]
-        if bad:
-            out.append(
-                f"{label(name, summary.titles)}: SimE matches at {layer_list(bad)} are not distinguishable from "
-                "predicting 0 (the zero predictor scores within their interval)."
-            )
-        ends = [l for l, e in zip(match.layer, match.at_grid_end) if e]
-        if ends:
-            out.append(
-                f"{label(name, summary.titles)}: best matches at {layer_list(ends)} lie at the grid's end; the "
-                "true match may lie beyond it."
-            )
-    top = _ranked(block)
-    if top and top[0][1].degenerate:
-        out.append(
-            "The final layer's closest learner is not distinguishable from predicting 0: Table 1 says nothing "
-            "about which algorithm the model runs."
-        )
-    return out
-
-
 # ----------------------------------------------------------------------------- the page
 
 
@@ -270,29 +169,6 @@ def _readable(frame: pd.DataFrame, titles: Titles) -> pd.DataFrame:
     )
 
 
-def _page_tables(block: LayerAnalyses, summary: Any, t: dict[str, pd.DataFrame]) -> dict[str, str]:
-    """The HTML tables its sections' macros read (templates/report.html.j2): readout, best, table1,
-    verdicts."""
-    readout, titles = block.readout, summary.titles
-    ro = pd.DataFrame({"layer": readout.layer, "error / d (mean over t >= 1)": readout.error})
-    if readout.error_at_2d1:
-        ro["error / d at t = 2d+1"] = readout.error_at_2d1
-    out = {"readout": html_table(ro)}
-    best, axes = t["best_match"], [s["label"] for s in summary.recipe.get("sweeps", []) if s.get("axis")]
-    no_random = {"SimE vs random model": "- (no random-weights baseline)"}
-    out["best"] = html_table(_readable(best[best.sweep.isin(axes)], titles), "{:.3f}", no_random)
-    t1 = _readable(t["table1"], titles).rename(columns={"similarity": "SimE (final layer)"})
-    if summary.compare is not None and "compare_table1" in t:
-        other = _readable(t["compare_table1"][["family", "similarity"]], titles)
-        name = Path(summary.compare["checkpoint"]["path"]).name
-        t1 = t1.merge(other.rename(columns={"similarity": f"SimE ({name})"}), on="family", how="left")
-    out["table1"] = html_table(t1, "{:.3f}", no_random)
-    rows = [_verdict_row(v, titles) for v in summary.verdicts or [] if v.claim != "causal map"]  # those: the map check
-    if rows:
-        out["verdicts"] = html_table(pd.DataFrame(rows))
-    return out
-
-
 def _verdict_row(v: Any, titles: Titles) -> dict[str, str]:
     return {
         "metric": {"sime": "SimE", "simw": "SimW"}.get(v.metric, v.metric),
@@ -311,18 +187,6 @@ RATE_ONLY = (
     "measures a convergence rate: GD whose step count doubles per layer gives the same linear Newton trend, "
     "so it cannot tell the two apart"
 )
-
-
-def _evidence(block: Any, summary: Any, a: str, b: str) -> list[dict[str, Any]]:
-    """Table 1's paired verdicts and the best-match trend on "a or b?" (read from the summary's
-    verdicts and trend: a report's, or a study's evidence.Blocks)."""
-    from .evidence import EQUIVALENCES
-
-    equivalence = EQUIVALENCES.get((a, b), "")
-    return [
-        *_table1_rows(summary.verdicts, a, b, equivalence),
-        *_trend_rows(summary.trend, a, b),
-    ]
 
 
 def _table1_rows(verdicts: list | None, a: str, b: str, equivalence: str) -> list[dict[str, Any]]:
@@ -370,38 +234,169 @@ def _trend_rows(trend: dict[str, Trend], a: str, b: str) -> list[dict[str, Any]]
     ]
 
 
-register_stage(
-    AnalysisStage(
-        name="layers",
-        papers=(
-            "Fu et al. 2024, §4.1: per-layer read-out retraining",
-            "Fu et al. 2024, eq. 9-12: SimE and SimW",
-            "Fu et al. 2024, Def. 4 and Table 1: layer-to-iteration matching",
-        ),
-        settings=None,
-        run=_run,
-        block=LayerAnalyses,
-        summarise=layer_analyses,
-        title="Layers vs reference learners",
-        description="Per-layer read-outs, each layer's similarity to every swept learner (best match, trend, Table 1, "
-        "paired verdicts) and the span test.",
-        figures=_figures,
-        estimates=_estimates,
-        findings=_findings,
-        caveats=_caveats,
-        tables=_page_tables,
-        evidence=_evidence,
-        verdicts=lambda block, tables: verdict_rows(tables.get("verdicts"), block.trend),
-        reads=SECTIONS,
-        standalone=False,
-        commands=("readout", "heatmap", "span"),
-        merged=True,
-        sections=(
-            ("Per-layer readout retraining", "readout", ""),
-            ("Layers vs reference learners", "matching", ""),
-            ("Table 1: final layer against each learner", "table1", ""),
-            ("Span of the examples", "span", "span"),
-        ),
-        files=("trends",),
+class LayersStage(AnalysisStage):
+    """Layers vs reference learners: the report's `layers` stage (module docstring)."""
+
+    name = "layers"
+    papers = (
+        "Fu et al. 2024, §4.1: per-layer read-out retraining",
+        "Fu et al. 2024, eq. 9-12: SimE and SimW",
+        "Fu et al. 2024, Def. 4 and Table 1: layer-to-iteration matching",
     )
-)
+    block = LayerAnalyses
+    title = "Layers vs reference learners"
+    description = (
+        "Per-layer read-outs, each layer's similarity to every swept learner (best match, trend, Table 1, "
+        "paired verdicts) and the span test."
+    )
+    reads = SECTIONS
+    standalone = False
+    commands = ("readout", "heatmap", "span")
+    merged = True
+    sections = (
+        ("Per-layer readout retraining", "readout", ""),
+        ("Layers vs reference learners", "matching", ""),
+        ("Table 1: final layer against each learner", "table1", ""),
+        ("Span of the examples", "span", "span"),
+    )
+    files = ("trends",)
+
+    def run(self, c) -> StageTables:
+        settings = LayerSettings.from_recipe(c.recipe, c.device, c.memory)
+        settings = replace(settings, spectral=replace(settings.spectral, enabled=False))  # its own stage measures it
+        res = analyse_layers(c.ckpt.model, c.ckpt.config.task, settings, progress=c.progress)
+        alphas = getattr(res.readouts, "alpha", None)
+        tables = {
+            "readout": res.readout,
+            "heatmap_cells": res.cells,
+            "best_match": res.best,
+            "table1": res.table1,
+            "span": res.span,
+            "nulls": res.nulls,
+            "verdicts": res.verdicts,
+        }
+        data = {
+            "trends": res.trends,
+            "readout_alpha": None if alphas is None else list(map(float, alphas)),
+            "readouts": res.readouts.to_json() if isinstance(res.readouts, LayerReadouts) else None,
+            "timings": res.timings,
+            **(res.induced.to_arrays() if res.induced is not None else {}),  # what the spectral stage reads
+        }
+        return StageTables(tables, data)
+
+    def summarise(self, tables, recipe):
+        return layer_analyses(tables, recipe)
+
+    def figures(self, t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
+        recipe = context.recipe
+        out = {"readout": figures.readout_error(t["readout"], fig_dir / "readout", context.ckpt.config.task.n_dims)[0]}
+        titles = sweep_titles(recipe.sweeps)
+        for sweep in recipe.sweeps:
+            key = f"heatmap_{sweep.label}"
+            out[key] = figures.heatmap_pair(
+                t["heatmap_cells"], t["best_match"], sweep.label, sweep.axis, fig_dir / safe_name(key), titles=titles
+            )[0]
+            if sweep.axis:
+                key = f"trend_{sweep.label}"
+                out[key] = figures.best_match_trend(
+                    t["best_match"], sweep.label, "sime", fig_dir / safe_name(key), titles
+                )[0]
+        if not t["span"].empty:
+            out["span"] = figures.span(t["span"], fig_dir / "span")[0]
+        return out
+
+    def estimates(self, recipe, ckpt) -> list[budget.Estimate]:
+        """Its knobs' memory and work on this checkpoint; a recipe whose SimW would be underdetermined
+        is refused here, before any work."""
+        if recipe.similarity.simw:
+            check_induced_queries(
+                recipe.prompts.queries, ckpt.config.model.n_dims, where=ckpt.name, off="--set similarity.simw=false"
+            )
+        settings = LayerSettings.from_recipe(recipe)
+        return layer_costs(
+            shape_of(ckpt.config.model), ckpt.config.task, settings, recipe.sweeps, spectrum=False
+        )  # the spectral stage counts its own
+
+    def findings(self, block: LayerAnalyses, summary: Any) -> list[str | None]:
+        d = summary.checkpoint.task["n_dims"]
+        return [
+            _construction_line(block, summary),
+            *_trend_lines(block, summary),
+            _table1_line(block, summary),
+            _span_line(block, d),
+        ]
+
+    def caveats(self, block: LayerAnalyses, summary: Any) -> list[str]:
+        out = []
+        nulls = block.nulls
+        zero_layers = [l for l, z in zip(nulls.layer, nulls.predicts_zero) if z] if nulls else []
+        if zero_layers:
+            out.append(
+                f"{layer_list(zero_layers).capitalize()} predict{'s' if len(zero_layers) == 1 else ''} ~0 (||f|| < 0.1 ||y||): their matches are not "
+                "distinguishable from predicting 0, whatever learner step they name."
+            )
+        swept = [s.get("label") for s in summary.recipe.get("sweeps", [])]
+        for name in block.best_match:
+            match = _sime(block, name)
+            if match is None or (name in ("gd", "newton") and name not in swept):
+                continue  # an alias of a swept label, said once under that label
+            bad = [l for l, dg in zip(match.layer, match.degenerate or []) if dg and l not in zero_layers]
+            if bad:
+                out.append(
+                    f"{label(name, summary.titles)}: SimE matches at {layer_list(bad)} are not distinguishable from "
+                    "predicting 0 (the zero predictor scores within their interval)."
+                )
+            ends = [l for l, e in zip(match.layer, match.at_grid_end) if e]
+            if ends:
+                out.append(
+                    f"{label(name, summary.titles)}: best matches at {layer_list(ends)} lie at the grid's end; the "
+                    "true match may lie beyond it."
+                )
+        top = _ranked(block)
+        if top and top[0][1].degenerate:
+            out.append(
+                "The final layer's closest learner is not distinguishable from predicting 0: Table 1 says nothing "
+                "about which algorithm the model runs."
+            )
+        return out
+
+    def tables(self, block: LayerAnalyses, summary: Any, t: dict[str, pd.DataFrame]) -> dict[str, str]:
+        """The HTML tables its sections' macros read (templates/report.html.j2): readout, best, table1,
+        verdicts."""
+        readout, titles = block.readout, summary.titles
+        ro = pd.DataFrame({"layer": readout.layer, "error / d (mean over t >= 1)": readout.error})
+        if readout.error_at_2d1:
+            ro["error / d at t = 2d+1"] = readout.error_at_2d1
+        out = {"readout": html_table(ro)}
+        best, axes = t["best_match"], [s["label"] for s in summary.recipe.get("sweeps", []) if s.get("axis")]
+        no_random = {"SimE vs random model": "- (no random-weights baseline)"}
+        out["best"] = html_table(_readable(best[best.sweep.isin(axes)], titles), "{:.3f}", no_random)
+        t1 = _readable(t["table1"], titles).rename(columns={"similarity": "SimE (final layer)"})
+        if summary.compare is not None and "compare_table1" in t:
+            other = _readable(t["compare_table1"][["family", "similarity"]], titles)
+            name = Path(summary.compare["checkpoint"]["path"]).name
+            t1 = t1.merge(other.rename(columns={"similarity": f"SimE ({name})"}), on="family", how="left")
+        out["table1"] = html_table(t1, "{:.3f}", no_random)
+        rows = [
+            _verdict_row(v, titles) for v in summary.verdicts or [] if v.claim != "causal map"
+        ]  # those: the map check
+        if rows:
+            out["verdicts"] = html_table(pd.DataFrame(rows))
+        return out
+
+    def evidence(self, block: Any, summary: Any, a: str, b: str) -> list[dict[str, Any]]:
+        """Table 1's paired verdicts and the best-match trend on "a or b?" (read from the summary's
+        verdicts and trend: a report's, or a study's evidence.Blocks)."""
+        from ..reporting.evidence import EQUIVALENCES
+
+        equivalence = EQUIVALENCES.get((a, b), "")
+        return [
+            *_table1_rows(summary.verdicts, a, b, equivalence),
+            *_trend_rows(summary.trend, a, b),
+        ]
+
+    def verdicts(self, block, tables):
+        return verdict_rows(tables.get("verdicts"), block.trend)
+
+
+register_stage(LayersStage())
