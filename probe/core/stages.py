@@ -27,14 +27,35 @@ ENTRY_POINTS = "icl_probe.stages"
 BUILTIN = tuple(
     f"probe.stages.{name}"
     for name in (
-        "evaluate", "layers", "spectral", "interventions", "probes", "order", "forgetting", "ood", "token_probes", "steering"
+        "evaluate",
+        "layers",
+        "spectral",
+        "interventions",
+        "probes",
+        "order",
+        "forgetting",
+        "ood",
+        "token_probes",
+        "steering",
     )
 )
 
 
 # the methods a stage may override (or give as functions to AnalysisStage(...))
-HOOKS = ("run", "summarise", "figures", "estimates", "findings", "caveats", "tables", "evidence", "verdicts",
-         "check", "refuses", "study_rows")
+HOOKS = (
+    "run",
+    "summarise",
+    "figures",
+    "estimates",
+    "findings",
+    "caveats",
+    "tables",
+    "evidence",
+    "verdicts",
+    "check",
+    "refuses",
+    "study_rows",
+)
 DERIVED = ("command", "block_key", "keys", "enabled", "draw", "refusal", "overrides", "replace")  # read, never declared
 
 
@@ -83,7 +104,7 @@ class AnalysisStage:
 
     name: str = ""
     settings: type | None = None
-    block: type | None = None
+    block: Any = None  # a dataclass (register_stage refuses anything else)
     title: str = ""
     description: str = ""
     reads: tuple[str, ...] = ()
@@ -104,7 +125,9 @@ class AnalysisStage:
         known = {name for name in dir(AnalysisStage) if not name.startswith("_")} - set(DERIVED)
         for field_name, value in declared.items():
             if field_name not in known:
-                raise ConfigError(f"analysis stage: unknown declaration {field_name!r} (one of {', '.join(sorted(known))})")
+                raise ConfigError(
+                    f"analysis stage: unknown declaration {field_name!r} (one of {', '.join(sorted(known))})"
+                )
             if value is None and field_name in HOOKS:  # a hook given as None: the class's own
                 vars(self).pop(field_name, None)
             else:
