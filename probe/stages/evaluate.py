@@ -23,7 +23,7 @@ from ..analysis.evaluate import (
 from ..core import budget
 from ..core.stages import OMIT, AnalysisStage, register_stage
 from ..models.sizes import shape_of
-from ..reporting import figures
+from ..reporting import figures as plots
 from ..reporting.columns import column, columns
 
 
@@ -85,7 +85,7 @@ class EvaluateStage(AnalysisStage):
 
     def figures(self, t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
         name = context.ckpt.name
-        out = {"icl_error": figures.icl_error(t["icl_error"], fig_dir / "icl_error", f"{name}: error vs examples")[0]}
+        out = {"icl_error": plots.icl_error(t["icl_error"], fig_dir / "icl_error", f"{name}: error vs examples")[0]}
         if "icl_r2" in t:
             fig_dir.mkdir(parents=True, exist_ok=True)
             plot_error_curve(t["icl_r2"], fig_dir / "icl_r2.png", f"{name}: R^2 vs examples")

@@ -19,7 +19,7 @@ from ..core import budget
 from ..core.errors import ConfigError
 from ..core.registry import unknown_name_message
 from ..core.stages import OMIT, AnalysisStage, StageTables, register_stage
-from ..interventions import figures
+from ..interventions import figures as plots
 from ..interventions.patch import CLAIMED, SITES
 from ..interventions.pipeline import (
     InterventionSettings,
@@ -134,16 +134,16 @@ class InterventionsStage(AnalysisStage):
         recipe = context.recipe
         if "ablation" not in t:
             return {}
-        out = {"ablation": figures.ablation(t["ablation"], fig_dir / "ablation")[0]}
+        out = {"ablation": plots.ablation(t["ablation"], fig_dir / "ablation")[0]}
         for site in t["patching"].site.unique() if "patching" in t else ():
-            out[f"patching_{site}"] = figures.patching(t["patching"], site, fig_dir / f"patching_{site}")[0]
+            out[f"patching_{site}"] = plots.patching(t["patching"], site, fig_dir / f"patching_{site}")[0]
         order = [s.label for s in recipe.sweeps]  # panels in the recipe's sweep order, however the tables were read
         names = sorted(
             (k for k in t if k.startswith("iteration_")), key=lambda k: _position(order, k.removeprefix("iteration_"))
         )
         iteration = {k.removeprefix("iteration_"): t[k] for k in names}
         if iteration:
-            out["iteration_consistency"] = figures.iteration_consistency(
+            out["iteration_consistency"] = plots.iteration_consistency(
                 iteration, fig_dir / "iteration_consistency", sweep_titles(recipe.sweeps)
             )[0]
         return out

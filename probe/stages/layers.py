@@ -24,7 +24,7 @@ from ..core.stages import AnalysisStage, StageTables, register_stage
 from ..io.outputs import safe_name
 from ..models.constructions import CONSTRUCTIONS
 from ..models.sizes import shape_of
-from ..reporting import figures
+from ..reporting import figures as plots
 from ..reporting.layer_blocks import LayerAnalyses, Match, Table1Entry, Trend, layer_analyses, verdict_rows
 from ..reporting.page import table as html_table
 
@@ -289,20 +289,20 @@ class LayersStage(AnalysisStage):
 
     def figures(self, t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
         recipe = context.recipe
-        out = {"readout": figures.readout_error(t["readout"], fig_dir / "readout", context.ckpt.config.task.n_dims)[0]}
+        out = {"readout": plots.readout_error(t["readout"], fig_dir / "readout", context.ckpt.config.task.n_dims)[0]}
         titles = sweep_titles(recipe.sweeps)
         for sweep in recipe.sweeps:
             key = f"heatmap_{sweep.label}"
-            out[key] = figures.heatmap_pair(
+            out[key] = plots.heatmap_pair(
                 t["heatmap_cells"], t["best_match"], sweep.label, sweep.axis, fig_dir / safe_name(key), titles=titles
             )[0]
             if sweep.axis:
                 key = f"trend_{sweep.label}"
-                out[key] = figures.best_match_trend(
+                out[key] = plots.best_match_trend(
                     t["best_match"], sweep.label, "sime", fig_dir / safe_name(key), titles
                 )[0]
         if not t["span"].empty:
-            out["span"] = figures.span(t["span"], fig_dir / "span")[0]
+            out["span"] = plots.span(t["span"], fig_dir / "span")[0]
         return out
 
     def estimates(self, recipe, ckpt) -> list[budget.Estimate]:

@@ -168,49 +168,6 @@ def ood_figure(table: pd.DataFrame, stem: Path) -> list[Path]:
     return save_png(fig, stem)
 
 
-def _page_tables(ood: Ood, summary, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    """Per shift the family tracked and its runner-up; per shift and question the sides."""
-    num = lambda v: "-" if v is None else f"{v:.3g}"
-    interval = lambda d, lo, hi: f"{num(d)} [{num(lo)}, {num(hi)}]"
-    shifts = pd.DataFrame(
-        [
-            {
-                "shift": s.shift,
-                "tracks (matched member)": f"none: {s.tracks} ({s.matched}) {s.tie}"
-                if s.tie
-                else f"{s.tracks} ({s.matched})",
-                "distance / d (relative)": f"{num(s.distance)} ({num(s.relative_distance)})",
-                "runner-up": s.runner_up,
-                "runner-up's excess": f"{interval(s.difference, s.ci_low, s.ci_high)} in {s.criterion}",
-                "separable": "yes" if s.separable else "no",
-                "model error / d": num(s.model_error),
-                "model diverged": f"{s.model_diverged:.0%}",
-            }
-            for s in ood.shifts
-        ]
-    )
-    sides = pd.DataFrame(
-        [
-            {
-                "shift": s.shift,
-                "a vs b": f"{s.a} ({s.family_a}) vs {s.b} ({s.family_b})",
-                "difference (> 0: a nearer)": f"{interval(s.difference, s.ci_low, s.ci_high)} in {s.criterion}",
-                "gap between them": num(s.gap),
-                "model's distance": num(s.distance),
-                "favours": s.favours or ("-" if s.resolved else "- (unresolved)"),
-            }
-            for s in ood.sides
-        ]
-    )
-    return {
-        "Per shift, the family the model tracks (its member matched in distribution) and the runner-up, with the "
-        "paired difference in the criterion that ranked them (90% over resampled prompts)": shifts,
-        "Hypotheses side by side (the evidence table's row): the closest family of each side, the paired difference "
-        "(> 0: the first side nearer) and the squared gap between the two families; a side is favoured only where the "
-        "interval excludes 0 and the model is nearer it than the two are to each other": sides,
-    }
-
-
 VALIDATED_ON = (
     "planted GD (GD with its fixed step: diverges where the model does under scale_x = 2 and 3, nearest under "
     "every other shift) and planted Newton (Newton with its fixed alpha: diverges where the model does under "

@@ -27,7 +27,7 @@ from ..core.settings import induced_count
 from ..core.stages import AnalysisStage, StageTables, register_stage
 from ..core.validity import Domain, Validity
 from ..models.sizes import shape_of
-from ..reporting import figures
+from ..reporting import figures as plots
 from ..reporting.columns import column, columns, plain
 from ..reporting.page import table as html_table
 
@@ -337,8 +337,8 @@ class SpectralStage(AnalysisStage):
         out = {}
         for variable in t["spectral_curves"].variable.unique():
             key = f"spectral_{variable}"
-            out[key] = figures.spectral_curves(t["spectral_curves"], variable, fig_dir / key)[0]
-        out["spectral_exponents"] = figures.spectral_exponents(t["spectral_layers"], fig_dir / "spectral_exponents")[0]
+            out[key] = plots.spectral_curves(t["spectral_curves"], variable, fig_dir / key)[0]
+        out["spectral_exponents"] = plots.spectral_exponents(t["spectral_layers"], fig_dir / "spectral_exponents")[0]
         return out
 
     def estimates(self, recipe, ckpt) -> list[budget.Estimate]:
