@@ -393,3 +393,29 @@ def test_a_stage_without_run_or_an_unknown_declaration_is_refused():
         AnalysisStage(name="typo", runs=_run)
     with pytest.raises(ConfigError, match="register_stage takes an AnalysisStage"):
         register_stage(MeanStage)
+
+
+def test_a_stage_that_writes_its_own_page_section_replaces_the_standard_one(ckpt, tmp_path):
+    """`page` returns the stage's sections as (title, HTML): the report shows them in its place of the
+    standard section (description, tables, figures) and gives them the page's context; its figures
+    keep their own names (the spine's way, probe/stages/sections.py)."""
+    seen = {}
+
+    def page(block, summary, figs, tables, context):
+        seen.update(figs=set(figs), card="card" in context["tables"])
+        return [("Mean, by hand", f"<p>written by the stage: {len(block.n_examples)} counts</p>")]
+
+    stage = MEAN.replace(page=page)
+    assert stage.overrides("page") and not MEAN.overrides("page")
+    register_stage(stage)
+    try:
+        out = tmp_path / "r"
+        assert main(_report_args(ckpt, out)) == 0
+        html = (out / "index.html").read_text()
+        n = json.loads((out / "summary.json").read_text())["mean_prediction"]["n_examples"]
+        assert "Mean, by hand</h2>" in html
+        assert f"<p>written by the stage: {len(n)} counts</p>" in html
+        assert MEAN.description.replace("<", "&lt;").replace(">", "&gt;") not in html  # no standard section
+        assert "curve" in seen["figs"] and "mean_prediction/curve" not in seen["figs"] and seen["card"]
+    finally:
+        unregister_stage(stage.name)

@@ -50,6 +50,7 @@ HOOKS = (
     "findings",
     "caveats",
     "tables",
+    "page",
     "evidence",
     "verdicts",
     "check",
@@ -90,9 +91,6 @@ class AnalysisStage:
     merged: whether its block's fields are top-level keys of summary.json (the spine's blocks:
         icl_error, readout, best_match, ... as summary.json has always written them) rather than one
         key holding the block.
-    sections: the page sections the report template's macros write for it (templates/report.html.j2;
-        the spine's), each (title, macro, the figure whose presence shows it or ""), in place of the
-        section made of its description, tables and figures.
     files: entries of its `data` the report writes as data/<entry>.json (the layers' `trends`; a
         compared checkpoint's as data/compare_<entry>.json).
     papers: the papers whose methods it runs, cited by author and year with the paper's section
@@ -117,7 +115,6 @@ class AnalysisStage:
     standalone: bool = True
     commands: tuple[str, ...] = ()
     merged: bool = False
-    sections: tuple[tuple[str, str, str], ...] = ()
     files: tuple[str, ...] = ()
     papers: tuple[str, ...] = ()
 
@@ -174,9 +171,17 @@ class AnalysisStage:
         return []
 
     def tables(self, block: Any, summary: Any, tables: Any) -> dict[str, Any]:
-        """Caption -> DataFrame shown on the page (with `sections`: name -> HTML table that the
-        report template's macros read)."""
+        """Caption -> DataFrame shown on the page (where it writes its own `page`: name -> HTML table
+        that its template's macros read)."""
         return {}
+
+    def page(
+        self, block: Any, summary: Any, figs: dict[str, Path], tables: dict[str, Any], context: dict[str, Any]
+    ) -> list[tuple[str, str]] | None:
+        """Its page sections, (title, HTML) each, where it writes its own (the spine's, from macros of
+        probe/stages/templates/); None: one section of its description, `tables` and figures.
+        `figs`: figure name -> PNG drawn; `tables`: the report's tables; `context`: the page template's."""
+        return None
 
     def evidence(self, block: Any, summary: Any, a: str, b: str) -> list[dict[str, Any]]:
         """Rows of the evidence table for the question a or b, each a dict of
@@ -223,10 +228,10 @@ class AnalysisStage:
         return self.settings is None or getattr(recipe, self.name).enabled
 
     def draw(self, tables: dict[str, Any], fig_dir: Path, context: Any) -> dict[str, Path]:
-        """Its figures, keyed "<name>/<figure>" where its page section is made of its description,
-        tables and figures (the spine's, drawn by the template's macros, keep their own names)."""
+        """Its figures, keyed "<name>/<figure>" where its page section is the standard one (a stage
+        that writes its own `page` reads them by their own names)."""
         drawn = self.figures(tables, fig_dir, context)
-        return drawn if self.sections else {f"{self.name}/{k}": v for k, v in drawn.items()}
+        return drawn if self.overrides("page") else {f"{self.name}/{k}": v for k, v in drawn.items()}
 
     def refusal(self, ckpt: Any) -> str:
         """Why it cannot run on this checkpoint ("" where it can)."""

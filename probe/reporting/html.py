@@ -1,7 +1,7 @@
 """index.html: one page (CSS inline, no scripts, nothing fetched from outside the report) that
 links each figure from figures/ (stored once, as PNG), with a caption under every figure and the
-tables behind it in data/. The sections' prose and captions are in templates/report.html.j2; this
-module chooses the sections and renders their tables."""
+tables behind it in data/. The report's own sections' prose is in templates/report.html.j2, the
+spine stages' in probe/stages/templates/; this module chooses the sections and renders their tables."""
 
 from __future__ import annotations
 
@@ -63,9 +63,9 @@ def _training_rows(ckpt) -> list[tuple[str, Any]]:
 
 
 def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, compare, rendered: str = "") -> str:
-    """The report page: templates/page.html.j2 with the sections of templates/report.html.j2: the
-    evidence table, each analysis's sections in report order (probe/core/stages.py), the methods
-    and the grids; `rendered`: the commit re-rendering the page (probe/reporting/rerender.py)."""
+    """The report page: templates/page.html.j2 with the evidence table (templates/report.html.j2),
+    each analysis's sections in report order (probe/core/stages.py, each stage's `page`), the
+    comparison, the methods and the grids; `rendered`: the commit re-rendering the page (probe/reporting/rerender.py)."""
     items, caveats = findings(summary, answers=False)  # the answers head the page's answer block
     answers, groups = first_screen(summary)
     titles = summary.titles
@@ -82,7 +82,7 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
     }
     sections = [Section("Evidence: which algorithm?", macro="evidence")] if summary.evidence else []
     for key, block in summary.stages.items():
-        sections += _stage_sections(by_block_key()[key], block, summary, figs, built.tables)
+        sections += _stage_sections(by_block_key()[key], block, summary, figs, built.tables, context)
     if summary.compare is not None and "comparison" in context["tables"]:
         sections.append(Section(f"Comparison with {html.escape(context['compare_name'])}", macro="comparison"))
     sections += [Section("Methods", macro="methods"), Section("Grids", macro="grids")]
@@ -102,12 +102,19 @@ def render_html(built, summary: Summary, figs: dict[str, Path], ckpt, recipe, co
 
 
 def _stage_sections(
-    declared, block: Any, summary: Summary, figs: dict[str, Path], tables: dict[str, pd.DataFrame]
+    declared,
+    block: Any,
+    summary: Summary,
+    figs: dict[str, Path],
+    tables: dict[str, pd.DataFrame],
+    context: dict[str, Any],
 ) -> list[Section]:
-    """An analysis's sections: the template macros it names (those whose figure was drawn), or one
-    section of its description, the tables its `tables` shows and its figures (text escaped)."""
-    if declared.sections:
-        return [Section(title, macro=macro) for title, macro, when in declared.sections if not when or when in figs]
+    """An analysis's sections: those it writes itself (its `page`: the spine's, from its template's
+    macros), or one section of its description, the tables its `tables` shows and its figures (text
+    escaped)."""
+    own = declared.page(block, summary, figs, tables, context)
+    if own is not None:
+        return [Section(title, [body]) for title, body in own]
     parts = [f"<p>{html.escape(declared.description)}</p>"]
     for caption, frame in declared.tables(block, summary, tables).items():
         parts += [f"<p>{html.escape(caption)}</p>", _table(frame)]
@@ -118,13 +125,10 @@ def _stage_sections(
 
 
 def _tables(t: dict[str, pd.DataFrame], summary: Summary, ckpt, recipe) -> dict[str, Any]:
-    """The HTML tables templates/report.html.j2 reads, by name: the model card, the evidence
-    questions, the grids, and those the analyses with template sections give (`tables`)."""
+    """The HTML tables the page's templates read, by name: the model card (the error curve's
+    section), the evidence questions, the comparison and the grids (a stage's own are joined to these
+    where it renders its section, probe/stages/sections.py)."""
     out = {"card": _table(_model_card(summary, ckpt))}
-    for key, block in summary.stages.items():
-        declared = by_block_key()[key]
-        if declared.sections:
-            out.update(declared.tables(block, summary, t))
     for i, q in enumerate(summary.evidence or []):
         out[f"evidence_{i}"] = _table(_evidence_rows(q, summary.titles))
     out.update(_comparison_tables(t, summary))

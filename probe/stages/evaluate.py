@@ -25,6 +25,7 @@ from ..core.stages import OMIT, AnalysisStage, register_stage
 from ..models.sizes import shape_of
 from ..reporting import figures as plots
 from ..reporting.columns import column, columns
+from .sections import template_page
 
 
 @dataclass
@@ -70,7 +71,6 @@ class EvaluateStage(AnalysisStage):
     standalone = False
     commands = ("evaluate",)
     merged = True
-    sections = (("Model card", "model_card", ""),)
 
     def run(self, c) -> dict[str, pd.DataFrame]:
         task, prompts = c.ckpt.config.task, c.recipe.prompts
@@ -112,6 +112,12 @@ class EvaluateStage(AnalysisStage):
         return (
             f"In-context error / d at 2d+1 = {t} examples: {icl.model[i]:.4f} "
             f"(90% band {icl.model_lo[i]:.4f}-{icl.model_hi[i]:.4f}); least squares {icl.least_squares[i]:.4f}."
+        )
+
+    def page(self, block, summary, figs, tables, context):
+        """The model card and the error curve (templates/evaluate.html.j2)."""
+        return template_page(
+            self, "evaluate.html.j2", (("Model card", "model_card", ""),), block, summary, figs, tables, context
         )
 
 

@@ -27,8 +27,15 @@ from ..models.sizes import shape_of
 from ..reporting import figures as plots
 from ..reporting.layer_blocks import LayerAnalyses, Match, Table1Entry, Trend, layer_analyses, verdict_rows
 from ..reporting.page import table as html_table
+from .sections import template_page
 
 SECTIONS = ("readout", "similarity", "sweeps")  # the recipe sections it reads besides [prompts]
+PAGE = (  # its page sections: (title, macro of templates/layers.html.j2, the figure that shows it or "")
+    ("Per-layer readout retraining", "readout", ""),
+    ("Layers vs reference learners", "matching", ""),
+    ("Table 1: final layer against each learner", "table1", ""),
+    ("Span of the examples", "span", "span"),
+)
 
 
 # ----------------------------------------------------------------------------- running
@@ -253,12 +260,6 @@ class LayersStage(AnalysisStage):
     standalone = False
     commands = ("readout", "heatmap", "span")
     merged = True
-    sections = (
-        ("Per-layer readout retraining", "readout", ""),
-        ("Layers vs reference learners", "matching", ""),
-        ("Table 1: final layer against each learner", "table1", ""),
-        ("Span of the examples", "span", "span"),
-    )
     files = ("trends",)
 
     def run(self, c) -> StageTables:
@@ -361,7 +362,7 @@ class LayersStage(AnalysisStage):
         return out
 
     def tables(self, block: LayerAnalyses, summary: Any, t: dict[str, pd.DataFrame]) -> dict[str, str]:
-        """The HTML tables its sections' macros read (templates/report.html.j2): readout, best, table1,
+        """The HTML tables its sections' macros read (templates/layers.html.j2): readout, best, table1,
         verdicts."""
         readout, titles = block.readout, summary.titles
         ro = pd.DataFrame({"layer": readout.layer, "error / d (mean over t >= 1)": readout.error})
@@ -397,6 +398,10 @@ class LayersStage(AnalysisStage):
 
     def verdicts(self, block, tables):
         return verdict_rows(tables.get("verdicts"), block.trend)
+
+    def page(self, block, summary, figs, tables, context):
+        """Read-outs, matches, Table 1 and the span test (templates/layers.html.j2)."""
+        return template_page(self, "layers.html.j2", PAGE, block, summary, figs, tables, context)
 
 
 register_stage(LayersStage())

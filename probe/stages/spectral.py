@@ -30,6 +30,7 @@ from ..models.sizes import shape_of
 from ..reporting import figures as plots
 from ..reporting.columns import column, columns, plain
 from ..reporting.page import table as html_table
+from .sections import template_page
 
 
 @dataclass
@@ -310,7 +311,6 @@ class SpectralStage(AnalysisStage):
     needs = ("layers",)
     standalone = False
     commands = ("spectral",)
-    sections = (("Spectral filter of each layer", "spectral", "spectral_exponents"),)
 
     def run(self, c) -> StageTables:
         """The filter of each layer on the layers stage's induced weights (none where SimW is off)."""
@@ -430,6 +430,11 @@ class SpectralStage(AnalysisStage):
             for r in t["spectral_layers"].itertuples()
         ]  # fmt: skip
         return rows
+
+    def page(self, sp, summary, figs, tables, context):
+        """The filter's prose, table and figures (templates/spectral.html.j2), where its figures were drawn."""
+        page = (("Spectral filter of each layer", "spectral", "spectral_exponents"),)
+        return template_page(self, "spectral.html.j2", page, sp, summary, figs, tables, context)
 
 
 register_stage(SpectralStage())
