@@ -2,6 +2,9 @@
 built to fool a rate-based or similarity-based verdict. On each, the answer names the right family
 (or stays undecided) and never the wrong one."""
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import pytest
 
 from probe.analysis.pipeline import LayerSettings, analyse_layers
@@ -10,10 +13,36 @@ from probe.analysis.verdicts import decide, verdict_words
 from probe.core.settings import PromptSettings, SimilaritySettings, SweepSettings
 from probe.data.config import TaskConfig
 from probe.models.oracle import LearnerOracle
-from probe.reporting.evidence import Blocks, evidence_frame, questions
+from probe.reporting.evidence import evidence_frame, questions
 from probe.reporting.layer_blocks import verdict_rows
 from probe.reporting.schema import Verdict
 from probe.stages.spectral import spectral_block, spectral_tables
+
+
+@dataclass
+class Blocks:
+    """The summary.json blocks the evidence reads, built here directly: what a Summary holds for it
+    (the report and the study give the evidence a whole Summary, probe/reporting/summary.py)."""
+
+    sweeps: list[dict[str, Any]]
+    verdicts: list[Verdict] | None
+    trend: dict[str, Any]
+    spectral: Any = None  # the layer analyses' Spectral block
+    stages: dict[str, Any] = field(default_factory=dict)  # registered analyses' blocks
+    # what the validity checks read (probe/reporting/validity.py), where the study has it: the
+    # checkpoint's task ({"task": {...}}), the error curve, the read-out (.method), the [prompts]
+    checkpoint: dict[str, Any] | None = None
+    icl_error: Any = None
+    readout: Any = None
+    prompts: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.spectral is not None:  # the spectral stage's block, as a Summary holds it
+            self.stages = {"spectral": self.spectral, **self.stages}
+
+    @property
+    def recipe(self) -> dict[str, Any]:
+        return {"sweeps": self.sweeps, "prompts": self.prompts}
 
 TASK = TaskConfig(n_dims=4, n_points=16)
 SWEEPS = (

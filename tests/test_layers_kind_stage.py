@@ -132,3 +132,31 @@ def test_a_layers_kind_stage_from_a_test_file_reads_induced_weights_and_adds_evi
     again = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert "layers" in again["cached_stages"] and "ols_gap" not in again["cached_stages"]
     assert again["ols_gap"]["examples"] == 2 and again["ols_gap"]["gap"] != block["gap"]
+
+
+def test_a_plugin_stages_evidence_row_is_in_a_studys_evidence_as_in_a_report(ckpt, tmp_path, monkeypatch):
+    """A study's evidence is the report's own summary of the stages it ran (every stage's `evidence`
+    hook), so the plugin stage's row, named in the study's analyses through its `study_rows`, is in
+    study.csv beside the layers' rows, with the consolidated answer of a report on the same model."""
+    rows = lambda t: [{"metric": "ols_gap", "value": r.gap, "layer": int(r.layer)} for r in t["ols_gap"].itertuples()]
+    stage = OLS_GAP.replace(study_rows=rows)
+    register_stage(stage)
+    try:
+        (tmp_path / "s.toml").write_text(
+            f'description = "gap"\ncheckpoints = ["{ckpt}"]\nanalyses = ["heatmap", "ols_gap", "evidence"]\n'
+            'x = "family"\nreport = "smoke"\n[set]\n"similarity.simw" = true\n'
+        )
+        monkeypatch.chdir(tmp_path)
+        assert main(["-q", "study", "s.toml", "--out", "out"]) == 0
+        table = pd.read_csv(tmp_path / "out" / "study.csv")
+        evidence = table[(table.analysis == "evidence") & (table.metric == "newton_vs_gd")]
+        assert INSTRUMENT in set(evidence.learner) and evidence[evidence.learner == INSTRUMENT].value.item() == 0
+        assert len(table[table.analysis == "ols_gap"]) == table[table.analysis == "ols_gap"].layer.nunique() > 1
+        assert _report(ckpt, tmp_path / "r", tmp_path / "cache") == 0
+        report = json.loads((tmp_path / "r" / "summary.json").read_text())
+        newton_gd = next(q for q in report["evidence"] if (q["a"], q["b"]) == ("newton", "gd"))
+        assert [r["instrument"] for r in newton_gd["rows"]] == list(evidence.learner[:-1])
+        side = {"newton": 1.0, "gd": -1.0}
+        assert evidence[evidence.learner == "consolidated answer"].value.item() == side.get(newton_gd["answer"], 0.0)
+    finally:
+        unregister_stage(stage.name)

@@ -11,7 +11,7 @@ never from parsing its words.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import pandas as pd
@@ -19,7 +19,7 @@ import pandas as pd
 from ..analysis.matching import family_of
 from ..core.stages import by_block_key
 from .schema import EvidenceQuestion as Question
-from .schema import EvidenceRow, Summary, Verdict
+from .schema import EvidenceRow, Summary
 from .validity import Precondition, conditions, learns_in_context
 
 # (a, b): the hypotheses a question weighs, by learner family; asked where the recipe sweeps both
@@ -39,33 +39,7 @@ def evidence(summary: Summary) -> list[Question]:
     return questions(summary)
 
 
-@dataclass
-class Blocks:
-    """The summary.json blocks the evidence reads, built from an analysis directly (a study's
-    tables; tests): what a Summary holds for it."""
-
-    sweeps: list[dict[str, Any]]
-    verdicts: list[Verdict] | None
-    trend: dict[str, Any]
-    spectral: Any = None  # the layer analyses' Spectral block
-    stages: dict[str, Any] = field(default_factory=dict)  # registered analyses' blocks
-    # what the validity checks read (probe/reporting/validity.py), where the study has it: the
-    # checkpoint's task ({"task": {...}}), the error curve, the read-out (.method), the [prompts]
-    checkpoint: dict[str, Any] | None = None
-    icl_error: Any = None
-    readout: Any = None
-    prompts: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.spectral is not None:  # the spectral stage's block, as a Summary holds it
-            self.stages = {"spectral": self.spectral, **self.stages}
-
-    @property
-    def recipe(self) -> dict[str, Any]:
-        return {"sweeps": self.sweeps, "prompts": self.prompts}
-
-
-def questions(summary: Summary | Blocks) -> list[Question]:
+def questions(summary: Summary | Any) -> list[Question]:
     """The questions of `evidence`: one per pair of QUESTIONS the recipe sweeps both of, its rows
     given by the registered analyses (probe/core/stages.py `evidence`) that ran."""
     sweeps = summary.recipe.get("sweeps", [])
@@ -92,9 +66,9 @@ def evidence_frame(questions: Iterable[Question]) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
-def _rows(summary: Summary | Blocks, a: str, b: str) -> list[EvidenceRow]:
+def _rows(summary: Summary | Any, a: str, b: str) -> list[EvidenceRow]:
     """Each analysis's rows on "a or b?", in report order; a merged analysis (the layer analyses)
-    reads its fields from the summary itself, so that a study's Blocks gives it the same. A row
+    reads its fields from the summary itself (`summary`: a Summary, or any object with its attributes). A row
     whose known answers (`validity.Domain`) do not cover the model's conditions is marked
     "unvalidated here" with the conditions outside."""
     rows, model = [], conditions(summary)

@@ -8,9 +8,7 @@ study and a report on the same checkpoint and recipe share results.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -154,39 +152,20 @@ def stage_rows(analyses, built, ckpt, path) -> list[dict]:
 SIDE_VALUE = 1.0  # an evidence row's value: +1 favours the question's first hypothesis, -1 the second, 0 neither
 
 
-def evidence_rows(built, report, task) -> list[dict]:
-    """The evidence tables (probe/reporting/evidence.py) of the stages the study ran: per question
-    "<a>_vs_<b>", one row per instrument (learner = the instrument, value +1 where it favours a, -1
-    where it favours b, 0 where undecided) and the consolidated answer (learner "consolidated
-    answer"). The causal map and order rows need the interventions and order stages, which a study
-    does not run. The validity checks read the model's task, read-out and prompts (a row outside its
-    domain does not count) and, where the study ran "evaluate", its error curve (a model that does
-    not learn in context gets no answer)."""
-    from ..reporting.columns import columns
-    from ..reporting.evidence import Blocks, questions
-    from ..reporting.layer_blocks import trend_block, verdict_rows
-    from ..reporting.schema import Verdict
-    from ..stages.evaluate import IclError
-    from ..stages.spectral import spectral_block
+def evidence_rows(built, report, ckpt) -> list[dict]:
+    """The evidence tables of the stages the study ran, as a report of the same recipe on this model
+    writes them (the report's own summary, probe/reporting/summary.py `build_summary`: each stage's
+    block and `evidence` rows): per question "<a>_vs_<b>", one row per instrument (learner = the
+    instrument, value +1 where it favours a, -1 where it favours b, 0 where undecided) and the
+    consolidated answer (learner "consolidated answer"). The causal map and order rows need the
+    interventions and order stages, which a study does not run. The validity checks read the model's
+    task, read-out and prompts (a row outside its domain does not count) and, where the study ran
+    "evaluate", its error curve (a model that does not learn in context gets no answer)."""
+    from ..reporting.summary import build_summary
 
-    t = built.tables
-    trends = trend_block(built.data.get("trends", []), report)
-    spectral = spectral_block(t, built.data.get("spectral_counts", {})) if "spectral_summary" in t else None
-    verdicts = [Verdict(**row) for row in verdict_rows(t.get("verdicts"), trends)]
-    recipe = report.to_dict()
-    curve = columns(t["icl_error"], IclError) if "icl_error" in t else None  # the precondition's error curve
-    blocks = Blocks(
-        recipe["sweeps"],
-        verdicts or None,
-        trends,
-        spectral,
-        checkpoint={"task": asdict(task)},
-        icl_error=curve,
-        readout=SimpleNamespace(method=report.readout.method),
-        prompts=recipe["prompts"],
-    )
+    summary = build_summary(built, ckpt, report, None)
     rows = []
-    for q in questions(blocks):
+    for q in summary.evidence or []:
         side: dict[str | None, float] = {q.a: SIDE_VALUE, q.b: -SIDE_VALUE}
         metric = f"{q.a}_vs_{q.b}"
         for r in q.rows:
@@ -322,7 +301,7 @@ def analyse_model(path: str, recipe_data: dict, cache_dir: str | None, device: s
         )
     rows += stage_rows(recipe.analyses, built, ckpt, path)
     if "evidence" in recipe.analyses:
-        rows += evidence_rows(built, report, task)
+        rows += evidence_rows(built, report, ckpt)
     if "probes" in recipe.analyses:
         rows += probe_rows(built.tables["probes"])
     if "spd_ilw" in recipe.analyses:
