@@ -83,7 +83,6 @@ OLS_GAP = AnalysisStage(
     evidence=_evidence,
     reads=("similarity",),
     needs=("layers",),
-    standalone=False,
 )
 
 

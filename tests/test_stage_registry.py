@@ -40,10 +40,10 @@ class MeanBlock:
 
 def _run(c):
     from probe.analysis.evaluate import predict
-    from probe.data.tasks import generator_for, sample_prompts
+    from probe.data.tasks import sample_prompts
 
     s = c.recipe.mean_prediction
-    p = sample_prompts(c.ckpt.config.task, s.prompts, generator=generator_for(c.recipe.prompts.seed, 77))
+    p = sample_prompts(c.ckpt.config.task, s.prompts, generator=MEAN.generator(c.recipe.prompts.seed, "prompts"))
     pred = predict(c.ckpt.model, p).abs().mean(0)
     table = pd.DataFrame({"n_examples": range(len(pred)), "mean_abs": pred.double().numpy()})
     peak = {"n_examples": int(pred.argmax()), "mean_abs": float(pred.max())}
@@ -80,8 +80,12 @@ MEAN = AnalysisStage(
             ckpt.config.task.n_points,
         )
     ],
-    findings=lambda block, summary: f"Mean |prediction| after {block.n_examples[-1]} examples: {block.mean_abs[-1]:.3f}.",
-    tables=lambda block, summary, t: {"by examples": pd.DataFrame({"examples": block.n_examples, "mean |y|": block.mean_abs})},
+    findings=lambda block, summary: (
+        f"Mean |prediction| after {block.n_examples[-1]} examples: {block.mean_abs[-1]:.3f}."
+    ),
+    tables=lambda block, summary, t: {
+        "by examples": pd.DataFrame({"examples": block.n_examples, "mean |y|": block.mean_abs})
+    },
     files=("mean_peak",),
 )
 
@@ -258,7 +262,8 @@ def test_a_merged_stage_writes_its_fields_at_the_top_level_and_reads_back(ckpt, 
 
     from probe.reporting.schema import Summary, check_summary
 
-    merged = MEAN.replace(block=MeanCurves,
+    merged = MEAN.replace(
+        block=MeanCurves,
         summarise=lambda t, recipe: MeanCurves(
             t["mean_prediction"].n_examples.tolist(), t["mean_prediction"].mean_abs.tolist()
         ),
@@ -419,3 +424,28 @@ def test_a_stage_that_writes_its_own_page_section_replaces_the_standard_one(ckpt
         assert "curve" in seen["figs"] and "mean_prediction/curve" not in seen["figs"] and seen["card"]
     finally:
         unregister_stage(stage.name)
+
+
+def test_a_stage_draws_from_streams_keyed_by_its_name():
+    """`stage.generator(seed, part)`: the same name, part and seed give the same draws, any other
+    differs; the stream numbers lie above every entry of the central table (probe/core/seeds.py)."""
+    import torch
+
+    from probe.core.seeds import NAMED_BASE, Stream, generator_for, named_stream
+
+    draw = lambda g: torch.randn(4, generator=g)
+    assert torch.equal(draw(MEAN.generator(3, "prompts")), draw(MEAN.generator(3, "prompts")))
+    others = [
+        MEAN.generator(4, "prompts"),
+        MEAN.generator(3, "noise"),
+        MeanStage().replace(name="mean_other").generator(3, "prompts"),
+    ]
+    assert all(not torch.equal(draw(MEAN.generator(3, "prompts")), draw(g)) for g in others)
+    assert torch.equal(
+        draw(MEAN.generator(3, "prompts")), draw(generator_for(3, named_stream("mean_prediction", "prompts")))
+    )
+    assert (
+        min(named_stream(n, p) for n in ("a", "mean_prediction", "ols_gap") for p in ("", "x"))
+        >= NAMED_BASE
+        > max(Stream)
+    )

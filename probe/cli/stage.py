@@ -43,7 +43,7 @@ def add_registered_parsers(sub) -> None:
     from ..core.stages import registered
 
     for name, declared in registered().items():
-        if declared.command in sub.choices or not declared.standalone or declared.settings is None:
+        if declared.command in sub.choices or declared.commands or declared.settings is None:
             continue  # register_stage refuses the built-in commands' names; a second build of the parser
         p = sub.add_parser(
             declared.command,

@@ -8,7 +8,9 @@ initialisation, a learner's masks_seed) it gets `stream_seed(seed, Stream.X)`. T
 prompts from `generator_for(train.seed, step, rank)` (resumable per step) and initialises its model
 from train.seed inside `torch.random.fork_rng`; learners take their own `seed` hyper-parameter for
 their minibatches and initial values. Library code never leaves torch's global generator changed.
-One exception: `icl-probe resolution` (probe/analysis/resolution.py) draws its prompts from
+A stage registered from outside the toolkit (probe/core/stages.py) draws from `named_stream(its name,
+part)`, through `AnalysisStage.generator(seed, part)`, and needs no entry here. One exception:
+`icl-probe resolution` (probe/analysis/resolution.py) draws its prompts from
 `generator_for(seed)` and its fresh queries from `generator_for(seed, 1)`, without a named stream.
 """
 
@@ -72,3 +74,17 @@ def stream_seed(seed: int, stream: Stream) -> int:
 def stream_generator(seed: int, stream: Stream) -> torch.Generator:
     """The generator of `stream` for run seed `seed`."""
     return generator_for(seed, int(stream))
+
+
+NAMED_BASE = 2**32  # named streams lie in [2^32, 2^62): above every Stream value
+
+
+def named_stream(name: str, *parts: str) -> int:
+    """The stream number of an analysis stage's own draws, from its name and what they are for
+    (`named_stream("ols_gap", "prompts")`): a stage outside the toolkit draws from streams of its own
+    with no entry in `Stream` (the toolkit's stages keep theirs: renumbering would move every committed
+    number). The words' SHA-256, in [2^32, 2^62)."""
+    import hashlib
+
+    digest = hashlib.sha256("/".join((name, *parts)).encode()).digest()
+    return NAMED_BASE + int.from_bytes(digest[:8], "big") % (2**62 - NAMED_BASE)

@@ -57,7 +57,7 @@ HOOKS = (
     "refuses",
     "study_rows",
 )
-DERIVED = ("command", "block_key", "keys", "enabled", "draw", "refusal", "overrides", "replace")  # read, never declared
+DERIVED = ("command", "block_key", "keys", "enabled", "draw", "refusal", "overrides", "replace", "generator")  # read, never declared
 
 
 class AnalysisStage:
@@ -84,10 +84,10 @@ class AnalysisStage:
     captions: (figure name, caption) under its figures on the page.
     key: its summary.json key where that is not its name (order: "order_sensitivity").
     cli: its command where that is not its name (steering: "steer").
-    standalone: whether `icl-probe <command>` runs it alone (False where its commands are written
-        by hand, `commands`).
-    commands: the hand-written commands (probe/cli) that run it or its parts where it has no derived
-        one: the spine's `icl-probe evaluate`, `readout`, `spectral`, ... (names it may share).
+    commands: the hand-written commands (probe/cli) that run it or its parts, in place of the
+        `icl-probe <command>` derived from its settings (which a stage without them gets, with the
+        stages it needs): the spine's `icl-probe evaluate`, `readout`, `spectral`, the causal checks'
+        `ablate` and `patch` (names it may share).
     merged: whether its block's fields are top-level keys of summary.json (the spine's blocks:
         icl_error, readout, best_match, ... as summary.json has always written them) rather than one
         key holding the block.
@@ -112,7 +112,6 @@ class AnalysisStage:
     captions: tuple[tuple[str, str], ...] = ()
     key: str = ""
     cli: str = ""
-    standalone: bool = True
     commands: tuple[str, ...] = ()
     merged: bool = False
     files: tuple[str, ...] = ()
@@ -137,6 +136,13 @@ class AnalysisStage:
         other = copy.copy(self)
         AnalysisStage.__init__(other, **changes)
         return other
+
+    def generator(self, seed: int, *parts: str) -> Any:
+        """A torch generator of its own random stream `parts` for run seed `seed` (probe/core/seeds.py
+        `named_stream`: keyed by its name, no entry in the central table)."""
+        from .seeds import generator_for, named_stream
+
+        return generator_for(seed, named_stream(self.name, *parts))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

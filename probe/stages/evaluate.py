@@ -68,7 +68,6 @@ class EvaluateStage(AnalysisStage):
     description = (
         "The model's in-context error against the number of examples, beside least squares, 3-NN and averaging."
     )
-    standalone = False
     commands = ("evaluate",)
     merged = True
 

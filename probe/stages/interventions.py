@@ -99,7 +99,7 @@ class InterventionsStage(AnalysisStage):
             "interval), beside the fraction each learner's layer map predicts.",
         ),
     )
-    standalone = False
+    commands = ("ablate", "patch")
 
     def run(self, c) -> StageTables:
         """The causal checks, each learner's map read from the layers stage's best matches."""

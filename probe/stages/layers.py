@@ -257,7 +257,6 @@ class LayersStage(AnalysisStage):
         "paired verdicts) and the span test."
     )
     reads = SECTIONS
-    standalone = False
     commands = ("readout", "heatmap", "span")
     merged = True
     files = ("trends",)

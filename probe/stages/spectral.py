@@ -309,7 +309,6 @@ class SpectralStage(AnalysisStage):
     )
     reads = ("similarity",)
     needs = ("layers",)
-    standalone = False
     commands = ("spectral",)
 
     def run(self, c) -> StageTables:
