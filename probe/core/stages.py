@@ -57,7 +57,17 @@ HOOKS = (
     "refuses",
     "study_rows",
 )
-DERIVED = ("command", "block_key", "keys", "enabled", "draw", "refusal", "overrides", "replace", "generator")  # read, never declared
+DERIVED = (
+    "command",
+    "block_key",
+    "keys",
+    "enabled",
+    "draw",
+    "refusal",
+    "overrides",
+    "replace",
+    "generator",
+)  # read, never declared
 
 
 class AnalysisStage:
