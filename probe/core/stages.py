@@ -51,6 +51,7 @@ HOOKS = (
     "caveats",
     "tables",
     "page",
+    "compare",
     "evidence",
     "verdicts",
     "check",
@@ -198,6 +199,14 @@ class AnalysisStage:
         probe/stages/templates/); None: one section of its description, `tables` and figures.
         `figs`: figure name -> PNG drawn; `tables`: the report's tables; `context`: the page template's."""
         return None
+
+    def compare(self, mine: Any, theirs: Any, context: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """`report --compare`: its part of two checkpoints side by side, from each one's tables
+        (`mine`, `theirs`: StageTables with `.ckpt`, called where it ran on both): (tables, written as
+        data/<name>.csv and read by the page's comparison section; entries of summary.json's `compare`).
+        `context`: `.recipe`, `.device`, `.same_task` (one task: the same prompts fit both models) and
+        `.tables`, the comparison's tables from the stages before it."""
+        return {}, {}
 
     def evidence(self, block: Any, summary: Any, a: str, b: str) -> list[dict[str, Any]]:
         """Rows of the evidence table for the question a or b, each a dict of

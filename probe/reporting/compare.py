@@ -8,14 +8,15 @@ examples (layers paired by relative depth), each with its 90% interval over the 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
-from ..analysis.evaluate import paired_error_difference
 from ..analysis.paired_layers import paired_layer_difference
 from ..analysis.pipeline import LayerSettings
 from ..analysis.readout import LayerReadouts
+from ..core.stages import StageTables, registered
 from ..io.checkpoint import LoadedCheckpoint
 from .recipe import Recipe, adapt_recipe
 
@@ -68,45 +69,51 @@ def layer_rows(name: str, tables: dict[str, pd.DataFrame], d: int) -> list[dict[
     return rows
 
 
+@dataclass
+class CompareContext:
+    """What a stage's `compare` hook is given beside the two models' tables."""
+
+    recipe: Recipe  # the report's recipe (each model's stages ran it adapted to its checkpoint)
+    device: str
+    same_task: bool  # one task: the same prompts fit both models
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # the comparison's tables so far
+
+
 def comparison(
     built, other_built, ckpt: LoadedCheckpoint, other: LoadedCheckpoint, recipe: Recipe, device: str
 ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
-    """The comparison's tables (`comparison_layers`, and `comparison_paired` where the task is
-    shared) and what summary.json's `compare` adds: each model's evidence answers and the paired
-    error difference at d and 2d+1 examples."""
+    """The comparison's tables and what summary.json's `compare` adds: each model's evidence answers,
+    whether they share a task, then what every stage that ran on both adds (its `compare` hook, in
+    report order: the error curve's paired difference, the layers' table by relative depth)."""
     from .summary import build_summary
 
     theirs = unprefixed(other_built)
-    d, d_other = ckpt.config.task.n_dims, other.config.task.n_dims
-    layers = pd.DataFrame(layer_rows(ckpt.name, built.tables, d) + layer_rows(other.name, theirs.tables, d_other))
-    tables = {"comparison_layers": layers}
     their_summary = build_summary(theirs, other, adapt_recipe(recipe, other.config), None)
-    answers = {q_key(q): q.answer_words for q in their_summary.evidence or []}
-    extra: dict[str, Any] = {"same_task": shares_task(ckpt, other), "evidence": answers}
-    if extra["same_task"]:
-        p = recipe.prompts
-        paired = paired_error_difference(ckpt.model, other.model, ckpt.config.task, p.curve, p.seed, device)
-        tables["comparison_paired"] = paired
-        at = paired[paired.n_examples.isin([d, 2 * d + 1])]
-        extra["paired_error"] = [
-            {"n_examples": int(r.n_examples), "difference": float(r.difference), "ci_low": float(r.ci_low),
-             "ci_high": float(r.ci_high), "lower": {"a": ckpt.name, "b": other.name}.get(r.lower)}
-            for r in at.itertuples()
-        ]  # fmt: skip
-        if "readout" in built.tables and "readout" in theirs.tables:
-            tables["comparison_paired_layers"] = paired_layers(built, theirs, ckpt, other, recipe, device)
-    return tables, extra
+    context = CompareContext(recipe, device, shares_task(ckpt, other))
+    extra: dict[str, Any] = {
+        "same_task": context.same_task,
+        "evidence": {q_key(q): q.answer_words for q in their_summary.evidence or []},
+    }
+    mine, yours = StageTables(built.tables, built.data, ckpt), StageTables(theirs.tables, theirs.data, other)
+    for name, stage in registered().items():
+        if name in built.timings and name in theirs.timings:
+            tables, entries = stage.compare(mine, yours, context)
+            context.tables.update(tables)
+            extra.update(entries)
+    return context.tables, extra
 
 
-def paired_layers(built, theirs, ckpt: LoadedCheckpoint, other: LoadedCheckpoint, recipe: Recipe, device: str):
+def paired_layers(mine, theirs, recipe: Recipe, device: str) -> pd.DataFrame:
     """Each pair of layers' read-out error at 2d+1 examples, paired over the layers analysis's test
-    prompts (of the shorter of the two prompt lengths), with the two models' own read-outs."""
+    prompts (of the shorter of the two prompt lengths), with the two models' own read-outs (`mine`,
+    `theirs`: StageTables with `.ckpt`)."""
+    ckpt, other = mine.ckpt, theirs.ckpt
     n = min(ckpt.config.task.n_points, other.config.task.n_points)
     task = dataclasses.replace(ckpt.config.task, n_points=n)
     settings = LayerSettings.from_recipe(adapt_recipe(recipe, ckpt.config), device)
     fitted = lambda b: None if b.data.get("readouts") is None else LayerReadouts.from_json(b.data["readouts"])
     frame = paired_layer_difference(
-        ckpt.model, fitted(built), other.model, fitted(theirs), task, settings, min(2 * task.n_dims + 1, n - 1)
+        ckpt.model, fitted(mine), other.model, fitted(theirs), task, settings, min(2 * task.n_dims + 1, n - 1)
     )
     frame["lower"] = frame["lower"].map({"a": ckpt.name, "b": other.name})
     return frame.rename(columns={"error_a": f"error {ckpt.name}", "error_b": f"error {other.name}"})

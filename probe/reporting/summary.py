@@ -8,14 +8,14 @@ from ..core.provenance import display_path, stamp
 from ..core.stages import StageTables, registered
 from ..io.checkpoint import LoadedCheckpoint
 from .evidence import evidence
-from .layer_blocks import table1_block
 from .recipe import Recipe
 from .schema import SCHEMA_VERSION, CheckpointInfo, NotMeasured, Summary, Verdict
 
 
 def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: LoadedCheckpoint | None) -> Summary:
     """summary.json: provenance, then the block of each registered analysis that ran, the paired
-    verdicts they add, the evidence table and the compared checkpoint (README, "summary.json")."""
+    verdicts they add, the evidence table and the compared checkpoint (README, "summary.json"; what
+    the stages compare is added by the report, probe/reporting/compare.py)."""
     t = StageTables(built.tables, built.data, ckpt)
     ran = {name: declared for name, declared in registered().items() if name in built.timings}
     summary = provenance(ckpt, recipe, built.timings, [name for name, hit in built.cached.items() if hit])
@@ -34,15 +34,9 @@ def build_summary(built, ckpt: LoadedCheckpoint, recipe: Recipe, compare: Loaded
     ]
     summary.verdicts = verdicts or None
     summary.evidence = evidence(summary) or None  # last: it reads every block above
-    if compare is not None:
-        other = built.tables["compare_readout"]
+    if compare is not None:  # the stages' parts (their `compare` hooks) are added by the report
         summary.compare = {
-            "checkpoint": {"path": display_path(compare.path), "format": compare.format, "sha256": compare.sha256},
-            "table1": {"sime": table1_block(built.tables["compare_table1"], degenerate=False)},
-            "readout": {
-                "layer": sorted(int(i) for i in other.layer.unique()),
-                "error": [float(v) for v in other[other.n_examples >= 1].groupby("layer").error.mean().values],
-            },
+            "checkpoint": {"path": display_path(compare.path), "format": compare.format, "sha256": compare.sha256}
         }
     return summary
 

@@ -17,6 +17,7 @@ from ..analysis.evaluate import (
     DIRECT_PROMPTS,
     direct_network_estimates,
     error_curve,
+    paired_error_difference,
     plot_error_curve,
     r2_curve,
 )
@@ -112,6 +113,23 @@ class EvaluateStage(AnalysisStage):
             f"In-context error / d at 2d+1 = {t} examples: {icl.model[i]:.4f} "
             f"(90% band {icl.model_lo[i]:.4f}-{icl.model_hi[i]:.4f}); least squares {icl.least_squares[i]:.4f}."
         )
+
+    def compare(self, mine, theirs, context):
+        """Where the two share a task: per number of examples, the paired difference of their own
+        predictions' error / d on the same prompts (summary.json: at d and 2d+1 examples)."""
+        if not context.same_task:
+            return {}, {}
+        ckpt, other, p = mine.ckpt, theirs.ckpt, context.recipe.prompts
+        paired = paired_error_difference(ckpt.model, other.model, ckpt.config.task, p.curve, p.seed, context.device)
+        d = ckpt.config.task.n_dims
+        at = paired[paired.n_examples.isin([d, 2 * d + 1])]
+        lower = {"a": ckpt.name, "b": other.name}
+        paired_error = [
+            {"n_examples": int(r.n_examples), "difference": float(r.difference), "ci_low": float(r.ci_low),
+             "ci_high": float(r.ci_high), "lower": lower.get(r.lower)}
+            for r in at.itertuples()
+        ]  # fmt: skip
+        return {"comparison_paired": paired}, {"paired_error": paired_error}
 
     def page(self, block, summary, figs, tables, context):
         """The model card and the error curve (templates/evaluate.html.j2)."""

@@ -25,7 +25,16 @@ from ..io.outputs import safe_name
 from ..models.constructions import CONSTRUCTIONS
 from ..models.sizes import shape_of
 from ..reporting import figures as plots
-from ..reporting.layer_blocks import LayerAnalyses, Match, Table1Entry, Trend, layer_analyses, verdict_rows
+from ..reporting.compare import layer_rows, paired_layers
+from ..reporting.layer_blocks import (
+    LayerAnalyses,
+    Match,
+    Table1Entry,
+    Trend,
+    layer_analyses,
+    table1_block,
+    verdict_rows,
+)
 from ..reporting.page import table as html_table
 from .sections import template_page
 
@@ -397,6 +406,25 @@ class LayersStage(AnalysisStage):
 
     def verdicts(self, block, tables):
         return verdict_rows(tables.get("verdicts"), block.trend)
+
+    def compare(self, mine, theirs, context):
+        """Each model's layers by relative depth (read-out error / d at its own 2d+1 examples, and the
+        spectral reading where that stage ran), each pair of layers' paired read-out error where the
+        task is shared; summary.json: the compared model's Table 1 (SimE) and read-out errors."""
+        names, dims = (mine.ckpt.name, theirs.ckpt.name), (mine.ckpt.config.task.n_dims, theirs.ckpt.config.task.n_dims)
+        rows = layer_rows(names[0], mine, dims[0]) + layer_rows(names[1], theirs, dims[1])
+        tables = {"comparison_layers": pd.DataFrame(rows)}
+        if context.same_task:
+            tables["comparison_paired_layers"] = paired_layers(mine, theirs, context.recipe, context.device)
+        readout = theirs["readout"]
+        entries = {
+            "table1": {"sime": table1_block(theirs["table1"], degenerate=False)},
+            "readout": {
+                "layer": sorted(int(i) for i in readout.layer.unique()),
+                "error": [float(v) for v in readout[readout.n_examples >= 1].groupby("layer").error.mean().values],
+            },
+        }
+        return tables, entries
 
     def page(self, block, summary, figs, tables, context):
         """Read-outs, matches, Table 1 and the span test (templates/layers.html.j2)."""
