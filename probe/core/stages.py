@@ -1,8 +1,9 @@
-"""Report analyses declared once: an `AnalysisStage` names its recipe section
-(its settings class), how it runs, what it costs, its summary.json block (a dataclass: the JSON
-Schema is generated from it), its figures, its section of the report page, its findings line and,
-from the same settings, its `icl-probe <name>` command. Registered here, the stage is in the
-recipe, the report, summary.json, the budget and the CLI with no other file changed.
+"""Report analyses written once: an `AnalysisStage` subclass (the toolkit's in probe/stages/) names
+its recipe section (its settings class), the stages it needs, how it runs, what it costs, its
+summary.json block (a dataclass: the JSON Schema is generated from it), its figures, its section of
+the report page, its findings line, evidence rows, comparison and study rows and, from the same
+settings, its `icl-probe <name>` command. Registered here, the stage is in the recipe, the report,
+summary.json, the budget, studies and the CLI with no other file changed.
 
 A package outside probe/ registers its stages at import (`register_stage`) and names that module
 in the entry-point group `icl_probe.stages` of its own packaging, so that the command line and
