@@ -1,4 +1,4 @@
-"""A stage of the layers kind is one module: declared here, outside probe/, it reads the layers
+"""A stage of the layers kind is one module: a class written here, outside probe/, it reads the layers
 stage's induced weights (Fu et al. 2024, eq. 11-12) through `needs`, writes its block and adds a row
 to the evidence table, and its cache key holds the layers stage's, so that changing its own
 settings re-runs it alone. The instrument (each layer's induced weights against the least-squares
@@ -40,50 +40,50 @@ def ols_weights(xs: np.ndarray, ys: np.ndarray, t: int) -> np.ndarray:
     return np.stack([np.linalg.lstsq(x[:t], y[:t], rcond=None)[0] for x, y in zip(xs, ys)])
 
 
-def _run(c):
-    from probe.analysis.pipeline import InducedWeights
+class OlsGap(AnalysisStage):
+    """Each layer's induced weights against the least-squares weights of the same prompts."""
 
-    induced = InducedWeights.from_arrays(lambda name: c.before(name, "data"))
-    if induced is None:  # SimW off: the layers stage induced no weights
-        return StageTables()
-    n = induced.xs.shape[1]
-    t = c.recipe.ols_gap.examples or n - 1
-    w_ols = ols_weights(induced.xs, induced.ys, t)
-    layer_w = induced.weights[:, :, t]  # (L+1, m, d): the weights read with t examples before the query
-    gap = ((layer_w - w_ols) ** 2).sum(-1) / (w_ols**2).sum(-1)
-    table = pd.DataFrame({"layer": range(len(gap)), "gap": gap.mean(1)})
-    return StageTables({"ols_gap": table}, {"ols_gap_examples": t})
+    name = "ols_gap"
+    settings = OlsGapSettings
+    block = OlsGapBlock
+    title = "Induced weights against least squares"
+    description = "Each layer's induced weights against the least-squares weights of the same prompts."
+    reads = ("similarity",)
+    needs = ("layers",)  # it reads the induced weights SimW fits there
+
+    def run(self, c):
+        from probe.analysis.pipeline import InducedWeights
+
+        induced = InducedWeights.from_arrays(lambda name: c.before(name, "data"))
+        if induced is None:  # SimW off: the layers stage induced no weights
+            return StageTables()
+        n = induced.xs.shape[1]
+        t = c.recipe.ols_gap.examples or n - 1
+        w_ols = ols_weights(induced.xs, induced.ys, t)
+        layer_w = induced.weights[:, :, t]  # (L+1, m, d): the weights read with t examples before the query
+        gap = ((layer_w - w_ols) ** 2).sum(-1) / (w_ols**2).sum(-1)
+        table = pd.DataFrame({"layer": range(len(gap)), "gap": gap.mean(1)})
+        return StageTables({"ols_gap": table}, {"ols_gap_examples": t})
+
+    def summarise(self, t, recipe):
+        if "ols_gap" not in t:
+            return None
+        return OlsGapBlock(t["ols_gap"].layer.tolist(), t["ols_gap"].gap.tolist(), int(t.data["ols_gap_examples"]))
+
+    def evidence(self, block, summary, a, b):
+        if block is None or (a, b) != ("newton", "gd"):
+            return []
+        return [
+            {
+                "instrument": INSTRUMENT,
+                "favours": None,
+                "effect": f"last layer {block.gap[-1]:.3g} of |w_ols|^2 from least squares at {block.examples} examples",
+                "status": "unvalidated here",
+            }
+        ]
 
 
-def _evidence(block, summary, a, b):
-    if block is None or (a, b) != ("newton", "gd"):
-        return []
-    return [
-        {
-            "instrument": INSTRUMENT,
-            "favours": None,
-            "effect": f"last layer {block.gap[-1]:.3g} of |w_ols|^2 from least squares at {block.examples} examples",
-            "status": "unvalidated here",
-        }
-    ]
-
-
-OLS_GAP = AnalysisStage(
-    name="ols_gap",
-    settings=OlsGapSettings,
-    run=_run,
-    block=OlsGapBlock,
-    summarise=lambda t, recipe: (
-        None
-        if "ols_gap" not in t
-        else OlsGapBlock(t["ols_gap"].layer.tolist(), t["ols_gap"].gap.tolist(), int(t.data["ols_gap_examples"]))
-    ),
-    title="Induced weights against least squares",
-    description="Each layer's induced weights against the least-squares weights of the same prompts.",
-    evidence=_evidence,
-    reads=("similarity",),
-    needs=("layers",),
-)
+OLS_GAP = OlsGap()
 
 
 @pytest.fixture
