@@ -1,4 +1,4 @@
-"""The default report on a busy machine (issue 63 item 4): CPU seconds and wall time of
+"""The default report on a busy machine: CPU seconds and wall time of
 `icl-probe report` (the shipped default checkpoint, quick recipe) alone and beside one and two
 busy processes (each a Python loop on one core), with OpenMP's passive waits (icl-probe's default,
 probe/core/omp.py) and with active ones (torch's default: idle threads spin), and whether every

@@ -1,4 +1,4 @@
-"""The GPU path checked against CPU in one run (issue 65): the quick report of the default
+"""The GPU path checked against CPU in one run: the quick report of the default
 checkpoint (and, with --paper-scale, of the Garg-standard model at random init, as
 benchmarks/paper_scale.py builds it) on each device, every summary.json number compared with the
 first device's, each stage timed, and a short `icl-probe train` on the last device. Writes the

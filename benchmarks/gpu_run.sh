@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check of issue 65 as one command on a CUDA machine, from the repository root:
+# The device check (benchmarks/gpu.py and gpu_smoke.py) as one command on a CUDA machine, from the repository root:
 #   bash benchmarks/gpu_run.sh OUTDIR [--paper-scale]
 # Where the machine's Python lacks this project's dependencies, put their wheels in .whl/ first
 # (docs/guide/development.md says which); they are installed into a scratch directory, not the system.

@@ -1,4 +1,4 @@
-"""Every CLI command once on one device, each on its own, at the smoke recipe's sizes (issue 65).
+"""Every CLI command once on one device, each on its own, at the smoke recipe's sizes.
 
 A failure in one command does not stop the others: each one's exit status, seconds and, for an
 exception, its traceback are printed and written as JSON, so one run on a GPU machine finds every

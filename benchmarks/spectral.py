@@ -1,4 +1,4 @@
-"""The spectral instrument's cost against the layers stage that feeds it (issue 58: at most 25%).
+"""The spectral instrument's cost against the layers stage that feeds it (at most 25%).
 
 Runs the report's layers stage (quick recipe) on a checkpoint `--repeats` times, alternating with
 the stage without [spectral], and prints the median seconds of each and their ratio. The spectral

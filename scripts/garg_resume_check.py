@@ -1,5 +1,5 @@
 """Resume Garg et al.'s own `train.py` from an `icl-probe export` for a few steps, on CPU, and
-compare the model's in-context error before and after (issue 31: the export must be a run their
+compare the model's in-context error before and after (the export must be a run their
 code continues, not one it breaks).
 
     python scripts/garg_resume_check.py GARG_SRC CHECKPOINT [--steps 50] [--work DIR]

@@ -1,5 +1,5 @@
-"""Every size knob of the report's recipe goes through the up-front estimate (probe/core/budget.py,
-issue 63 item 3): set to 10^9, each is refused before any work with a message naming it; the fields
+"""Every size knob of the report's recipe goes through the up-front estimate (probe/core/budget.py):
+set to 10^9, each is refused before any work with a message naming it; the fields
 that are not sizes are listed with the reason."""
 
 import copy

@@ -1,4 +1,4 @@
-"""The one-import Python API (issue 48): the model protocol checked at the boundary, and the
+"""The one-import Python API: the model protocol checked at the boundary, and the
 API's jobs equal to the command line's."""
 
 from __future__ import annotations

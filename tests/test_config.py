@@ -132,7 +132,7 @@ def test_sections_normalise_numbers():
 
 
 def test_one_integer_rule_for_keyword_and_dict_settings_and_one_seed_rule():
-    """A section built from keywords and the same section read from a recipe dict agree (issue 61):
+    """A section built from keywords and the same section read from a recipe dict agree:
     an integral float is the integer, 2.5 is refused both ways; a grid's seed follows check_seed."""
     from probe.analysis.probe_study import ProbeSettings
     from probe.core.config import from_dict

@@ -1,5 +1,5 @@
 """The documentation reads its numbers from the committed reports, and summary.json has a
-published JSON Schema that every committed report satisfies (issue 46)."""
+published JSON Schema that every committed report satisfies."""
 
 from __future__ import annotations
 

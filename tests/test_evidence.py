@@ -1,4 +1,4 @@
-"""The evidence table's consolidated answer on adversarial known answers (issue 59 item 6): models
+"""The evidence table's consolidated answer on adversarial known answers: models
 built to fool a rate-based or similarity-based verdict. On each, the answer names the right family
 (or stays undecided) and never the wrong one."""
 

@@ -1,5 +1,5 @@
-"""A model family declared in one module outside probe/ (this file) runs through the quick report
-(issue 61 item 2): its class registers itself, owns its sizes, rules and random initialisation, and
+"""A model family declared in one module outside probe/ (this file) runs through the quick report:
+its class registers itself, owns its sizes, rules and random initialisation, and
 nothing in probe/ names it."""
 
 import json

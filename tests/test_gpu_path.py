@@ -1,4 +1,4 @@
-"""The GPU path without a GPU (issue 65 item 3): the learners keep every tensor on the prompts'
+"""The GPU path without a GPU: the learners keep every tensor on the prompts'
 device and never wait on it (run on the `meta` device, where any host read raises), and the
 device check's comparison (benchmarks/gpu.py) flags what it should. Tests marked `gpu` need CUDA."""
 

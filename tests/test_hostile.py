@@ -1,4 +1,4 @@
-"""Hostile inputs (issue 12): every case must fail with exit status 2 and one line naming the
+"""Hostile inputs: every case must fail with exit status 2 and one line naming the
 culprit, with no traceback, no file written, and nothing of the user's deleted or changed.
 
 Each case runs in a fresh copy of a small workspace (a checkpoint, a training run, Garg and
@@ -461,7 +461,7 @@ for override, culprit in (("prompts=1000000000", "study prompts = 1000000000 wit
     case(f"study-set-{override.split('=')[0]}-huge", ["study", "st.toml", "--out", "st", "--set", override], culprit,
          write("st.toml", STUDY_TOML.replace('["evaluate"]', '["evaluate", "spd_ilw"]')
                + '[[compare]]\nlabel = "ls"\nlearner = "least_squares"\n'))
-# ---- trust round 4 (issue 42)
+# ---- trust round 4
 HUGE_SEED = str(10**20)
 case("evaluate-seed-above-2^63", ["evaluate", "ck", "--prompts", "8", "--seed", HUGE_SEED, "--out", "ev"], "--seed")
 case("report-seed-above-2^63", ["report", "ck", "--out", "rep", "--set", f"prompts.seed={HUGE_SEED}"], "prompts.seed")
@@ -473,7 +473,7 @@ case("garg-yaml-deep", ["inspect", "garg"], "config.yaml: config.yaml is nested"
      write("garg/config.yaml", "model: " + "[" * 3000 + "]" * 3000 + "\n"))
 
 
-# ---- affordability (issue 42): refused before any work or output, naming the knob (probe/core/budget.py)
+# ---- affordability: refused before any work or output, naming the knob (probe/core/budget.py)
 BIG = "1000000000"
 case("afford-ablate-bootstrap", ["ablate", "ck", "--out", "o", "--bootstrap", BIG], r"^icl-probe ablate: error: bootstrap = 1000000000 would need about [\d.]+ [GTP]B of memory")
 case("afford-evaluate-prompts", ["evaluate", "ck", "--out", "o", "--prompts", BIG], "prompts = 1000000000 would need")
@@ -639,7 +639,7 @@ def test_hostile_capture_api(kwargs, culprit, template):
 
 def test_hostile_model_arguments_of_the_python_api(template):
     """Something that is not a model, where the Python API expects one: one ProbeError saying what to
-    pass instead (issue 42), from capture, analyse_layers and probe_study alike; SimW with fewer
+    pass instead, from capture, analyse_layers and probe_study alike; SimW with fewer
     fresh queries than d is refused, not scored."""
     from probe.analysis.pipeline import LayerSettings, analyse_layers
     from probe.analysis.probe_study import ProbeSettings, probe_study

@@ -494,7 +494,7 @@ def test_per_matrix_leaves_large_matrices_to_lapack_alone(monkeypatch):
 
 
 def test_one_rule_for_a_hyper_parameter_wherever_it_is_given():
-    """Issue 61 item 4: a learner's hyper-parameters are checked by one Rule (probe/core/validate.py),
+    """A learner's hyper-parameters are checked by one Rule (probe/core/validate.py),
     the same for a recipe's sweep, `run_learner` and a direct call of the learner's function; the
     settings fields use the same rules, and the budget counts the keys whose rule says iterations."""
     from probe.analysis.probe_study import ProbeSettings

@@ -1,4 +1,4 @@
-"""Linear self-attention models (probe/models/lsa.py, issue 62): the forward against a loop written
+"""Linear self-attention models (probe/models/lsa.py): the forward against a loop written
 from the papers' formulas, the trained one-layer model against Zhang, Frei & Bartlett's closed form,
 and the analyses naming it."""
 

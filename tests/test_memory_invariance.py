@@ -1,4 +1,4 @@
-"""Numbers do not depend on the memory budget (issue 42): a report whose every chunk and batch is
+"""Numbers do not depend on the memory budget: a report whose every chunk and batch is
 one prompt and whose streams spill to disk equals, byte for byte, the report made with the
 machine's default budget (summary.json apart from its timings and creation time, every table and
 every figure)."""

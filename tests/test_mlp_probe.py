@@ -1,4 +1,4 @@
-"""The MLP probe trained as a network (issue 60 item 1; probe/analysis/mlp_head.py): it decodes what
+"""The MLP probe trained as a network (probe/analysis/mlp_head.py): it decodes what
 a layer holds nonlinearly as well as an MLP given the true position, and costs nothing on linear codes."""
 
 import numpy as np

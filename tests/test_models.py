@@ -88,7 +88,7 @@ def test_the_size_estimate_from_the_config_is_the_built_models(family):
 
 def test_no_code_outside_the_families_dispatches_on_a_family_name():
     """A model family declares its traits (probe/models/base.py FamilyTraits); code elsewhere asks
-    `family_class(name)`, never compares the name (issue 61 item 2)."""
+    `family_class(name)`, never compares the name."""
     import inspect
     import re
     from pathlib import Path

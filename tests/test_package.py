@@ -1,4 +1,4 @@
-"""Package hygiene: no import cycles inside probe/ (issue 17)."""
+"""Package hygiene: no import cycles inside probe/."""
 
 import ast
 import json

@@ -1,4 +1,4 @@
-"""Which learner a model tracks under a shift (issue 64 item 2): the planted GD model is GD with
+"""Which learner a model tracks under a shift: the planted GD model is GD with
 its construction's fixed step in distribution, and under inputs scaled past that step's stability
 it is told apart from every learner whose step adapts; the planted Newton model is Newton with its
 fixed alpha, and diverges where that learner does and GD with the matched fixed step does not

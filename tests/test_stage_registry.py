@@ -1,4 +1,4 @@
-"""A new analysis is one module (issue 61 item 1): a stage declared here, outside probe/, and
+"""A new analysis is one module: a stage declared here, outside probe/, and
 registered, is in the recipe, the budget, the report page, summary.json (valid against the schema
 with its block) and the command line, with no file of probe/ changed."""
 

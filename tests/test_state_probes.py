@@ -1,4 +1,4 @@
-"""Probes for the state an algorithm keeps (issue 60 item 2): S = X^T X / t of the prefix, the
+"""Probes for the state an algorithm keeps: S = X^T X / t of the prefix, the
 matrix Newton-type learners build (Fu et al. 2024, eq. 5) and GD never forms."""
 
 import numpy as np

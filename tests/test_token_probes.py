@@ -1,4 +1,4 @@
-"""Per-token probes for the state a learner keeps (issue 60 item 2, probe/analysis/token_probes.py):
+"""Per-token probes for the state a learner keeps (probe/analysis/token_probes.py):
 targets against numpy, the planted Newton-ReLU model holding M_k x exactly where its construction
 writes it, the planted GD model holding no more of S x than its raw tokens, and the command."""
 

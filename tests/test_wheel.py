@@ -1,4 +1,4 @@
-"""The package works when installed as a wheel (issue 17 item 4): build it from the project's own
+"""The package works when installed as a wheel: build it from the project's own
 files, install it into a fresh virtual environment, run the CLI from a directory outside the
 repository. Dependencies come from the test environment through a .pth path entry, so nothing is
 downloaded; the wheel's own `probe` shadows the editable install of the repository."""
