@@ -328,3 +328,31 @@ def test_the_figure_worker_is_used_only_where_a_spawned_process_can_start(monkey
     assert worker_safe()
     main_module(None, None)  # a notebook, python -c
     assert worker_safe()
+
+
+def test_a_cached_stages_figures_are_copied_not_drawn_again(ckpt, tmp_path, monkeypatch):
+    """With a stage cache, each stage's PNGs are kept beside it: a second report with the same inputs
+    copies them byte for byte without drawing any; a changed [spectral] setting redraws the spectral
+    stage's figures alone (its tables changed), the others come from the cache again."""
+    import hashlib
+
+    import probe.reporting.figures as plots
+    from probe.cli import main
+
+    off = [arg for name in ("probes", "order", "forgetting", "ood", "token_probes", "steering", "interventions")
+           for arg in ("--set", f"{name}.enabled=false")]  # fmt: skip
+    args = lambda out, *extra: ["-q", "report", str(ckpt), "--recipe", "smoke", "--out", str(out),
+                                "--cache-dir", str(tmp_path / "cache"), *off, *extra]  # fmt: skip
+    digests = lambda out: {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (out / "figures").glob("*.png")}
+    assert main(args(tmp_path / "a")) == 0
+    drawn = []
+    for name in ("icl_error", "readout_error", "heatmap_pair", "spectral_curves", "spectral_exponents", "span"):
+        original = getattr(plots, name)
+        monkeypatch.setattr(plots, name, lambda *a, _f=original, _n=name, **k: drawn.append(_n) or _f(*a, **k))
+    monkeypatch.setattr("probe.reporting.figure_pool.worker_safe", lambda: False)  # draw here, where it is counted
+    assert main(args(tmp_path / "b")) == 0
+    assert drawn == [] and digests(tmp_path / "b") == digests(tmp_path / "a") and len(digests(tmp_path / "a")) >= 4
+    assert main(args(tmp_path / "c", "--set", "spectral.bins=8")) == 0
+    assert set(drawn) == {"spectral_curves", "spectral_exponents"}
+    changed = {n for n, d in digests(tmp_path / "c").items() if digests(tmp_path / "a").get(n) != d}
+    assert changed and all(n.startswith("spectral") for n in changed)

@@ -236,7 +236,8 @@ def build_report(
     adapted = adapt_recipe(recipe, ckpt.config)  # what the stages run, for figures, summary and methods
     tmp = target.stage()
     here = Context(ckpt, adapted)  # figures drawn in this process (probe/reporting/figure_pool.py)
-    pool = FigurePool(tmp / "figures", ckpt, adapted, here)
+    kept = None if cache.root is None else Path(cache.root) / "figures"  # the stages' PNGs beside them
+    pool = FigurePool(tmp / "figures", ckpt, adapted, here, cache=kept)
     try:
         built = run_stages(ckpt, recipe, device, cache, progress, memory=memory, on_done=pool.submit)
         compared: dict[str, Any] = {}

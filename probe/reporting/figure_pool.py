@@ -8,10 +8,19 @@ with the same style (probe/core/plotting.py), so its PNGs are byte-identical to 
 report's process. A stage it does not know (one a script registered in its own process) is drawn
 in the report's process at `wait`. A spawned worker imports the main module again; where that is a
 user's script (which may call `probe.report` without an `if __name__ == "__main__"` guard) the
-figures are drawn in the report's process as each stage finishes instead (`worker_safe`)."""
+figures are drawn in the report's process as each stage finishes instead (`worker_safe`).
+
+With a stage cache, a stage's figures are kept beside it (<cache>/figures/<key>/): the key is the
+toolkit's whole source, the stage, the checkpoint's name and config, the recipe sections the stage
+reads (its cache key's, and [[sweeps]], whose titles the figures write) and every table the figures
+are given, so a report whose stage and its inputs did not change copies its PNGs instead of drawing
+them again (`FigureCache`). A stage's figures read no other part of the recipe."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import sys
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -56,31 +65,94 @@ def worker_safe() -> bool:
     return path is None or getattr(main, "__spec__", None) is not None or Path(path).name == "icl-probe"
 
 
+class FigureCache:
+    """A stage's PNGs kept under `root`, keyed by everything they are drawn from (module docstring)."""
+
+    def __init__(self, root: Path, ckpt, recipe):
+        self.root, self.recipe = root, recipe
+        self.base = hashlib.sha256(f"{_source_digest()}/{ckpt.name}/{ckpt.config!r}".encode()).hexdigest()
+
+    def key(self, stage, tables: dict[str, pd.DataFrame]) -> str:
+        """`stage` (a report Stage: .name, .sections) drawn from `tables`."""
+        recipe = self.recipe.digest(*dict.fromkeys((*stage.sections, "sweeps")))
+        digest = hashlib.sha256(f"{self.base}/{stage.name}/{recipe}".encode())
+        for name in sorted(tables):  # as CSV: a table the stage cache read back keys as the one it wrote
+            digest.update(f"{name}\n{tables[name].to_csv(index=False)}".encode())
+        return digest.hexdigest()[:24]
+
+    def get(self, key: str, fig_dir: Path) -> dict[str, Path] | None:
+        """The kept figures copied into `fig_dir`, name -> PNG; None where none are kept (or a file is missing)."""
+        folder = self.root / key
+        try:
+            names = json.loads((folder / "figures.json").read_text())
+            fig_dir.mkdir(parents=True, exist_ok=True)
+            out = {}
+            for name, relative in names.items():
+                out[name] = fig_dir / relative
+                out[name].parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(folder / relative, out[name])
+            return out
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, fig_dir: Path, drawn: dict[str, Path]) -> None:
+        """Keep `drawn` (PNGs under `fig_dir`), written whole or not at all."""
+        folder, partial = self.root / key, self.root / f"{key}.partial"
+        if folder.exists() or not all(path.is_relative_to(fig_dir) for path in drawn.values()):
+            return
+        shutil.rmtree(partial, ignore_errors=True)
+        names = {}
+        for name, path in drawn.items():
+            relative = path.relative_to(fig_dir).as_posix()
+            (partial / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, partial / relative)
+            names[name] = relative
+        (partial / "figures.json").write_text(json.dumps(names, indent=2) + "\n")
+        partial.replace(folder)
+
+
+def _source_digest() -> str:
+    """The toolkit's whole source (figures and their style included)."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 class FigurePool:
     """Stage figures drawn in one worker process while the report goes on (`submit`), collected by
     `wait`, which also reports how long the report's process was blocked on figures."""
 
-    def __init__(self, fig_dir: Path, ckpt, recipe, here: Any, worker: bool | None = None):
+    def __init__(self, fig_dir: Path, ckpt, recipe, here: Any, worker: bool | None = None, cache: Path | None = None):
         self.fig_dir = fig_dir
+        self.cache = None if cache is None else FigureCache(cache, ckpt, recipe)
         self.context = light_context(ckpt, recipe)
         self.here = here  # the report's own context, for figures drawn in this process
         worker = worker_safe() if worker is None else worker
         spawn = get_context("spawn")
         self.pool = ProcessPoolExecutor(1, mp_context=spawn, initializer=_start_worker) if worker else None
-        self.pending: list[tuple[Any, dict[str, pd.DataFrame], Future | dict[str, Path]]] = []
+        # (stage, its tables, its figures or their future, the figure cache's key where one is to be kept)
+        self.pending: list[tuple[Any, dict[str, pd.DataFrame], Future | dict[str, Path], str]] = []
         self.blocked = 0.0  # seconds the report's process spent on figures (waiting or drawing)
 
     def submit(self, stage, tables: dict[str, pd.DataFrame]) -> None:
-        """Draw `stage`'s figures from `tables` (the report's tables so far): in the worker, or here
-        and now without one."""
+        """Draw `stage`'s figures from `tables` (the report's tables so far): copied from the figure
+        cache where it keeps them, else in the worker, or here and now without one."""
         if not stage.declared.overrides("figures"):
             return
         start = time.perf_counter()
-        if self.pool is None:
-            drawn: Future | dict[str, Path] = stage.figures(tables, self.fig_dir, self.here)
+        key = "" if self.cache is None else self.cache.key(stage, tables)
+        kept = self.cache.get(key, self.fig_dir) if self.cache is not None else None
+        drawn: Future | dict[str, Path]
+        if kept is not None:
+            drawn, key = kept, ""  # nothing new to keep
+        elif self.pool is None:
+            drawn = stage.figures(tables, self.fig_dir, self.here)
         else:
             drawn = self.pool.submit(_draw, stage.name, dict(tables), self.fig_dir, self.context)
-        self.pending.append((stage, tables, drawn))
+        self.pending.append((stage, tables, drawn, key))
         self.blocked += time.perf_counter() - start
 
     def wait(self) -> dict[str, Path]:
@@ -89,9 +161,12 @@ class FigurePool:
         start = time.perf_counter()
         out: dict[str, Path] = {}
         try:
-            for stage, tables, pending in self.pending:
+            for stage, tables, pending, key in self.pending:
                 drawn = pending.result() if isinstance(pending, Future) else pending
-                out.update(stage.figures(tables, self.fig_dir, self.here) if drawn is None else drawn)
+                drawn = stage.figures(tables, self.fig_dir, self.here) if drawn is None else drawn
+                if key and self.cache is not None:
+                    self.cache.put(key, self.fig_dir, drawn)
+                out.update(drawn)
         finally:
             self.close()
         self.blocked += time.perf_counter() - start
