@@ -356,3 +356,29 @@ def test_a_cached_stages_figures_are_copied_not_drawn_again(ckpt, tmp_path, monk
     assert set(drawn) == {"spectral_curves", "spectral_exponents"}
     changed = {n for n, d in digests(tmp_path / "c").items() if digests(tmp_path / "a").get(n) != d}
     assert changed and all(n.startswith("spectral") for n in changed)
+
+
+def test_the_figure_cache_keeps_a_stage_with_no_figures_and_never_fails_a_report(tmp_path, caplog):
+    """A stage that drew nothing is kept as nothing (and read back as nothing); a cache that cannot
+    be written is logged, not raised."""
+    from types import SimpleNamespace
+
+    from probe.reporting.figure_pool import FigureCache
+    from probe.reporting.recipe import resolve_recipe
+
+    ckpt = SimpleNamespace(name="m", config={"d": 4})
+    cache = FigureCache(tmp_path / "figures", ckpt, resolve_recipe("smoke"))
+    stage = SimpleNamespace(name="spectral", sections=("prompts", "spectral"))
+    key = cache.key(stage, {})
+    assert cache.get(key, tmp_path / "out") is None
+    cache.put(key, tmp_path / "out", {})
+    assert cache.get(key, tmp_path / "out") == {}
+    (tmp_path / "out").mkdir(exist_ok=True)
+    (tmp_path / "out" / "a.png").write_bytes(b"png")
+    (tmp_path / "blocked").write_text("")  # a file where the cache's folder should be
+    blocked = FigureCache(tmp_path / "blocked", ckpt, resolve_recipe("smoke"))
+    with caplog.at_level("WARNING", logger="probe.reporting.figure_pool"):
+        blocked.put(key, tmp_path / "out", {"a": tmp_path / "out" / "a.png"})
+    assert "not kept in the cache" in caplog.text
+    other = cache.key(SimpleNamespace(name="order", sections=("prompts", "order")), {})
+    assert other != key

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import shutil
 import sys
 import time
@@ -30,6 +32,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
+
+log = logging.getLogger(__name__)
 
 
 def _start_worker() -> None:
@@ -96,19 +100,29 @@ class FigureCache:
             return None
 
     def put(self, key: str, fig_dir: Path, drawn: dict[str, Path]) -> None:
-        """Keep `drawn` (PNGs under `fig_dir`), written whole or not at all."""
-        folder, partial = self.root / key, self.root / f"{key}.partial"
+        """Keep `drawn` (PNGs under `fig_dir`), written whole or not at all: in a folder of this
+        process's own, renamed into place (another process keeping the same figures first wins). A
+        failure to keep them is logged, never raised: the report has its figures either way."""
+        folder = self.root / key
         if folder.exists() or not all(path.is_relative_to(fig_dir) for path in drawn.values()):
             return
-        shutil.rmtree(partial, ignore_errors=True)
-        names = {}
-        for name, path in drawn.items():
-            relative = path.relative_to(fig_dir).as_posix()
-            (partial / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, partial / relative)
-            names[name] = relative
-        (partial / "figures.json").write_text(json.dumps(names, indent=2) + "\n")
-        partial.replace(folder)
+        partial = self.root / f"{key}.{os.getpid()}.partial"
+        try:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            names = {}
+            for name, path in drawn.items():
+                relative = path.relative_to(fig_dir).as_posix()
+                (partial / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, partial / relative)
+                names[name] = relative
+            (partial / "figures.json").write_text(json.dumps(names, indent=2) + "\n")
+            partial.rename(folder)
+        except OSError as err:
+            if not folder.exists():  # (where it does, another process kept the same figures first)
+                log.warning("figures of %s not kept in the cache: %s", key, err)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 def _source_digest() -> str:
