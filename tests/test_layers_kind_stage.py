@@ -133,6 +133,7 @@ def test_a_layers_kind_stage_from_a_test_file_reads_induced_weights_and_adds_evi
     assert again["ols_gap"]["examples"] == 2 and again["ols_gap"]["gap"] != block["gap"]
 
 
+@pytest.mark.slow
 def test_a_plugin_stages_evidence_row_is_in_a_studys_evidence_as_in_a_report(ckpt, tmp_path, monkeypatch):
     """A study's evidence is the report's own summary of the stages it ran (every stage's `evidence`
     hook), so the plugin stage's row, named in the study's analyses through its `study_rows`, is in

@@ -330,6 +330,7 @@ def test_the_figure_worker_is_used_only_where_a_spawned_process_can_start(monkey
     assert worker_safe()
 
 
+@pytest.mark.slow
 def test_a_cached_stages_figures_are_copied_not_drawn_again(ckpt, tmp_path, monkeypatch):
     """With a stage cache, each stage's PNGs are kept beside it: a second report with the same inputs
     copies them byte for byte without drawing any; a changed [spectral] setting redraws the spectral

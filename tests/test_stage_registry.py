@@ -400,6 +400,7 @@ def test_a_stage_without_run_or_an_unknown_declaration_is_refused():
         register_stage(MeanStage)
 
 
+@pytest.mark.slow
 def test_a_stage_that_writes_its_own_page_section_replaces_the_standard_one(ckpt, tmp_path):
     """`page` returns the stage's sections as (title, HTML): the report shows them in its place of the
     standard section (description, tables, figures) and gives them the page's context; its figures
