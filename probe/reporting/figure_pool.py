@@ -108,8 +108,11 @@ class FigureCache:
             return
         partial = self.root / f"{key}.{os.getpid()}.partial"
         try:
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
+            partial.mkdir(parents=True)  # raises where it is already there: nothing not made here is removed
+        except OSError as err:
+            log.warning("figures of %s not kept in the cache: %s", key, err)
+            return
+        try:
             names = {}
             for name, path in drawn.items():
                 relative = path.relative_to(fig_dir).as_posix()
@@ -122,7 +125,7 @@ class FigureCache:
             if not folder.exists():  # (where it does, another process kept the same figures first)
                 log.warning("figures of %s not kept in the cache: %s", key, err)
         finally:
-            shutil.rmtree(partial, ignore_errors=True)
+            shutil.rmtree(partial, ignore_errors=True)  # the folder this call made (renamed away on success)
 
 
 def _source_digest() -> str:
