@@ -43,7 +43,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     ckpt, recipe = load_checkpoint(args.checkpoint), resolve_recipe("quick")
     built = run_stages(ckpt, recipe, "cpu", StageCache(None), False, only={"layers", "probes"})
-    layers, probes = built.timings["layers"], built.timings["probes"]
+    layers = sum(built.timings[name] for name in ("readout", "induced", "layers"))  # the layer analyses, whole
+    probes = built.timings["probes"]
 
     settings, seed, task = recipe.probes, recipe.prompts.seed, ckpt.config.task
     prefixes = settings.prefixes or default_prefixes(task.n_dims, task.n_points)

@@ -1,7 +1,7 @@
-"""A stage of the layers kind is one module: a class written here, outside probe/, it reads the layers
-stage's induced weights (Fu et al. 2024, eq. 11-12) through `needs`, writes its block and adds a row
-to the evidence table, and its cache key holds the layers stage's, so that changing its own
-settings re-runs it alone. The instrument (each layer's induced weights against the least-squares
+"""A stage of the layers kind is one module: a class written here, outside probe/, it reads the layers'
+induced weights (Fu et al. 2024, eq. 11-12; the induced stage's) through `needs`, writes its block and
+adds a row to the evidence table, and its cache key holds the induced stage's, so that changing its
+own settings re-runs it alone. The instrument (each layer's induced weights against the least-squares
 weights of the same prompts) is checked against numpy's lstsq on the induced prompts."""
 
 import json
@@ -49,13 +49,13 @@ class OlsGap(AnalysisStage):
     title = "Induced weights against least squares"
     description = "Each layer's induced weights against the least-squares weights of the same prompts."
     reads = ("similarity",)
-    needs = ("layers",)  # it reads the induced weights SimW fits there
+    needs = ("induced",)  # it reads the induced weights SimW fits there
 
     def run(self, c):
         from probe.analysis.pipeline import InducedWeights
 
         induced = InducedWeights.from_arrays(lambda name: c.before(name, "data"))
-        if induced is None:  # SimW off: the layers stage induced no weights
+        if induced is None:  # SimW off: no weights were induced
             return StageTables()
         n = induced.xs.shape[1]
         t = c.recipe.ols_gap.examples or n - 1
@@ -117,19 +117,19 @@ def test_a_layers_kind_stage_from_a_test_file_reads_induced_weights_and_adds_evi
     assert row["status"] == "unvalidated here" and row["favours"] is None
     assert INSTRUMENT in (tmp_path / "a" / "index.html").read_text()
 
-    # the numbers: numpy's lstsq on the very prompts and weights the layers stage induced
+    # the numbers: numpy's lstsq on the very prompts and weights the induced stage induced
     recipe = resolve_recipe("smoke", [{"similarity": {"simw": True}}])
-    built = run_stages(load_checkpoint(ckpt), recipe, "cpu", StageCache(cache), False, only={"layers"})
+    built = run_stages(load_checkpoint(ckpt), recipe, "cpu", StageCache(cache), False, only={"induced"})
     induced = InducedWeights.from_arrays(built.data.get)
     t = block["examples"]
     w = np.stack([np.linalg.pinv(x[:t]) @ y[:t] for x, y in zip(induced.xs, induced.ys)])
     expected = ((induced.weights[:, :, t] - w) ** 2).sum(-1) / (w**2).sum(-1)
     np.testing.assert_allclose(block["gap"], expected.mean(1), rtol=1e-6)
 
-    # its own setting changed: the layers stage comes from the cache, this one runs again
+    # its own setting changed: the induced weights (and the layers) come from the cache, this one runs again
     assert _report(ckpt, tmp_path / "b", cache, "--set", "ols_gap.examples=2") == 0
     again = json.loads((tmp_path / "b" / "summary.json").read_text())
-    assert "layers" in again["cached_stages"] and "ols_gap" not in again["cached_stages"]
+    assert {"induced", "layers"} <= set(again["cached_stages"]) and "ols_gap" not in again["cached_stages"]
     assert again["ols_gap"]["examples"] == 2 and again["ols_gap"]["gap"] != block["gap"]
 
 

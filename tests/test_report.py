@@ -3,6 +3,7 @@
 import json
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import TINY_REPORT as TINY
@@ -213,9 +214,10 @@ def test_probe_section_states_convergence_and_names_unconverged_probes(report):
 
 
 def test_changing_spectral_settings_reruns_the_spectral_stage_alone_from_the_cached_weights(ckpt, tmp_path):
-    """The spectral stage needs the layers stage and reads its induced weights (arrays the stage
-    cache keeps as .npy): a new [spectral] bins value re-runs it from the cached layers stage, with
-    the numbers of a run without any cache; a new [similarity] value re-runs both."""
+    """The spectral stage needs the induced stage and reads its induced weights (arrays the stage
+    cache keeps as .npy), not the learner sweeps: a new [spectral] bins value re-runs it from the
+    cached read-outs and weights, with the numbers of a run without any cache; a new [similarity]
+    value re-runs all three."""
     import copy
     import io
 
@@ -224,35 +226,60 @@ def test_changing_spectral_settings_reruns_the_spectral_stage_alone_from_the_cac
     from probe.reporting.build import run_stages
     from probe.reporting.cache import StageCache
 
-    model, stages = load_checkpoint(ckpt), {"layers", "spectral"}
+    model, stages = load_checkpoint(ckpt), {"spectral"}
     smoke = probe.recipe("smoke")
     cache = StageCache(tmp_path / "cache")
     first = run_stages(model, smoke, "cpu", cache, False, only=stages)
-    assert first.cached == {"layers": False, "spectral": False} and "spectral_summary" in first.tables
+    assert first.cached == {"readout": False, "induced": False, "spectral": False}
+    assert "spectral_summary" in first.tables and "best_match" not in first.tables  # no sweeps run
     assert first.data["induced_weights"].shape[:2] == (model.config.model.n_layer + 1, 12)
-    assert sorted(p.name for p in (tmp_path / "cache").glob("*-layers-*/*.npy")) == [
-        "induced_half_a.npy", "induced_half_b.npy", "induced_weights.npy", "induced_xs.npy", "induced_ys.npy"
+    assert sorted(p.name for p in (tmp_path / "cache").glob("*-induced-*/*.npy")) == [
+        "induced_half_a.npy", "induced_half_b.npy", "induced_queries.npy", "induced_weights.npy", "induced_xs.npy",
+        "induced_ys.npy",
     ]
     wider = copy.deepcopy(smoke)
     wider.spectral.bins = 8
     second = run_stages(model, wider, "cpu", cache, False, only=stages)
-    assert second.cached == {"layers": True, "spectral": False}
+    assert second.cached == {"readout": True, "induced": True, "spectral": False}
     fresh = run_stages(model, wider, "cpu", StageCache(None), False, only=stages)
     for name in ("spectral_summary", "spectral_layers", "spectral_curves"):
         pd.testing.assert_frame_equal(second.tables[name], fresh.tables[name])
     assert not second.tables["spectral_curves"].equals(first.tables["spectral_curves"])  # 8 bins, not 12
     again = run_stages(model, wider, "cpu", cache, False, only=stages)
-    assert again.cached == {"layers": True, "spectral": True}
+    assert again.cached == {"readout": True, "induced": True, "spectral": True}
     as_read = lambda frame: pd.read_csv(io.StringIO(frame.to_csv(index=False)))  # a cached table is read from CSV
     pd.testing.assert_frame_equal(again.tables["spectral_summary"], as_read(fresh.tables["spectral_summary"]))
     bootstrap = copy.deepcopy(wider)
     bootstrap.similarity.bootstrap = 30
-    assert run_stages(model, bootstrap, "cpu", cache, False, only=stages).cached == {"layers": False, "spectral": False}
+    rerun = run_stages(model, bootstrap, "cpu", cache, False, only=stages).cached
+    assert rerun == {"readout": False, "induced": False, "spectral": False}
+
+
+def test_the_layer_analyses_as_stages_give_analyse_layers_numbers(ckpt):
+    """The readout, induced and layers stages (read-outs, induced weights, matches) run apart and
+    hand each other their data, and give the tables `analyse_layers` gives in one call."""
+    import probe
+    from probe.analysis.pipeline import LayerSettings, analyse_layers
+    from probe.io.formats import load_checkpoint
+    from probe.reporting.build import run_stages
+    from probe.reporting.cache import StageCache
+    from probe.reporting.recipe import adapt_recipe
+
+    model = load_checkpoint(ckpt)
+    recipe = adapt_recipe(probe.recipe("smoke"), model.config)
+    built = run_stages(model, recipe, "cpu", StageCache(None), False, only={"layers"})
+    assert list(built.timings) == ["readout", "induced", "layers"]
+    whole = analyse_layers(model.model, model.config.task, LayerSettings.from_recipe(recipe))
+    for name, frame in (("readout", whole.readout), ("best_match", whole.best), ("heatmap_cells", whole.cells),
+                        ("table1", whole.table1), ("span", whole.span), ("nulls", whole.nulls)):
+        pd.testing.assert_frame_equal(built.tables[name], frame)
+    np.testing.assert_array_equal(built.data["induced_weights"], whole.induced.weights)
 
 
 def test_a_stage_asked_for_alone_runs_with_the_stages_it_needs(ckpt):
-    """`only={"interventions"}` runs the layers stage first (the causal checks read its best
-    matches), and the spectral stage alone brings the layers stage too; an unknown name is refused."""
+    """`only={"interventions"}` runs the layers stage and the stages it needs first (the causal
+    checks read its best matches), the spectral stage alone brings the read-outs and induced weights
+    (not the sweeps), the order stage the read-outs; an unknown name is refused."""
     import probe
     from probe.core.errors import ConfigError
     from probe.core.stages import with_needs
@@ -260,13 +287,13 @@ def test_a_stage_asked_for_alone_runs_with_the_stages_it_needs(ckpt):
     from probe.reporting.build import run_stages
     from probe.reporting.cache import StageCache
 
-    assert with_needs({"interventions"}) == {"interventions", "layers"}
-    assert with_needs({"spectral", "order"}) == {"spectral", "layers", "order"}
+    assert with_needs({"interventions"}) == {"interventions", "layers", "induced", "readout"}
+    assert with_needs({"spectral", "order"}) == {"spectral", "induced", "readout", "order"}
     assert with_needs(None) is None
     with pytest.raises(ConfigError, match="unknown analysis stage 'layer'"):
         with_needs({"layer"})
     built = run_stages(load_checkpoint(ckpt), probe.recipe("smoke"), "cpu", StageCache(None), False, only={"interventions"})
-    assert list(built.timings) == ["layers", "interventions"]
+    assert list(built.timings) == ["readout", "induced", "layers", "interventions"]
     assert "patching" in built.tables or "ablation" in built.tables
 
 

@@ -220,8 +220,9 @@ def test_a_merged_block_whose_field_is_already_a_summary_key_is_refused():
 
 
 def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
-    """evaluate and layers are registered stages with no section of their own, run first, and a
-    written summary reads their fields as attributes (the committed quick report)."""
+    """evaluate, readout and layers are registered stages with no section of their own, run first (with
+    the induced weights, a provider with no block), and a written summary reads their blocks and fields
+    as attributes (the committed quick report)."""
     from probe.analysis.spectral import SpectralSettings
     from probe.core.stages import registered
     from probe.reporting.layer_blocks import LayerAnalyses
@@ -229,8 +230,10 @@ def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
     from probe.stages.spectral import Spectral
 
     stages = registered()
-    assert list(stages)[:3] == ["evaluate", "layers", "spectral"]
+    assert list(stages)[:5] == ["evaluate", "readout", "induced", "layers", "spectral"]
     assert stages["layers"].merged and stages["layers"].settings is None
+    assert not stages["readout"].merged and stages["readout"].keys == ("readout",)
+    assert stages["induced"].block is None and stages["induced"].keys == ()
     assert not {"layers", "evaluate"} & set(resolve_recipe("quick").stages)
     # the spectral filter is one stage with its own section, block and key
     assert stages["spectral"].settings is SpectralSettings and resolve_recipe("quick").spectral.bins == 12
@@ -241,7 +244,7 @@ def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
     assert stages["layers"].commands and stages["spectral"].commands == ("spectral",)
     data = json.loads((Path(__file__).parents[1] / "reports" / "gpt2-default-quick" / "summary.json").read_text())
     summary = Summary.from_json(data)
-    assert isinstance(summary.stages["layers"], LayerAnalyses)
+    assert isinstance(summary.stages["layers"], LayerAnalyses) and "induced" not in summary.stages
     assert summary.readout.error == data["readout"]["error"] and summary.icl_error.model == data["icl_error"]["model"]
     assert summary.best_match["newton"]["sime"].k == data["best_match"]["newton"]["sime"]["k"]
     assert isinstance(summary.spectral, Spectral) and summary.to_json()["spectral"] == data["spectral"]
@@ -398,6 +401,23 @@ def test_a_stage_without_run_or_an_unknown_declaration_is_refused():
         AnalysisStage(name="typo", runs=_run)
     with pytest.raises(ConfigError, match="register_stage takes an AnalysisStage"):
         register_stage(MeanStage)
+
+
+def test_a_provider_has_no_block_key_or_summarise_and_may_not_have_a_section_or_page():
+    """A stage with no block (a provider, as the induced weights) needs only `run`, takes no
+    summary.json key and writes no block; one with a recipe section, a page or files is refused."""
+    from probe.core.stages import StageTables
+
+    provider = AnalysisStage(name="mean_provider", run=lambda c: StageTables({}, {"x": 1}))
+    register_stage(provider)
+    try:
+        assert provider.keys == () and provider.summarise(StageTables(), None) is None
+    finally:
+        unregister_stage(provider.name)
+    with pytest.raises(ConfigError, match="a stage without a block is a provider: no settings, page or files"):
+        register_stage(MEAN.replace(block=None))  # MEAN has a recipe section
+    with pytest.raises(ConfigError, match="a stage without a block is a provider"):
+        register_stage(provider.replace(page=lambda *a: []))
 
 
 @pytest.mark.slow

@@ -103,7 +103,7 @@ def test_steering_an_lstm_is_refused(tmp_path, capsys):
 
     assert main(["steer", str(REPO / "checkpoints" / "lstm-default"), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
-    assert "steering edits a transformer's residual stream; this checkpoint is a lstm model" in err
+    assert "this checkpoint is a lstm model, with no attention heads or residual stream to intervene on" in err
     assert err.count("\n") == 1 and not (tmp_path / "x").exists()
 
 

@@ -262,22 +262,25 @@ def test_report_on_planted_sgd_recovers_k_equals_l_with_sgd_and_measures_order(t
     assert "Order sensitivity" in html
 
 
-def test_report_order_stage_reuses_the_layers_read_outs_exactly(ckpt, monkeypatch):
-    """The report hands the layers stage's fitted read-outs to the order stage; `icl-probe order`
-    (no layers stage) refits them: both give the same table."""
+def test_report_order_stage_reads_the_readout_stages_read_outs(ckpt):
+    """The order stage needs the readout stage: asked for alone it brings it and reads its fitted
+    read-outs (exactly `fit_readouts`' own), and gives the table it gives beside the layers stage."""
+    from probe.analysis.pipeline import LayerSettings, fit_readouts
+    from probe.analysis.readout import LayerReadouts
     from probe.io.formats import load_checkpoint
     from probe.reporting.build import run_stages
     from probe.reporting.cache import StageCache
-    from probe.reporting.recipe import resolve_recipe
+    from probe.reporting.recipe import adapt_recipe, resolve_recipe
 
     sizes = {"train": 48, "val": 24, "test": 48, "induced": 12}
     recipe = resolve_recipe("quick", [{"prompts": sizes, "order": {"prompts": 16, "permutations": 3}}])
     loaded = load_checkpoint(ckpt)
-    refitted = run_stages(loaded, recipe, "cpu", StageCache(None), False, only={"order"})
-    monkeypatch.setattr("probe.stages.order.fit_readouts", None)  # the order stage must not refit
-    reused = run_stages(loaded, recipe, "cpu", StageCache(None), False, only={"layers", "order"})
-    assert reused.data["readouts"] is not None and "readouts" not in refitted.data
-    pd.testing.assert_frame_equal(reused.tables["order"], refitted.tables["order"], rtol=0, atol=0)
+    alone = run_stages(loaded, recipe, "cpu", StageCache(None), False, only={"order"})
+    assert list(alone.timings) == ["readout", "order"]
+    fitted, _, _ = fit_readouts(loaded.model, loaded.config.task, LayerSettings.from_recipe(adapt_recipe(recipe, loaded.config)))
+    np.testing.assert_array_equal(LayerReadouts.from_json(alone.data["readouts"]).coef, fitted.coef)
+    beside = run_stages(loaded, recipe, "cpu", StageCache(None), False, only={"layers", "order"})
+    pd.testing.assert_frame_equal(beside.tables["order"], alone.tables["order"], rtol=0, atol=0)
 
 
 def test_order_learners_in_blocks_equal_one_batch(monkeypatch):

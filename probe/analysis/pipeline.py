@@ -120,6 +120,7 @@ class InducedWeights:
     xs: np.ndarray  # (m, n, d)
     ys: np.ndarray  # (m, n)
     halves: tuple[np.ndarray, np.ndarray] | None = None
+    queries: np.ndarray | None = None  # (m, Q, d): the fresh queries (SimW's learners are asked them too)
 
     ARRAYS = ("weights", "xs", "ys")
 
@@ -129,6 +130,8 @@ class InducedWeights:
         out = {f"induced_{name}": np.asarray(getattr(self, name)) for name in self.ARRAYS}
         if self.halves is not None:
             out.update({"induced_half_a": self.halves[0], "induced_half_b": self.halves[1]})
+        if self.queries is not None:
+            out["induced_queries"] = self.queries
         return out
 
     @classmethod
@@ -138,7 +141,7 @@ class InducedWeights:
         if weights is None or xs is None or ys is None:
             return None
         a, b = get("induced_half_a"), get("induced_half_b")
-        return cls(weights, xs, ys, None if a is None or b is None else (a, b))
+        return cls(weights, xs, ys, None if a is None or b is None else (a, b), get("induced_queries"))
 
 
 @dataclass
@@ -176,7 +179,7 @@ class LayerAnalysis:
     timings: seconds per step.
     """
 
-    readouts: LayerReadouts | ModelLens
+    readouts: LayerReadouts | ModelLens | None
     readout: pd.DataFrame  # layer x n_examples error/d with bands
     cells: pd.DataFrame  # heatmap cells: layer x learner grid x metric
     best: pd.DataFrame  # best match per (learner, metric, layer), with null baselines and `degenerate`
@@ -351,17 +354,31 @@ def _keep_best(kept: dict[str, Candidate], sweep, result, values: Tensor, output
 
 def layer_costs(shape, task: TaskConfig, settings: LayerSettings, sweeps, spectrum: bool) -> list[budget.Estimate]:
     """What the layer analyses ask of this machine (probe/core/budget.py), the one definition the
-    report's budget and `analyse_layers` share: the read-outs (with the 'adam' read-out's fine-tune),
-    the sweeps' learners and similarities (`sweeps`), SimW's query forwards and, with `spectrum`, the
-    spectral instrument on the induced weights (a report counts it in its own stage)."""
+    report's budget and `analyse_layers` share: the read-outs (`readout_costs`), SimW's query forwards
+    (`induced_costs`), the sweeps' learners and similarities (`sweeps`) and, with `spectrum`, the
+    spectral instrument on the induced weights (a report counts each in its own stage)."""
     p, points = settings.prompts, task.n_points
-    out = budget.layer_estimates(shape, points, p, settings.similarity, sweeps)
-    if settings.readout.method == "adam":
-        out.append(budget.finetune_estimate(settings.readout.finetune_steps, shape, p.train, points))
+    out = readout_costs(shape, task, settings) + budget.match_estimates(shape, points, p, settings.similarity, sweeps)
+    out += induced_costs(shape, task, settings) if settings.similarity.simw else []
     if spectrum:
         n_boot = settings.similarity.bootstrap
         out.append(spectral_cost(settings.spectral, settings.n_induced, shape.layers + 1, task.n_dims, n_boot))
     return out
+
+
+def readout_costs(shape, task: TaskConfig, settings: LayerSettings) -> list[budget.Estimate]:
+    """The read-outs' captures, with the 'adam' read-out's fine-tune (the report's readout stage)."""
+    out = budget.readout_estimates(shape, task.n_points, settings.prompts)
+    if settings.readout.method == "adam":
+        out.append(
+            budget.finetune_estimate(settings.readout.finetune_steps, shape, settings.prompts.train, task.n_points)
+        )
+    return out
+
+
+def induced_costs(shape, task: TaskConfig, settings: LayerSettings) -> list[budget.Estimate]:
+    """SimW's fresh-query forwards (the report's induced stage)."""
+    return budget.query_estimates(shape, task.n_points, settings.prompts)
 
 
 def check_layer_budget(model, task: TaskConfig, settings: LayerSettings, sweeps, spectrum: bool) -> None:
@@ -382,10 +399,36 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
         layer_preds, ev.ys.numpy(), task.n_dims, settings.similarity.bootstrap, settings.prompts.seed
     )
     clock.lap("readout")
-    layer_weights, queries, halves = None, None, None
+    induced = None
     if settings.similarity.simw:
         layer_weights, queries, halves = induced_layer_weights(model, task, settings, readouts, ev, progress)
+        induced = induced_on(layer_weights, ev, settings, halves, queries)
         clock.lap("query_states")
+    res = match_layers(model, settings, ev, layer_preds, induced, progress, clock)
+    res.readouts, res.readout = readouts, readout
+    if induced is not None and settings.spectral.enabled:
+        res.spectral = measure_spectrum(induced, settings)
+        clock.lap("spectral")
+    res.timings = clock.timings
+    return res
+
+
+def match_layers(
+    model,
+    settings: LayerSettings,
+    ev,
+    layer_preds: np.ndarray,
+    induced: InducedWeights | None,
+    progress: bool = False,
+    clock: _Clock | None = None,
+) -> LayerAnalysis:
+    """Every layer against every sweep (SimE on the held-out prompts `ev`, SimW on the induced
+    weights where given), with null baselines, trends, Table 1, paired verdicts and the span test,
+    from the read-outs' predictions `layer_preds` (L+1, B, n) (`fit_readouts`); its `readouts` and
+    `readout` are left empty (a report's readout stage makes them)."""
+    clock = clock or _Clock()
+    layer_weights = None if induced is None else induced.weights
+    queries = None if induced is None else torch.as_tensor(induced.queries)
     cells, best, span_parts, finals = compare_sweeps(layer_preds, layer_weights, queries, ev, settings, progress)
     clock.lap("learners")
     nulls = null_table(
@@ -424,13 +467,8 @@ def analyse_layers(model, task: TaskConfig, settings: LayerSettings, progress: b
         )
         span = pd.concat([layers, *span_parts], ignore_index=True)
     clock.lap("similarity")
-    spectral: SpectralAnalysis | NotMeasured | None = None
-    induced = None if layer_weights is None else induced_on(layer_weights, ev, settings, halves)
-    if induced is not None and settings.spectral.enabled:
-        spectral = measure_spectrum(induced, settings)
-        clock.lap("spectral")
     return LayerAnalysis(
-        readouts, readout, cells, best, trends, t1, span, nulls, verdicts, clock.timings, spectral, induced
+        None, pd.DataFrame(), cells, best, trends, t1, span, nulls, verdicts, clock.timings, None, induced
     )
 
 
@@ -448,10 +486,12 @@ def fixed_steps(sweeps) -> tuple[float | None, float | None]:
     return eta, alpha
 
 
-def induced_on(layer_weights, ev, settings: LayerSettings, halves=None) -> InducedWeights:
-    """The induced weights with the n_induced held-out prompts they were induced on."""
+def induced_on(layer_weights, ev, settings: LayerSettings, halves=None, queries=None) -> InducedWeights:
+    """The induced weights with the n_induced held-out prompts they were induced on (and the fresh
+    queries they were induced from)."""
     m = settings.n_induced
-    return InducedWeights(np.asarray(layer_weights), ev.xs[:m].numpy(), ev.ys[:m].numpy(), halves)
+    kept = None if queries is None else np.asarray(queries)
+    return InducedWeights(np.asarray(layer_weights), ev.xs[:m].numpy(), ev.ys[:m].numpy(), halves, kept)
 
 
 def layer_spectrum(induced: InducedWeights, settings: LayerSettings) -> SpectralAnalysis:

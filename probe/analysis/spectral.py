@@ -61,7 +61,7 @@ from .spectral_verdicts import summarise
 @dataclass
 class SpectralSettings(Section):
     """The spectral instrument (probe/analysis/spectral.py): recipe section [spectral], `icl-probe
-    spectral` flags. It reads the layers stage's induced weights, so it needs similarity.simw."""
+    spectral` flags. It reads the induced stage's weights, so it needs similarity.simw."""
 
     SECTION = "spectral"
     enabled: bool = setting(True, "measure each layer's spectral response (needs similarity.simw)")

@@ -1,4 +1,5 @@
-"""A registered analysis run alone (`icl-probe probes`, `order`, `steer`, ...; probe/core/stages.py):
+"""A registered analysis run alone (`icl-probe probes`, `order`, `steer`, ...; probe/core/stages.py),
+with the stages it needs (the order stage: the read-outs), as a report runs them:
 the checkpoint and the report's recipe (then the command's flags) in; the stage's tables
 (<table>.csv), its summary.json block with the settings and provenance (<stage>_summary.json) and
 its figures out, published only when all of it is written."""
@@ -64,10 +65,12 @@ def run(args: argparse.Namespace) -> int:
     <stage>_summary.json and its figures, published only when all of it is written; its findings
     line printed."""
     from ..core.config import to_dict
+    from ..core.errors import ConfigError
     from ..core.provenance import stamp
     from ..core.stages import StageTables, registered
     from ..io.formats import load_checkpoint
-    from ..reporting.build import Context
+    from ..reporting.build import Context, run_stages
+    from ..reporting.cache import StageCache
     from ..reporting.schema import strict, to_json
     from ..reporting.summary import provenance
 
@@ -75,20 +78,32 @@ def run(args: argparse.Namespace) -> int:
     target = output_target(args, declared.command, (args.checkpoint,))
     ckpt = load_checkpoint(args.checkpoint)
     recipe = recipe_from_args(args, ckpt)
-    context = Context(ckpt, recipe, check_device(args.device), progress=not args.quiet)
-    ran = declared.run(context)
-    tables = StageTables(ran, getattr(ran, "data", {}), ckpt)
+    own: set[str] = set()  # its own tables (those of the stages it needs are not written)
+    seen: set[str] = set()
+
+    def note(stage, tables) -> None:
+        new = set(tables) - seen
+        seen.update(new)
+        if stage.name == declared.name:
+            own.update(new)
+
+    device, progress = check_device(args.device), not args.quiet
+    if declared.refusal(ckpt):  # why it cannot run on this checkpoint, before any work
+        raise ConfigError(declared.refusal(ckpt))
+    built = run_stages(ckpt, recipe, device, StageCache(None), progress, only={declared.name}, on_done=note)
+    context = Context(ckpt, recipe, device, progress, earlier=built)
+    tables = StageTables(built.tables, built.data, ckpt)
     block = declared.summarise(tables, recipe)
     with writing(target) as out:
-        for name, frame in tables.items():
-            frame.to_csv(out / f"{name}.csv", index=False)
+        for name in sorted(own, key=list(built.tables).index):
+            built.tables[name].to_csv(out / f"{name}.csv", index=False)
         for name in (name for name in declared.files if name in tables.data):
             (out / f"{name}.json").write_text(json.dumps(tables.data[name], indent=2) + "\n")
         prompts = {key: getattr(recipe.prompts, key) for key in ("seed", *dict(declared.prompt_flags))}
         settings = {**to_dict(getattr(recipe, declared.name)), **prompts}
         written = {declared.block_key: to_json(block), "settings": settings, **stamp()}
         (out / f"{declared.name}_summary.json").write_text(json.dumps(strict(written), indent=2, default=str) + "\n")
-        declared.figures(tables, out, context)
+        declared.figures({name: built.tables[name] for name in own}, out, context)
     summary = provenance(ckpt, recipe)  # what its findings read: its own block, the checkpoint and the recipe
     summary.stages = {declared.block_key: block}
     lines = declared.findings(block, summary)

@@ -203,13 +203,9 @@ def learner_estimates(sweeps, prompts: int, points: int, d: int, where: str = "s
     return out
 
 
-def layer_estimates(shape: Shape, points: int, prompts, similarity, sweeps) -> list[Estimate]:
-    """The layer analyses ([prompts], [similarity], sweeps): captures, fresh-query forwards for
-    SimW, every learner on the test prompts, bootstrap intervals of every layer x grid cell."""
-    queries = query_count(prompts.queries, shape.d)
-    induced = induced_count(prompts.induced, prompts.test)
-    cells = (shape.layers + 1) * sum(grid_points(s) for s in sweeps)
-    out = [
+def readout_estimates(shape: Shape, points: int, prompts) -> list[Estimate]:
+    """The per-layer read-outs: the training, validation and test prompts' captures."""
+    return [
         prompt_estimate(
             "prompts.train + prompts.val",
             prompts.train + prompts.val,
@@ -218,14 +214,27 @@ def layer_estimates(shape: Shape, points: int, prompts, similarity, sweeps) -> l
             value=f"{prompts.train} + {prompts.val}",
         ),
         prompt_estimate("prompts.test", prompts.test, shape, points),
+    ]
+
+
+def query_estimates(shape: Shape, points: int, prompts) -> list[Estimate]:
+    """SimW's induced weights: the fresh queries' forwards on the first prompts.induced test prompts,
+    and their predictions at every layer (float64)."""
+    queries = query_count(prompts.queries, shape.d)
+    induced = induced_count(prompts.induced, prompts.test)
+    flop, _ = forward_cost(shape, induced * queries, points)
+    nbytes = 16.0 * induced * points * queries * (shape.layers + 1)
+    return [Estimate("prompts.queries", queries, nbytes, flop)]
+
+
+def match_estimates(shape: Shape, points: int, prompts, similarity, sweeps) -> list[Estimate]:
+    """Every learner of the sweeps on the test prompts and the bootstrap intervals of every layer x
+    grid cell."""
+    cells = (shape.layers + 1) * sum(grid_points(s) for s in sweeps)
+    return [
         bootstrap_estimate("similarity.bootstrap", similarity.bootstrap, prompts.test, cells),
         *learner_estimates(sweeps, prompts.test, points, shape.d),
     ]
-    if similarity.simw:
-        flop, _ = forward_cost(shape, induced * queries, points)
-        nbytes = 16.0 * induced * points * queries * (shape.layers + 1)
-        out.append(Estimate("prompts.queries", queries, nbytes, flop))
-    return out
 
 
 def probe_estimates(shape: Shape, points: int, probes, n_test: int) -> list[Estimate]:

@@ -29,6 +29,8 @@ BUILTIN = tuple(
     f"probe.stages.{name}"
     for name in (
         "evaluate",
+        "readout",
+        "induced",
         "layers",
         "spectral",
         "interventions",
@@ -53,6 +55,7 @@ HOOKS = (
     "tables",
     "page",
     "compare",
+    "compare_figures",
     "evidence",
     "verdicts",
     "check",
@@ -84,12 +87,13 @@ class AnalysisStage:
     settings: its recipe section, a `Section` dataclass with SECTION = name and an `enabled` field;
         None for a stage with no section of its own that runs in every report (the report's spine:
         the error curve and the layer analyses, which read the built-in sections named in `reads`).
-    block: the dataclass of its summary.json block (`summarise` builds it).
+    block: the dataclass of its summary.json block (`summarise` builds it); None for a provider, a
+        stage with no block, page or command whose data other stages read (the induced weights).
     title, description: its section of the report page (plain text) and the command's help.
     reads: other recipe sections it reads (its cache key, with [prompts] and its own).
     needs: the stages whose outputs it reads (`Context.before`); each runs first (also when the stage
         is asked for alone, `with_needs`), and its cache key is part of this stage's (the spectral
-        stage needs the layers' induced weights).
+        stage needs the induced weights of the induced stage).
     flags: (settings field, flag name) of its command where not the field's own (e.g. "test-prompts").
     prompt_flags: ([prompts] field, flag name) its command takes besides --seed (e.g. the probes'
         ("test", "test-prompts")).
@@ -167,7 +171,10 @@ class AnalysisStage:
 
     def summarise(self, tables: dict[str, Any], recipe: Any) -> Any:
         """Its summary.json block (`tables`: a StageTables of every table of the report so far, the
-        data of the stages that ran, and the checkpoint); None: nothing to write, the block is left out."""
+        data of the stages that ran, and the checkpoint); None: nothing to write, the block is left out
+        (a provider's, always)."""
+        if self.block is None:
+            return None
         raise NotImplementedError(f"analysis stage {self.name!r} has no summarise")
 
     def figures(self, tables: dict[str, Any], fig_dir: Path, context: Any) -> dict[str, Path]:
@@ -209,6 +216,11 @@ class AnalysisStage:
         `.tables`, the comparison's tables from the stages before it."""
         return {}, {}
 
+    def compare_figures(self, mine: Any, theirs: Any, fig_dir: Path) -> dict[str, Path]:
+        """`report --compare`: its figures of the two checkpoints side by side (`mine`, `theirs`:
+        StageTables with `.ckpt`, the compared one's None where unknown), name -> PNG path."""
+        return {}
+
     def evidence(self, block: Any, summary: Any, a: str, b: str) -> list[dict[str, Any]]:
         """Rows of the evidence table for the question a or b, each a dict of
         probe.reporting.schema.EvidenceRow's fields (probe/reporting/evidence.py)."""
@@ -246,7 +258,10 @@ class AnalysisStage:
 
     @property
     def keys(self) -> tuple[str, ...]:
-        """The summary.json keys its block takes: the block's fields when merged, else its key."""
+        """The summary.json keys its block takes: the block's fields when merged, else its key (none for
+        a provider)."""
+        if self.block is None:
+            return ()
         return tuple(f.name for f in dataclasses.fields(self.block)) if self.merged else (self.block_key,)
 
     def enabled(self, recipe: Any) -> bool:
@@ -310,14 +325,15 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
             f"got {stage!r}"
         )
     what = f"analysis stage {stage.name!r}"
-    missing = [hook for hook in ("run", "summarise") if not stage.overrides(hook)]
+    required = ("run", "summarise") if stage.block is not None else ("run",)
+    missing = [hook for hook in required if not stage.overrides(hook)]
     if missing:
         raise ConfigError(f"{what}: it needs its own {' and '.join(missing)} (a method or a keyword of AnalysisStage)")
     if not isinstance(stage.name, str) or not NAME.fullmatch(stage.name):
         raise ConfigError(f"{what}: a stage name is lower-case letters, digits and '_', starting with a letter")
     # its recipe section and command (with settings), its summary.json key (unless merged: its fields, below)
     claimed = {stage.name, stage.command.replace("-", "_")} if stage.settings is not None else set()
-    if (claimed | ({stage.block_key} if not stage.merged else set())) & (RESERVED - set(stage.commands)):
+    if (claimed | set(stage.keys if not stage.merged else ())) & (RESERVED - set(stage.commands)):
         raise ConfigError(f"{what}: the name is a built-in recipe section or summary.json key; choose another")
     if STAGES.get(stage.name, stage) is not stage:
         raise ConfigError(f"{what} is already registered by another declaration; choose another name")
@@ -333,7 +349,9 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
         or "enabled" not in {f.name for f in dataclasses.fields(settings)}
     ):
         raise ConfigError(f"{what}: its settings class needs SECTION = {stage.name!r} and an `enabled` field")
-    if not (isinstance(stage.block, type) and dataclasses.is_dataclass(stage.block)):
+    if stage.block is None and (stage.settings is not None or stage.overrides("page") or stage.files):
+        raise ConfigError(f"{what}: a stage without a block is a provider: no settings, page or files")
+    if stage.block is not None and not (isinstance(stage.block, type) and dataclasses.is_dataclass(stage.block)):
         raise ConfigError(f"{what}: block must be a dataclass (summary.json's schema is generated from it)")
     if not all(isinstance(name, str) and NAME.fullmatch(name) for name in stage.files):
         raise ConfigError(f"{what}: files names entries of its data, each lower-case letters, digits and '_'")
@@ -344,7 +362,7 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
     clash = sorted(set(stage.keys) & (others | (SUMMARY_KEYS if stage.merged else set())))
     if clash:
         raise ConfigError(f"{what}: its summary.json key {clash[0]!r} is already taken; rename it")
-    classes = dataclasses_in(stage.block)
+    classes = dataclasses_in(stage.block) if stage.block is not None else {}
     taken = [name for name, kind in classes.items() if DEFINITIONS.get(name, kind) is not kind]
     if taken:
         raise ConfigError(
@@ -357,8 +375,8 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
 
 
 def by_block_key() -> dict[str, AnalysisStage]:
-    """The registered stages by their summary.json key."""
-    return {stage.block_key: stage for stage in registered().values()}
+    """The registered stages with a block, by their summary.json key."""
+    return {stage.block_key: stage for stage in registered().values() if stage.block is not None}
 
 
 def unregister_stage(name: str) -> None:

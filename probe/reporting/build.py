@@ -26,9 +26,8 @@ from ..core.provenance import display_path
 from ..core.stages import AnalysisStage, StageTables, registered, with_needs
 from ..io.checkpoint import LoadedCheckpoint
 from ..io.outputs import OutputTarget
-from . import figures
 from .cache import StageCache, _jsonable
-from .compare import comparison
+from .compare import comparison, unprefixed
 from .evidence import evidence_frame
 from .figure_pool import FigurePool
 from .html import render_html
@@ -200,14 +199,16 @@ def make_figures(
 def comparison_figures(
     built: Built, ckpt: LoadedCheckpoint, fig_dir: Path, compare: LoadedCheckpoint | None
 ) -> dict[str, Path]:
-    """`report --compare`'s own figure: both models' read-out errors."""
-    if "compare_readout" not in built.tables:
+    """`report --compare`'s figures: each stage's own (its `compare_figures`), from both checkpoints'
+    tables."""
+    theirs = unprefixed(built)
+    if not theirs.tables:
         return {}
-    curves = {
-        ckpt.name: built.tables["readout"],
-        compare.name if compare else "compare": built.tables["compare_readout"],
-    }
-    return {"compare_readout": figures.readout_comparison(curves, fig_dir / "compare_readout")[0]}
+    mine, yours = StageTables(built.tables, built.data, ckpt), StageTables(theirs.tables, theirs.data, compare)
+    out: dict[str, Path] = {}
+    for stage in registered().values():
+        out.update(stage.compare_figures(mine, yours, fig_dir))
+    return out
 
 
 def build_report(

@@ -58,7 +58,8 @@ def dataclass_schema(kind: type, defs: dict[str, Any]) -> dict[str, Any]:
         if f.metadata.get("merged"):  # the registered analyses' blocks (those that always run: required)
             for stage in by_block_key().values():
                 properties.update(block_properties(stage, defs))
-                required += _required(stage.block) if stage.merged and stage.settings is None else []
+                if stage.settings is None:  # a stage that runs in every report: its keys are required
+                    required += _required(stage.block) if stage.merged else [stage.block_key]
         else:
             properties[f.name] = schema_of(hints[f.name], defs)
             required += _required(kind, f.name)

@@ -109,7 +109,6 @@ class Span:
 class LayerAnalyses:
     """The layer analyses' blocks, each a top-level key of summary.json."""
 
-    readout: Readout
     best_match: dict[str, dict[str, Match]]
     trend: dict[str, Trend]
     table1: Table1
@@ -120,7 +119,6 @@ class LayerAnalyses:
 def layer_analyses(t, recipe) -> LayerAnalyses:
     """The layer analyses' blocks from the report's tables (a StageTables: its data and checkpoint too)."""
     block = LayerAnalyses(
-        readout=readout_block(t["readout"], t.ckpt.config.task.n_dims, recipe, t.data.get("readout_alpha")),
         best_match=best_match_block(t["best_match"], recipe),
         trend=trend_block(t.data.get("trends", []), recipe),
         table1=Table1(table1_block(t["table1"])),

@@ -1,14 +1,12 @@
-"""The layer analyses, the report's spine (Fu et al. 2024, §4): per-layer read-out retraining, each layer's
-similarity (SimE, SimW) to every swept learner over its grid with the best match and its trend,
-Table 1 (the final layer against each learner) with its nulls and paired verdicts, and the span
-test. It provides SimW's induced weights (data induced_*, arrays the stage cache keeps) to the
-spectral stage (spectral.py), which measures each layer's filter on them. It reads the
-built-in sections [readout], [similarity] and [[sweeps]] and runs in every report; its blocks
-(readout, best_match, trend, table1, nulls, span) are top-level keys of summary.json."""
+"""The layer analyses, the report's spine (Fu et al. 2024, §4): each layer's similarity (SimE, SimW) to
+every swept learner over its grid with the best match and its trend, Table 1 (the final layer against
+each learner) with its nulls and paired verdicts, and the span test, on the read-outs of the readout
+stage (readout.py) and the induced weights of the induced stage (induced.py). It reads the built-in
+sections [readout], [similarity] and [[sweeps]] and runs in every report; its blocks (best_match,
+trend, table1, nulls, span) are top-level keys of summary.json."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +14,8 @@ import pandas as pd
 
 from ..analysis.labels import Titles, label, layer_list, sweep_titles
 from ..analysis.matching import family_of, trend_words
-from ..analysis.pipeline import LayerSettings, analyse_layers, layer_costs
-from ..analysis.readout import LayerReadouts
+from ..analysis.pipeline import InducedWeights, LayerSettings, match_layers
 from ..core import budget
-from ..core.settings import check_induced_queries
 from ..core.stages import AnalysisStage, StageTables, register_stage
 from ..io.outputs import safe_name
 from ..models.constructions import CONSTRUCTIONS
@@ -36,11 +32,11 @@ from ..reporting.layer_blocks import (
     verdict_rows,
 )
 from ..reporting.page import table as html_table
+from .readout import held_out_prompts
 from .sections import template_page
 
 SECTIONS = ("readout", "similarity", "sweeps")  # the recipe sections it reads besides [prompts]
 PAGE = (  # its page sections: (title, macro of templates/layers.html.j2, the figure that shows it or "")
-    ("Per-layer readout retraining", "readout", ""),
     ("Layers vs reference learners", "matching", ""),
     ("Table 1: final layer against each learner", "table1", ""),
     ("Span of the examples", "span", "span"),
@@ -255,28 +251,30 @@ class LayersStage(AnalysisStage):
 
     name = "layers"
     papers = (
-        "Fu et al. 2024, §4.1: per-layer read-out retraining",
         "Fu et al. 2024, eq. 9-12: SimE and SimW",
         "Fu et al. 2024, Def. 4 and Table 1: layer-to-iteration matching",
     )
     block = LayerAnalyses
     title = "Layers vs reference learners"
     description = (
-        "Per-layer read-outs, each layer's similarity to every swept learner (best match, trend, Table 1, "
-        "paired verdicts) and the span test."
+        "Each layer's similarity to every swept learner (best match, trend, Table 1, paired verdicts) and the span "
+        "test."
     )
     reads = SECTIONS
-    commands = ("readout", "heatmap", "span")
+    needs = ("readout", "induced")
+    commands = ("heatmap", "span")
     merged = True
     files = ("trends",)
 
     def run(self, c) -> StageTables:
+        """Every layer against every sweep, on the readout stage's predictions and the induced stage's
+        weights (`match_layers`)."""
         settings = LayerSettings.from_recipe(c.recipe, c.device, c.memory)
-        settings = replace(settings, spectral=replace(settings.spectral, enabled=False))  # its own stage measures it
-        res = analyse_layers(c.ckpt.model, c.ckpt.config.task, settings, progress=c.progress)
-        alphas = getattr(res.readouts, "alpha", None)
+        ev = held_out_prompts(c, settings)
+        induced = InducedWeights.from_arrays(lambda name: c.before(name, "data"))
+        predictions = c.before("layer_predictions", "data")
+        res = match_layers(c.ckpt.model, settings, ev, predictions, induced, progress=c.progress)
         tables = {
-            "readout": res.readout,
             "heatmap_cells": res.cells,
             "best_match": res.best,
             "table1": res.table1,
@@ -284,21 +282,13 @@ class LayersStage(AnalysisStage):
             "nulls": res.nulls,
             "verdicts": res.verdicts,
         }
-        data = {
-            "trends": res.trends,
-            "readout_alpha": None if alphas is None else list(map(float, alphas)),
-            "readouts": res.readouts.to_json() if isinstance(res.readouts, LayerReadouts) else None,
-            "timings": res.timings,
-            **(res.induced.to_arrays() if res.induced is not None else {}),  # what the spectral stage reads
-        }
-        return StageTables(tables, data)
+        return StageTables(tables, {"trends": res.trends, "timings": res.timings})
 
     def summarise(self, tables, recipe):
         return layer_analyses(tables, recipe)
 
     def figures(self, t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
-        recipe = context.recipe
-        out = {"readout": plots.readout_error(t["readout"], fig_dir / "readout", context.ckpt.config.task.n_dims)[0]}
+        recipe, out = context.recipe, {}
         titles = sweep_titles(recipe.sweeps)
         for sweep in recipe.sweeps:
             key = f"heatmap_{sweep.label}"
@@ -315,16 +305,10 @@ class LayersStage(AnalysisStage):
         return out
 
     def estimates(self, recipe, ckpt) -> list[budget.Estimate]:
-        """Its knobs' memory and work on this checkpoint; a recipe whose SimW would be underdetermined
-        is refused here, before any work."""
-        if recipe.similarity.simw:
-            check_induced_queries(
-                recipe.prompts.queries, ckpt.config.model.n_dims, where=ckpt.name, off="--set similarity.simw=false"
-            )
-        settings = LayerSettings.from_recipe(recipe)
-        return layer_costs(
-            shape_of(ckpt.config.model), ckpt.config.task, settings, recipe.sweeps, spectrum=False
-        )  # the spectral stage counts its own
+        """The sweeps' learners and the bootstrap intervals of every layer x grid cell (the read-outs and
+        the induced weights: their own stages)."""
+        shape, p = shape_of(ckpt.config.model), recipe.prompts
+        return budget.match_estimates(shape, ckpt.config.task.n_points, p, recipe.similarity, recipe.sweeps)
 
     def findings(self, block: LayerAnalyses, summary: Any) -> list[str | None]:
         d = summary.checkpoint.task["n_dims"]
@@ -370,13 +354,8 @@ class LayersStage(AnalysisStage):
         return out
 
     def tables(self, block: LayerAnalyses, summary: Any, t: dict[str, pd.DataFrame]) -> dict[str, str]:
-        """The HTML tables its sections' macros read (templates/layers.html.j2): readout, best, table1,
-        verdicts."""
-        readout, titles = block.readout, summary.titles
-        ro = pd.DataFrame({"layer": readout.layer, "error / d (mean over t >= 1)": readout.error})
-        if readout.error_at_2d1:
-            ro["error / d at t = 2d+1"] = readout.error_at_2d1
-        out = {"readout": html_table(ro)}
+        """The HTML tables its sections' macros read (templates/layers.html.j2): best, table1, verdicts."""
+        titles, out = summary.titles, {}
         best, axes = t["best_match"], [s["label"] for s in summary.recipe.get("sweeps", []) if s.get("axis")]
         no_random = {"SimE vs random model": "- (no random-weights baseline)"}
         out["best"] = html_table(_readable(best[best.sweep.isin(axes)], titles), "{:.3f}", no_random)
@@ -410,24 +389,16 @@ class LayersStage(AnalysisStage):
     def compare(self, mine, theirs, context):
         """Each model's layers by relative depth (read-out error / d at its own 2d+1 examples, and the
         spectral reading where that stage ran), each pair of layers' paired read-out error where the
-        task is shared; summary.json: the compared model's Table 1 (SimE) and read-out errors."""
+        task is shared; summary.json: the compared model's Table 1 (SimE)."""
         names, dims = (mine.ckpt.name, theirs.ckpt.name), (mine.ckpt.config.task.n_dims, theirs.ckpt.config.task.n_dims)
         rows = layer_rows(names[0], mine, dims[0]) + layer_rows(names[1], theirs, dims[1])
         tables = {"comparison_layers": pd.DataFrame(rows)}
         if context.same_task:
             tables["comparison_paired_layers"] = paired_layers(mine, theirs, context.recipe, context.device)
-        readout = theirs["readout"]
-        entries = {
-            "table1": {"sime": table1_block(theirs["table1"], degenerate=False)},
-            "readout": {
-                "layer": sorted(int(i) for i in readout.layer.unique()),
-                "error": [float(v) for v in readout[readout.n_examples >= 1].groupby("layer").error.mean().values],
-            },
-        }
-        return tables, entries
+        return tables, {"table1": {"sime": table1_block(theirs["table1"], degenerate=False)}}
 
     def page(self, block, summary, figs, tables, context):
-        """Read-outs, matches, Table 1 and the span test (templates/layers.html.j2)."""
+        """Matches, Table 1 and the span test (templates/layers.html.j2)."""
         return template_page(self, "layers.html.j2", PAGE, block, summary, figs, tables, context)
 
 

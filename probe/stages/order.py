@@ -12,14 +12,13 @@ import pandas as pd
 
 from ..analysis.labels import Titles, label, sweep_titles
 from ..analysis.order import ORDER_BOOTSTRAP, OrderSettings, order_estimates, order_table
-from ..analysis.pipeline import LayerSettings, fit_readouts
-from ..analysis.readout import LayerReadouts
 from ..core import budget
 from ..core.plotting import legend_outside, pyplot, save_png
 from ..core.seeds import Stream, stream_generator
 from ..core.stages import AnalysisStage, register_stage
 from ..data.tasks import sample_prompts
 from ..models.sizes import shape_of
+from .readout import fitted_readouts
 
 ORDER_FREE = 1e-6  # an order share below this is float round-off: the predictor ignores order
 ORDER_LIKE_OGD = 0.5  # a share whose interval lies at or above this fraction of online GD's reads as online GD
@@ -108,7 +107,7 @@ class OrderStage(AnalysisStage):
         "share of its variance across prompts (Hataya & Imaizumi 2024, Discussion), beside reference learners: 0 for least "
         "squares, ridge, GD and Newton; positive for online GD and SGD with fixed minibatch positions."
     )
-    reads = ("readout",)
+    needs = ("readout",)
     captions = (
         (
             "order",
@@ -122,17 +121,12 @@ class OrderStage(AnalysisStage):
     key = "order_sensitivity"
 
     def run(self, c) -> dict[str, pd.DataFrame]:
-        """Order sensitivity of every layer and of the [order] learners. The layers' read-outs are the
-        layers stage's (its "readouts" data), or refitted exactly as that stage fits them when it did
-        not run."""
+        """Order sensitivity of every layer and of the [order] learners, through the readout stage's
+        read-outs."""
         ckpt, recipe, settings, task = c.ckpt, c.recipe, c.recipe.order, c.ckpt.config.task
         prefixes = settings.prefixes_for(task.n_dims, task.n_points)  # refuses prefixes without a query first
         p = sample_prompts(task, settings.prompts, generator=stream_generator(recipe.prompts.seed, Stream.ORDER))
-        fitted = c.before("readouts", "data")
-        if fitted is not None:
-            readouts = LayerReadouts.from_json(fitted)
-        else:
-            readouts, _, _ = fit_readouts(ckpt.model, task, LayerSettings.from_recipe(recipe, c.device, c.memory))
+        readouts = fitted_readouts(lambda name: c.before(name, "data"), ckpt.model)
         learners = {s.label: {"learner": s.learner, "grid": s.grid} for s in settings.learners}
         table = order_table(
             ckpt.model,

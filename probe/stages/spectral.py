@@ -1,12 +1,11 @@
-"""The spectral filter of each layer (issue: the spectral instrument; probe/analysis/spectral.py
-measures it): on each prompt's S = X^T X, a layer's induced weights against the least-squares
+"""The spectral filter of each layer (probe/analysis/spectral.py measures it): on each prompt's S = X^T X, a layer's induced weights against the least-squares
 weights along every eigen-direction, the local exponent p (GD's class tends to 1, Fu et al.'s Newton
 to 2) and the best-fitting filter class per layer. Recipe section [spectral] (SpectralSettings,
 beside the analysis); summary.json key `spectral`; its page section, findings line and evidence row.
 
-It needs the layers stage (layers.py) and reads the induced weights SimW fits there (that
-stage's data induced_*), so its cache key holds the layers stage's: changing [spectral] re-runs
-this stage only, from the cached weights. `icl-probe spectral` (probe/cli/spectral.py) runs the
+It needs the induced stage (induced.py) and reads the induced weights it fits (its data induced_*),
+so its cache key holds that stage's: changing [spectral] re-runs this stage only, from the cached
+weights, and the learner sweeps are not needed. `icl-probe spectral` (probe/cli/spectral.py) runs the
 measurement alone."""
 
 from __future__ import annotations
@@ -308,11 +307,11 @@ class SpectralStage(AnalysisStage):
         "GD or Newton class."
     )
     reads = ("similarity",)
-    needs = ("layers",)
+    needs = ("induced",)
     commands = ("spectral",)
 
     def run(self, c) -> StageTables:
-        """The filter of each layer on the layers stage's induced weights (none where SimW is off)."""
+        """The filter of each layer on the induced stage's weights (none where SimW is off)."""
         induced = InducedWeights.from_arrays(lambda name: c.before(name, "data"))
         if induced is None:
             return StageTables()

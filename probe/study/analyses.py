@@ -241,12 +241,15 @@ def spd_ilw_rows(model, task, recipe, device: str) -> list[dict]:
 
 
 def report_stages_of(analyses) -> set[str]:
-    """The report stages a study's per-model analyses run (the evidence table reads the spectral
-    stage's verdicts; the spectral stage needs the layers stage's induced weights)."""
+    """The report stages a study's per-model analyses run, without the stages they need (run_stages
+    adds those: the spectral stage's induced weights and the read-outs they are read through); the
+    evidence table reads the layers' and the spectral stage's verdicts."""
     stages = {name for name in analyses if name in stage_analyses()}  # run_stages adds the stages they need
     if "evaluate" in analyses:
         stages.add("evaluate")
-    if {"readout", "heatmap", "spectral", "evidence"} & set(analyses):
+    if "readout" in analyses:
+        stages.add("readout")
+    if {"heatmap", "evidence"} & set(analyses):
         stages.add("layers")
     if {"spectral", "evidence"} & set(analyses):
         stages.add("spectral")
