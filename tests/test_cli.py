@@ -1,3 +1,4 @@
+import json
 import sys
 
 import pandas as pd
@@ -104,7 +105,7 @@ def test_layer_commands_on_garg_directory_and_lstm(tmp_path, capsys):
         best = pd.read_csv(out / "h" / "best_match.csv")
         assert set(best.sweep) == {"newton", "gd_log"} and set(best.learner) == {"newton", "gd"} and set(best.metric) == {"sime", "simw"}
         assert (out / "h" / "heatmap_newton.png").exists() and (out / "s" / "span.csv").exists()
-        assert len(pd.read_csv(out / "r" / "readout_by_layer.csv")) == 3
+        assert len(json.loads((out / "r" / "readout_summary.json").read_text())["readout"]["layer"]) == 3
         assert main(["-q", "probes", str(ckpt), "--out", str(out / "p"), "--max-iter", "5", "--prompts", "32",
                      "--test-prompts", "16", "--kinds", "linear"]) == 0
         probes = pd.read_csv(out / "p" / "probes.csv")

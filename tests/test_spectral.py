@@ -239,7 +239,7 @@ def test_python_api_and_command(tmp_path, capsys):
     out = tmp_path / "spectral"
     argv = ["-q", "spectral", "checkpoints/planted/gd", "--out", str(out), "--test-prompts", "64", "--induced-prompts", "64"]
     assert main(argv) == 0
-    assert {p.name for p in out.iterdir()} >= {"spectral_summary.csv", "spectral_layers.csv", "spectral_lam_t.png", "run.json"}
+    assert {p.name for p in out.iterdir()} >= {"spectral_summary.csv", "spectral_layers.csv", "spectral_lam_t.png", "spectral_summary.json"}
     summary = pd.read_csv(out / "spectral_summary.csv")
     assert summary.verdict.tolist() == ["no response"] + ["gd"] * 6
     assert "gd" in capsys.readouterr().out

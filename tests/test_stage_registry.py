@@ -141,7 +141,8 @@ def test_a_registered_stage_is_a_command(registered, ckpt, tmp_path, capsys):
     assert main(["-q", "mean-prediction", str(ckpt), "--prompts", "8", "--out", str(out)]) == 0
     written = json.loads((out / "mean_prediction_summary.json").read_text())
     assert set(json.loads((out / "mean_peak.json").read_text())) == {"n_examples", "mean_abs"}
-    assert written["settings"] == {"enabled": True, "prompts": 8, "seed": 0} and "git_commit" in written
+    assert written["recipe"]["mean_prediction"] == {"enabled": True, "prompts": 8} and "git_commit" in written
+    assert written["recipe"]["prompts"]["seed"] == 0 and written["command"] == "mean-prediction"
     assert {p.name for p in out.iterdir()} >= {"mean_prediction.csv", "mean_prediction.png"}
     assert "Mean |prediction| after" in capsys.readouterr().out
     assert main(["-q", "mean-prediction", str(ckpt), "--prompts", "0", "--out", str(tmp_path / "bad")]) == 2
@@ -166,7 +167,8 @@ def test_a_summary_with_a_block_nobody_registered_fails_its_schema(registered, c
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"name": "spectral"}, "built-in recipe section"),
+        ({"name": "spectral"}, "already registered by another declaration"),
+        ({"name": "mean_two", "cli": "heatmap"}, "its command 'heatmap' is another stage's"),
         ({"name": "report"}, "built-in recipe section"),
         ({"name": "Mean"}, "lower-case letters"),
         ({"settings": dict}, "Section dataclass"),
@@ -237,11 +239,14 @@ def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
     assert not {"layers", "evaluate"} & set(resolve_recipe("quick").stages)
     # the spectral filter is one stage with its own section, block and key
     assert stages["spectral"].settings is SpectralSettings and resolve_recipe("quick").spectral.bins == 12
-    # their commands are the hand-written ones of probe/cli
+    # their commands are derived from them (probe/cli/stage.py) or written by hand in probe/cli
     from probe.cli import COMMANDS
 
-    assert all(set(stage.commands) <= set(COMMANDS) for stage in stages.values())
-    assert stages["layers"].commands and stages["spectral"].commands == ("spectral",)
+    assert [c.name for c in stages["layers"].derived_commands] == ["heatmap", "span"]
+    assert stages["spectral"].command_names == ("spectral",) and stages["readout"].command_names == ("readout",)
+    assert stages["induced"].command_names == () and stages["evaluate"].command_names == ("evaluate",)
+    hand_written = {name for stage in stages.values() for name in stage.commands if isinstance(name, str)}
+    assert hand_written == {"evaluate", "ablate", "patch"} and hand_written <= set(COMMANDS)
     data = json.loads((Path(__file__).parents[1] / "reports" / "gpt2-default-quick" / "summary.json").read_text())
     summary = Summary.from_json(data)
     assert isinstance(summary.stages["layers"], LayerAnalyses) and "induced" not in summary.stages

@@ -130,7 +130,7 @@ def test_targets_and_the_command_refuse_bad_input(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
     # Newton's M_k is iterated k times: 10^12 iterations ran on, unchecked; now refused before any work
     code = main(["-q", "token-probes", "--iterations", "2", str(10**12), "--out", str(tmp_path / "o")])
-    assert code == 2 and "token_probes.iterations = 1000000000000 makes this need about" in capsys.readouterr().err
+    assert code == 2 and "token_probes.iterations = 1000000000000 on gpt2-default makes this need about" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

@@ -1,4 +1,5 @@
-"""Arguments and outputs shared by the layer-analysis commands (readout, heatmap, span, probes).
+"""Arguments and outputs shared by the commands that run report stages (the derived commands of
+probe/cli/stage.py, ablate, patch, resolution).
 
 Their settings come from a report recipe (`--recipe`, default: quick), resolved exactly as
 `icl-probe report` resolves it (`--set` overrides, planted-model adaptations), so a standalone
@@ -12,36 +13,12 @@ import argparse
 import json
 from pathlib import Path
 
-from ..core.resources import DEFAULT_CHECKPOINT
-from .common import add_device, add_out, check_device
+from .common import check_device
 
 
 def add_recipe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default="quick", help="report recipe whose settings are used (default: quick)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
-
-
-def add_layer_args(p: argparse.ArgumentParser, simw: bool = True) -> None:
-    from ..analysis.readout import ReadoutSettings
-    from ..core.settings import PromptSettings, SimilaritySettings, add_flags
-
-    p.add_argument(
-        "checkpoint", nargs="?", default=str(DEFAULT_CHECKPOINT), help="run directory (default: shipped default)"
-    )
-    add_out(p, "directory for CSV tables and PNG figures")
-    add_recipe_args(p)
-    prompts: dict[str, str | tuple[str, ...]] = {
-        "train": "train-prompts",
-        "val": "val-prompts",
-        "test": ("test-prompts", "eval-prompts"),
-        "seed": "seed",
-    }
-    if simw:
-        prompts.update({"induced": ("induced-prompts", "simw-prompts"), "queries": "queries"})
-    add_flags(p, "prompts", PromptSettings, prompts)
-    add_flags(p, "readout", ReadoutSettings, {"method": "readout-method"})
-    add_flags(p, "similarity", SimilaritySettings, ["bootstrap"])
-    add_device(p)
 
 
 def recipe_from_args(args: argparse.Namespace, ckpt):

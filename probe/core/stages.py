@@ -64,6 +64,8 @@ HOOKS = (
 )
 DERIVED = (
     "command",
+    "derived_commands",
+    "command_names",
     "block_key",
     "keys",
     "enabled",
@@ -73,6 +75,35 @@ DERIVED = (
     "replace",
     "generator",
 )  # read, never declared
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A command derived from a stage, `icl-probe <name>` (probe/cli/stage.py): the stage and those it
+    needs run as a report runs them, on the report recipe (`--recipe`, `--set`) with the command's
+    flags applied, and written in the one layout of a stage's command: its own tables as
+    <table>.csv, the data entries its `files` names as <entry>.json, <stage>_summary.json (its
+    block, the recipe run and provenance) and its figures.
+
+    name: the command.
+    help, doc: its line in `icl-probe --help` and its --help text (defaults: the stage's title and
+        description).
+    flags: (recipe section, its fields as flags) pairs: field names (flag: the name with dashes) or
+        {field: flag} ({"test": ("test-prompts", "eval-prompts")}: later names are old spellings,
+        still accepted); default: every field of the stage's own section but `enabled`, [prompts]
+        seed and the stage's `prompt_flags`.
+    arguments: (parser) -> None, arguments besides the flags (heatmap's --learners).
+    adjust: (recipe, parsed arguments) -> the recipe the command runs, after its flags are applied.
+    show: (StageTables, block) -> the lines it prints (default: the stage's findings); it may raise
+        ConfigError to refuse a result (nothing is written then)."""
+
+    name: str
+    help: str = ""
+    doc: str = ""
+    flags: tuple[tuple[str, Any], ...] | None = None
+    arguments: Any = None
+    adjust: Any = None
+    show: Any = None
 
 
 class AnalysisStage:
@@ -100,10 +131,10 @@ class AnalysisStage:
     captions: (figure name, caption) under its figures on the page.
     key: its summary.json key where that is not its name (order: "order_sensitivity").
     cli: its command where that is not its name (steering: "steer").
-    commands: the hand-written commands (probe/cli) that run it or its parts, in place of the
-        `icl-probe <command>` derived from its settings (which a stage without them gets, with the
-        stages it needs): the spine's `icl-probe evaluate`, `readout`, `spectral`, the causal checks'
-        `ablate` and `patch` (names it may share).
+    commands: its commands, each a `Command` derived from it (probe/cli/stage.py: the read-outs'
+        `icl-probe readout`, the layers' `heatmap` and `span`, `spectral`) or the name of one written
+        by hand in probe/cli (the error curve's `evaluate`, the causal checks' `ablate` and `patch`);
+        none: a stage with its own section gets `icl-probe <command>` with a flag per field.
     merged: whether its block's fields are top-level keys of summary.json (the spine's blocks:
         icl_error, readout, best_match, ... as summary.json has always written them) rather than one
         key holding the block.
@@ -128,7 +159,7 @@ class AnalysisStage:
     captions: tuple[tuple[str, str], ...] = ()
     key: str = ""
     cli: str = ""
-    commands: tuple[str, ...] = ()
+    commands: tuple[Command | str, ...] = ()
     merged: bool = False
     files: tuple[str, ...] = ()
     papers: tuple[str, ...] = ()
@@ -252,6 +283,21 @@ class AnalysisStage:
         return self.cli or self.name.replace("_", "-")
 
     @property
+    def derived_commands(self) -> tuple[Command, ...]:
+        """The commands derived from it (probe/cli/stage.py): its `Command`s, or with none declared and
+        a section of its own, `icl-probe <command>` with a flag per field."""
+        if self.commands:
+            return tuple(c for c in self.commands if isinstance(c, Command))
+        return (Command(self.command),) if self.settings is not None else ()
+
+    @property
+    def command_names(self) -> tuple[str, ...]:
+        """Every command that runs it: derived or written by hand."""
+        return tuple(c.name if isinstance(c, Command) else c for c in self.commands) or tuple(
+            c.name for c in self.derived_commands
+        )
+
+    @property
     def block_key(self) -> str:
         """Its block's key in summary.json (its key in a Summary's `stages` when `merged`)."""
         return self.key or self.name
@@ -331,12 +377,17 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
         raise ConfigError(f"{what}: it needs its own {' and '.join(missing)} (a method or a keyword of AnalysisStage)")
     if not isinstance(stage.name, str) or not NAME.fullmatch(stage.name):
         raise ConfigError(f"{what}: a stage name is lower-case letters, digits and '_', starting with a letter")
-    # its recipe section and command (with settings), its summary.json key (unless merged: its fields, below)
+    # its recipe section, command and summary.json key (with settings); its keys are checked below
     claimed = {stage.name, stage.command.replace("-", "_")} if stage.settings is not None else set()
-    if (claimed | set(stage.keys if not stage.merged else ())) & (RESERVED - set(stage.commands)):
-        raise ConfigError(f"{what}: the name is a built-in recipe section or summary.json key; choose another")
+    if claimed & (RESERVED - {c for c in stage.commands if isinstance(c, str)}):
+        raise ConfigError(f"{what}: the name is a built-in recipe section, command or summary.json key; choose another")
     if STAGES.get(stage.name, stage) is not stage:
         raise ConfigError(f"{what} is already registered by another declaration; choose another name")
+    commands = {name for other in STAGES.values() if other.name != stage.name for name in other.command_names}
+    if set(stage.command_names) & commands:
+        raise ConfigError(
+            f"{what}: its command {min(set(stage.command_names) & commands)!r} is another stage's; rename it"
+        )
     if stage.name in stage.needs:
         raise ConfigError(f"{what} needs itself; `needs` names the stages whose outputs it reads")
     settings = stage.settings
@@ -359,7 +410,7 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
     if set(stage.files) & written:
         raise ConfigError(f"{what}: data/{min(set(stage.files) & written)}.json is another stage's file")
     others = {key for other in STAGES.values() if other.name != stage.name for key in other.keys}
-    clash = sorted(set(stage.keys) & (others | (SUMMARY_KEYS if stage.merged else set())))
+    clash = sorted(set(stage.keys) & (others | SUMMARY_KEYS))
     if clash:
         raise ConfigError(f"{what}: its summary.json key {clash[0]!r} is already taken; rename it")
     classes = dataclasses_in(stage.block) if stage.block is not None else {}

@@ -88,15 +88,12 @@ def clean_stale(parent: Path, pattern: re.Pattern = STAGING_NAME) -> None:
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
 
 
-# What each command writes into --out: glob patterns over paths relative to it ("*" crosses "/").
+# What each command writes into --out: glob patterns over paths relative to it ("*" crosses "/"); the
+# commands derived from stages add theirs when they run (probe/cli/stage.py `writes`).
 WRITES: dict[str, tuple[str, ...]] = {
     "report": ("index.html", "summary.json", "recipe.json", "figures/*", "data/*"),
     "evaluate": ("eval.csv", "eval.png", "eval.json"),
-    "readout": ("*.csv", "run.json", "readout.png", "readout.svg"),
-    "heatmap": ("*.csv", "run.json", "trends.json", "heatmap_*.png", "heatmap_*.svg"),
-    "span": ("*.csv", "run.json", "span.png", "span.svg"),
     "resolution": ("resolution.csv", "resolution.png", "run.json"),
-    "probes": ("probes.csv", "probes_summary.json", "probes.png", "probes.svg", "run.json"),
     "ablate": ("ablation.csv", "ablation.png", "ablation.svg", "summary.json", "run.json"),
     "patch": ("patching.csv", "patching_*", "iteration_*", "summary.json", "run.json"),
     "planted": ("config.json", "model.safetensors"),

@@ -7,6 +7,7 @@ trend, table1, nulls, span) are top-level keys of summary.json."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,9 @@ from ..analysis.labels import Titles, label, layer_list, sweep_titles
 from ..analysis.matching import family_of, trend_words
 from ..analysis.pipeline import InducedWeights, LayerSettings, match_layers
 from ..core import budget
-from ..core.stages import AnalysisStage, StageTables, register_stage
+from ..core.errors import ConfigError
+from ..core.registry import unknown_name_message
+from ..core.stages import AnalysisStage, Command, StageTables, register_stage
 from ..io.outputs import safe_name
 from ..models.constructions import CONSTRUCTIONS
 from ..models.sizes import shape_of
@@ -32,7 +35,7 @@ from ..reporting.layer_blocks import (
     verdict_rows,
 )
 from ..reporting.page import table as html_table
-from .readout import held_out_prompts
+from .readout import INDUCED_FLAGS, READOUT_FLAGS, held_out_prompts
 from .sections import template_page
 
 SECTIONS = ("readout", "similarity", "sweeps")  # the recipe sections it reads besides [prompts]
@@ -246,6 +249,83 @@ def _trend_rows(trend: dict[str, Trend], a: str, b: str) -> list[dict[str, Any]]
     ]
 
 
+# ----------------------------------------------------------------------------- commands
+
+
+def _learner_arguments(p) -> None:
+    p.add_argument(
+        "--learners",
+        nargs="+",
+        default=None,
+        help="sweep labels of the recipe to run (default: all of the recipe's sweeps)",
+    )
+
+
+def _chosen_sweeps(recipe, args):
+    """The recipe with only the sweeps --learners names (all without it)."""
+    if args.learners is None:
+        return recipe
+    known = {s.label: s for s in recipe.sweeps}
+    for name in args.learners:
+        if name not in known:
+            raise ConfigError(unknown_name_message("learner sweep", name, list(known)) + f" (in recipe {args.recipe})")
+    return replace(recipe, sweeps=[known[name] for name in args.learners])
+
+
+def _show_heatmap(t, block: LayerAnalyses) -> list[str]:
+    decimals = lambda v: f"{v:.3f}"
+    lines = [t["best_match"].to_string(index=False, float_format=decimals)]
+    lines += [f"{trend['verdict']} [{trend['metric']}]" for trend in t.data.get("trends", [])]
+    lines += ["final layer (Table 1, SimE):", t["table1"].to_string(index=False, float_format=decimals)]
+    if not t["verdicts"].empty:
+        cols = ["metric", "a", "b", "difference", "ci_low", "ci_high", "resolution", "verdict"]
+        lines += ["paired verdicts (final layer; probe/analysis/verdicts.py):"]
+        lines += [t["verdicts"][cols].to_string(index=False, float_format=lambda v: f"{v:+.4f}")]
+    return lines
+
+
+def _show_span(t, block: LayerAnalyses) -> list[str]:
+    d = t.ckpt.config.task.n_dims
+    span = t["span"]
+    if span.empty:
+        return ["no induced weights: the span test needs similarity.simw = true"]
+    view = span[(span.kind == "layer") & (span.n_examples < d)]
+    table = view.pivot_table(index="index", columns="n_examples", values="residual").rename_axis("layer")
+    null = {t: round(((d - t) / d) ** 0.5, 3) for t in range(1, d)}
+    return [table.to_string(float_format=lambda v: f"{v:.3f}"), f"random-vector null: {null}"]
+
+
+LAYER_FLAGS = READOUT_FLAGS + INDUCED_FLAGS
+HEATMAP = Command(
+    "heatmap",
+    help="Layer-vs-learner SimE/SimW heatmaps, best matches, trend verdicts",
+    doc="""Layer-vs-algorithm heatmaps (Fu et al. 2024, Def. 4, Fig. 3): SimE and SimW between every layer
+(with a retrained read-out) and every reference learner over its grid, best matches with
+bootstrap intervals, trend verdicts, the final layer's "Table 1" similarities and the paired
+verdicts between its learners, each with its resolution (probe/analysis/verdicts.py); the span test too.
+
+examples:
+  icl-probe heatmap checkpoints/gpt2-default --out reports/heatmap
+  icl-probe heatmap checkpoints/gpt2-default --out /tmp/h --learners newton gd_log --no-simw""",
+    flags=(*LAYER_FLAGS, ("similarity", ["simw", "include_first"])),
+    arguments=_learner_arguments,
+    adjust=_chosen_sweeps,
+    show=_show_heatmap,
+)
+SPAN = Command(
+    "span",
+    help="Span-of-examples test of each layer's induced weights",
+    doc="""Span-of-examples test (Fu et al. 2024, App. B.4, eq. 41-42): how far each layer's induced weight
+vector lies outside span{x_1..x_t}, beside a random vector's sqrt((d-t)/d) and the learners (the layers
+stage: its heatmaps and matches are written too).
+
+examples:
+  icl-probe span checkpoints/gpt2-default --out reports/span""",
+    flags=LAYER_FLAGS,
+    show=_show_span,
+)
+
+
 class LayersStage(AnalysisStage):
     """Layers vs reference learners: the report's `layers` stage (module docstring)."""
 
@@ -262,7 +342,7 @@ class LayersStage(AnalysisStage):
     )
     reads = SECTIONS
     needs = ("readout", "induced")
-    commands = ("heatmap", "span")
+    commands = (HEATMAP, SPAN)
     merged = True
     files = ("trends",)
 

@@ -15,7 +15,7 @@ import pandas as pd
 from ..analysis.pipeline import LayerSettings, ModelLens, analysis_prompts, fit_readouts, readout_costs
 from ..analysis.readout import LayerReadouts, readout_table
 from ..core import budget
-from ..core.stages import AnalysisStage, StageTables, register_stage
+from ..core.stages import AnalysisStage, Command, StageTables, register_stage
 from ..models.sizes import shape_of
 from ..reporting import figures as plots
 from ..reporting.layer_blocks import Readout, readout_block
@@ -23,6 +23,39 @@ from ..reporting.page import table as html_table
 from .sections import template_page
 
 PAGE = (("Per-layer readout retraining", "readout", ""),)  # its macro in templates/layers.html.j2
+# the layer analyses' command flags: the read-outs' prompts, method and intervals ...
+READOUT_FLAGS = (
+    (
+        "prompts",
+        {"train": "train-prompts", "val": "val-prompts", "test": ("test-prompts", "eval-prompts"), "seed": "seed"},
+    ),
+    ("readout", {"method": "readout-method"}),
+    ("similarity", ["bootstrap"]),
+)
+# ... and the induced weights' prompts and queries
+INDUCED_FLAGS = (("prompts", {"induced": ("induced-prompts", "simw-prompts"), "queries": "queries"}),)
+
+
+def _show(tables, block: Readout) -> list[str]:
+    by_layer = pd.DataFrame({"layer": block.layer, "error": block.error})
+    return [
+        "mean error / d over examples >= 1, per layer:",
+        by_layer.to_string(index=False, float_format=lambda v: f"{v:.4f}"),
+    ]
+
+
+READOUT = Command(
+    "readout",
+    help="Per-layer readout retraining: error / d per layer",
+    doc="""Per-layer readout retraining (Fu et al. 2024, §4.1): a fresh linear read-out on every frozen layer,
+fitted on training prompts and scored on held-out prompts (error / d per layer and examples).
+
+examples:
+  icl-probe readout checkpoints/gpt2-default --out reports/readout
+  icl-probe readout checkpoints/lstm-default --out reports/readout-lstm --readout-method adam""",
+    flags=READOUT_FLAGS,
+    show=_show,
+)
 
 
 def fitted_readouts(data: Any, model: Any) -> LayerReadouts | ModelLens:
@@ -47,7 +80,7 @@ class ReadoutStage(AnalysisStage):
     title = "Per-layer readout retraining"
     description = "A fresh linear read-out on every frozen layer, scored on held-out prompts."
     reads = ("readout", "similarity")  # [similarity] bootstrap: the read-out errors' intervals
-    commands = ("readout",)
+    commands = (READOUT,)
 
     def run(self, c) -> StageTables:
         settings = LayerSettings.from_recipe(c.recipe, c.device, c.memory)

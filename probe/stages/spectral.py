@@ -5,13 +5,13 @@ beside the analysis); summary.json key `spectral`; its page section, findings li
 
 It needs the induced stage (induced.py) and reads the induced weights it fits (its data induced_*),
 so its cache key holds that stage's: changing [spectral] re-runs this stage only, from the cached
-weights, and the learner sweeps are not needed. `icl-probe spectral` (probe/cli/spectral.py) runs the
+weights, and the learner sweeps are not needed. `icl-probe spectral` (its `Command`, probe/cli/stage.py) runs the
 measurement alone."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +22,15 @@ from ..analysis.pipeline import InducedWeights, LayerSettings, measure_spectrum
 from ..analysis.spectral import SpectralAnalysis, SpectralSettings, spectral_cost, spectral_tables
 from ..analysis.spectral_references import CLASSES
 from ..core import budget
+from ..core.errors import ConfigError
 from ..core.settings import induced_count
-from ..core.stages import AnalysisStage, StageTables, register_stage
+from ..core.stages import AnalysisStage, Command, StageTables, register_stage
 from ..core.validity import Domain, Validity
 from ..models.sizes import shape_of
 from ..reporting import figures as plots
 from ..reporting.columns import column, columns, plain
 from ..reporting.page import table as html_table
+from .readout import INDUCED_FLAGS, READOUT_FLAGS
 from .sections import template_page
 
 
@@ -294,6 +296,38 @@ def _layer_neither(fits, i: int, verdict: str, a: str, b: str) -> str | None:
     return klass if all(c in (fit.separated_from[i] or "").split() for fit in fits for c in sides) else None
 
 
+def _with_induced_weights(recipe, args):
+    """The recipe with SimW on: the command always induces the weights it measures."""
+    return replace(recipe, similarity=replace(recipe.similarity, simw=True))
+
+
+def _show(t, block: Spectral) -> list[str]:
+    """Each layer's verdict, exponent and best family; a measurement the data cannot support is
+    refused, naming its knob."""
+    if "spectral_status" in t:
+        row = t["spectral_status"].iloc[0]
+        raise ConfigError(str(row.reason))
+    view = t["spectral_summary"][["predictor", "verdict", "p", "p_low", "p_high", "variable", "best_family", "best_k"]]
+    return [view.rename(columns={"predictor": "layer"}).to_string(index=False, float_format=lambda v: f"{v:.3g}")]
+
+
+SPECTRAL = Command(
+    "spectral",
+    help="Each layer's spectral filter: response per eigenvalue, exponent, GD or Newton class",
+    doc="""Which spectral filter each layer applies (probe/analysis/spectral.py): each layer's induced
+weights against the least-squares weights along every eigen-direction of the prompt's own S, the
+local exponent p (1: the GD class, 2: Fu et al.'s Newton class) and the best-fitting filter class with
+a paired interval over prompts. The report's spectral section, on its own (no learner sweeps).
+
+examples:
+  icl-probe spectral checkpoints/gpt2-default --out reports/spectral
+  icl-probe spectral checkpoints/planted/newton --out /tmp/spectral --bins 16 --induced-prompts 128""",
+    flags=(*READOUT_FLAGS, *INDUCED_FLAGS, ("spectral", ["bins", "min_count", "r_low", "r_high"])),
+    adjust=_with_induced_weights,
+    show=_show,
+)
+
+
 class SpectralStage(AnalysisStage):
     """Spectral filter of each layer: the report's `spectral` stage (module docstring)."""
 
@@ -308,7 +342,7 @@ class SpectralStage(AnalysisStage):
     )
     reads = ("similarity",)
     needs = ("induced",)
-    commands = ("spectral",)
+    commands = (SPECTRAL,)
 
     def run(self, c) -> StageTables:
         """The filter of each layer on the induced stage's weights (none where SimW is off)."""
