@@ -431,7 +431,7 @@ for cmd, name in FORCE_OWN.items():
 case("planted-force-over-a-users-checkpoint", [*PL, "gd", "--layers", "2", "--out", "userdir", "--force"],
      "holds config.json, which icl-probe did not write", write("userdir/config.json", "{}"))
 case("ablate-force-over-a-users-summary", ["ablate", "ck", "--out", "userdir", "--force"],
-     "holds summary.json", write("userdir/summary.json", "{}"))
+     "holds interventions_summary.json", write("userdir/interventions_summary.json", "{}"))
 STUDY_TOML = 'checkpoints = ["ck"]\nanalyses = ["evaluate"]\nevaluate_prompts = 8\n'
 case("study-force-over-a-users-index", ["study", "st.toml", "--out", "userdir", "--force"],
      "holds index.html, which icl-probe did not write", both(write("st.toml", STUDY_TOML), write("userdir/index.html", "x")))
@@ -475,7 +475,7 @@ case("garg-yaml-deep", ["inspect", "garg"], "config.yaml: config.yaml is nested"
 
 # ---- affordability: refused before any work or output, naming the knob (probe/core/budget.py)
 BIG = "1000000000"
-case("afford-ablate-bootstrap", ["ablate", "ck", "--out", "o", "--bootstrap", BIG], r"^icl-probe ablate: error: bootstrap = 1000000000 would need about [\d.]+ [GTP]B of memory")
+case("afford-ablate-bootstrap", ["ablate", "ck", "--out", "o", "--bootstrap", BIG], r"^icl-probe ablate: error: bootstrap = 1000000000 on ck would need about [\d.]+ [GTP]B of memory")
 case("afford-evaluate-prompts", ["evaluate", "ck", "--out", "o", "--prompts", BIG], "prompts = 1000000000 would need")
 case("afford-ablate-prompts", ["ablate", "ck", "--out", "o", "--prompts", BIG], "interventions.prompts = 1000000000")
 case("afford-patch-prompts", ["patch", "ck", "--out", "o", "--prompts", BIG], "interventions.patch_prompts = 1000000000")

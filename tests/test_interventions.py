@@ -202,8 +202,9 @@ def test_ablate_and_patch_cli_on_a_small_checkpoint(tmp_path, capsys):
     assert (tmp_path / "ab" / "ablation.png").is_file()
     assert main(["-q", "patch", str(tmp_path / "run"), "--out", str(tmp_path / "pa"), "--prompts", "8",
                  "--bootstrap", "20", "--learners", "gd_log", "--sites", "resid", "mlp_out"]) == 0
-    summary = json.loads((tmp_path / "pa" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "pa" / "interventions_summary.json").read_text())["interventions"]
     assert set(summary["patching"]) == {"resid", "mlp_out"} and "gd_log" in summary["iteration"]
+    assert not (tmp_path / "pa" / "ablation.csv").exists() and not (tmp_path / "ab" / "patching.csv").exists()
     assert (tmp_path / "pa" / "iteration_gd_log.csv").is_file()
     capsys.readouterr()
     lstm = build_cfg(family="lstm")

@@ -22,8 +22,6 @@ COMMANDS = {
     "report": "Every analysis as one HTML report with summary.json",
     "planted": "Write a transformer whose layers run GD, Newton, SGD or a random generator by construction",
     "study": "Analyses over a family of checkpoints, one tidy table and figures",
-    "ablate": "Zero-, mean- and skip-ablations of heads, MLPs and layers: error vs examples",
-    "patch": "Activation patching heatmap and the causal check of the layer-to-iteration map",
     "resolution": "How far apart two reference learners can put a similarity: the ceiling of each comparison",
     "export": "Write a checkpoint in Garg et al.'s run-directory layout",
 }

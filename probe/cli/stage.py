@@ -84,12 +84,13 @@ def run(args: argparse.Namespace) -> int:
     """A derived command: the stage (and those it needs) on the recipe its flags give, written in the
     one layout (module docstring); the lines its `show` gives (default: the stage's findings)
     printed after."""
+    from ..core import budget
     from ..core.errors import ConfigError
     from ..core.provenance import display_path, stamp
-    from ..core.stages import StageTables, registered
+    from ..core.stages import StageTables, registered, with_needs
     from ..io.formats import load_checkpoint
     from ..io.outputs import WRITES
-    from ..reporting.build import Context, check_report_size, run_stages
+    from ..reporting.build import Built, Context, run_stages
     from ..reporting.cache import StageCache
     from ..reporting.schema import strict, to_json
     from ..reporting.summary import provenance
@@ -97,14 +98,21 @@ def run(args: argparse.Namespace) -> int:
     declared = registered()[args.registered_stage]
     command = next(c for c in declared.derived_commands if c.name == args.stage_command)
     WRITES[command.name] = writes(declared)  # the output policy's names of this command
-    target = output_target(args, command.name, (args.checkpoint,))
+    target = output_target(args, command.name, (args.checkpoint, *(getattr(args, name) for name in command.inputs)))
     ckpt = load_checkpoint(args.checkpoint)
     recipe = recipe_from_args(args, ckpt)
     if command.adjust is not None:
-        recipe = command.adjust(recipe, args)
+        recipe = command.adjust(recipe, args, ckpt)
     if declared.refusal(ckpt):  # why it cannot run on this checkpoint, before any work
         raise ConfigError(declared.refusal(ckpt))
-    check_report_size(ckpt, recipe, {declared.name})
+    given = command.given(args) if command.given is not None else None
+    if given is None and command.needs is None:  # the stage with the stages it needs
+        exact, running = None, with_needs({declared.name}) or set()
+    else:  # with the command's own, or none where their tables are given
+        exact = Built(tables=dict(given or {}))
+        running = (set() if given is not None else with_needs(set(command.needs or ())) or set()) | {declared.name}
+    stages = registered()
+    budget.check([e for name in running for e in stages[name].estimates(recipe, ckpt)], ckpt.name)
     own, seen = [], set()  # its own tables (those of the stages it needs are not written)
 
     def note(stage, tables) -> None:
@@ -114,8 +122,12 @@ def run(args: argparse.Namespace) -> int:
             own.extend(new)
 
     device, progress = check_device(args.device), not args.quiet
-    built = run_stages(ckpt, recipe, device, StageCache(None), progress, only={declared.name}, on_done=note)
-    context = Context(ckpt, recipe, device, progress, earlier=built)
+    only = {declared.name} if exact is None else running
+    options = dict(command.options)
+    built = run_stages(
+        ckpt, recipe, device, StageCache(None), progress, only=only, on_done=note, given=exact, options=options
+    )
+    context = Context(ckpt, recipe, device, progress, earlier=built, options=options)
     tables = StageTables(built.tables, built.data, ckpt)
     block = declared.summarise(tables, recipe)
     summary = provenance(ckpt, recipe)  # what its findings read: its own block, the checkpoint and the recipe

@@ -93,7 +93,14 @@ class Command:
         still accepted); default: every field of the stage's own section but `enabled`, [prompts]
         seed and the stage's `prompt_flags`.
     arguments: (parser) -> None, arguments besides the flags (heatmap's --learners).
-    adjust: (recipe, parsed arguments) -> the recipe the command runs, after its flags are applied.
+    adjust: (recipe, parsed arguments, checkpoint) -> the recipe the command runs, after its flags
+        are applied; it may raise ConfigError for a value the checkpoint cannot take.
+    options: what the stage's run reads of the command beside the recipe (`Context.options`: the
+        causal checks' parts, `icl-probe ablate` runs only the ablations).
+    needs: the stages it runs first, where not the stage's `needs` (ablations read no best match).
+    given: (parsed arguments) -> tables read from files in place of the stages that make them (patch's
+        --map-from best_match.csv), or None; with tables given, the stages it needs are not run.
+    inputs: its arguments that name input files (the output policy never writes over them).
     show: (StageTables, block) -> the lines it prints (default: the stage's findings); it may raise
         ConfigError to refuse a result (nothing is written then)."""
 
@@ -103,6 +110,10 @@ class Command:
     flags: tuple[tuple[str, Any], ...] | None = None
     arguments: Any = None
     adjust: Any = None
+    options: tuple[tuple[str, Any], ...] = ()
+    needs: tuple[str, ...] | None = None
+    given: Any = None
+    inputs: tuple[str, ...] = ()
     show: Any = None
 
 

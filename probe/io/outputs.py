@@ -94,8 +94,6 @@ WRITES: dict[str, tuple[str, ...]] = {
     "report": ("index.html", "summary.json", "recipe.json", "figures/*", "data/*"),
     "evaluate": ("eval.csv", "eval.png", "eval.json"),
     "resolution": ("resolution.csv", "resolution.png", "run.json"),
-    "ablate": ("ablation.csv", "ablation.png", "ablation.svg", "summary.json", "run.json"),
-    "patch": ("patching.csv", "patching_*", "iteration_*", "summary.json", "run.json"),
     "planted": ("config.json", "model.safetensors"),
     "export": ("config.yaml", "state.pt"),
     "train": (

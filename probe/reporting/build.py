@@ -59,6 +59,7 @@ class Context:
     memory: MemoryBudget = field(default_factory=MemoryBudget)
     earlier: Built = field(default_factory=Built)
     prefix: str = ""
+    options: dict[str, Any] = field(default_factory=dict)  # a derived command's (probe/core/stages.py Command)
 
     def before(self, name: str, kind: str = "tables") -> Any:
         """An earlier stage's table or data entry `name` (None when that stage did not run)."""
@@ -132,14 +133,19 @@ def run_stages(
     only: set[str] | None = None,
     memory: MemoryBudget | None = None,
     on_done: Callable[[Stage, dict[str, pd.DataFrame]], None] | None = None,
+    given: Built | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Built:
     """The recipe's stages (or those named in `only` and the stages they need, whether or not the
     recipe enables them), each through the stage cache, within the memory budget `memory` (which changes how work is chunked,
     never a number). A stage switched on that cannot run on this checkpoint (its `refuses`) is
     recorded in `not_measured` with the reason, and skipped. `on_done(stage, tables so far)` is
-    called as each stage finishes (the report draws its figures then, figure_pool.py)."""
-    recipe, only = adapt_recipe(recipe, ckpt.config), with_needs(only)
-    context = Context(ckpt, recipe, device, progress, memory or MemoryBudget(), Built(), prefix)
+    called as each stage finishes (the report draws its figures then, figure_pool.py). A derived
+    command's: `given`, what earlier stages would have made (then `only` runs as named, without the
+    stages it needs), `options` (Context.options)."""
+    recipe, only = adapt_recipe(recipe, ckpt.config), (only if given is not None else with_needs(only))
+    earlier = given if given is not None else Built()
+    context = Context(ckpt, recipe, device, progress, memory or MemoryBudget(), earlier, prefix, dict(options or {}))
     built, sha = context.earlier, ckpt.fingerprint[:16]
     keys: dict[str, str] = {}
     for stage in report_stages().values():

@@ -5,7 +5,7 @@ section, findings lines, paired verdicts and evidence-table rows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,11 @@ from ..analysis.verdicts import verdict_words
 from ..core import budget
 from ..core.errors import ConfigError
 from ..core.registry import unknown_name_message
-from ..core.stages import OMIT, AnalysisStage, StageTables, register_stage
+from ..core.stages import OMIT, AnalysisStage, Command, StageTables, register_stage
 from ..interventions import figures as plots
 from ..interventions.patch import CLAIMED, SITES
 from ..interventions.pipeline import (
+    PARTS,
     InterventionSettings,
     degenerate_boundaries,
     iteration_verdict,
@@ -75,6 +76,139 @@ PATCHING = (
 )
 
 
+# ----------------------------------------------------------------------------- commands
+
+
+def _heads_by_default(p) -> None:
+    p.set_defaults(**{"interventions.heads": True})  # `icl-probe ablate` ablates every head unless --no-heads
+
+
+def _show_ablation(t, block: Interventions) -> list[str]:
+    entry = block.ablation or {}
+    skip = entry["skip"]
+    lines = [
+        f"error / d at {entry['n_examples']} examples: unablated {entry['baseline_error']:.4f}",
+        "layer skipped: " + " ".join(f"L{l} {e:.3f}" for l, e in zip(skip["layer"], skip["error"])),
+    ]
+    for row in entry["most_harmful"]:
+        where = f"L{row['layer']}.H{row['head']}" if row["component"] == "head" else f"L{row['layer']}.MLP"
+        lines.append(f"  {where} {row['kind']}: +{row['increase']:.3f}")
+    return lines
+
+
+def _patch_arguments(p) -> None:
+    p.add_argument(
+        "--learners",
+        nargs="*",
+        dest="interventions.learners",
+        help="sweeps whose layer maps are checked causally; none: skip the check "
+        "(recipe: interventions.learners; default auto = newton, gd_log and the replay sweeps present)",
+    )
+    p.add_argument("--map-from", default=None, help="best_match.csv with the layer maps (default: computed with SimE)")
+
+
+def _patch_recipe(recipe, args, ckpt):
+    """The recipe with the sweeps whose maps are checked (their SimE matches alone: SimW off), the
+    query refused where no example lies before it."""
+    settings, n = recipe.interventions, ckpt.config.task.n_points
+    if settings.query is not None and not 1 <= settings.query < n:
+        raise ConfigError(f"--query must lie in 1..{n - 1} (examples before the query), got {settings.query}")
+    known = {s.label: s for s in recipe.sweeps}
+    labels = settings.learner_labels(recipe.sweeps)
+    for name in labels:
+        if name not in known:
+            raise ConfigError(unknown_name_message("learner sweep", name, list(known)) + f" (in recipe {args.recipe})")
+    if not labels:
+        return recipe
+    return replace(recipe, sweeps=[known[name] for name in labels], similarity=replace(recipe.similarity, simw=False))
+
+
+def _map_file(args) -> dict[str, pd.DataFrame] | None:
+    """--map-from: the best matches read from a best_match.csv (of `icl-probe heatmap` or a report's
+    data/) in place of the layers stage."""
+    if args.map_from is None:
+        return None
+    path = Path(args.map_from)
+    if not path.is_file():
+        raise ConfigError(
+            f"--map-from {path}: no such file; give the best_match.csv of `icl-probe heatmap` or a report"
+        )
+    try:
+        best = pd.read_csv(path)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--map-from {path}: not a CSV table ({err})") from None
+    if not {"sweep", "metric", "layer", "k"} <= set(best.columns):
+        raise ConfigError(f"--map-from {path}: needs columns sweep, metric, layer, k (a best_match.csv)")
+    return {"best_match": best}
+
+
+def _show_patching(t, block: Interventions) -> list[str]:
+    patching, sites = t["patching"], block.settings["sites"]
+    view = patching[patching.site == "resid"] if "resid" in sites else patching
+    table = view.pivot_table(index="layer", columns="token", values="restored", sort=False)
+    lines = [
+        "fraction restored at the query (rows: layer; last columns):",
+        table.iloc[:, -6:].to_string(float_format=lambda v: f"{v:.2f}"),
+    ]
+    return lines + list(block.verdicts)
+
+
+ABLATE = Command(
+    "ablate",
+    help="Zero-, mean- and skip-ablations of heads, MLPs and layers: error vs examples",
+    doc="""Ablations through TransformerLens-named hooks: every attention head and MLP block zero- and mean-ablated
+(mean over held-out prompts), and every layer's residual update skipped; the in-context error / d
+against the number of examples for each, with bootstrap bands.
+
+Writes ablation.csv (component, layer, head, kind, n_examples, error, error_lo, error_hi,
+increase), ablation.png (components x examples, error increase) and interventions_summary.json.
+
+examples:
+  icl-probe ablate checkpoints/gpt2-default --out reports/ablate
+  icl-probe ablate checkpoints/planted/gd --out /tmp/a --kinds skip""",
+    flags=(("interventions", ["prompts", "kinds", "heads"]), ("prompts", ["seed"]), ("similarity", ["bootstrap"])),
+    arguments=_heads_by_default,
+    options=(("parts", ("ablate",)),),
+    needs=(),
+    show=_show_ablation,
+)
+PATCH = Command(
+    "patch",
+    help="Activation patching heatmap and the causal check of the layer-to-iteration map",
+    doc="""Activation patching through TransformerLens-named hooks, and the causal check of the layer-to-iteration map.
+
+Clean prompts (X, y) and corrupted prompts (X, y') share the x's but not the function. For every
+layer boundary (and block attention / MLP output, with --sites) and token position, the clean
+activation is patched into the corrupted run; the fraction of the clean prediction restored at
+the final query is reported with bootstrap intervals (patching.csv, patching_<site>.png).
+
+Iteration-consistent patching (probe/interventions/patch.py documents the equation): for each
+learner map "boundary l holds learner A after k(l) steps" (from --map-from, a best_match.csv
+of `icl-probe heatmap` or a report's data/, or else computed here with SimE and the settings of
+--recipe, as the report computes it), every token
+before each query is patched at boundary l from the source run; observed against expected
+fractions per boundary, and the claimed map against shuffled maps (iteration_<learner>.csv).
+
+examples:
+  icl-probe patch checkpoints/gpt2-default --out reports/patch
+  icl-probe patch checkpoints/gpt2-default --out /tmp/p --map-from reports/gpt2-default-quick/data/best_match.csv""",
+    flags=(
+        (
+            "interventions",
+            {"patch_prompts": "prompts", "sites": "sites", "query": "query", "max_positions": "max-positions"},
+        ),
+        ("prompts", ["seed"]),
+        ("similarity", ["bootstrap"]),
+    ),
+    arguments=_patch_arguments,
+    adjust=_patch_recipe,
+    options=(("parts", ("patch", "iteration")), ("require_maps", True)),
+    given=_map_file,
+    inputs=("map_from",),
+    show=_show_patching,
+)
+
+
 class InterventionsStage(AnalysisStage):
     """Causal checks: the report's `interventions` stage (module docstring)."""
 
@@ -99,20 +233,26 @@ class InterventionsStage(AnalysisStage):
             "interval), beside the fraction each learner's layer map predicts.",
         ),
     )
-    commands = ("ablate", "patch")
+    commands = (ABLATE, PATCH)
 
     def run(self, c) -> StageTables:
-        """The causal checks, each learner's map read from the layers stage's best matches."""
+        """The causal checks (those of a command's `parts` option: all in a report), each learner's map
+        read from the layers stage's best matches."""
         recipe, settings = c.recipe, c.recipe.interventions
         labels = settings.learner_labels(recipe.sweeps)
         sweeps = [s for s in LayerSettings.from_recipe(recipe, c.device).sweeps if s.label in labels]
-        best = c.before("best_match")
+        best, parts = c.before("best_match"), c.options.get("parts", PARTS)
+        maps = layer_maps_from_best(best, sweeps) if "iteration" in parts and sweeps else {}
+        missing = [s.label for s in sweeps if s.label not in maps] if c.options.get("require_maps") else []
+        if missing:  # `icl-probe patch`: every map asked for is checked, or the command says why not
+            raise ConfigError(f"no SimE best matches for {missing} (the layer maps the causal check tests)")
         res = run_interventions(
             c.ckpt.model,
             c.ckpt.config.task,
             settings,
-            layer_maps=layer_maps_from_best(best, sweeps),
-            skip=degenerate_boundaries(best, sweeps),
+            parts=parts,
+            layer_maps=maps,
+            skip=degenerate_boundaries(best, sweeps) if maps else [],
             n_boot=recipe.similarity.bootstrap,
             seed=recipe.prompts.seed,
             device=c.device,
@@ -131,10 +271,9 @@ class InterventionsStage(AnalysisStage):
         return block
 
     def figures(self, t: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
-        recipe = context.recipe
-        if "ablation" not in t:
-            return {}
-        out = {"ablation": plots.ablation(t["ablation"], fig_dir / "ablation")[0]}
+        recipe, out = context.recipe, {}
+        if "ablation" in t:  # each part's figures where that part ran (a command runs one)
+            out["ablation"] = plots.ablation(t["ablation"], fig_dir / "ablation")[0]
         for site in t["patching"].site.unique() if "patching" in t else ():
             out[f"patching_{site}"] = plots.patching(t["patching"], site, fig_dir / f"patching_{site}")[0]
         order = [s.label for s in recipe.sweeps]  # panels in the recipe's sweep order, however the tables were read

@@ -261,7 +261,7 @@ def _learner_arguments(p) -> None:
     )
 
 
-def _chosen_sweeps(recipe, args):
+def _chosen_sweeps(recipe, args, ckpt):
     """The recipe with only the sweeps --learners names (all without it)."""
     if args.learners is None:
         return recipe

@@ -296,7 +296,7 @@ def _layer_neither(fits, i: int, verdict: str, a: str, b: str) -> str | None:
     return klass if all(c in (fit.separated_from[i] or "").split() for fit in fits for c in sides) else None
 
 
-def _with_induced_weights(recipe, args):
+def _with_induced_weights(recipe, args, ckpt):
     """The recipe with SimW on: the command always induces the weights it measures."""
     return replace(recipe, similarity=replace(recipe.similarity, simw=True))
 
