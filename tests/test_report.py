@@ -101,7 +101,7 @@ def test_cached_rerun_matches(ckpt, tmp_path):
     args[4] = str(tmp_path / "c2")
     assert main(args) == 0
     a, b = (json.loads((tmp_path / p / "summary.json").read_text()) for p in ("c1", "c2"))
-    assert b["cached_stages"] == ["evaluate", "layers", "spectral", "interventions", "probes", "order", "forgetting", "ood", "token_probes"] and a["best_match"] == b["best_match"]
+    assert b["cached_stages"] == ["evaluate", "readout", "induced", "layers", "spectral", "interventions", "probes", "order", "forgetting", "ood", "token_probes"] and a["best_match"] == b["best_match"]
 
 
 def test_bad_input_fails_fast_with_a_message(ckpt, tmp_path, capsys):
