@@ -87,10 +87,10 @@ def run(args: argparse.Namespace) -> int:
     from ..core import budget
     from ..core.errors import ConfigError
     from ..core.provenance import display_path, stamp
-    from ..core.stages import StageTables, registered, with_needs
+    from ..core.stages import StageTables, registered
     from ..io.formats import load_checkpoint
     from ..io.outputs import WRITES
-    from ..reporting.build import Built, Context, run_stages
+    from ..reporting.build import Context, run_stages
     from ..reporting.cache import StageCache
     from ..reporting.schema import strict, to_json
     from ..reporting.summary import provenance
@@ -103,14 +103,10 @@ def run(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args, ckpt)
     if command.adjust is not None:
         recipe = command.adjust(recipe, args, ckpt)
-    if declared.refusal(ckpt):  # why it cannot run on this checkpoint, before any work
-        raise ConfigError(declared.refusal(ckpt))
-    given = command.given(args) if command.given is not None else None
-    if given is None and command.needs is None:  # the stage with the stages it needs
-        exact, running = None, with_needs({declared.name}) or set()
-    else:  # with the command's own, or none where their tables are given
-        exact = Built(tables=dict(given or {}))
-        running = (set() if given is not None else with_needs(set(command.needs or ())) or set()) | {declared.name}
+    refusal = declared.refusal(ckpt)
+    if refusal:  # why it cannot run on this checkpoint, before any work
+        raise ConfigError(refusal)
+    exact, running = _stages_to_run(declared, command, args)
     stages = registered()
     budget.check([e for name in running for e in stages[name].estimates(recipe, ckpt)], ckpt.name)
     own, seen = [], set()  # its own tables (those of the stages it needs are not written)
@@ -152,3 +148,17 @@ def run(args: argparse.Namespace) -> int:
             print(line)
     print(f"wrote {target.path}")
     return 0
+
+
+def _stages_to_run(declared, command, args):
+    """(the Built a command starts from, or None: the stage runs with the stages it needs; the names
+    of every stage that runs). With tables given (patch --map-from) the stage runs alone on them;
+    with its own `needs`, after those."""
+    from ..core.stages import with_needs
+    from ..reporting.build import Built
+
+    given = command.given(args) if command.given is not None else None
+    if given is None and command.needs is None:
+        return None, with_needs({declared.name}) or set()
+    first = set() if given is not None else with_needs(set(command.needs or ())) or set()
+    return Built(tables=dict(given or {})), first | {declared.name}
