@@ -15,6 +15,11 @@ from probe.io.run_config import RunConfig
 from probe.models.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one pytest worker per core: one thread each (torch's, BLAS's)
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    threadpool_limits(1)
 # reports' stage cache: one fresh directory per test session, never the user's ~/.cache
 os.environ["ICL_PROBE_CACHE"] = tempfile.mkdtemp(prefix="icl-probe-test-cache-")
 

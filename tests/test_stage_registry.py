@@ -297,6 +297,7 @@ def test_a_merged_stage_writes_its_fields_at_the_top_level_and_reads_back(ckpt, 
         unregister_stage(merged.name)
 
 
+@pytest.mark.slow  # a study and a report, end to end
 def test_a_registered_stage_with_study_rows_is_a_study_analysis_on_its_page(ckpt, tmp_path, monkeypatch):
     """A stage declared here with a `study_rows` hook is an analysis a study recipe may name: the
     study runs it through the report's stage, its rows are in study.csv (one per model and number

@@ -36,7 +36,24 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_command(argv: list[str] | None) -> str | None:
+    """The command an argument list names (its first word after the global options), or None where
+    it names none (`icl-probe --help`, a typo: then every command is built, for the listing or the
+    close-match error)."""
+    words = iter(sys.argv[1:] if argv is None else argv)
+    for word in words:
+        if word == "--max-work":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(argv: list[str] | None = None, *, every: bool = True) -> argparse.ArgumentParser:
+    """The whole command line's parser; with `every=False`, only the command `argv` names gets its
+    flags (the others are listed, with their help, but empty): what one run of `icl-probe` parses,
+    a fraction of the cost of building a few hundred flags for every command."""
+    only = None if every else chosen_command(argv)
     parser = OneLineParser(
         prog="icl-probe",
         description="Mechanistic interpretability for transformers that learn in context.",
@@ -61,10 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
         # -q also after the command; SUPPRESS keeps a -q given before it
         command.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        module.add_parser(command)
+        if only in (None, name):
+            module.add_parser(command)
     from .stage import add_registered_parsers
 
-    add_registered_parsers(sub)  # the registered analyses' commands (probe/core/stages.py)
+    add_registered_parsers(sub, only)  # the registered analyses' commands (probe/core/stages.py)
     parser.set_defaults(commands=sub.choices)
     return parser
 
@@ -110,7 +128,7 @@ def _log_to_stderr(level: int) -> None:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv, every=False)
     args, extra = parser.parse_known_args(argv)
     if extra:  # the command's own parser words the error (its name, its --help)
         args.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")

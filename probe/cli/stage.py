@@ -19,10 +19,11 @@ from .layers import add_recipe_args, recipe_from_args
 
 def section_class(section: str) -> type:
     """The settings class of recipe section `section` (a built-in one's or a registered stage's)."""
+    from ..core.config import type_hints
     from ..core.stages import registered
     from ..reporting.recipe import Recipe
 
-    hints = typing.get_type_hints(Recipe)
+    hints = type_hints(Recipe)
     found = hints[section] if section in hints else registered()[section].settings
     assert isinstance(found, type), section  # a stage with commands' flags of its section has settings
     return found
@@ -48,8 +49,9 @@ def writes(declared) -> tuple[str, ...]:
     return ("*.csv", f"{declared.name}_summary.json", *(f"{name}.json" for name in declared.files), "*.png", "*.svg")
 
 
-def add_registered_parsers(sub) -> None:
-    """One subcommand per command derived from a registered analysis, its flags from its settings."""
+def add_registered_parsers(sub, only: str | None = None) -> None:
+    """One subcommand per command derived from a registered analysis, its flags from its settings
+    (only command `only`'s flags where one is named; the others listed by name and help)."""
     from ..core.settings import add_flags
     from ..core.stages import registered
 
@@ -64,6 +66,9 @@ def add_registered_parsers(sub) -> None:
                 formatter_class=argparse.RawDescriptionHelpFormatter,
             )
             p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            p.set_defaults(registered_stage=name, stage_command=command.name)
+            if only not in (None, command.name):
+                continue
             p.add_argument(
                 "checkpoint",
                 nargs="?",
@@ -77,7 +82,6 @@ def add_registered_parsers(sub) -> None:
                 command.arguments(p)
             add_recipe_args(p)
             add_device(p)
-            p.set_defaults(registered_stage=name, stage_command=command.name)
 
 
 def run(args: argparse.Namespace) -> int:

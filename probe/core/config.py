@@ -14,6 +14,7 @@ a run (probe/io/run_config.py: model, task, and the training schedule below).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import tomllib
 import typing
@@ -27,6 +28,14 @@ from .errors import ConfigError, RenamedSetting
 from .parsing import load_toml
 from .registry import Registry, unknown_name_message
 from .validate import Rule, whole_number
+
+
+@functools.cache
+def type_hints(cls: type) -> dict[str, Any]:
+    """`typing.get_type_hints(cls)`, resolved once per class (every recipe, settings object and
+    command-line parser reads them; resolving the string annotations is most of their cost).
+    Callers must not change the returned dict."""
+    return typing.get_type_hints(cls)
 
 
 def setting(
@@ -71,7 +80,7 @@ class Section:
     SECTION: typing.ClassVar[str]
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
+        hints = type_hints(type(self))
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value, key, rules = getattr(self, f.name), f"{self.SECTION}.{f.name}", f.metadata
             if "help" not in rules or value is None:
@@ -160,7 +169,7 @@ def current_names(cls: type, data: Any, where: str = "") -> Any:
     new names at every level, so that an old-name override replaces the new-name value."""
     if not isinstance(data, dict) or not dataclasses.is_dataclass(cls):
         return data
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(cls)
     out = {}
     for key, value in _rename_keys(cls, data, where).items():
         hint = hints.get(key)
@@ -175,7 +184,7 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or cls.__name__} must be a table/dict, got {type(data).__name__}")
     data = _rename_keys(cls, data, where)
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import Section, field_default, is_sequence, scalar_type, setting
+from .config import Section, field_default, is_sequence, scalar_type, setting, type_hints
 from .errors import ConfigError, RenamedSetting
 from .resources import RECIPE_DIR
 from .validate import check_bootstrap
@@ -41,7 +41,7 @@ def add_flags(
     names: field names, or {field name: flag name} to spell a flag differently (e.g.
     {"test": "test-prompts"}, or a tuple whose later names are old spellings still accepted).
     Values are stored as args."section.field" (None when not given); booleans get --x / --no-x."""
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     spelled = dict(names) if isinstance(names, Mapping) else {n: n.replace("_", "-") for n in names}
     for name, spelling in spelled.items():
