@@ -14,7 +14,6 @@ a run (probe/io/run_config.py: model, task, and the training schedule below).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import tomllib
 import typing
@@ -29,13 +28,16 @@ from .parsing import load_toml
 from .registry import Registry, unknown_name_message
 from .validate import Rule, whole_number
 
+_HINTS: dict[type, dict[str, Any]] = {}
 
-@functools.cache
+
 def type_hints(cls: type) -> dict[str, Any]:
     """`typing.get_type_hints(cls)`, resolved once per class (every recipe, settings object and
     command-line parser reads them; resolving the string annotations is most of their cost).
     Callers must not change the returned dict."""
-    return typing.get_type_hints(cls)
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def setting(
