@@ -90,13 +90,11 @@ def run(args: argparse.Namespace) -> int:
     printed after."""
     from ..core import budget
     from ..core.errors import ConfigError
-    from ..core.provenance import display_path, stamp
     from ..core.stages import StageTables, registered
     from ..io.formats import load_checkpoint
     from ..io.outputs import WRITES
     from ..reporting.build import Context, run_stages
     from ..reporting.cache import StageCache
-    from ..reporting.schema import strict, to_json
     from ..reporting.summary import provenance
 
     declared = registered()[args.registered_stage]
@@ -127,31 +125,39 @@ def run(args: argparse.Namespace) -> int:
     built = run_stages(
         ckpt, recipe, device, StageCache(None), progress, only=only, on_done=note, given=exact, options=options
     )
-    context = Context(ckpt, recipe, device, progress, earlier=built, options=options)
     tables = StageTables(built.tables, built.data, ckpt)
     block = declared.summarise(tables, recipe)
     summary = provenance(ckpt, recipe)  # what its findings read: its own block, the checkpoint and the recipe
     summary.stages = {declared.block_key: block}
     lines = command.show(tables, block) if command.show is not None else declared.findings(block, summary)
     with writing(target) as out:
-        for name in own:
-            built.tables[name].to_csv(out / f"{name}.csv", index=False)
-        for name in (name for name in declared.files if name in built.data):
-            (out / f"{name}.json").write_text(json.dumps(built.data[name], indent=2) + "\n")
-        written = {
-            "command": command.name,
-            "checkpoint": display_path(ckpt.path),
-            declared.block_key: to_json(block),
-            "recipe": recipe.to_dict(),
-            **stamp(),
-        }
-        (out / f"{declared.name}_summary.json").write_text(json.dumps(strict(written), indent=2, default=str) + "\n")
-        declared.figures(built.tables, out, context)
+        _write(out, declared, command, built.tables, built.data, own, block, ckpt, recipe)
+        declared.figures(built.tables, out, Context(ckpt, recipe, device, progress, earlier=built, options=options))
     for line in lines if isinstance(lines, list) else [lines]:
         if line:
             print(line)
     print(f"wrote {target.path}")
     return 0
+
+
+def _write(out, declared, command, tables, data, own: list[str], block, ckpt, recipe) -> None:
+    """The layout's files but the figures: the stage's own tables, its `files` entries and
+    <stage>_summary.json."""
+    from ..core.provenance import display_path, stamp
+    from ..reporting.schema import strict, to_json
+
+    for name in own:
+        tables[name].to_csv(out / f"{name}.csv", index=False)
+    for name in (name for name in declared.files if name in data):
+        (out / f"{name}.json").write_text(json.dumps(data[name], indent=2) + "\n")
+    written = {
+        "command": command.name,
+        "checkpoint": display_path(ckpt.path),
+        declared.block_key: to_json(block),
+        "recipe": recipe.to_dict(),
+        **stamp(),
+    }
+    (out / f"{declared.name}_summary.json").write_text(json.dumps(strict(written), indent=2, default=str) + "\n")
 
 
 def _stages_to_run(declared, command, args):
