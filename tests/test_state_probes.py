@@ -56,3 +56,33 @@ def test_the_planted_gd_model_holds_no_more_of_s_than_its_layer_0():
     by_layer = table.groupby("layer").r2.max()
     half_width = (table.r2_high - table.r2_low).max() / 2
     assert (by_layer <= by_layer.loc[0] + half_width).all() and by_layer.max() < 0.05
+
+
+def test_probes_fitted_a_block_of_layers_at_a_time_are_the_probes_of_one_grid(monkeypatch):
+    """On a GPT-2 (a forward resumed from a layer) with float64 streams, the probe study fits and
+    scores a block of layers at a time (`layer_blocks`): each probe's pooling fit is its own, so the
+    fits are the same bit for bit and R^2 the same to round-off, rows in the same order, with the
+    controls; with every layer in one block (a large PROBE_BLOCK_BYTES) the whole capture is used."""
+    from conftest import build_cfg
+
+    import probe.analysis.probe_study as study
+    from probe.models import build_model
+
+    cfg = build_cfg(layers=3)
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()
+    control = build_model(cfg.model).eval()  # the random-weights control: another draw of the architecture
+    settings = ProbeSettings(prompts=24, max_iter=30, hidden=8, targets=("xty", "xtx"))  # two widths: two grids
+    assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float64) == [slice(0, 4)]
+    whole = probe_study(model, cfg.task, settings, n_test=12, control_model=control, n_boot=20)
+    monkeypatch.setattr(study, "PROBE_BLOCK_BYTES", 1)  # one layer boundary per block
+    assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float64) == [slice(i, i + 1) for i in range(4)]
+    assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float32) == [slice(0, 4)]
+    blocked = probe_study(model, cfg.task, settings, n_test=12, control_model=control, n_boot=20)
+    assert list(blocked.columns) == list(whole.columns) and len(whole) == 4 * 4 * 2 * 2 * 3  # layers prefixes
+    # targets kinds controls
+    exact = ["layer", "prefix", "target", "kind", "control", "penalty", "iterations", "grad_norm", "converged",
+             "y_mass", "peak_position", "loo_r2"]  # fmt: skip
+    assert blocked[exact].equals(whole[exact])
+    for name in ("r2", "r2_low", "r2_high", "nmse"):
+        np.testing.assert_allclose(blocked[name], whole[name], rtol=0, atol=1e-10, err_msg=name)

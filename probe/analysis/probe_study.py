@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..capture.streams import by_position_streams
+from ..capture.streams import LayerStreams, by_position_streams
 from ..core import budget
 from ..core.allocator import release_free_memory
 from ..core.config import Section, setting
@@ -139,26 +139,80 @@ def probe_study(
         "layout": "lpnd",
     }
     dtype, frames = probe_dtype(settings.precision), []
-    bar = tqdm(total=len(models) * (2 if settings.controls else 1), desc="probes", disable=not progress, leave=False)
-    for control, m in models:  # one model's streams at a time (probe/capture/streams.py)
-        # the training streams are freed before the test streams are captured: the fitted grids hold
-        # no states, so the two never sit in memory together
-        states = by_position_streams(m, train.xs, train.ys, device, dtype=dtype, memory=memory)
-        grids = [(control, [fit_probe_grid(states, targets_train, g, settings.kinds, **fit) for g in groups])]
-        release_free_memory()  # the fit's temporaries before the next fit on the same streams
-        if control == "none" and settings.controls:
-            grids.append(("shuffled", [fit_probe_grid(states, shuffled, g, settings.kinds, **fit) for g in groups]))
-        del states
-        release_free_memory()  # the fits' temporaries before the test streams
-        states = by_position_streams(m, test.xs, test.ys, device, dtype=dtype, memory=memory)
-        for name, per_width in grids:
-            scored = [grid.score(states, targets_test, n_boot, seed) for grid in per_width]
-            frames.append(pd.concat(scored, ignore_index=True).assign(control=name))
-            bar.update()
-        del states, grids
-        release_free_memory()  # this model's fit temporaries leave the heap before the next model's streams
+    blocks = layer_blocks(model, settings.prompts, task.n_points, dtype)
+    fits_per_block = 2 if settings.controls else 1
+    bar = tqdm(total=len(models) * fits_per_block * len(blocks), desc="probes", disable=not progress, leave=False)
+    for control, m in models:  # one model's streams at a time, a block of layers at a time
+        for first, train_states, test_streams in _streams_by_block(m, train, test, blocks, device, dtype, memory):
+            grids = [(control, [fit_probe_grid(train_states, targets_train, g, settings.kinds, **fit) for g in groups])]
+            release_free_memory()  # the fit's temporaries before the next fit on the same streams
+            if control == "none" and settings.controls:
+                grids.append(
+                    ("shuffled", [fit_probe_grid(train_states, shuffled, g, settings.kinds, **fit) for g in groups])
+                )
+            del train_states
+            release_free_memory()  # the fits' temporaries before the test streams
+            test_states = test_streams()
+            for name, per_width in grids:
+                for group, grid in enumerate(per_width):
+                    scored = grid.score(test_states, targets_test, n_boot, seed)
+                    frames.append(scored.assign(layer=scored.layer + first, control=name, group=group))
+                bar.update()
+            del test_states, grids
+            release_free_memory()  # this block's fit temporaries leave the heap before the next streams
     bar.close()
-    return pd.concat(frames, ignore_index=True)
+    return _in_grid_order(pd.concat(frames, ignore_index=True), [name for name, _ in models], settings)
+
+
+PROBE_BLOCK_BYTES = 192 << 20  # the training streams of the layers the probes fit at once (float64, GPT-2)
+
+
+def layer_blocks(model, n_prompts: int, n_points: int, dtype: torch.dtype) -> list[slice]:
+    """The blocks of layer boundaries the probes are fitted a block at a time: on models that resume
+    a forward from a layer (`LayerStreams`: GPT-2) with float64 streams, as many boundaries as
+    PROBE_BLOCK_BYTES of training streams hold (at Garg et al.'s standard shape, 512 prompts: 2 of
+    its 13 boundaries); otherwise every boundary at once (`by_position_streams`). Each probe's fit
+    reads its own layer alone, so the fits are the same in blocks, bit for bit, and R^2 the same to
+    round-off (the scoring's batched products, ~1e-12)."""
+    boundaries = model.n_layers + 1
+    if dtype != torch.float64 or not getattr(model, "key_value_cache", False):
+        return [slice(0, boundaries)]
+    per_boundary = 2 * n_points * n_prompts * model.d_model * 8
+    size = max(1, PROBE_BLOCK_BYTES // per_boundary)
+    return [slice(lo, min(boundaries, lo + size)) for lo in range(0, boundaries, size)]
+
+
+def _streams_by_block(model, train, test, blocks: list[slice], device: str, dtype: torch.dtype, memory):
+    """Per block of `layer_blocks`: (its first boundary, its training streams (k, 2n, N, D), a
+    function giving its test streams), the training streams made before the test streams are asked
+    for, so a block's fits never hold both."""
+    if dtype != torch.float64 or not getattr(model, "key_value_cache", False):
+        yield (
+            0,
+            by_position_streams(model, train.xs, train.ys, device, dtype=dtype, memory=memory),
+            (lambda: by_position_streams(model, test.xs, test.ys, device, dtype=dtype, memory=memory)),
+        )
+        return
+    trains, tests = LayerStreams(model, train.xs, train.ys, device), LayerStreams(model, test.xs, test.ys, device)
+
+    def test_block(rows: slice) -> torch.Tensor:
+        trains.release()  # the block's fits are done: its training streams go before its test streams come
+        return tests[rows]
+
+    for rows in blocks:
+        yield rows.start, trains[rows], (lambda rows=rows: test_block(rows))
+        tests.release()
+
+
+def _in_grid_order(table: pd.DataFrame, controls: list[str], settings: ProbeSettings) -> pd.DataFrame:
+    """The blocks' rows in the order one grid of every layer gives them: by control (the model, its
+    shuffled targets, the random-weights model), target width group, kind, layer; within those, the
+    (prefix, target) pairs in their order."""
+    rank = {name: i for i, name in enumerate([controls[0], "shuffled", *controls[1:]])}
+    kinds = {kind: i for i, kind in enumerate(settings.kinds)}
+    keys = pd.DataFrame({"c": table.control.map(rank), "g": table.group, "k": table.kind.map(kinds), "l": table.layer})
+    order = keys.sort_values(["c", "g", "k", "l"], kind="stable").index
+    return table.loc[order].drop(columns="group").reset_index(drop=True)
 
 
 LEVEL = 0.90

@@ -135,18 +135,25 @@ class LayerStreams:
 
     def _advance(self) -> Tensor:
         """The stream at boundary `self.next` (N, 2n, D), computed from the one before."""
-        parts = range(0, self.shape[2], self.chunk)
-        with torch.no_grad():
-            if self.next == 0:
-                stream = torch.cat(
-                    [self.model.embed_prompts(self.xs[s : s + self.chunk], self.ys[s : s + self.chunk]) for s in parts]
-                )
-            else:
-                layer, held = self.next - 1, self.stream
-                assert held is not None
-                stream = torch.cat([self.model.resume(held[s : s + self.chunk], layer, layer + 1) for s in parts])
+        _, n_tokens, n_prompts, width = self.shape
+        stream = torch.empty(n_prompts, n_tokens, width, dtype=torch.float64, device=self.xs.device)
+        with torch.no_grad():  # each chunk written in place: no list of chunks beside the stream
+            for s in range(0, n_prompts, self.chunk):
+                if self.next == 0:
+                    stream[s : s + self.chunk] = self.model.embed_prompts(
+                        self.xs[s : s + self.chunk], self.ys[s : s + self.chunk]
+                    )
+                else:
+                    assert self.stream is not None
+                    stream[s : s + self.chunk] = self.model.resume(
+                        self.stream[s : s + self.chunk], self.next - 1, self.next
+                    )
         self.stream, self.next = stream, self.next + 1
         return stream
+
+    def release(self) -> None:
+        """Forget the block kept for a second reader (its readers are done with it)."""
+        self.last = None
 
     def __getitem__(self, rows: slice) -> Tensor:
         if self.last is not None and self.last[0] == rows:
@@ -156,6 +163,9 @@ class LayerStreams:
             raise ValueError(
                 f"LayerStreams are read in order, a block at a time: asked for {lo}..{hi - 1}, next {self.next}"
             )
-        block = torch.stack([self._advance().transpose(0, 1).cpu() for _ in range(lo, hi)])  # (k, 2n, N, D)
+        self.last = None  # the previous block goes before this one is made (its reader has moved on)
+        block = torch.empty((hi - lo, *self.shape[1:]), dtype=torch.float64)  # (k, 2n, N, D)
+        for i in range(hi - lo):  # each boundary copied in as it is made: one stream held, not k
+            block[i] = self._advance().transpose(0, 1)
         self.last = (rows, block)
         return block
