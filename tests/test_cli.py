@@ -210,3 +210,23 @@ def test_export_says_why_its_learning_rate_is_not_the_recipes(tmp_path, capsys):
     assert f"training.learning_rate is {lr:.3g}: the rate this run's schedule had reached at step {step}" in out
     assert f"(its peak: {ours.config.train.lr:g})" in out
     assert f"at step {step}; training.learning_rate is the rate its schedule had reached there" in config["wandb"]["notes"]
+
+
+def test_the_parser_of_one_command_has_that_commands_flags_as_the_whole_parser_does():
+    """`icl-probe` builds only the named command's flags (`build_parser(argv, every=False)`); each
+    command's flags, defaults and help are those of the parser of every command, and the others are
+    still listed (so a typo gets the close-match error and `--help` lists them all)."""
+    from probe.cli import build_parser, chosen_command
+
+    def described(parser, name):
+        sub = parser._subparsers._group_actions[0].choices[name]
+        return [(a.dest, tuple(a.option_strings), a.default, a.help, a.nargs) for a in sub._actions]
+
+    whole = build_parser()
+    names = list(whole._subparsers._group_actions[0].choices)
+    assert chosen_command(["-q", "--max-work", "1e9", "report", "ck"]) == "report"
+    assert chosen_command(["--help"]) is None
+    for name in names:
+        one = build_parser(["-q", name, "--help"], every=False)
+        assert list(one._subparsers._group_actions[0].choices) == names
+        assert described(one, name) == described(whole, name), name
