@@ -68,19 +68,19 @@ def test_probes_fitted_a_block_of_layers_at_a_time_are_the_probes_of_one_grid(mo
     import probe.analysis.probe_study as study
     from probe.models import build_model
 
-    cfg = build_cfg(layers=3)
+    cfg = build_cfg(layers=2)
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
     control = build_model(cfg.model).eval()  # the random-weights control: another draw of the architecture
-    settings = ProbeSettings(prompts=24, max_iter=30, hidden=8, targets=("xty", "xtx"))  # two widths: two grids
-    assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float64) == [slice(0, 4)]
+    settings = ProbeSettings(prompts=24, max_iter=30, hidden=8, targets=("xty", "xtx"), prefixes=(2, 5))  # two widths: two grids
+    assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float64) == [slice(0, 3)]
     whole = probe_study(model, cfg.task, settings, n_test=12, control_model=control, n_boot=20)
     monkeypatch.setattr(study, "PROBE_BLOCK_BYTES", 1)  # one layer boundary per block
-    assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float64) == [slice(i, i + 1) for i in range(4)]
-    assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float32) == [slice(0, 4)]
+    assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float64) == [slice(i, i + 1) for i in range(3)]
+    assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float32) == [slice(0, 3)]
     blocked = probe_study(model, cfg.task, settings, n_test=12, control_model=control, n_boot=20)
-    assert list(blocked.columns) == list(whole.columns) and len(whole) == 4 * 4 * 2 * 2 * 3  # layers prefixes
-    # targets kinds controls
+    assert list(blocked.columns) == list(whole.columns) and len(whole) == 3 * 2 * 2 * 2 * 3  # boundaries, prefixes,
+    # targets, kinds, controls
     exact = ["layer", "prefix", "target", "kind", "control", "penalty", "iterations", "grad_norm", "converged",
              "y_mass", "peak_position", "loo_r2"]  # fmt: skip
     assert blocked[exact].equals(whole[exact])
