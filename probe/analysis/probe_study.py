@@ -175,18 +175,24 @@ def layer_blocks(model, n_prompts: int, n_points: int, dtype: torch.dtype) -> li
     reads its own layer alone, so the fits are the same in blocks, bit for bit, and R^2 the same to
     round-off (the scoring's batched products, ~1e-12)."""
     boundaries = model.n_layers + 1
-    if dtype != torch.float64 or not getattr(model, "key_value_cache", False):
+    if not _streams_by_layer(model, dtype):
         return [slice(0, boundaries)]
     per_boundary = 2 * n_points * n_prompts * model.d_model * 8
     size = max(1, PROBE_BLOCK_BYTES // per_boundary)
     return [slice(lo, min(boundaries, lo + size)) for lo in range(0, boundaries, size)]
 
 
+def _streams_by_layer(model, dtype: torch.dtype) -> bool:
+    """Whether the probes' streams are made a block of layers at a time (`LayerStreams`): float64
+    streams of a model that resumes a forward from a layer."""
+    return dtype == torch.float64 and bool(getattr(model, "key_value_cache", False))
+
+
 def _streams_by_block(model, train, test, blocks: list[slice], device: str, dtype: torch.dtype, memory):
     """Per block of `layer_blocks`: (its first boundary, its training streams (k, 2n, N, D), a
     function giving its test streams), the training streams made before the test streams are asked
     for, so a block's fits never hold both."""
-    if dtype != torch.float64 or not getattr(model, "key_value_cache", False):
+    if not _streams_by_layer(model, dtype):
         yield (
             0,
             by_position_streams(model, train.xs, train.ys, device, dtype=dtype, memory=memory),
