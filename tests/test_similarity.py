@@ -148,3 +148,25 @@ def test_resolution_ceiling_is_one_minus_the_best_match_between_the_learners():
     by_hand = 1 - cos.mean(-1).max(-1)[1:]  # k_a >= 1
     assert newton_gd.resolution_max == pytest.approx(by_hand.max(), abs=1e-9)
     assert newton_gd.resolution_min == pytest.approx(by_hand.min(), abs=1e-9)
+
+
+def test_resampled_means_are_the_means_of_the_drawn_prompts():
+    """The bootstrap's resample means as one product of prompt counts equal the mean of each
+    resample's drawn rows (numpy, on `resamples`' own index draws), in the values' dtype; values
+    with a NaN take the drawn rows themselves, so a prompt never drawn leaves a resample finite."""
+    from probe.analysis.stats import bootstrap_mean, resample_counts, resampled_means, resamples
+
+    values = torch.randn(37, 3, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    (idx,) = resamples(37, 200, seed=4)
+    expected = values.numpy()[idx.numpy()].mean(axis=1)
+    np.testing.assert_allclose(resampled_means(values, 200, seed=4).numpy(), expected, rtol=1e-13, atol=1e-15)
+    assert resample_counts(37, 200, seed=4).sum(1).eq(37).all()
+    single = resampled_means(values.float(), 200, seed=4)
+    assert single.dtype == torch.float32 and np.allclose(single.numpy(), expected, rtol=1e-6, atol=1e-6)
+    lo, hi = bootstrap_mean(values, n_boot=200, seed=4)
+    np.testing.assert_allclose(lo.numpy(), np.quantile(expected, 0.05, axis=0), rtol=1e-12)
+    np.testing.assert_allclose(hi.numpy(), np.quantile(expected, 0.95, axis=0), rtol=1e-12)
+    never = int(np.setdiff1d(np.arange(37), idx[0].numpy())[0])  # a prompt the first resample does not draw
+    values[never, 0, 0] = float("nan")
+    first = resampled_means(values, 200, seed=4)[0]
+    assert torch.isfinite(first).all() and torch.allclose(first, values[idx[0]].mean(0))

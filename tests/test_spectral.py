@@ -222,6 +222,26 @@ def test_zero_predictor_has_no_response():
     assert math.isnan(res.summary.p[0])
 
 
+def test_each_variable_names_a_class_only_where_it_is_separated():
+    """A bin variable's own reading never names a bare class on a near tie: a layer near convergence
+    (no exponent: under two bins in [r_low, r_high]) whose best class beats the runner-up by 1.4e-4
+    with a paired interval reaching 0 reads "not separable", as its layer's verdict does."""
+    from probe.analysis.spectral_verdicts import summarise, variable_verdict
+
+    tie = {"predictor": "7", "variable": "lam_max", "own_variable_of_best": True, "p": math.nan, "p_low": math.nan,
+           "p_high": math.nan, "min_r": 0.785, "max_r": 0.993, "explained": 0.984, "non_filter": 0.01,
+           "best_non_filter": 0.01, "gain": 0.972, "error": 3.5e-4, "best_class": "precond_gd", "runner_up": "gd",
+           "separated": False, "mixed": False, "blend": "", "best_family": "newton_fixed", "best_k": 3}  # fmt: skip
+    rows = pd.DataFrame([tie, {**tie, "predictor": "8", "separated": True}, {**tie, "predictor": "9", "max_r": 0.01},
+                         {**tie, "predictor": "10", "min_r": 0.97}])  # fmt: skip
+    read = [variable_verdict(r, 0.05, 0.95) for r in rows.itertuples()]
+    assert read == ["precond_gd not separable from gd", "precond_gd", "no response", "converged"]
+    assert summarise(rows, 0.05, 0.95).verdict.tolist() == read  # one variable: the layer's verdict is its own
+    xs, ys = prompts(32)
+    res = spectral_analysis(torch.zeros(1, *xs.shape, dtype=torch.float64), xs, ys, n_boot=20)
+    assert res.layers.verdict.tolist() == ["no response", "no response"]  # the table carries it, per variable
+
+
 @pytest.mark.slow
 def test_python_api_and_command(tmp_path, capsys):
     import probe

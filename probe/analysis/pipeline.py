@@ -362,7 +362,9 @@ def layer_costs(shape, task: TaskConfig, settings: LayerSettings, sweeps, spectr
     out += induced_costs(shape, task, settings) if settings.similarity.simw else []
     if spectrum:
         n_boot = settings.similarity.bootstrap
-        out.append(spectral_cost(settings.spectral, settings.n_induced, shape.layers + 1, task.n_dims, n_boot))
+        out.append(
+            spectral_cost(settings.spectral, settings.n_induced, shape.layers + 1, task.n_dims, n_boot, task.n_points)
+        )
     return out
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .stats import bootstrap_mean, resamples
+from .stats import bootstrap_mean, resampled_means
 
 EPS = 1e-12
 
@@ -133,10 +133,9 @@ def best_match(
     go to the first grid index (`first_best`). The argmax on every resample, (n_boot, A), shared
     across a so that draws are paired, is kept in the frame's attrs["draws"]."""
     vals = values.double() if higher_is_better else -values.double()  # (A, K, B)
-    n_a, _, n_b = vals.shape
+    n_a = vals.shape[0]
     best = first_best(vals.mean(-1))  # (A,)
-    (idx,) = resamples(n_b, n_boot, seed)
-    boot_means = torch.stack([vals[:, :, i].mean(-1) for i in idx])  # (n_boot, A, K)
+    boot_means = resampled_means(vals.permute(2, 0, 1), n_boot, seed)  # (n_boot, A, K)
     boot_arg = first_best(boot_means).numpy()  # (n_boot, A)
     boot_best = boot_means.max(-1).values.numpy()
     sign = 1 if higher_is_better else -1

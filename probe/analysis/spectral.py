@@ -28,6 +28,7 @@ finite range (the references' own p, measured on the same prompts, show the bias
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -55,7 +56,7 @@ from .spectral_bins import (
 )
 from .spectral_blend import blend_fits
 from .spectral_references import Family, Members, reference_families, reference_weights
-from .spectral_verdicts import summarise
+from .spectral_verdicts import summarise, variable_verdict
 
 
 @dataclass
@@ -85,12 +86,22 @@ class SpectralSettings(Section):
             )
 
 
-def spectral_cost(settings: SpectralSettings, prompts: int, boundaries: int, d: int, n_boot: int) -> budget.Estimate:
+def spectral_cost(
+    settings: SpectralSettings, prompts: int, boundaries: int, d: int, n_boot: int, n_points: int
+) -> budget.Estimate:
     """What spectral_analysis asks for (budget.spectral_estimate, knob spectral.bins) on `prompts`
-    prompts: its predictors are the model's `boundaries` layer boundaries and every member of the
-    reference families."""
+    prompts of `n_points` points: its predictors are the model's `boundaries` layer boundaries and
+    every member of the reference families, whose weights it computes."""
     members = sum(budget.grid_points(family) for family in reference_families(d))
-    return budget.spectral_estimate(settings.bins, prompts, boundaries + members, n_boot)
+    estimate = budget.spectral_estimate(settings.bins, prompts, boundaries + members, n_boot)
+    # every member's weights at every prompt and prefix (`reference_weights`): small batched d x d
+    # solves, eigen-decompositions and filters, about REFERENCE_D3 d^3 flop-equivalents each
+    weights = float(members) * prompts * n_points * REFERENCE_D3 * d**3
+    return dataclasses.replace(estimate, flop=estimate.flop + weights)
+
+
+# a reference member's weights at one prompt and prefix, in d^3 flop-equivalents (d = 20, measured 2026-11-29)
+REFERENCE_D3 = 20
 
 
 @dataclass
@@ -113,7 +124,8 @@ class SpectralAnalysis:
         non_filter (share of the weights' energy in S's eigenbasis the binned filter leaves
         unexplained; corrected for the induced weights' estimation noise where two halves were
         given, non_filter_uncorrected beside it), overshoot_bins (r > 1), best_class / best_family / best_k / gain / error,
-        runner_up, difference (runner-up error - best) with its paired interval, separated.
+        runner_up, difference (runner-up error - best) with its paired interval, separated, verdict (the
+        variable's own reading by the summary's rules, spectral_verdicts.variable_verdict).
     summary: one row per layer: the verdict over both variables ("GD class", "ambiguous", ...).
     references: p per reference family (its best member's measured exponent: the estimator's bias).
     fits: layer, variable, family, class, k, gain, error: every family's best member per layer.
@@ -386,6 +398,7 @@ def spectral_analysis(
     ]
     curves, layers, fits, refs = (pd.DataFrame([row for part in parts for row in part[i]]) for i in range(4))
     summary = summarise(layers, s.r_low, s.r_high, s.max_non_filter)
+    layers["verdict"] = [variable_verdict(row, s.r_low, s.r_high, s.max_non_filter) for row in layers.itertuples()]
     return SpectralAnalysis(curves, layers, summary, refs, fits, dirs.counts)
 
 

@@ -30,6 +30,38 @@ def verdict_classes(verdict: str) -> list[str]:
     return verdict.split(NOT_SEPARABLE)
 
 
+def _reading(rows: list, own, r_low: float, r_high: float, max_non_filter: float) -> tuple[str, str]:
+    """(verdict, the one class it names or "") of one predictor from its rows in the bin variables
+    given (`summarise`'s rules, in its order); `own` the row whose runner-up a "not separable" names."""
+    classes = {row.best_class for row in rows}
+    if all(_no_response(row, r_low, r_high) for row in rows):
+        return "no response", ""
+    if all(row.min_r > r_high for row in rows):
+        return "converged", ""  # r ~ 1 in every bin: every class that converges fits
+    if all(_not_a_filter(row, max_non_filter) for row in rows):
+        return "not a spectral filter", ""
+    mixed = [row for row in rows if getattr(row, "mixed", False)]
+    if mixed and len({row.blend for row in mixed}) == 1:
+        m = mixed[0]
+        first, second = str(m.blend).split("+")
+        return f"mixed: {first} {m.blend_w:.2f} [{m.blend_w_low:.2f}, {m.blend_w_high:.2f}] + {second}", ""
+    if len(classes) > 1:
+        return "ambiguous: " + " / ".join(f"{row.variable} {row.best_class}" for row in rows), ""
+    klass = classes.pop()
+    if not all(row.separated for row in rows):
+        return f"{klass}{NOT_SEPARABLE}{own.runner_up}", klass
+    return klass, klass
+
+
+def variable_verdict(row, r_low: float, r_high: float, max_non_filter: float = 0.1) -> str:
+    """One bin variable's own reading (a row of the spectral layers table), by `summarise`'s rules
+    with that variable alone: its best class only where that class responds, has not converged and
+    is separated from the runner-up by their paired interval; otherwise "no response", "converged",
+    "not a spectral filter", "mixed: ..." or "A not separable from B" (never a bare class name on a
+    near tie)."""
+    return _reading([row], row, r_low, r_high, max_non_filter)[0]
+
+
 def summarise(layers: pd.DataFrame, r_low: float, r_high: float, max_non_filter: float = 0.1) -> pd.DataFrame:
     """One verdict per predictor over both bin variables: the filter class both variables'
     fits name (separated from the runner-up by their paired intervals), "not a spectral filter"
@@ -45,31 +77,8 @@ def summarise(layers: pd.DataFrame, r_low: float, r_high: float, max_non_filter:
     out = []
     for name, rows in layers.groupby("predictor", sort=False):
         by_var = {row.variable: row for row in rows.itertuples()}
-        classes = {row.best_class for row in by_var.values()}
         own = next((row for row in by_var.values() if row.own_variable_of_best), next(iter(by_var.values())))
-        if all(_no_response(row, r_low, r_high) for row in by_var.values()):
-            verdict, klass = "no response", ""
-        elif all(row.min_r > r_high for row in by_var.values()):
-            verdict, klass = "converged", ""  # r ~ 1 in every bin: every class that converges fits
-        elif all(_not_a_filter(row, max_non_filter) for row in by_var.values()):
-            verdict, klass = "not a spectral filter", ""
-        elif (mixed := [row for row in by_var.values() if getattr(row, "mixed", False)]) and len(
-            {row.blend for row in mixed}
-        ) == 1:
-            m = mixed[0]
-            first, second = str(m.blend).split("+")
-            verdict, klass = (
-                f"mixed: {first} {m.blend_w:.2f} [{m.blend_w_low:.2f}, {m.blend_w_high:.2f}] + {second}",
-                "",
-            )
-        elif len(classes) > 1:
-            verdict, klass = "ambiguous: " + " / ".join(f"{v} {r.best_class}" for v, r in by_var.items()), ""
-        elif not all(row.separated for row in by_var.values()):
-            klass = classes.pop()
-            verdict = f"{klass}{NOT_SEPARABLE}{own.runner_up}"
-        else:
-            klass = classes.pop()
-            verdict = klass
+        verdict, klass = _reading(list(by_var.values()), own, r_low, r_high, max_non_filter)
         out.append(
             {
                 "predictor": name,

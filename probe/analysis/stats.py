@@ -52,8 +52,31 @@ def bootstrap_mean(
     values (P, ...) -> (lo, hi) each (...), the (1-level)/2 and (1+level)/2 quantiles of the
     means of `n_boot` resamples of the P prompts (level 0.90 gives Garg et al.'s 5%-95% band).
     """
-    means = [values[idx].mean(dim=1) for idx in resamples(values.shape[0], n_boot, seed, chunk, values.device)]
-    return percentile_interval(torch.cat(means), level)
+    return percentile_interval(resampled_means(values, n_boot, seed, chunk), level)
+
+
+def resample_counts(n: int, n_boot: int, seed: int = 0, device: torch.device | str | None = None) -> Tensor:
+    """(n_boot, n) float64: how many times each of the n prompts is drawn in each resample of
+    `resamples` (the same draws)."""
+    counts = torch.zeros(n_boot, n, dtype=torch.float64)
+    for idx in resamples(n, n_boot, seed):  # one batch of every resample
+        counts.scatter_add_(1, idx, torch.ones(idx.shape, dtype=torch.float64))
+    return counts.to(device)
+
+
+def resampled_means(values: Tensor, n_boot: int = 1000, seed: int = 0, chunk: int = 100) -> Tensor:
+    """(n_boot, ...): the mean over dim 0 (prompts) of `values` (P, ...) on each resample of `resamples`,
+    as one product of the resamples' prompt counts with the values (in float64, returned in the values'
+    dtype; a resample's mean equals the mean of its drawn rows up to summation order). Values with a NaN or an infinity take the
+    drawn rows themselves, `chunk` resamples at a time (a count of 0 times NaN would reach every
+    resample)."""
+    n = values.shape[0]
+    if not bool(torch.isfinite(values).all()):
+        draws = resamples(n, n_boot, seed, chunk, values.device)
+        return torch.cat([values[idx].mean(dim=1) for idx in draws])
+    counts = resample_counts(n, n_boot, seed, values.device)
+    means = (counts @ values.reshape(n, -1).double()).div_(n).view(n_boot, *values.shape[1:])
+    return means.to(values.dtype) if values.is_floating_point() else means
 
 
 def bootstrap_ratio(

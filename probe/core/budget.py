@@ -37,6 +37,10 @@ DEFAULT_MAX_WORK = 3e15
 FLOP_RATE = (6e10, 4e11)  # the estimates' flop per second here, slowest and fastest measured
 ANNOUNCE_WORK = 3.6e12  # admitted work above this (a minute or more at the slowest rate) is announced with its time
 PYTHON_STEP_FLOP = 1e7  # one interpreted step (a layer of a batch, a learner iteration) counted as arithmetic
+# the matching's interpreted steps (`match_estimates`), measured on the default checkpoint (2026-11-29,
+# quiet: 44 ms a sweep and similarity over 9 layers, 47 ms a trend fit, 17 ms a layer's span test):
+# per layer x sweep x similarity, per trend fit, per layer's span test
+MATCH_STEPS = (10, 100, 35)
 BATCH = 256  # prompts per forward batch in the estimates
 CLOSED_FORM_STEPS = ("gd",)  # learners whose step counts are evaluated in closed form (no loop)
 _limit = [DEFAULT_MAX_WORK]
@@ -219,22 +223,42 @@ def readout_estimates(shape: Shape, points: int, prompts) -> list[Estimate]:
 
 def query_estimates(shape: Shape, points: int, prompts) -> list[Estimate]:
     """SimW's induced weights: the fresh queries' forwards on the first prompts.induced test prompts,
-    and their predictions at every layer (float64)."""
+    and their predictions at every layer (float64). A planted construction runs a sequence per
+    query; a trained model runs each prompt once and then one query token per (prefix, query) through
+    its key/value cache, attending over about `points` tokens on average (half a sequence's tokens)."""
     queries = query_count(prompts.queries, shape.d)
     induced = induced_count(prompts.induced, prompts.test)
     flop, _ = forward_cost(shape, induced * queries, points)
+    if not shape.planted:
+        w, tokens = shape.width, float(induced) * queries * points
+        flop = forward_cost(shape, induced, points)[0] + shape.layers * (
+            tokens * (24 * w * w + 4 * points * w) + math.ceil(induced * queries / BATCH) * PYTHON_STEP_FLOP
+        )
     nbytes = 16.0 * induced * points * queries * (shape.layers + 1)
     return [Estimate("prompts.queries", queries, nbytes, flop)]
 
 
 def match_estimates(shape: Shape, points: int, prompts, similarity, sweeps) -> list[Estimate]:
-    """Every learner of the sweeps on the test prompts and the bootstrap intervals of every layer x
-    grid cell."""
-    cells = (shape.layers + 1) * sum(grid_points(s) for s in sweeps)
+    """The layer analyses' matching (probe/analysis/pipeline.py `match_layers`): every learner of the
+    sweeps on the test prompts; per sweep and similarity (SimE, and SimW where on) the per-prompt
+    similarity of every layer x grid cell (SimW: a d-vector product per prefix) and two bootstrap
+    products of the resamples' prompt counts with it (the heatmap's intervals and the best match's,
+    probe/analysis/stats.py `resampled_means`); the interpreted steps (MATCH_STEPS: the tidy rows and
+    best match per layer, sweep and similarity, a trend fit per swept axis and similarity, the span
+    test per layer); the random-weights null's forward on the test prompts."""
+    metrics = 2 if similarity.simw else 1
+    layers, axes = shape.layers + 1, sum(1 for s in sweeps if getattr(s, "axis", None))
+    cells = layers * sum(grid_points(s) for s in sweeps)
+    test = max(int(prompts.test), 1)
+    per_cell = test * points * (1 + (shape.d if similarity.simw else 0)) + 2 * 2.0 * similarity.bootstrap * test
+    per_layer, per_trend, per_span = MATCH_STEPS
+    steps = (layers * (metrics * len(sweeps) * per_layer + per_span) + metrics * axes * per_trend) * PYTHON_STEP_FLOP
     return [
-        bootstrap_estimate("similarity.bootstrap", similarity.bootstrap, prompts.test, cells),
+        Estimate("similarity.bootstrap", similarity.bootstrap, 8.0 * similarity.bootstrap * test,
+                 2.0 * cells * per_cell + steps),
+        prompt_estimate("prompts.test", test, shape, points),
         *learner_estimates(sweeps, prompts.test, points, shape.d),
-    ]
+    ]  # fmt: skip
 
 
 def probe_estimates(shape: Shape, points: int, probes, n_test: int) -> list[Estimate]:

@@ -384,6 +384,7 @@ class SpectralStage(AnalysisStage):
                 shape.layers + 1,
                 shape.d,
                 recipe.similarity.bootstrap,
+                ckpt.config.task.n_points,
             )
         ]
 
@@ -448,7 +449,8 @@ class SpectralStage(AnalysisStage):
     def study_rows(self, t) -> list[dict[str, Any]]:
         """A study's rows (study.csv): the exponent per layer in the best family's own bin variable
         (metric spectral_p, learner = the verdict) and in each variable (spectral_p_<variable>, learner =
-        its best class), with 90% intervals."""
+        that variable's own verdict: its best class only where separated from the runner-up, `variable_verdict`),
+        with 90% intervals."""
         if "spectral_summary" not in t:
             return []
         rows = [
@@ -457,7 +459,7 @@ class SpectralStage(AnalysisStage):
             for r in t["spectral_summary"].itertuples()
         ]  # fmt: skip
         rows += [
-            {"metric": f"spectral_p_{r.variable}", "value": r.p, "learner": r.best_class, "layer": int(r.predictor),
+            {"metric": f"spectral_p_{r.variable}", "value": r.p, "learner": r.verdict, "layer": int(r.predictor),
              "ci_low": r.p_low, "ci_high": r.p_high}
             for r in t["spectral_layers"].itertuples()
         ]  # fmt: skip
