@@ -126,30 +126,17 @@ def probe_study(
     models = [("none", model)] + (
         [("random_model", control_model)] if settings.controls and control_model is not None else []
     )
-    fit: dict[str, Any] = {
-        "alphas": settings.alphas,
-        "hidden": settings.hidden,
-        "max_iter": settings.max_iter,
-        "gtol": settings.gtol,
-        "ftol": settings.ftol,
-        "seed": seed,
-        "device": device,
-        "precision": settings.precision,
-        "mlp_head": settings.mlp_head,
-        "layout": "lpnd",
-    }
+    fit = _fit_options(settings, seed, device)
     dtype, frames = probe_dtype(settings.precision), []
     blocks = layer_blocks(model, settings.prompts, task.n_points, dtype)
     fits_per_block = 2 if settings.controls else 1
     bar = tqdm(total=len(models) * fits_per_block * len(blocks), desc="probes", disable=not progress, leave=False)
     for control, m in models:  # one model's streams at a time, a block of layers at a time
         for first, train_states, test_streams in _streams_by_block(m, train, test, blocks, device, dtype, memory):
-            grids = [(control, [fit_probe_grid(train_states, targets_train, g, settings.kinds, **fit) for g in groups])]
-            release_free_memory()  # the fit's temporaries before the next fit on the same streams
+            targets = {control: targets_train}
             if control == "none" and settings.controls:
-                grids.append(
-                    ("shuffled", [fit_probe_grid(train_states, shuffled, g, settings.kinds, **fit) for g in groups])
-                )
+                targets["shuffled"] = shuffled
+            grids = _fit_block(train_states, targets, groups, settings.kinds, fit)
             del train_states
             release_free_memory()  # the fits' temporaries before the test streams
             test_states = test_streams()
@@ -162,6 +149,32 @@ def probe_study(
             release_free_memory()  # this block's fit temporaries leave the heap before the next streams
     bar.close()
     return _in_grid_order(pd.concat(frames, ignore_index=True), [name for name, _ in models], settings)
+
+
+def _fit_options(settings: ProbeSettings, seed: int, device: str) -> dict[str, Any]:
+    """`fit_probe_grid`'s options from the probe settings (layer-major streams)."""
+    return {
+        "alphas": settings.alphas,
+        "hidden": settings.hidden,
+        "max_iter": settings.max_iter,
+        "gtol": settings.gtol,
+        "ftol": settings.ftol,
+        "seed": seed,
+        "device": device,
+        "precision": settings.precision,
+        "mlp_head": settings.mlp_head,
+        "layout": "lpnd",
+    }
+
+
+def _fit_block(train_states, targets: dict[str, dict], groups, kinds, fit: dict[str, Any]) -> list[tuple[str, list]]:
+    """(control, one fitted grid per target width) for each set of training targets (the model's own
+    and, where the controls are on, the shuffled ones), all on one block's training streams."""
+    grids = []
+    for name, by_target in targets.items():
+        grids.append((name, [fit_probe_grid(train_states, by_target, g, kinds, **fit) for g in groups]))
+        release_free_memory()  # the fit's temporaries before the next fit on the same streams
+    return grids
 
 
 PROBE_BLOCK_BYTES = 192 << 20  # the training streams of the layers the probes fit at once (float64, GPT-2)
