@@ -64,9 +64,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.evaluate import error_curve, plot_error_curve, r2_curve
+    from ..analysis.evaluate import plot_error_curve
     from ..core.errors import ConfigError
-    from ..core.provenance import display_path, stamp
     from ..io.formats import load_checkpoint
 
     device = check_device(args.device)
@@ -77,38 +76,7 @@ def run(args: argparse.Namespace) -> int:
     task = shifted_task(ckpt.config.task, args)
     if args.track and args.shift is None:
         raise ConfigError("--track compares learners under a shift: give --shift NAME[=VALUE] too")
-    tracking = None
-    if args.shift is not None:
-        from ..analysis.evaluate import shifted_error_curve
-        from ..data.shifts import parse_shift
-
-        parse_shift(args.shift)  # a bad name or value is refused before any work
-        if task.name != "linear_regression" or task.covariance != "isotropic":
-            raise ConfigError(f"--shift applies to isotropic linear regression; this checkpoint's task is {task.name}")
-        frame = shifted_error_curve(ckpt.model, task, args.shift, None, args.prompts, args.seed, args.points, device)
-        metric = f"squared error / d under {frame['shift'].iloc[0]}"
-        if args.track:
-            from ..analysis.shift_tracking import track_under_shift
-
-            tracking = track_under_shift(ckpt.model, task, args.shift, args.prompts, args.seed, device)
-    elif task.name == "relu_network":
-        frame = r2_curve(
-            ckpt.model,
-            task,
-            args.prompts,
-            args.seed,
-            args.points,
-            device=device,
-            epochs=args.epochs,
-            direct_prompts=args.direct_prompts,
-            progress=not args.quiet,
-        )
-        metric = "R^2"
-    else:
-        frame = error_curve(
-            ckpt.model, task, args.prompts, args.seed, args.points, device=device, progress=not args.quiet
-        )
-        metric = "squared error / d"
+    frame, metric, tracking = _curve(ckpt, task, args, device)
     print(
         f"{ckpt.path} ({ckpt.format}, {task.name}, d={task.n_dims}); {metric} over {args.prompts} prompts, seed {args.seed}"
     )
@@ -124,31 +92,76 @@ def run(args: argparse.Namespace) -> int:
             if tracking is not None:
                 tracking.table.to_csv(out / "track.csv", index=False)
             plot_error_curve(frame, out / "eval.png", title=f"{ckpt.path.name}: error vs in-context examples")
-            record = {
-                "checkpoint": display_path(ckpt.path),
-                "format": ckpt.format,
-                "prompts": args.prompts,
-                "seed": args.seed,
-                "points": args.points,
-                "metric": metric,
-                "shift": args.shift,
-                "track": None
-                if tracking is None
-                else {
-                    "tracks": tracking.tracks,
-                    "runner_up": tracking.runner_up,
-                    "criterion": tracking.best.criterion,
-                    "difference": tracking.best.difference,
-                    "ci_low": tracking.best.low,
-                    "ci_high": tracking.best.high,
-                    "separable": tracking.separable,
-                },
-                "task": task.__dict__,
-                **stamp(),
-            }
+            record = _record(ckpt, task, args, metric, tracking)
             (out / "eval.json").write_text(json.dumps(record, indent=2, default=list) + "\n")
         print(f"wrote {target.path / 'eval.csv'} and {target.path / 'eval.png'}")
     return 0
+
+
+def _curve(ckpt, task, args: argparse.Namespace, device: str):
+    """(the error or R^2 curve, its metric's words, the shift tracking or None) the flags ask for."""
+    from ..analysis.evaluate import error_curve, r2_curve
+    from ..core.errors import ConfigError
+
+    if args.shift is not None:
+        from ..analysis.evaluate import shifted_error_curve
+        from ..data.shifts import parse_shift
+
+        parse_shift(args.shift)  # a bad name or value is refused before any work
+        if task.name != "linear_regression" or task.covariance != "isotropic":
+            raise ConfigError(f"--shift applies to isotropic linear regression; this checkpoint's task is {task.name}")
+        frame = shifted_error_curve(ckpt.model, task, args.shift, None, args.prompts, args.seed, args.points, device)
+        tracking = None
+        if args.track:
+            from ..analysis.shift_tracking import track_under_shift
+
+            tracking = track_under_shift(ckpt.model, task, args.shift, args.prompts, args.seed, device)
+        return frame, f"squared error / d under {frame['shift'].iloc[0]}", tracking
+    if task.name == "relu_network":
+        frame = r2_curve(
+            ckpt.model,
+            task,
+            args.prompts,
+            args.seed,
+            args.points,
+            device=device,
+            epochs=args.epochs,
+            direct_prompts=args.direct_prompts,
+            progress=not args.quiet,
+        )
+        return frame, "R^2", None
+    frame = error_curve(ckpt.model, task, args.prompts, args.seed, args.points, device=device, progress=not args.quiet)
+    return frame, "squared error / d", None
+
+
+def _record(ckpt, task, args: argparse.Namespace, metric: str, tracking) -> dict:
+    """eval.json: what was evaluated, how, the tracking's answer, the task and provenance."""
+    from ..core.provenance import display_path, stamp
+
+    track = None
+    if tracking is not None:
+        best = tracking.best
+        track = {
+            "tracks": tracking.tracks,
+            "runner_up": tracking.runner_up,
+            "criterion": best.criterion,
+            "difference": best.difference,
+            "ci_low": best.low,
+            "ci_high": best.high,
+            "separable": tracking.separable,
+        }
+    return {
+        "checkpoint": display_path(ckpt.path),
+        "format": ckpt.format,
+        "prompts": args.prompts,
+        "seed": args.seed,
+        "points": args.points,
+        "metric": metric,
+        "shift": args.shift,
+        "track": track,
+        "task": task.__dict__,
+        **stamp(),
+    }
 
 
 def shifted_task(task, args: argparse.Namespace):
