@@ -41,7 +41,7 @@ def test_summary_schema(report):
             block = s["probes"][target][kind]
             assert set(block) >= {"layer", "r2", "control_r2"} and _aligned({k: block[k] for k in ("layer", "r2", "control_r2")})
     assert set(s["timings"]) >= {"evaluate", "layers", "probes", "figures", "interventions"}
-    assert s["schema_version"] == 8 and not s["checkpoint"]["path"].startswith("/")
+    assert s["schema_version"] == 9 and not s["checkpoint"]["path"].startswith("/")
     spectral = s["spectral"]  # one verdict per layer, each bin variable's fits aligned with the layers
     assert spectral["layer"] == [0, 1, 2, 3] and _aligned({k: spectral[k] for k in ("layer", "verdict", "p")})
     assert set(spectral["by_variable"]) == {"lam_t", "lam_max"}

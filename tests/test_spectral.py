@@ -3,6 +3,7 @@ round-off, plain matrix loops, bin-wise bounds from the closed-form response, an
 (reference weights, oracles, planted models) with tolerances from the estimator's measured bias."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -226,7 +227,7 @@ def test_each_variable_names_a_class_only_where_it_is_separated():
     """A bin variable's own reading never names a bare class on a near tie: a layer near convergence
     (no exponent: under two bins in [r_low, r_high]) whose best class beats the runner-up by 1.4e-4
     with a paired interval reaching 0 reads "not separable", as its layer's verdict does."""
-    from probe.analysis.spectral_verdicts import summarise, variable_verdict
+    from probe.analysis.spectral_verdicts import kind_of_words, summarise, variable_verdict, verdict_kinds
 
     tie = {"predictor": "7", "variable": "lam_max", "own_variable_of_best": True, "p": math.nan, "p_low": math.nan,
            "p_high": math.nan, "min_r": 0.785, "max_r": 0.993, "explained": 0.984, "non_filter": 0.01,
@@ -236,7 +237,15 @@ def test_each_variable_names_a_class_only_where_it_is_separated():
                          {**tie, "predictor": "10", "min_r": 0.97}])  # fmt: skip
     read = [variable_verdict(r, 0.05, 0.95) for r in rows.itertuples()]
     assert read == ["precond_gd not separable from gd", "precond_gd", "no response", "converged"]
-    assert summarise(rows, 0.05, 0.95).verdict.tolist() == read  # one variable: the layer's verdict is its own
+    summary = summarise(rows, 0.05, 0.95)
+    assert summary.verdict.tolist() == read  # one variable: the layer's verdict is its own
+    # the verdict as data (summary.json schema 9), and the words a summary before it is read from
+    assert summary.kind.tolist() == ["not separable", "class", "no response", "converged"]
+    assert summary.best_class.tolist() == ["precond_gd", "precond_gd", "", ""]
+    assert summary.other_class.tolist() == ["gd", "", "", ""]
+    assert [kind_of_words(v) for v in read] == summary.kind.tolist()
+    old = SimpleNamespace(verdict=read + ["mixed: gd 0.40 [0.20, 0.60] + ridge", "ambiguous: lam_t gd / lam_max pcr"])
+    assert verdict_kinds(old)[-2:] == ["mixed", "ambiguous"] and verdict_kinds(summary) == summary.kind.tolist()
     xs, ys = prompts(32)
     res = spectral_analysis(torch.zeros(1, *xs.shape, dtype=torch.float64), xs, ys, n_boot=20)
     assert res.layers.verdict.tolist() == ["no response", "no response"]  # the table carries it, per variable

@@ -4,6 +4,8 @@ its rows in both bin variables, one reading: a filter class, "not separable", "a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 
@@ -22,6 +24,39 @@ def _not_a_filter(row, max_non_filter: float) -> bool:
 
 
 NOT_SEPARABLE = " not separable from "  # a verdict "A not separable from B" (`summarise`)
+# what a verdict is, as data (the summary table's `kind`): a class, a class not separated from another,
+# two variables naming different classes, a blend of two, or no class at all for one of three reasons
+KINDS = ("class", "not separable", "ambiguous", "mixed", "not a spectral filter", "no response", "converged")
+NO_CLASS = ("mixed", "not a spectral filter", "no response", "converged")  # kinds with no class to side with
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A verdict: its words, its kind (KINDS), the class it names ("" where none, also for
+    "ambiguous") and the class that one is not separated from ("" unless kind is "not separable")."""
+
+    words: str
+    kind: str
+    klass: str = ""
+    other: str = ""
+
+
+def kind_of_words(verdict: str) -> str:
+    """The kind (KINDS) of a verdict from its words: what a summary before schema 9 carries instead of
+    `kind`, and what study.csv's spectral rows name (their `learner`)."""
+    if verdict in ("no response", "converged", "not a spectral filter"):
+        return verdict
+    for kind in ("mixed", "ambiguous"):
+        if verdict.startswith(kind):
+            return kind
+    return "not separable" if NOT_SEPARABLE in verdict else "class"
+
+
+def verdict_kinds(block) -> list[str]:
+    """Each layer's verdict kind (KINDS) of a spectral block of summary.json: its own `kind`, or in a
+    summary before schema 9, read from its verdicts' words."""
+    kind = getattr(block, "kind", None)
+    return list(kind) if kind is not None and len(kind) else [kind_of_words(v) for v in block.verdict]
 
 
 def verdict_classes(verdict: str) -> list[str]:
@@ -30,27 +65,29 @@ def verdict_classes(verdict: str) -> list[str]:
     return verdict.split(NOT_SEPARABLE)
 
 
-def _reading(rows: list, own, r_low: float, r_high: float, max_non_filter: float) -> tuple[str, str]:
-    """(verdict, the one class it names or "") of one predictor from its rows in the bin variables
-    given (`summarise`'s rules, in its order); `own` the row whose runner-up a "not separable" names."""
+def _reading(rows: list, own, r_low: float, r_high: float, max_non_filter: float) -> Reading:
+    """The verdict of one predictor from its rows in the bin variables given (`summarise`'s rules,
+    in its order); `own` the row whose runner-up a "not separable" names."""
     classes = {row.best_class for row in rows}
     if all(_no_response(row, r_low, r_high) for row in rows):
-        return "no response", ""
+        return Reading("no response", "no response")
     if all(row.min_r > r_high for row in rows):
-        return "converged", ""  # r ~ 1 in every bin: every class that converges fits
+        return Reading("converged", "converged")  # r ~ 1 in every bin: every class that converges fits
     if all(_not_a_filter(row, max_non_filter) for row in rows):
-        return "not a spectral filter", ""
+        return Reading("not a spectral filter", "not a spectral filter")
     mixed = [row for row in rows if getattr(row, "mixed", False)]
     if mixed and len({row.blend for row in mixed}) == 1:
         m = mixed[0]
         first, second = str(m.blend).split("+")
-        return f"mixed: {first} {m.blend_w:.2f} [{m.blend_w_low:.2f}, {m.blend_w_high:.2f}] + {second}", ""
+        return Reading(
+            f"mixed: {first} {m.blend_w:.2f} [{m.blend_w_low:.2f}, {m.blend_w_high:.2f}] + {second}", "mixed"
+        )
     if len(classes) > 1:
-        return "ambiguous: " + " / ".join(f"{row.variable} {row.best_class}" for row in rows), ""
+        return Reading("ambiguous: " + " / ".join(f"{row.variable} {row.best_class}" for row in rows), "ambiguous")
     klass = classes.pop()
     if not all(row.separated for row in rows):
-        return f"{klass}{NOT_SEPARABLE}{own.runner_up}", klass
-    return klass, klass
+        return Reading(f"{klass}{NOT_SEPARABLE}{own.runner_up}", "not separable", klass, str(own.runner_up))
+    return Reading(klass, "class", klass)
 
 
 def variable_verdict(row, r_low: float, r_high: float, max_non_filter: float = 0.1) -> str:
@@ -59,7 +96,7 @@ def variable_verdict(row, r_low: float, r_high: float, max_non_filter: float = 0
     is separated from the runner-up by their paired interval; otherwise "no response", "converged",
     "not a spectral filter", "mixed: ..." or "A not separable from B" (never a bare class name on a
     near tie)."""
-    return _reading([row], row, r_low, r_high, max_non_filter)[0]
+    return _reading([row], row, r_low, r_high, max_non_filter).words
 
 
 def summarise(layers: pd.DataFrame, r_low: float, r_high: float, max_non_filter: float = 0.1) -> pd.DataFrame:
@@ -73,17 +110,21 @@ def summarise(layers: pd.DataFrame, r_low: float, r_high: float, max_non_filter:
     reaches 0, "no response" where r stays below r_low everywhere or the weights do not follow w_OLS
     (`_no_response`), "converged" where it stays above
     r_high in every bin (every class that converges fits; the layers that can decide are earlier). The exponent quoted is the one
-    in the best family's own variable."""
+    in the best family's own variable. Columns: verdict (the words), kind (KINDS), best_class (the class it
+    names, "" where none), other_class (the class a "not separable" verdict names second), p, p_low, p_high,
+    variable, best_family, best_k, non_filter."""
     out = []
     for name, rows in layers.groupby("predictor", sort=False):
         by_var = {row.variable: row for row in rows.itertuples()}
         own = next((row for row in by_var.values() if row.own_variable_of_best), next(iter(by_var.values())))
-        verdict, klass = _reading(list(by_var.values()), own, r_low, r_high, max_non_filter)
+        reading = _reading(list(by_var.values()), own, r_low, r_high, max_non_filter)
         out.append(
             {
                 "predictor": name,
-                "verdict": verdict,
-                "best_class": klass,
+                "verdict": reading.words,
+                "kind": reading.kind,
+                "best_class": reading.klass,
+                "other_class": reading.other,
                 "p": own.p,
                 "p_low": own.p_low,
                 "p_high": own.p_high,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.labels import Titles, label
-from ..analysis.spectral_verdicts import verdict_classes
+from ..analysis.spectral_verdicts import verdict_classes, verdict_kinds
 from .schema import EvidenceQuestion, EvidenceRow, Summary
 
 # a spectral verdict as a reader of the first screen needs it (the class names of probe/analysis/spectral.py)
@@ -86,33 +86,40 @@ def layer_groups(spectral: Any) -> list[LayerGroup]:
     if spectral.status == "not measured":
         return [LayerGroup("all", f"not measured here: {spectral.reason}", "")]
     groups: list[tuple[list[int], str, list[str]]] = []
-    for layer, verdict, p, low, high in zip(
-        spectral.layer, spectral.verdict, spectral.p, spectral.p_low, spectral.p_high
+    kinds = verdict_kinds(spectral)
+    for i, (layer, kind, p, low, high) in enumerate(
+        zip(spectral.layer, kinds, spectral.p, spectral.p_low, spectral.p_high)
     ):
-        exponent = _interval(p, low, high) if verdict not in ("no response", "converged") else ""
-        if groups and groups[-1][1] == verdict:
+        exponent = _interval(p, low, high) if kind not in ("no response", "converged") else ""
+        words = _verdict_words(spectral, i, kind)
+        if groups and groups[-1][1] == words:
             groups[-1][0].append(layer)
             groups[-1][2].append(f"{layer}: {exponent}" if exponent else "")
         else:
-            groups.append(([layer], verdict, [f"{layer}: {exponent}" if exponent else ""]))
+            groups.append(([layer], words, [f"{layer}: {exponent}" if exponent else ""]))
     out = []
-    for layers, verdict, exponents in groups:
+    for layers, words, exponents in groups:
         span = str(layers[0]) if len(layers) == 1 else f"{layers[0]}-{layers[-1]}"
         shown = [e for e in exponents if e]
         if len(layers) == 1 and shown:
             shown = [shown[0].split(": ", 1)[1]]
-        out.append(LayerGroup(span, _verdict_words(verdict), "; ".join(shown)))
+        out.append(LayerGroup(span, words, "; ".join(shown)))
     return out
 
 
-def _verdict_words(verdict: str) -> str:
-    if verdict in VERDICT_WORDS:
-        return VERDICT_WORDS[verdict]
-    classes = verdict_classes(verdict)
-    if len(classes) == 2:
-        best, other = classes
+def _verdict_words(spectral: Any, i: int, kind: str) -> str:
+    """Layer i's verdict as a reader needs it, from its kind and the classes it names (a summary before
+    schema 9: the classes read from the verdict's words)."""
+    verdict = spectral.verdict[i]
+    if spectral.best_class:
+        best, other = spectral.best_class[i], spectral.other_class[i]
+    else:
+        best, other = (verdict_classes(verdict) + [""])[:2] if kind in ("class", "not separable") else ("", "")
+    if kind == "class":
+        return VERDICT_WORDS.get(best, best)
+    if kind == "not separable":
         return f"{VERDICT_WORDS.get(best, best)}, not separated from the {VERDICT_WORDS.get(other, other)}"
-    return verdict
+    return VERDICT_WORDS.get(verdict, verdict)
 
 
 def first_screen(summary: Summary) -> tuple[list[Answer], list[LayerGroup]]:

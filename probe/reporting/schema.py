@@ -21,7 +21,7 @@ from ..core.errors import ConfigError
 from ..core.stages import DEFINITIONS, OMIT, RESERVED, SUMMARY_KEYS, by_block_key, dataclasses_in
 from .dataclass_schema import MERGED, block_properties
 
-SCHEMA_VERSION = 8  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`; 6: evidence status, reason, knob and validity domains, the error curve's margin over trivial predictors; 7: evidence rows' `closest` (favours "neither"), the spectral fits' non_filter_uncorrected, best_non_filter and two-class blends; 8: `not_measured` (stages switched on that cannot run on the checkpoint)
+SCHEMA_VERSION = 9  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`; 6: evidence status, reason, knob and validity domains, the error curve's margin over trivial predictors; 7: evidence rows' `closest` (favours "neither"), the spectral fits' non_filter_uncorrected, best_non_filter and two-class blends; 8: `not_measured` (stages switched on that cannot run on the checkpoint); 9: the spectral verdicts as data (`kind`, `best_class`, `other_class`) and each bin variable's own `verdict`
 
 
 def to_json(value: Any) -> Any:

@@ -21,6 +21,7 @@ from ..analysis.labels import layer_list
 from ..analysis.pipeline import InducedWeights, LayerSettings, measure_spectrum
 from ..analysis.spectral import SpectralAnalysis, SpectralSettings, spectral_cost, spectral_tables
 from ..analysis.spectral_references import CLASSES
+from ..analysis.spectral_verdicts import NO_CLASS, verdict_kinds
 from ..core import budget
 from ..core.errors import ConfigError
 from ..core.settings import induced_count
@@ -76,6 +77,8 @@ class SpectralFit:
     blend_error: list[float] = field(default_factory=list)
     blend_gain_low: list[float] = field(default_factory=list)
     mixed: list[bool] = field(default_factory=list)
+    # added in summary schema 9: the variable's own reading (its class only where separated; empty in older summaries)
+    verdict: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -103,6 +106,11 @@ class Spectral:
         "S-preconditioned GD with 2^k steps: behaviour identifies the filter class and its rate, not which "
         "equivalent procedure computes it"
     )
+    # added in summary schema 9: each verdict as data (probe/analysis/spectral_verdicts.py KINDS), the class it
+    # names ("" where none) and the class a "not separable" one is not separated from (empty in older summaries)
+    kind: list[str] = field(default_factory=list)
+    best_class: list[str] = field(default_factory=list)
+    other_class: list[str] = field(default_factory=list)
 
 
 def spectral_block(tables: dict[str, pd.DataFrame], counts: dict[str, int]) -> Spectral:
@@ -130,6 +138,9 @@ def spectral_block(tables: dict[str, pd.DataFrame], counts: dict[str, int]) -> S
         },
         counts={k: int(v) for k, v in counts.items()},
         classes=dict(CLASSES),
+        kind=list(summary.kind),
+        best_class=[str(v) if isinstance(v, str) else "" for v in summary.best_class],
+        other_class=[str(v) if isinstance(v, str) else "" for v in summary.other_class],
     )
 
 
@@ -199,19 +210,19 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
     decided: dict[str, list[int]] = {}
     neither: dict[str, list[int]] = {}  # class -> layers apart from both sides' classes
     also: dict[int, str] = {}
-    fits = list(sp.by_variable.values())
-    for i, (layer, verdict) in enumerate(zip(sp.layer, sp.verdict)):
-        side = _layer_side(fits, i, verdict, a, b)
+    fits, kinds = list(sp.by_variable.values()), verdict_kinds(sp)
+    for i, (layer, verdict, kind) in enumerate(zip(sp.layer, sp.verdict, kinds)):
+        side = None if kind in NO_CLASS else _layer_side(fits, i, a, b)
         if side is not None:
             decided.setdefault(side, []).append(layer)
-            if verdict not in SPECTRAL_SIDE:  # separated from the question's other side, not from every class
+            if kind != "class" or verdict not in SPECTRAL_SIDE:  # apart from the other side, not from every class
                 also[layer] = verdict
-        elif (klass := _layer_neither(fits, i, verdict, a, b)) is not None:
+        elif kind not in NO_CLASS and (klass := _layer_neither(fits, i, a, b)) is not None:
             neither.setdefault(klass, []).append(layer)
     named = {s: l for s, l in decided.items() if s in (a, b)}
     favours = next(iter(named)) if len(named) == 1 else None
-    responding = [v for v in sp.verdict if v not in ("no response", "converged")]
-    unfiltered = [layer for layer, v in zip(sp.layer, sp.verdict) if v == "not a spectral filter"]
+    responding = [k for k in kinds if k not in ("no response", "converged")]
+    unfiltered = [layer for layer, k in zip(sp.layer, kinds) if k == "not a spectral filter"]
     most_unfiltered = bool(unfiltered) and 2 * len(unfiltered) >= len(responding)
     if most_unfiltered:  # the model does not run a filter of S: the filter classes do not describe it
         favours, named, neither = None, {}, {}
@@ -224,7 +235,7 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
     )
     if also:
         words += " (" + "; ".join(f"layer {layer}: {v}" for layer, v in also.items()) + ")"
-    mixed = [f"layer {layer}: {v}" for layer, v in zip(sp.layer, sp.verdict) if v.startswith("mixed")]
+    mixed = [f"layer {layer}: {v}" for layer, v, k in zip(sp.layer, sp.verdict, kinds) if k == "mixed"]
     if mixed:
         words += ("; " if words else "") + "; ".join(mixed)
     if unfiltered:
@@ -253,19 +264,11 @@ def _spectral_rows(sp: Spectral | None, a: str, b: str, equivalence: str) -> lis
     ]
 
 
-def _names_no_class(verdict: str) -> bool:
-    """A verdict with no single class to side with (`summarise`'s words)."""
-    return verdict in ("no response", "converged", "not a spectral filter") or verdict.startswith("mixed")
-
-
-def _layer_side(fits, i: int, verdict: str, a: str, b: str) -> str | None:
+def _layer_side(fits, i: int, a: str, b: str) -> str | None:
     """The side of "a or b?" one layer decides: its best class in every bin variable is one side's
     and, in every variable, separated by its paired interval from the other side's class (not
     necessarily from every class: GD with few steps and ridge may stay apart from Newton and not from
-    each other); none where it does not respond or has converged (`summarise`, the recipe's
-    spectral.r_low / r_high)."""
-    if _names_no_class(verdict):
-        return None
+    each other). Asked only of a layer whose verdict names a class (its kind not in NO_CLASS)."""
     sides = {SPECTRAL_SIDE.get(fit.best_class[i]) for fit in fits}
     if len(sides) != 1:
         return None
@@ -277,13 +280,11 @@ def _layer_side(fits, i: int, verdict: str, a: str, b: str) -> str | None:
     return side if all(apart(fit) for fit in fits) else None  # a summary before schema 6: the runner-up rule
 
 
-def _layer_neither(fits, i: int, verdict: str, a: str, b: str) -> str | None:
+def _layer_neither(fits, i: int, a: str, b: str) -> str | None:
     """The class of a layer that reads neither side of "a or b?": its best class in every bin variable
     the same third class (ridge or least squares for Newton vs GD), separated by its paired interval
-    from both sides' classes in every variable; None otherwise (and where it does not respond or
-    has converged)."""
-    if _names_no_class(verdict):
-        return None
+    from both sides' classes in every variable; None otherwise. Asked only of a layer whose verdict's
+    kind is not in NO_CLASS."""
     if not all(fit.separated_from for fit in fits):
         return None
     classes = {fit.best_class[i] for fit in fits}
