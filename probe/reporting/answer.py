@@ -111,7 +111,7 @@ def _verdict_words(spectral: Any, i: int, kind: str) -> str:
     """Layer i's verdict as a reader needs it, from its kind and the classes it names (a summary before
     schema 9: the classes read from the verdict's words)."""
     verdict = spectral.verdict[i]
-    if spectral.best_class:
+    if getattr(spectral, "best_class", None):
         best, other = spectral.best_class[i], spectral.other_class[i]
     else:
         best, other = (verdict_classes(verdict) + [""])[:2] if kind in ("class", "not separable") else ("", "")
