@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.labels import Titles, label
-from ..analysis.spectral_verdicts import verdict_classes
+from ..analysis.spectral_verdicts import kind_of_words, verdict_classes
 
 METRIC = {"spd": "SPD", "ilw": "ILW", "sime": "SimE", "error_at_2d1": "error / d", "r2_at_2d1": "R²"}
 AXIS = {
@@ -186,9 +186,11 @@ NEWTON_CLASS = "precond_gd"  # Fu et al.'s Newton from M_0 = alpha S (probe/anal
 
 
 def first_order_reading(verdict: str) -> bool:
-    """A spectral verdict (probe/analysis/spectral.py `summarise`) naming the first-order class."""
-    classes = verdict_classes(verdict)
-    return len(classes) <= 2 and all(c in FIRST_ORDER for c in classes)
+    """A spectral verdict (probe/analysis/spectral.py `summarise`; study.csv keeps its words) naming the
+    first-order class: GD or ridge, alone or not separated from the other."""
+    if kind_of_words(verdict) not in ("class", "not separable"):
+        return False
+    return all(c in FIRST_ORDER for c in verdict_classes(verdict))
 
 
 def replication(table: pd.DataFrame, x: str) -> list[dict[str, Any]]:
