@@ -10,12 +10,26 @@ cd "$(dirname "$0")/.."
 probe() { OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" PYTHONPATH="$PWD" "${PYTHON:-.venv/bin/python}" -m probe -q "$@"; }
 report() { probe report "$@" --force --no-cache; }
 # a checkpoint's evaluations under every Garg et al. prompt shift (probe/data/shifts.py), beside its eval/,
-# each with the learner the model tracks there (track.csv; probe/analysis/shift_tracking.py)
+# each with the learner the model tracks there (shift_tracking.csv; probe/analysis/shift_tracking.py)
 shifts() {
   for shift in random_quadrants opposite_quadrants orthogonal_train_test overlapping_train_test half_subspace skewed \
     scale_x=0.5 scale_x=2 scale_x=3 scale_y=0.5 scale_y=3 noisy; do
     probe evaluate "$1" --shift "$shift" --track --out "$1/eval-shift-${shift/=/-}" --force
   done
+}
+# every shipped checkpoint's error curve beside it in eval/ (checkpoints/README.md), and the ReLU
+# checkpoint's curves under input-mixture, parameter-mean and length shifts (640 prompts)
+evaluations() {
+  for dir in $(find checkpoints -path '*/eval' -type d | sort); do
+    probe evaluate "${dir%/eval}" --out "$dir" --force
+  done
+  local relu=checkpoints/gpt2-relu3
+  for mixture in 0.5,0.5 0.7,0.3 0.9,0.1; do
+    probe evaluate "$relu" --prompts 640 --mixture "$mixture" --out "$relu/eval-mixture-${mixture/,/-}" --force
+  done
+  probe evaluate "$relu" --prompts 640 --param-mean 0.5 --out "$relu/eval-param-mean-0.5" --force
+  probe evaluate "$relu" --prompts 640 --param-mean -0.5 --out "$relu/eval-param-mean-neg0.5" --force
+  probe evaluate "$relu" --prompts 640 --points 32 --out "$relu/eval-points-32" --force
 }
 
 # the trained checkpoints whose findings the README and docs/results.md quote: induced weights (the
@@ -46,6 +60,7 @@ declare -A JOBS=(
   [steer-default]="probe steer checkpoints/gpt2-default --out reports/steer-default --force"
   [order-lstm]="probe order checkpoints/lstm-default --out reports/order-lstm --force"
   [line-search-default]="probe heatmap checkpoints/gpt2-default --recipe analyses/line-search.toml --out reports/line-search-default --force"
+  [evaluations]="evaluations"
   [shifts-gpt2-default]="shifts checkpoints/gpt2-default"
   [shifts-lstm-default]="shifts checkpoints/lstm-default"
   [shifts-planted-gd]="shifts checkpoints/planted/gd"

@@ -14,7 +14,7 @@ from probe.cli import main
 from probe.core import budget
 from probe.core.config import Section, setting
 from probe.core.errors import ConfigError
-from probe.core.stages import AnalysisStage, StageTables, register_stage, unregister_stage
+from probe.core.stages import AnalysisStage, FieldsAsKeys, StageTables, register_stage, unregister_stage
 from probe.models.sizes import shape_of
 from probe.reporting.recipe import resolve_recipe
 
@@ -207,9 +207,15 @@ def test_the_same_name_twice_is_refused(registered):
         register_stage(MEAN.replace(title="another"))
 
 
-def test_a_merged_block_whose_field_is_already_a_summary_key_is_refused():
-    """A stage whose block's fields are top-level keys (the spine's) cannot take a key that is
-    summary.json's own or another stage's."""
+def _fields_as_keys(stage: AnalysisStage, **changes) -> FieldsAsKeys:
+    """`stage`'s declarations with `changes`, as a stage whose block's fields are summary.json keys."""
+    declared = {k: v for k, v in vars(stage).items() if not k.startswith("_")}
+    return FieldsAsKeys(**{**declared, **changes})
+
+
+def test_a_block_whose_field_is_already_a_summary_key_is_refused():
+    """A stage whose block's fields are top-level keys (the spine's, `FieldsAsKeys`) cannot take a
+    key that is summary.json's own or another stage's."""
     from dataclasses import make_dataclass
 
     from probe.core.stages import registered
@@ -218,7 +224,7 @@ def test_a_merged_block_whose_field_is_already_a_summary_key_is_refused():
     for field_name in ("readout", "verdicts"):
         block = make_dataclass("MeanMerged", [(field_name, list)])
         with pytest.raises(ConfigError, match=f"its summary.json key '{field_name}' is already taken"):
-            register_stage(MEAN.replace(name="mean_merged", settings=None, block=block, merged=True))
+            register_stage(_fields_as_keys(MEAN, name="mean_merged", settings=None, block=block))
 
 
 def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
@@ -233,8 +239,10 @@ def test_the_spine_is_registered_stages_whose_fields_are_top_level_keys():
 
     stages = registered()
     assert list(stages)[:5] == ["evaluate", "readout", "induced", "layers", "spectral"]
-    assert stages["layers"].merged and stages["layers"].settings is None
-    assert not stages["readout"].merged and stages["readout"].keys == ("readout",)
+    assert isinstance(stages["layers"], FieldsAsKeys) and stages["layers"].settings is None
+    assert stages["layers"].keys == ("best_match", "trend", "table1", "nulls", "span")
+    assert stages["evaluate"].keys == ("icl_error", "icl_r2") and stages["evaluate"].required_keys == ("icl_error",)
+    assert not isinstance(stages["readout"], FieldsAsKeys) and stages["readout"].keys == ("readout",)
     assert stages["induced"].block is None and stages["induced"].keys == ()
     assert not {"layers", "evaluate"} & set(resolve_recipe("quick").stages)
     # the spectral filter is one stage with its own section, block and key
@@ -265,20 +273,20 @@ class MeanCurves:
 
 
 @pytest.mark.slow
-def test_a_merged_stage_writes_its_fields_at_the_top_level_and_reads_back(ckpt, tmp_path):
-    """merged=True: the block's fields are summary.json keys of their own, valid against the
+def test_a_fields_as_keys_stage_writes_its_fields_at_the_top_level_and_reads_back(ckpt, tmp_path):
+    """FieldsAsKeys: the block's fields are summary.json keys of their own, valid against the
     schema with the stage registered, and read back as the Summary's attributes."""
 
     from probe.reporting.schema import Summary, check_summary
 
-    merged = MEAN.replace(
+    merged = _fields_as_keys(
+        MEAN,
         block=MeanCurves,
         summarise=lambda t, recipe: MeanCurves(
             t["mean_prediction"].n_examples.tolist(), t["mean_prediction"].mean_abs.tolist()
         ),
         findings=lambda block, summary: f"Mean |prediction| at the end: {block.mean_curve_abs[-1]:.3f}.",
         tables=None,
-        merged=True,
     )
     register_stage(merged)
     try:

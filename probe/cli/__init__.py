@@ -16,7 +16,6 @@ from ..core.stages import RESERVED
 
 COMMANDS = {
     "train": "Train an in-context regression model from a recipe",
-    "evaluate": "Error vs number of in-context examples, beside baselines",
     "inspect": "Format, shape and a quick error of a checkpoint",
     "capture": "Save predictions and activations for prompts in an .npz",
     "report": "Every analysis as one HTML report with summary.json",

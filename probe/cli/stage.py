@@ -1,9 +1,10 @@
 """The commands derived from the registered analyses (probe/core/stages.py `Command`): `icl-probe
 readout`, `heatmap`, `span`, `spectral`, `probes`, `order`, `steer`, ... Each runs its stage with
 the stages it needs, as a report runs them: the checkpoint and the report's recipe (`--recipe`,
-`--set`, then the command's flags) in; out, in one layout, the stage's own tables (<table>.csv), the
-data entries its `files` names (<entry>.json), <stage>_summary.json (its summary.json block under
-its key, the recipe run and provenance) and its figures, published only when all of it is written."""
+`--set`, then the command's flags) in; out (with --out; without it the command only prints), in one
+layout, the stage's own tables (<table>.csv), the data entries its `files` names (<entry>.json),
+<stage>_summary.json (its summary.json block under its key, the command's options, the recipe run
+and provenance) and its figures, published only when all of it is written."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def add_registered_parsers(sub, only: str | None = None) -> None:
                 default=str(DEFAULT_CHECKPOINT),
                 help="run directory (default: shipped default)",
             )
-            add_out(p, f"directory for its tables (CSV), figures and {name}_summary.json")
+            add_out(p, f"directory for its tables (CSV), figures and {name}_summary.json (none: print only)", False)
             for section, names in command_flags(declared, command):
                 add_flags(p, section, section_class(section), names)
             if command.arguments is not None:
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
     device, progress = check_device(args.device), not args.quiet
     only = {declared.name} if exact is None else running
-    options = dict(command.options)
+    options = dict(command.options(args) if callable(command.options) else command.options)
     built = run_stages(
         ckpt, recipe, device, StageCache(None), progress, only=only, on_done=note, given=exact, options=options
     )
@@ -130,30 +131,33 @@ def run(args: argparse.Namespace) -> int:
     summary = provenance(ckpt, recipe)  # what its findings read: its own block, the checkpoint and the recipe
     summary.stages = {declared.block_key: block}
     lines = command.show(tables, block) if command.show is not None else declared.findings(block, summary)
-    with writing(target) as out:
-        _write(out, declared, command, built.tables, built.data, own, block, ckpt, recipe)
-        declared.figures(built.tables, out, Context(ckpt, recipe, device, progress, earlier=built, options=options))
+    if target is not None:
+        with writing(target) as out:
+            _write(out, declared, command, built, own, block, ckpt, recipe, options)
+            declared.figures(built.tables, out, Context(ckpt, recipe, device, progress, earlier=built, options=options))
     for line in lines if isinstance(lines, list) else [lines]:
         if line:
             print(line)
-    print(f"wrote {target.path}")
+    if target is not None:
+        print(f"wrote {target.path}")
     return 0
 
 
-def _write(out, declared, command, tables, data, own: list[str], block, ckpt, recipe) -> None:
+def _write(out, declared, command, built, own: list[str], block, ckpt, recipe, options: dict) -> None:
     """The layout's files but the figures: the stage's own tables, its `files` entries and
-    <stage>_summary.json."""
+    <stage>_summary.json (its block, the command's options where it has any, the recipe, provenance)."""
     from ..core.provenance import display_path, stamp
     from ..reporting.schema import strict, to_json
 
     for name in own:
-        tables[name].to_csv(out / f"{name}.csv", index=False)
-    for name in (name for name in declared.files if name in data):
-        (out / f"{name}.json").write_text(json.dumps(data[name], indent=2) + "\n")
+        built.tables[name].to_csv(out / f"{name}.csv", index=False)
+    for name in (name for name in declared.files if name in built.data):
+        (out / f"{name}.json").write_text(json.dumps(built.data[name], indent=2) + "\n")
     written = {
         "command": command.name,
         "checkpoint": display_path(ckpt.path),
         declared.block_key: to_json(block),
+        **({"options": options} if options else {}),
         "recipe": recipe.to_dict(),
         **stamp(),
     }

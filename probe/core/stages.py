@@ -61,6 +61,9 @@ HOOKS = (
     "check",
     "refuses",
     "study_rows",
+    "entry_types",
+    "entries",
+    "from_entries",
 )
 DERIVED = (
     "command",
@@ -68,6 +71,7 @@ DERIVED = (
     "command_names",
     "block_key",
     "keys",
+    "required_keys",
     "enabled",
     "draw",
     "refusal",
@@ -96,7 +100,8 @@ class Command:
     adjust: (recipe, parsed arguments, checkpoint) -> the recipe the command runs, after its flags
         are applied; it may raise ConfigError for a value the checkpoint cannot take.
     options: what the stage's run reads of the command beside the recipe (`Context.options`: the
-        causal checks' parts, `icl-probe ablate` runs only the ablations).
+        causal checks' parts, `icl-probe ablate` runs only the ablations), as pairs or a function of
+        the parsed arguments (`icl-probe evaluate`'s shift); written to <stage>_summary.json.
     needs: the stages it runs first, where not the stage's `needs` (ablations read no best match).
     given: (parsed arguments) -> tables read from files in place of the stages that make them (patch's
         --map-from best_match.csv), or None; with tables given, the stages it needs are not run.
@@ -110,7 +115,7 @@ class Command:
     flags: tuple[tuple[str, Any], ...] | None = None
     arguments: Any = None
     adjust: Any = None
-    options: tuple[tuple[str, Any], ...] = ()
+    options: tuple[tuple[str, Any], ...] | Any = ()
     needs: tuple[str, ...] | None = None
     given: Any = None
     inputs: tuple[str, ...] = ()
@@ -142,13 +147,10 @@ class AnalysisStage:
     captions: (figure name, caption) under its figures on the page.
     key: its summary.json key where that is not its name (order: "order_sensitivity").
     cli: its command where that is not its name (steering: "steer").
-    commands: its commands, each a `Command` derived from it (probe/cli/stage.py: the read-outs'
-        `icl-probe readout`, the layers' `heatmap` and `span`, `spectral`) or the name of one written
-        by hand in probe/cli (the error curve's `evaluate`, the causal checks' `ablate` and `patch`);
-        none: a stage with its own section gets `icl-probe <command>` with a flag per field.
-    merged: whether its block's fields are top-level keys of summary.json (the spine's blocks:
-        icl_error, readout, best_match, ... as summary.json has always written them) rather than one
-        key holding the block.
+    commands: its commands, each a `Command` derived from it (probe/cli/stage.py: the error curve's
+        `icl-probe evaluate`, the read-outs' `readout`, the layers' `heatmap` and `span`, the causal
+        checks' `ablate` and `patch`); none: a stage with its own section gets `icl-probe <command>`
+        with a flag per field.
     files: entries of its `data` the report writes as data/<entry>.json (the layers' `trends`; a
         compared checkpoint's as data/compare_<entry>.json).
     papers: the papers whose methods it runs, cited by author and year with the paper's section
@@ -170,8 +172,7 @@ class AnalysisStage:
     captions: tuple[tuple[str, str], ...] = ()
     key: str = ""
     cli: str = ""
-    commands: tuple[Command | str, ...] = ()
-    merged: bool = False
+    commands: tuple[Command, ...] = ()
     files: tuple[str, ...] = ()
     papers: tuple[str, ...] = ()
 
@@ -298,28 +299,41 @@ class AnalysisStage:
         """The commands derived from it (probe/cli/stage.py): its `Command`s, or with none declared and
         a section of its own, `icl-probe <command>` with a flag per field."""
         if self.commands:
-            return tuple(c for c in self.commands if isinstance(c, Command))
+            return tuple(self.commands)
         return (Command(self.command),) if self.settings is not None else ()
 
     @property
     def command_names(self) -> tuple[str, ...]:
-        """Every command that runs it: derived or written by hand."""
-        return tuple(c.name if isinstance(c, Command) else c for c in self.commands) or tuple(
-            c.name for c in self.derived_commands
-        )
+        """Every command that runs it."""
+        return tuple(c.name for c in self.derived_commands)
 
     @property
     def block_key(self) -> str:
-        """Its block's key in summary.json (its key in a Summary's `stages` when `merged`)."""
+        """Its block's key in a Summary's `stages` (and in summary.json, by `entry_types`)."""
         return self.key or self.name
 
     @property
     def keys(self) -> tuple[str, ...]:
-        """The summary.json keys its block takes: the block's fields when merged, else its key (none for
-        a provider)."""
-        if self.block is None:
-            return ()
-        return tuple(f.name for f in dataclasses.fields(self.block)) if self.merged else (self.block_key,)
+        """The summary.json keys its block takes (none for a provider)."""
+        return tuple(self.entry_types()) if self.block is not None else ()
+
+    def entry_types(self) -> dict[str, Any]:
+        """summary.json key -> the type of its value, for the keys its block takes (the schema's
+        properties): the block under its key."""
+        return {self.block_key: self.block}
+
+    def entries(self, block: Any) -> dict[str, Any]:
+        """Its block as summary.json entries, key -> value (left out: nothing to write)."""
+        return {self.block_key: block}
+
+    def from_entries(self, values: dict[str, Any]) -> Any:
+        """Its block from the entries summary.json has of `entry_types` (each read as its type)."""
+        return values.get(self.block_key)
+
+    @property
+    def required_keys(self) -> tuple[str, ...]:
+        """Its keys summary.json must hold where it runs in every report (no section of its own)."""
+        return self.keys
 
     def enabled(self, recipe: Any) -> bool:
         """Whether the recipe switches it on (a stage with no section of its own always runs)."""
@@ -338,6 +352,36 @@ class AnalysisStage:
     def overrides(self, hook: str) -> bool:
         """Whether it gives its own `hook` (a method of HOOKS) rather than the base's default."""
         return hook in vars(self) or getattr(type(self), hook) is not getattr(AnalysisStage, hook)
+
+
+class FieldsAsKeys(AnalysisStage):
+    """A stage whose block's fields are summary.json keys of their own rather than one key holding
+    the block: the report's spine (the error curve's `icl_error`, the layer analyses' `best_match`,
+    `trend`, `table1`, ...), as summary.json has always written them."""
+
+    def entry_types(self) -> dict[str, Any]:
+        hints = typing.get_type_hints(self.block)
+        return {f.name: hints[f.name] for f in dataclasses.fields(self.block)}
+
+    def entries(self, block: Any) -> dict[str, Any]:
+        """Its block's fields, those with OMIT metadata left out when None."""
+        return {
+            f.name: getattr(block, f.name)
+            for f in dataclasses.fields(block)
+            if not (f.metadata.get("omit_if_none") and getattr(block, f.name) is None)
+        }
+
+    def from_entries(self, values: dict[str, Any]) -> Any:
+        return self.block(**values)
+
+    @property
+    def required_keys(self) -> tuple[str, ...]:
+        """Its block's fields without a default."""
+        return tuple(
+            f.name
+            for f in dataclasses.fields(self.block)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
 
 
 class StageTables(dict):
@@ -390,7 +434,7 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
         raise ConfigError(f"{what}: a stage name is lower-case letters, digits and '_', starting with a letter")
     # its recipe section, command and summary.json key (with settings); its keys are checked below
     claimed = {stage.name, stage.command.replace("-", "_")} if stage.settings is not None else set()
-    if claimed & (RESERVED - {c for c in stage.commands if isinstance(c, str)}):
+    if claimed & RESERVED:
         raise ConfigError(f"{what}: the name is a built-in recipe section, command or summary.json key; choose another")
     if STAGES.get(stage.name, stage) is not stage:
         raise ConfigError(f"{what} is already registered by another declaration; choose another name")

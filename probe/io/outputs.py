@@ -92,7 +92,6 @@ def clean_stale(parent: Path, pattern: re.Pattern = STAGING_NAME) -> None:
 # commands derived from stages add theirs when they run (probe/cli/stage.py `writes`).
 WRITES: dict[str, tuple[str, ...]] = {
     "report": ("index.html", "summary.json", "recipe.json", "figures/*", "data/*"),
-    "evaluate": ("eval.csv", "eval.png", "eval.json"),
     "resolution": ("resolution.csv", "resolution.png", "run.json"),
     "planted": ("config.json", "model.safetensors"),
     "export": ("config.yaml", "state.pt"),

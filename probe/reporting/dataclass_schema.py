@@ -10,7 +10,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ..core.stages import by_block_key
 
-MERGED = {"merged": True}  # field metadata: a dict of the registered stages' blocks, written at the top level
+STAGE_BLOCKS = {"stage_blocks": True}  # field metadata: a dict of the registered stages' blocks, each as its `entries`
 
 
 def schema_of(kind: Any, defs: dict[str, Any]) -> dict[str, Any]:
@@ -55,11 +55,11 @@ def dataclass_schema(kind: type, defs: dict[str, Any]) -> dict[str, Any]:
     properties: dict[str, Any] = {}
     required: list[str] = []
     for f in fields(kind):
-        if f.metadata.get("merged"):  # the registered analyses' blocks (those that always run: required)
+        if f.metadata.get("stage_blocks"):  # the registered analyses' blocks (those that always run: required)
             for stage in by_block_key().values():
                 properties.update(block_properties(stage, defs))
                 if stage.settings is None:  # a stage that runs in every report: its keys are required
-                    required += _required(stage.block) if stage.merged else [stage.block_key]
+                    required += stage.required_keys
         else:
             properties[f.name] = schema_of(hints[f.name], defs)
             required += _required(kind, f.name)
@@ -80,8 +80,5 @@ def _required(kind: type, *names: str) -> list[str]:
 
 
 def block_properties(stage: Any, defs: dict[str, Any]) -> dict[str, Any]:
-    """The summary.json properties of a registered stage's block: its key, or its fields when merged."""
-    if not stage.merged:
-        return {stage.block_key: schema_of(stage.block, defs)}
-    hints = get_type_hints(stage.block)
-    return {f.name: schema_of(hints[f.name], defs) for f in fields(stage.block)}
+    """The summary.json properties of a registered stage's block (its `entry_types`)."""
+    return {key: schema_of(kind, defs) for key, kind in stage.entry_types().items()}

@@ -67,14 +67,14 @@ def evidence_frame(questions: Iterable[Question]) -> pd.DataFrame:
 
 
 def _rows(summary: Summary | Any, a: str, b: str) -> list[EvidenceRow]:
-    """Each analysis's rows on "a or b?", in report order; a merged analysis (the layer analyses)
-    reads its fields from the summary itself (`summary`: a Summary, or any object with its attributes). A row
+    """Each analysis's rows on "a or b?", in report order, from the analyses that ran (`summary`: a
+    Summary, or any object with its attributes and `stages`). A row
     whose known answers (`validity.Domain`) do not cover the model's conditions is marked
     "unvalidated here" with the conditions outside."""
     rows, model = [], conditions(summary)
     for key, stage in by_block_key().items():
         block = summary.stages.get(key)
-        if block is not None or stage.merged:
+        if block is not None:
             for row in stage.evidence(block, summary, a, b):
                 domain = row.pop("domain", None)
                 out = domain.outside(model) if domain is not None and row.get("validated_on") else []

@@ -19,7 +19,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from ..analysis.labels import sweep_titles
 from ..core.errors import ConfigError
 from ..core.stages import DEFINITIONS, OMIT, RESERVED, SUMMARY_KEYS, by_block_key, dataclasses_in
-from .dataclass_schema import MERGED, block_properties
+from .dataclass_schema import STAGE_BLOCKS, block_properties
 
 SCHEMA_VERSION = 9  # 3: `verdicts`; 4: `spectral`, `evidence`, verdicts' `winner`; 5: trend and probe intervals, map checks' `confirmed`; 6: evidence status, reason, knob and validity domains, the error curve's margin over trivial predictors; 7: evidence rows' `closest` (favours "neither"), the spectral fits' non_filter_uncorrected, best_non_filter and two-class blends; 8: `not_measured` (stages switched on that cannot run on the checkpoint); 9: the spectral verdicts as data (`kind`, `best_class`, `other_class`) and each bin variable's own `verdict`
 
@@ -32,9 +32,9 @@ def to_json(value: Any) -> Any:
         out: dict[str, Any] = {}
         for f in fields(value):
             item = getattr(value, f.name)
-            if f.metadata.get("merged"):  # registered analyses' blocks: each under its key, or merged
+            if f.metadata.get("stage_blocks"):  # registered analyses' blocks: each as its stage's entries
                 for key, block in item.items():
-                    out.update(to_json(block) if by_block_key()[key].merged else {key: to_json(block)})
+                    out.update({name: to_json(v) for name, v in by_block_key()[key].entries(block).items()})
             elif not (f.metadata.get("omit_if_none") and item is None):
                 out[f.name] = to_json(item)
         return out
@@ -186,7 +186,7 @@ class Summary:
     seed: int
     timings: dict[str, float]
     cached_stages: list[str]
-    stages: dict[str, Any] = field(default_factory=dict, metadata=MERGED)  # registered analyses' blocks
+    stages: dict[str, Any] = field(default_factory=dict, metadata=STAGE_BLOCKS)  # registered analyses' blocks
     not_measured: list[NotMeasured] | None = field(default=None, metadata=OMIT)  # switched on, cannot run here
     verdicts: list[Verdict] | None = field(default=None, metadata=OMIT)
     evidence: list[EvidenceQuestion] | None = field(default=None, metadata=OMIT)
@@ -203,15 +203,14 @@ class Summary:
         return sweep_titles([*recipe.get("sweeps", []), *forgetting])
 
     def __getattr__(self, name: str) -> Any:
-        """A registered analysis's block as an attribute, as a built-in one: `summary.probes`, and
-        a merged block's fields, `summary.readout` (None when that analysis did not run)."""
+        """A registered analysis's summary.json entry as an attribute, as a built-in one:
+        `summary.probes`, `summary.best_match` (None when that analysis did not run)."""
         stages = self.__dict__.get("stages")
         if stages is not None:
             for key, stage in by_block_key().items():
-                if stage.merged and name in stage.keys:
-                    return getattr(stages.get(key), name, None)
-                if not stage.merged and name == key:
-                    return stages.get(key)
+                if name in stage.keys:
+                    block = stages.get(key)
+                    return None if block is None else stage.entries(block).get(name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
@@ -222,14 +221,13 @@ class Summary:
         summary = from_json(cls, data)
         summary.stages = {}
         for key, stage in by_block_key().items():
-            if stage.merged and any(name in data for name in stage.keys):
-                summary.stages[key] = from_json(stage.block, data)
-            elif not stage.merged and key in data:
-                summary.stages[key] = from_json(stage.block, data[key])
+            values = {name: from_json(kind, data[name]) for name, kind in stage.entry_types().items() if name in data}
+            if values:
+                summary.stages[key] = stage.from_entries(values)
         return summary
 
 
-SUMMARY_KEYS.update(f.name for f in fields(Summary) if not f.metadata.get("merged"))
+SUMMARY_KEYS.update(f.name for f in fields(Summary) if not f.metadata.get("stage_blocks"))
 RESERVED.update(SUMMARY_KEYS)
 DEFINITIONS.update(dataclasses_in(Summary))
 

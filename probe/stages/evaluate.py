@@ -2,10 +2,13 @@
 in-context examples beside least squares, 3-NN and averaging (Wu et al. 2024, Fig. 2), and on ReLU-network
 tasks R^2 beside training the task's network directly (Wu et al. 2024, App. G). It has no recipe section
 of its own ([prompts].curve sets its size) and runs in every report; its blocks, icl_error and
-icl_r2, are top-level keys of summary.json."""
+icl_r2, are top-level keys of summary.json. Its command, `icl-probe evaluate`, also takes the prompt
+shifts of Garg et al. and which learner the model tracks under one (the command's options)."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,13 +23,133 @@ from ..analysis.evaluate import (
     paired_error_difference,
     plot_error_curve,
     r2_curve,
+    shifted_error_curve,
 )
 from ..core import budget
-from ..core.stages import OMIT, AnalysisStage, register_stage
+from ..core.errors import ConfigError
+from ..core.stages import OMIT, Command, FieldsAsKeys, StageTables, register_stage
 from ..models.sizes import shape_of
 from ..reporting import figures as plots
 from ..reporting.columns import column, columns
 from .sections import template_page
+
+CURVE_OPTIONS = ("points", "mixture", "param_mean", "shift", "track", "epochs", "direct_prompts")
+
+
+def _curve_arguments(p: argparse.ArgumentParser) -> None:
+    """`icl-probe evaluate`'s arguments beside --prompts and --seed (its options)."""
+    from ..cli.common import positive_int
+
+    p.add_argument(
+        "--points", type=positive_int, default=None, help="examples per prompt (default: the training task's)"
+    )
+    p.add_argument("--mixture", help="input mixture weights w1,w2 of w1 N(-2,I) + w2 N(2,I) (ReLU tasks)")
+    p.add_argument("--param-mean", type=float, help="mean of the network parameters (ReLU tasks)")
+    p.add_argument(
+        "--shift",
+        metavar="NAME[=VALUE]",
+        help="one of Garg et al.'s evaluation prompt families (linear tasks; probe/data/shifts.py)",
+    )
+    p.add_argument(
+        "--track",
+        action="store_true",
+        help="with --shift: which reference learner the model tracks under the shift, each at the member matched "
+        "to the model in distribution (probe/analysis/shift_tracking.py); writes shift_tracking.csv",
+    )
+    p.add_argument("--epochs", type=positive_int, default=None, help="direct-training epochs (ReLU tasks, default 100)")
+    p.add_argument(
+        "--direct-prompts",
+        type=positive_int,
+        default=None,
+        help="prompts the direct-training baseline runs on (ReLU tasks, default 256)",
+    )
+
+
+def _curve_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options `icl-probe evaluate` was given (those left at their defaults are left out)."""
+    given = {name: getattr(args, name) for name in CURVE_OPTIONS}
+    return {name: value for name, value in given.items() if value not in (None, False)}
+
+
+def _checked_curve(recipe, args: argparse.Namespace, ckpt):
+    """The command's options refused before any work where the checkpoint cannot take them."""
+    task = evaluated_task(ckpt.config.task, _curve_options(args))
+    if args.points and args.points > ckpt.config.model.n_positions:
+        raise ConfigError(f"--points {args.points} exceeds the model's {ckpt.config.model.n_positions} positions")
+    if args.track and args.shift is None:
+        raise ConfigError("--track compares learners under a shift: give --shift NAME[=VALUE] too")
+    if args.shift is not None:
+        from ..data.shifts import parse_shift
+
+        parse_shift(args.shift)
+        if task.name != "linear_regression" or task.covariance != "isotropic":
+            raise ConfigError(f"--shift applies to isotropic linear regression; this checkpoint's task is {task.name}")
+    return recipe
+
+
+def evaluated_task(task, options: dict[str, Any]):
+    """The checkpoint's task with the options' distribution shifts applied (mixture weights and
+    parameter mean of ReLU-network tasks, the number of examples)."""
+    changes: dict[str, Any] = {}
+    if options.get("mixture") is not None:
+        try:
+            changes["mixture_weights"] = tuple(float(v) for v in options["mixture"].split(","))
+        except ValueError:
+            raise ConfigError(f"--mixture must look like 0.9,0.1, got {options['mixture']!r}") from None
+    if options.get("param_mean") is not None:
+        changes["param_mean"] = options["param_mean"]
+    if changes and task.name != "relu_network":
+        raise ConfigError("--mixture and --param-mean apply to ReLU-network tasks only")
+    if options.get("points"):
+        changes["n_points"] = options["points"]
+    return dataclasses.replace(task, **changes) if changes else task
+
+
+def _show_curve(t: StageTables, block) -> list[str]:
+    """The curves as tables, and under a shift with --track the learners and which one the model tracks."""
+    ckpt = t.ckpt
+    task = ckpt.config.task
+    number = lambda v: f"{v:.4f}"
+    lines = [f"{ckpt.path} ({ckpt.format}, {task.name}, d={task.n_dims}); squared error / d:"]
+    lines.append(t["icl_error"].to_string(index=False, float_format=number))
+    if "icl_r2" in t:
+        lines += ["R^2:", t["icl_r2"].to_string(index=False, float_format=number)]
+    if "shift_tracking" in t:
+        lines.append(
+            t["shift_tracking"].drop(columns="shift").to_string(index=False, float_format=lambda v: f"{v:.4g}")
+        )
+        lines.append(t.data["shift_tracking"]["words"])
+    return lines
+
+
+EVALUATE = Command(
+    "evaluate",
+    help="Error vs number of in-context examples, beside baselines",
+    doc="""Squared error / d against the number of in-context examples, beside least squares,
+3-nearest neighbours and averaging, with a bootstrap 5-95% band for the model (icl_error.csv,
+icl_error.png). For ReLU-network tasks also R^2 (scikit-learn's, over prompts, per number of
+examples) beside training the N-layer network directly on each prompt's examples (Wu et al. 2024,
+App. G; icl_r2.csv). Shifts: --mixture (input mixture weights), --param-mean (network parameter
+mean), --points beyond the training length (ReLU tasks); --shift NAME[=VALUE], Garg et al.'s
+evaluation prompt families for isotropic linear regression (probe/data/shifts.py: random_quadrants,
+opposite_quadrants, orthogonal_train_test, overlapping_train_test, half_subspace, skewed,
+scale_x=S, scale_y=S, noisy=SIGMA), every baseline asked the same shifted queries; with --track,
+which reference learner (each at its member matched to the model in distribution) the model
+tracks under the shift (probe/analysis/shift_tracking.py: shift_tracking.csv and .json).
+evaluate_summary.json holds the curves, the options given, the recipe and provenance.
+
+examples:
+  icl-probe evaluate checkpoints/gpt2-default
+  icl-probe evaluate checkpoints/gpt2-default --prompts 1280 --seed 0 --out /tmp/eval
+  icl-probe evaluate checkpoints/gpt2-relu3 --mixture 0.7,0.3 --param-mean 0.5 --points 32
+  icl-probe evaluate checkpoints/gpt2-default --shift scale_x=3 --out /tmp/eval-scale3
+  icl-probe evaluate checkpoints/planted/gd --shift scale_x=3 --track""",
+    flags=(("prompts", {"curve": "prompts", "seed": "seed"}),),
+    arguments=_curve_arguments,
+    adjust=_checked_curve,
+    options=_curve_options,
+    show=_show_curve,
+)
 
 
 @dataclass
@@ -56,7 +179,7 @@ class Evaluation:
     icl_r2: dict[str, list] | None = field(default=None, metadata=OMIT)
 
 
-class EvaluateStage(AnalysisStage):
+class EvaluateStage(FieldsAsKeys):
     """Error curve: the report's `evaluate` stage (module docstring)."""
 
     name = "evaluate"
@@ -69,15 +192,55 @@ class EvaluateStage(AnalysisStage):
     description = (
         "The model's in-context error against the number of examples, beside least squares, 3-NN and averaging."
     )
-    commands = ("evaluate",)
-    merged = True
+    commands = (EVALUATE,)
+    files = ("shift_tracking",)
 
-    def run(self, c) -> dict[str, pd.DataFrame]:
-        task, prompts = c.ckpt.config.task, c.recipe.prompts
-        tables = {"icl_error": error_curve(c.ckpt.model, task, prompts.curve, prompts.seed, device=c.device)}
+    def run(self, c) -> StageTables:
+        """The curves on [prompts].curve prompts; `icl-probe evaluate`'s options (`CURVE_OPTIONS`)
+        shift the task or the prompts (a report gives none)."""
+        o, prompts, model = c.options, c.recipe.prompts, c.ckpt.model
+        task, points = evaluated_task(c.ckpt.config.task, o), o.get("points")
+        if o.get("shift") is not None:
+            curve = shifted_error_curve(model, task, o["shift"], None, prompts.curve, prompts.seed, points, c.device)
+            if not o.get("track"):
+                return StageTables({"icl_error": curve})
+            table, answer = self._tracking(c, task)
+            return StageTables({"icl_error": curve, "shift_tracking": table}, {"shift_tracking": answer})
+        tables = {"icl_error": error_curve(model, task, prompts.curve, prompts.seed, points, device=c.device)}
         if task.name == "relu_network":  # Wu et al. 2024, App. G: R^2 beside direct training of the network
-            tables["icl_r2"] = r2_curve(c.ckpt.model, task, prompts.curve, prompts.seed, device=c.device)
-        return tables
+            tables["icl_r2"] = r2_curve(
+                model,
+                task,
+                prompts.curve,
+                prompts.seed,
+                points,
+                device=c.device,
+                epochs=o.get("epochs", DIRECT_EPOCHS),
+                direct_prompts=o.get("direct_prompts", DIRECT_PROMPTS),
+                progress=c.progress,
+            )
+        return StageTables(tables)
+
+    @staticmethod
+    def _tracking(c, task) -> tuple[pd.DataFrame, dict[str, Any]]:
+        """(the shift tracking's table, its answer): which learner the model tracks under the
+        command's shift (probe/analysis/shift_tracking.py)."""
+        from ..analysis.shift_tracking import track_under_shift, tracking_words
+
+        prompts = c.recipe.prompts
+        tracking = track_under_shift(c.ckpt.model, task, c.options["shift"], prompts.curve, prompts.seed, c.device)
+        best = tracking.best
+        answer = {
+            "tracks": tracking.tracks,
+            "runner_up": tracking.runner_up,
+            "criterion": best.criterion,
+            "difference": best.difference,
+            "ci_low": best.low,
+            "ci_high": best.high,
+            "separable": tracking.separable,
+            "words": tracking_words(tracking),
+        }
+        return tracking.table, answer
 
     def summarise(self, t, recipe) -> Evaluation:
         r2 = {name: column(t["icl_r2"], name) for name in t["icl_r2"].columns} if "icl_r2" in t else None

@@ -19,7 +19,7 @@ from ..analysis.pipeline import InducedWeights, LayerSettings, match_layers
 from ..core import budget
 from ..core.errors import ConfigError
 from ..core.registry import unknown_name_message
-from ..core.stages import AnalysisStage, Command, StageTables, register_stage
+from ..core.stages import Command, FieldsAsKeys, StageTables, register_stage
 from ..io.outputs import safe_name
 from ..models.constructions import CONSTRUCTIONS
 from ..models.sizes import shape_of
@@ -326,7 +326,7 @@ examples:
 )
 
 
-class LayersStage(AnalysisStage):
+class LayersStage(FieldsAsKeys):
     """Layers vs reference learners: the report's `layers` stage (module docstring)."""
 
     name = "layers"
@@ -343,7 +343,6 @@ class LayersStage(AnalysisStage):
     reads = SECTIONS
     needs = ("readout", "induced")
     commands = (HEATMAP, SPAN)
-    merged = True
     files = ("trends",)
 
     def run(self, c) -> StageTables:
