@@ -83,14 +83,14 @@ def evidence(report: str, question: int | None = None) -> str:
 
 def shift_table(checkpoint: str) -> str:
     """A checkpoint's evaluations under Garg et al.'s prompt shifts (checkpoints/<name>/eval-shift-*/
-    eval.csv, `icl-probe evaluate --shift`) as markdown: per shift, error / d at 2d+1 examples (or
+    icl_error.csv, `icl-probe evaluate --shift`) as markdown: per shift, error / d at 2d+1 examples (or
     the last number of examples the shift defines) for the model with its 90% band and the baselines."""
     import csv
 
     folder = REPO / "checkpoints" / checkpoint
     d = json.loads((folder / "config.json").read_text())["config"]["task"]["n_dims"]
     rows = ["| shift | t | model [90% band] | least squares | 3-NN | averaging |", "|---|---|---|---|---|---|"]
-    for path in sorted(folder.glob("eval-shift-*/eval.csv")):
+    for path in sorted(folder.glob("eval-shift-*/icl_error.csv")):
         with path.open() as f:
             table = [r for r in csv.DictReader(f) if r["model"] not in ("", "nan")]
         row = next((r for r in table if int(r["n_examples"]) == 2 * d + 1), table[-1])
@@ -103,8 +103,8 @@ def shift_table(checkpoint: str) -> str:
 
 
 def track_table(checkpoint: str) -> str:
-    """Which learner family a checkpoint tracks under each shift (eval-shift-*/track.csv and the
-    `track` record of eval.json, `icl-probe evaluate --shift S --track`) as markdown."""
+    """Which learner family a checkpoint tracks under each shift (eval-shift-*/shift_tracking.csv and
+    its answer, shift_tracking.json: `icl-probe evaluate --shift S --track`) as markdown."""
     import csv
 
     folder = REPO / "checkpoints" / checkpoint
@@ -113,8 +113,8 @@ def track_table(checkpoint: str) -> str:
         "(criterion) | model diverged | diverged, not with the model |",
         "|---|---|---|---|---|---|",
     ]
-    for path in sorted(folder.glob("eval-shift-*/track.csv")):
-        record = json.loads((path.parent / "eval.json").read_text())["track"]
+    for path in sorted(folder.glob("eval-shift-*/shift_tracking.csv")):
+        record = json.loads(path.with_suffix(".json").read_text())
         with path.open() as f:
             table = {r["family"]: r for r in csv.DictReader(f)}
         first = table[record["tracks"]]
@@ -153,12 +153,12 @@ def token_table(report: str) -> str:
 
 
 def number_csv(checkpoint: str, shift: str, fmt: str = ".3g") -> str:
-    """The model's error / d at 2d+1 examples under one shift (eval-shift-<shift>/eval.csv)."""
+    """The model's error / d at 2d+1 examples under one shift (eval-shift-<shift>/icl_error.csv)."""
     import csv
 
     folder = REPO / "checkpoints" / checkpoint
     d = json.loads((folder / "config.json").read_text())["config"]["task"]["n_dims"]
-    with (folder / f"eval-shift-{shift}" / "eval.csv").open() as f:
+    with (folder / f"eval-shift-{shift}" / "icl_error.csv").open() as f:
         row = next(r for r in csv.DictReader(f) if int(r["n_examples"]) == 2 * d + 1)
     return format(float(row["model"]), fmt)
 

@@ -15,8 +15,11 @@ def test_train_then_evaluate_from_cli(tmp_path, capsys):
     assert main(["-q", "evaluate", str(run), "--prompts", "16", "--out", str(tmp_path / "eval")]) == 0
     out = capsys.readouterr().out
     assert "n_examples" in out and "least_squares" in out
-    frame = pd.read_csv(tmp_path / "eval" / "eval.csv")
-    assert len(frame) == 8 and (tmp_path / "eval" / "eval.png").stat().st_size > 1000
+    frame = pd.read_csv(tmp_path / "eval" / "icl_error.csv")
+    assert len(frame) == 8 and (tmp_path / "eval" / "icl_error.png").stat().st_size > 1000
+    written = json.loads((tmp_path / "eval" / "evaluate_summary.json").read_text())
+    assert written["evaluate"]["icl_error"]["model"] == pytest.approx(frame.model.tolist(), rel=1e-12)
+    assert written["recipe"]["prompts"]["curve"] == 16 and "options" not in written
 
 
 def test_bad_inputs_exit_nonzero_with_one_message(tmp_path, capsys):

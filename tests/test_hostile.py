@@ -307,7 +307,7 @@ case("evaluate-mixture-words", ["evaluate", "relu", "--mixture", "a,b"], "--mixt
 case("evaluate-mixture-sum", ["evaluate", "relu", "--mixture", "0.9,0.3"], "summing to 1")
 case("evaluate-mixture-inf", ["evaluate", "relu", "--mixture", "inf,0"], "mixture_weights")
 case("evaluate-points-zero", ["evaluate", "ck", "--points", "0"], "positive integer")
-case("evaluate-prompts-negative", ["evaluate", "ck", "--prompts", "-3"], "positive integer")
+case("evaluate-prompts-negative", ["evaluate", "ck", "--prompts", "-3"], "prompts.curve must be an integer >= 1, got -3")
 case("evaluate-points-beyond", ["evaluate", "ck", "--points", "99"], "exceeds the model")
 case("evaluate-unknown-flag", ["evaluate", "ck", "--promts", "3"], "unrecognized arguments")
 case("inspect-prompts-huge", ["inspect", "ck", "--prompts", "1000000000"], "error: prompts = 1000000000 would need")
@@ -422,7 +422,7 @@ case("patch-over-input", ["patch", "ck", "--out", "ck"], "input itself")
 
 
 # ---- --force writes only names icl-probe owns, and every input is protected
-FORCE_OWN = {"evaluate": "eval.csv", "readout": "readout.csv", "heatmap": "best_match.csv", "span": "span.png",
+FORCE_OWN = {"evaluate": "icl_error.csv", "readout": "readout.csv", "heatmap": "best_match.csv", "span": "span.png",
              "probes": "probes.csv", "report": "index.html"}
 for cmd, name in FORCE_OWN.items():
     case(f"{cmd}-force-over-a-users-{name}", [*DIR_COMMANDS[cmd], "--out", "userdir", "--force"],
@@ -462,7 +462,8 @@ for override, culprit in (("prompts=1000000000", "study prompts = 1000000000 wit
                + '[[compare]]\nlabel = "ls"\nlearner = "least_squares"\n'))
 # ---- trust round 4
 HUGE_SEED = str(10**20)
-case("evaluate-seed-above-2^63", ["evaluate", "ck", "--prompts", "8", "--seed", HUGE_SEED, "--out", "ev"], "--seed")
+case("evaluate-seed-above-2^63", ["evaluate", "ck", "--prompts", "8", "--seed", HUGE_SEED, "--out", "ev"],
+     r"prompts.seed must be an integer in 0..2\^63-1")
 case("report-seed-above-2^63", ["report", "ck", "--out", "rep", "--set", f"prompts.seed={HUGE_SEED}"], "prompts.seed")
 case("train-seed-above-2^63", ["train", "--recipe", "r.toml", "--out", "new", "--set", f"train.seed={HUGE_SEED}"],
      "train.seed", write("r.toml", "[train]\nsteps = 2\n"))
@@ -475,7 +476,7 @@ case("garg-yaml-deep", ["inspect", "garg"], "config.yaml: config.yaml is nested"
 # ---- affordability: refused before any work or output, naming the knob (probe/core/budget.py)
 BIG = "1000000000"
 case("afford-ablate-bootstrap", ["ablate", "ck", "--out", "o", "--bootstrap", BIG], r"^icl-probe ablate: error: bootstrap = 1000000000 on ck would need about [\d.]+ [GTP]B of memory")
-case("afford-evaluate-prompts", ["evaluate", "ck", "--out", "o", "--prompts", BIG], "prompts = 1000000000 would need")
+case("afford-evaluate-prompts", ["evaluate", "ck", "--out", "o", "--prompts", BIG], "prompts.curve = 1000000000 on ck would need")
 case("afford-ablate-prompts", ["ablate", "ck", "--out", "o", "--prompts", BIG], "interventions.prompts = 1000000000")
 case("afford-patch-prompts", ["patch", "ck", "--out", "o", "--prompts", BIG], "interventions.patch_prompts = 1000000000")
 case("afford-probes-hidden", ["probes", "ck", "--out", "o", "--hidden", "100000000"], "probes.hidden = 100000000")

@@ -1,5 +1,6 @@
 """The batched direct-training baseline for ReLU-network tasks (Wu et al. 2024, App. G)."""
 
+import json
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -74,11 +75,13 @@ def test_evaluate_cli_on_a_relu_task_with_shifts(tmp_path, capsys):
                  "--set", "train.steps=5", "--out", str(run)]) == 0
     assert main(["-q", "evaluate", str(run), "--prompts", "32", "--epochs", "5", "--mixture", "0.5,0.5",
                  "--param-mean", "0.5", "--out", str(tmp_path / "e")]) == 0
-    frame = pd.read_csv(tmp_path / "e" / "eval.csv")
+    frame = pd.read_csv(tmp_path / "e" / "icl_r2.csv")
     assert list(frame.columns) == ["n_examples", "model", "model_lo", "model_hi", "direct", "direct_best_epoch",
                                    "least_squares", "knn3"]
     assert (frame.direct_best_epoch >= frame.direct - 1e-12).all()
-    assert "R^2 over 32 prompts" in capsys.readouterr().out
+    assert "R^2:" in capsys.readouterr().out
+    options = json.loads((tmp_path / "e" / "evaluate_summary.json").read_text())["options"]
+    assert options == {"mixture": "0.5,0.5", "param_mean": 0.5, "epochs": 5}
     assert main(["evaluate", str(REPO / "checkpoints" / "gpt2-default"), "--mixture", "0.5,0.5"]) == 2
     assert "apply to ReLU-network tasks only" in capsys.readouterr().err
 

@@ -186,8 +186,8 @@ def test_publishing_is_one_atomic_exchange(tmp_path, monkeypatch):
     def build(text: str, stop_at=None) -> None:
         target = OutputTarget(out, "evaluate")
         staged = target.stage()
-        (staged / "eval.csv").write_text(text)
-        (staged / "eval.json").write_text(text)
+        (staged / "icl_error.csv").write_text(text)
+        (staged / "evaluate_summary.json").write_text(text)
         if stop_at is not None:
             monkeypatch.setattr(outputs.shutil, "rmtree", stop_at)
         try:
@@ -206,16 +206,16 @@ def test_publishing_is_one_atomic_exchange(tmp_path, monkeypatch):
 
     with pytest.raises(Killed):  # killed right after the exchange, before the earlier output is deleted
         build("new", stop_at=kill)
-    assert (out / "eval.csv").read_text() == (out / "eval.json").read_text() == "new"
+    assert (out / "icl_error.csv").read_text() == (out / "evaluate_summary.json").read_text() == "new"
     monkeypatch.setattr(outputs.os, "replace", kill)
     monkeypatch.setattr(outputs, "exchange", lambda a, b: (_ for _ in ()).throw(Killed()))
     target = OutputTarget(out, "evaluate")
     staged = target.stage()
-    (staged / "eval.csv").write_text("newer")
+    (staged / "icl_error.csv").write_text("newer")
     with pytest.raises(Killed):  # killed at the exchange itself: nothing moved
         target.publish(staged)
     monkeypatch.undo()
-    assert (out / "eval.csv").read_text() == "new" and json.loads((out / ".icl-probe-output.json").read_text())
+    assert (out / "icl_error.csv").read_text() == "new" and json.loads((out / ".icl-probe-output.json").read_text())
 
 
 @pytest.mark.slow

@@ -110,9 +110,9 @@ def test_evaluate_cli_runs_a_shift_and_refuses_a_bad_one(tmp_path, capsys):
                  "--out", str(tmp_path / "e")]) == 0
     import pandas as pd
 
-    frame = pd.read_csv(tmp_path / "e" / "eval.csv")
+    frame = pd.read_csv(tmp_path / "e" / "icl_error.csv")
     assert set(frame["shift"]) == {"scale_x=3"} and frame.model.iloc[-1] > 9
-    assert json.loads((tmp_path / "e" / "eval.json").read_text())["shift"] == "scale_x=3"
+    assert json.loads((tmp_path / "e" / "evaluate_summary.json").read_text())["options"]["shift"] == "scale_x=3"
     assert main(["-q", "evaluate", "checkpoints/planted/gd", "--shift", "quadrants", "--out", str(tmp_path / "f")]) != 0
     assert "unknown shift 'quadrants'" in capsys.readouterr().err and not (tmp_path / "f").exists()
     assert main(["-q", "evaluate", "checkpoints/gpt2-illcond", "--shift", "skewed", "--out", str(tmp_path / "g")]) != 0

@@ -8,33 +8,31 @@ from conftest import REPO
 from probe.analysis.evaluate import error_curve
 from probe.io.formats import load_checkpoint
 
-SHIPPED = sorted(p.parent.parent.name for p in (REPO / "checkpoints").glob("*/eval/eval.csv"))
+SHIPPED = sorted(p.parent.parent.name for p in (REPO / "checkpoints").glob("*/eval/icl_error.csv"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
 def test_evaluate_reproduces_stored_numbers(name):
     ckpt = load_checkpoint(REPO / "checkpoints" / name)
-    stored = pd.read_csv(REPO / "checkpoints" / name / "eval" / "eval.csv")
+    stored = pd.read_csv(REPO / "checkpoints" / name / "eval" / "icl_error.csv")
+    fresh = error_curve(ckpt.model, ckpt.config.task, n_prompts=1280, seed=0)
+    pd.testing.assert_frame_equal(fresh, stored, check_exact=False, rtol=1e-4, atol=1e-7)
     if ckpt.config.task.name == "relu_network":
         # R^2 of the model itself (the direct-training columns take minutes; tests/test_network.py covers them)
         from probe.analysis.evaluate import eval_prompts, predict
         from probe.analysis.stats import r2_score
 
+        stored_r2 = pd.read_csv(REPO / "checkpoints" / name / "eval" / "icl_r2.csv")
         prompts = eval_prompts(ckpt.config.task, 1280, 0)
-        fresh = r2_score(prompts.ys, predict(ckpt.model, prompts)).numpy()
-        np.testing.assert_allclose(fresh, stored.model, rtol=1e-4, atol=1e-6)
-        return
-    fresh = error_curve(ckpt.model, ckpt.config.task, n_prompts=1280, seed=0)
-    # an evaluation stored before the curve gained columns (the trivial predictors' margin) reproduces in its own
-    assert set(stored.columns) <= set(fresh.columns)
-    pd.testing.assert_frame_equal(fresh[list(stored.columns)], stored, check_exact=False, rtol=1e-4, atol=1e-7)
+        fresh_r2 = r2_score(prompts.ys, predict(ckpt.model, prompts)).numpy()
+        np.testing.assert_allclose(fresh_r2, stored_r2.model, rtol=1e-4, atol=1e-6)
 
 
 def test_default_checkpoint_meets_the_quality_bar():
     ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
     assert ckpt.config.model.n_layer >= 8
-    stored = pd.read_csv(REPO / "checkpoints" / "gpt2-default" / "eval" / "eval.csv").set_index("n_examples")
+    stored = pd.read_csv(REPO / "checkpoints" / "gpt2-default" / "eval" / "icl_error.csv").set_index("n_examples")
     assert stored.model[2 * ckpt.config.task.n_dims + 1] < 0.01
     assert sum(p.stat().st_size for p in (REPO / "checkpoints" / "gpt2-default").rglob("*") if p.is_file()) < 10 * 2**20
 
@@ -86,7 +84,7 @@ def test_a_stored_shift_evaluation_is_reproduced():
     """checkpoints/<name>/eval-shift-*/ (`icl-probe evaluate --shift`): the input-scale-3 one again."""
     from probe.analysis.evaluate import shifted_error_curve
 
-    stored = pd.read_csv(REPO / "checkpoints" / "gpt2-default" / "eval-shift-scale_x-3" / "eval.csv")
+    stored = pd.read_csv(REPO / "checkpoints" / "gpt2-default" / "eval-shift-scale_x-3" / "icl_error.csv")
     ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-default")
     fresh = shifted_error_curve(ckpt.model, ckpt.config.task, "scale_x", 3.0, 1280, 0)
     cols = ["model", "model_lo", "model_hi", "least_squares", "knn3", "averaging"]
@@ -99,7 +97,7 @@ def _normalised_upper_band(name: str):
     examples on): var(y) = trace(Sigma) = (d/2) kappa + d/2 for the ill-conditioned task."""
     ckpt = load_checkpoint(REPO / "checkpoints" / name)
     task = ckpt.config.task
-    stored = pd.read_csv(REPO / "checkpoints" / name / "eval" / "eval.csv").set_index("n_examples")
+    stored = pd.read_csv(REPO / "checkpoints" / name / "eval" / "icl_error.csv").set_index("n_examples")
     variance = (task.n_dims // 2) * task.kappa + (task.n_dims - task.n_dims // 2)
     return ckpt, task, stored.model_hi[2 * task.n_dims + 1 :] * task.n_dims / variance
 
@@ -126,5 +124,5 @@ def test_the_d8_checkpoint_meets_issue_57s_bar():
     ckpt = load_checkpoint(REPO / "checkpoints" / "gpt2-d8")
     d = ckpt.config.task.n_dims
     assert (ckpt.config.model.n_layer, d, ckpt.config.task.covariance) == (12, 8, "isotropic")
-    stored = pd.read_csv(REPO / "checkpoints" / "gpt2-d8" / "eval" / "eval.csv").set_index("n_examples")
+    stored = pd.read_csv(REPO / "checkpoints" / "gpt2-d8" / "eval" / "icl_error.csv").set_index("n_examples")
     assert (stored.model_hi[2 * d + 1 :] < 0.01).all()
