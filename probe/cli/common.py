@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 
 from ..core.errors import ConfigError
+from ..core.settings import positive_int_flag as positive_int  # noqa: F401  (the commands' argparse types)
+from ..core.settings import seed_flag as seed  # noqa: F401
 
 
 def add_device(parser: argparse.ArgumentParser) -> None:
@@ -21,29 +23,6 @@ def check_device(device: str) -> str:
         return check(device)
     except ConfigError as err:
         raise ConfigError(f"--{err}") from None
-
-
-def _flag_value(text: str, rule, expected: str):
-    """argparse type: the text as an integer, then probe/core/validate.py's `rule` for it (one rule
-    for a flag, a recipe key and an API argument); a fault reads "expected <expected>, got <text>"."""
-    try:
-        return rule(int(text))
-    except (ValueError, ConfigError):
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-
-
-def positive_int(text: str) -> int:
-    """argparse type of a count flag: an integer >= 1."""
-    from ..core.validate import positive_int as rule
-
-    return _flag_value(text, lambda value: rule(value, "value"), "a positive integer")
-
-
-def seed(text: str) -> int:
-    """argparse type of a --seed flag: an integer in 0..2^63-1."""
-    from ..core.validate import check_seed
-
-    return _flag_value(text, check_seed, "a seed, an integer in 0..2^63-1")
 
 
 def add_out(parser: argparse.ArgumentParser, help_text: str, required: bool = True) -> None:

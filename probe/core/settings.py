@@ -173,3 +173,26 @@ def quick_sweeps() -> tuple[SweepSettings, ...]:
 
     tables = tomllib.loads((RECIPE_DIR / "quick.toml").read_text(encoding="utf-8"))["sweeps"]
     return tuple(SweepSettings(**table) for table in tables)
+
+
+def _flag_value(text: str, rule, expected: str):
+    """argparse type: the text as an integer, then probe/core/validate.py's `rule` for it (one rule
+    for a flag, a recipe key and an API argument); a fault reads "expected <expected>, got <text>"."""
+    try:
+        return rule(int(text))
+    except (ValueError, ConfigError):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+def positive_int_flag(text: str) -> int:
+    """argparse type of a count flag: an integer >= 1."""
+    from .validate import positive_int as rule
+
+    return _flag_value(text, lambda value: rule(value, "value"), "a positive integer")
+
+
+def seed_flag(text: str) -> int:
+    """argparse type of a --seed flag: an integer in 0..2^63-1."""
+    from .validate import check_seed
+
+    return _flag_value(text, check_seed, "a seed, an integer in 0..2^63-1")

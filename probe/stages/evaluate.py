@@ -38,7 +38,7 @@ CURVE_OPTIONS = ("points", "mixture", "param_mean", "shift", "track", "epochs", 
 
 def _curve_arguments(p: argparse.ArgumentParser) -> None:
     """`icl-probe evaluate`'s arguments beside --prompts and --seed (its options)."""
-    from ..cli.common import positive_int
+    from ..core.settings import positive_int_flag as positive_int
 
     p.add_argument(
         "--points", type=positive_int, default=None, help="examples per prompt (default: the training task's)"
