@@ -195,15 +195,7 @@ def fit_probe_grid(
     (the MLP probes' hidden layer trained, `train_mlp_heads`) or "random" (random features only).
     """
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-    for kind in kinds:
-        if kind not in ("linear", "mlp"):
-            raise ConfigError(f"unknown probe kind {kind!r} (linear, mlp)")
-    if layout not in ("lnpd", "lpnd"):
-        raise ConfigError(f"states layout must be 'lnpd' or 'lpnd', got {layout!r}")
-    if pooling not in ("learned", "uniform"):
-        raise ConfigError(f"probe pooling must be 'learned' or 'uniform', got {pooling!r}")
-    if mlp_head not in MLP_HEADS:
-        raise ConfigError(f"probes.mlp_head must be one of {', '.join(MLP_HEADS)}, got {mlp_head!r}")
+    _check_grid_options(kinds, layout, pooling, mlp_head)
     if "mlp" in kinds:
         n_probes, n_prompts = train_states.shape[0] * len(combos), train_states.shape[1 if layout == "lnpd" else 2]
         budget.check([budget.mlp_probe_estimate("hidden", hidden, n_probes, n_prompts, train_states.shape[-1])])
@@ -234,6 +226,19 @@ def fit_probe_grid(
         linear = (penalty, loo) if kind == "linear" else linear
     without_states = dataclasses.replace(probes, states=train_states.new_empty(0, 0, 0, 0))
     return FittedProbes(without_states, fit, heads, y_train, stats, list(combos), hidden, layout, dtype, device)
+
+
+def _check_grid_options(kinds: tuple[str, ...], layout: str, pooling: str, mlp_head: str) -> None:
+    """Refuse a probe kind, states layout, pooling or MLP head `fit_probe_grid` does not know."""
+    for kind in kinds:
+        if kind not in ("linear", "mlp"):
+            raise ConfigError(f"unknown probe kind {kind!r} (linear, mlp)")
+    if layout not in ("lnpd", "lpnd"):
+        raise ConfigError(f"states layout must be 'lnpd' or 'lpnd', got {layout!r}")
+    if pooling not in ("learned", "uniform"):
+        raise ConfigError(f"probe pooling must be 'learned' or 'uniform', got {pooling!r}")
+    if mlp_head not in MLP_HEADS:
+        raise ConfigError(f"probes.mlp_head must be one of {', '.join(MLP_HEADS)}, got {mlp_head!r}")
 
 
 def _by_position(states: Tensor, layout: str, dtype: torch.dtype) -> Tensor:

@@ -417,6 +417,25 @@ def dataclasses_in(kind: Any, found: dict[str, type] | None = None) -> dict[str,
     return found
 
 
+def _check_settings_and_block(stage: AnalysisStage, what: str) -> None:
+    """Refuse a settings class that is not its recipe section, a block that is not a dataclass, and
+    a provider (no block) with anything of its own to show."""
+    settings = stage.settings
+    if settings is not None and not (
+        isinstance(settings, type) and issubclass(settings, Section) and dataclasses.is_dataclass(settings)
+    ):
+        raise ConfigError(f"{what}: settings must be a Section dataclass (probe.core.config.Section) or None")
+    if settings is not None and (
+        getattr(settings, "SECTION", None) != stage.name
+        or "enabled" not in {f.name for f in dataclasses.fields(settings)}
+    ):
+        raise ConfigError(f"{what}: its settings class needs SECTION = {stage.name!r} and an `enabled` field")
+    if stage.block is None and (stage.settings is not None or stage.overrides("page") or stage.files):
+        raise ConfigError(f"{what}: a stage without a block is a provider: no settings, page or files")
+    if stage.block is not None and not (isinstance(stage.block, type) and dataclasses.is_dataclass(stage.block)):
+        raise ConfigError(f"{what}: block must be a dataclass (summary.json's schema is generated from it)")
+
+
 def register_stage(stage: AnalysisStage) -> AnalysisStage:
     """Add `stage` to the report (idempotent for the same declaration); a name that is taken, or a
     settings class or block that is not what the declaration needs, is refused naming the fix."""
@@ -445,20 +464,7 @@ def register_stage(stage: AnalysisStage) -> AnalysisStage:
         )
     if stage.name in stage.needs:
         raise ConfigError(f"{what} needs itself; `needs` names the stages whose outputs it reads")
-    settings = stage.settings
-    if settings is not None and not (
-        isinstance(settings, type) and issubclass(settings, Section) and dataclasses.is_dataclass(settings)
-    ):
-        raise ConfigError(f"{what}: settings must be a Section dataclass (probe.core.config.Section) or None")
-    if settings is not None and (
-        getattr(settings, "SECTION", None) != stage.name
-        or "enabled" not in {f.name for f in dataclasses.fields(settings)}
-    ):
-        raise ConfigError(f"{what}: its settings class needs SECTION = {stage.name!r} and an `enabled` field")
-    if stage.block is None and (stage.settings is not None or stage.overrides("page") or stage.files):
-        raise ConfigError(f"{what}: a stage without a block is a provider: no settings, page or files")
-    if stage.block is not None and not (isinstance(stage.block, type) and dataclasses.is_dataclass(stage.block)):
-        raise ConfigError(f"{what}: block must be a dataclass (summary.json's schema is generated from it)")
+    _check_settings_and_block(stage, what)
     if not all(isinstance(name, str) and NAME.fullmatch(name) for name in stage.files):
         raise ConfigError(f"{what}: files names entries of its data, each lower-case letters, digits and '_'")
     written = {name for other in STAGES.values() if other.name != stage.name for name in other.files}

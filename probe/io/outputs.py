@@ -197,6 +197,25 @@ class OutputTarget:
         raise OutputError(f"--out {self.path}: {why}; {fix}")
 
     def check(self) -> None:
+        """Refuse, before any work, an --out the output policy does not allow (module docstring)."""
+        out = self.path
+        self._check_location()
+        if not out.exists():
+            return
+        if self.kind == "file":
+            if not out.is_file():
+                self._refuse("exists and is not a regular file", "choose a new file name")
+            if not self.force:
+                self._refuse("already exists", "choose a new file name or pass --force to replace it")
+            return
+        if not out.is_dir():
+            self._refuse("is an existing file, not a directory", "choose a new directory name")
+        if any(out.iterdir()):
+            self._check_existing_directory()
+
+    def _check_location(self) -> None:
+        """Not a symlink, not an input or inside one, not the working directory (without --force),
+        in a writable directory."""
         out = self.path
         if out.is_symlink():
             self._refuse("is a symbolic link", "give the real path it points to, or a new path")
@@ -222,19 +241,11 @@ class OutputTarget:
                 f"{base if os.access(base, os.W_OK) is False else resolved} is not writable",
                 "choose a writable location",
             )
-        if not out.exists():
-            return
-        if self.kind == "file":
-            if not out.is_file():
-                self._refuse("exists and is not a regular file", "choose a new file name")
-            if not self.force:
-                self._refuse("already exists", "choose a new file name or pass --force to replace it")
-            return
-        if not out.is_dir():
-            self._refuse("is an existing file, not a directory", "choose a new directory name")
-        entries = [e for e in out.iterdir()]
-        if not entries:
-            return
+
+    def _check_existing_directory(self) -> None:
+        """A directory with entries: icl-probe's own output of this command, or (with --force) one
+        whose files icl-probe did not write are never replaced."""
+        out = self.path
         marker = _read_marker(out)
         foreign = _listing(out) - set(marker["files"]) if marker else _listing(out)
         foreign = {f for f in foreign if STAGING_TAG not in f}

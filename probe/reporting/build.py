@@ -217,6 +217,17 @@ def comparison_figures(
     return out
 
 
+def _write_data(built: Built, folder: Path) -> Path:
+    """data/: every table as <name>.csv and the data entries the stages name in `files` as <name>.json."""
+    data_dir = folder / "data"
+    data_dir.mkdir()
+    for name, frame in built.tables.items():
+        frame.to_csv(data_dir / f"{name}.csv", index=False)
+    for name, entry in data_files(built).items():
+        (data_dir / f"{name}.json").write_text(json.dumps(entry, indent=2) + "\n")
+    return data_dir
+
+
 def build_report(
     ckpt: LoadedCheckpoint,
     recipe: Recipe,
@@ -256,12 +267,7 @@ def build_report(
             built.timings.update(other.timings)
             built.cached.update(other.cached)
         recipe = adapted
-        data_dir = tmp / "data"
-        data_dir.mkdir()
-        for name, frame in built.tables.items():
-            frame.to_csv(data_dir / f"{name}.csv", index=False)
-        for name, entry in data_files(built).items():
-            (data_dir / f"{name}.json").write_text(json.dumps(entry, indent=2) + "\n")
+        data_dir = _write_data(built, tmp)
         here.earlier = built
         figs = pool.wait()
         start = time.perf_counter()
