@@ -377,11 +377,7 @@ class FieldsAsKeys(AnalysisStage):
     @property
     def required_keys(self) -> tuple[str, ...]:
         """Its block's fields without a default."""
-        return tuple(
-            f.name
-            for f in dataclasses.fields(self.block)
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        )
+        return tuple(required_fields(self.block))
 
 
 class StageTables(dict):
@@ -415,6 +411,17 @@ def dataclasses_in(kind: Any, found: dict[str, type] | None = None) -> dict[str,
     for arg in typing.get_args(kind):
         dataclasses_in(arg, found)
     return found
+
+
+def required_fields(kind: type, *names: str) -> list[str]:
+    """The fields of dataclass `kind` (those named, or all) that have no default."""
+    return [
+        f.name
+        for f in dataclasses.fields(kind)
+        if (not names or f.name in names)
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
 
 
 def _check_settings_and_block(stage: AnalysisStage, what: str) -> None:

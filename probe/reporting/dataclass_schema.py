@@ -5,10 +5,10 @@ registered analyses (probe/core/stages.py)."""
 from __future__ import annotations
 
 import types
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from ..core.stages import by_block_key
+from ..core.stages import by_block_key, required_fields
 
 STAGE_BLOCKS = {"stage_blocks": True}  # field metadata: a dict of the registered stages' blocks, each as its `entries`
 
@@ -62,21 +62,12 @@ def dataclass_schema(kind: type, defs: dict[str, Any]) -> dict[str, Any]:
                     required += stage.required_keys
         else:
             properties[f.name] = schema_of(hints[f.name], defs)
-            required += _required(kind, f.name)
+            required += required_fields(kind, f.name)
     out: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
     out["additionalProperties"] = False
     if kind.__doc__ and not kind.__doc__.startswith(kind.__name__ + "("):
         out["description"] = " ".join(kind.__doc__.split())
     return out
-
-
-def _required(kind: type, *names: str) -> list[str]:
-    """The fields of `kind` (those named, or all) that have no default."""
-    return [
-        f.name
-        for f in fields(kind)
-        if (not names or f.name in names) and f.default is MISSING and f.default_factory is MISSING
-    ]
 
 
 def block_properties(stage: Any, defs: dict[str, Any]) -> dict[str, Any]:
