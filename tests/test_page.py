@@ -132,6 +132,21 @@ def test_re_rendering_refuses_another_checkpoint(report, tmp_path):
     assert (copy / "index.html").read_text() == (report / "index.html").read_text()  # nothing half-written
 
 
+def test_re_rendering_refuses_a_folder_icl_probe_did_not_write(report, tmp_path):
+    """Re-rendering replaces figures/: a folder without the report's output marker is refused and
+    its figures are left as they are."""
+    from probe.core.errors import ConfigError
+    from probe.reporting.rerender import rerender_report
+
+    copy = tmp_path / "r"
+    shutil.copytree(report, copy)
+    (copy / ".icl-probe-output.json").unlink()
+    before = sorted(p.name for p in (copy / "figures").iterdir())
+    with pytest.raises(ConfigError, match="was not written by `icl-probe report`"):
+        rerender_report(copy)
+    assert sorted(p.name for p in (copy / "figures").iterdir()) == before
+
+
 def test_the_methods_list_the_papers_whose_methods_the_report_ran(report):
     """Each stage that ran names its papers (AnalysisStage.papers); the methods list each once."""
     import json

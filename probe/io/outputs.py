@@ -149,6 +149,12 @@ def replace_dir(new: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def written_by(directory: Path) -> str | None:
+    """The command whose output `directory` is, by its marker (None: icl-probe did not write it)."""
+    marker = _read_marker(directory)
+    return None if marker is None else marker.get("command")
+
+
 def _read_marker(directory: Path) -> dict | None:
     try:
         data = json.loads((directory / MARKER).read_text())

@@ -14,6 +14,7 @@ import pandas as pd
 from ..core.errors import ConfigError
 from ..core.provenance import git_commit
 from ..io.formats import load_checkpoint
+from ..io.outputs import MARKER, written_by
 from .build import Built, make_figures
 from .html import render_html
 from .recipe import recipe_from_dict
@@ -48,6 +49,11 @@ def rerender_report(folder: str | Path, checkpoint: str | Path | None = None) ->
     folder = Path(folder)
     if not (folder / "summary.json").is_file() or not (folder / "data").is_dir():
         raise ConfigError(f"re-render: {folder} is not a report folder (no summary.json and data/)")
+    if written_by(folder) != "report":  # its figures/ is replaced: only a folder `icl-probe report` wrote
+        raise ConfigError(
+            f"re-render: {folder} was not written by `icl-probe report` (its {MARKER} does not say so); "
+            "re-render replaces figures/, so it only takes a report folder icl-probe wrote"
+        )
     summary = Summary.from_json(json.loads((folder / "summary.json").read_text()))
     recipe = recipe_from_dict(json.loads((folder / "recipe.json").read_text()))
     raw = json.loads((folder / "summary.json").read_text())
