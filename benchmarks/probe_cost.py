@@ -25,7 +25,7 @@ DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "gpt2-default"
 
 def main() -> None:
     from probe.analysis.probe_study import default_prefixes
-    from probe.analysis.probes import fit_probe_grid, probe_dtype, probe_targets
+    from probe.analysis.probes import fit_probe_grids, probe_dtype, probe_targets
     from probe.capture.streams import by_position_streams
     from probe.core.seeds import Stream, stream_generator
     from probe.data.tasks import sample_prompts
@@ -67,13 +67,14 @@ def main() -> None:
 
     for label, model in (("model", ckpt.model), ("control", probe_control_model(ckpt, seed))):
         states = timed("captures", lambda m=model: by_position_streams(m, train.xs, train.ys, dtype=dtype))
-        grid = timed(f"fit {label}", lambda s=states: fit_probe_grid(s, targets, combos, settings.kinds, **fit))
-        if label == "model":
-            timed("fit shuffled", lambda s=states: fit_probe_grid(s, shuffled, combos, settings.kinds, **fit))
+        sets = {"own": targets, "shuffled": shuffled} if label == "model" else {"own": targets}
+        name = "fit model + shuffled" if label == "model" else "fit control"
+        fits = timed(name, lambda s=states, t=sets: fit_probe_grids(s, t, combos, settings.kinds, **fit))
+        grid = fits["own"]
         test_states = timed("captures", lambda m=model: by_position_streams(m, test.xs, test.ys, dtype=dtype))
         test_targets = {k: probe_targets(test.xs, test.ys, k) for k in settings.targets}
         timed("scoring", lambda g=grid, s=test_states, t=test_targets: g.score(s, t, recipe.similarity.bootstrap, seed))
-    floor = parts["captures"] / 2 + parts["fit model"]
+    floor = parts["captures"] / 2 + parts["fit control"]  # one fit of as many probes as the model's own
     print(f"torch threads {torch.get_num_threads()}; stages: layers {layers:.1f} s, probes {probes:.1f} s")
     for name, seconds in parts.items():
         print(f"  {name:14s} {seconds:6.1f} s")

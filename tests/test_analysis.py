@@ -269,6 +269,63 @@ def test_probe_objective_in_blocks_of_layers_equals_one_block():
     assert [[layer for _, layer, _ in groups] for _, groups in blocks] == [[0, 1], [2], [3]]
 
 
+def test_probe_set_pools_centred_states_and_keeps_the_raw_ones_apart():
+    """A ProbeSet holds its states centred over prompts: its objective equals the variable-projection
+    objective computed from the raw states in numpy (pool, centre, ridge head), its heads see the raw
+    pooled states (`pooled_blocks`), the caller's tensor is left as it was, and `centred_in_place`
+    centres the caller's tensor instead, with the same numbers."""
+    from probe.analysis.probes import ProbeSet
+
+    g = torch.Generator().manual_seed(11)
+    raw = torch.randn(2, 5, 40, 3, generator=g, dtype=torch.float64) + 3.0  # far from centred
+    kept = raw.clone()
+    yc = torch.randn(3, 40, 2, generator=g, dtype=torch.float64)
+    yc -= yc.mean(1, keepdim=True)
+    layer, n_pos = torch.tensor([0, 1, 1]), torch.tensor([5, 3, 5])
+    penalty = torch.tensor([0.3, 1.0, 2.0], dtype=torch.float64)
+    scores = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    probes = ProbeSet(raw, layer, n_pos, yc)
+    assert torch.equal(raw, kept)
+    f, _ = probes.objective(penalty)(scores, torch.arange(3))
+    h, y = kept.numpy(), yc.numpy()
+    for k in range(3):
+        s = np.where(np.arange(5) < int(n_pos[k]), scores[k].numpy(), -np.inf)
+        alpha = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+        z = np.einsum("p,pnd->nd", alpha, h[int(layer[k])])
+        zc = z - z.mean(0)
+        w = np.linalg.solve(zc.T @ zc + float(penalty[k]) * np.eye(3), zc.T @ y[k])
+        expected = (((y[k] - zc @ w) ** 2).sum() + float(penalty[k]) * (w**2).sum()) / y[k].size
+        assert float(f[k]) == pytest.approx(expected, rel=1e-12)
+        pooled = torch.cat([z for _, z in probes.pooled_blocks(lambda rows: probes.attention(scores[rows], torch.arange(3)[rows]))])
+        assert np.allclose(pooled[k].numpy(), z, rtol=1e-12, atol=1e-12)
+    in_place = ProbeSet.centred_in_place(raw, layer, n_pos, yc)
+    assert torch.allclose(raw.mean(2), torch.zeros(2, 5, 3, dtype=torch.float64), atol=1e-14)
+    assert torch.allclose(in_place.objective(penalty)(scores, torch.arange(3))[0], f, rtol=1e-13, atol=0)
+
+
+def test_probe_grids_on_shared_states_equal_each_grid_alone():
+    """The model's targets and shuffled ones fitted as one grid (`fit_probe_grids`) give each set's
+    table as `fit_probe_grid` fits it alone (every column to 1e-9: the batched products' round-off)."""
+    from probe.analysis.probes import fit_probe_grid, fit_probe_grids
+    from probe.analysis.probes import without_r2_draws as without_draws
+
+    states, targets = _calibration_states(300)
+    train, test = states[:, :200], states[:, 200:]
+    own = {k: v[:200] for k, v in targets.items()}
+    shuffled = {k: v[torch.randperm(200, generator=torch.Generator().manual_seed(0))] for k, v in own.items()}
+    test_targets = {k: v[200:] for k, v in targets.items()}
+    combos, options = [(2, "xty"), (5, "xty"), (5, "w_ols")], {"hidden": 16, "mlp_head": "random"}
+    together = fit_probe_grids(train, {"own": own, "shuffled": shuffled}, combos, ("linear", "mlp"), **options)
+    assert list(together) == ["own", "shuffled"]
+    for name, by_target in (("own", own), ("shuffled", shuffled)):
+        alone = fit_probe_grid(train, by_target, combos, ("linear", "mlp"), **options).score(test, test_targets, 50)
+        table = together[name].score(test, test_targets, 50)
+        assert len(table) == 2 * 4 * len(combos)
+        pd.testing.assert_frame_equal(
+            without_draws(table), without_draws(alone), check_exact=False, rtol=1e-9, atol=1e-9
+        )
+
+
 @pytest.mark.slow
 def test_probe_grid_in_blocks_of_layers_equals_one_block(monkeypatch):
     """The whole pooling fit (penalty grids, leave-one-out choices, every round) with one layer's

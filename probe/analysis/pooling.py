@@ -58,12 +58,29 @@ def layer_blocks(groups: Groups, per_block: int) -> list[tuple[slice, Groups]]:
 @dataclass
 class ProbeSet:
     """G probes on by-position states (L, P, N, D): each reads layer `layer[g]` at its first
-    `n_pos[g]` positions and regresses the centred targets yc[g] (N, d)."""
+    `n_pos[g]` positions and regresses the centred targets yc[g] (N, d).
+
+    The states are held centred over the prompts, position by position, with their means kept
+    (`means`, (L, P, D) float64): pooling is linear, mean_N(sum_p alpha_p h_p) = sum_p alpha_p
+    mean_N(h_p), so pooling centred states gives the centred Zc the objective needs without centring
+    Z at every evaluation. Built from raw states (`means` None) the set centres a copy;
+    `centred_in_place` centres the caller's tensor instead. `pooled_blocks` adds the means back."""
 
     states: Tensor
     layer: Tensor  # (G,) long
     n_pos: Tensor  # (G,) long
     yc: Tensor  # (G, N, d) float64
+    means: Tensor | None = None  # (L, P, D): the states' means over prompts (None: `states` are raw)
+
+    def __post_init__(self) -> None:
+        if self.means is None:
+            self.states, self.means = _centred(self.states.clone())
+
+    @classmethod
+    def centred_in_place(cls, states: Tensor, layer: Tensor, n_pos: Tensor, yc: Tensor) -> ProbeSet:
+        """The probes on `states` centred in place (the caller's tensor: it holds centred states after)."""
+        states, means = _centred(states)
+        return cls(states, layer, n_pos, yc, means)
 
     @property
     def mask(self) -> Tensor:
@@ -71,7 +88,7 @@ class ProbeSet:
 
     def take(self, index: Tensor) -> ProbeSet:
         """The probes `index` (sharing the states)."""
-        return ProbeSet(self.states, self.layer[index], self.n_pos[index], self.yc[index])
+        return ProbeSet(self.states, self.layer[index], self.n_pos[index], self.yc[index], self.means)
 
     def attention(self, scores: Tensor, index: Tensor) -> Tensor:
         """alpha (k, P) of the probes `index`: softmax over each probe's own positions."""
@@ -98,7 +115,8 @@ class ProbeSet:
         return out
 
     def pool(self, alpha: Tensor, index: Tensor, states: Tensor | None = None, groups: Groups | None = None) -> Tensor:
-        """z (k, N, D) = sum_p alpha_p h_p for the probes `index` (one matmul per layer)."""
+        """z (k, N, D) = sum_p alpha_p h_p for the probes `index` (one matmul per layer), on the
+        set's own centred states (so centred) or on `states`."""
         states = self.states if states is None else states
         _, _, n, width = states.shape
         z = torch.empty(len(index), n, width, dtype=torch.float64, device=states.device)
@@ -146,11 +164,10 @@ class ProbeSet:
 
     def _objective_block(self, scores: Tensor, index: Tensor, penalty: Tensor, groups: Groups):
         alpha = self.attention(scores, index)
-        z = self.pool(alpha, index, groups=groups)
-        zc, yc = z.sub_(z.mean(1, keepdim=True)), self.yc[index]  # in place: z is this call's own
+        zc, yc = self.pool(alpha, index, groups=groups), self.yc[index]  # centred states: Zc
         w = ridge_head(zc, yc, penalty[index])
         resid = yc - zc @ w
-        del zc, z
+        del zc
         scale = resid.shape[1] * resid.shape[2]
         f = (resid.pow(2).sum((1, 2)) + penalty[index] * w.pow(2).sum((1, 2))) / scale
         grad_alpha = self.pool_grad(-2 / scale * resid @ w.transpose(1, 2), index, groups)  # centring drops out
@@ -179,8 +196,7 @@ class ProbeSet:
 
     def _hessian_chunk(self, scores: Tensor, index: Tensor, penalty: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         alpha, groups = self.attention(scores, index), self.groups(index)
-        z = self.pool(alpha, index, groups=groups)
-        zc, yc, lam = z - z.mean(1, keepdim=True), self.yc[index], penalty[index]
+        zc, yc, lam = self.pool(alpha, index, groups=groups), self.yc[index], penalty[index]  # centred states: Zc
         gram = zc.transpose(1, 2) @ zc
         gram.diagonal(dim1=1, dim2=2).add_(lam.unsqueeze(-1))
         chol = torch.linalg.cholesky(gram)
@@ -189,8 +205,8 @@ class ProbeSet:
         k, n, d = resid.shape
         width, n_pos, scale = zc.shape[-1], alpha.shape[1], n * d
         f = (resid.pow(2).sum((1, 2)) + lam * w.pow(2).sum((1, 2))) / scale
-        u = torch.zeros(k, n_pos, n, d, dtype=torch.float64, device=z.device)
-        m = torch.zeros(k, n_pos, width, d, dtype=torch.float64, device=z.device)
+        u = torch.zeros(k, n_pos, n, d, dtype=torch.float64, device=zc.device)
+        m = torch.zeros(k, n_pos, width, d, dtype=torch.float64, device=zc.device)
         for rows, layer, used in groups:
             states = self.states[layer, :used].double()  # (used, N, D)
             w_rows, r_rows = w[rows], resid[rows]
@@ -198,7 +214,7 @@ class ProbeSet:
             hw = (states.reshape(used * n, width) @ w_rows.permute(1, 0, 2).reshape(width, count * d)).view(
                 used, n, count, d
             )
-            u[rows, :used] = (hw - hw.mean(1, keepdim=True)).permute(2, 0, 1, 3)
+            u[rows, :used] = hw.permute(2, 0, 1, 3)  # centred states: Hc_p W
             hr = (states.transpose(1, 2) @ r_rows.permute(1, 0, 2).reshape(n, count * d)).view(used, width, count, d)
             m[rows, :used] = hr.permute(2, 0, 1, 3)
         grad_alpha = -2 / scale * (m * w.unsqueeze(1)).sum((2, 3))
@@ -218,18 +234,31 @@ class ProbeSet:
         about `max_bytes` of pooled states and their temporaries): every probe's pooled, centred
         states a block at a time, each layer's pooling the same one matmul as for all at once."""
         every = torch.arange(len(self.layer), device=self.layer.device)
-        for rows, z in self.pooled_blocks(lambda rows: self.attention(scores[rows], every[rows]), max_bytes):
-            yield rows, z.sub_(z.mean(1, keepdim=True))  # in place: z is this block's own
+        for rows, groups in layer_blocks(self.groups(every), self.per_block(max_bytes)):
+            yield rows, self.pool(self.attention(scores[rows], every[rows]), every[rows], groups=groups)
 
     def pooled_blocks(
         self, alpha_of: Callable[[slice], Tensor], max_bytes: int | None = None
     ) -> Iterator[tuple[slice, Tensor]]:
         """(rows, z (k, N, D)) for blocks of whole layers' probes, pooled with the weights
         `alpha_of(rows)` (k, P): `pool` a block at a time (about `max_bytes` of pooled states and
-        their temporaries a block), each layer's pooling the same one matmul as for all at once."""
+        their temporaries a block), each layer's pooling the same one matmul as for all at once,
+        and the pooled means sum_p alpha_p mean_N(h_p) added back (z as pooled from the raw states)."""
+        assert self.means is not None
         every = torch.arange(len(self.layer), device=self.layer.device)
         for rows, groups in layer_blocks(self.groups(every), self.per_block(max_bytes)):
-            yield rows, self.pool(alpha_of(rows), every[rows], groups=groups)
+            alpha = alpha_of(rows)
+            z = self.pool(alpha, every[rows], groups=groups)
+            for local, layer, used in groups:
+                z[local] += (alpha[local, :used] @ self.means[layer, :used]).unsqueeze(1)
+            yield rows, z
+
+
+def _centred(states: Tensor) -> tuple[Tensor, Tensor]:
+    """`states` (L, P, N, D) centred over prompts in place, and their means (L, P, D) in float64."""
+    means = states.mean(2, keepdim=True, dtype=torch.float64)
+    states.sub_(means.to(states.dtype))
+    return states, means.squeeze(2)
 
 
 @dataclass
@@ -250,6 +279,10 @@ class PoolingFit:
 
     def to(self, device: str) -> PoolingFit:
         return PoolingFit(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
+
+    def take(self, index: Tensor) -> PoolingFit:
+        """The fits of the probes `index`."""
+        return PoolingFit(*(getattr(self, f.name)[index] for f in dataclasses.fields(self)))
 
 
 def fit_pooling(

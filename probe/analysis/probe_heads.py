@@ -64,8 +64,8 @@ class Head:
         "hidden_scale",
     )
 
-    def rows(self, rows: slice) -> Head:
-        """The heads of the probes `rows`."""
+    def rows(self, rows: slice | Tensor) -> Head:
+        """The heads of the probes `rows` (a slice or an index)."""
         parts: dict[str, Any] = {
             f: None if getattr(self, f) is None else getattr(self, f)[rows] for f in self.PER_PROBE
         }
@@ -217,6 +217,9 @@ class HeadFit:
     iterations: Tensor
     grad_norm: Tensor
     converged: Tensor
+
+    def take(self, index: Tensor) -> HeadFit:
+        return HeadFit(*(getattr(self, f.name)[index] for f in dataclasses.fields(HeadFit)))
 
     @staticmethod
     def cat(parts: list[HeadFit]) -> HeadFit:

@@ -1,7 +1,8 @@
 """The probe study of a report (Akyurek et al. 2023, §5, App. C.8): every layer x prefix x target x kind,
 trained on one set of prompts and tested on another, beside its two controls: the same probes on a
 random-weights model of the architecture (`random_model`) and on targets shuffled across prompts
-(`shuffled`). The probes themselves are probe/analysis/probes.py's."""
+(`shuffled`; fitted in one grid with the model's own probes, on the same streams, so that every read
+of them serves both). The probes themselves are probe/analysis/probes.py's."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ..core.seeds import Stream, stream_generator
 from ..core.validate import check_device, check_model, positive_int
 from ..data.tasks import sample_prompts
 from ..models.sizes import shape_of
-from .probes import ALPHAS, FTOL, GTOL, HIDDEN, MAX_ITER, R2_DRAWS, fit_probe_grid, probe_dtype, probe_targets
+from .probes import ALPHAS, FTOL, GTOL, HIDDEN, MAX_ITER, R2_DRAWS, fit_probe_grids, probe_dtype, probe_targets
 from .verdicts import decide
 
 PROBE_KINDS = ("linear", "mlp")
@@ -169,12 +170,14 @@ def _fit_options(settings: ProbeSettings, seed: int, device: str) -> dict[str, A
 
 def _fit_block(train_states, targets: dict[str, dict], groups, kinds, fit: dict[str, Any]) -> list[tuple[str, list]]:
     """(control, one fitted grid per target width) for each set of training targets (the model's own
-    and, where the controls are on, the shuffled ones), all on one block's training streams."""
-    grids = []
-    for name, by_target in targets.items():
-        grids.append((name, [fit_probe_grid(train_states, by_target, g, kinds, **fit) for g in groups]))
+    and, where the controls are on, the shuffled ones), all on one block's training streams: the
+    sets fitted as one grid per width (`fit_probe_grids`), the last of which centres the streams in place."""
+    per_width = []
+    for i, g in enumerate(groups):
+        last = i == len(groups) - 1
+        per_width.append(fit_probe_grids(train_states, targets, g, kinds, overwrite_states=last, **fit))
         release_free_memory()  # the fit's temporaries before the next fit on the same streams
-    return grids
+    return [(name, [grids[name] for grids in per_width]) for name in targets]
 
 
 PROBE_BLOCK_BYTES = 192 << 20  # the training streams of the layers the probes fit at once (float64, GPT-2)

@@ -15,7 +15,8 @@ How each is fitted (no step budget decides the answer):
   leave-one-out error of ridge (e_i / (1 - H_ii), as scikit-learn's RidgeCV).
 - Pooling by variable projection (Golub & Pereyra 1973). With W eliminated, the training ridge
   objective f(s) = (|Yc - Zc W|^2 + lam |W|^2) / (N d) is a smooth function of the P scores
-  alone, whose gradient is the partial gradient at the optimal head (envelope theorem). Batched
+  alone, whose gradient is the partial gradient at the optimal head (envelope theorem); the states
+  are centred over prompts once, so pooling them gives Zc directly (`ProbeSet`). Batched
   L-BFGS with strong-Wolfe steps (probe/analysis/lbfgs.py) runs on it from uniform pooling for
   NEWTON_AFTER iterations, then the probes still running take modified Newton steps on the exact
   Hessian (`ProbeSet.hessian`, P x P): at the optimum a quarter of a long prefix's positions get
@@ -76,6 +77,7 @@ __all__ = [
     "ProbeSet",
     "fit_head",
     "fit_probe_grid",
+    "fit_probe_grids",
     "fit_probes",
     "probe_dtype",
     "probe_targets",
@@ -134,7 +136,8 @@ def fit_probes(
 @dataclass
 class FittedProbes:
     """A grid of probes fitted on training prompts (`fit_probe_grid`), holding no states: score it
-    on held-out prompts with `score`, after the training states are freed."""
+    on held-out prompts with `score`, after the training states are freed. Probes are layer-major:
+    probe g reads layer g // len(combos) for combo g % len(combos)."""
 
     probes: ProbeSet  # layer and positions of every probe (its states dropped)
     fit: PoolingFit
@@ -167,6 +170,22 @@ class FittedProbes:
             frames.append(_probe_rows(kind, on_cpu, fits, alpha.cpu(), self.combos, self.hidden, n_boot, seed))
         return pd.concat(frames, ignore_index=True)
 
+    def take(self, first: int, combos: list[tuple[int, str]], names: dict[str, str]) -> FittedProbes:
+        """The grid of the combos first..first + len(combos) - 1 of every layer, as `combos`, their
+        targets renamed by `names` (a grid's name -> the new grid's)."""
+        width, n_layers = len(self.combos), len(self.probes.layer) // len(self.combos)
+        rows = (torch.arange(n_layers).view(-1, 1) * width + first + torch.arange(len(combos))).flatten()
+        rows = rows.to(self.probes.layer.device)
+        heads = [
+            (kind, head.rows(rows), penalty[rows], loo[rows], alpha[rows], None if fit is None else fit.take(rows))
+            for kind, head, penalty, loo, alpha, fit in self.heads
+        ]
+        stats = {names[k]: v for k, v in self.target_stats.items() if k in names}
+        return dataclasses.replace(
+            self, probes=self.probes.take(rows), fit=self.fit.take(rows), heads=heads, y_train=self.y_train[rows],
+            target_stats=stats, combos=list(combos),
+        )  # fmt: skip
+
 
 def fit_probe_grid(
     train_states: Tensor,
@@ -185,6 +204,7 @@ def fit_probe_grid(
     layout: str = "lnpd",
     precision: str = "float64",
     mlp_head: str = "trained",
+    overwrite_states: bool = False,
 ) -> FittedProbes:
     """Fit a probe for every layer x (prefix, target) x kind at once on the training prompts.
 
@@ -193,6 +213,8 @@ def fit_probe_grid(
     All training prompts fit the probes (penalties by leave-one-out). `precision` is the dtype of
     the states (pooling products); the heads and the objective are float64. `mlp_head`: "trained"
     (the MLP probes' hidden layer trained, `train_mlp_heads`) or "random" (random features only).
+    `overwrite_states`: the fit may centre `train_states` in place (`ProbeSet`) instead of a copy;
+    they are then no longer the caller's states.
     """
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     _check_grid_options(kinds, layout, pooling, mlp_head)
@@ -200,7 +222,8 @@ def fit_probe_grid(
         n_probes, n_prompts = train_states.shape[0] * len(combos), train_states.shape[1 if layout == "lnpd" else 2]
         budget.check([budget.mlp_probe_estimate("hidden", hidden, n_probes, n_prompts, train_states.shape[-1])])
     dtype = probe_dtype(precision)
-    train_states = _by_position(train_states, layout, dtype).to(device)
+    given, train_states = train_states, _by_position(train_states, layout, dtype).to(device)
+    overwrite_states |= train_states.data_ptr() != given.data_ptr()  # a copy already: this call's own
     n_layers, _, n_train, _ = train_states.shape
     if n_train < 3:
         raise ConfigError(f"probes need at least 3 training prompts (leave-one-out), got {n_train}")
@@ -208,7 +231,9 @@ def fit_probe_grid(
     y_train = _stack_targets(stats, train_targets, combos).repeat(n_layers, 1, 1).to(device)
     layer = torch.arange(n_layers, device=device).repeat_interleave(len(combos))
     n_used = torch.tensor([2 * t for t, _ in combos], device=device).repeat(n_layers)
-    probes = ProbeSet(train_states, layer, n_used, y_train - y_train.mean(1, keepdim=True))
+    make = ProbeSet.centred_in_place if overwrite_states else ProbeSet
+    probes = make(train_states, layer, n_used, y_train - y_train.mean(1, keepdim=True))
+    del given, train_states
     fit = fit_pooling(probes, alphas, pooling == "learned", gtol, ftol, max_iter)
     heads: list[tuple[str, Head, Tensor, Tensor, Tensor, HeadFit | None]] = []
     linear: Chosen | None = None  # the linear head's penalty and error, which the MLP head on that pooling reuses
@@ -224,8 +249,28 @@ def fit_probe_grid(
             head, loo, head_fit = trained
         heads.append((kind, head, penalty, loo, alpha, head_fit))
         linear = (penalty, loo) if kind == "linear" else linear
-    without_states = dataclasses.replace(probes, states=train_states.new_empty(0, 0, 0, 0))
+    without_states = dataclasses.replace(probes, states=probes.states.new_empty(0, 0, 0, 0))
     return FittedProbes(without_states, fit, heads, y_train, stats, list(combos), hidden, layout, dtype, device)
+
+
+def fit_probe_grids(
+    train_states: Tensor,
+    target_sets: dict[str, dict[str, Tensor]],
+    combos: Sequence[tuple[int, str]],
+    kinds: str | Sequence[str] = ("linear", "mlp"),
+    **options: Any,
+) -> dict[str, FittedProbes]:
+    """`fit_probe_grid` for several sets of training targets on the same states (a model's own
+    targets and its shuffled-target control) as one grid, so that every read of the states serves
+    every set's probes: set name -> its grid, as `fit_probe_grid` fits it alone (each probe's fit,
+    penalty rounds and head are its own; numbers equal to the round-off of the batched products)."""
+    merged = {f"{i}:{name}": v for i, targets in enumerate(target_sets.values()) for name, v in targets.items()}
+    every = [(t, f"{i}:{name}") for i in range(len(target_sets)) for t, name in combos]
+    grid = fit_probe_grid(train_states, merged, every, kinds, **options)
+    return {
+        label: grid.take(i * len(combos), list(combos), {f"{i}:{name}": name for name in targets})
+        for i, (label, targets) in enumerate(target_sets.items())
+    }
 
 
 def _check_grid_options(kinds: tuple[str, ...], layout: str, pooling: str, mlp_head: str) -> None:
