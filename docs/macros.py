@@ -121,8 +121,11 @@ def track_table(checkpoint: str) -> str:
         apart = "apart" if record["separable"] else "not separable"
         over = ", ".join(f for f, r in table.items() if float(r["mismatch"]) > 0) or "none"
         relative = f"{float(first['relative_distance']):.3g}" if first["relative_distance"] else "-"
+        tracks = f"{record['tracks']} ({first['matched']})"
+        if record.get("tie"):  # nearest by a margin that names nothing
+            tracks = f"none (nearest {tracks}: {record['tie']})"
         rows.append(
-            f"| {first['shift']} | {record['tracks']} ({first['matched']}) | {relative} | "
+            f"| {first['shift']} | {tracks} | {relative} | "
             f"{record['runner_up']}: {apart} ({record['ci_low']:.2g} to {record['ci_high']:.2g}, "
             f"{record['criterion']}) | {float(first['model_diverged']):.0%} | {over} |"
         )

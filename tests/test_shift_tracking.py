@@ -73,6 +73,20 @@ def test_divergence_is_told_from_distance():
     assert out[0] == 1.0 and torch.isnan(out[1])  # the second column keeps no prompt
 
 
+@pytest.mark.slow
+def test_a_tie_at_the_zero_predictor_is_written_as_no_family(tmp_path):
+    """Under orthogonal train and test inputs every learner predicts ~0 at the query: the written
+    answer says the model tracks no family, and `tie` says why, so `tracks` (the nearest family
+    only) is not read as an answer."""
+    import json
+
+    out = tmp_path / "out"
+    code = main(["-q", "evaluate", "--shift", "orthogonal_train_test", "--track", "--prompts", "64", "--out", str(out)])
+    answer = json.loads((out / "shift_tracking.json").read_text())
+    assert code == 0 and "predict ~0" in answer["tie"] and not answer["separable"]
+    assert "tracks no family" in answer["words"]
+
+
 def test_track_needs_a_shift(tmp_path, capsys):
     code = main(["-q", "evaluate", "--track", "--prompts", "8", "--out", str(tmp_path / "out")])
     assert code != 0 and "--track compares learners under a shift: give --shift" in capsys.readouterr().err

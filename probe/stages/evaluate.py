@@ -238,6 +238,7 @@ class EvaluateStage(FieldsAsKeys):
             "ci_low": best.low,
             "ci_high": best.high,
             "separable": tracking.separable,
+            "tie": best.tie,  # non-empty: `tracks` is only the nearest family, and the model tracks none
             "words": tracking_words(tracking),
         }
         return tracking.table, answer
