@@ -307,7 +307,7 @@ case("evaluate-mixture-words", ["evaluate", "relu", "--mixture", "a,b"], "--mixt
 case("evaluate-mixture-sum", ["evaluate", "relu", "--mixture", "0.9,0.3"], "summing to 1")
 case("evaluate-mixture-inf", ["evaluate", "relu", "--mixture", "inf,0"], "mixture_weights")
 case("evaluate-points-zero", ["evaluate", "ck", "--points", "0"], "positive integer")
-case("evaluate-prompts-negative", ["evaluate", "ck", "--prompts", "-3"], "prompts.curve must be an integer >= 1, got -3")
+case("evaluate-prompts-negative", ["evaluate", "ck", "--prompts", "-3"], "argument --prompts: must be an integer >= 1, got -3 \\(recipe key prompts.curve\\)")
 case("evaluate-points-beyond", ["evaluate", "ck", "--points", "99"], "exceeds the model")
 case("evaluate-unknown-flag", ["evaluate", "ck", "--promts", "3"], "unrecognized arguments")
 case("inspect-prompts-huge", ["inspect", "ck", "--prompts", "1000000000"], "error: prompts = 1000000000 would need")
@@ -398,9 +398,9 @@ case("planted-dims-zero", [*PL, "gd", "--layers", "2", "--dims", "0", "--out", "
 case("planted-dims-huge", [*PL, "gd", "--layers", "2", "--dims", "100000", "--out", "pl"], "--dims must be")
 
 # ---- layer commands' flags
-case("readout-bootstrap-zero", ["readout", "ck", "--out", "o", "--bootstrap", "0"], "similarity.bootstrap must be an integer >= 1")
+case("readout-bootstrap-zero", ["readout", "ck", "--out", "o", "--bootstrap", "0"], "argument --bootstrap: must be an integer >= 1, got 0 \\(recipe key similarity.bootstrap\\)")
 case("heatmap-unknown-sweep", ["heatmap", "ck", "--out", "o", "--learners", "newtn"], "Did you mean: newton")
-case("heatmap-queries-negative", ["heatmap", "ck", "--out", "o", "--queries", "-2"], "queries must be an integer >= 0")
+case("heatmap-queries-negative", ["heatmap", "ck", "--out", "o", "--queries", "-2"], "argument --queries: must be an integer >= 0, got -2 \\(recipe key prompts.queries\\)")
 case("probes-prefix-beyond", ["probes", "ck", "--out", "o", "--prefixes", "99"], r"probes.prefixes must lie in 1..7 .* got \[99\]")
 case("report-probe-prefix-beyond", ["report", "ck", "--out", "o", "--set", "probes.prefixes=[8]"], r"probes.prefixes must lie in 1..7")
 case("probes-alphas-nan", ["probes", "ck", "--out", "o", "--alphas", "nan"], "probes.alphas")
@@ -409,14 +409,14 @@ case("unknown-command", ["frobnicate"], "invalid choice")
 
 # ---- interventions
 case("ablate-over-cwd", ["ablate", "ck", "--out", "."], "contains the input ck")
-case("ablate-kind-unknown", ["ablate", "ck", "--out", "o", "--kinds", "cut"], "invalid choice")
-case("ablate-prompts-zero", ["ablate", "ck", "--out", "o", "--prompts", "0"], "interventions.prompts must be an integer >= 1")
+case("ablate-kind-unknown", ["ablate", "ck", "--out", "o", "--kinds", "cut"], "argument --kinds: Unknown ablation kind 'cut'. Known: mean, skip, zero")
+case("ablate-prompts-zero", ["ablate", "ck", "--out", "o", "--prompts", "0"], "argument --prompts: must be an integer >= 1, got 0 \\(recipe key interventions.prompts\\)")
 case("patch-map-missing", ["patch", "ck", "--out", "o", "--map-from", "nope.csv"], "--map-from nope.csv: no such file")
 case("patch-map-wrong-table", ["patch", "ck", "--out", "o", "--map-from", "m.csv"], "needs columns sweep, metric",
      write("m.csv", "a,b\n1,2\n"))
 case("patch-query-beyond", ["patch", "ck", "--out", "o", "--query", "99"], "--query must lie in 1..7")
 # no example before the query: nothing for a patch to restore (every restored share was 0/0, then a pandas ValueError)
-case("patch-query-zero", ["patch", "ck", "--out", "o", "--query", "0"], "interventions.query must be an integer >= 1")
+case("patch-query-zero", ["patch", "ck", "--out", "o", "--query", "0"], "argument --query: must be an integer >= 1, got 0 \\(recipe key interventions.query\\)")
 case("patch-learner-unknown", ["patch", "ck", "--out", "o", "--learners", "newtn"], "Did you mean: newton")
 case("patch-over-input", ["patch", "ck", "--out", "ck"], "input itself")
 
@@ -463,7 +463,7 @@ for override, culprit in (("prompts=1000000000", "study prompts = 1000000000 wit
 # ---- trust round 4
 HUGE_SEED = str(10**20)
 case("evaluate-seed-above-2^63", ["evaluate", "ck", "--prompts", "8", "--seed", HUGE_SEED, "--out", "ev"],
-     r"prompts.seed must be an integer in 0..2\^63-1")
+     r"argument --seed: must be an integer in 0..2\^63-1, got \d+ \(recipe key prompts.seed\)")
 case("report-seed-above-2^63", ["report", "ck", "--out", "rep", "--set", f"prompts.seed={HUGE_SEED}"], "prompts.seed")
 case("train-seed-above-2^63", ["train", "--recipe", "r.toml", "--out", "new", "--set", f"train.seed={HUGE_SEED}"],
      "train.seed", write("r.toml", "[train]\nsteps = 2\n"))

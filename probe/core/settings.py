@@ -57,8 +57,9 @@ def add_flags(
         if hint is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs["type"] = scalar_type(hint)
-            kwargs["metavar"] = {int: "N", float: "X"}.get(kwargs["type"], "NAME")
+            kind = scalar_type(hint)
+            kwargs["type"] = _checked_flag(kind, field.metadata, f"{section}.{name}")
+            kwargs["metavar"] = {int: "N", float: "X"}.get(kind, "NAME")
             if is_sequence(hint):
                 kwargs["nargs"] = "+"
             choices = field.metadata.get("choices")
@@ -67,6 +68,31 @@ def add_flags(
         parser.add_argument(f"--{flags[0]}", **kwargs)
         for old in flags[1:]:  # old spellings: same value, a warning, not listed in --help
             parser.add_argument(f"--{old}", **{**kwargs, "help": argparse.SUPPRESS, "action": _renamed(flags[0])})
+
+
+def _checked_flag(kind: type, rules: Mapping[str, Any], key: str):
+    """argparse type of a flag setting recipe key `key`: the text as `kind`, checked against the
+    field's rules when the command line is read, so that a bad value is refused naming the flag
+    (argparse prefixes it) and the key it sets."""
+    from .config import _check_value
+
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+            ) from None
+        if "help" not in rules:
+            return value
+        try:
+            return _check_value(value, kind, key, rules)
+        except ConfigError as err:
+            message = str(err).removeprefix(key).lstrip(": ")
+            raise argparse.ArgumentTypeError(f"{message} (recipe key {key})") from None
+
+    convert.__name__ = kind.__name__  # argparse names the type in its own messages
+    return convert
 
 
 def _renamed(new: str) -> type[argparse.Action]:
