@@ -14,7 +14,7 @@ def test_train_then_evaluate_from_cli(tmp_path, capsys):
                  "--out", str(run)]) == 0
     assert main(["-q", "evaluate", str(run), "--prompts", "16", "--out", str(tmp_path / "eval")]) == 0
     out = capsys.readouterr().out
-    assert "n_examples" in out and "least_squares" in out
+    assert "n_examples" in out and "least_squares" in out and "16 prompts, seed 0; squared error / d" in out
     frame = pd.read_csv(tmp_path / "eval" / "icl_error.csv")
     assert len(frame) == 8 and (tmp_path / "eval" / "icl_error.png").stat().st_size > 1000
     written = json.loads((tmp_path / "eval" / "evaluate_summary.json").read_text())

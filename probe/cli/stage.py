@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     built = run_stages(
         ckpt, recipe, device, StageCache(None), progress, only=only, on_done=note, given=exact, options=options
     )
-    tables = StageTables(built.tables, built.data, ckpt)
+    tables = StageTables(built.tables, built.data, ckpt, recipe)
     block = declared.summarise(tables, recipe)
     summary = provenance(ckpt, recipe)  # what its findings read: its own block, the checkpoint and the recipe
     summary.stages = {declared.block_key: block}

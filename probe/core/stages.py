@@ -385,10 +385,11 @@ class StageTables(dict):
     table (JSON-able values, e.g. the probes' resampled intervals): what `run` may return and what
     `summarise` is given."""
 
-    def __init__(self, tables: Any = (), data: dict[str, Any] | None = None, ckpt: Any = None):
+    def __init__(self, tables: Any = (), data: dict[str, Any] | None = None, ckpt: Any = None, recipe: Any = None):
         super().__init__(tables)
         self.data = dict(data or {})
         self.ckpt = ckpt  # the checkpoint they were made on, where `summarise` is given them
+        self.recipe = recipe  # the recipe they were made with, where a command's `show` is given them
 
 
 STAGES: dict[str, AnalysisStage] = {}

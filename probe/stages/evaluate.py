@@ -110,7 +110,11 @@ def _show_curve(t: StageTables, block) -> list[str]:
     ckpt = t.ckpt
     task = ckpt.config.task
     number = lambda v: f"{v:.4f}"
-    lines = [f"{ckpt.path} ({ckpt.format}, {task.name}, d={task.n_dims}); squared error / d:"]
+    prompts = t.recipe.prompts
+    lines = [
+        f"{ckpt.path} ({ckpt.format}, {task.name}, d={task.n_dims}); {prompts.curve} prompts, seed {prompts.seed}; "
+        "squared error / d:"
+    ]
     lines.append(t["icl_error"].to_string(index=False, float_format=number))
     if "icl_r2" in t:
         lines += ["R^2:", t["icl_r2"].to_string(index=False, float_format=number)]
