@@ -3,10 +3,11 @@ target: the probes at most 3x the layers stage with both controls kept; the floo
 
 Runs both stages of the quick recipe on a checkpoint (no cache), then the probe stage's parts on
 the same prompts as `probe_study` runs them: the captures (training and test streams of the model
-and of its random-weights control), the three pooling fits (the model's probes, the shuffled-target
-control on the model's streams, the random-weights control) and the scoring. The floor printed is
-what remains with the controls left out: one model's captures and one fit, at the recipe's
-stopping rule; each control costs about one more fit. Last line:
+and of its random-weights control), the pooling fits (the model's probes and the shuffled-target
+control as one grid on the model's streams, `fit_probe_grids`; the random-weights control) and the
+scoring. The floor printed is what remains with the controls left out: one model's captures and one
+fit of as many probes as the model's own (the random-weights control's), at the recipe's stopping
+rule. Last line:
 `probes_over_layers=<ratio> floor_over_layers=<ratio>`.
 
     python benchmarks/probe_cost.py [--checkpoint checkpoints/gpt2-default] [--threads N]
