@@ -315,8 +315,11 @@ def test_probe_grids_on_shared_states_equal_each_grid_alone():
     shuffled = {k: v[torch.randperm(200, generator=torch.Generator().manual_seed(0))] for k, v in own.items()}
     test_targets = {k: v[200:] for k, v in targets.items()}
     combos, options = [(2, "xty"), (5, "xty"), (5, "w_ols")], {"hidden": 16, "mlp_head": "random"}
-    together = fit_probe_grids(train, {"own": own, "shuffled": shuffled}, combos, ("linear", "mlp"), **options)
-    assert list(together) == ["own", "shuffled"]
+    by_position = train.double().transpose(1, 2).contiguous()  # (L, 2n, N, D): used in place, no copy
+    kept = by_position.clone()
+    sets = {"own": own, "shuffled": shuffled}
+    together = fit_probe_grids(by_position, sets, combos, ("linear", "mlp"), layout="lpnd", **options)
+    assert list(together) == ["own", "shuffled"] and torch.equal(by_position, kept)  # the caller's states as they were
     for name, by_target in (("own", own), ("shuffled", shuffled)):
         alone = fit_probe_grid(train, by_target, combos, ("linear", "mlp"), **options).score(test, test_targets, 50)
         table = together[name].score(test, test_targets, 50)
