@@ -322,7 +322,7 @@ def test_probe_grids_on_shared_states_equal_each_grid_alone():
     assert list(together) == ["own", "shuffled"] and torch.equal(by_position, kept)  # the caller's states as they were
     for name, by_target in (("own", own), ("shuffled", shuffled)):
         alone = fit_probe_grid(train, by_target, combos, ("linear", "mlp"), **options).score(test, test_targets, 50)
-        table = together[name].score(test, test_targets, 50)
+        table = together[name].score(test.double().transpose(1, 2).contiguous(), test_targets, 50)
         assert len(table) == 2 * 4 * len(combos)
         pd.testing.assert_frame_equal(
             without_draws(table), without_draws(alone), check_exact=False, rtol=1e-9, atol=1e-9
