@@ -145,8 +145,11 @@ def test_a_registered_stage_is_a_command(registered, ckpt, tmp_path, capsys):
     assert written["recipe"]["prompts"]["seed"] == 0 and written["command"] == "mean-prediction"
     assert {p.name for p in out.iterdir()} >= {"mean_prediction.csv", "mean_prediction.png"}
     assert "Mean |prediction| after" in capsys.readouterr().out
-    assert main(["-q", "mean-prediction", str(ckpt), "--prompts", "0", "--out", str(tmp_path / "bad")]) == 2
-    assert "mean_prediction.prompts" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    with pytest.raises(SystemExit) as refused:  # checked when the command line is read, naming the flag and key
+        main(["-q", "mean-prediction", str(ckpt), "--prompts", "0", "--out", str(tmp_path / "bad")])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "argument --prompts: must be an integer >= 1, got 0" in err
+    assert "(recipe key mean_prediction.prompts)" in err and not (tmp_path / "bad").exists()
 
 
 @pytest.mark.slow
