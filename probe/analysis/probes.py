@@ -222,18 +222,8 @@ def fit_probe_grid(
         n_probes, n_prompts = train_states.shape[0] * len(combos), train_states.shape[1 if layout == "lnpd" else 2]
         budget.check([budget.mlp_probe_estimate("hidden", hidden, n_probes, n_prompts, train_states.shape[-1])])
     dtype = probe_dtype(precision)
-    given, train_states = train_states, _by_position(train_states, layout, dtype).to(device)
-    overwrite_states |= train_states.data_ptr() != given.data_ptr()  # a copy already: this call's own
-    n_layers, _, n_train, _ = train_states.shape
-    if n_train < 3:
-        raise ConfigError(f"probes need at least 3 training prompts (leave-one-out), got {n_train}")
-    stats = _target_stats(train_targets)
-    y_train = _stack_targets(stats, train_targets, combos).repeat(n_layers, 1, 1).to(device)
-    layer = torch.arange(n_layers, device=device).repeat_interleave(len(combos))
-    n_used = torch.tensor([2 * t for t, _ in combos], device=device).repeat(n_layers)
-    make = ProbeSet.centred_in_place if overwrite_states else ProbeSet
-    probes = make(train_states, layer, n_used, y_train - y_train.mean(1, keepdim=True))
-    del given, train_states
+    probes, y_train, stats = _grid_probes(train_states, train_targets, combos, layout, dtype, device, overwrite_states)
+    del train_states
     fit = fit_pooling(probes, alphas, pooling == "learned", gtol, ftol, max_iter)
     heads: list[tuple[str, Head, Tensor, Tensor, Tensor, HeadFit | None]] = []
     linear: Chosen | None = None  # the linear head's penalty and error, which the MLP head on that pooling reuses
@@ -251,6 +241,25 @@ def fit_probe_grid(
         linear = (penalty, loo) if kind == "linear" else linear
     without_states = dataclasses.replace(probes, states=probes.states.new_empty(0, 0, 0, 0))
     return FittedProbes(without_states, fit, heads, y_train, stats, list(combos), hidden, layout, dtype, device)
+
+
+def _grid_probes(
+    states: Tensor, targets: dict[str, Tensor], combos, layout: str, dtype: torch.dtype, device: str, overwrite: bool
+) -> tuple[ProbeSet, Tensor, dict[str, tuple[Tensor, Tensor]]]:
+    """The grid's probe set (every layer x combo, layer-major) on `states` in the by-position layout,
+    centred in place where `overwrite` or where the layout, dtype or device made a copy anyway; with
+    the standardised training targets (G, N, d) and their statistics."""
+    by_position = _by_position(states, layout, dtype).to(device)
+    overwrite |= by_position.data_ptr() != states.data_ptr()  # a copy already: this call's own
+    n_layers, _, n_train, _ = by_position.shape
+    if n_train < 3:
+        raise ConfigError(f"probes need at least 3 training prompts (leave-one-out), got {n_train}")
+    stats = _target_stats(targets)
+    y_train = _stack_targets(stats, targets, combos).repeat(n_layers, 1, 1).to(device)
+    layer = torch.arange(n_layers, device=device).repeat_interleave(len(combos))
+    n_used = torch.tensor([2 * t for t, _ in combos], device=device).repeat(n_layers)
+    make = ProbeSet.centred_in_place if overwrite else ProbeSet
+    return make(by_position, layer, n_used, y_train - y_train.mean(1, keepdim=True)), y_train, stats
 
 
 def fit_probe_grids(
