@@ -61,8 +61,10 @@ def test_the_planted_gd_model_holds_no_more_of_s_than_its_layer_0():
 def test_probes_fitted_a_block_of_layers_at_a_time_are_the_probes_of_one_grid(monkeypatch):
     """On a GPT-2 (a forward resumed from a layer) with float64 streams, the probe study fits and
     scores a block of layers at a time (`layer_blocks`): each probe's pooling fit is its own, so the
-    fits are the same bit for bit and R^2 the same to round-off, rows in the same order, with the
-    controls; with every layer in one block (a large PROBE_BLOCK_BYTES) the whole capture is used."""
+    fits take the same iterations and stop alike, at the same numbers to the round-off of the batched
+    products (a batch of fewer probes may take another BLAS kernel: exact on some CPUs, not on an
+    AVX-512 one), rows in the same order, with the controls; with every layer in one block (a large
+    PROBE_BLOCK_BYTES) the whole capture is used."""
     from conftest import build_cfg
 
     import probe.analysis.probe_study as study
@@ -81,8 +83,8 @@ def test_probes_fitted_a_block_of_layers_at_a_time_are_the_probes_of_one_grid(mo
     blocked = probe_study(model, cfg.task, settings, n_test=12, control_model=control, n_boot=20)
     assert list(blocked.columns) == list(whole.columns) and len(whole) == 3 * 2 * 2 * 2 * 3  # boundaries, prefixes,
     # targets, kinds, controls
-    exact = ["layer", "prefix", "target", "kind", "control", "penalty", "iterations", "grad_norm", "converged",
-             "y_mass", "peak_position", "loo_r2"]  # fmt: skip
+    exact = ["layer", "prefix", "target", "kind", "control", "iterations", "converged", "peak_position"]
     assert blocked[exact].equals(whole[exact])
-    for name in ("r2", "r2_low", "r2_high", "nmse"):
-        np.testing.assert_allclose(blocked[name], whole[name], rtol=0, atol=1e-10, err_msg=name)
+    np.testing.assert_allclose(blocked.penalty, whole.penalty, rtol=1e-8, atol=0, err_msg="penalty")
+    for name in ("grad_norm", "y_mass", "loo_r2", "r2", "r2_low", "r2_high", "nmse"):
+        np.testing.assert_allclose(blocked[name], whole[name], rtol=0, atol=1e-9, err_msg=name)
