@@ -91,9 +91,11 @@ def floor_fpe(ckpt: Path, overrides: tuple[str, ...] = ()) -> float:
     """A floor for the quick recipe in curve-forward units, counted from its settings: every prompt
     set it needs through the model once (curve; read-out train, val and test; probe training and
     test prompts, twice with the random-weights control; forgetting; order prompts x permutations;
-    ablation prompts and their held-out twins; patching's clean and corrupted prompts) plus SimW's
-    fresh queries as the tokens they add (induced x queries x prefixes single tokens over 2n tokens
-    a prompt). The ablations' and patches' partial re-runs are not counted: this is a floor."""
+    ablation prompts and their held-out twins; patching's clean and corrupted prompts; the shifted
+    prompts of every [ood] shift and the unshifted prompts its learners are matched on; the token
+    probes' prompts where they are not the probes') plus SimW's fresh queries and the replaced
+    queries of the shifts that replace them as the tokens they add (single tokens over 2n tokens a
+    prompt). The ablations' and patches' partial re-runs are not counted: this is a floor."""
     from probe.io.formats import load_checkpoint
 
     loaded = load_checkpoint(ckpt)
@@ -108,7 +110,34 @@ def floor_fpe(ckpt: Path, overrides: tuple[str, ...] = ()) -> float:
     prompts += r.order.prompts * r.order.permutations if r.order.enabled else 0
     if r.interventions.enabled:
         prompts += 2 * r.interventions.prompts + 2 * r.interventions.patch_prompts
+    ood, replacing = ood_prompts(loaded, r)
+    prompts += ood + replacing * r.ood.prompts * (n - 1) / (2 * n)
+    prompts += sum(token_prompts(r).values())
     return prompts / p.curve
+
+
+def ood_prompts(loaded, r) -> tuple[int, int]:
+    """The [ood] stage's prompts through the model (each shift's, and the unshifted prompts the
+    learners are matched on) and how many of its shifts replace the queries (one query token per
+    prefix after a cached forward); (0, 0) where the stage is off or refuses the checkpoint."""
+    from probe.analysis.shift_tracking import MATCH_PROMPTS
+    from probe.data.shifts import SHIFTS, parse_shift
+    from probe.stages.ood import shifts_refusal
+
+    if not r.ood.enabled or shifts_refusal(loaded):
+        return 0, 0
+    replacing = sum(SHIFTS[parse_shift(s)[0]].replaces_query for s in r.ood.shifts)
+    return r.ood.prompts * len(r.ood.shifts) + MATCH_PROMPTS, replacing
+
+
+def token_prompts(r) -> dict[str, int]:
+    """The token probes' training and test prompts that no earlier stage's streams give them (the
+    probe study's float64 streams of the same prompt sets are read from the report's stream store)."""
+    if not r.token_probes.enabled:
+        return {}
+    shared = r.probes.enabled and r.probes.precision == "float64"
+    own = {"train": (r.token_probes.prompts, r.probes.prompts), "test": (r.token_probes.test, r.prompts.test)}
+    return {k: n for k, (n, probes) in own.items() if not (shared and n == probes)}
 
 
 def work_fpe(ckpt: Path, float64_cost: float, overrides: tuple[str, ...] = ()) -> dict[str, float]:
@@ -120,9 +149,11 @@ def work_fpe(ckpt: Path, float64_cost: float, overrides: tuple[str, ...] = ()) -
     the ablated block (skip, and zero and mean of each MLP), the patching heatmap's windows
     (tokens p..query from each boundary), the random-weights null model's predictions on the
     held-out prompts, and the layer-map check (its clean and source runs, each twice: predictions,
-    then streams and keys, and each pooled query token resumed from every boundary). Attention's own
-    cost, the learners, fits, bootstraps and figures are not counted: the rest of a report's FPE is
-    those."""
+    then streams and keys, and each pooled query token resumed from every boundary), the [ood]
+    stage's shifted and matching prompts with one query token per prefix for a shift that replaces
+    the queries, and the token probes' float64 streams not read from the probe study's. Attention's
+    own cost, the learners, fits, bootstraps and figures are not counted: the rest of a report's FPE
+    is those."""
     from probe.io.formats import load_checkpoint
 
     loaded = load_checkpoint(ckpt)
@@ -158,6 +189,12 @@ def work_fpe(ckpt: Path, float64_cost: float, overrides: tuple[str, ...] = ()) -
             work["map check"] = 4 * s.patch_prompts * full + s.patch_prompts * queries * sum(
                 layers - b for b in range(layers)
             )
+    ood, replacing = ood_prompts(loaded, r)
+    if ood:
+        work["ood"] = ood * full + replacing * r.ood.prompts * n * layers
+    tokens = token_prompts(r)
+    if tokens:
+        work["token streams"] = sum(tokens.values()) * full * float64_cost
     return {k: v / (p.curve * full) for k, v in work.items()}
 
 

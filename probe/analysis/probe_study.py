@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..capture.stream_store import StreamReader
 from ..capture.streams import LayerStreams, by_position_streams
 from ..core import budget
 from ..core.allocator import release_free_memory
@@ -102,11 +103,14 @@ def probe_study(
     progress: bool = False,
     memory: MemoryBudget | None = None,
     n_boot: int = 1000,
+    streams: StreamReader | None = None,
 ) -> pd.DataFrame:
     """Probes for every layer x prefix x target x kind on `model`, tested on `n_test` held-out
     prompts, with the controls of the module docstring (`random_model` needs `control_model`).
     Column `control` says which rows are which; R^2 intervals over `n_boot` resamples of the test
-    prompts (the R2_DRAWS column feeds `probe_intervals`)."""
+    prompts (the R2_DRAWS column feeds `probe_intervals`). `streams`: a report's stream store, through
+    which the model's float64 streams (made a block of layers at a time) are read or kept for the
+    token probes (probe/capture/stream_store.py)."""
 
     check_model(model)
     device, n_test = check_device(device), positive_int(n_test, "probe test prompts")
@@ -133,7 +137,8 @@ def probe_study(
     fits_per_block = 2 if settings.controls else 1
     bar = tqdm(total=len(models) * fits_per_block * len(blocks), desc="probes", disable=not progress, leave=False)
     for control, m in models:  # one model's streams at a time, a block of layers at a time
-        for first, train_states, test_streams in _streams_by_block(m, train, test, blocks, device, dtype, memory):
+        own = streams if control == "none" else None
+        for first, train_states, test_streams in _streams_by_block(m, train, test, blocks, device, dtype, memory, own):
             targets = {control: targets_train}
             if control == "none" and settings.controls:
                 targets["shuffled"] = shuffled
@@ -205,10 +210,12 @@ def _streams_by_layer(model, dtype: torch.dtype) -> bool:
     return dtype == torch.float64 and bool(getattr(model, "key_value_cache", False))
 
 
-def _streams_by_block(model, train, test, blocks: list[slice], device: str, dtype: torch.dtype, memory):
+def _streams_by_block(
+    model, train, test, blocks: list[slice], device: str, dtype: torch.dtype, memory, streams: StreamReader | None
+):
     """Per block of `layer_blocks`: (its first boundary, its training streams (k, 2n, N, D), a
     function giving its test streams), the training streams made before the test streams are asked
-    for, so a block's fits never hold both."""
+    for, so a block's fits never hold both; `streams`: the report's stream store (`LayerStreams` `share`)."""
     if not _streams_by_layer(model, dtype):
         yield (
             0,
@@ -216,7 +223,12 @@ def _streams_by_block(model, train, test, blocks: list[slice], device: str, dtyp
             (lambda: by_position_streams(model, test.xs, test.ys, device, dtype=dtype, memory=memory)),
         )
         return
-    trains, tests = LayerStreams(model, train.xs, train.ys, device), LayerStreams(model, test.xs, test.ys, device)
+    shares = [
+        None if streams is None else streams.share(s, len(p.xs))
+        for s, p in ((Stream.PROBE_TRAIN, train), (Stream.PROBE_TEST, test))
+    ]
+    trains = LayerStreams(model, train.xs, train.ys, device, share=shares[0])
+    tests = LayerStreams(model, test.xs, test.ys, device, share=shares[1])
 
     def test_block(rows: slice) -> torch.Tensor:
         trains.release()  # the block's fits are done: its training streams go before its test streams come

@@ -43,6 +43,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..capture.stream_store import StreamReader
 from ..capture.streams import LayerStreams, by_position_streams, column_count, column_streams
 from ..core import budget
 from ..core.allocator import release_free_memory
@@ -512,16 +513,18 @@ def token_estimates(
     targets: Sequence[TokenTarget],
     n_tokens: int,
     columns: int = 0,
+    read: tuple[str, ...] = (),
 ) -> list[budget.Estimate]:
-    """The streams of the training and test prompts (float64, every layer), the `columns` column
+    """The streams of the training and test prompts (float64, every layer; those whose knob is in
+    `read` are read from a store, not run: probe/capture/stream_store.py), the `columns` column
     tokens' states of every prefix run where probed, the Newton targets' iterations (each k from
     scratch, per eigenvalue of every prefix of every prompt: `_newton_iterate`) and the bootstrap of
     every (target x token kind) probe at every layer: the report's check and the study's."""
     probes = len(targets) * n_tokens
     newton = [t.iterations for t in targets if t.name in NEWTON_TARGETS]
     out = [
-        budget.prompt_estimate("token_probes.prompts", n_train, shape, points, 2),
-        budget.prompt_estimate("token_probes.test", n_test, shape, points, 2),
+        budget.prompt_estimate(knob, n, shape, points, 0 if knob in read else 2)
+        for knob, n in (("token_probes.prompts", n_train), ("token_probes.test", n_test))
     ]
     if columns:
         per_prompt = 8.0 * (shape.layers + 1) * points * columns * shape.width
@@ -545,10 +548,12 @@ def token_probe_study(
     device: str = "cpu",
     tokens: Sequence[str] = ("x", "y"),
     n_boot: int = 1000,
+    streams: StreamReader | None = None,
 ) -> pd.DataFrame:
     """`fit_token_probes` on the model's streams over fresh prompts of its task (the probes' train
     and test streams of probe/core/seeds.py), in float64; token "column" needs a model that keeps
-    column tokens (`probed_tokens`)."""
+    column tokens (`probed_tokens`). `streams`: a report's stream store, from which streams the probe
+    study kept are read instead of computed (probe/capture/stream_store.py)."""
     check_model(model)
     device = check_device(device)
     n_train, n_test = positive_int(n_train, "prompts"), positive_int(n_test, "test prompts")
@@ -566,16 +571,17 @@ def token_probe_study(
         for size, stream in ((n_train, Stream.PROBE_TRAIN), (n_test, Stream.PROBE_TEST))
     ]
 
-    def streams(p) -> tuple[Tensor | LayerStreams, Tensor | None]:
+    def states(p, stream: Stream) -> tuple[Tensor | LayerStreams, Tensor | None]:
         if "column" not in tokens and getattr(model, "key_value_cache", False):
-            return LayerStreams(model, p.xs, p.ys, device), None  # a block of layers at a time
-        states = by_position_streams(model, p.xs, p.ys, device, dtype=torch.float64)
-        return states, column_streams(model, p.xs, p.ys, device) if "column" in tokens else None
+            share = None if streams is None else streams.share(stream, len(p.xs))
+            return LayerStreams(model, p.xs, p.ys, device, share=share), None  # a block of layers at a time
+        whole = by_position_streams(model, p.xs, p.ys, device, dtype=torch.float64)
+        return whole, column_streams(model, p.xs, p.ys, device) if "column" in tokens else None
 
-    train = streams(prompts[0])
+    train = states(prompts[0], Stream.PROBE_TRAIN)
     heads = fit_token_heads(train[0], prompts[0].xs, targets, prompts[0].ys, tokens=tokens, columns=train[1])
     del train  # the training streams go before the test streams exist (float64 streams are GBs)
-    test = streams(prompts[1])
+    test = states(prompts[1], Stream.PROBE_TEST)
     return score_token_heads(
         heads, test[0], prompts[1].xs, targets, prompts[1].ys, tokens=tokens, n_boot=n_boot, seed=seed, columns=test[1]
     )

@@ -14,6 +14,7 @@ from ..core.errors import ConfigError
 from ..core.memory import MemoryBudget, nbytes
 from ..core.validate import check_prompts_for, positive_int
 from .activations import RESID, capture, spill_dir
+from .stream_store import StreamShare, streams_key
 
 CHUNK_BYTES = 32 << 20  # one chunk's streams (its forward's temporaries are a few times that)
 MIN_CHUNK = 8
@@ -114,9 +115,20 @@ class LayerStreams:
     set's stream is carried through one block after another (`resume`), `chunk` prompts at a time,
     so one boundary is held instead of L+1 (the token probes' streams at Garg et al.'s standard
     shape, 512 prompts: 86 MB instead of 1.1 GB). Each boundary is what `run` computes there, on
-    a float64 copy of the model, as `by_position_streams(..., dtype=torch.float64)` gives it."""
+    a float64 copy of the model, as `by_position_streams(..., dtype=torch.float64)` gives it. With
+    `share` (a report's `StreamStore`, probe/capture/stream_store.py) a boundary kept there by an
+    earlier reader of the same model, prompts, chunking and device is read instead of computed, and
+    one computed is kept where `share.keep`."""
 
-    def __init__(self, model, xs: Tensor, ys: Tensor, device: str = "cpu", chunk: int | None = None):
+    def __init__(
+        self,
+        model,
+        xs: Tensor,
+        ys: Tensor,
+        device: str = "cpu",
+        chunk: int | None = None,
+        share: StreamShare | None = None,
+    ):
         if not getattr(model, "key_value_cache", False):
             raise ConfigError(
                 f"{type(model).__name__} cannot resume a forward from a layer: capture with by_position_streams"
@@ -129,6 +141,8 @@ class LayerStreams:
         # a block's forward holds several times its chunk's stream (queries, keys, values, scores, the MLP's 4D)
         self.chunk = chunk or max(MIN_CHUNK, LAYER_CHUNK_BYTES // max(1, per_prompt))
         self.xs, self.ys = xs.to(device, torch.float64), ys.to(device, torch.float64)
+        self.share = share
+        self.key = "" if share is None else streams_key(model, xs, ys, self.chunk, str(device))
         self.stream: Tensor | None = None  # (N, 2n, D): the boundary `self.next - 1`
         self.next = 0
         self.last: tuple[slice, Tensor] | None = None
@@ -136,6 +150,11 @@ class LayerStreams:
     def _advance(self) -> Tensor:
         """The stream at boundary `self.next` (N, 2n, D), computed from the one before."""
         _, n_tokens, n_prompts, width = self.shape
+        if self.share is not None:
+            kept = self.share.store.get(self.key, self.next, (n_prompts, n_tokens, width))
+            if kept is not None:
+                self.stream, self.next = kept.to(self.xs.device), self.next + 1
+                return self.stream
         stream = torch.empty(n_prompts, n_tokens, width, dtype=torch.float64, device=self.xs.device)
         with torch.no_grad():  # each chunk written in place: no list of chunks beside the stream
             for s in range(0, n_prompts, self.chunk):
@@ -148,6 +167,8 @@ class LayerStreams:
                     stream[s : s + self.chunk] = self.model.resume(
                         self.stream[s : s + self.chunk], self.next - 1, self.next
                     )
+        if self.share is not None and self.share.keep:
+            self.share.store.put(self.key, self.next, stream)
         self.stream, self.next = stream, self.next + 1
         return stream
 

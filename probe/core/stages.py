@@ -60,6 +60,7 @@ HOOKS = (
     "verdicts",
     "check",
     "refuses",
+    "probe_stream_sets",
     "study_rows",
     "entry_types",
     "entries",
@@ -228,6 +229,13 @@ class AnalysisStage:
         """Budget Estimates (probe/core/budget.py) of its own knobs on this checkpoint, the report's
         up-front check."""
         return []
+
+    def probe_stream_sets(self, recipe: Any, ckpt: Any) -> tuple[tuple[int, int], ...]:
+        """The prompt sets (probe/core/seeds.py stream, count) over which it reads the model's float64
+        streams a block of layers at a time through `Context.streams.reader(name)`
+        (probe/capture/stream_store.py): where a later stage of the report reads the same set, it
+        reads what this one made instead of running the model again. None by default."""
+        return ()
 
     def findings(self, block: Any, summary: Any) -> str | list[str | None] | None:
         """Its findings line (None: none; a list: several); `summary` is the report's Summary (the
@@ -505,6 +513,19 @@ def unregister_stage(name: str) -> None:
 
 
 _loaded = False
+
+
+def streams_made_before(name: str, recipe: Any, ckpt: Any) -> frozenset[tuple[int, int]]:
+    """The prompt sets whose float64 streams a stage running before stage `name` in a report makes
+    (its `probe_stream_sets`), so that `name` reads them instead of running the model (its estimates
+    leave those forwards out)."""
+    made: set[tuple[int, int]] = set()
+    for other in registered().values():
+        if other.name == name:
+            break
+        if other.enabled(recipe) and not other.refusal(ckpt):
+            made |= set(other.probe_stream_sets(recipe, ckpt))
+    return frozenset(made)
 
 
 def registered() -> dict[str, AnalysisStage]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..capture.stream_store import StreamStore
 from ..core import budget
 from ..core.allocator import release_free_memory
 from ..core.memory import MemoryBudget
@@ -60,6 +61,7 @@ class Context:
     earlier: Built = field(default_factory=Built)
     prefix: str = ""
     options: dict[str, Any] = field(default_factory=dict)  # a derived command's (probe/core/stages.py Command)
+    streams: StreamStore = field(default_factory=StreamStore)  # the probe streams its stages share
 
     def before(self, name: str, kind: str = "tables") -> Any:
         """An earlier stage's table or data entry `name` (None when that stage did not run)."""
@@ -145,17 +147,41 @@ def run_stages(
     stages it needs), `options` (Context.options)."""
     recipe, only = adapt_recipe(recipe, ckpt.config), (only if given is not None else with_needs(only))
     earlier = given if given is not None else Built()
-    context = Context(ckpt, recipe, device, progress, memory or MemoryBudget(), earlier, prefix, dict(options or {}))
-    built, sha = context.earlier, ckpt.fingerprint[:16]
+    stages, sha = report_stages(), ckpt.fingerprint[:16]
+    keys = planned_keys(stages, recipe, ckpt, only, sha)
+    readers = {
+        name: stages[name].declared.probe_stream_sets(recipe, ckpt)
+        for name, key in keys.items()
+        if not cache.holds(key)
+    }
+    with StreamStore({name: sets for name, sets in readers.items() if sets}) as streams:
+        context = Context(
+            ckpt, recipe, device, progress, memory or MemoryBudget(), earlier, prefix, dict(options or {}), streams
+        )
+        _run_planned(stages, keys, context, cache, only, on_done)
+    return context.earlier
+
+
+def planned_keys(stages: dict[str, Stage], recipe: Recipe, ckpt: LoadedCheckpoint, only, sha: str) -> dict[str, str]:
+    """The cache key of every stage that will run, in running order."""
     keys: dict[str, str] = {}
-    for stage in report_stages().values():
-        if not stage.wanted(recipe, ckpt, only):
+    for stage in stages.values():
+        if stage.wanted(recipe, ckpt, only):
+            keys[stage.name] = stage_key(sha, stage, recipe, keys)
+    return keys
+
+
+def _run_planned(stages: dict[str, Stage], keys: dict[str, str], context: Context, cache: StageCache, only, on_done):
+    """`run_stages`' loop: each stage of `keys` through the cache, the others recorded as not measured."""
+    built, recipe, prefix = context.earlier, context.recipe, context.prefix
+    for stage in stages.values():
+        if stage.name not in keys:
             on = stage.declared.enabled(recipe) if only is None else stage.name in only
             if on:
-                built.not_measured[prefix + stage.name] = stage.declared.refusal(ckpt)
+                built.not_measured[prefix + stage.name] = stage.declared.refusal(context.ckpt)
             continue
         start = time.perf_counter()
-        keys[stage.name] = key = stage_key(sha, stage, recipe, keys)
+        key = keys[stage.name]
         tables, data, hit = cache.get_or_run(key, partial(stage.run, context))
         built.timings[prefix + stage.name] = round(time.perf_counter() - start, 2)
         built.cached[prefix + stage.name] = hit
@@ -170,7 +196,6 @@ def run_stages(
             built.timings[prefix + stage.name],
             " (cached)" if hit else "",
         )
-    return built
 
 
 def stage_key(sha: str, stage: Stage, recipe: Recipe, earlier: dict[str, str]) -> str:

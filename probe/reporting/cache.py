@@ -63,6 +63,11 @@ class StageCache:
     def _dir(self, key: str) -> Path | None:
         return None if self.root is None else self.root / f"{key}-{self.code}"
 
+    def holds(self, key: str) -> bool:
+        """Whether an entry for `key` was written (`get_or_run` still checks it before use)."""
+        folder = self._dir(key)
+        return folder is not None and (folder / "done.json").exists()
+
     def get_or_run(
         self, key: str, run: Callable[[], tuple[dict[str, pd.DataFrame], dict[str, Any]]]
     ) -> tuple[dict[str, pd.DataFrame], dict[str, Any], bool]:

@@ -17,6 +17,7 @@ from ..analysis.probe_study import ProbeSettings, probe_intervals, probe_study
 from ..analysis.probes import without_r2_draws
 from ..core import budget
 from ..core.plotting import legend_outside, pyplot, save_png
+from ..core.seeds import Stream
 from ..core.stages import OMIT, AnalysisStage, StageTables, register_stage
 from ..models import random_weights_model
 from ..models.sizes import shape_of
@@ -229,11 +230,21 @@ class ProbesStage(AnalysisStage):
         settings, seed = c.recipe.probes, c.recipe.prompts.seed
         control = probe_control_model(c.ckpt, seed) if settings.controls else None
         task, n_test, n_boot = c.ckpt.config.task, c.recipe.prompts.test, c.recipe.similarity.bootstrap
-        table = probe_study(c.ckpt.model, task, settings, n_test, seed, c.device, control, c.progress, c.memory, n_boot)
+        streams = c.streams.reader(self.name)  # the model's streams, kept for the token probes
+        table = probe_study(
+            c.ckpt.model, task, settings, n_test, seed, c.device, control, c.progress, c.memory, n_boot, streams
+        )
         return StageTables({"probes": without_r2_draws(table)}, {"probe_intervals": probe_intervals(table)})
 
     def summarise(self, tables, recipe):
         return probe_block(tables)
+
+    def probe_stream_sets(self, recipe, ckpt) -> tuple[tuple[int, int], ...]:
+        """The model's training and test streams, where made a block of layers at a time (float64, a
+        model that resumes a forward from a layer: `probe_study`'s `layer_blocks`)."""
+        if recipe.probes.precision != "float64" or not getattr(ckpt.model, "key_value_cache", False):
+            return ()
+        return ((Stream.PROBE_TRAIN, recipe.probes.prompts), (Stream.PROBE_TEST, recipe.prompts.test))
 
     def figures(self, tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
         return {"probes": probe_figure(tables["probes"], fig_dir / "probes")[0]}

@@ -22,7 +22,8 @@ from ..core import budget
 from ..core.config import Section, setting
 from ..core.errors import ConfigError
 from ..core.plotting import legend_outside, pyplot, save_png
-from ..core.stages import AnalysisStage, register_stage
+from ..core.seeds import Stream
+from ..core.stages import AnalysisStage, register_stage, streams_made_before
 from ..core.validity import Domain, Validity
 from ..models.sizes import shape_of
 
@@ -233,11 +234,20 @@ class TokenProbesStage(AnalysisStage):
                 c.device,
                 tokens,
                 c.recipe.similarity.bootstrap,
+                c.streams.reader(self.name),  # the probe study's streams of the same prompts, where it kept them
             )
         }
 
     def summarise(self, tables, recipe):
         return token_probe_block(tables["token_probes"])
+
+    def probe_stream_sets(self, recipe, ckpt) -> tuple[tuple[int, int], ...]:
+        """The training and test streams, where made a block of layers at a time (`token_probe_study`:
+        a model that resumes a forward from a layer, no column tokens probed)."""
+        s = recipe.token_probes
+        if "column" in probed_tokens(ckpt.model, s.tokens) or not getattr(ckpt.model, "key_value_cache", False):
+            return ()
+        return ((Stream.PROBE_TRAIN, s.prompts), (Stream.PROBE_TEST, s.test))
 
     def figures(self, tables: dict[str, pd.DataFrame], fig_dir: Path, context) -> dict[str, Path]:
         return {"token_probes": token_probe_figure(tables["token_probes"], fig_dir / "token_probes")[0]}
@@ -247,8 +257,14 @@ class TokenProbesStage(AnalysisStage):
         targets, tokens = settings_targets(s, ckpt.config.model), probed_tokens(ckpt.model, s.tokens)
         columns = column_count(ckpt.model) if "column" in tokens else 0
         shape, points = shape_of(ckpt.config.model), ckpt.config.task.n_points
+        made = streams_made_before(self.name, recipe, ckpt)  # read from the probe study's, not run again
+        sets = (
+            ("token_probes.prompts", Stream.PROBE_TRAIN, s.prompts),
+            ("token_probes.test", Stream.PROBE_TEST, s.test),
+        )
+        read = tuple(knob for knob, stream, n in sets if (stream, n) in made)
         return token_estimates(
-            shape, points, s.prompts, s.test, recipe.similarity.bootstrap, targets, len(tokens), columns
+            shape, points, s.prompts, s.test, recipe.similarity.bootstrap, targets, len(tokens), columns, read
         )
 
     def findings(self, block: TokenProbes, summary) -> str | None:
