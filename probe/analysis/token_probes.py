@@ -535,7 +535,35 @@ def token_estimates(
     if newton:
         flop = 4.0 * sum(newton) * (n_train + n_test) * points * shape.d
         out.append(budget.Estimate("token_probes.iterations", max(newton), 0.0, flop))
+    out.append(
+        budget.Estimate(
+            "token_probes.targets", len(targets), 0.0, _fit_flop(shape, points, n_train, n_test, targets, n_tokens)
+        )
+    )
     return out + [budget.bootstrap_estimate("similarity.bootstrap", n_boot, n_test, (shape.layers + 1) * probes)]
+
+
+# the token probes' fits run at a fifth of the report's median rate per counted flop: float64 (about
+# half float32's rate) and passes over (penalties x rows x d) arrays and the features' copies that
+# the count leaves out. Set from one quiet run of benchmarks/estimates.py --paper-scale (2026-11-29):
+# with a weight of 2 the stage ran x3.6 slower than the report's median rate at the default checkpoint
+# and x2.0 at Garg et al.'s standard shape; with 5, x1.4 and x1.25 on the same runs
+FIT_FLOP_WEIGHT = 5.0
+
+
+def _fit_flop(shape, points: int, n_train: int, n_test: int, targets: Sequence[TokenTarget], n_tokens: int) -> float:
+    """The work beyond the streams: every token kind's targets (an eigendecomposition of each prefix's
+    S per prompt, `TokenMoments`) and, per layer boundary and token kind, the ridge probes of
+    `_ridge_fit_kinds` (the features' Gram matrix, its eigendecomposition and Fc V: 4 M F^2 + 10 F^3
+    on M = prompts x examples rows; per target the projections, the leave-one-out fits and leverages
+    at every penalty and the head) and `_ridge_score_kinds` (each target's test predictions), each
+    flop counted FIT_FLOP_WEIGHT times."""
+    rows, test_rows, width, d = n_train * points, n_test * points, shape.width, shape.d
+    f = min(width, rows)
+    basis = 4.0 * rows * f * width + 10.0 * f**3
+    per_target = 2.0 * rows * f * (len(ALPHAS) * (d + 1) + 2 * d) + width**3 / 3 + 2.0 * test_rows * width * d
+    moments = 10.0 * (n_train + n_test) * points * d**3
+    return FIT_FLOP_WEIGHT * n_tokens * (moments + (shape.layers + 1) * (basis + len(targets) * per_target))
 
 
 def token_probe_study(

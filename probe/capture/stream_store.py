@@ -8,7 +8,9 @@ of running the model again: the same numbers, bit for bit, since the reader gets
 the writer computed, on the same prompts, chunking and device (all in the key). At Garg et al.'s
 standard shape (512 + 256 prompts, 13 boundaries) that is ~1.7 GB on disk against ~20 s of float64
 forwards. Files are read with plain reads, not mapped, so they never count as resident memory;
-the directory is removed when the report's stages are done (`close`)."""
+they go under the system's temporary directory (TMPDIR), which should be on disk: on a RAM-backed
+/tmp they take memory instead. The directory is removed when the report's stages are done
+(`close`), and by the next run if the process died (`spill_dir`)."""
 
 from __future__ import annotations
 
