@@ -105,13 +105,10 @@ def probe_study(
     n_boot: int = 1000,
     streams: StreamReader | None = None,
 ) -> pd.DataFrame:
-    """Probes for every layer x prefix x target x kind on `model`, tested on `n_test` held-out
-    prompts, with the controls of the module docstring (`random_model` needs `control_model`).
-    Column `control` says which rows are which; R^2 intervals over `n_boot` resamples of the test
-    prompts (the R2_DRAWS column feeds `probe_intervals`). `streams`: a report's stream store, through
-    which the model's float64 streams (made a block of layers at a time) are read or kept for the
-    token probes (probe/capture/stream_store.py)."""
-
+    """Probes for every layer x prefix x target x kind on `model`, tested on `n_test` held-out prompts,
+    with the controls of the module docstring (`random_model` needs `control_model`; column `control`);
+    R^2 intervals over `n_boot` resamples of the test prompts (column R2_DRAWS, for `probe_intervals`).
+    `streams`: the report's stream store, which keeps the model's float64 streams for the token probes."""
     check_model(model)
     device, n_test = check_device(device), positive_int(n_test, "probe test prompts")
     budget.check(budget.probe_estimates(shape_of(model), task.n_points, settings, n_test))
@@ -128,16 +125,14 @@ def probe_study(
     perm = torch.randperm(settings.prompts, generator=stream_generator(seed, Stream.SHUFFLE))
     shuffled = {k: v[perm] for k, v in targets_train.items()}
     release_free_memory()  # the targets' least-squares temporaries (~0.4 GB at d = 20) before the streams
-    models = [("none", model)] + (
-        [("random_model", control_model)] if settings.controls and control_model is not None else []
+    models = [("none", model, streams)] + (
+        [("random_model", control_model, None)] if settings.controls and control_model is not None else []
     )
-    fit = _fit_options(settings, seed, device)
-    dtype, frames = probe_dtype(settings.precision), []
+    fit, dtype, frames = _fit_options(settings, seed, device), probe_dtype(settings.precision), []
     blocks = layer_blocks(model, settings.prompts, task.n_points, dtype)
-    fits_per_block = 2 if settings.controls else 1
-    bar = tqdm(total=len(models) * fits_per_block * len(blocks), desc="probes", disable=not progress, leave=False)
-    for control, m in models:  # one model's streams at a time, a block of layers at a time
-        own = streams if control == "none" else None
+    fits = len(models) * (2 if settings.controls else 1) * len(blocks)
+    bar = tqdm(total=fits, desc="probes", disable=not progress, leave=False)
+    for control, m, own in models:  # one model's streams at a time, a block of layers at a time
         for first, train_states, test_streams in _streams_by_block(m, train, test, blocks, device, dtype, memory, own):
             targets = {control: targets_train}
             if control == "none" and settings.controls:
@@ -154,7 +149,7 @@ def probe_study(
             del test_states, grids
             release_free_memory()  # this block's fit temporaries leave the heap before the next streams
     bar.close()
-    return _in_grid_order(pd.concat(frames, ignore_index=True), [name for name, _ in models], settings)
+    return _in_grid_order(pd.concat(frames, ignore_index=True), [name for name, _, _ in models], settings)
 
 
 def _fit_options(settings: ProbeSettings, seed: int, device: str) -> dict[str, Any]:

@@ -36,7 +36,7 @@ at every column token. The floor is the probe on e_j alone (what the token's ide
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -54,15 +54,14 @@ from ..data.config import TaskConfig
 from ..data.tasks import sample_prompts
 from ..learners.iterative import newton_alpha
 from ..models.sizes import shape_of
-from .ridge import RidgeBasis, loo_block, ridge_penalties
-from .stats import percentile_interval, resamples
+from .stats import percentile_interval
+from .token_ridge import ALPHAS, LayerFeatures, RidgeHeads, ridge_fit, ridge_fit_kinds, ridge_score, ridge_score_kinds
 
 TOKEN_TARGETS = ("sx", "s3x", "newton_mx", "w_newton", "w_gd", "w_ols")
 TOKEN_KINDS = ("x", "y", "column")  # column: the column tokens a planted Newton model keeps
 TOKENS = TOKEN_KINDS
 ITERATED = ("newton_mx", "w_newton", "w_gd")  # targets with an iteration count
 NEWTON_TARGETS = ("newton_mx", "w_newton")  # those iterated one step at a time (w_gd is closed-form)
-ALPHAS = (1e-8, 1e-6, 1e-4, 1e-2, 1.0)  # ridge penalties, fractions of the mean eigenvalue
 LEVEL = 0.90
 
 
@@ -221,19 +220,6 @@ def _positions(token: str, n: int) -> tuple[Tensor, Tensor]:
     return examples, 2 * examples + (1 if token == "y" else 0)
 
 
-@dataclass(frozen=True)
-class LayerFeatures:
-    """A token kind's probe features (K, N, J, F), built a block of layers at a time from `source`
-    (K first) by `build`: every layer's float64 features at once are GBs at paper scale."""
-
-    source: Tensor | LayerStreams  # (K, ...) sliced by a block of layers
-    build: Callable[[Tensor], Tensor]
-    shape: tuple[int, int, int, int]
-
-    def block(self, rows: slice) -> Tensor:
-        return self.build(self.source[rows])
-
-
 def _features(
     token: str, states: Tensor | LayerStreams, columns: Tensor | None, xs: Tensor
 ) -> tuple[LayerFeatures, Tensor]:
@@ -327,10 +313,10 @@ def fit_token_heads(
     test streams exist; `LayerStreams` makes them a block of layers at a time, every token kind
     reading a block before the next is made)."""
     kinds = _token_kinds(tokens, states, columns, xs, ys, targets)
-    fits = _ridge_fit_kinds([(feats, list(y.values())) for (feats, _), y in kinds])
+    fits = ridge_fit_kinds([(feats, list(y.values())) for (feats, _), y in kinds])
     out = {}
     for token, ((_, own), y), fitted in zip(tokens, kinds, fits):
-        floors = _ridge_fit(_whole(own), list(y.values()))  # every target's probes on one factorisation
+        floors = ridge_fit(_whole(own), list(y.values()))  # every target's probes on one factorisation
         out[token] = dict(zip(y, zip(fitted, floors)))
     return out
 
@@ -349,7 +335,7 @@ def score_token_heads(
 ) -> pd.DataFrame:
     """The second half of `fit_token_probes`: the heads of `fit_token_heads` scored on the test streams."""
     kinds = _token_kinds(tokens, states, columns, xs, ys, targets)
-    scored = _ridge_score_kinds(
+    scored = ridge_score_kinds(
         [(feats, [heads[token][t][0] for t in y], list(y.values())) for token, ((feats, _), y) in zip(tokens, kinds)],
         n_boot,
         seed,
@@ -357,7 +343,7 @@ def score_token_heads(
     rows = []
     for token, ((_, own), y), fits in zip(tokens, kinds, scored):
         tests, fitted = list(y.values()), [heads[token][t][1] for t in y]
-        floors = dict(zip(y, _ridge_score(_whole(own), fitted, tests, n_boot, seed)))
+        floors = dict(zip(y, ridge_score(_whole(own), fitted, tests, n_boot, seed)))
         by_label = dict(zip(y, fits))
         for target in targets:
             rows += _target_rows(token, target, by_label[target.label], floors[target.label])
@@ -386,115 +372,6 @@ def _target_rows(token: str, target: TokenTarget, fit: tuple, floor: tuple) -> l
             "penalty": float(chosen[layer]),
         }
         for layer in range(len(r2))
-    ]
-
-
-@dataclass(frozen=True)
-class RidgeHeads:
-    """One target's ridge probes at every layer: coefficients (K, F, d), the features' training means
-    (K, 1, F), the target's (1, 1, d), and the penalty each probe chose by leave-one-out (K,)."""
-
-    coef: Tensor
-    f_mean: Tensor
-    y_mean: Tensor
-    chosen: Tensor
-
-
-def _ridge_fit(f_train: LayerFeatures, y_trains: list[Tensor]) -> list[RidgeHeads]:
-    """Ridge probes of K feature sets (K, N, J, F) for each target (N, J, d) of `y_trains`, the
-    penalty chosen by exact leave-one-out (`_ridge_fit_kinds` of one feature set)."""
-    return _ridge_fit_kinds([(f_train, y_trains)])[0]
-
-
-def _ridge_fit_kinds(kinds: list[tuple[LayerFeatures, list[Tensor]]]) -> list[list[RidgeHeads]]:
-    """`_ridge_fit` of several feature sets of the same layers (the token kinds), a block of layers
-    at a time, every set reading a block before the next: each block's features are built and
-    factored once for all targets (probe/analysis/ridge.py `RidgeBasis`): a target costs its own
-    projections, not a factorisation, and only one block's features are held (each probe's numbers
-    are its own, so the blocks give the batched result)."""
-    k = kinds[0][0].shape[0]
-    # per feature set: its centred targets with their means, then per block its features' means and
-    # per target its coefficients and chosen penalties
-    parts: list[tuple[list[tuple[Tensor, Tensor]], list[Tensor], list[list[Tensor]], list[list[Tensor]]]] = []
-    for f_train, y_trains in kinds:
-        _, n_train, j, width = f_train.shape
-        centred = []  # each target once, seen by every probe as a view (k copies of 11 targets would be GBs)
-        for y_train in y_trains:
-            y = y_train.reshape(1, n_train * j, -1)
-            y_mean = y.mean(1, keepdim=True)
-            centred.append((y - y_mean, y_mean))
-        parts.append((centred, [], [[] for _ in y_trains], [[] for _ in y_trains]))  # + f_means, coefs, chosen
-    block = min(
-        loo_block(f.shape[1] * f.shape[2], f.shape[3], len(ALPHAS), max(y.shape[-1] for y, _ in part[0]))
-        for (f, _), part in zip(kinds, parts)
-    )
-    for lo in range(0, k, block):
-        for (f_train, _), (centred, f_means, coefs, chosen) in zip(kinds, parts):
-            _, n_train, j, width = f_train.shape
-            fc = f_train.block(slice(lo, lo + block)).reshape(-1, n_train * j, width)
-            f_mean = fc.mean(1, keepdim=True)
-            fc = fc - f_mean
-            penalties = ridge_penalties(fc, ALPHAS)
-            basis = RidgeBasis(fc)
-            del fc
-            f_means.append(f_mean)
-            for (yc, _), coef, pens in zip(centred, coefs, chosen):
-                yb = yc.expand(len(penalties), -1, -1)
-                best = basis.loo(yb, penalties).argmin(-1)
-                pen = penalties.gather(1, best.unsqueeze(1)).squeeze(1)
-                coef.append(basis.head(yb, pen))
-                pens.append(pen)
-            del basis
-        # each block's temporaries (~130 MB at paper scale) were otherwise kept by glibc under the raised
-        # trim threshold (probe/core/allocator.py) and not reused: 1.9 GB more resident over 13 layers
-        release_free_memory()
-    return [
-        [
-            RidgeHeads(torch.cat(c), torch.cat(f_means), y_mean, torch.cat(p))
-            for c, p, (_, y_mean) in zip(coefs, chosen, centred)
-        ]
-        for centred, f_means, coefs, chosen in parts
-    ]
-
-
-def _ridge_score(
-    f_test: LayerFeatures, heads: list[RidgeHeads], y_tests: list[Tensor], n_boot: int, seed: int
-) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Each target's heads (sharing one set of features) on the test features (`_ridge_score_kinds`
-    of one feature set)."""
-    return _ridge_score_kinds([(f_test, heads, y_tests)], n_boot, seed)[0]
-
-
-def _ridge_score_kinds(
-    kinds: list[tuple[LayerFeatures, list[RidgeHeads], list[Tensor]]], n_boot: int, seed: int
-) -> list[list[tuple[Tensor, Tensor, Tensor]]]:
-    """Per feature set of the same layers, each target's heads on its test features, a block of
-    layers at a time (every set reading a block before the next): held-out R^2 (K,), its resamples
-    over test prompts (K, n_boot), and the penalties chosen."""
-    k = kinds[0][0].shape[0]
-    outs, prepared = [], []
-    for f_test, heads, y_tests in kinds:
-        n_test = f_test.shape[1]
-        draws_idx = list(resamples(n_test, n_boot, seed, 100))
-        sst = [(y - h.y_mean.unsqueeze(1)).pow(2).sum((2, 3)) for h, y in zip(heads, y_tests)]  # per test prompt
-        outs.append([(torch.empty(k, dtype=torch.float64), torch.empty(k, n_boot, dtype=torch.float64)) for _ in heads])
-        prepared.append((draws_idx, sst))
-    block = min(
-        loo_block(f.shape[1] * f.shape[2], f.shape[3], len(ALPHAS), max(y.shape[-1] for y in y_tests))
-        for f, _, y_tests in kinds
-    )
-    for lo in range(0, k, block):
-        rows = slice(lo, min(lo + block, k))
-        for (f_test, heads, y_tests), (draws_idx, sst), out in zip(kinds, prepared, outs):
-            ft = f_test.block(rows) - heads[0].f_mean[rows].unsqueeze(1)  # (b, N_test, J, F)
-            for h, y_test, s, (r2, draws) in zip(heads, y_tests, sst, out):
-                pred = ft @ h.coef[rows].unsqueeze(1) + h.y_mean.unsqueeze(1)  # (b, N_test, J, d)
-                sse = (pred - y_test).pow(2).sum((2, 3))  # (b, N_test): per prompt, so prompts resample
-                sst_b = s.expand_as(sse)
-                r2[rows] = (1 - sse.sum(1) / sst_b.sum(1)).cpu()
-                draws[rows] = torch.cat([1 - sse[:, idx].sum(-1) / sst_b[:, idx].sum(-1) for idx in draws_idx], 1).cpu()
-    return [
-        [(r2, draws, h.chosen.cpu()) for (r2, draws), h in zip(out, heads)] for out, (_, heads, _) in zip(outs, kinds)
     ]
 
 
@@ -554,9 +431,9 @@ FIT_FLOP_WEIGHT = 5.0
 def _fit_flop(shape, points: int, n_train: int, n_test: int, targets: Sequence[TokenTarget], n_tokens: int) -> float:
     """The work beyond the streams: every token kind's targets (an eigendecomposition of each prefix's
     S per prompt, `TokenMoments`) and, per layer boundary and token kind, the ridge probes of
-    `_ridge_fit_kinds` (the features' Gram matrix, its eigendecomposition and Fc V: 4 M F^2 + 10 F^3
+    `ridge_fit_kinds` (the features' Gram matrix, its eigendecomposition and Fc V: 4 M F^2 + 10 F^3
     on M = prompts x examples rows; per target the projections, the leave-one-out fits and leverages
-    at every penalty and the head) and `_ridge_score_kinds` (each target's test predictions), each
+    at every penalty and the head) and `ridge_score_kinds` (each target's test predictions), each
     flop counted FIT_FLOP_WEIGHT times."""
     rows, test_rows, width, d = n_train * points, n_test * points, shape.width, shape.d
     f = min(width, rows)

@@ -258,11 +258,8 @@ class TokenProbesStage(AnalysisStage):
         columns = column_count(ckpt.model) if "column" in tokens else 0
         shape, points = shape_of(ckpt.config.model), ckpt.config.task.n_points
         made = streams_made_before(self.name, recipe, ckpt)  # read from the probe study's, not run again
-        sets = (
-            ("token_probes.prompts", Stream.PROBE_TRAIN, s.prompts),
-            ("token_probes.test", Stream.PROBE_TEST, s.test),
-        )
-        read = tuple(knob for knob, stream, n in sets if (stream, n) in made)
+        own = zip(("token_probes.prompts", "token_probes.test"), self.probe_stream_sets(recipe, ckpt))
+        read = tuple(knob for knob, prompt_set in own if prompt_set in made)
         return token_estimates(
             shape, points, s.prompts, s.test, recipe.similarity.bootstrap, targets, len(tokens), columns, read
         )
