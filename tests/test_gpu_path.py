@@ -5,6 +5,7 @@ device check's comparison (benchmarks/gpu.py) flags what it should. Tests marked
 import importlib.util
 import pathlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,3 +88,50 @@ def test_planted_tokens_are_built_on_the_prompts_device(algorithm, layers):
     h, t = model.tokens(xs, ys)
     assert h.device.type == "meta" and t.device.type == "meta"
     assert model.interleave_runs(h[:, :4], [0, 1, 2, 3], 10).device.type == "meta"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_ood_and_order_learners_run_on_the_reports_device_and_give_the_cpus_numbers(monkeypatch):
+    """The [ood] stage's matched members and tracked shifts and the order stage's learners run on
+    the report's device (they ran on the CPU beside a CUDA report), with the CPU's answers."""
+    from probe.analysis import order, shift_tracking
+    from probe.analysis.pipeline import ModelLens
+    from probe.io.planted_io import planted_config
+    from probe.models.planted import plant
+
+    cfg = planted_config("gd", 3, 4, 10)
+    model, task = plant(cfg.model), cfg.task
+    seen = []
+
+    def spy(name, xs, *args, **kwargs):
+        seen.append(xs.device.type)
+        return run_learner(name, xs, *args, **kwargs)
+
+    monkeypatch.setattr(shift_tracking, "run_learner", spy)
+    monkeypatch.setattr(order, "run_learner", spy)
+    runs = {}
+    for device in ("cpu", "cuda"):
+        seen.clear()
+        matched = shift_tracking.matched_members(model, task, n_prompts=64, device=device)
+        tracking = shift_tracking.track_under_shift(
+            model, task, "scale_x=3", 64, n_boot=50, matched=matched, device=device
+        )
+        g = torch.Generator().manual_seed(0)
+        xs, ys = torch.randn(8, 10, 4, generator=g), torch.randn(8, 10, generator=g)
+        learners = {
+            "gd": {"learner": "gd", "grid": {"steps": [8]}},
+            "ogd": {"learner": "ogd"},  # order-sensitive: its sensitivities are not round-off
+        }
+        table = order.order_table(model, ModelLens(model), xs, ys, [6], 4, learners, n_boot=50, device=device)
+        assert set(seen) == {device}
+        runs[device] = (matched, tracking.table, table)
+    (m_cpu, t_cpu, o_cpu), (m_cuda, t_cuda, o_cuda) = runs["cpu"], runs["cuda"]
+    assert {f: (v[0], v[1]) for f, v in m_cpu.items()} == {f: (v[0], v[1]) for f, v in m_cuda.items()}
+    numeric = t_cpu.select_dtypes("number").columns
+    assert t_cpu.drop(columns=numeric).equals(t_cuda.drop(columns=numeric))
+    assert np.allclose(
+        t_cpu[numeric].to_numpy(float), t_cuda[numeric].to_numpy(float), rtol=1e-6, atol=1e-12, equal_nan=True
+    )
+    assert np.allclose(o_cpu.sensitivity, o_cuda.sensitivity, rtol=1e-4, atol=1e-12, equal_nan=True)
+    assert o_cpu.set_index("predictor").sensitivity["ogd"] > 1e-3

@@ -134,10 +134,10 @@ def order_table(
         block = max(1, LEARNER_BLOCK_BYTES // (8 * (t + 1) * flat_x.shape[-1] ** 2 * 6))
         parts: dict[str, list[Tensor]] = {name: [] for name in learners}
         for start in range(0, len(flat_x), block):
-            bx, by = flat_x[start : start + block], flat_y[start : start + block]
+            bx, by = flat_x[start : start + block].to(device), flat_y[start : start + block].to(device)
             for name, spec in learners.items():
                 result = run_learner(spec["learner"], bx, by, last_prefix=True, **spec.get("grid", {}))
-                parts[name].append(result.preds[0, :, 0])
+                parts[name].append(result.preds[0, :, 0].cpu())
         for name, preds in parts.items():
             value, lo, hi = order_share(torch.cat(preds).reshape(n_perm, -1), n_boot, seed)
             rows.append(_row(name, -1, t, value, lo, hi))

@@ -197,12 +197,13 @@ def matched_members(
     """Per family of CANDIDATES, the grid member closest to the model in distribution: {family:
     (learner, params, distance / d)} from `n_prompts` unshifted prompts (the probe-train stream)."""
     p = sample_prompts(task, n_prompts, generator=stream_generator(seed, Stream.PROBE_TRAIN))
-    model_pred = predict(model, Prompts(p.xs, p.ys), device=device).double()[:, 1:]
+    model_pred = predict(model, Prompts(p.xs, p.ys), device=device).double()[:, 1:].to(device)
+    xs, ys = p.xs.to(device), p.ys.to(device)  # the learners run on the report's device
 
     def closest(learner: str, grid: dict[str, Any]) -> tuple[dict[str, Any], float]:
         found: tuple[dict[str, Any], float] = ({}, float("inf"))
         for part in grid_chunks(grid, MATCH_MEMBERS):  # in grid order: the first of equal distances wins
-            result = run_learner(learner, p.xs, p.ys, **part)
+            result = run_learner(learner, xs, ys, **part)
             dist = error_per_dim(result.preds[:, :, 1:], model_pred, task.n_dims).mean((1, 2))  # (K,)
             best = int(torch.nan_to_num(dist, nan=float("inf")).argmin())
             if not found[0] or float(dist[best]) < found[1]:
@@ -278,9 +279,10 @@ def track_under_shift(
     preds = {}
     for family in families:
         learner, params, _ = matched[family]
-        result = run_learner(learner, p.xs, p.ys, queries, **params)
+        result = run_learner(learner, p.xs.to(device), p.ys.to(device), queries.to(device), **params)
         assert result.query_preds is not None
-        preds[family] = torch.diagonal(result.query_preds[0], dim1=1, dim2=2)[:, use]  # position t's own query
+        own = torch.diagonal(result.query_preds[0], dim1=1, dim2=2)  # position t's own query
+        preds[family] = own.cpu()[:, use]
     off = torch.stack([_diverged(preds[f], bound).any(1) for f in families], 1)  # (P, F)
     mismatch = (off != model_off.any(1, keepdim=True)).double()
     both = (~off & ~model_off.any(1, keepdim=True)).double()  # neither diverged on the prompt

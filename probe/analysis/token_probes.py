@@ -52,7 +52,7 @@ from ..core.seeds import Stream, stream_generator
 from ..core.validate import check_device, check_model, positive_int
 from ..data.config import TaskConfig
 from ..data.tasks import sample_prompts
-from ..learners.iterative import newton_alpha
+from ..learners.iterative import batched_eigh, newton_alpha
 from ..models.sizes import shape_of
 from .stats import percentile_interval
 from .token_ridge import ALPHAS, LayerFeatures, RidgeHeads, ridge_fit, ridge_fit_kinds, ridge_score, ridge_score_kinds
@@ -145,8 +145,9 @@ class TokenMoments:
 
 
 def _spectrum(s: Tensor) -> tuple[Tensor, Tensor]:
-    """Eigenvalues (clamped at 0: S/t is a Gram matrix) and eigenvectors of S/t."""
-    lam, vecs = torch.linalg.eigh(s)
+    """Eigenvalues (clamped at 0: S/t is a Gram matrix) and eigenvectors of S/t (`batched_eigh`: on
+    the CPU split over its threads, bit for bit eigh's)."""
+    lam, vecs = batched_eigh(s)
     return lam.clamp_min(0), vecs
 
 
