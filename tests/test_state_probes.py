@@ -80,6 +80,10 @@ def test_probes_fitted_a_block_of_layers_at_a_time_are_the_probes_of_one_grid(mo
     monkeypatch.setattr(study, "PROBE_BLOCK_BYTES", 1)  # one layer boundary per block
     assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float64) == [slice(i, i + 1) for i in range(3)]
     assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float32) == [slice(0, 3)]
+    # on a GPU the blocks are held there, up to DEVICE_BLOCK_BYTES (no CUDA needed to ask)
+    assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float64, "cuda") == [slice(0, 3)]
+    monkeypatch.setattr(study, "DEVICE_BLOCK_BYTES", 1)
+    assert study.layer_blocks(model, 24, cfg.task.n_points, torch.float64, "cuda") == [slice(i, i + 1) for i in range(3)]
     blocked = probe_study(model, cfg.task, settings, n_test=12, control_model=control, n_boot=20)
     assert list(blocked.columns) == list(whole.columns) and len(whole) == 3 * 2 * 2 * 2 * 3  # boundaries, prefixes,
     # targets, kinds, controls

@@ -129,7 +129,7 @@ def probe_study(
         [("random_model", control_model, None)] if settings.controls and control_model is not None else []
     )
     fit, dtype, frames = _fit_options(settings, seed, device), probe_dtype(settings.precision), []
-    blocks = layer_blocks(model, settings.prompts, task.n_points, dtype)
+    blocks = layer_blocks(model, settings.prompts, task.n_points, dtype, device)
     fits = len(models) * (2 if settings.controls else 1) * len(blocks)
     bar = tqdm(total=fits, desc="probes", disable=not progress, leave=False)
     for control, m, own in models:  # one model's streams at a time, a block of layers at a time
@@ -181,13 +181,16 @@ def _fit_block(train_states, targets: dict[str, dict], groups, kinds, fit: dict[
 
 
 PROBE_BLOCK_BYTES = 192 << 20  # the training streams of the layers the probes fit at once (float64, GPT-2)
+DEVICE_BLOCK_BYTES = 4 << 30  # the same on a GPU, where the blocks are held (each block is a run of L-BFGS)
 
 
-def layer_blocks(model, n_prompts: int, n_points: int, dtype: torch.dtype) -> list[slice]:
+def layer_blocks(model, n_prompts: int, n_points: int, dtype: torch.dtype, device: str = "cpu") -> list[slice]:
     """The blocks of layer boundaries the probes are fitted a block at a time: on models that resume
     a forward from a layer (`LayerStreams`: GPT-2) with float64 streams, as many boundaries as
-    PROBE_BLOCK_BYTES of training streams hold (at Garg et al.'s standard shape, 512 prompts: 2 of
-    its 13 boundaries); otherwise every boundary at once (`by_position_streams`). Each probe's fit
+    PROBE_BLOCK_BYTES of training streams hold in host memory (at Garg et al.'s standard shape, 512
+    prompts: 2 of its 13 boundaries), or DEVICE_BLOCK_BYTES on a GPU (there all 13: one block, one
+    run of each fit, instead of 7); otherwise every boundary at once
+    (`by_position_streams`). Each probe's fit
     reads its own layer alone, so the fits are the same in blocks to the round-off of the batched
     products (a batch of fewer probes can take another kernel: on an AVX-512 CPU penalties moved by
     ~6e-10 relative, iterations and convergence equal) and R^2 the same to ~1e-12."""
@@ -195,7 +198,7 @@ def layer_blocks(model, n_prompts: int, n_points: int, dtype: torch.dtype) -> li
     if not _streams_by_layer(model, dtype):
         return [slice(0, boundaries)]
     per_boundary = 2 * n_points * n_prompts * model.d_model * 8
-    size = max(1, PROBE_BLOCK_BYTES // per_boundary)
+    size = max(1, (PROBE_BLOCK_BYTES if device == "cpu" else DEVICE_BLOCK_BYTES) // per_boundary)
     return [slice(lo, min(boundaries, lo + size)) for lo in range(0, boundaries, size)]
 
 
@@ -222,8 +225,8 @@ def _streams_by_block(
         None if streams is None else streams.share(s, len(p.xs))
         for s, p in ((Stream.PROBE_TRAIN, train), (Stream.PROBE_TEST, test))
     ]
-    trains = LayerStreams(model, train.xs, train.ys, device, share=shares[0])
-    tests = LayerStreams(model, test.xs, test.ys, device, share=shares[1])
+    trains = LayerStreams(model, train.xs, train.ys, device, share=shares[0], blocks_on_device=True)
+    tests = LayerStreams(model, test.xs, test.ys, device, share=shares[1], blocks_on_device=True)
 
     def test_block(rows: slice) -> torch.Tensor:
         trains.release()  # the block's fits are done: its training streams go before its test streams come

@@ -118,7 +118,8 @@ class LayerStreams:
     a float64 copy of the model, as `by_position_streams(..., dtype=torch.float64)` gives it. With
     `share` (a report's `StreamStore`, probe/capture/stream_store.py) a boundary kept there by an
     earlier reader of the same model, prompts, chunking and device is read instead of computed, and
-    one computed is kept where `share.keep`."""
+    one computed is kept where `share.keep`. Blocks are gathered on the host unless
+    `blocks_on_device` (the probe study's fits read them on `device`)."""
 
     def __init__(
         self,
@@ -128,6 +129,7 @@ class LayerStreams:
         device: str = "cpu",
         chunk: int | None = None,
         share: StreamShare | None = None,
+        blocks_on_device: bool = False,
     ):
         if not getattr(model, "key_value_cache", False):
             raise ConfigError(
@@ -141,7 +143,7 @@ class LayerStreams:
         # a block's forward holds several times its chunk's stream (queries, keys, values, scores, the MLP's 4D)
         self.chunk = chunk or max(MIN_CHUNK, LAYER_CHUNK_BYTES // max(1, per_prompt))
         self.xs, self.ys = xs.to(device, torch.float64), ys.to(device, torch.float64)
-        self.share = share
+        self.share, self.block_device = share, (device if blocks_on_device else "cpu")
         self.key = "" if share is None else streams_key(model, xs, ys, self.chunk, str(device))
         self.stream: Tensor | None = None  # (N, 2n, D): the boundary `self.next - 1`
         self.next = 0
@@ -185,7 +187,7 @@ class LayerStreams:
                 f"LayerStreams are read in order, a block at a time: asked for {lo}..{hi - 1}, next {self.next}"
             )
         self.last = None  # the previous block goes before this one is made (its reader has moved on)
-        block = torch.empty((hi - lo, *self.shape[1:]), dtype=torch.float64)  # (k, 2n, N, D)
+        block = torch.empty((hi - lo, *self.shape[1:]), dtype=torch.float64, device=self.block_device)  # (k, 2n, N, D)
         for i in range(hi - lo):  # each boundary copied in as it is made: one stream held, not k
             block[i] = self._advance().transpose(0, 1)
         self.last = (rows, block)
