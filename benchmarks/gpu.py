@@ -144,6 +144,19 @@ def train_on(device: str, out: Path, steps: int) -> float:
     return time.perf_counter() - start
 
 
+def compare_files(reference: Path, other: Path) -> None:
+    """Print the comparison of two summary.json files as a run prints it, and each block's largest
+    relative difference."""
+    continuous, discrete = compare(json.loads(reference.read_text()), json.loads(other.read_text()))
+    numbers = results_only(continuous)
+    outside = [c for c in numbers if not c["within"]]
+    for c in outside + discrete:
+        print("  ", c)
+    print(json.dumps(block_maxima(continuous), indent=1))
+    print(f"{reference} vs {other}: {len(numbers)} numbers, {len(outside)} outside tolerance, "
+          f"{len(discrete)} discrete mismatches; max_rel_diff={max((c['rel'] for c in numbers), default=0.0):.2e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", nargs="+", default=["cpu", "cuda"], help="first is the reference")
@@ -154,7 +167,12 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/gpu_results.json")
     parser.add_argument("--skip-default", action="store_true", help="only the paper-scale model (with --paper-scale)")
     parser.add_argument("--summaries", help="also write each run's summary.json into this directory")
+    parser.add_argument("--compare", nargs=2, metavar=("REFERENCE", "OTHER"),
+                        help="only compare two summary.json files already written (a device run's against a CPU one)")
     args = parser.parse_args()
+    if args.compare:
+        compare_files(*map(Path, args.compare))
+        return
     work = Path(tempfile.mkdtemp(prefix="icl-probe-gpu-"))
     checkpoints = {} if args.skip_default else {"default": Path(args.checkpoint)}
     if args.paper_scale:
@@ -167,8 +185,11 @@ def main() -> None:
         runs = {}
         for i, device in enumerate(args.devices):
             summary, wall = report_on(ckpt, device, work / f"{name}-{i}-{device}", args.recipe)
-            runs[device if device not in runs else f"{device}#{i}"] = (summary, wall)
+            label = device if device not in runs else f"{device}#{i}"
+            runs[label] = (summary, wall)
             seconds[device] += wall
+            results.setdefault(f"{name}:report_seconds", {})[label] = {"wall": wall, "stages": summary["timings"]}
+            print(f"{name} on {label}: {wall:.1f} s")
             if args.summaries:
                 Path(args.summaries).mkdir(parents=True, exist_ok=True)
                 (Path(args.summaries) / f"{name}-{i}-{device}.json").write_text(json.dumps(summary, indent=1) + "\n")
