@@ -276,13 +276,7 @@ def track_under_shift(
     model_pred = model_pred.double()[:, use]
     model_off = _diverged(model_pred, bound)  # (P, t)
     families = list(matched)
-    preds = {}
-    for family in families:
-        learner, params, _ = matched[family]
-        result = run_learner(learner, p.xs.to(device), p.ys.to(device), queries.to(device), **params)
-        assert result.query_preds is not None
-        own = torch.diagonal(result.query_preds[0], dim1=1, dim2=2)  # position t's own query
-        preds[family] = own.cpu()[:, use]
+    preds = {family: _own_query_predictions(matched[family], p, queries, device)[:, use] for family in families}
     off = torch.stack([_diverged(preds[f], bound).any(1) for f in families], 1)  # (P, F)
     mismatch = (off != model_off.any(1, keepdim=True)).double()
     both = (~off & ~model_off.any(1, keepdim=True)).double()  # neither diverged on the prompt
@@ -305,10 +299,7 @@ def track_under_shift(
     table = pd.DataFrame(
         {
             "shift": shift,
-            "family": families,
-            "learner": [matched[f][0] for f in families],
-            "matched": [_member_words(matched[f][1]) for f in families],
-            "distance_in_distribution": [matched[f][2] for f in families],
+            **_matched_columns(matched),
             "mismatch": point_mismatch.numpy(),
             "distance": point.numpy(),
             "distance_low": lo.numpy(),
@@ -322,6 +313,25 @@ def track_under_shift(
     )
     curves = _error_curves(shift, {"model": model_pred, **preds}, y, bound, torch.nonzero(use)[:, 0], d)
     return Tracking(table, per_prompt.compare(families[first], families[second]), curves, per_prompt)
+
+
+def _own_query_predictions(member: tuple[str, dict, float], p, queries: Tensor, device: str) -> Tensor:
+    """A matched member's prediction at each prefix t for position t's own query (P, n), on the CPU;
+    the learner runs on the report's device."""
+    learner, params, _ = member
+    result = run_learner(learner, p.xs.to(device), p.ys.to(device), queries.to(device), **params)
+    assert result.query_preds is not None
+    return torch.diagonal(result.query_preds[0], dim1=1, dim2=2).cpu()
+
+
+def _matched_columns(matched: dict) -> dict[str, list]:
+    """The tracking table's columns naming each family's matched member."""
+    return {
+        "family": list(matched),
+        "learner": [member[0] for member in matched.values()],
+        "matched": [_member_words(member[1]) for member in matched.values()],
+        "distance_in_distribution": [member[2] for member in matched.values()],
+    }
 
 
 def side_comparisons(tracking: Tracking) -> pd.DataFrame:
