@@ -135,3 +135,23 @@ def test_the_ood_and_order_learners_run_on_the_reports_device_and_give_the_cpus_
     )
     assert np.allclose(o_cpu.sensitivity, o_cuda.sensitivity, rtol=1e-4, atol=1e-12, equal_nan=True)
     assert o_cpu.set_index("predictor").sensitivity["ogd"] > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_token_probes_on_cuda_equal_cpu():
+    """The token probes of a GPT-2 model fit on the device (features, targets, ridge) with the CPU's
+    answers: R^2 and its intervals to round-off, the chosen penalties equal."""
+    from conftest import build_cfg
+
+    from probe.analysis.token_probes import expand_targets, token_probe_study
+    from probe.models import build_model
+
+    cfg = build_cfg(layers=2, width=16, d=3, points=8)
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()
+    targets = expand_targets(["sx", "newton_mx", "w_ols"], (2,), "spectral")
+    cpu, cuda = (token_probe_study(model, cfg.task, targets, 48, 24, n_boot=50, device=d) for d in ("cpu", "cuda"))
+    assert cpu[["layer", "token", "target", "penalty"]].equals(cuda[["layer", "token", "target", "penalty"]])
+    for column in ("r2", "r2_low", "r2_high", "gain"):
+        np.testing.assert_allclose(cuda[column], cpu[column], rtol=1e-6, atol=1e-9)

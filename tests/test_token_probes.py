@@ -263,3 +263,31 @@ def test_streams_made_a_block_of_layers_at_a_time_equal_the_captured_ones(monkey
     np.testing.assert_allclose(
         by_blocks.select_dtypes("number").to_numpy(), captured.select_dtypes("number").to_numpy(), rtol=0, atol=1e-10
     )
+
+
+def test_the_token_probes_fit_on_the_prompts_device(monkeypatch):
+    """On a GPU the token probes' features, targets and ridge fits stay on the device the prompts and
+    streams are on (the meta device raises on any tensor made on the host and mixed in), every kind
+    of target included. The ridge head's one host read (did every Cholesky factorisation succeed)
+    cannot run on meta tensors, so here the head always takes the Cholesky branch."""
+    from probe.analysis import ridge
+    from probe.analysis.token_probes import _token_kinds, fit_token_heads
+
+    def cholesky_head(gram, fc, yc, penalty):
+        gram.diagonal(dim1=1, dim2=2).add_(penalty.unsqueeze(-1))
+        return torch.cholesky_solve(fc.transpose(1, 2) @ yc, torch.linalg.cholesky_ex(gram)[0])
+
+    monkeypatch.setattr(ridge, "_head", cholesky_head)
+
+    xs, ys = torch.empty(40, 7, 3, device="meta", dtype=torch.float64), torch.empty(40, 7, device="meta")
+    states = torch.empty(4, 14, 40, 5, device="meta", dtype=torch.float64)
+    targets = expand_targets(["sx", "s3x", "newton_mx", "w_ols", "w_gd", "w_newton"], (2,), "spectral", (3,))
+    columns = torch.empty(4, 40, 7, 3, 5, device="meta", dtype=torch.float64)  # a planted Newton model's
+    tokens = ["x", "y", "column"]
+    heads = fit_token_heads(states, xs, targets, ys.double(), tokens=tokens, columns=columns)
+    tensors = [t for kind in heads.values() for pair in kind.values() for h in pair for t in vars(h).values()]
+    assert len(tensors) == 3 * len(targets) * 2 * 4 and {t.device.type for t in tensors} == {"meta"}
+    kinds = _token_kinds(tokens, states, columns, xs, ys.double(), targets)
+    features = [feats.block(slice(0, 2)) for (feats, _), _ in kinds]
+    made = [t for (_, own), y in kinds for t in (own, *y.values())] + features
+    assert {t.device.type for t in made} == {"meta"}

@@ -242,7 +242,8 @@ def _features(
         )
     shape = (layers, n_prompts, len(examples) * d, width)
     feats = LayerFeatures(columns, lambda block: block[:, :, examples].double().reshape(len(block), *shape[1:]), shape)
-    own = torch.eye(d, dtype=torch.float64).expand(1, n_prompts, len(examples), d, d).reshape(1, n_prompts, -1, d)
+    own = torch.eye(d, dtype=torch.float64, device=xs.device).expand(1, n_prompts, len(examples), d, d)
+    own = own.reshape(1, n_prompts, -1, d)
     return feats, own
 
 
@@ -459,7 +460,9 @@ def token_probe_study(
     """`fit_token_probes` on the model's streams over fresh prompts of its task (the probes' train
     and test streams of probe/core/seeds.py), in float64; token "column" needs a model that keeps
     column tokens (`probed_tokens`). `streams`: a report's stream store, from which streams the probe
-    study kept are read instead of computed (probe/capture/stream_store.py)."""
+    study kept are read instead of computed (probe/capture/stream_store.py). On models that resume a
+    forward from a layer (GPT-2) the features, targets and ridge fits are on `device`; otherwise the
+    whole streams are captured to the host and fitted there."""
     check_model(model)
     device = check_device(device)
     n_train, n_test = positive_int(n_train, "prompts"), positive_int(n_test, "test prompts")
@@ -477,17 +480,18 @@ def token_probe_study(
         for size, stream in ((n_train, Stream.PROBE_TRAIN), (n_test, Stream.PROBE_TEST))
     ]
 
-    def states(p, stream: Stream) -> tuple[Tensor | LayerStreams, Tensor | None]:
+    def states(p, stream: Stream) -> tuple[Tensor | LayerStreams, Tensor | None, Tensor, Tensor]:
+        """The streams (a block of layers at a time where the model resumes a forward), the column
+        tokens' states, and the prompts on the device the features are on."""
         if "column" not in tokens and getattr(model, "key_value_cache", False):
             share = None if streams is None else streams.share(stream, len(p.xs))
-            return LayerStreams(model, p.xs, p.ys, device, share=share), None  # a block of layers at a time
+            layers = LayerStreams(model, p.xs, p.ys, device, share=share, blocks_on_device=True)
+            return layers, None, p.xs.to(device), p.ys.to(device)
         whole = by_position_streams(model, p.xs, p.ys, device, dtype=torch.float64)
-        return whole, column_streams(model, p.xs, p.ys, device) if "column" in tokens else None
+        return whole, column_streams(model, p.xs, p.ys, device) if "column" in tokens else None, p.xs, p.ys
 
-    train = states(prompts[0], Stream.PROBE_TRAIN)
-    heads = fit_token_heads(train[0], prompts[0].xs, targets, prompts[0].ys, tokens=tokens, columns=train[1])
-    del train  # the training streams go before the test streams exist (float64 streams are GBs)
-    test = states(prompts[1], Stream.PROBE_TEST)
-    return score_token_heads(
-        heads, test[0], prompts[1].xs, targets, prompts[1].ys, tokens=tokens, n_boot=n_boot, seed=seed, columns=test[1]
-    )
+    train, columns, xs, ys = states(prompts[0], Stream.PROBE_TRAIN)
+    heads = fit_token_heads(train, xs, targets, ys, tokens=tokens, columns=columns)
+    del train, columns  # the training streams go before the test streams exist (float64 streams are GBs)
+    test, columns, xs, ys = states(prompts[1], Stream.PROBE_TEST)
+    return score_token_heads(heads, test, xs, targets, ys, tokens=tokens, n_boot=n_boot, seed=seed, columns=columns)
