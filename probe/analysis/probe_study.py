@@ -189,11 +189,10 @@ def layer_blocks(model, n_prompts: int, n_points: int, dtype: torch.dtype, devic
     a forward from a layer (`LayerStreams`: GPT-2) with float64 streams, as many boundaries as
     PROBE_BLOCK_BYTES of training streams hold in host memory (at Garg et al.'s standard shape, 512
     prompts: 2 of its 13 boundaries), or DEVICE_BLOCK_BYTES on a GPU (there all 13: one block, one
-    run of each fit, instead of 7); otherwise every boundary at once
-    (`by_position_streams`). Each probe's fit
-    reads its own layer alone, so the fits are the same in blocks to the round-off of the batched
-    products (a batch of fewer probes can take another kernel: on an AVX-512 CPU penalties moved by
-    ~6e-10 relative, iterations and convergence equal) and R^2 the same to ~1e-12."""
+    run of each fit, instead of 7); otherwise every boundary at once (`by_position_streams`). Each
+    probe's fit reads its own layer alone, so the fits are the same in blocks to the round-off of the
+    batched products (a batch of fewer probes can take another kernel: on an AVX-512 CPU penalties
+    moved by ~6e-10 relative, iterations and convergence equal) and R^2 the same to ~1e-12."""
     boundaries = model.n_layers + 1
     if not _streams_by_layer(model, dtype):
         return [slice(0, boundaries)]

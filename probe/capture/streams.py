@@ -119,7 +119,7 @@ class LayerStreams:
     `share` (a report's `StreamStore`, probe/capture/stream_store.py) a boundary kept there by an
     earlier reader of the same model, prompts, chunking and device is read instead of computed, and
     one computed is kept where `share.keep`. Blocks are gathered on the host unless
-    `blocks_on_device` (the probe study's fits read them on `device`)."""
+    `blocks_on_device` (the probe study and the token probes, whose fits read them on `device`)."""
 
     def __init__(
         self,
