@@ -144,12 +144,18 @@ def train_on(device: str, out: Path, steps: int) -> float:
     return time.perf_counter() - start
 
 
+def checked(reference: dict, other: dict) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+    """`compare` of two summaries: (every continuous difference, the result numbers among them, those
+    outside their tolerance, the discrete mismatches)."""
+    continuous, discrete = compare(reference, other)
+    numbers = results_only(continuous)
+    return continuous, numbers, [c for c in numbers if not c["within"]], discrete
+
+
 def compare_files(reference: Path, other: Path) -> None:
     """Print the comparison of two summary.json files as a run prints it, and each block's largest
     relative difference."""
-    continuous, discrete = compare(json.loads(reference.read_text()), json.loads(other.read_text()))
-    numbers = results_only(continuous)
-    outside = [c for c in numbers if not c["within"]]
+    continuous, numbers, outside, discrete = checked(json.loads(reference.read_text()), json.loads(other.read_text()))
     for c in outside + discrete:
         print("  ", c)
     print(json.dumps(block_maxima(continuous), indent=1))
@@ -195,9 +201,7 @@ def main() -> None:
                 (Path(args.summaries) / f"{name}-{i}-{device}.json").write_text(json.dumps(summary, indent=1) + "\n")
         (ref, ref_wall), *others = runs.values()
         for label, (summary, wall) in zip(list(runs)[1:], others):
-            continuous, discrete = compare(ref, summary)
-            numbers = results_only(continuous)
-            outside = [c for c in numbers if not c["within"]]
+            continuous, numbers, outside, discrete = checked(ref, summary)
             worst = max([worst, *(c["rel"] for c in numbers)])
             results[f"{name}:{label}"] = {
                 "wall_seconds": {"reference": ref_wall, label: wall},

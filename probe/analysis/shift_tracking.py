@@ -276,7 +276,8 @@ def track_under_shift(
     model_pred = model_pred.double()[:, use]
     model_off = _diverged(model_pred, bound)  # (P, t)
     families = list(matched)
-    preds = {family: _own_query_predictions(matched[family], p, queries, device)[:, use] for family in families}
+    on_device = p.xs.to(device), p.ys.to(device), queries.to(device)  # once, for every family's learner
+    preds = {family: _own_query_predictions(matched[family], *on_device)[:, use] for family in families}
     off = torch.stack([_diverged(preds[f], bound).any(1) for f in families], 1)  # (P, F)
     mismatch = (off != model_off.any(1, keepdim=True)).double()
     both = (~off & ~model_off.any(1, keepdim=True)).double()  # neither diverged on the prompt
@@ -289,9 +290,7 @@ def track_under_shift(
     lo, hi = percentile_interval(draws, LEVEL, ignore_nan=True)
     per_prompt = PerPrompt(families, mismatch, sq, both, n_boot, seed, preds, d, float(y.pow(2).mean()) / d)
     first, second = sorted(range(len(families)), key=per_prompt.key)[:2]
-    model_ok = ~model_off.any(1)
-    model_error = float(error_per_dim(model_pred[model_ok], y[model_ok], d).mean()) if model_ok.any() else float("nan")
-    model_size = float(error_per_dim(model_pred[model_ok], 0.0, d).mean()) if model_ok.any() else float("nan")
+    model_error, model_size = _model_error_and_size(model_pred, y, ~model_off.any(1), d)
     errors = {
         f: _masked_mean(error_per_dim(preds[f], y, d).mean(1).unsqueeze(1), (~off[:, [i]]).double())[0]
         for i, f in enumerate(families)
@@ -315,13 +314,21 @@ def track_under_shift(
     return Tracking(table, per_prompt.compare(families[first], families[second]), curves, per_prompt)
 
 
-def _own_query_predictions(member: tuple[str, dict, float], p, queries: Tensor, device: str) -> Tensor:
+def _own_query_predictions(member: tuple[str, dict, float], xs: Tensor, ys: Tensor, queries: Tensor) -> Tensor:
     """A matched member's prediction at each prefix t for position t's own query (P, n), on the CPU;
-    the learner runs on the report's device."""
+    the learner runs on the prompts' device (the report's)."""
     learner, params, _ = member
-    result = run_learner(learner, p.xs.to(device), p.ys.to(device), queries.to(device), **params)
+    result = run_learner(learner, xs, ys, queries, **params)
     assert result.query_preds is not None
     return torch.diagonal(result.query_preds[0], dim1=1, dim2=2).cpu()
+
+
+def _model_error_and_size(model_pred: Tensor, y: Tensor, ok: Tensor, d: int) -> tuple[float, float]:
+    """The model's error / d and its predictions' size / d over the prompts where it did not diverge
+    (`ok`); NaN where it diverged on every prompt."""
+    if not ok.any():
+        return float("nan"), float("nan")
+    return float(error_per_dim(model_pred[ok], y[ok], d).mean()), float(error_per_dim(model_pred[ok], 0.0, d).mean())
 
 
 def _matched_columns(matched: dict) -> dict[str, list]:
