@@ -432,9 +432,11 @@ def test_last_prefix_is_the_full_runs_last_prefix(name, grid):
     torch.testing.assert_close(last.query_preds, full.query_preds[:, :, -1:], rtol=1e-12, atol=1e-12)
 
 
-def test_per_matrix_threads_give_the_batched_call_bit_for_bit():
-    # least squares' pseudo-inverses, the span test's projectors and GD/Newton's eigendecompositions
-    # run their batch split over threads (probe/core/threads.py)
+def test_per_matrix_threads_give_the_one_thread_call_bit_for_bit_at_any_thread_count():
+    # least squares' pseudo-inverses, the span test's projectors, GD/Newton's eigendecompositions and
+    # the probes' ridge factorisations run their batch split over threads of one torch thread each
+    # (probe/core/threads.py): the numbers are the batched call's on one thread, whatever the count
+    from probe.analysis.ridge import cholesky_solve, lower_solve, upper_solve
     from probe.core.threads import per_matrix
 
     g = torch.Generator().manual_seed(8)
@@ -442,11 +444,26 @@ def test_per_matrix_threads_give_the_batched_call_bit_for_bit():
     s = xs.transpose(-1, -2) @ xs
     s[0, 0] = 0.0  # rank 0 and rank-deficient (t < d) matrices included
     low = xs[:, :, :2].transpose(-1, -2) @ xs[:, :, :2]  # (6, 7, 4, 4) of rank 2
+    wide = torch.randn(5, 300, 128, generator=g, dtype=torch.float64)
+    big = wide.transpose(1, 2) @ wide  # sides 128: LAPACK's threaded eigh differs from its serial one here
+    chol = torch.linalg.cholesky(big)
+    rhs = torch.randn(5, 128, 3, generator=g, dtype=torch.float64)
     herm = lambda m: torch.linalg.pinv(m, hermitian=True, rtol=1e-10)
-    for fn, x in ((herm, s), (herm, low), (torch.linalg.pinv, xs), (torch.linalg.eigh, s)):
-        threaded, batched = per_matrix(fn, x), fn(x)
-        for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in (threaded, batched))):
-            assert a.shape == b.shape and torch.equal(a, b)
+    cases = [(herm, (s,)), (herm, (low,)), (torch.linalg.pinv, (xs,)), (torch.linalg.eigh, (s,))]
+    cases += [(torch.linalg.eigh, (big,)), (torch.linalg.cholesky_ex, (big,)), (cholesky_solve, (chol, rhs))]
+    cases += [(lower_solve, (chol, rhs)), (upper_solve, (chol.transpose(1, 2), rhs))]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = [fn(*args) for fn, args in cases]
+        for threads in (2, 3):
+            torch.set_num_threads(threads)
+            for (fn, args), expected in zip(cases, serial):
+                threaded = per_matrix(fn, *args)
+                for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in (threaded, expected))):
+                    assert a.shape == b.shape and torch.equal(a, b)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("name", ["least_squares", "gd", "newton", "ridge"])
@@ -475,22 +492,32 @@ def test_ridge_whose_penalty_vanishes_beside_huge_prompts_says_so():
     assert torch.isfinite(run_learner("ridge", xs, ys, lam=(1e98,)).preds).all()  # a penalty at the data's scale
 
 
-def test_per_matrix_leaves_large_matrices_to_lapack_alone(monkeypatch):
-    """No thread pool on top of LAPACK's own threads: a batch of large matrices is one call on the
-    calling thread (probe/core/threads.py); small ones are split."""
+def test_per_matrix_runs_lapack_on_one_thread_per_worker_and_a_lone_matrix_in_place():
+    """No thread pool on top of LAPACK's own threads: every part of a split batch runs on a worker
+    whose torch (and so LAPACK) has one thread, large matrices too; a batch of one matrix, one
+    thread, or a tensor off the CPU is one call on the calling thread (probe/core/threads.py)."""
     import threading
 
-    from probe.core import threads
+    from probe.core.threads import per_matrix
 
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    seen = []
-    record = lambda m: seen.append(threading.get_ident()) or torch.linalg.eigh(m)
-    big = torch.eye(threads.SMALL + 1, dtype=torch.float64).expand(4, -1, -1).clone()
-    threads.per_matrix(record, big)
-    assert seen == [threading.get_ident()]
-    seen.clear()
-    threads.per_matrix(record, torch.eye(4, dtype=torch.float64).expand(8, -1, -1).clone())
-    assert len(seen) == 2 and threading.get_ident() not in seen
+    seen: list[tuple[int, int]] = []
+    record = lambda m: seen.append((threading.get_ident(), torch.get_num_threads())) or m.clone()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        per_matrix(record, torch.eye(300, dtype=torch.float64).expand(4, -1, -1).clone())
+        assert len(seen) == 2 and all(ident != threading.get_ident() and n == 1 for ident, n in seen)
+        assert torch.get_num_threads() == 2  # the caller's own setting is untouched
+        for lone in (torch.eye(300).unsqueeze(0), torch.eye(4).expand(3, 4, 4).to("meta")):
+            seen.clear()
+            per_matrix(record, lone)
+            assert seen == [(threading.get_ident(), 2)]
+        torch.set_num_threads(1)
+        seen.clear()
+        per_matrix(record, torch.eye(4).expand(8, -1, -1).clone())
+        assert seen == [(threading.get_ident(), 1)]
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_one_rule_for_a_hyper_parameter_wherever_it_is_given():

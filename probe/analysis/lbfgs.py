@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..core.threads import per_matrix
 from ..learners.line_search import more_thuente
 
 Objective = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (x (k, n), index (k,)) -> (f (k,), grad (k, n))
@@ -154,7 +155,7 @@ def newton_minimize(
     for _ in range(max_iter):
         if active.numel() == 0:
             break
-        evals, vecs = torch.linalg.eigh(h[active])
+        evals, vecs = per_matrix(torch.linalg.eigh, h[active])
         size = evals.abs()
         size = size.clamp_min(EIG_FLOOR * size.amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny))
         p = -(vecs @ ((vecs.transpose(1, 2) @ g[active].unsqueeze(-1)) / size.unsqueeze(-1))).squeeze(-1)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..core.threads import per_matrix
 from .lbfgs import Minimum, minimize, newton_minimize
-from .ridge import choose_penalty, ridge_head, ridge_loo, ridge_penalties
+from .ridge import cholesky_solve, choose_penalty, lower_solve, ridge_head, ridge_loo, ridge_penalties
 
 MEMORY = 80  # L-BFGS pairs: at least P for most prefixes; measured 1.6x faster than 20 on the default
 FIRST_ROUND_PENALTY = 1e-3  # the first round's largest penalty (fraction of the mean eigenvalue)
@@ -199,8 +200,8 @@ class ProbeSet:
         zc, yc, lam = self.pool(alpha, index, groups=groups), self.yc[index], penalty[index]  # centred states: Zc
         gram = zc.transpose(1, 2) @ zc
         gram.diagonal(dim1=1, dim2=2).add_(lam.unsqueeze(-1))
-        chol = torch.linalg.cholesky(gram)
-        w = torch.cholesky_solve(zc.transpose(1, 2) @ yc, chol)
+        chol = per_matrix(torch.linalg.cholesky, gram)
+        w = per_matrix(cholesky_solve, chol, zc.transpose(1, 2) @ yc)
         resid = yc - zc @ w
         k, n, d = resid.shape
         width, n_pos, scale = zc.shape[-1], alpha.shape[1], n * d
@@ -220,7 +221,7 @@ class ProbeSet:
         grad_alpha = -2 / scale * (m * w.unsqueeze(1)).sum((2, 3))
         zu = (zc.transpose(1, 2) @ u.permute(0, 2, 1, 3).reshape(k, n, n_pos * d)).view(k, width, n_pos, d)
         e = m.permute(0, 2, 1, 3) - zu  # (k, D, P, d)
-        fe = torch.linalg.solve_triangular(chol, e.reshape(k, width, n_pos * d), upper=False).view(k, width, n_pos, d)
+        fe = per_matrix(lower_solve, chol, e.reshape(k, width, n_pos * d)).view(k, width, n_pos, d)
         flat_u, flat_e = u.reshape(k, n_pos, n * d), fe.permute(0, 2, 1, 3).reshape(k, n_pos, width * d)
         hess_alpha = 2 / scale * (flat_u @ flat_u.transpose(1, 2) - flat_e @ flat_e.transpose(1, 2))
         gamma = alpha * (grad_alpha - (alpha * grad_alpha).sum(-1, keepdim=True))

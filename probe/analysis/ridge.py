@@ -10,6 +10,23 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..core.threads import per_matrix
+
+
+def lower_solve(lower: Tensor, b: Tensor) -> Tensor:
+    """L^-1 b for lower triangular L (batched; for `per_matrix`)."""
+    return torch.linalg.solve_triangular(lower, b, upper=False)
+
+
+def upper_solve(upper: Tensor, b: Tensor) -> Tensor:
+    """U^-1 b for upper triangular U (batched; for `per_matrix`)."""
+    return torch.linalg.solve_triangular(upper, b, upper=True)
+
+
+def cholesky_solve(chol: Tensor, b: Tensor) -> Tensor:
+    """(L L^T)^-1 b from the lower Cholesky factor L (batched; the factor first, for `per_matrix`)."""
+    return torch.cholesky_solve(b, chol)
+
 
 def ridge_penalties(fc: Tensor, alphas: Sequence[float]) -> Tensor:
     """(k, A) absolute penalties: `alphas` times the mean eigenvalue of Fc^T Fc, per probe."""
@@ -57,10 +74,10 @@ class RidgeBasis:
         self.fc, self.gram = fc, None
         if width <= n:  # eigenvectors of the smaller Gram matrix
             self.gram = fc.transpose(1, 2) @ fc
-            evals, vecs = torch.linalg.eigh(self.gram)
+            evals, vecs = per_matrix(torch.linalg.eigh, self.gram)
             self.q = fc @ vecs  # (k, N, F): Fc V, columns of squared norm evals
         else:
-            evals, vecs = torch.linalg.eigh(fc @ fc.transpose(1, 2))
+            evals, vecs = per_matrix(torch.linalg.eigh, fc @ fc.transpose(1, 2))
             self.q = vecs * evals.clamp_min(0).sqrt().unsqueeze(1)
         self.evals = evals.clamp_min(0)
 
@@ -100,11 +117,13 @@ class TwoBlockRidge:
         n = zc.shape[1]
         gram = zc.transpose(1, 2) @ zc
         gram.diagonal(dim1=1, dim2=2).add_(penalty.unsqueeze(-1))
-        self.l11 = torch.linalg.cholesky(gram)
-        q1 = torch.linalg.solve_triangular(self.l11, zc.transpose(1, 2), upper=False)  # (G, D, N)
-        self.l21t = torch.linalg.solve_triangular(self.l11, zc.transpose(1, 2) @ hc, upper=False)  # (G, D, H)
+        self.l11 = per_matrix(torch.linalg.cholesky, gram)
+        q1 = per_matrix(lower_solve, self.l11, zc.transpose(1, 2))  # (G, D, N)
+        self.l21t = per_matrix(lower_solve, self.l11, zc.transpose(1, 2) @ hc)  # (G, D, H)
         rest = hc.transpose(1, 2) - self.l21t.transpose(1, 2) @ q1  # (G, H, N): Hc^T - L21 Q1
-        self.evals, self.vecs = torch.linalg.eigh(hc.transpose(1, 2) @ hc - self.l21t.transpose(1, 2) @ self.l21t)
+        self.evals, self.vecs = per_matrix(
+            torch.linalg.eigh, hc.transpose(1, 2) @ hc - self.l21t.transpose(1, 2) @ self.l21t
+        )
         self.t = self.vecs.transpose(1, 2) @ rest  # (G, H, N)
         self.t_sq, self.ty, self.q1y = self.t.pow(2), self.t @ yc, q1 @ yc  # (G, H, N), (G, H, d), (G, D, d)
         self.yc = yc
@@ -129,7 +148,7 @@ class TwoBlockRidge:
         use_hidden (G,) is false."""
         inverse = torch.where(use_hidden.unsqueeze(-1), 1 / (self.evals + hidden_penalty.unsqueeze(-1)), 0.0)
         w_h = self.vecs @ (inverse.unsqueeze(-1) * self.ty)
-        w_z = torch.linalg.solve_triangular(self.l11.transpose(1, 2), self.q1y - self.l21t @ w_h, upper=True)
+        w_z = per_matrix(upper_solve, self.l11.transpose(1, 2), self.q1y - self.l21t @ w_h)
         return w_z, w_h
 
 
@@ -147,9 +166,9 @@ def ridge_head(fc: Tensor, yc: Tensor, penalty: Tensor) -> Tensor:
 def _head(gram: Tensor, fc: Tensor, yc: Tensor, penalty: Tensor) -> Tensor:
     """`ridge_head` with Fc^T Fc given (`gram`, overwritten)."""
     gram.diagonal(dim1=1, dim2=2).add_(penalty.unsqueeze(-1))
-    chol, info = torch.linalg.cholesky_ex(gram)
+    chol, info = per_matrix(torch.linalg.cholesky_ex, gram)
     if bool((info == 0).all()):
-        return torch.cholesky_solve(fc.transpose(1, 2) @ yc, chol)
+        return per_matrix(cholesky_solve, chol, fc.transpose(1, 2) @ yc)
     return torch.linalg.lstsq(gram, fc.transpose(1, 2) @ yc).solution  # singular at penalty 0: least squares
 
 
