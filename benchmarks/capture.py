@@ -21,6 +21,8 @@ DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "gpt2-default"
 
 
 def _measure(checkpoint: str, prompts: int, mode: str, batch: int) -> dict:
+    import probe  # noqa: F401  (before torch: the report's OpenMP waits, probe/core/omp.py)
+    # isort: split
     import torch
 
     from probe.analysis.evaluate import eval_prompts

@@ -19,6 +19,10 @@ import argparse
 import time
 
 import numpy as np
+
+import probe  # noqa: F401  (before torch: the report's OpenMP waits, probe/core/omp.py)
+
+# isort: split
 import torch
 
 from probe.analysis.similarity import sime

@@ -26,6 +26,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+import probe  # noqa: F401  (before torch: the report's OpenMP waits, probe/core/omp.py)
+
+# isort: split
 import torch
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,6 +19,9 @@ import argparse
 import time
 from pathlib import Path
 
+import probe  # noqa: F401  (before torch: the report's OpenMP waits, probe/core/omp.py)
+
+# isort: split
 import torch
 
 DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "gpt2-default"

@@ -15,6 +15,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+import probe  # noqa: F401  (before torch: the report's OpenMP waits, probe/core/omp.py)
+
+# isort: split
 import torch
 
 DEFAULT = Path(__file__).resolve().parents[1] / "checkpoints" / "gpt2-default"
