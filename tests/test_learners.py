@@ -492,14 +492,17 @@ def test_ridge_whose_penalty_vanishes_beside_huge_prompts_says_so():
     assert torch.isfinite(run_learner("ridge", xs, ys, lam=(1e98,)).preds).all()  # a penalty at the data's scale
 
 
-def test_per_matrix_runs_lapack_on_one_thread_per_worker_and_a_lone_matrix_in_place():
+def test_per_matrix_runs_lapack_on_one_thread_per_worker_and_a_lone_matrix_in_place(monkeypatch):
     """No thread pool on top of LAPACK's own threads: every part of a split batch runs on a worker
     whose torch (and so LAPACK) has one thread, large matrices too; a batch of one matrix, one
-    thread, or a tensor off the CPU is one call on the calling thread (probe/core/threads.py)."""
+    thread, or a tensor off the CPU is one call on the calling thread (probe/core/threads.py).
+    Threads started later still get the caller's count, not the workers' one."""
     import threading
 
+    from probe.core import threads
     from probe.core.threads import per_matrix
 
+    monkeypatch.setattr(threads, "_POOLS", {})  # workers started in this test
     seen: list[tuple[int, int]] = []
     record = lambda m: seen.append((threading.get_ident(), torch.get_num_threads())) or m.clone()
     before = torch.get_num_threads()
@@ -508,6 +511,11 @@ def test_per_matrix_runs_lapack_on_one_thread_per_worker_and_a_lone_matrix_in_pl
         per_matrix(record, torch.eye(300, dtype=torch.float64).expand(4, -1, -1).clone())
         assert len(seen) == 2 and all(ident != threading.get_ident() and n == 1 for ident, n in seen)
         assert torch.get_num_threads() == 2  # the caller's own setting is untouched
+        later: list[int] = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert later == [2]
         for lone in (torch.eye(300).unsqueeze(0), torch.eye(4).expand(3, 4, 4).to("meta")):
             seen.clear()
             per_matrix(record, lone)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
@@ -28,16 +29,26 @@ Result = TypeVar("Result", Tensor, Any)
 _POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (process id, threads) -> workers of one torch thread
 
 
-def _one_thread() -> None:
-    torch.set_num_threads(1)  # this worker's own setting (OpenMP's and MKL's are per thread)
+def _one_thread(started: threading.Barrier) -> None:
+    torch.get_num_threads()  # torch's lazy set-up of this thread, which would take the default later
+    torch.set_num_threads(1)  # this worker's own OpenMP and MKL setting (and torch's default for new threads)
+    started.wait()
 
 
 def _workers(threads: int) -> ThreadPoolExecutor:
     """`threads` worker threads, each running torch on one thread, kept for the process (a forked
-    child makes its own: threads do not survive a fork)."""
+    child makes its own: threads do not survive a fork). Every worker is started here, and then
+    torch's default for threads started later is set back to the caller's count (a worker's
+    torch.set_num_threads(1) sets it too)."""
     key = (os.getpid(), threads)
     if key not in _POOLS:
-        _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="icl-probe-lapack", initializer=_one_thread)
+        started = threading.Barrier(threads + 1)
+        pool = ThreadPoolExecutor(threads, "icl-probe-lapack", initializer=_one_thread, initargs=(started,))
+        for _ in range(threads):
+            pool.submit(int)  # each submit starts a worker, which waits at the barrier until all have
+        started.wait()
+        torch.set_num_threads(threads)
+        _POOLS[key] = pool
     return _POOLS[key]
 
 
