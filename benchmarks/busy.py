@@ -1,10 +1,12 @@
 """The default report on a busy machine: CPU seconds and wall time of
 `icl-probe report` (the shipped default checkpoint, quick recipe) alone and beside one and two
-busy processes (each a Python loop on one core), with OpenMP's passive waits (icl-probe's default,
-probe/core/omp.py) and with active ones (torch's default: idle threads spin), and whether every
-number of the report is the same.
+busy processes (each a Python loop on one core), under each of `--policies`: "default" (icl-probe's
+own choice, passive waits, probe/core/omp.py), PASSIVE, ACTIVE (idle threads spin) or POLICY:SPINS
+(libgomp's GOMP_SPINCOUNT: a short spin before sleeping), and whether every number of the report is
+the committed one's.
 
     .venv/bin/python benchmarks/busy.py            # about 6 minutes on this project's 2-core machine
+    .venv/bin/python benchmarks/busy.py --policies default,PASSIVE:3000 --busy 0,1
 
 Prints one line per run and the CPU ratio busy / alone per policy (the target: within 1.2x)."""
 

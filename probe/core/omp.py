@@ -11,7 +11,10 @@ project's 2-core machine, 2026-11-27): with spinning waits 25.8 s (49 s of CPU) 
 1.59x and 2.96x; every number of the report unchanged. The price is wall time on a quiet machine
 (15-30% in repeated quiet runs: 30-32 s against 35-38 s), where a user may set
 OMP_WAIT_POLICY=active. Nothing is changed where the user has set OMP_WAIT_POLICY, or where torch
-was imported before icl-probe (its runtime has read the policy already).
+was imported before icl-probe (its runtime has read the policy already). Batched LAPACK calls, where a
+passive wait cost most (a wake-up per matrix), run on worker threads of one thread each instead
+(probe/core/threads.py); a short spin before sleeping (libgomp's GOMP_SPINCOUNT) was measured and
+not taken: `benchmarks/busy.py`, docs/guide/development.md.
 """
 
 from __future__ import annotations
