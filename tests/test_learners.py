@@ -432,10 +432,27 @@ def test_last_prefix_is_the_full_runs_last_prefix(name, grid):
     torch.testing.assert_close(last.query_preds, full.query_preds[:, :, -1:], rtol=1e-12, atol=1e-12)
 
 
-def test_per_matrix_threads_give_the_one_thread_call_bit_for_bit_at_any_thread_count():
+SERIAL_LAPACK = """
+import sys, torch
+from probe.analysis.ridge import cholesky_solve, lower_solve, upper_solve
+fns = {"herm": lambda m: torch.linalg.pinv(m, hermitian=True, rtol=1e-10), "pinv": torch.linalg.pinv,
+       "eigh": torch.linalg.eigh, "cholesky_ex": torch.linalg.cholesky_ex, "cholesky_solve": cholesky_solve,
+       "lower_solve": lower_solve, "upper_solve": upper_solve}
+cases = torch.load(sys.argv[1])
+out = [fns[name](*args) for name, args in cases]
+torch.save([tuple(r) if isinstance(r, tuple) else r for r in out], sys.argv[2])
+"""
+
+
+def test_per_matrix_threads_give_the_one_thread_call_bit_for_bit_at_any_thread_count(tmp_path, monkeypatch):
     # least squares' pseudo-inverses, the span test's projectors, GD/Newton's eigendecompositions and
-    # the probes' ridge factorisations run their batch split over threads of one torch thread each
-    # (probe/core/threads.py): the numbers are the batched call's on one thread, whatever the count
+    # the probes' ridge factorisations run their batch split over threads of one OpenMP thread each
+    # (probe/core/threads.py): the numbers are the batched call's in a one-thread process, whatever the count
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
     from probe.analysis.ridge import cholesky_solve, lower_solve, upper_solve
     from probe.core.threads import per_matrix
 
@@ -448,22 +465,23 @@ def test_per_matrix_threads_give_the_one_thread_call_bit_for_bit_at_any_thread_c
     big = wide.transpose(1, 2) @ wide  # sides 128: LAPACK's threaded eigh differs from its serial one here
     chol = torch.linalg.cholesky(big)
     rhs = torch.randn(5, 128, 3, generator=g, dtype=torch.float64)
-    herm = lambda m: torch.linalg.pinv(m, hermitian=True, rtol=1e-10)
-    cases = [(herm, (s,)), (herm, (low,)), (torch.linalg.pinv, (xs,)), (torch.linalg.eigh, (s,))]
-    cases += [(torch.linalg.eigh, (big,)), (torch.linalg.cholesky_ex, (big,)), (cholesky_solve, (chol, rhs))]
-    cases += [(lower_solve, (chol, rhs)), (upper_solve, (chol.transpose(1, 2), rhs))]
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        serial = [fn(*args) for fn, args in cases]
-        for threads in (2, 3):
-            torch.set_num_threads(threads)
-            for (fn, args), expected in zip(cases, serial):
-                threaded = per_matrix(fn, *args)
-                for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in (threaded, expected))):
-                    assert a.shape == b.shape and torch.equal(a, b)
-    finally:
-        torch.set_num_threads(before)
+    fns = {"herm": lambda m: torch.linalg.pinv(m, hermitian=True, rtol=1e-10), "pinv": torch.linalg.pinv,
+           "eigh": torch.linalg.eigh, "cholesky_ex": torch.linalg.cholesky_ex, "cholesky_solve": cholesky_solve,
+           "lower_solve": lower_solve, "upper_solve": upper_solve}  # fmt: skip
+    cases = [("herm", (s,)), ("herm", (low,)), ("pinv", (xs,)), ("eigh", (s,)), ("eigh", (big,))]
+    cases += [("cholesky_ex", (big,)), ("cholesky_solve", (chol, rhs)), ("lower_solve", (chol, rhs))]
+    cases += [("upper_solve", (chol.transpose(1, 2), rhs))]
+    torch.save(cases, tmp_path / "cases.pt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", SERIAL_LAPACK, str(tmp_path / "cases.pt"), str(tmp_path / "serial.pt")]
+    subprocess.run(command, check=True, env=env, cwd=Path(__file__).resolve().parents[1])
+    serial = torch.load(tmp_path / "serial.pt")
+    for threads in (2, 3):
+        monkeypatch.setattr(torch, "get_num_threads", lambda n=threads: n)
+        for (name, args), expected in zip(cases, serial):
+            threaded = per_matrix(fns[name], *args)
+            for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in (threaded, expected))):
+                assert a.shape == b.shape and torch.equal(a, b), (name, threads)
 
 
 @pytest.mark.parametrize("name", ["least_squares", "gd", "newton", "ridge"])
@@ -494,38 +512,62 @@ def test_ridge_whose_penalty_vanishes_beside_huge_prompts_says_so():
 
 def test_per_matrix_runs_lapack_on_one_thread_per_worker_and_a_lone_matrix_in_place(monkeypatch):
     """No thread pool on top of LAPACK's own threads: every part of a split batch runs on a worker
-    whose torch (and so LAPACK) has one thread, large matrices too; a batch of one matrix, one
-    thread, or a tensor off the CPU is one call on the calling thread (probe/core/threads.py).
-    Threads started later still get the caller's count, not the workers' one."""
+    whose OpenMP (which MKL's LAPACK follows) has one thread, large matrices too; a batch of one
+    matrix, one thread, or a tensor off the CPU is one call on the calling thread
+    (probe/core/threads.py). The caller keeps its own OpenMP setting."""
     import threading
 
     from probe.core import threads
     from probe.core.threads import per_matrix
 
+    openmp = threads._torch_openmp()
+    if openmp is None:
+        pytest.skip("torch has no bundled libgomp here: per_matrix does not split")
     monkeypatch.setattr(threads, "_POOLS", {})  # workers started in this test
     seen: list[tuple[int, int]] = []
-    record = lambda m: seen.append((threading.get_ident(), torch.get_num_threads())) or m.clone()
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        per_matrix(record, torch.eye(300, dtype=torch.float64).expand(4, -1, -1).clone())
-        assert len(seen) == 2 and all(ident != threading.get_ident() and n == 1 for ident, n in seen)
-        assert torch.get_num_threads() == 2  # the caller's own setting is untouched
-        later: list[int] = []
-        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
-        thread.start()
-        thread.join()
-        assert later == [2]
-        for lone in (torch.eye(300).unsqueeze(0), torch.eye(4).expand(3, 4, 4).to("meta")):
-            seen.clear()
-            per_matrix(record, lone)
-            assert seen == [(threading.get_ident(), 2)]
-        torch.set_num_threads(1)
+    record = lambda m: seen.append((threading.get_ident(), openmp.omp_get_max_threads())) or m.clone()
+    own = openmp.omp_get_max_threads()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    per_matrix(record, torch.eye(300, dtype=torch.float64).expand(4, -1, -1).clone())
+    assert len(seen) == 2 and all(ident != threading.get_ident() and n == 1 for ident, n in seen)
+    assert openmp.omp_get_max_threads() == own  # the caller's own setting is untouched
+    for lone in (torch.eye(300).unsqueeze(0), torch.eye(4).expand(3, 4, 4).to("meta")):
         seen.clear()
-        per_matrix(record, torch.eye(4).expand(8, -1, -1).clone())
-        assert seen == [(threading.get_ident(), 1)]
-    finally:
-        torch.set_num_threads(before)
+        per_matrix(record, lone)
+        assert seen == [(threading.get_ident(), own)]
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    seen.clear()
+    per_matrix(record, torch.eye(4).expand(8, -1, -1).clone())
+    assert seen == [(threading.get_ident(), own)]
+
+
+@pytest.mark.slow
+def test_large_batched_solves_still_work_after_the_lapack_workers_start():
+    """torch 2.13's CPU build: once torch.set_num_threads(n > 1) has been called, MKL's batched LU of
+    257 x 257 systems fails ("Pivots given to lu_solve ..."): the LAPACK workers
+    (probe/core/threads.py) must not leave the process so. In a fresh process with torch's default
+    threads, as a report runs (the test workers here run one thread each)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import probe, torch\n"
+        "from probe.core.threads import per_matrix\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "a = torch.randn(8, 13, 600, 257, dtype=torch.float64, generator=g)\n"
+        "s, b = a.transpose(-1, -2) @ a, torch.randn(8, 13, 257, 1, dtype=torch.float64, generator=g)\n"
+        "per_matrix(torch.linalg.eigh, s[0, :4, :8, :8].contiguous())\n"
+        "x, info = torch.linalg.solve_ex(s, b)\n"
+        "assert int(info.abs().sum()) == 0 and torch.allclose(s @ x, b, atol=1e-8), 'wrong solution'\n"
+        "print(torch.get_num_threads())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    command = [sys.executable, "-c", code]
+    run = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    if int(run.stdout) < 2:
+        pytest.skip("one CPU: per_matrix starts no workers")
 
 
 def test_one_rule_for_a_hyper_parameter_wherever_it_is_given():

@@ -1,7 +1,7 @@
 """Batched LAPACK calls split over threads, each on one thread: torch's CPU `eigh`, `pinv`, Cholesky
 factorisations and solves of a batch of matrices (the learners' d x d moments, the span test's
-t x d prefixes, the probes' ridge heads and Hessians) go through LAPACK one matrix at a time, and
-LAPACK releases the GIL.
+t x d prefixes, the probes' ridge heads and Hessians) go through LAPACK one matrix at a time, with
+the GIL released.
 
 Why one thread each: with LAPACK's own threads every call of a batched operation opens OpenMP
 parallel regions per matrix, and with passive waits (probe/core/omp.py) each region wakes a
@@ -15,6 +15,7 @@ from a side of 64 up)."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import threading
@@ -26,28 +27,41 @@ import torch
 from torch import Tensor
 
 Result = TypeVar("Result", Tensor, Any)
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (process id, threads) -> workers of one torch thread
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (process id, threads) -> workers of one OpenMP thread
 
 
-def _one_thread(started: threading.Barrier) -> None:
-    torch.get_num_threads()  # torch's lazy set-up of this thread, which would take the default later
-    torch.set_num_threads(1)  # this worker's own OpenMP and MKL setting (and torch's default for new threads)
+def _torch_openmp():
+    """torch's own OpenMP runtime (the libgomp its wheels bundle), or None where it has none there."""
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
+    try:
+        return ctypes.CDLL(path) if os.path.exists(path) else None
+    except OSError:
+        return None
+
+
+def _one_thread(openmp, started: threading.Barrier) -> None:
+    openmp.omp_set_num_threads(1)  # this thread's own OpenMP setting, which MKL's LAPACK follows
     started.wait()
 
 
-def _workers(threads: int) -> ThreadPoolExecutor:
-    """`threads` worker threads, each running torch on one thread, kept for the process (a forked
-    child makes its own: threads do not survive a fork). Every worker is started here, and then
-    torch's default for threads started later is set back to the caller's count (a worker's
-    torch.set_num_threads(1) sets it too)."""
+def _workers(threads: int) -> ThreadPoolExecutor | None:
+    """`threads` worker threads whose torch runs on one thread, kept for the process (a forked child
+    makes its own: threads do not survive a fork); None where torch's OpenMP runtime is not found.
+    Each worker sets its own thread's OpenMP count, not torch.set_num_threads: that one also sets
+    torch's count for every thread, and once it has been called with the calling thread already
+    running torch, MKL's batched LU of large systems fails in that thread (torch 2.13's CPU build:
+    `torch.linalg.solve_ex` of 257 x 257 systems raises "Pivots given to lu_solve must all be
+    greater or equal to 1"; tests/test_learners.py)."""
     key = (os.getpid(), threads)
     if key not in _POOLS:
+        openmp = _torch_openmp()
+        if openmp is None:
+            return None
         started = threading.Barrier(threads + 1)
-        pool = ThreadPoolExecutor(threads, "icl-probe-lapack", initializer=_one_thread, initargs=(started,))
+        pool = ThreadPoolExecutor(threads, "icl-probe-lapack", initializer=_one_thread, initargs=(openmp, started))
         for _ in range(threads):
             pool.submit(int)  # each submit starts a worker, which waits at the barrier until all have
         started.wait()
-        torch.set_num_threads(threads)
         _POOLS[key] = pool
     return _POOLS[key]
 
@@ -55,16 +69,18 @@ def _workers(threads: int) -> ThreadPoolExecutor:
 def per_matrix(fn: Callable[..., Result], *xs: Tensor) -> Result:
     """fn(*xs) for a function of batches of matrices xs (..., m, k), all of one batch shape, that
     treats each matrix on its own (eigh, pinv, cholesky_ex, cholesky_solve, solve_triangular): on
-    CPU the batch is cut into torch.get_num_threads() parts, each run on a worker thread with torch
-    on one thread. The result is fn(*xs) run on one thread, bit for bit, whatever the thread count
-    (tested); off the CPU, or on one thread, it is fn(*xs)."""
+    CPU the batch is cut into torch.get_num_threads() parts, each run on a worker thread whose
+    OpenMP (and so MKL's LAPACK) has one thread. The result is fn(*xs) in a one-thread process, bit
+    for bit, whatever the thread count (tested); off the CPU, on one thread, or where torch's OpenMP
+    runtime is not found (`_torch_openmp`), it is fn(*xs) on the calling thread."""
     threads = torch.get_num_threads()
     batch = xs[0].shape[:-2]
     count = math.prod(batch)
-    if xs[0].device.type != "cpu" or threads < 2 or count < 2:
+    workers = _workers(threads) if xs[0].device.type == "cpu" and threads >= 2 and count >= 2 else None
+    if workers is None:
         return fn(*xs)
     flat = [x.reshape(-1, *x.shape[-2:]) for x in xs]
-    parts = list(_workers(threads).map(lambda chunk: fn(*chunk), zip(*(x.chunk(threads) for x in flat))))
+    parts = list(workers.map(lambda chunk: fn(*chunk), zip(*(x.chunk(threads) for x in flat))))
     if isinstance(parts[0], Tensor):
         out = torch.cat(parts)
         return cast(Result, out.view(*batch, *out.shape[1:]))
