@@ -542,3 +542,27 @@ def test_the_mechanism_figure_reads_each_verdict_and_is_drawn_for_training_steps
     path = mechanism_figure(table, "train_step", tmp_path / "mechanism")
     assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
     assert mechanism_figure(table.assign(train_seed=0), "train_seed", tmp_path / "none") is None
+
+
+def test_study_workers_get_their_threads_from_the_environment_not_set_num_threads(monkeypatch):
+    """probe/study/run.py `child_threads`: a process started inside (as the spawned study workers
+    are) loads torch with OMP_NUM_THREADS threads; this process's environment is as it was after,
+    set or unset. torch.set_num_threads(n > 1) in a worker would make MKL's batched LU of 257 x 257
+    systems wrong (probe/core/threads.py), so the workers' initializer takes no thread count."""
+    import inspect
+    import os
+    import subprocess
+    import sys
+
+    from probe.study import run
+
+    show = [sys.executable, "-c", "import torch; print(torch.get_num_threads())"]
+    for before in (None, "5"):
+        if before is None:
+            monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("OMP_NUM_THREADS", before)
+        with run.child_threads(1):  # (torch caps the count at the cores; one differs from the default on >= 2)
+            assert subprocess.run(show, check=True, capture_output=True, text=True).stdout.strip() == "1"
+        assert os.environ.get("OMP_NUM_THREADS") == before
+    assert not inspect.signature(run._init_worker).parameters

@@ -48,9 +48,9 @@ def _workers(threads: int) -> ThreadPoolExecutor | None:
     """`threads` worker threads whose torch runs on one thread, kept for the process (a forked child
     makes its own: threads do not survive a fork); None where torch's OpenMP runtime is not found.
     Each worker sets its own thread's OpenMP count, not torch.set_num_threads: that one also sets
-    torch's count for every thread, and once it has been called with the calling thread already
-    running torch, MKL's batched LU of large systems fails in that thread (torch 2.13's CPU build:
-    `torch.linalg.solve_ex` of 257 x 257 systems raises "Pivots given to lu_solve must all be
+    torch's count for every thread, and once any thread has called it, with more than one thread,
+    MKL's batched LU of systems from 257 x 257 on goes wrong (torch 2.13's CPU build:
+    `torch.linalg.solve_ex` returns wrong solutions or raises "Pivots given to lu_solve must all be
     greater or equal to 1"; tests/test_learners.py)."""
     key = (os.getpid(), threads)
     if key not in _POOLS:

@@ -15,9 +15,11 @@ import hashlib
 import json
 import logging
 import math
+import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -140,12 +142,26 @@ def check_study_size(recipe: StudyRecipe, models: list[Path]) -> None:
             )
 
 
-def _init_worker(threads: int) -> None:
-
-    import torch
-
-    torch.set_num_threads(threads)
+def _init_worker() -> None:
     warnings.simplefilter("ignore", RenamedSetting)  # the command has said it once already
+
+
+@contextmanager
+def child_threads(threads: int) -> Iterator[None]:
+    """OMP_NUM_THREADS = `threads` for the processes started inside (a spawned worker's torch reads
+    it as it loads), this process's environment as it was after. Not torch.set_num_threads in the
+    worker: with more than one thread that makes MKL's batched LU of systems from 257 x 257 on
+    (the read-outs at Garg et al.'s width 256) wrong or failing in torch 2.13's CPU build
+    (probe/core/threads.py)."""
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
 
 
 def _submit_local(
@@ -156,9 +172,11 @@ def _submit_local(
             on_done(name, analyse_model(str(path), *args))
         return
     threads = max(1, usable_cpus() // jobs)
-    with ProcessPoolExecutor(
-        max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(threads,)
-    ) as pool:
+    spawn = get_context("spawn")
+    with (
+        child_threads(threads),
+        ProcessPoolExecutor(max_workers=jobs, mp_context=spawn, initializer=_init_worker) as pool,
+    ):
         futures = {pool.submit(analyse_model, str(path), *args): name for name, path, args in pending}
         for future in as_completed(futures):
             on_done(futures[future], future.result())
