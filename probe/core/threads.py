@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
@@ -39,9 +38,8 @@ def _torch_openmp():
         return None
 
 
-def _one_thread(openmp, started: threading.Barrier) -> None:
+def _one_thread(openmp) -> None:
     openmp.omp_set_num_threads(1)  # this thread's own OpenMP setting, which MKL's LAPACK follows
-    started.wait()
 
 
 def _workers(threads: int) -> ThreadPoolExecutor | None:
@@ -57,12 +55,7 @@ def _workers(threads: int) -> ThreadPoolExecutor | None:
         openmp = _torch_openmp()
         if openmp is None:
             return None
-        started = threading.Barrier(threads + 1)
-        pool = ThreadPoolExecutor(threads, "icl-probe-lapack", initializer=_one_thread, initargs=(openmp, started))
-        for _ in range(threads):
-            pool.submit(int)  # each submit starts a worker, which waits at the barrier until all have
-        started.wait()
-        _POOLS[key] = pool
+        _POOLS[key] = ThreadPoolExecutor(threads, "icl-probe-lapack", initializer=_one_thread, initargs=(openmp,))
     return _POOLS[key]
 
 
@@ -80,7 +73,7 @@ def per_matrix(fn: Callable[..., Result], *xs: Tensor) -> Result:
     if workers is None:
         return fn(*xs)
     flat = [x.reshape(-1, *x.shape[-2:]) for x in xs]
-    parts = list(workers.map(lambda chunk: fn(*chunk), zip(*(x.chunk(threads) for x in flat))))
+    parts = list(workers.map(fn, *(x.chunk(threads) for x in flat)))
     if isinstance(parts[0], Tensor):
         out = torch.cat(parts)
         return cast(Result, out.view(*batch, *out.shape[1:]))
