@@ -117,6 +117,38 @@ def test_readout_recovers_linear_target_and_matches_sklearn():
         RidgeReadout().predict(feats[0, 0])
 
 
+@pytest.mark.slow
+def test_width_256_readouts_are_right_after_torch_set_num_threads():
+    """Garg et al.'s width 256 makes the read-outs' systems 257 x 257. In torch 2.13's CPU build,
+    once torch.set_num_threads(2) has been called, MKL's batched LU of such systems fails: the
+    read-outs, solved by Cholesky, must still equal numpy's solution of the same normal equations
+    and scikit-learn's Ridge. In a fresh process (the test workers here run one thread each)."""
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, torch
+from sklearn.linear_model import Ridge
+from probe.analysis.readout import RidgeReadout, fit_layer_readouts
+torch.set_num_threads(2)
+g = np.random.default_rng(0)
+feats, ys = g.standard_normal((2, 100, 6, 256)), g.standard_normal((100, 6))
+fit = fit_layer_readouts(feats, ys, feats[:, :20], ys[:20], alphas=(1e-4, 1e-2))
+for layer in range(2):
+    a = np.concatenate([feats[layer].reshape(-1, 256), np.ones((600, 1))], axis=1)
+    pen = np.diag([fit.alpha[layer] * 600] * 256 + [0.0])
+    ref = np.linalg.solve(a.T @ a + pen, a.T @ ys.reshape(-1))
+    np.testing.assert_allclose(fit.coef[layer], ref[:-1], rtol=1e-7, atol=1e-10)
+    assert abs(fit.intercept[layer] - ref[-1]) < 1e-9
+x, y = feats[0].reshape(-1, 256), ys.reshape(-1)
+ours, theirs = RidgeReadout(0.01).fit(x, y), Ridge(alpha=0.01 * 600).fit(x, y)
+np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-7, atol=1e-10)
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.stdout + run.stderr)[-2000:]
+
+
 def test_span_residual_zero_in_span_and_null_for_random():
     g = torch.Generator().manual_seed(0)
     xs = torch.randn(400, 6, 8, generator=g, dtype=torch.float64)

@@ -54,15 +54,20 @@ def ridge_solve(gram: torch.Tensor, rhs: torch.Tensor, alphas: torch.Tensor, n_r
     """Solve (G + alpha*N I') beta = r for every alpha; the intercept is not penalised.
 
     gram (L, D+1, D+1), rhs (L, D+1) -> (A, L, D+1). The penalty is scaled by the number of rows
-    so that alpha means the same at any sample size. A singular system (alpha = 0 on collinear
-    features) gets the minimum-norm least-squares solution, as scikit-learn's LinearRegression.
+    so that alpha means the same at any sample size. The systems are symmetric positive definite
+    (for alpha > 0, and at alpha = 0 on full-rank features), solved by Cholesky; one that is not
+    (alpha = 0 on collinear features) gets the minimum-norm least-squares solution, as
+    scikit-learn's LinearRegression. Not by LU: in torch 2.13's CPU build, once
+    torch.set_num_threads(n > 1) has been called, MKL's batched LU of systems from about 200 x 200
+    on fails or returns wrong solutions, and a read-out at Garg et al.'s width 256 solves 257 x 257.
     """
     dim = gram.shape[-1]
     pen = torch.eye(dim, dtype=gram.dtype)
     pen[-1, -1] = 0
     systems = gram.unsqueeze(0) + alphas.view(-1, 1, 1, 1) * n_rows * pen
     rhs = rhs.unsqueeze(0).expand(len(alphas), *rhs.shape).unsqueeze(-1)
-    solution, info = torch.linalg.solve_ex(systems, rhs)
+    chol, info = torch.linalg.cholesky_ex(systems)
+    solution = torch.cholesky_solve(rhs, chol)
     singular = info != 0  # alpha = 0 on collinear features: the minimum-norm least-squares solution
     if bool(singular.any()):
         solution[singular] = torch.linalg.pinv(systems[singular], hermitian=True) @ rhs[singular]
