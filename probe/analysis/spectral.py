@@ -233,7 +233,13 @@ def _variable_tables(m: Measured, members: Members, names: list[str], s: Spectra
     explained = _explained(m.sums)
     cls_err, cls_err_b = members.class_min(err), members.class_min(err_b)
     blend = blend_fits(
-        r[:, used], m.r_ref[:, used], m.r_boot[:, :, used], m.r_ref_boot[:, :, used], cls_err_b.amin(-1), members
+        r[:, used],
+        m.r_ref[:, used],
+        m.r_boot[:, :, used],
+        m.r_ref_boot[:, :, used],
+        cls_err.amin(-1),
+        cls_err_b.amin(-1),
+        members,
     )
     curves, rows, fits = [], [], []
     for a, name in enumerate(names):

@@ -14,7 +14,9 @@ between two grid values of one family is fitted by its nearest member plus a few
 class (ridge with a penalty between the grid's: w 0.03), which is not a mixture. "Mixed" therefore
 says: better fitted by two classes, each carrying at least a tenth, than by one member of any class;
 two members of one class (as many parameters) fit noisy planted blends about as well, so it does
-not identify a mixture.
+not identify a mixture. Where one class already fits the response to round-off (`EXACT_FIT`: a
+planted filter), there is no blend: no error is left for one to remove, and which pair fits best is
+a tie that round-off breaks (two hosts named different pairs).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from .spectral_references import Members
 BLENDED = ("gd", "precond_gd", "ridge")  # the classes a blend is made of
 MIN_SHARE = 0.5  # of the best single class's error a blend must remove on 95% of resamples
 MIN_W = 0.1  # the smaller class's weight in a blend called mixed (w's interval inside [MIN_W, 1 - MIN_W])
+EXACT_FIT = 1e-12  # a relative error at which one class fits to round-off (planted filters: about 1e-16)
+NO_BLEND = (-1, -1, -1, -1, math.inf)
 
 
 @dataclass
@@ -69,13 +73,13 @@ def pair_fit(x: Tensor, ra: Tensor, rb: Tensor) -> tuple[Tensor, Tensor, Tensor]
     ca = torch.where(both, ca, torch.where(take_a, sa, torch.zeros_like(sa)))
     cb = torch.where(both, cb, torch.where(take_a, torch.zeros_like(sb), sb))
     left = xx - 2 * ca * xa - 2 * cb * xb + ca**2 * gaa + cb**2 * gbb + 2 * ca * cb * gab
-    return ca, cb, left / xx.clamp_min(1e-300)
+    return ca, cb, left.clamp_min(0) / xx.clamp_min(1e-300)  # a sum of squares: below 0 only by round-off
 
 
 def best_blend(r: Tensor, r_ref: Tensor, members: Members) -> list[tuple[int, int, int, int, float]]:
     """Per predictor r (A, K) the best pair over members r_ref (M, K) of two different BLENDED
     classes: (class a, class b, member i, member j, relative error)."""
-    out: list[tuple[int, int, int, int, float]] = [(-1, -1, -1, -1, math.inf)] * r.shape[0]
+    out: list[tuple[int, int, int, int, float]] = [NO_BLEND] * r.shape[0]
     classes = [c for c, name in enumerate(members.classes) if name in BLENDED]
     for n, ca in enumerate(classes):
         for cb in classes[n + 1 :]:
@@ -93,12 +97,19 @@ def best_blend(r: Tensor, r_ref: Tensor, members: Members) -> list[tuple[int, in
 
 
 def blend_fits(
-    r: Tensor, r_ref: Tensor, r_boot: Tensor, r_ref_boot: Tensor, single_boot: Tensor, members: Members
+    r: Tensor,
+    r_ref: Tensor,
+    r_boot: Tensor,
+    r_ref_boot: Tensor,
+    single: Tensor,
+    single_boot: Tensor,
+    members: Members,
 ) -> Blend:
     """The best blend per predictor and its resampled intervals: r (A, K), r_ref (M, K), their
-    resamples (S, A, K), (S, M, K), over the kept bins; single_boot (S, A) each resample's best
-    single-class error."""
-    best = best_blend(r, r_ref, members)
+    resamples (S, A, K), (S, M, K), over the kept bins; single (A,) and single_boot (S, A) the best
+    single-class error on the sample and on each resample. None (classes -1, NaN) where one class
+    fits to `EXACT_FIT`; a resample where one does has no share of error removed (NaN)."""
+    best = [b if float(single[a]) > EXACT_FIT else NO_BLEND for a, b in enumerate(best_blend(r, r_ref, members))]
     n_a = r.shape[0]
     w, error = torch.full((n_a,), math.nan, dtype=r.dtype), torch.full((n_a,), math.nan, dtype=r.dtype)
     w_lo, w_hi, gain_lo = w.clone(), w.clone(), w.clone()
@@ -111,7 +122,8 @@ def blend_fits(
         w_b = ca_b / (ca_b + cb_b).clamp_min(1e-300)
         qs = torch.tensor([0.05, 0.95], dtype=r.dtype)
         w_lo[a], w_hi[a] = torch.nanquantile(w_b, qs)
-        share = (single_boot[:, a] - err_b) / single_boot[:, a].clamp_min(1e-300)  # share of the error removed
+        left = single_boot[:, a]
+        share = torch.where(left > EXACT_FIT, (left - err_b) / left.clamp_min(EXACT_FIT), math.nan)  # error removed
         gain_lo[a] = torch.nanquantile(share, qs)[0]
     mixed = (gain_lo > MIN_SHARE) & (w_lo > MIN_W) & (w_hi < 1 - MIN_W)
     return Blend(
