@@ -68,14 +68,21 @@ def _numbers_differ(a, b, path: str = "") -> list[str]:
 @pytest.mark.slow
 def test_the_committed_default_report_is_reproduced(tmp_path):
     """`icl-probe report` on the shipped default, rebuilt here, gives the committed example's
-    summary.json to 1e-6 in every number, probes included (the spectral block to CROSS_MACHINE's)."""
+    summary.json to 1e-6 in every number, probes included (the spectral block to CROSS_MACHINE's).
+    Rebuilt as scripts/regenerate_reports.sh builds it, in a process on two OpenMP threads: the
+    probe fits' round-off depends on the thread count (the random-weights control's MLP probe at
+    the last layer moves by 1.3e-6 in R^2 on one thread, as the test workers run)."""
     import json
-
-    from probe.cli import main
+    import os
+    import subprocess
+    import sys
 
     committed = REPO / "reports" / "gpt2-default-quick" / "summary.json"
-    assert main(["-q", "report", str(REPO / "checkpoints" / "gpt2-default"), "--out", str(tmp_path / "r"),
-                 "--no-cache"]) == 0
+    command = [sys.executable, "-m", "probe", "-q", "report", str(REPO / "checkpoints" / "gpt2-default"),
+               "--out", str(tmp_path / "r"), "--no-cache"]  # fmt: skip
+    run = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "2"}, capture_output=True,
+                         text=True, timeout=1800, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
     fresh = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert _numbers_differ(json.loads(committed.read_text()), fresh) == []
 
