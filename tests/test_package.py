@@ -157,6 +157,13 @@ def test_git_commit_is_dirty_for_code_changes_but_not_for_regenerated_reports(tm
 
     (tmp_path / "reports").mkdir()
     (tmp_path / "reports" / "summary.json").write_text("{}")
+    evaluations = [
+        tmp_path / "checkpoints" / "m" / kind / "icl_error.csv"
+        for kind in ("eval", "eval-shift-noisy", "eval-points-32")
+    ]
+    for path in evaluations:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("n\n")
     (tmp_path / "code.py").write_text("x = 1\n")
     git("init", "-q")
     git("-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
@@ -165,6 +172,9 @@ def test_git_commit_is_dirty_for_code_changes_but_not_for_regenerated_reports(tm
     assert len(head) == 40
     (tmp_path / "reports" / "summary.json").write_text('{"a": 1}')
     assert git_commit(tmp_path) == head  # a regenerated example report does not make the tree dirty
+    for path in evaluations:  # nor do the checkpoints' regenerated evaluations (the script's first job)
+        path.write_text("n\n1\n")
+    assert git_commit(tmp_path) == head
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == head + "-dirty"
 
@@ -213,8 +223,14 @@ def test_importing_probe_makes_openmp_waits_passive_unless_chosen_or_too_late():
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
 
     def policy(code: str, **extra: str) -> str:
-        run = subprocess.run([sys.executable, "-c", show.format(code)], env={**env, **extra}, check=True,
-                             capture_output=True, text=True, cwd=REPO)
+        run = subprocess.run(
+            [sys.executable, "-c", show.format(code)],
+            env={**env, **extra},
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
         return run.stdout.strip()
 
     assert policy("") == "PASSIVE"

@@ -25,7 +25,9 @@ def versions() -> dict[str, str]:
 
 
 # the committed evaluations beside the checkpoints (scripts/regenerate_reports.sh rewrites them)
-EXAMPLES = (":(top,exclude,glob)checkpoints/**/eval-shift-*/**",)
+# the checkpoints' committed evaluations that scripts/regenerate_reports.sh rewrites: eval/, eval-shift-*/,
+# eval-mixture-*/, eval-param-mean-*/, eval-points-*/
+EXAMPLES = (":(top,exclude,glob)checkpoints/**/eval/**", ":(top,exclude,glob)checkpoints/**/eval-*/**")
 
 
 def git_commit(cwd: Path | None = None) -> str:
